@@ -1,0 +1,70 @@
+"""The per-round plan X(t) = [m, S, delta_k, I_{n,j}, p_n] (paper eq. 27), one entry per cluster."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """Plan for cluster n in round t.
+
+    selected: whether CU n got a channel (I_{n,j} = 1 for some j); unselected CUs sit the round out.
+    channel: j, or None when not selected.  power_w: p_n (W).
+    S: number of non-zero entries of delta.  m: micro-batches.  delta: delta_k per device, sum L.
+    """
+
+    cluster: int
+    selected: bool
+    channel: int | None
+    power_w: float
+    S: int
+    m: int
+    delta: tuple[int, ...]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["delta"] = list(self.delta)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ClusterPlan":
+        return cls(
+            cluster=int(d["cluster"]),
+            selected=bool(d["selected"]),
+            channel=None if d.get("channel") is None else int(d["channel"]),
+            power_w=float(d["power_w"]),
+            S=int(d["S"]),
+            m=int(d["m"]),
+            delta=tuple(int(x) for x in d["delta"]),
+        )
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """All clusters' plans for round t plus the modelled figures (delay/energy split, Gamma, Y_n)."""
+
+    round: int
+    clusters: tuple[ClusterPlan, ...]
+    modelled: dict = field(default_factory=dict)
+
+    @property
+    def selected(self) -> tuple[ClusterPlan, ...]:
+        return tuple(c for c in self.clusters if c.selected)
+
+    def for_cluster(self, n: int) -> ClusterPlan:
+        for c in self.clusters:
+            if c.cluster == n:
+                return c
+        raise KeyError(f"no plan for cluster {n}")
+
+    def to_dict(self) -> dict:
+        return {"round": self.round, "clusters": [c.to_dict() for c in self.clusters], "modelled": self.modelled}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RoundPlan":
+        return cls(
+            round=int(d["round"]),
+            clusters=tuple(ClusterPlan.from_dict(c) for c in d["clusters"]),
+            modelled=dict(d.get("modelled", {})),
+        )

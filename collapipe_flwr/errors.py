@@ -1,0 +1,53 @@
+"""User-facing errors: one line that names what is wrong and how to fix it.
+
+Entry points catch :class:`CollaPipeError` and print ``error: <message>`` instead of a traceback.
+"""
+
+from __future__ import annotations
+
+
+class CollaPipeError(ValueError):
+    """Base of every error caused by user input (config, data file, message, device)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))
+
+
+class ConfigError(CollaPipeError):
+    """A configuration value is missing, of the wrong type or out of range."""
+
+
+class PartitionError(CollaPipeError):
+    """A block partition delta = (delta_1..delta_K) is not valid for the encoder or the devices."""
+
+
+class DataFormatError(CollaPipeError):
+    """A dataset file is missing or does not have the expected format."""
+
+
+class InfeasiblePlanError(CollaPipeError):
+    """No plan satisfies the constraints C1-C9 for the round's state."""
+
+
+class DataPlaneError(CollaPipeError):
+    """A per-step data-plane request was refused or the channel failed."""
+
+
+class DeviceFailure(CollaPipeError):
+    """A device actor died or timed out during a step."""
+
+
+def exit_on_user_error(func):
+    """Decorate a ``main()`` so a :class:`CollaPipeError` prints one line and exits with code 2."""
+    import functools
+    import sys
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except CollaPipeError as err:
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+    return wrapper

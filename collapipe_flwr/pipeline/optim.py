@@ -1,0 +1,50 @@
+"""Optimizer specification shared by the CU (embedding), the devices (segments) and the server (head).
+
+Only element-wise optimizers are offered, so that stepping each segment separately equals stepping the
+plain model (no global-norm clipping on the split path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from collapipe_flwr.errors import ConfigError
+
+_NAMES = ("adam", "adamw", "sgd")
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.name not in _NAMES:
+            raise ConfigError(f"optimizer name {self.name!r} is not one of {', '.join(_NAMES)}; set optimizer.name")
+        if not self.lr > 0:
+            raise ConfigError(f"optimizer lr={self.lr!r} must be > 0; set optimizer.lr")
+
+    def build(self, params) -> torch.optim.Optimizer:
+        params = [p for p in params if p.requires_grad]
+        if self.name == "adam":
+            return torch.optim.Adam(params, lr=self.lr, betas=tuple(self.betas), weight_decay=self.weight_decay)
+        if self.name == "adamw":
+            return torch.optim.AdamW(params, lr=self.lr, betas=tuple(self.betas), weight_decay=self.weight_decay)
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "OptimizerSpec":
+        d = dict(d)
+        if "betas" in d:
+            d["betas"] = tuple(float(x) for x in d["betas"])
+        return cls(**d)

@@ -1,0 +1,1 @@
+"""System model of the paper (Sections III.C-D, IV): rates, delays, energy, convergence term."""
