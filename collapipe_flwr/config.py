@@ -1,0 +1,283 @@
+"""One configuration object, validated once at start-up.
+
+Hydra's ``conf/`` is the source of truth. ``compose(overrides)`` builds the config from ``conf/config.yaml``
+(used by the ServerApp, which receives the overrides as one run-config string, and by tests);
+``python -m collapipe_flwr.experiments`` gets the same tree from ``@hydra.main``. Either way
+:func:`build_run_config` turns the plain mapping into a frozen :class:`RunConfig`, raising a one-line
+:class:`~collapipe_flwr.errors.ConfigError` that names the key and how to fix it.
+
+The ServerApp sends the resolved values a CU needs inside each train message (``RunConfig.to_dict``),
+so a CU on a real edge box needs no copy of ``conf/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from collapipe_flwr.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+DATA_DIR_ENV = "COLLAPIPE_DATA_DIR"
+
+METHODS = ("collapipe", "collapipe_no_ss", "vanilla_fl", "pipeline", "titanic")
+
+
+def _typed(section: str, cls, raw: Mapping[str, Any] | None):
+    """Build dataclass ``cls`` from ``raw``: unknown keys and wrong types are one-line ConfigErrors."""
+    raw = dict(raw or {})
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {section}.{unknown[0]}; valid keys of {section} are {', '.join(sorted(known))}"
+        )
+    kwargs = {}
+    for name, f in known.items():
+        if name not in raw:
+            continue
+        value = raw[name]
+        want = f.type if isinstance(f.type, type) else {"int": int, "float": float, "bool": bool, "str": str}.get(
+            str(f.type), None
+        )
+        if want is bool and not isinstance(value, bool):
+            raise ConfigError(f"config key {section}.{name}={value!r} must be true or false")
+        if want is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"config key {section}.{name}={value!r} must be an integer")
+        if want is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"config key {section}.{name}={value!r} must be a number")
+            value = float(value)
+        if want is str:
+            value = "" if value is None else str(value)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """How a training method differs from CollaPipe: only the plan and the aggregation."""
+
+    name: str = "collapipe"
+    segment_scheduling: bool = True
+    fixed_m: int = 4
+    head_on_server: bool = True
+    aggregate: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.name in METHODS, f"method.name={self.name!r} is not one of {', '.join(METHODS)}; pick method=<name>")
+        _require(self.fixed_m >= 1, f"method.fixed_m={self.fixed_m} must be >= 1")
+
+
+@dataclass(frozen=True)
+class FederationSpec:
+    """N clusters, T rounds, local steps per round (Algorithm 1)."""
+
+    num_clusters: int = 2
+    num_rounds: int = 3
+    local_steps: int = 10
+    round_timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        _require(self.num_clusters >= 1, f"federation.num_clusters={self.num_clusters} must be >= 1")
+        _require(self.num_rounds >= 1, f"federation.num_rounds={self.num_rounds} must be >= 1")
+        _require(self.local_steps >= 1, f"federation.local_steps={self.local_steps} must be >= 1")
+        _require(self.round_timeout_s > 0, "federation.round_timeout_s must be > 0")
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """Where device actors run (Ray or in-process) and how they are scheduled."""
+
+    backend: str = "ray"
+    ray_address: str = ""
+    emulate: bool = False
+    actor_num_cpus: float = 0.0
+    device_timeout_s: float = 300.0
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        _require(self.backend in ("ray", "local"), f"runtime.backend={self.backend!r} must be ray or local")
+        _require(self.actor_num_cpus >= 0, "runtime.actor_num_cpus must be >= 0")
+        _require(self.device_timeout_s > 0, "runtime.device_timeout_s must be > 0")
+        _require(self.torch_threads >= 1, "runtime.torch_threads must be >= 1")
+
+
+@dataclass(frozen=True)
+class DataPlaneSpec:
+    """The per-step channel between CUs and the server's decoder."""
+
+    host: str = "127.0.0.1"
+    bind: str = "0.0.0.0"
+    port: int = 0
+    fp16: bool = False
+    max_message_mb: int = 256
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port < 65536, f"dataplane.port={self.port} must be in 0..65535 (0 = any free port)")
+        _require(self.max_message_mb >= 1, "dataplane.max_message_mb must be >= 1")
+        _require(self.timeout_s > 0, "dataplane.timeout_s must be > 0")
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    max_examples: int = 0
+    batch_size: int = 64
+    beam_size: int = 1
+
+    def __post_init__(self) -> None:
+        _require(self.max_examples >= 0, "eval.max_examples must be >= 0 (0 = whole validation split)")
+        _require(self.batch_size >= 1, "eval.batch_size must be >= 1")
+        _require(self.beam_size >= 1, "eval.beam_size must be >= 1")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs. ``task``, ``model``, ``scheduler`` and ``network`` stay plain mappings
+    here; the packages that own them validate them (see :func:`build_run_config`)."""
+
+    seed: int
+    data_dir: str
+    output_dir: str
+    run_name: str
+    task: dict
+    model: dict
+    method: MethodSpec
+    scheduler: dict
+    network: dict
+    federation: FederationSpec
+    runtime: RuntimeSpec
+    dataplane: DataPlaneSpec
+    eval: EvalSpec
+    extra: dict = field(default_factory=dict)
+
+    def resolved_data_dir(self) -> Path:
+        """``data_dir`` if set, else $COLLAPIPE_DATA_DIR; a one-line error when neither names a folder."""
+        return resolve_data_dir(self.data_dir)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
+        return build_run_config(data)
+
+
+def resolve_data_dir(explicit: str | os.PathLike | None) -> Path:
+    """The dataset folder: an explicit value, else the COLLAPIPE_DATA_DIR environment variable."""
+    value = str(explicit or "") or os.environ.get(DATA_DIR_ENV, "")
+    if not value:
+        raise ConfigError(
+            f"no data directory: set data_dir (run config data-dir) or the {DATA_DIR_ENV} environment variable "
+            "to the folder holding multi30k/, chinese_ner/, toutiao/ (see ../shared/data/README.md)"
+        )
+    path = Path(value).expanduser().resolve()
+    if not path.is_dir():
+        raise ConfigError(f"data directory {path} does not exist; point data_dir or {DATA_DIR_ENV} at the dataset folder")
+    return path
+
+
+_TOP_KEYS = {
+    "seed", "data_dir", "output_dir", "run_name", "task", "model", "method", "scheduler", "network",
+    "federation", "runtime", "dataplane", "eval",
+}
+
+
+def build_run_config(data: Mapping[str, Any]) -> RunConfig:
+    """Validate a composed config mapping once and freeze it."""
+    data = _to_plain(data)
+    unknown = sorted(set(data) - _TOP_KEYS - {"extra", "hydra"})
+    if unknown:
+        raise ConfigError(f"unknown top-level config key {unknown[0]!r}; valid keys are {', '.join(sorted(_TOP_KEYS))}")
+    for section in ("task", "model", "scheduler", "network"):
+        _require(isinstance(data.get(section), dict), f"config group {section} is missing; add {section}=<name> to the overrides")
+    seed = data.get("seed", 0)
+    _require(isinstance(seed, int) and not isinstance(seed, bool), f"seed={seed!r} must be an integer")
+    cfg = RunConfig(
+        seed=seed,
+        data_dir=str(data.get("data_dir") or ""),
+        output_dir=str(data.get("output_dir") or "runs"),
+        run_name=str(data.get("run_name") or ""),
+        task=dict(data["task"]),
+        model=dict(data["model"]),
+        method=_typed("method", MethodSpec, data.get("method")),
+        scheduler=dict(data["scheduler"]),
+        network=dict(data["network"]),
+        federation=_typed("federation", FederationSpec, data.get("federation")),
+        runtime=_typed("runtime", RuntimeSpec, data.get("runtime")),
+        dataplane=_typed("dataplane", DataPlaneSpec, data.get("dataplane")),
+        eval=_typed("eval", EvalSpec, data.get("eval")),
+        extra=dict(data.get("extra") or {}),
+    )
+    _validate_owned_sections(cfg)
+    return cfg
+
+
+def _validate_owned_sections(cfg: RunConfig) -> None:
+    """Let the owning packages check their sections (task, model, network, scheduler)."""
+    from collapipe_flwr import wiring
+
+    wiring.validate_sections(cfg)
+
+
+def _to_plain(data: Any) -> Any:
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(data, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(data, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    if isinstance(data, Mapping):
+        return {str(k): _to_plain(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_to_plain(v) for v in data]
+    return data
+
+
+def split_overrides(text: str) -> list[str]:
+    """Split the ``overrides`` run-config string (``"task=ner federation.num_rounds=2"``) shell-style."""
+    try:
+        return shlex.split(text or "")
+    except ValueError as err:
+        raise ConfigError(f"cannot parse overrides {text!r}: {err}; quote values with spaces") from None
+
+
+def compose(overrides: list[str] | str = (), config_dir: Path | None = None) -> dict:
+    """Compose ``conf/config.yaml`` with Hydra overrides, return a plain resolved mapping."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(overrides, str):
+        overrides = split_overrides(overrides)
+    conf = Path(config_dir or CONF_DIR).resolve()
+    if not (conf / "config.yaml").is_file():
+        raise ConfigError(f"no config.yaml in {conf}; run from the project root or pass the conf/ folder")
+    try:
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3", job_name="collapipe"):
+            composed = hydra_compose(config_name="config", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"bad config override: {first}") from None
+    return _to_plain(composed)
+
+
+def load_run_config(overrides: list[str] | str = (), **top_level: Any) -> RunConfig:
+    """Compose + validate. ``top_level`` (e.g. ``data_dir=...``) wins over the composed values."""
+    data = compose(overrides)
+    for key, value in top_level.items():
+        if value not in (None, ""):
+            data[key] = value
+    return build_run_config(data)

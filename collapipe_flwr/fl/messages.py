@@ -1,0 +1,112 @@
+"""What travels in Flower messages (control and weights, once per round; never per step).
+
+train (server -> CU):   RecordDict{"weights": ArrayRecord, "instructions": ConfigRecord{"json": str}}
+train reply (CU -> server): RecordDict{"weights": ArrayRecord, "metrics": MetricRecord}
+query "hello" (server -> CU): empty; reply MetricRecord{"partition-id", "num-partitions", "num-examples"}
+
+Weights are one flat state dict whose names start with ``embedding.``, ``encoder.`` (the concatenated
+segments, eq. 4) and, for methods that train the head on the CU, ``head.``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from collapipe_flwr.dssra.plan import ClusterPlan
+from collapipe_flwr.errors import CollaPipeError
+
+WEIGHTS = "weights"
+INSTRUCTIONS = "instructions"
+METRICS = "metrics"
+PARTS = ("embedding", "encoder", "head")
+
+
+def pack_weights(parts: dict[str, dict[str, torch.Tensor]]) -> ArrayRecord:
+    """{"embedding": sd, "encoder": sd, ...} -> one ArrayRecord with prefixed names."""
+    flat = {}
+    for part, sd in parts.items():
+        if part not in PARTS:
+            raise ValueError(f"unknown weight part {part!r}")
+        for name, tensor in sd.items():
+            flat[f"{part}.{name}"] = tensor.detach().cpu().contiguous()
+    return ArrayRecord(torch_state_dict=flat)
+
+
+def unpack_weights(record: ArrayRecord) -> dict[str, dict[str, torch.Tensor]]:
+    """Inverse of :func:`pack_weights`."""
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in record.to_torch_state_dict().items():
+        part, _, rest = name.partition(".")
+        if part not in PARTS or not rest:
+            raise CollaPipeError(f"weight {name!r} in a message does not start with one of {PARTS}; the CU and server versions differ")
+        parts.setdefault(part, {})[rest] = tensor
+    return parts
+
+
+@dataclass(frozen=True)
+class TrainInstructions:
+    """Everything a CU needs for one round; JSON-safe so it fits one ConfigRecord string."""
+
+    round: int
+    plan: ClusterPlan
+    run_config: dict
+    devices: list[dict]
+    dataplane_address: str = ""
+    dataplane_secret: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def to_record(self) -> ConfigRecord:
+        payload = {
+            "round": self.round,
+            "plan": self.plan.to_dict(),
+            "run_config": self.run_config,
+            "devices": self.devices,
+            "dataplane_address": self.dataplane_address,
+            "dataplane_secret": self.dataplane_secret,
+            "extra": self.extra,
+        }
+        return ConfigRecord({"json": json.dumps(payload)})
+
+    @classmethod
+    def from_record(cls, record: ConfigRecord) -> "TrainInstructions":
+        try:
+            payload = json.loads(str(record["json"]))
+            return cls(
+                round=int(payload["round"]),
+                plan=ClusterPlan.from_dict(payload["plan"]),
+                run_config=dict(payload["run_config"]),
+                devices=list(payload["devices"]),
+                dataplane_address=str(payload.get("dataplane_address", "")),
+                dataplane_secret=str(payload.get("dataplane_secret", "")),
+                extra=dict(payload.get("extra", {})),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise CollaPipeError(f"malformed train instructions ({err}); the server and CU run different versions") from None
+
+
+def train_content(weights: ArrayRecord, instructions: TrainInstructions) -> RecordDict:
+    return RecordDict({WEIGHTS: weights, INSTRUCTIONS: instructions.to_record()})
+
+
+def read_train(msg: Message) -> tuple[ArrayRecord, TrainInstructions]:
+    content = msg.content
+    if WEIGHTS not in content.array_records or INSTRUCTIONS not in content.config_records:
+        raise CollaPipeError("train message lacks weights or instructions; the server and CU run different versions")
+    return content.array_records[WEIGHTS], TrainInstructions.from_record(content.config_records[INSTRUCTIONS])
+
+
+def reply_content(weights: ArrayRecord, metrics: dict) -> RecordDict:
+    return RecordDict({WEIGHTS: weights, METRICS: MetricRecord(metrics)})
+
+
+def read_reply(msg: Message) -> tuple[ArrayRecord, dict]:
+    if msg.has_error():
+        raise CollaPipeError(f"CU on node {msg.metadata.src_node_id} failed: {msg.error.reason}")
+    content = msg.content
+    if WEIGHTS not in content.array_records or METRICS not in content.metric_records:
+        raise CollaPipeError(f"reply from node {msg.metadata.src_node_id} lacks weights or metrics")
+    return content.array_records[WEIGHTS], dict(content.metric_records[METRICS])
