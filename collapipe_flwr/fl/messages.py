@@ -2,7 +2,7 @@
 
 train (server -> CU):   RecordDict{"weights": ArrayRecord, "instructions": ConfigRecord{"json": str}}
 train reply (CU -> server): RecordDict{"weights": ArrayRecord, "metrics": MetricRecord}
-query "hello" (server -> CU): empty; reply MetricRecord{"partition-id", "num-partitions", "num-examples"}
+query "hello" (server -> CU): RecordDict{"run-config": ConfigRecord{"json": str}}; reply MetricRecord{"partition-id", "num-partitions", "num-examples"}
 
 Weights are one flat state dict whose names start with ``embedding.``, ``encoder.`` (the concatenated
 segments, eq. 4) and, for methods that train the head on the CU, ``head.``.
@@ -110,3 +110,21 @@ def read_reply(msg: Message) -> tuple[ArrayRecord, dict]:
     if WEIGHTS not in content.array_records or METRICS not in content.metric_records:
         raise CollaPipeError(f"reply from node {msg.metadata.src_node_id} lacks weights or metrics")
     return content.array_records[WEIGHTS], dict(content.metric_records[METRICS])
+
+
+RUN_CONFIG = "run-config"
+
+
+def run_config_record(run_config: dict) -> ConfigRecord:
+    """The resolved run config, as the hello message carries it (a CU needs no copy of ``conf/``)."""
+    return ConfigRecord({"json": json.dumps(run_config)})
+
+
+def read_run_config(msg: Message) -> dict:
+    record = msg.content.config_records.get(RUN_CONFIG)
+    if record is None:
+        raise CollaPipeError("hello message lacks the run config; the server and CU run different versions")
+    try:
+        return dict(json.loads(str(record["json"])))
+    except (KeyError, TypeError, ValueError) as err:
+        raise CollaPipeError(f"malformed run config in the hello message ({err}); the server and CU run different versions") from None

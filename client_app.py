@@ -1,0 +1,22 @@
+"""Flower ClientApp: the control unit (CU) of one cluster (paper Algorithm 1, cluster side).
+
+Thin on purpose: each message is handled by collapipe_flwr.fl.client_main, which reads the node's
+partition from its node config (simulation and deployment alike) and drives the cluster's devices.
+"""
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from collapipe_flwr.fl import client_main
+
+app = ClientApp()
+
+
+@app.query("hello")
+def hello(msg: Message, context: Context) -> Message:
+    return client_main.handle_hello(msg, context)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    return client_main.handle_train(msg, context)

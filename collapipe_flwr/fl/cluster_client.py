@@ -1,0 +1,124 @@
+"""The control unit (CU) of cluster n: one round of local training (Algorithm 1, lines 5-23).
+
+On ``train``: load the global embedding + encoder, (re)build the cluster pipeline for the round's plan
+(S, m, delta_k over the cluster's devices), run the round's local steps — each step: embedding on the
+CU -> GPipe forward over the device actors -> z_enc to the head (the server's decoder over the data
+plane, or a local head for methods that keep the whole model on the CU) -> dL/dz_enc back -> GPipe
+backward -> every segment and the embedding update — then concatenate the segments (⊕, eq. 4) and
+reply with the encoder and the round's metrics.
+
+Nothing here lives in module globals: whatever survives between rounds is in the Flower ``Context``
+(see ``client_app.py``); datasets are re-read through a pure, cached loader.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from collapipe_flwr import wiring
+from collapipe_flwr.config import RunConfig, build_run_config
+from collapipe_flwr.fl.messages import TrainInstructions, pack_weights, unpack_weights
+from collapipe_flwr.pipeline.head import LocalHead
+from collapipe_flwr.system.devices import DeviceProfile
+
+
+@dataclass(frozen=True)
+class ClusterIdentity:
+    """Which cluster this CU is, from its node config (simulation and deployment alike)."""
+
+    partition_id: int
+    num_partitions: int
+    data_dir: str = ""
+
+    @classmethod
+    def from_node_config(cls, node_config, run_config=None) -> "ClusterIdentity":
+        from collapipe_flwr.errors import ConfigError
+
+        try:
+            pid = int(node_config["partition-id"])
+            nparts = int(node_config["num-partitions"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(
+                "this SuperNode has no partition-id/num-partitions; start it with "
+                "--node-config \"partition-id=0 num-partitions=2\""
+            ) from None
+        if not 0 <= pid < nparts:
+            raise ConfigError(f"partition-id={pid} must be in 0..{nparts - 1}; fix the SuperNode's --node-config")
+        data_dir = str(node_config.get("data-dir", "") or (run_config or {}).get("data-dir", "") or "")
+        return cls(pid, nparts, data_dir)
+
+
+def hello_metrics(identity: ClusterIdentity, run_config: dict) -> dict:
+    """Reply to the server's hello: which cluster this is and how many training examples it holds."""
+    cfg = wiring.config_from_run_config(run_config, data_dir=identity.data_dir)
+    task = wiring.build_task(cfg)
+    examples = wiring.client_partition(task, cfg, identity.partition_id, identity.num_partitions)
+    return {
+        "partition-id": identity.partition_id,
+        "num-partitions": identity.num_partitions,
+        "num-examples": len(examples),
+    }
+
+
+def train_round(identity: ClusterIdentity, weights_record, instructions: TrainInstructions, actor_names: list[str] | None = None):
+    """Run one round on this CU; returns (reply ArrayRecord, metrics dict, device actor names)."""
+    t_start = time.time()
+    cfg: RunConfig = build_run_config(instructions.run_config)
+    if identity.data_dir:
+        cfg = wiring.with_data_dir(cfg, identity.data_dir)
+    torch.set_num_threads(cfg.runtime.torch_threads)
+    task = wiring.build_task(cfg)
+    examples = wiring.client_partition(task, cfg, identity.partition_id, identity.num_partitions)
+    model = wiring.build_model(task, cfg)
+    parts = unpack_weights(weights_record)
+    model.embedding.load_state_dict(parts["embedding"])
+    model.blocks.load_state_dict(parts["encoder"])
+    if "head" in parts:
+        model.head.load_state_dict(parts["head"])
+    plan = instructions.plan
+    devices = [DeviceProfile.from_dict(d) for d in instructions.devices]
+    optimizer = wiring.optimizer_spec(cfg)
+    t_setup = time.time()
+    pipeline = wiring.build_pipeline(model, plan.delta, optimizer, devices, cfg, cluster=identity.partition_id, round_=instructions.round)
+    head = None
+    try:
+        if cfg.method.head_on_server:
+            head = wiring.dataplane_client(cfg, instructions, identity.partition_id)
+        else:
+            head = LocalHead(model.head, optimizer)
+        t_built = time.time()
+        losses = []
+        step_seconds: dict[str, float] = {}
+        n_examples = 0
+        for batch in wiring.train_batches(task, cfg, examples, seed=cfg.seed * 1_000_003 + instructions.round * 101 + identity.partition_id):
+            result = pipeline.train_step(batch, plan.m, head)
+            losses.append(float(result.loss))
+            n_examples += int(next(iter(batch.values())).shape[0])
+            for k, v in result.seconds.items():
+                step_seconds[k] = step_seconds.get(k, 0.0) + float(v)
+        t_trained = time.time()
+        reply_parts = {"embedding": pipeline.embedding_state_dict(), "encoder": pipeline.encoder_state_dict()}
+        if not cfg.method.head_on_server:
+            reply_parts["head"] = {k: v.detach().clone() for k, v in model.head.state_dict().items()}
+        memory = pipeline.memory_report()
+    finally:
+        if head is not None and hasattr(head, "close"):
+            head.close()
+        pipeline.shutdown()
+    metrics = {
+        "num-examples": n_examples,
+        "train-loss": sum(losses) / max(len(losses), 1),
+        "train-loss-first": losses[0] if losses else float("nan"),
+        "train-loss-last": losses[-1] if losses else float("nan"),
+        "steps": len(losses),
+        "seconds-setup": t_setup - t_start,
+        "seconds-build-pipeline": t_built - t_setup,
+        "seconds-train": t_trained - t_built,
+        "seconds-total": time.time() - t_start,
+        "device-peak-bytes": [float(m.get("peak_total_bytes", 0.0)) for m in memory],
+        **{f"seconds-{k}": v for k, v in step_seconds.items()},
+    }
+    return pack_weights(reply_parts), metrics

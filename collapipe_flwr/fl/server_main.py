@@ -1,0 +1,66 @@
+"""The ServerApp's body: compose + validate the config once, build the server state, run T rounds.
+
+Run config keys (``[tool.flwr.app.config]``, overridable with ``flwr run . --run-config``):
+- ``overrides``: Hydra overrides of ``conf/config.yaml`` as one string
+  (``"task=ner model=bert_tiny federation.num_rounds=2"``);
+- ``data-dir``: the dataset folder (else ``$COLLAPIPE_DATA_DIR``);
+- ``output-dir``: where the run folder is created (relative paths: from where ``flwr run`` started).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from logging import ERROR, INFO
+from pathlib import Path
+
+from flwr.common import log
+
+from collapipe_flwr.config import RunConfig, load_run_config, split_overrides
+from collapipe_flwr.errors import CollaPipeError
+from collapipe_flwr.fl.progress import RoundProgress
+from collapipe_flwr.fl.run_log import RunLog
+
+
+def config_from_flower(run_config: dict) -> RunConfig:
+    """The one validated RunConfig from Flower's run config (``overrides``, ``data-dir``, ``output-dir``)."""
+    overrides = split_overrides(str(run_config.get("overrides", "") or ""))
+    top = {"data_dir": str(run_config.get("data-dir", "") or ""), "output_dir": str(run_config.get("output-dir", "") or "")}
+    return load_run_config(overrides, **top)
+
+
+def run_folder(cfg: RunConfig) -> Path:
+    name = cfg.run_name or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.method.name}-{cfg.task.get('name', 'task')}"
+    return Path(cfg.output_dir).expanduser().resolve() / name
+
+
+def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | None:
+    """Run the whole federation; returns the run folder. A user error is logged as one line, exit 2."""
+    from collapipe_flwr.fl.server_state import ServerState
+    from collapipe_flwr.fl.strategy import CollaPipeStrategy
+
+    server = None
+    try:
+        cfg = cfg or config_from_flower(run_config)
+        folder = run_folder(cfg)
+        run_log = RunLog(folder)
+        run_log.write_config(cfg.to_dict())
+        log(INFO, "CollaPipe run folder: %s", folder)
+        server = ServerState.build(cfg)
+        strategy = CollaPipeStrategy(server, run_log, RoundProgress(cfg.federation.num_rounds, server.task.metric_name))
+        result = strategy.start(
+            grid,
+            initial_arrays=server.global_array_record(),
+            num_rounds=cfg.federation.num_rounds,
+            timeout=cfg.federation.round_timeout_s,
+            evaluate_fn=strategy.evaluate,
+        )
+        run_log.write_summary(strategy.summary_record(result))
+        return folder
+    except CollaPipeError as err:
+        log(ERROR, "error: %s", err)
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    finally:
+        if server is not None:
+            server.shutdown()

@@ -1,0 +1,218 @@
+"""CollaPipeStrategy: the edge server's side of Algorithm 1 as a Flower strategy.
+
+Per round t:
+1. the round's channel/device state is sampled and the scheduling policy (DSSRA or a baseline) turns it
+   into a plan X(t): which CUs get a channel, p_n, and S, m, delta_k per cluster;
+2. each selected CU gets a ``train`` message with the global embedding + encoder and its plan; during
+   the round it talks to the server's decoder over the data plane (never one Flower message per step);
+3. the returned encoders theta_n^enc (⊕ of segments, eq. 4) are example-weighted averaged (FedAvg);
+   the decoder is never averaged: it is trained on the server from every CU's activations;
+4. the queues Y_n are updated (eq. 29), the global model is evaluated on the validation split, and one
+   JSON line is logged.
+
+Methods differ only in the plan and the aggregation (see ``MethodSpec``): ``pipeline`` keeps one encoder
+per cluster (no aggregation) and reports the mean of the clusters' scores; ``vanilla_fl`` averages the
+whole model (the head included) and needs no data plane.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from logging import INFO, WARNING
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+from flwr.supercore import log
+
+from collapipe_flwr.dssra.plan import RoundPlan
+from collapipe_flwr.errors import CollaPipeError, ConfigError
+from collapipe_flwr.fl.messages import (
+    RUN_CONFIG,
+    TrainInstructions,
+    pack_weights,
+    read_reply,
+    run_config_record,
+    train_content,
+    unpack_weights,
+)
+from collapipe_flwr.fl.run_log import RunLog
+
+HELLO = "query.hello"
+
+
+class CollaPipeStrategy(Strategy):
+    """Owns the global embedding + encoder, the server-side head, the plan and the aggregation.
+
+    ``server`` is a :class:`collapipe_flwr.fl.server_state.ServerState` holding the model, the decoder
+    host (data plane), the scheduling policy, the network sampler and the evaluator.
+    """
+
+    def __init__(self, server, run_log: RunLog, progress=None) -> None:
+        self.server = server
+        self.cfg = server.cfg
+        self.run_log = run_log
+        self.progress = progress
+        self.node_of_cluster: dict[int, int] = {}
+        self.examples_of_cluster: dict[int, int] = {}
+        self.current_plan: RoundPlan | None = None
+        self._round_t0 = 0.0
+        self._phase: dict[str, float] = {}
+        self.last_train_record: dict = {}
+
+    # ------------------------------------------------------------------ discovery
+    def discover_clusters(self, grid: Grid, timeout_s: float = 120.0) -> None:
+        """Ask every SuperNode which cluster (partition-id) it is; wait until all N CUs answered."""
+        n_expected = self.cfg.federation.num_clusters
+        deadline = time.time() + timeout_s
+        node_ids: list[int] = []
+        while time.time() < deadline:
+            node_ids = list(grid.get_node_ids())
+            if len(node_ids) >= n_expected:
+                break
+            time.sleep(1.0)
+        if len(node_ids) < n_expected:
+            raise ConfigError(
+                f"federation.num_clusters={n_expected} but only {len(node_ids)} SuperNodes connected within "
+                f"{timeout_s:.0f}s; start more SuperNodes or set num-supernodes in .flwr/config.toml"
+            )
+        content = RecordDict({RUN_CONFIG: run_config_record(self.cfg.to_dict())})
+        msgs = [Message(content, dst_node_id=n, message_type=HELLO) for n in node_ids]
+        replies = list(grid.send_and_receive(msgs, timeout=timeout_s))
+        for reply in replies:
+            if reply.has_error():
+                raise CollaPipeError(f"SuperNode {reply.metadata.src_node_id} failed to say hello: {reply.error.reason}")
+            info = reply.content.metric_records["hello"]
+            pid, nparts = int(info["partition-id"]), int(info["num-partitions"])
+            if nparts != n_expected:
+                raise ConfigError(
+                    f"SuperNode {reply.metadata.src_node_id} has num-partitions={nparts} but federation.num_clusters="
+                    f"{n_expected}; make the node config and the run config agree"
+                )
+            if pid in self.node_of_cluster:
+                raise ConfigError(f"two SuperNodes claim partition-id={pid}; give each SuperNode its own partition-id")
+            self.node_of_cluster[pid] = reply.metadata.src_node_id
+            self.examples_of_cluster[pid] = int(info["num-examples"])
+        missing = sorted(set(range(n_expected)) - set(self.node_of_cluster))
+        if missing:
+            raise ConfigError(f"no SuperNode has partition-id={missing[0]}; give each of the {n_expected} SuperNodes one id in 0..{n_expected - 1}")
+        log(INFO, "CollaPipe clusters: %s", {n: self.examples_of_cluster[n] for n in sorted(self.node_of_cluster)})
+
+    # ------------------------------------------------------------------ train
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        self._round_t0 = time.time()
+        if not self.node_of_cluster:
+            self.discover_clusters(grid)
+        t0 = time.time()
+        plan = self.server.plan_round(server_round)
+        self.current_plan = plan
+        self._phase = {"plan_s": time.time() - t0}
+        selected = [c.cluster for c in plan.selected]
+        self.server.open_round(server_round, selected)
+        messages = []
+        for cplan in plan.selected:
+            weights = pack_weights(self.server.weights_for_cluster(cplan.cluster))
+            instructions = TrainInstructions(
+                round=server_round,
+                plan=cplan,
+                run_config=self.cfg.to_dict(),
+                devices=[d.to_dict() for d in self.server.devices_of(cplan.cluster)],
+                dataplane_address=self.server.dataplane_address,
+                dataplane_secret=self.server.dataplane_secret,
+            )
+            messages.append(
+                Message(train_content(weights, instructions), dst_node_id=self.node_of_cluster[cplan.cluster], message_type="train")
+            )
+        if self.progress is not None:
+            self.progress.round_started(server_round, selected)
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        t0 = time.time()
+        cluster_of_node = {v: k for k, v in self.node_of_cluster.items()}
+        results, failures = [], []
+        for reply in replies:
+            cluster = cluster_of_node.get(reply.metadata.src_node_id, -1)
+            try:
+                weights, metrics = read_reply(reply)
+            except CollaPipeError as err:
+                failures.append({"cluster": cluster, "error": str(err)})
+                log(WARNING, "round %s: %s (aggregating the other CUs)", server_round, err)
+                continue
+            results.append((cluster, unpack_weights(weights), metrics))
+        self.server.close_round()
+        self._phase["wait_clients_s"] = t0 - self._round_t0 - self._phase.get("plan_s", 0.0)
+        if not results:
+            self.last_train_record = {"failures": failures}
+            log(WARNING, "round %s: no CU returned a result; the global model is unchanged", server_round)
+            return None, None
+        self.server.absorb_results(server_round, results)
+        self._phase["aggregate_s"] = time.time() - t0
+        per_cluster = {
+            str(c): {k: v for k, v in m.items()} for c, _, m in results
+        }
+        n_ex = [float(m["num-examples"]) for _, _, m in results]
+        loss = sum(float(m["train-loss"]) * w for (_, _, m), w in zip(results, n_ex)) / max(sum(n_ex), 1.0)
+        self.last_train_record = {
+            "train_loss": loss,
+            "clients": per_cluster,
+            "failures": failures,
+        }
+        agg = MetricRecord({"train-loss": loss, "num-examples": int(sum(n_ex))})
+        return self.server.global_array_record(), agg
+
+    # ------------------------------------------------------------------ evaluation (server side)
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        return []  # the server evaluates the full model itself (evaluate_fn)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """Centralised evaluation on the validation split + the round's JSON line."""
+        t0 = time.time()
+        metrics = self.server.evaluate()
+        if server_round == 0:
+            self.run_log.append_round({"round": 0, **{f"val_{k}": v for k, v in metrics.items()}})
+            return MetricRecord({k: float(v) for k, v in metrics.items()})
+        self._phase["evaluate_s"] = time.time() - t0
+        plan = self.current_plan
+        record = {
+            "round": server_round,
+            "method": self.cfg.method.name,
+            "scheduler": self.server.policy_name,
+            **self.last_train_record,
+            **{f"val_{k}": v for k, v in metrics.items()},
+            "plan": plan.to_dict() if plan else None,
+            "modelled": plan.modelled if plan else {},
+            "measured_s": {**self._phase, "round_s": time.time() - self._round_t0},
+        }
+        self.run_log.append_round(record)
+        if self.progress is not None:
+            self.progress.round_finished(server_round, record)
+        return MetricRecord({k: float(v) for k, v in metrics.items()})
+
+    def summary_record(self, result) -> dict:
+        """What summary.json holds: the final validation metrics and where the records are."""
+        final = {}
+        if result is not None and result.evaluate_metrics_serverapp:
+            last = max(result.evaluate_metrics_serverapp)
+            final = {k: float(v) for k, v in result.evaluate_metrics_serverapp[last].items()}
+        return {
+            "method": self.cfg.method.name,
+            "scheduler": self.server.policy_name,
+            "task": self.cfg.task.get("name"),
+            "num_rounds": self.cfg.federation.num_rounds,
+            "final_val": final,
+            "rounds_file": str(self.run_log.rounds_path),
+        }
+
+    def summary(self) -> None:
+        log(INFO, "\t├── CollaPipe method=%s scheduler=%s", self.cfg.method.name, self.server.policy_name)
+        log(INFO, "\t└── clusters N=%s, rounds T=%s", self.cfg.federation.num_clusters, self.cfg.federation.num_rounds)
+
+
+def state_dict_to_cpu(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in sd.items()}

@@ -1,0 +1,69 @@
+"""The server-side part of one training step: head forward, loss, backward, head update.
+
+The same :func:`head_step` runs in-process (:class:`LocalHead`, used by methods that keep the head on
+the CU and by tests) and behind the data plane on the edge server, so both paths compute identical
+numbers.
+
+Loss scaling is explicit (docs/contracts.md): the head returns, per micro-batch i, the SUM of its
+per-target losses l_i and its target count c_i. The step loss is sum_i l_i / sum_i c_i, exactly the
+plain model's mean over the whole batch, and micro-batch i back-propagates l_i / C with C = sum_i c_i.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from collapipe_flwr.pipeline.optim import OptimizerSpec
+
+
+def head_step(
+    head: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    z_enc: Sequence[torch.Tensor],
+    micro_batches: Sequence[dict[str, torch.Tensor]],
+) -> tuple[float, list[torch.Tensor]]:
+    """One step of the head over m micro-batches.
+
+    ``z_enc[i]`` is the encoder output of micro-batch i (leaf tensors; not modified). Returns the step
+    loss (plain mean over all targets) and dL/dz_enc[i] for every i. When ``optimizer`` is given, the
+    head's gradients are zeroed first and one optimizer step is taken after all m backwards (GPipe's
+    synchronous update).
+    """
+    if len(z_enc) != len(micro_batches):
+        raise ValueError(f"{len(z_enc)} encoder outputs for {len(micro_batches)} micro-batches")
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    leaves = [z.detach().requires_grad_(True) for z in z_enc]
+    sums, counts = [], []
+    for z, mb in zip(leaves, micro_batches):
+        loss_sum, count = head.loss_terms(z, mb["attention_mask"], mb)
+        sums.append(loss_sum)
+        counts.append(count)
+    total = torch.stack([torch.as_tensor(c, dtype=torch.float64) for c in counts]).sum()
+    if not total > 0:
+        raise ValueError("the batch has no targets (every label is -100); drop empty batches before training")
+    denom = total.to(sums[0].dtype)
+    for loss_sum in sums:
+        (loss_sum / denom).backward()
+    if optimizer is not None:
+        optimizer.step()
+    loss = float(sum(float(s.detach()) for s in sums) / float(total))
+    return loss, [z.grad if z.grad is not None else torch.zeros_like(z) for z in leaves]
+
+
+class LocalHead:
+    """A :data:`HeadFn` that trains the head in this process (``head(z_list, mbs) -> (loss, grads)``)."""
+
+    def __init__(self, head: nn.Module, optimizer: OptimizerSpec | None) -> None:
+        self.head = head
+        self.optimizer = optimizer.build(head.parameters()) if optimizer is not None else None
+
+    def __call__(self, z_enc, micro_batches):
+        self.head.train()
+        return head_step(self.head, self.optimizer, z_enc, micro_batches)
+
+    def close(self) -> None:
+        pass

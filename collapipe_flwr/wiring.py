@@ -1,0 +1,131 @@
+"""Config -> objects: the one place that knows which package builds what.
+
+The apps (``server_app.py``, ``client_app.py``), the strategy, the CU and the Hydra entry point call
+these functions instead of reaching into each package, so a package can change its internals without
+the others noticing. Nothing here holds state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from collapipe_flwr.config import RunConfig, build_run_config, resolve_data_dir
+from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.pipeline.optim import OptimizerSpec
+
+
+# ----------------------------------------------------------------------------- validation
+def validate_sections(cfg: RunConfig) -> None:
+    """Let each owning package check its section once, at start-up (called by build_run_config)."""
+    from collapipe_flwr.dssra.policies import validate_scheduler_config
+    from collapipe_flwr.system.network import NetworkSpec
+    from collapipe_flwr.tasks.registry import validate_task_config
+
+    validate_task_config(cfg.task, cfg.model)
+    validate_scheduler_config(cfg.scheduler)
+    NetworkSpec.from_config(cfg.network, cfg.federation.num_clusters)
+    optimizer_spec(cfg)
+
+
+def config_from_run_config(run_config: dict, data_dir: str = "") -> RunConfig:
+    cfg = build_run_config(run_config)
+    return with_data_dir(cfg, data_dir) if data_dir else cfg
+
+
+def with_data_dir(cfg: RunConfig, data_dir: str) -> RunConfig:
+    return dataclasses.replace(cfg, data_dir=str(data_dir))
+
+
+# ----------------------------------------------------------------------------- task and model
+def optimizer_spec(cfg: RunConfig) -> OptimizerSpec:
+    """The optimizer of every part (embedding on the CU, segments on devices, head on the server)."""
+    raw = dict(cfg.model.get("optimizer") or {})
+    try:
+        return OptimizerSpec.from_dict(raw)
+    except TypeError as err:
+        raise ConfigError(f"model.optimizer has an unknown key ({err}); valid keys: name, lr, weight_decay, betas, momentum") from None
+
+
+def cache_dir(cfg: RunConfig) -> Path | None:
+    value = str(cfg.task.get("cache_dir") or "")
+    return Path(value).expanduser() if value else None
+
+
+def build_task(cfg: RunConfig):
+    """The task object (data, tokenizer, collate, model builder, metric) for this run."""
+    from collapipe_flwr.tasks.registry import build_task as _build
+
+    return _build(cfg.task, cfg.model, resolve_data_dir(cfg.data_dir), cfg.seed, cache_dir(cfg))
+
+
+def build_model(task, cfg: RunConfig):
+    """A freshly initialised SplitModel (same seed on the server and every CU, so shapes and names agree)."""
+    return task.build_model(cfg.seed)
+
+
+def client_partition(task, cfg: RunConfig, partition_id: int, num_partitions: int) -> list[int]:
+    """Indices of cluster n's training examples (flwr-datasets partitioner, seeded)."""
+    if num_partitions != cfg.federation.num_clusters:
+        raise ConfigError(
+            f"this CU has num-partitions={num_partitions} but federation.num_clusters={cfg.federation.num_clusters}; "
+            "make the SuperNodes' node config and the run config agree"
+        )
+    return list(task.partition(num_partitions, partition_id))
+
+
+def batch_size(cfg: RunConfig) -> int:
+    return int(cfg.task.get("batch_size", 64))
+
+
+def train_batches(task, cfg: RunConfig, indices: list[int], seed: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Exactly ``federation.local_steps`` batches of this CU's partition (cycling through epochs)."""
+    steps = cfg.federation.local_steps
+    if not indices:
+        raise ConfigError("this CU's data partition is empty; use fewer clusters or more data")
+
+    def epochs():
+        for epoch in itertools.count():
+            yield from task.batches(indices, batch_size(cfg), seed=seed + epoch, shuffle=True)
+
+    return itertools.islice(epochs(), steps)
+
+
+# ----------------------------------------------------------------------------- runtime
+def build_pipeline(model, delta, optimizer: OptimizerSpec, devices, cfg: RunConfig, cluster: int = 0, round_: int = 0):
+    """The CU-side GPipe driver over this round's partition delta (Ray actors or in-process stages)."""
+    from collapipe_flwr.pipeline.cluster import ClusterPipeline
+
+    rt = cfg.runtime
+    return ClusterPipeline(
+        model.embedding,
+        model.blocks,
+        tuple(delta),
+        optimizer,
+        devices=devices,
+        backend=rt.backend,
+        ray_address=rt.ray_address or None,
+        emulate=rt.emulate,
+        actor_num_cpus=rt.actor_num_cpus,
+        timeout_s=rt.device_timeout_s,
+        name=f"cluster{cluster}-round{round_}",
+    )
+
+
+def dataplane_client(cfg: RunConfig, instructions, cluster: int):
+    """The remote head (the server's decoder) for this CU's round."""
+    from collapipe_flwr.fl.dataplane import DecoderClient
+
+    return DecoderClient(
+        instructions.dataplane_address,
+        instructions.dataplane_secret,
+        round=instructions.round,
+        cluster=cluster,
+        fp16=cfg.dataplane.fp16,
+        timeout_s=cfg.dataplane.timeout_s,
+        max_message_mb=cfg.dataplane.max_message_mb,
+    )
