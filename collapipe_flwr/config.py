@@ -58,6 +58,12 @@ def _typed(section: str, cls, raw: Mapping[str, Any] | None):
     return cls(**kwargs)
 
 
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"config key {key}={value!r} must be true or false")
+    return value
+
+
 def _require(cond: bool, message: str) -> None:
     if not cond:
         raise ConfigError(message)
@@ -159,6 +165,7 @@ class RunConfig:
     runtime: RuntimeSpec
     dataplane: DataPlaneSpec
     eval: EvalSpec
+    save_client_weights: bool = False
     extra: dict = field(default_factory=dict)
 
     def resolved_data_dir(self) -> Path:
@@ -189,7 +196,7 @@ def resolve_data_dir(explicit: str | os.PathLike | None) -> Path:
 
 _TOP_KEYS = {
     "seed", "data_dir", "output_dir", "run_name", "task", "model", "method", "scheduler", "network",
-    "federation", "runtime", "dataplane", "eval",
+    "federation", "runtime", "dataplane", "eval", "save_client_weights",
 }
 
 
@@ -217,6 +224,7 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         runtime=_typed("runtime", RuntimeSpec, data.get("runtime")),
         dataplane=_typed("dataplane", DataPlaneSpec, data.get("dataplane")),
         eval=_typed("eval", EvalSpec, data.get("eval")),
+        save_client_weights=_bool("save_client_weights", data.get("save_client_weights", False)),
         extra=dict(data.get("extra") or {}),
     )
     _validate_owned_sections(cfg)

@@ -82,6 +82,11 @@ def batch_size(cfg: RunConfig) -> int:
     return int(cfg.task.get("batch_size", 64))
 
 
+def round_seed(cfg: RunConfig, round_: int, cluster: int) -> int:
+    """The data-order seed of cluster n in round t (the same on every machine)."""
+    return cfg.seed * 1_000_003 + round_ * 101 + cluster
+
+
 def train_batches(task, cfg: RunConfig, indices: list[int], seed: int) -> Iterator[dict[str, torch.Tensor]]:
     """Exactly ``federation.local_steps`` batches of this CU's partition (cycling through epochs)."""
     steps = cfg.federation.local_steps

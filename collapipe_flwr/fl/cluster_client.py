@@ -63,8 +63,8 @@ def hello_metrics(identity: ClusterIdentity, run_config: dict) -> dict:
     }
 
 
-def train_round(identity: ClusterIdentity, weights_record, instructions: TrainInstructions, actor_names: list[str] | None = None):
-    """Run one round on this CU; returns (reply ArrayRecord, metrics dict, device actor names)."""
+def train_round(identity: ClusterIdentity, weights_record, instructions: TrainInstructions):
+    """Run one round on this CU; returns (reply ArrayRecord, metrics dict)."""
     t_start = time.time()
     cfg: RunConfig = build_run_config(instructions.run_config)
     if identity.data_dir:
@@ -93,7 +93,7 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
         losses = []
         step_seconds: dict[str, float] = {}
         n_examples = 0
-        for batch in wiring.train_batches(task, cfg, examples, seed=cfg.seed * 1_000_003 + instructions.round * 101 + identity.partition_id):
+        for batch in wiring.train_batches(task, cfg, examples, seed=wiring.round_seed(cfg, instructions.round, identity.partition_id)):
             result = pipeline.train_step(batch, plan.m, head)
             losses.append(float(result.loss))
             n_examples += int(next(iter(batch.values())).shape[0])
@@ -113,6 +113,7 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
         "train-loss": sum(losses) / max(len(losses), 1),
         "train-loss-first": losses[0] if losses else float("nan"),
         "train-loss-last": losses[-1] if losses else float("nan"),
+        "train-losses": [float(x) for x in losses],
         "steps": len(losses),
         "seconds-setup": t_setup - t_start,
         "seconds-build-pipeline": t_built - t_setup,

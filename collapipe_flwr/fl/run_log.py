@@ -48,6 +48,16 @@ class RunLog:
             fh.write(json.dumps(_json_safe(record), sort_keys=True) + "\n")
             fh.flush()
 
+    def save_weights(self, t: int, results: list, aggregate: dict) -> None:
+        """weights/round<t>_cluster<n>.pt per returned CU (+ its num-examples) and round<t>_global.pt."""
+        import torch
+
+        folder = self.folder / "weights"
+        folder.mkdir(exist_ok=True)
+        for cluster, parts, metrics in results:
+            torch.save({"parts": parts, "num_examples": int(metrics["num-examples"])}, folder / f"round{t}_cluster{cluster}.pt")
+        torch.save({"parts": aggregate}, folder / f"round{t}_global.pt")
+
     def write_summary(self, summary: dict) -> None:
         (self.folder / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, sort_keys=True))
 

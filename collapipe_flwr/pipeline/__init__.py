@@ -1,1 +1,7 @@
-"""pipeline package."""
+"""GPipe pipeline runtime: device stages (in-process or Ray actors) driven by the CU (``ClusterPipeline``)."""
+
+from collapipe_flwr.pipeline.cluster import ClusterPipeline, HeadFn, StepResult
+from collapipe_flwr.pipeline.head import LocalHead, head_step
+from collapipe_flwr.pipeline.optim import OptimizerSpec
+
+__all__ = ["ClusterPipeline", "HeadFn", "StepResult", "LocalHead", "head_step", "OptimizerSpec"]

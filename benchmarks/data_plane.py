@@ -1,0 +1,170 @@
+"""Per-step round trip of the decoder data plane vs the same exchange as Flower messages (issue 3).
+
+Prints ``name: value`` lines:
+- data_plane_ms_median / _p90: one step (a 64 x 32 x 256 float32 activation + attention mask up, the
+  same-size float32 gradient down) through DecoderHost / DecoderClient on loopback, with a trivial head
+  (one scalar weight) so the channel is what is measured; median over --steps steps after a warm-up.
+- data_plane_fp16_ms_median: the same with float16 on the wire (scaled, see fl/dataplane/wire.py).
+- flower_message_ms_median: a ServerApp sends the activation in an ArrayRecord to a ClientApp in a Flower
+  simulation (Ray backend, one SuperNode) and gets a same-size ArrayRecord back; median per round trip.
+
+Also printed: process CPU ms per data-plane step (client and server together, so less sensitive to
+other processes on a busy machine than wall time) and the 1-minute load average before and after.
+
+Run: ``python benchmarks/data_plane.py`` (add ``--skip-flower`` for the data plane only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost  # noqa: E402
+
+B, T, H = 64, 32, 256
+
+
+class TrivialHead(nn.Module):
+    """loss = w * mean(hidden) per sample: negligible compute, a real backward to dL/dz_enc."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(()))
+
+    def loss_terms(self, hidden, attention_mask, batch):
+        return (hidden.mean(dim=(1, 2)) * self.w).sum(), torch.tensor(hidden.shape[0])
+
+
+def _summary(times_s: list[float]) -> tuple[float, float]:
+    ms = sorted(t * 1e3 for t in times_s)
+    return statistics.median(ms), ms[min(len(ms) - 1, int(0.9 * len(ms)))]
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def bench_data_plane(steps: int, fp16: bool) -> tuple[float, float, int, float]:
+    """(median ms, p90 ms, bytes per step both ways, process CPU ms per step: client + server)."""
+    head = TrivialHead()
+    host = DecoderHost(head, torch.optim.SGD(head.parameters(), lr=1e-3), "bench-secret", bind="127.0.0.1",
+                       fp16=fp16, hidden_size=H)
+    host.start()
+    host.open_round(1, [0])
+    z = [torch.randn(B, T, H)]
+    mbs = [{"input_ids": torch.ones(B, T, dtype=torch.long), "attention_mask": torch.ones(B, T, dtype=torch.long)}]
+    times = []
+    try:
+        with DecoderClient(host.address, "bench-secret", 1, 0, fp16=fp16) as client:
+            for _ in range(10):
+                client(z, mbs)
+            cpu0 = _cpu_seconds()
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                _, grads = client(z, mbs)
+                times.append(time.perf_counter() - t0)
+            cpu_ms = (_cpu_seconds() - cpu0) * 1e3 / steps
+            assert grads[0].shape == (B, T, H)
+            bytes_per_step = (client.bytes_in + client.bytes_out) // client.steps
+    finally:
+        host.stop(grace_s=0)
+    return (*_summary(times), bytes_per_step, cpu_ms)
+
+
+def _flower_apps(steps: int, out_file: str):
+    from flwr.app import ArrayRecord, Context, Message, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+
+    server_app, client_app = ServerApp(), ClientApp()
+
+    @client_app.train()
+    def echo(msg: Message, context: Context) -> Message:
+        z = msg.content["z"].to_torch_state_dict()["z"]
+        return Message(RecordDict({"grad": ArrayRecord(torch_state_dict={"grad": torch.ones_like(z)})}), reply_to=msg)
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        node_ids: list[int] = []
+        while not node_ids:
+            node_ids = list(grid.get_node_ids())
+            time.sleep(0.05)
+        z = torch.randn(B, T, H)
+        times = []
+        for i in range(steps + 2):
+            content = RecordDict({"z": ArrayRecord(torch_state_dict={"z": z})})
+            t0 = time.perf_counter()
+            replies = list(grid.send_and_receive([Message(content, dst_node_id=node_ids[0], message_type="train")]))
+            dt = time.perf_counter() - t0
+            grad = replies[0].content["grad"].to_torch_state_dict()["grad"]
+            assert grad.shape == z.shape
+            if i >= 2:  # the first exchanges start the ClientApp
+                times.append(dt)
+        Path(out_file).write_text(json.dumps(times))
+
+    return server_app, client_app
+
+
+def bench_flower(steps: int) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+        os.environ["FLWR_HOME"] = str(Path(tmp) / "flwr-home")
+        out_file = str(Path(tmp) / "times.json")
+        from flwr.simulation import run_simulation
+
+        server_app, client_app = _flower_apps(steps, out_file)
+        run_simulation(server_app, client_app, num_supernodes=1,
+                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                       "init_args": {"num_cpus": 1, "include_dashboard": False}})
+        return _summary(json.loads(Path(out_file).read_text()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200, help="measured data-plane steps (default 200)")
+    parser.add_argument("--flower-steps", type=int, default=30, help="measured Flower exchanges (~0.1 s each)")
+    parser.add_argument("--skip-flower", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"activation_shape: {B}x{T}x{H} float32 ({B * T * H * 4 / 2**20:.1f} MiB)")
+    print(f"cpu_count: {os.cpu_count()}")
+    print(f"load_average_1min_before: {os.getloadavg()[0]:.2f}")
+    median, p90, nbytes, cpu_ms = bench_data_plane(args.steps, fp16=False)
+    print(f"data_plane_ms_median: {median:.3f}")
+    print(f"data_plane_ms_p90: {p90:.3f}")
+    print(f"data_plane_cpu_ms_per_step: {cpu_ms:.3f}")
+    print(f"data_plane_bytes_per_step: {nbytes}")
+    median16, p90_16, nbytes16, cpu16 = bench_data_plane(args.steps, fp16=True)
+    print(f"data_plane_fp16_ms_median: {median16:.3f}")
+    print(f"data_plane_fp16_ms_p90: {p90_16:.3f}")
+    print(f"data_plane_fp16_cpu_ms_per_step: {cpu16:.3f}")
+    print(f"data_plane_fp16_bytes_per_step: {nbytes16}")
+    print(f"data_plane_steps: {args.steps}")
+    if not args.skip_flower:
+        fmedian, fp90 = bench_flower(args.flower_steps)
+        print(f"flower_message_ms_median: {fmedian:.3f}")
+        print(f"flower_message_ms_p90: {fp90:.3f}")
+        print(f"flower_message_steps: {args.flower_steps}")
+        print(f"flower_over_data_plane: {fmedian / median:.1f}")
+    print(f"load_average_1min_after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Pipeline overhead on this machine: plain one-process training step vs ClusterPipeline over Ray actors.
+
+BERT-small (6 blocks, hidden 256, 4 heads, FFN 1024, bert-base-chinese vocabulary size), batch 32 x 64
+tokens, token-classification head, Adam. Prints one ``name: value`` per line:
+
+- ``plain_step_s``: median seconds of one training step of the whole model in this process;
+- ``step_ratio_S{S}_m{m}``: median pipelined step seconds / plain_step_s, S in 1,2,3 (balanced delta),
+  m in 1,2,4, Ray backend, median of --steps steps after --warmup warm-up steps;
+- ``mem_ratio_S{S}``: max over devices of (params + Adam state + peak saved activations) / the same
+  count for the plain model (embedding + encoder + head, whole batch), both measured with
+  ``SavedTensorMeter`` / ``memory_report``; ``mem_ratio_encoder_S{S}`` compares with the plain
+  encoder alone (a stricter view: the CU keeps the embedding, the server the head).
+
+Threads: the plain model uses all cores (``torch.set_num_threads(cpu_count)``); each device actor uses
+``max(1, cpu_count // S)`` (``--actor-threads`` overrides); the CU process keeps all cores for the
+embedding and the head, which run while the actors wait.
+
+Run: ``python benchmarks/pipeline_overhead.py`` (about a minute or two on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from collapipe_flwr.models.bert import build_bert  # noqa: E402
+from collapipe_flwr.pipeline.cluster import ClusterPipeline, default_actor_threads  # noqa: E402
+from collapipe_flwr.pipeline.head import LocalHead  # noqa: E402
+from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes  # noqa: E402
+from collapipe_flwr.pipeline.optim import OptimizerSpec  # noqa: E402
+
+VOCAB, HIDDEN, HEADS, FFN, LAYERS, LABELS = 21128, 256, 4, 1024, 6, 7
+DELTAS = {1: (6,), 2: (3, 3), 3: (2, 2, 2)}
+SPEC = OptimizerSpec(name="adam", lr=1e-4)
+
+
+def make_model():
+    torch.manual_seed(0)
+    return build_bert(VOCAB, HIDDEN, HEADS, FFN, LAYERS, 0.1, 128, "token", LABELS)
+
+
+def make_batch(b: int, t: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "input_ids": torch.randint(1, VOCAB, (b, t), generator=g),
+        "attention_mask": torch.ones(b, t, dtype=torch.long),
+        "labels": torch.randint(0, LABELS, (b, t), generator=g),
+    }
+
+
+def plain_model_figures(batch, warmup: int, steps: int) -> tuple[float, int, int]:
+    """(median step seconds, peak bytes of the whole model, peak bytes of the encoder alone)."""
+    model = make_model().train()
+    optimizers = [SPEC.build(part.parameters()) for part in model.parts()]
+    times, peak_all, peak_enc = [], 0, 0
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        params = list(model.parameters())
+        with SavedTensorMeter(exclude=params) as all_meter:
+            hidden = model.embedding(batch["input_ids"])
+            with SavedTensorMeter(exclude=params) as enc_meter:
+                for block in model.blocks:
+                    hidden = block(hidden, batch["attention_mask"])
+            loss_sum, count = model.head.loss_terms(hidden, batch["attention_mask"], batch)
+        (loss_sum / count).backward()
+        for opt in optimizers:
+            opt.step()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+        peak_all = max(peak_all, all_meter.bytes)
+        peak_enc = max(peak_enc, enc_meter.bytes)
+    static_all = param_bytes(list(model.parts())) + sum(optimizer_state_bytes(o) for o in optimizers)
+    static_enc = param_bytes(model.blocks) + optimizer_state_bytes(optimizers[1])
+    return statistics.median(times), static_all + peak_all, static_enc + peak_enc
+
+
+def pipeline_figures(batch, S: int, ms, warmup: int, steps: int, threads: int | None) -> tuple[dict[int, float], int]:
+    model = make_model()
+    head = LocalHead(model.head, SPEC)
+    medians = {}
+    with ClusterPipeline(model.embedding, model.blocks, DELTAS[S], SPEC, backend="ray", actor_threads=threads) as pipe:
+        for m in ms:
+            times = []
+            for i in range(warmup + steps):
+                result = pipe.train_step(batch, m, head)
+                if i >= warmup:
+                    times.append(result.seconds["total"])
+            medians[m] = statistics.median(times)
+        peak = max(r["peak_bytes"] for r in pipe.memory_report())
+    return medians, peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--segments", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--actor-threads", type=int, default=None, help="torch threads per device actor (default cores // S)")
+    args = parser.parse_args()
+
+    import ray
+
+    cores = os.cpu_count() or 1
+    torch.set_num_threads(cores)
+    ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    batch = make_batch(args.batch, args.seq_len)
+    print(f"cores: {cores}")
+    print(f"load_avg_1min: {os.getloadavg()[0]:.2f}")
+    plain_s, plain_peak, plain_enc_peak = plain_model_figures(batch, args.warmup, args.steps)
+    print(f"plain_step_s: {plain_s:.4f}")
+    print(f"plain_peak_bytes: {plain_peak}")
+    for S in args.segments:
+        threads = args.actor_threads or default_actor_threads(S)
+        medians, peak = pipeline_figures(batch, S, args.micro_batches, args.warmup, args.steps, threads)
+        print(f"actor_threads_S{S}: {threads}")
+        for m, seconds in medians.items():
+            print(f"step_s_S{S}_m{m}: {seconds:.4f}")
+            print(f"step_ratio_S{S}_m{m}: {seconds / plain_s:.3f}")
+        print(f"mem_ratio_S{S}: {peak / plain_peak:.3f}")
+        print(f"mem_ratio_encoder_S{S}: {peak / plain_enc_peak:.3f}")
+    print(f"load_avg_1min_end: {os.getloadavg()[0]:.2f}")
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""The per-round cost model of one cluster's pipeline (Sub-1's data), built from the system model.
+
+``ClusterModel.build(spec, state, workload, n)`` turns the round's state into per-device numbers:
+FLOP rate phi_k f_k(t), D2D rate r_k^dd (eq. 13), memory cap (C7) and, per m, the compute and D2D time
+of one chunk and the largest delta_k the energy budget allows (C9'). ``evaluate(delta, m)`` is the
+direct formula (eqs. 13-16) that the exact solver and the brute-force test both answer to.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from collapipe_flwr.errors import InfeasiblePlanError
+from collapipe_flwr.system import channel, pipeline_model
+from collapipe_flwr.system.network import NetworkSpec
+from collapipe_flwr.system.state import RoundState
+from collapipe_flwr.system.workload import Workload
+
+ENERGY_RTOL = 1e-12
+
+
+@dataclass(frozen=True)
+class ClusterModel:
+    """Cluster n in round t: everything Sub-1 needs, per device k (arrays of length K)."""
+
+    cluster: int
+    num_blocks: int              # L
+    batch_size: int              # b
+    steps: int                   # local steps per round
+    flops_per_sample_block: float  # o_l + o'_l
+    activation_bits: float       # (z^s + g^{s+1}) per sample, bits
+    flops_per_second: np.ndarray  # phi_k f_k(t)
+    flops_per_cycle: np.ndarray  # phi_k
+    f_hz: np.ndarray             # f_k(t)
+    d2d_rate: np.ndarray         # r_k^dd (bit/s)
+    d2d_power: np.ndarray        # p_k (W)
+    memory_cap: np.ndarray       # floor(gamma_k^max / gamma_0): C7 as a bound on delta_k
+    energy_max: float            # E_k^max
+    kappa: float
+
+    @classmethod
+    def build(cls, spec: NetworkSpec, state: RoundState, workload: Workload, n: int) -> "ClusterModel":
+        devices = spec.devices_of(n)
+        avail = np.asarray(state.availability[n][: len(devices)], dtype=float)
+        f_hz = np.array([d.f_hz for d in devices]) * avail
+        phi = np.array([d.flops_per_cycle for d in devices])
+        p_k = np.array([d.d2d_power_w for d in devices])
+        gain = np.asarray(state.d2d_gain[n][: len(devices)], dtype=float)
+        rate = channel.shannon_rate(spec.d2d_bandwidth_hz, p_k, gain, spec.d2d_interference_w, spec.noise_psd_w_hz)
+        gamma0 = workload.block_memory_bytes()
+        mem = np.array([math.floor(d.memory_bytes / gamma0) for d in devices], dtype=int)
+        return cls(
+            cluster=n,
+            num_blocks=workload.num_blocks,
+            batch_size=workload.batch_size,
+            steps=workload.steps_per_round,
+            flops_per_sample_block=workload.flops_per_sample_block,
+            activation_bits=2 * 8.0 * workload.activation_bytes_per_sample,
+            flops_per_second=phi * f_hz,
+            flops_per_cycle=phi,
+            f_hz=f_hz,
+            d2d_rate=np.asarray(rate, dtype=float),
+            d2d_power=p_k,
+            memory_cap=np.minimum(mem, workload.num_blocks),
+            energy_max=spec.device_energy_max_j,
+            kappa=spec.effective_capacitance,
+        )
+
+    @property
+    def K(self) -> int:
+        return len(self.flops_per_second)
+
+    # ---------------------------------------------------------------- per-m device numbers
+    def _b_hat(self, m) -> np.ndarray:
+        return np.ceil(self.batch_size / np.asarray(m, dtype=float))
+
+    def compute_per_block(self, m) -> np.ndarray:
+        """Compute time of one micro-batch through ONE block on device k (s); m scalar -> [K], [M] -> [M, K]."""
+        b_hat = self._b_hat(m)[..., None]
+        return pipeline_model.chunk_compute_delay(1, b_hat, self.flops_per_sample_block, self.flops_per_second)
+
+    def d2d_delay(self, m) -> np.ndarray:
+        """tau_k^dd of one micro-batch (z^s + g^{s+1}, eq. 13) on device k (s)."""
+        b_hat = self._b_hat(m)[..., None]
+        return channel.transfer_delay(b_hat * self.activation_bits, self.d2d_rate)
+
+    def device_energy(self, delta, m) -> np.ndarray:
+        """E_k^pipe of a whole round (eqs. 14, 16): steps * m * (compute + D2D energy per chunk); 0 if unused."""
+        delta = np.asarray(delta, dtype=float)
+        m_arr = np.asarray(m, dtype=float)[..., None]
+        b_hat = self._b_hat(m)[..., None]
+        comp = pipeline_model.compute_energy(self.kappa, delta, b_hat, self.flops_per_sample_block,
+                                             self.flops_per_cycle, self.f_hz, m_arr)
+        d2d = m_arr * channel.transmit_energy(self.d2d_power, self.d2d_delay(m))
+        return np.where(delta > 0, self.steps * (comp + d2d), 0.0)
+
+    def energy_ok(self, delta, m) -> np.ndarray:
+        return self.device_energy(delta, m) <= self.energy_max * (1 + ENERGY_RTOL)
+
+    def energy_cap(self, m) -> np.ndarray:
+        """The largest delta_k (0..L) with E_k^pipe <= E_k^max (C9'), checked on the direct formula."""
+        L = self.num_blocks
+        one = self.device_energy(np.ones(self.K), m)
+        fixed = self.device_energy(np.ones(self.K), m) - self.device_energy(np.full(self.K, 2.0), m) + one
+        per_block = one - fixed
+        with np.errstate(divide="ignore", invalid="ignore"):
+            guess = np.floor((self.energy_max - fixed) / per_block)
+        cap = np.clip(np.nan_to_num(guess, nan=0.0, posinf=L, neginf=0.0), 0, L).astype(int)
+        for _ in range(L + 1):  # fix float rounding at the boundary against the direct formula
+            down = (cap > 0) & ~self.energy_ok(cap, m)
+            up = ~down & (cap < L) & self.energy_ok(np.minimum(cap + 1, L), m)
+            if not (down.any() or up.any()):
+                break
+            cap = cap - down + up
+        return cap
+
+    def block_cap(self, m) -> np.ndarray:
+        """min(C7 memory cap, C9' energy cap) per device for this m (or [M, K] for an array of m)."""
+        return np.minimum(self.memory_cap, self.energy_cap(m))
+
+    # ---------------------------------------------------------------- direct evaluation
+    def evaluate(self, delta, m: int) -> dict:
+        """Delay split and energy of partition ``delta`` with ``m`` micro-batches (eqs. 13-16)."""
+        delta = np.asarray(delta, dtype=int)
+        used = delta > 0
+        S = int(used.sum())
+        comp = delta * self.compute_per_block(m)
+        d2d = self.d2d_delay(m)
+        chunk = np.where(used, comp + d2d, -np.inf)
+        k_star = int(np.argmax(chunk))
+        clocks = self.steps * (S + m - 1)
+        return {
+            "S": S,
+            "pipeline_s": float(self.steps * pipeline_model.pipeline_delay(chunk[used], S, m)),
+            "compute_s": float(clocks * comp[k_star]),
+            "d2d_s": float(clocks * d2d[k_star]),
+            "device_energy_j": [float(e) for e in self.device_energy(delta, m)],
+        }
+
+    def infeasible(self, m_values) -> InfeasiblePlanError:
+        """The error naming why no partition exists (C7 memory or C9 energy) for this cluster."""
+        L = self.num_blocks
+        if int(self.memory_cap.sum()) < L:
+            small = [k for k in range(self.K) if self.memory_cap[k] == 0]
+            who = f"devices {small} cannot hold one block" if small else "the devices together hold too few blocks"
+            return InfeasiblePlanError(
+                f"C7 (memory) violated in cluster {self.cluster}: {who}; the {self.K} devices hold "
+                f"{int(self.memory_cap.sum())} of L={L} blocks; raise network.device.memory_bytes or use a smaller model"
+            )
+        best_m = max(m_values, key=lambda m: int(self.block_cap(m).sum()))
+        caps = self.energy_cap(best_m)
+        worst = int(np.argmin(caps))
+        return InfeasiblePlanError(
+            f"C9 (device energy) violated in cluster {self.cluster}: even at m={best_m} the devices' energy budgets "
+            f"E_k^max={self.energy_max:g} J allow {int(caps.sum())} of L={L} blocks (device {worst} allows {int(caps[worst])}); "
+            "raise network.device.energy_max_j or lower the workload"
+        )

@@ -1,0 +1,28 @@
+"""The per-step data plane between a CU and the server's decoder (paper Section III.B, Algorithm 1).
+
+- :mod:`.wire`: frame codec (JSON header + raw tensor bytes, optional scaled float16), no pickle.
+- :mod:`.protocol`: step request / reply / error frames and the gRPC method name.
+- :mod:`.checks`: what a step request must satisfy before the decoder runs it.
+- :mod:`.server`: :class:`DecoderHost`, the gRPC server that runs ``head_step`` one update at a time.
+- :mod:`.client`: :class:`DecoderClient`, the CU's remote ``HeadFn``.
+
+Wiring (one host per run, one client per CU per round)::
+
+    host = DecoderHost(head, head_optimizer, secret, bind=cfg.dataplane.bind, port=cfg.dataplane.port,
+                       fp16=cfg.dataplane.fp16, max_message_mb=cfg.dataplane.max_message_mb,
+                       hidden_size=H)
+    host.start()                          # then announce f"{cfg.dataplane.host}:{host.port}" + secret
+    host.open_round(t, selected_clusters) # before sending the round's train messages
+    ...                                   # CUs: with DecoderClient(address, secret, t, n, ...) as head:
+    host.close_round()                    #          pipeline.train_step(batch, m, head)
+    with host.lock: evaluate(head)        # use the head outside the data plane only under its lock
+    host.stop()
+
+Threat model: the secret authenticates requests on a trusted network; the channel is not encrypted
+(TLS is a later addition: grpc.ssl_server_credentials on the host, grpc.secure_channel on the client).
+"""
+
+from collapipe_flwr.fl.dataplane.client import DecoderClient
+from collapipe_flwr.fl.dataplane.server import DecoderHost
+
+__all__ = ["DecoderClient", "DecoderHost"]

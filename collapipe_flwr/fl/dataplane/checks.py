@@ -1,0 +1,57 @@
+"""Checks a step request must pass before the decoder is touched (Algorithm 1, line 14 on the server).
+
+Everything here is pure: it reads the decoded request and the host's expectations and raises
+:class:`DataPlaneError` with one line naming the first problem and what to change. The host runs these
+checks before taking its lock, so a refused request never reaches the head, its weights or its optimizer
+state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from collapipe_flwr.errors import DataPlaneError
+from collapipe_flwr.fl.dataplane.protocol import StepRequest
+from collapipe_flwr.fl.dataplane.wire import all_finite
+
+_LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+
+
+def expected_wire_dtype(fp16: bool) -> str:
+    return "float16" if fp16 else "float32"
+
+
+def check_step(req: StepRequest, hidden_size: int, fp16: bool) -> None:
+    """z_enc[i] is [B_i, T_i, H] with H = ``hidden_size``, finite, in the agreed wire dtype; every
+    micro-batch has an ``attention_mask`` [B_i, T_i] and every field has B_i rows; fields are integer."""
+    want = expected_wire_dtype(fp16)
+    if req.wire_dtype != want:
+        raise DataPlaneError(
+            f"encoder outputs arrive as {req.wire_dtype} but the decoder host expects {want}; "
+            f"set dataplane.fp16={fp16} on the CU too (and send float32 activations)")
+    keys = set(req.micro_batches[0])
+    for i, (z, mb) in enumerate(zip(req.z_enc, req.micro_batches)):
+        if z.dim() != 3 or z.shape[2] != hidden_size:
+            raise DataPlaneError(
+                f"encoder output z/{i} has shape {list(z.shape)} but the decoder needs [B, T, {hidden_size}]; "
+                f"the CU's encoder hidden size must equal the server head's")
+        if z.shape[0] == 0 or z.shape[1] == 0:
+            raise DataPlaneError(f"encoder output z/{i} has shape {list(z.shape)}; empty micro-batches cannot be trained, drop them on the CU")
+        if not all_finite(z):
+            hint = " (float16 on the wire cannot be the cause: values are scaled)" if fp16 else ""
+            raise DataPlaneError(f"encoder output z/{i} holds NaN or Inf{hint}; the CU's encoder diverged: lower the learning rate or check the data")
+        if set(mb) != keys:
+            raise DataPlaneError(f"micro-batch {i} has fields {sorted(mb)} but micro-batch 0 has {sorted(keys)}; send the same fields for every micro-batch")
+        mask = mb.get("attention_mask")
+        if mask is None:
+            raise DataPlaneError(f"micro-batch {i} has no attention_mask; every micro-batch must send its attention_mask [B, T]")
+        if list(mask.shape) != list(z.shape[:2]):
+            raise DataPlaneError(
+                f"micro-batch {i}: attention_mask has shape {list(mask.shape)} but its encoder output has [B, T] = {list(z.shape[:2])}; they must agree")
+        for key, value in mb.items():
+            if value.dim() == 0 or value.shape[0] != z.shape[0]:
+                raise DataPlaneError(
+                    f"micro-batch {i}: field {key!r} has shape {list(value.shape)} but the encoder output has B={z.shape[0]} rows; every field needs the batch on dim 0")
+            if value.dtype not in _LABEL_DTYPES:
+                raise DataPlaneError(
+                    f"micro-batch {i}: field {key!r} has dtype {str(value.dtype).removeprefix('torch.')}; masks, labels and token ids must be integer tensors")

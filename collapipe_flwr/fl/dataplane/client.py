@@ -1,0 +1,167 @@
+"""The CU's end of the data plane: a remote :data:`HeadFn` (docs/contracts.md).
+
+``DecoderClient(...)(z_enc, micro_batches) -> (loss, grads)`` sends the m encoder outputs z_enc and the
+micro-batch fields the head needs (all but ``input_ids``) to the server's decoder (Algorithm 1, line 11)
+and returns the step loss and dL/dz_enc per micro-batch (line 15), as float32 tensors.
+
+Transport: one gRPC bidirectional stream per client (so per CU per round), opened on the first step.
+Requests go out through a queue the stream consumes; a reader thread moves replies into a second queue,
+so every wait has the ``timeout_s`` bound. A failed or timed-out stream is cancelled and a fresh one is
+opened by the next step; every failure reaches the caller as :class:`DataPlaneError`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import grpc
+import torch
+
+from collapipe_flwr.errors import DataPlaneError
+from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_reply, encode_step_request
+from collapipe_flwr.fl.dataplane.transport import MB, channel_options
+
+_END = object()
+
+
+class _Stream:
+    """One open bidirectional stream: an outgoing queue and a reader thread filling an incoming queue."""
+
+    def __init__(self, call) -> None:
+        self.outgoing: queue.Queue = queue.Queue()
+        self.incoming: queue.Queue = queue.Queue()
+        self.responses = call(iter(self.outgoing.get, _END))
+        self.reader = threading.Thread(target=self._read, name="decoder-client-reader", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        try:
+            for frame in self.responses:
+                self.incoming.put(frame)
+            self.incoming.put(DataPlaneError("the decoder host ended the stream; the round may be closed"))
+        except grpc.RpcError as err:
+            self.incoming.put(err)
+        except Exception as err:  # pragma: no cover - defensive: never leave the caller waiting
+            self.incoming.put(err)
+
+    def close(self, cancel: bool) -> None:
+        self.outgoing.put(_END)
+        if cancel:
+            self.responses.cancel()
+        self.reader.join(timeout=5.0)
+
+
+class DecoderClient:
+    """Remote head for cluster ``cluster`` in round ``round`` at ``address`` (host:port)."""
+
+    def __init__(self, address: str, secret: str, round: int, cluster: int, fp16: bool = False,  # noqa: A002
+                 timeout_s: float = 120, max_message_mb: int = 256) -> None:
+        if not address:
+            raise DataPlaneError("no data-plane address given; the train message must carry the server's dataplane address")
+        if not timeout_s > 0:
+            raise DataPlaneError(f"timeout_s={timeout_s} must be > 0; set dataplane.timeout_s")
+        self.address = address
+        self.round = int(round)
+        self.cluster = int(cluster)
+        self.fp16 = bool(fp16)
+        self.timeout_s = float(timeout_s)
+        self.max_message_bytes = int(max_message_mb) * MB
+        self._secret = secret
+        self._seq = 0
+        self._channel = grpc.insecure_channel(address, options=channel_options(max_message_mb))
+        self._call = self._channel.stream_stream(FULL_METHOD, request_serializer=None, response_deserializer=None)
+        self._stream: _Stream | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.bytes_out = 0
+        self.bytes_in = 0
+        self.steps = 0
+
+    def __call__(self, z_enc: list[torch.Tensor], micro_batches: list[dict[str, torch.Tensor]]) -> tuple[float, list[torch.Tensor]]:
+        if len(z_enc) != len(micro_batches):
+            raise DataPlaneError(f"{len(z_enc)} encoder outputs for {len(micro_batches)} micro-batches; send one z_enc per micro-batch")
+        with self._lock:
+            if self._closed:
+                raise DataPlaneError("this DecoderClient is closed; open a new one for the next round")
+            self._seq += 1
+            seq = self._seq
+            frame = encode_step_request(self._secret, self.round, self.cluster, seq, z_enc, micro_batches, self.fp16)
+            if len(frame) > self.max_message_bytes:
+                raise DataPlaneError(
+                    f"step request of {len(frame) / MB:.1f} MiB exceeds dataplane.max_message_mb={self.max_message_bytes // MB}; "
+                    f"raise it on server and CUs, use more micro-batches, or set dataplane.fp16")
+            if self._stream is None:
+                self._stream = _Stream(self._call)
+            stream = self._stream
+            stream.outgoing.put(frame)
+            try:
+                item = stream.incoming.get(timeout=self.timeout_s)
+            except queue.Empty:
+                self._drop_stream()
+                raise DataPlaneError(
+                    f"no reply from the decoder host at {self.address} within timeout_s={self.timeout_s:g}; "
+                    f"check the server or raise dataplane.timeout_s") from None
+            if isinstance(item, BaseException):
+                self._drop_stream()
+                raise _as_dataplane_error(item, self.address) from None
+            self.bytes_out += len(frame)
+            self.bytes_in += len(item)
+            try:
+                reply = decode_reply(item, seq, len(z_enc))
+            except DataPlaneError:
+                if _is_protocol_error(item):
+                    self._drop_stream()
+                raise
+            self.steps += 1
+            return reply.loss, reply.grads
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close(cancel=True)
+            self._stream = None
+
+    def close(self) -> None:
+        """End the stream (the server sees a clean end) and the channel."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._stream is not None:
+                self._stream.close(cancel=False)
+                self._stream = None
+            self._channel.close()
+
+    def __enter__(self) -> "DecoderClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _is_protocol_error(frame: bytes) -> bool:
+    """True unless ``frame`` is a well-formed error frame (a refusal leaves the stream usable)."""
+    from collapipe_flwr.fl.dataplane.wire import decode_header
+
+    try:
+        return decode_header(frame).get("kind") != "error"
+    except DataPlaneError:
+        return True
+
+
+def _as_dataplane_error(err: BaseException, address: str) -> DataPlaneError:
+    if isinstance(err, DataPlaneError):
+        return err
+    if isinstance(err, grpc.RpcError) and hasattr(err, "code"):
+        code = err.code()
+        details = " ".join(str(err.details() or "").split())
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "concurrent" in details.lower():
+            return DataPlaneError(f"the decoder host at {address} already serves its maximum number of CU streams ({details}); raise its max_streams")
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return DataPlaneError(f"the decoder host at {address} refused an oversized step ({details}); raise dataplane.max_message_mb on the server or use more micro-batches / fp16")
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return DataPlaneError(f"cannot reach the decoder host at {address} ({details}); check dataplane.host / port and that the server is running")
+        if code == grpc.StatusCode.CANCELLED:
+            return DataPlaneError(f"the decoder host at {address} cancelled the stream ({details}); the round was probably closed")
+        return DataPlaneError(f"data-plane call to {address} failed with {code.name}: {details}")
+    return DataPlaneError(f"data-plane call to {address} failed: {err.__class__.__name__}: {err}")

@@ -1,0 +1,159 @@
+"""The messages of the per-step exchange (paper Algorithm 1, lines 11 and 15) on top of :mod:`.wire`.
+
+A CU sends one *step request* per training step: the m encoder outputs z_enc[i] ("z/i") and, per
+micro-batch, every tensor the head needs ("mb/i/<key>": attention_mask, labels, decoder_input_ids...;
+``input_ids`` stays on the CU). Its header carries the per-run secret, the round t, the cluster n and a
+sequence number. The server answers with a *step reply* (the step loss and dL/dz_enc[i] as "grad/i")
+or an *error* frame whose one-line message the client raises as :class:`DataPlaneError`.
+
+All of it travels on one gRPC method, a bidirectional stream of raw frames (no protoc code generation):
+a CU opens one stream per round and sends its requests one after another on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from collapipe_flwr.errors import DataPlaneError
+from collapipe_flwr.fl.dataplane.wire import WireTensor, decode_frame, decode_header, encode_frame, to_wire_fp16
+
+SERVICE = "collapipe.DecoderDataPlane"
+METHOD = "Step"
+FULL_METHOD = f"/{SERVICE}/{METHOD}"
+LOCAL_ONLY_KEYS = ("input_ids",)
+
+
+@dataclass
+class StepRequest:
+    """A decoded step request: the activations z_enc (float32, fp16 scale divided out) and micro-batches."""
+
+    secret: str
+    round: int
+    cluster: int
+    seq: int
+    z_enc: list[torch.Tensor]
+    micro_batches: list[dict[str, torch.Tensor]]
+    wire_dtype: str
+
+
+@dataclass(frozen=True)
+class StepReply:
+    seq: int
+    loss: float
+    grads: list[torch.Tensor]
+
+
+def _int_field(meta: dict, key: str) -> int:
+    value = meta.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise DataPlaneError(f"step request header field {key!r} is {value!r}; it must be an integer")
+    return value
+
+
+def encode_step_request(secret: str, round_: int, cluster: int, seq: int, z_enc: Sequence[torch.Tensor],
+                        micro_batches: Sequence[dict[str, torch.Tensor]], fp16: bool) -> bytes:
+    """Frame for one step: z_enc as float16 with a power-of-two scale when ``fp16`` (else as given)."""
+    tensors = []
+    for i, z in enumerate(z_enc):
+        if fp16 and z.is_floating_point():
+            half, scale = to_wire_fp16(z)
+            tensors.append((f"z/{i}", half, scale))
+        else:
+            tensors.append((f"z/{i}", z, 1.0))
+    for i, mb in enumerate(micro_batches):
+        for key, value in mb.items():
+            if key in LOCAL_ONLY_KEYS:
+                continue
+            if "/" in key:
+                raise DataPlaneError(f"micro-batch key {key!r} contains '/', which the data plane reserves; rename the batch field")
+            tensors.append((f"mb/{i}/{key}", value, 1.0))
+    meta = {"kind": "step", "secret": secret, "round": int(round_), "cluster": int(cluster), "seq": int(seq),
+            "m": len(z_enc)}
+    return encode_frame(meta, tensors)
+
+
+def peek_step_header(data: bytes) -> tuple[str, int, int, int, int]:
+    """(secret, round, cluster, seq, m) from a step request header, without decoding any tensor bytes."""
+    meta = decode_header(data)
+    if meta.get("kind") != "step":
+        raise DataPlaneError(f"frame kind {meta.get('kind')!r} is not a step request; the sender is not a data-plane client")
+    secret = meta.get("secret")
+    if not isinstance(secret, str):
+        raise DataPlaneError("step request carries no secret; pass the run's data-plane secret to the client")
+    m = _int_field(meta, "m")
+    if not 1 <= m <= 4096:
+        raise DataPlaneError(f"step request has m={m} micro-batches; it must be between 1 and 4096")
+    return secret, _int_field(meta, "round"), _int_field(meta, "cluster"), _int_field(meta, "seq"), m
+
+
+def decode_step_request(data: bytes) -> StepRequest:
+    """Parse a step request; names must be exactly z/0..z/{m-1} and mb/{i}/{key} for i < m."""
+    secret, round_, cluster, seq, m = peek_step_header(data)
+    meta, tensors = decode_frame(data)
+    z: list[WireTensor | None] = [None] * m
+    mbs: list[dict[str, torch.Tensor]] = [{} for _ in range(m)]
+    for wt in tensors:
+        parts = wt.name.split("/")
+        index = _index(parts[1], m, wt.name) if len(parts) >= 2 else None
+        if parts[0] == "z" and len(parts) == 2:
+            if z[index] is not None:
+                raise DataPlaneError(f"step request holds {wt.name!r} twice; send each encoder output once")
+            z[index] = wt
+        elif parts[0] == "mb" and len(parts) == 3 and parts[2]:
+            if parts[2] in mbs[index]:
+                raise DataPlaneError(f"step request holds {wt.name!r} twice; send each micro-batch field once")
+            if wt.scale != 1.0:
+                raise DataPlaneError(f"micro-batch field {wt.name!r} carries a wire scale; only activations may be scaled")
+            mbs[index][parts[2]] = wt.tensor
+        else:
+            raise DataPlaneError(f"step request holds a tensor named {wt.name!r}; expected z/<i> or mb/<i>/<key>")
+    missing = [i for i, w in enumerate(z) if w is None]
+    if missing:
+        raise DataPlaneError(f"step request has m={m} but no encoder output for micro-batch(es) {missing}; send z/0..z/{m - 1}")
+    dtypes = {str(w.tensor.dtype).removeprefix("torch.") for w in z}
+    if len(dtypes) != 1:
+        raise DataPlaneError(f"encoder outputs arrive with mixed dtypes {sorted(dtypes)}; send them all in one dtype")
+    values = [w.value(torch.float32) if w.tensor.is_floating_point() else w.tensor for w in z]
+    return StepRequest(secret, round_, cluster, seq, values, mbs, dtypes.pop())
+
+
+def encode_step_reply(seq: int, loss: float, grads: Sequence[torch.Tensor], fp16: bool) -> bytes:
+    tensors = []
+    for i, g in enumerate(grads):
+        if fp16:
+            half, scale = to_wire_fp16(g)
+            tensors.append((f"grad/{i}", half, scale))
+        else:
+            tensors.append((f"grad/{i}", g.to(torch.float32), 1.0))
+    return encode_frame({"kind": "reply", "seq": int(seq), "loss": float(loss)}, tensors)
+
+
+def encode_error(seq: int | None, message: str) -> bytes:
+    return encode_frame({"kind": "error", "seq": seq, "message": " ".join(str(message).split())}, [])
+
+
+def decode_reply(data: bytes, expected_seq: int, m: int) -> StepReply:
+    """A step reply as float32 gradients; an error frame raises :class:`DataPlaneError` with its message."""
+    meta, tensors = decode_frame(data)
+    kind = meta.get("kind")
+    if kind == "error":
+        raise DataPlaneError(f"decoder host refused the step: {meta.get('message', 'no reason given')}")
+    if kind != "reply":
+        raise DataPlaneError(f"decoder host answered a frame of kind {kind!r}; server and CU run different versions")
+    if meta.get("seq") != expected_seq:
+        raise DataPlaneError(f"decoder host answered step {meta.get('seq')!r} while step {expected_seq} was waiting; the stream is out of order")
+    loss = meta.get("loss")
+    if not isinstance(loss, (int, float)) or isinstance(loss, bool):
+        raise DataPlaneError(f"decoder host sent loss {loss!r}; expected a number")
+    if [t.name for t in tensors] != [f"grad/{i}" for i in range(m)]:
+        raise DataPlaneError(f"decoder host sent {len(tensors)} gradients for {m} micro-batches; server and CU disagree on the step")
+    return StepReply(int(expected_seq), float(loss), [t.value(torch.float32) for t in tensors])
+
+
+def _index(text: str, m: int, name: str) -> int:
+    if not text.isdigit() or int(text) >= m:
+        raise DataPlaneError(f"step request tensor {name!r} names micro-batch {text!r}; indices run 0..{m - 1}")
+    return int(text)

@@ -1,0 +1,264 @@
+"""The edge server's decoder host: serves the head to every CU of a round over gRPC (Algorithm 1,
+lines 13-15: decoder forward and backward on the server, dL/dz_enc back to the CUs).
+
+Concurrency scheme (documented contract): several CUs of a round keep one bidirectional stream each,
+and each stream is served by its own gRPC worker thread, which decodes and checks its requests in
+parallel with the others. The head itself is touched only inside one ``threading.Lock``: every accepted
+request runs a whole :func:`~collapipe_flwr.pipeline.head.head_step` (zero grads, forward and backward of
+its m micro-batches, one optimizer step) while holding it. So the decoder's trajectory always equals
+running the accepted steps one after another in the order they took the lock (recorded in
+:attr:`DecoderHost.served_order`); steps never interleave and a refused request never changes the head
+or its optimizer state. Algorithm 1 (line 14) trains the decoder on the activations of all N clusters;
+here each CU step is one decoder update, applied in arrival order, so CUs never wait for each other.
+The round / cluster membership is checked again under the lock, so :meth:`DecoderHost.close_round`
+(which takes the same lock) is a clean cut: no step of a closed round runs after it returns.
+
+Refusals (wrong secret, unknown or closed round, cluster not in the round, bad shape / dtype / values,
+a head that fails on the request) are answered with an error frame, one line, on the same stream; the
+stream stays usable. A frame over ``max_message_mb`` is refused by gRPC itself before any decoding
+(RESOURCE_EXHAUSTED ends that stream; the client reports it and reopens on its next step). A CU that
+vanishes mid-stream only ends its own handler; a step it left behind still completes under the lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+import logging
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import torch
+from torch import nn
+
+from collapipe_flwr.errors import DataPlaneError
+from collapipe_flwr.fl.dataplane.checks import check_step
+from collapipe_flwr.fl.dataplane.protocol import (
+    METHOD, SERVICE, decode_step_request, encode_error, encode_step_reply, peek_step_header)
+from collapipe_flwr.fl.dataplane.stats import ClusterCounters
+from collapipe_flwr.fl.dataplane.transport import channel_options, format_address
+from collapipe_flwr.pipeline.head import head_step
+
+log = logging.getLogger(__name__)
+
+
+class DecoderHost:
+    """gRPC server of the task head / decoder for the CUs' per-step exchange.
+
+    ``hidden_size`` is H, the encoder width every z_enc must have. ``advertise_host`` is the host part
+    of :attr:`address` (default: ``bind``, or 127.0.0.1 when binding every interface). ``max_streams``
+    bounds the concurrent CU streams (one worker thread each; more are refused). ``lock_timeout_s``
+    bounds how long a request waits for the decoder behind other CUs' steps. An idle stream waits for
+    its CU's next request without a deadline: keepalive pings end it when the CU's machine vanishes,
+    :meth:`close_round` cancels the round's streams, and :meth:`stop` cancels all.
+    """
+
+    def __init__(self, head: nn.Module, optimizer: torch.optim.Optimizer | None, secret: str, bind: str = "0.0.0.0",
+                 port: int = 0, fp16: bool = False, max_message_mb: int = 256, *, hidden_size: int,
+                 advertise_host: str | None = None, max_streams: int = 32, lock_timeout_s: float = 120.0,
+                 keep_order: int = 100_000) -> None:
+        if not secret:
+            raise DataPlaneError("the data-plane secret is empty; give DecoderHost a per-run random secret")
+        if not 0 <= int(port) < 65536:
+            raise DataPlaneError(f"data-plane port {port} is out of range; use 0..65535 (0 = any free port)")
+        if int(max_message_mb) < 1:
+            raise DataPlaneError(f"max_message_mb={max_message_mb} must be >= 1")
+        self.head = head
+        self.optimizer = optimizer
+        self.hidden_size = int(hidden_size)
+        self.fp16 = bool(fp16)
+        self.max_message_mb = int(max_message_mb)
+        self._secret = secret.encode("utf-8")
+        self._bind = bind
+        self._port = int(port)
+        self._advertise = advertise_host or ("127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind)
+        self._max_streams = int(max_streams)
+        self._lock_timeout_s = float(lock_timeout_s)
+        self._lock = threading.Lock()          # guards the head, the optimizer and the round state
+        self._state_lock = threading.Lock()    # guards counters and the stream registry
+        self._round: int | None = None
+        self._clusters: frozenset[int] = frozenset()
+        self._closed_rounds: set[int] = set()
+        self._streams: dict[int, set] = collections.defaultdict(set)
+        self._counters: dict[int, ClusterCounters] = collections.defaultdict(ClusterCounters)
+        self._unattributed = ClusterCounters()
+        self._order: collections.deque = collections.deque(maxlen=keep_order)
+        self._server: grpc.Server | None = None
+        self._bound_port: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> int:
+        """Start serving; returns the bound port (a free one when ``port=0``)."""
+        if self._server is not None:
+            return self._bound_port
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self._max_streams + 2, thread_name_prefix="decoder-host"),
+            options=channel_options(self.max_message_mb),
+            maximum_concurrent_rpcs=self._max_streams,
+        )
+        handler = grpc.method_handlers_generic_handler(
+            SERVICE, {METHOD: grpc.stream_stream_rpc_method_handler(self._serve_stream)})
+        server.add_generic_rpc_handlers((handler,))
+        try:
+            port = server.add_insecure_port(format_address(self._bind, self._port))
+        except RuntimeError:
+            port = 0
+        if not port:
+            raise DataPlaneError(f"cannot bind the data plane to {format_address(self._bind, self._port)}; choose a free dataplane.port or another dataplane.bind")
+        server.start()
+        self._server, self._bound_port = server, port
+        log.info("decoder data plane listening on %s", self.address)
+        return port
+
+    @property
+    def port(self) -> int:
+        """The bound port (after :meth:`start`)."""
+        if self._bound_port is None:
+            raise DataPlaneError("the decoder host is not started; call start() before reading its port")
+        return self._bound_port
+
+    @property
+    def address(self) -> str:
+        """host:port that CUs dial (announced to them in the train message)."""
+        if self._bound_port is None:
+            raise DataPlaneError("the decoder host is not started; call start() before reading its address")
+        return format_address(self._advertise, self._bound_port)
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Stop serving; open streams are cancelled after ``grace_s`` seconds."""
+        if self._server is not None:
+            self._server.stop(grace_s).wait(grace_s + 5.0)
+            self._server = None
+
+    def __enter__(self) -> "DecoderHost":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- rounds ------------------------------------------------------------------------------------
+    def open_round(self, round: int, clusters: list[int]) -> None:  # noqa: A002 - the paper's t
+        """Accept steps of round ``round`` from the CUs in ``clusters`` (closes any previous round)."""
+        self.close_round()
+        with self._lock:
+            self._round = int(round)
+            self._clusters = frozenset(int(c) for c in clusters)
+            self._closed_rounds.discard(self._round)
+
+    def close_round(self) -> None:
+        """Refuse further steps of the open round and cancel its streams; returns once no step runs."""
+        with self._lock:
+            if self._round is None:
+                return
+            closed, self._round, self._clusters = self._round, None, frozenset()
+            self._closed_rounds.add(closed)
+        with self._state_lock:
+            contexts = list(self._streams.pop(closed, ()))
+        for context in contexts:
+            context.cancel()
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Hold this to use the head outside the data plane (e.g. evaluation between rounds)."""
+        return self._lock
+
+    # -- counters ----------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """{"clusters": {n: counters}, "unattributed": counters for frames without a valid header}."""
+        with self._state_lock:
+            return {"clusters": {n: c.to_dict() for n, c in sorted(self._counters.items())},
+                    "unattributed": self._unattributed.to_dict()}
+
+    @property
+    def served_order(self) -> list[tuple[int, int, int]]:
+        """(round, cluster, seq) of every served step, in the order the head ran them."""
+        with self._state_lock:
+            return list(self._order)
+
+    # -- serving -----------------------------------------------------------------------------------
+    def _serve_stream(self, request_iterator, context):
+        registered: int | None = None
+        try:
+            for frame in request_iterator:
+                reply, round_ = self._serve_frame(frame)
+                if registered is None and round_ is not None:
+                    registered = round_
+                    with self._state_lock:
+                        self._streams[round_].add(context)
+                yield reply
+        except Exception as err:  # the CU went away (cancel, disconnect, deadline) or the host stopped
+            log.debug("data-plane stream ended: %s", err)
+        finally:
+            if registered is not None:
+                with self._state_lock:
+                    self._streams.get(registered, set()).discard(context)
+
+    def _serve_frame(self, frame: bytes) -> tuple[bytes, int | None]:
+        t0 = time.perf_counter()
+        seq = cluster = round_ = None
+        try:
+            secret, round_, cluster, seq, _m = peek_step_header(frame)
+            if not hmac.compare_digest(secret.encode("utf-8"), self._secret):
+                cluster = round_ = None
+                raise DataPlaneError("wrong data-plane secret; the CU must use the secret from this run's train message")
+            self._check_round(round_, cluster)
+            req = decode_step_request(frame)
+            check_step(req, self.hidden_size, self.fp16)
+            t_wait = time.perf_counter()
+            if not self._lock.acquire(timeout=self._lock_timeout_s):
+                raise DataPlaneError(f"the decoder stayed busy for {self._lock_timeout_s:g} s (other CUs' steps); retry, or give the server more time")
+            try:
+                t_locked = time.perf_counter()
+                self._check_round(round_, cluster)
+                loss, grads = self._run_head(req)
+                t_done = time.perf_counter()
+                with self._state_lock:
+                    self._order.append((round_, cluster, seq))
+            finally:
+                self._lock.release()
+            reply = encode_step_reply(seq, loss, grads, self.fp16)
+            self._count(cluster, frame, reply, served=True, head=t_done - t_locked, wait=t_locked - t_wait,
+                        total=time.perf_counter() - t0)
+            return reply, round_
+        except DataPlaneError as err:
+            reply = encode_error(seq, str(err))
+            self._count(cluster, frame, reply, served=False, total=time.perf_counter() - t0)
+            log.warning("data-plane request refused (round %s, cluster %s): %s", round_, cluster, err)
+            return reply, None
+        except Exception as err:  # a bug, not the CU's fault: answer it, keep serving, keep the trace in the log
+            log.exception("data-plane request failed inside the decoder host")
+            reply = encode_error(seq, f"internal error in the decoder host: {err.__class__.__name__}: {err}")
+            self._count(cluster, frame, reply, served=False, total=time.perf_counter() - t0)
+            return reply, None
+
+    def _check_round(self, round_: int, cluster: int) -> None:
+        if self._round != round_:
+            state = "is closed" if round_ in self._closed_rounds else "is not open"
+            now = f"round {self._round} is open" if self._round is not None else "no round is open"
+            raise DataPlaneError(f"round {round_} {state} on the decoder host ({now}); the CU must use the current round's train message")
+        if cluster not in self._clusters:
+            raise DataPlaneError(f"cluster {cluster} is not selected in round {round_} (selected: {sorted(self._clusters)}); only the round's chosen CUs may send steps")
+
+    def _run_head(self, req):
+        """head_step under the lock; a head failure leaves weights and optimizer state untouched."""
+        self.head.train()
+        try:
+            return head_step(self.head, self.optimizer, req.z_enc, req.micro_batches)
+        except DataPlaneError:
+            raise
+        except Exception as err:  # e.g. a label out of range, no targets; raised before optimizer.step()
+            raise DataPlaneError(f"the decoder could not run this step: {err.__class__.__name__}: {err}") from None
+
+    def _count(self, cluster, frame, reply, served, head=0.0, wait=0.0, total=0.0) -> None:
+        with self._state_lock:
+            c = self._counters[cluster] if cluster is not None else self._unattributed
+            c.steps += int(served)
+            c.refused += int(not served)
+            c.bytes_in += len(frame)
+            c.bytes_out += len(reply)
+            c.seconds_head += head
+            c.seconds_wait += wait
+            c.seconds_total += total

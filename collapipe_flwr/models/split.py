@@ -1,0 +1,182 @@
+"""A model split the way CollaPipe splits it (paper Section III.B, eqs. (3)-(4)).
+
+Three parts: the embedding layer (runs on the CU), the ordered list of L Transformer encoder blocks
+(TEBs) that devices train in segments, and the server-side part (decoder + generator, or a task head).
+
+A partition is delta = (delta_1..delta_K): delta_k TEBs on device k, zeros allowed, sum_k delta_k = L.
+Device k with delta_k > 0 holds blocks [sum_{j<k} delta_j, sum_{j<=k} delta_j); S = #{k: delta_k > 0}
+is the number of segments. The paper's concatenation theta^enc = theta^1 (+) ... (+) theta^S (eq. (4))
+is :func:`concat_segments`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from collapipe_flwr.errors import PartitionError
+
+FAMILIES = ("transformer", "bert")
+
+
+@dataclass
+class SplitModel:
+    """embedding (CU) -> blocks (L TEBs, devices) -> head (server), see docs/contracts.md."""
+
+    embedding: nn.Module
+    blocks: nn.ModuleList
+    head: nn.Module
+    family: str
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"unknown model family {self.family!r}; expected one of {FAMILIES}")
+
+    @property
+    def num_blocks(self) -> int:
+        """L, the number of TEBs."""
+        return len(self.blocks)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """z_enc of the plain (unsplit) model: embedding -> every block in order."""
+        hidden = self.embedding(input_ids)
+        for block in self.blocks:
+            hidden = block(hidden, attention_mask)
+        return hidden
+
+    def loss_terms(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum of per-target losses, number of targets) of the plain model on ``batch``."""
+        z_enc = self.encode(batch["input_ids"], batch["attention_mask"])
+        return self.head.loss_terms(z_enc, batch["attention_mask"], batch)
+
+    def parts(self) -> tuple[nn.Module, nn.Module, nn.Module]:
+        """(embedding, blocks, head)."""
+        return self.embedding, self.blocks, self.head
+
+    def train(self, mode: bool = True) -> "SplitModel":
+        for part in self.parts():
+            part.train(mode)
+        return self
+
+    def eval(self) -> "SplitModel":
+        return self.train(False)
+
+    def parameters(self):
+        for part in self.parts():
+            yield from part.parameters()
+
+
+def num_segments(delta: Sequence[int]) -> int:
+    """S = number of devices that hold at least one block."""
+    return sum(1 for d in delta if d > 0)
+
+
+def validate_partition(
+    delta: Sequence[int], L: int, max_blocks_per_device: Sequence[int] | None = None
+) -> tuple[int, ...]:
+    """Check delta against the encoder (sum = L) and the devices (count, memory); return it as a tuple.
+
+    ``max_blocks_per_device[k]`` is how many TEBs device k can hold in memory (constraint C7); a
+    delta_k above it is rejected. Every problem raises :class:`PartitionError` saying what to change.
+    """
+    try:
+        values = [int(d) for d in delta]
+    except (TypeError, ValueError):
+        raise PartitionError(f"partition delta={delta!r} must be a list of integers (blocks per device)") from None
+    if any(int(d) != d for d in delta):
+        raise PartitionError(f"partition delta={list(delta)} must hold whole numbers of blocks")
+    if L < 1:
+        raise PartitionError(f"the encoder has L={L} blocks; build a model with at least one encoder block")
+    if not values:
+        raise PartitionError(f"partition delta is empty; give one entry per device summing to L={L}")
+    negative = [k for k, d in enumerate(values) if d < 0]
+    if negative:
+        k = negative[0]
+        raise PartitionError(f"partition delta={values} gives device {k} delta_{k}={values[k]} blocks; use 0 or more blocks per device")
+    total = sum(values)
+    if total != L:
+        change = "remove" if total > L else "add"
+        raise PartitionError(
+            f"partition delta={values} assigns {total} blocks but the encoder has L={L}; {change} {abs(total - L)} block(s) so the entries sum to {L}"
+        )
+    if max_blocks_per_device is not None:
+        caps = [int(c) for c in max_blocks_per_device]
+        if len(values) > len(caps):
+            raise PartitionError(
+                f"partition delta={values} names {len(values)} devices but the cluster has K={len(caps)}; give at most {len(caps)} entries"
+            )
+        for k, (d, cap) in enumerate(zip(values, caps)):
+            if d > cap:
+                raise PartitionError(
+                    f"device {k} can hold at most {cap} block(s) in its memory budget but delta_{k}={d}; move {d - cap} block(s) to other devices or raise its memory_bytes"
+                )
+    return tuple(values)
+
+
+def segment_bounds(delta: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(device index k, first block, end block) for every device with delta_k > 0, in pipeline order."""
+    bounds, start = [], 0
+    for k, d in enumerate(delta):
+        if d > 0:
+            bounds.append((k, start, start + d))
+        start += d
+    return bounds
+
+
+def split_blocks(blocks: nn.ModuleList, delta: Sequence[int]) -> list[tuple[int, nn.ModuleList]]:
+    """(device k, its segment) for every non-empty segment; the segments share the blocks' modules."""
+    delta = validate_partition(delta, len(blocks))
+    return [(k, nn.ModuleList(blocks[a:b])) for k, a, b in segment_bounds(delta)]
+
+
+def encoder_state_dict(blocks: nn.ModuleList) -> dict[str, torch.Tensor]:
+    """theta^enc with names ``"{l}.{param}"`` for l in 0..L-1 (the ModuleList's own names)."""
+    return dict(blocks.state_dict())
+
+
+def segment_state_dict(segment: nn.ModuleList) -> dict[str, torch.Tensor]:
+    """theta^s of one segment, with local block numbers ``"{j}.{param}"``, j in 0..delta_k-1."""
+    return dict(segment.state_dict())
+
+
+def _block_index(name: str) -> tuple[int, str]:
+    head, _, rest = name.partition(".")
+    if not head.isdigit() or not rest:
+        raise PartitionError(f"segment state dict key {name!r} does not start with a block number; use the segment ModuleList's state_dict()")
+    return int(head), rest
+
+
+def concat_segments(segments: Sequence[Mapping[str, torch.Tensor]], delta: Sequence[int]) -> dict[str, torch.Tensor]:
+    """The paper's (+) (eq. (4)): theta^enc = theta^1 (+) ... (+) theta^S.
+
+    ``segments`` holds one state dict per device of ``delta`` (empty ones for delta_k = 0), or one per
+    non-empty segment in order. Local block j of device k becomes global block sum_{i<k} delta_i + j.
+    """
+    delta = tuple(int(d) for d in delta)
+    bounds = segment_bounds(delta)
+    if len(segments) == len(delta):
+        pairs = [(segments[k], k, a, b) for k, a, b in bounds]
+        for k, d in enumerate(delta):
+            if d == 0 and len(segments[k]) > 0:
+                raise PartitionError(f"device {k} has delta_{k}=0 but sent a non-empty segment; send {{}} or give it blocks in delta")
+    elif len(segments) == len(bounds):
+        pairs = [(seg, k, a, b) for seg, (k, a, b) in zip(segments, bounds)]
+    else:
+        raise PartitionError(
+            f"{len(segments)} segment state dicts for delta={list(delta)}; give one per device ({len(delta)}) or one per non-empty segment ({len(bounds)})"
+        )
+    out: dict[str, torch.Tensor] = {}
+    for seg, k, a, b in pairs:
+        seen = set()
+        for name, tensor in seg.items():
+            j, rest = _block_index(name)
+            if j >= b - a:
+                raise PartitionError(f"device {k} sent block {j} but holds delta_{k}={b - a} blocks; its segment and delta disagree")
+            seen.add(j)
+            out[f"{a + j}.{rest}"] = tensor
+        if len(seen) != b - a:
+            raise PartitionError(f"device {k} sent {len(seen)} block(s) but delta_{k}={b - a}; its segment and delta disagree")
+    return out

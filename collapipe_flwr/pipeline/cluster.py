@@ -1,0 +1,285 @@
+"""The CU-side driver of one cluster: embedding on the CU, S segments on devices, GPipe over m micro-batches.
+
+One ``train_step`` (paper Section III.B steps 3-6, Fig. 2, Algorithm 1 lines 5-22):
+1. split the batch b into m micro-batches of b_hat = b/m (eq. (5));
+2. forward in the GPipe clock order (``schedule.forward_cycles``): the CU embeds micro-batch i, device
+   stages pass z^s along (stage k on micro-batch i while k+1 is on i-1);
+3. the head (``HeadFn``: the server's decoder over the data plane, or ``LocalHead``) gets z^enc of all m
+   micro-batches, updates itself and returns dL/dz^enc per micro-batch, with explicit loss scaling: each
+   micro-batch's loss SUM divided by the whole batch's target count, so the step loss and every gradient
+   equal the plain model's mean loss;
+4. backward in the reverse clock order, the CU back-propagates each micro-batch into the embedding;
+5. every segment and the embedding take one optimizer step.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from collapipe_flwr.errors import ConfigError, PartitionError
+from collapipe_flwr.models.split import concat_segments, segment_bounds, validate_partition
+from collapipe_flwr.pipeline.executors import LocalStages, RayStages
+from collapipe_flwr.pipeline.memory import max_blocks_per_device, module_block_memory_bytes
+from collapipe_flwr.pipeline.microbatch import batch_size, split_batch
+from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles
+from collapipe_flwr.system.devices import DeviceProfile
+
+HeadFn = Callable[[list[torch.Tensor], list[dict]], tuple[float, list[torch.Tensor]]]
+BACKENDS = ("local", "ray")
+
+
+@dataclass
+class StepResult:
+    loss: float
+    count: int
+    seconds: dict = field(default_factory=dict)
+
+
+def emulation_slowdowns(devices: Sequence[DeviceProfile], used: Sequence[int]) -> dict[int, float]:
+    """slowdown_k = max_j(phi_j f_j) / (phi_k f_k) over the devices used (the fastest runs at 1)."""
+    fastest = max(devices[k].flops_per_second for k in used)
+    return {k: fastest / devices[k].flops_per_second for k in used}
+
+
+def default_actor_threads(S: int) -> int:
+    """Torch threads per device actor: the CU's cores shared by the S actors, at least 1."""
+    return max(1, (os.cpu_count() or 1) // max(1, S))
+
+
+class ClusterPipeline:
+    """GPipe over device stages (see module docstring); signature as in docs/contracts.md.
+
+    Keyword-only extras: ``timeout_s`` (runtime.device_timeout_s: every wait on a device), ``actor_num_cpus``
+    (runtime.actor_num_cpus, 0 so actors schedule inside a Flower simulation), ``actor_threads`` (torch
+    threads per actor, default ``max(1, cpu_count // S)``), ``name`` (prefix of error messages).
+
+    ``blocks`` are copied into the stages (the caller's modules are not trained); the ``embedding`` is
+    the CU's own module and is trained in place. Read the encoder back with :meth:`encoder_state_dict`.
+    """
+
+    def __init__(
+        self,
+        embedding: nn.Module,
+        blocks: nn.ModuleList,
+        delta: Sequence[int],
+        optimizer: OptimizerSpec,
+        devices: Sequence[DeviceProfile] | None = None,
+        backend: str = "local",
+        ray_address: str | None = None,
+        emulate: bool = False,
+        *,
+        timeout_s: float = 300.0,
+        actor_num_cpus: float = 0.0,
+        actor_threads: int | None = None,
+        name: str = "",
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ConfigError(f"runtime.backend={backend!r} must be one of {', '.join(BACKENDS)}")
+        if emulate and not devices:
+            raise ConfigError("runtime.emulate=true needs device profiles; give the network preset's devices or set emulate=false")
+        self.embedding = embedding
+        self.optimizer_spec = optimizer
+        self.embedding_optimizer = optimizer.build(embedding.parameters())
+        self.devices = list(devices) if devices else None
+        self.backend = backend
+        self.ray_address = ray_address or None
+        self.emulate = bool(emulate)
+        self.timeout_s = float(timeout_s)
+        self.name = name
+        self.actor_num_cpus = float(actor_num_cpus)
+        self.actor_threads = actor_threads
+        self.num_blocks = len(blocks)
+        self._template = copy.deepcopy(blocks[0]) if len(blocks) else None
+        self.delta: tuple[int, ...] = ()
+        self._stages = None
+        self._build(delta, weights=dict(blocks.state_dict()), optimizer_state={}, blocks=blocks)
+
+    # -- partition --------------------------------------------------------------------------------
+    @property
+    def S(self) -> int:
+        return len(self._bounds)
+
+    def _static_caps(self) -> list[int] | None:
+        if not self.devices:
+            return None
+        per_block = module_block_memory_bytes(self._template, 0, 0, self.optimizer_spec.name)
+        return max_blocks_per_device([d.memory_bytes for d in self.devices], per_block)
+
+    def _build(self, delta, weights: dict, optimizer_state: dict, blocks: nn.ModuleList | None = None) -> None:
+        if self.devices is not None and len(delta) > len(self.devices):
+            raise PartitionError(
+                f"partition delta={list(delta)} names {len(delta)} devices but the cluster has K={len(self.devices)} device profiles; give at most {len(self.devices)} entries"
+            )
+        self.delta = validate_partition(delta, self.num_blocks, self._static_caps())
+        self._bounds = segment_bounds(self.delta)
+        slowdown = emulation_slowdowns(self.devices, [k for k, _, _ in self._bounds]) if self.emulate else {}
+        specs = []
+        for k, a, b in self._bounds:
+            if blocks is not None:
+                segment = copy.deepcopy(nn.ModuleList(blocks[a:b]))
+            else:
+                segment = nn.ModuleList(copy.deepcopy(self._template) for _ in range(b - a))
+                segment.load_state_dict(_slice(weights, a, b), strict=True)
+            specs.append((k, segment, _slice(optimizer_state, a, b), slowdown.get(k, 1.0)))
+        if self.backend == "local":
+            self._stages = LocalStages(specs, self.optimizer_spec)
+        else:
+            threads = self.actor_threads or default_actor_threads(len(specs))
+            self._stages = RayStages(
+                specs, self.optimizer_spec, address=self.ray_address, num_cpus=self.actor_num_cpus,
+                threads=threads, timeout_s=self.timeout_s, name=self.name,
+            )
+
+    def repartition(self, delta: Sequence[int]) -> None:
+        """Move to a new delta, carrying every block's weights and optimizer state."""
+        weights = self.encoder_state_dict()
+        optimizer_state = self._encoder_optimizer_state()
+        self.shutdown()
+        self._build(delta, weights, optimizer_state)
+
+    def check_memory(self, batch_size_b: int, seq_len: int) -> None:
+        """Constraint C7 with activations: delta_k blocks at the whole batch must fit gamma_k^max."""
+        if not self.devices:
+            return
+        per_block = module_block_memory_bytes(self._template, batch_size_b, seq_len, self.optimizer_spec.name)
+        caps = max_blocks_per_device([d.memory_bytes for d in self.devices], per_block)
+        for k, d in enumerate(self.delta):
+            if d > caps[k]:
+                raise PartitionError(
+                    f"device {k} can hold {caps[k]} block(s) for a batch of {batch_size_b}x{seq_len} tokens "
+                    f"(~{per_block / 2**20:.1f} MiB per block) but delta_{k}={d}; move blocks to other devices, shrink the batch or raise its memory_bytes"
+                )
+
+    # -- one step ---------------------------------------------------------------------------------
+    def train_step(self, batch: dict[str, torch.Tensor], m: int, head: HeadFn) -> StepResult:
+        t0 = time.perf_counter()
+        b = batch_size(batch)
+        micro = split_batch(batch, m)
+        self.check_memory(b, int(batch["input_ids"].shape[1]))
+        st, S = self._stages, self.S
+        self.embedding.train()
+        self.embedding_optimizer.zero_grad(set_to_none=True)
+        st.new_step()
+        begun = [st.submit(s, "begin_step") for s in range(S)]
+        for s, h in enumerate(begun):
+            st.resolve(h, s)
+
+        masks = [mb["attention_mask"] for mb in micro]
+        if st.backend == "ray":
+            import ray
+
+            mask_refs = [ray.put(mk) for mk in masks]
+        else:
+            mask_refs = masks
+        embedded: list[torch.Tensor] = [None] * m  # type: ignore[list-item]
+        handles: dict[tuple[int, int], object] = {}
+        seconds = {"embed": 0.0}
+        for cycle in forward_cycles(m, S):
+            for i, k in cycle:
+                if k == 0:
+                    te = time.perf_counter()
+                    embedded[i] = self.embedding(micro[i]["input_ids"])
+                    seconds["embed"] += time.perf_counter() - te
+                    x = embedded[i].detach()
+                else:
+                    x = handles[(i, k - 1)]
+                handles[(i, k)] = st.submit(k, "forward", i, x, mask_refs[i])
+        z_enc = [st.resolve(handles[(i, S - 1)], S - 1) for i in range(m)]
+        t_fwd = time.perf_counter()
+
+        loss, grads = head(z_enc, micro)
+        t_head = time.perf_counter()
+        if len(grads) != m:
+            raise ValueError(f"the head returned {len(grads)} gradients for {m} micro-batches")
+
+        ghandles: dict[tuple[int, int], object] = {}
+        for cycle in backward_cycles(m, S):
+            for i, k in cycle:
+                g = grads[i] if k == S - 1 else ghandles[(i, k + 1)]
+                ghandles[(i, k)] = st.submit(k, "backward", i, g)
+        for i in reversed(range(m)):
+            grad_in = st.resolve(ghandles[(i, 0)], 0)
+            embedded[i].backward(grad_in)
+        t_bwd = time.perf_counter()
+
+        steps = [st.submit(s, "step") for s in range(S)]
+        self.embedding_optimizer.step()
+        self.embedding_optimizer.zero_grad(set_to_none=True)
+        device_compute = [st.resolve(h, s) for s, h in enumerate(steps)]
+        t_end = time.perf_counter()
+        seconds.update(
+            forward=t_fwd - t0, head=t_head - t_fwd, backward=t_bwd - t_head, update=t_end - t_bwd, total=t_end - t0,
+            device_compute={int(k): float(c) for (k, _, _), c in zip(self._bounds, device_compute)},
+        )
+        count = int((batch["labels"] != -100).sum()) if "labels" in batch else b
+        return StepResult(loss=float(loss), count=count, seconds=seconds)
+
+    # -- state ------------------------------------------------------------------------------------
+    def _gather(self, method: str) -> list:
+        self._stages.new_step()
+        handles = [self._stages.submit(s, method) for s in range(self.S)]
+        return [self._stages.resolve(h, s) for s, h in enumerate(handles)]
+
+    def encoder_state_dict(self) -> dict[str, torch.Tensor]:
+        """theta^enc = theta^1 (+) ... (+) theta^S (eq. (4)), names ``"{l}.{param}"``."""
+        return concat_segments(self._gather("get_weights"), self.delta)
+
+    def load_encoder_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self._stages.new_step()
+        handles = []
+        for s, (_, a, b) in enumerate(self._bounds):
+            handles.append(self._stages.submit(s, "set_weights", _slice(state, a, b)))
+        for s, h in enumerate(handles):
+            self._stages.resolve(h, s)
+
+    def _encoder_optimizer_state(self) -> dict[str, dict]:
+        states = self._gather("get_optimizer_state")
+        out = {}
+        for state, (_, a, _) in zip(states, self._bounds):
+            for name, value in state.items():
+                j, _, rest = name.partition(".")
+                out[f"{a + int(j)}.{rest}"] = value
+        return out
+
+    def embedding_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.embedding.state_dict().items()}
+
+    def load_embedding_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.embedding.load_state_dict(state, strict=True)
+
+    def traces(self) -> list[list[tuple[str, int, float, float]]]:
+        """Per stage, the last step's (F|B, micro-batch, wall start, wall end) calls (schedule plots)."""
+        return self._gather("trace")
+
+    def memory_report(self) -> list[dict]:
+        """Per device used: param, optimizer-state and peak activation bytes (and their sum)."""
+        return self._gather("memory_report")
+
+    def shutdown(self) -> None:
+        if self._stages is not None:
+            self._stages.shutdown()
+            self._stages = None
+
+    def __enter__(self) -> "ClusterPipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def _slice(state: dict, a: int, b: int) -> dict:
+    """The entries of blocks a..b-1 of a ``"{l}.{...}"`` dict, renumbered from 0."""
+    out = {}
+    for name, value in state.items():
+        head, _, rest = name.partition(".")
+        if head.isdigit() and a <= int(head) < b:
+            out[f"{int(head) - a}.{rest}"] = value
+    return out

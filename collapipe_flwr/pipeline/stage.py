@@ -1,0 +1,138 @@
+"""One pipeline stage: device k's segment theta^s (delta_k TEBs) and its optimizer.
+
+The same class runs in-process (backend "local") and inside a Ray actor (backend "ray", see
+``ray_backend.py``). Per micro-batch i it keeps what backward needs between ``forward`` and
+``backward``: the detached input leaf and the output with its graph. Gradients accumulate over the m
+micro-batches; ``step`` applies one optimizer update (GPipe's synchronous update).
+
+Emulation (optional): after each forward/backward the stage sleeps ``(slowdown - 1) x`` its compute
+time, so a device with relative throughput phi_k f_k / max_j(phi_j f_j) = 1 / slowdown takes
+``slowdown`` times as long as the fastest device would (eq. (15)'s delta_k (b_hat o_l + o'_l) / (phi_k f_k)).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes
+from collapipe_flwr.pipeline.optim import OptimizerSpec
+
+
+class Stage:
+    """Device k's segment: forward / backward per micro-batch, step, weights, memory report."""
+
+    def __init__(
+        self,
+        device_index: int,
+        segment: nn.ModuleList,
+        optimizer: OptimizerSpec,
+        optimizer_state: dict | None = None,
+        slowdown: float = 1.0,
+    ) -> None:
+        self.device_index = device_index
+        self.segment = segment
+        self.segment.train()
+        self.optimizer = optimizer.build(segment.parameters())
+        if optimizer_state:
+            self._load_optimizer_state(optimizer_state)
+        self.slowdown = max(1.0, float(slowdown))
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self._live_activation_bytes = 0
+        self.peak_activation_bytes = 0
+        self.compute_seconds = 0.0
+        self._trace: list[tuple[str, int, float, float]] = []
+
+    # -- the step ---------------------------------------------------------------------------------
+    def begin_step(self) -> int:
+        """Start a training step: zero gradients and drop anything left from a failed step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._pending.clear()
+        self._live_activation_bytes = 0
+        self.compute_seconds = 0.0
+        self._trace = []
+        return self.device_index
+
+    def forward(self, mb_index: int, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """z^{s+1} = segment(z^s) for micro-batch ``mb_index``; keeps the graph for :meth:`backward`."""
+        start = time.perf_counter()
+        leaf = x.detach().requires_grad_(True)
+        with SavedTensorMeter(exclude=self.segment.parameters()) as meter:
+            hidden = leaf
+            for block in self.segment:
+                hidden = block(hidden, attention_mask)
+        self._pending[mb_index] = (leaf, hidden, meter.bytes)
+        self._live_activation_bytes += meter.bytes
+        self.peak_activation_bytes = max(self.peak_activation_bytes, self._live_activation_bytes)
+        self._account(start, "F", mb_index)
+        return hidden.detach()
+
+    def backward(self, mb_index: int, grad_out: torch.Tensor) -> torch.Tensor:
+        """dL/dz^s from dL/dz^{s+1} for micro-batch ``mb_index``; accumulates the segment's gradients."""
+        start = time.perf_counter()
+        if mb_index not in self._pending:
+            raise RuntimeError(f"device {self.device_index}: backward of micro-batch {mb_index} without its forward")
+        leaf, out, saved = self._pending.pop(mb_index)
+        torch.autograd.backward(out, grad_out)
+        self._live_activation_bytes -= saved
+        grad_in = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        self._account(start, "B", mb_index)
+        return grad_in
+
+    def step(self) -> float:
+        """One optimizer update of theta^s with the gradients of all m micro-batches; returns compute s."""
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return self.compute_seconds
+
+    def _account(self, start: float, kind: str, mb_index: int) -> None:
+        elapsed = time.perf_counter() - start
+        if self.slowdown > 1.0:
+            time.sleep((self.slowdown - 1.0) * elapsed)
+        end = time.perf_counter()
+        self.compute_seconds += end - start
+        wall_end = time.time()
+        self._trace.append((kind, mb_index, wall_end - (end - start), wall_end))
+
+    def trace(self) -> list[tuple[str, int, float, float]]:
+        """(F|B, micro-batch, wall start, wall end) of this step's calls, for schedule checks and plots."""
+        return list(self._trace)
+
+    # -- state ------------------------------------------------------------------------------------
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """theta^s with local block numbers ``"{j}.{param}"`` (see ``models.split.concat_segments``)."""
+        return {k: v.detach().clone() for k, v in self.segment.state_dict().items()}
+
+    def set_weights(self, state: dict[str, torch.Tensor]) -> None:
+        self.segment.load_state_dict(state, strict=True)
+
+    def get_optimizer_state(self) -> dict[str, dict]:
+        """Optimizer state per local parameter name (for moving blocks between devices)."""
+        names = {id(p): n for n, p in self.segment.named_parameters()}
+        return {names[id(p)]: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}
+                for p, s in self.optimizer.state.items()}
+
+    def _load_optimizer_state(self, state: dict[str, dict]) -> None:
+        for name, p in self.segment.named_parameters():
+            if name in state:
+                self.optimizer.state[p] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in state[name].items()}
+
+    def export(self) -> dict:
+        return {"weights": self.get_weights(), "optimizer": self.get_optimizer_state()}
+
+    def memory_report(self) -> dict:
+        params = param_bytes(self.segment)
+        optim = optimizer_state_bytes(self.optimizer)
+        return {
+            "device": self.device_index,
+            "blocks": len(self.segment),
+            "param_bytes": params,
+            "optimizer_bytes": optim,
+            "peak_activation_bytes": self.peak_activation_bytes,
+            "peak_bytes": params + optim + self.peak_activation_bytes,
+        }
+
+    def ping(self) -> int:
+        return self.device_index

@@ -1,0 +1,57 @@
+"""Per-round convergence term Gamma (eq. 28) and the Lyapunov virtual queue (eq. 29)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from collapipe_flwr.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ConvergenceParams:
+    """beta (smoothness, eq. 17), eta (learning rate), phi (gradient bound, eq. 18), C (eq. 25), N, L.
+
+    Gamma_n = beta eta^2 / (2N) * (phi^2 / L * S_n^2 + C / (p_n h_n + I_i) + phi^2)   (eq. 28)
+    """
+
+    beta: float
+    eta: float
+    grad_bound: float
+    interference_c: float
+    gamma_max: float
+    num_clusters: int
+    num_blocks: int
+
+    def __post_init__(self) -> None:
+        for name in ("beta", "eta", "grad_bound", "gamma_max"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"scheduler.convergence.{name}={getattr(self, name)!r} must be > 0")
+        if not self.interference_c >= 0:
+            raise ConfigError(f"scheduler.convergence.interference_c={self.interference_c!r} must be >= 0")
+
+    @property
+    def scale(self) -> float:
+        """beta eta^2 / (2N)."""
+        return self.beta * self.eta**2 / (2.0 * self.num_clusters)
+
+    def segment_term(self, S):
+        """The part of Gamma that depends on S: scale * phi^2 S^2 / L."""
+        return self.scale * self.grad_bound**2 * np.asarray(S, dtype=float) ** 2 / self.num_blocks
+
+    def interference_term(self, power_w, gain, interference_w):
+        """The part of Gamma that depends on p_n: scale * C / (p_n h_n + I_i) (eq. 25)."""
+        return self.scale * self.interference_c / (np.asarray(power_w, dtype=float) * gain + interference_w)
+
+    def constant_term(self) -> float:
+        return self.scale * self.grad_bound**2
+
+    def gamma(self, S, power_w, gain, interference_w):
+        """Gamma of eq. (28)."""
+        return self.segment_term(S) + self.interference_term(power_w, gain, interference_w) + self.constant_term()
+
+
+def queue_update(Y, gamma, gamma_max):
+    """Y_n(t+1) = max(Y_n(t) + Gamma_n^t - Gamma^max, 0) (eq. 29)."""
+    return np.maximum(np.asarray(Y, dtype=float) + np.asarray(gamma, dtype=float) - gamma_max, 0.0)

@@ -1,0 +1,226 @@
+"""The static network of a run: J channels, N clusters of K devices, radio and energy limits (Table II).
+
+``NetworkSpec.from_config(network, num_clusters)`` reads a ``conf/network/*.yaml`` mapping. A value given
+as ``[lo, hi]`` is a range: each device / channel / cluster draws its own value uniformly from it, once,
+from ``network.seed`` (so every process that reads the same config builds the same network). Per-round
+randomness (fading, interference, availability) lives in :mod:`collapipe_flwr.system.state`.
+Units: Hz, W, J, bytes, dB for gains, dBm/Hz for the noise PSD. See docs/system_model.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.system.devices import DeviceProfile
+from collapipe_flwr.system.units import db_to_linear, dbm_to_watt
+
+FADING_MODELS = ("rayleigh", "none")
+
+_SECTIONS: dict[str, tuple[str, ...]] = {
+    "uplink": ("mean_gain_db", "fading", "interference_w", "power_max_w", "energy_max_j"),
+    "d2d": ("bandwidth_hz", "gain_db", "interference_w", "fading"),
+    "device": (
+        "f_hz", "flops_per_cycle", "memory_bytes", "d2d_power_w", "d2d_power_max_w", "energy_max_j",
+        "availability", "effective_capacitance",
+    ),
+    "cu": ("memory_bytes",),
+}
+_TOP = ("name", "seed", "num_channels", "devices_per_cluster", "channel_bandwidth_hz", "noise_psd_dbm_per_hz",
+        *_SECTIONS)
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """Everything static about the edge network (symbols of Tables I-II).
+
+    devices[n][k]: DeviceProfile of device k of cluster n (f_k, phi_k, gamma_k^max, p_k).
+    channel_bandwidth_hz[j]: B_j, the uplink bandwidth of channel j (B_n^U of the CU matched to j).
+    uplink_mean_gain_db[n]: mean power gain h_n of CU n's uplink (dB); fading multiplies it each round.
+    uplink_interference_w: (lo, hi) of I_i, the per-channel, per-round interference at the BS (W).
+    d2d_*: B^dd, h_dd (dB), I_dd (W) of the intra-cluster links; device_power_max_w = P_k^max.
+    cu_power_max_w = P_n^max (C6), cu_energy_max_j = E_n^max (C8), device_energy_max_j = E_k^max (C9).
+    availability: (lo, hi) of the per-round fraction of f_k a device gives to training, f_k(t).
+    effective_capacitance: kappa of the CMOS energy model kappa * cycles * f^2 (eq. 16).
+    """
+
+    name: str
+    num_channels: int
+    devices: tuple[tuple[DeviceProfile, ...], ...]
+    channel_bandwidth_hz: tuple[float, ...]
+    noise_psd_w_hz: float
+    uplink_mean_gain_db: tuple[float, ...]
+    uplink_fading: str
+    uplink_interference_w: tuple[float, float]
+    cu_power_max_w: float
+    cu_energy_max_j: float
+    d2d_bandwidth_hz: float
+    d2d_gain_db: float
+    d2d_interference_w: float
+    d2d_fading: str
+    device_power_max_w: float
+    device_energy_max_j: float
+    availability: tuple[float, float]
+    effective_capacitance: float
+    cu_memory_bytes: float = 3e9
+
+    @property
+    def num_clusters(self) -> int:
+        """N."""
+        return len(self.devices)
+
+    @property
+    def devices_per_cluster(self) -> int:
+        """K (the largest cluster's size)."""
+        return max(len(d) for d in self.devices)
+
+    def devices_of(self, n: int) -> list[DeviceProfile]:
+        """The K device profiles of cluster n."""
+        if not 0 <= n < self.num_clusters:
+            raise ConfigError(f"cluster {n} does not exist; the network has clusters 0..{self.num_clusters - 1}")
+        return list(self.devices[n])
+
+    @property
+    def uplink_mean_gain(self) -> np.ndarray:
+        """Linear mean uplink power gains, shape [N]."""
+        return db_to_linear(self.uplink_mean_gain_db)
+
+    @property
+    def d2d_gain(self) -> float:
+        return float(db_to_linear(self.d2d_gain_db))
+
+    @classmethod
+    def from_config(cls, network: Mapping[str, Any], num_clusters: int) -> "NetworkSpec":
+        """Build the spec from a ``conf/network/*.yaml`` mapping; a bad key is a one-line ConfigError."""
+        if not isinstance(network, Mapping):
+            raise ConfigError("network config must be a mapping; pick network=<preset> (see conf/network/)")
+        _check_keys("network", network, _TOP)
+        for section, keys in _SECTIONS.items():
+            if not isinstance(network.get(section), Mapping):
+                raise ConfigError(f"network.{section} is missing or not a mapping; copy it from conf/network/paper_table2.yaml")
+            _check_keys(f"network.{section}", network[section], keys)
+        if isinstance(num_clusters, bool) or not isinstance(num_clusters, int) or num_clusters < 1:
+            raise ConfigError(f"federation.num_clusters={num_clusters!r} must be an integer >= 1")
+        seed = _integer(network, "seed", "network.seed", minimum=0, default=0)
+        rng = np.random.default_rng(seed)
+        J = _integer(network, "num_channels", "network.num_channels", minimum=1)
+        K = _integer(network, "devices_per_cluster", "network.devices_per_cluster", minimum=1)
+        up, dd, dev, cu = (network[s] for s in ("uplink", "d2d", "device", "cu"))
+
+        bandwidth = _draw(rng, network, "channel_bandwidth_hz", "network.channel_bandwidth_hz", J, positive=True)
+        mean_gain_db = _draw(rng, up, "mean_gain_db", "network.uplink.mean_gain_db", num_clusters)
+        f_hz = _draw(rng, dev, "f_hz", "network.device.f_hz", num_clusters * K, positive=True)
+        phi = _draw(rng, dev, "flops_per_cycle", "network.device.flops_per_cycle", num_clusters * K, positive=True)
+        memory = _draw(rng, dev, "memory_bytes", "network.device.memory_bytes", num_clusters * K, positive=True)
+        p_k = _draw(rng, dev, "d2d_power_w", "network.device.d2d_power_w", num_clusters * K, positive=True)
+        p_k_max = _number(dev, "d2d_power_max_w", "network.device.d2d_power_max_w", positive=True)
+        if p_k.max() > p_k_max:
+            raise ConfigError(
+                f"network.device.d2d_power_w reaches {p_k.max():.4g} W above d2d_power_max_w={p_k_max:.4g} W (P_k^max); lower it"
+            )
+        devices = tuple(
+            tuple(
+                DeviceProfile(float(f_hz[i]), float(phi[i]), float(memory[i]), float(p_k[i]))
+                for i in range(n * K, (n + 1) * K)
+            )
+            for n in range(num_clusters)
+        )
+        availability = _range(dev, "availability", "network.device.availability")
+        if not 0 < availability[0] <= availability[1] <= 1:
+            raise ConfigError(f"network.device.availability={list(availability)} must satisfy 0 < lo <= hi <= 1")
+        interference = _range(up, "interference_w", "network.uplink.interference_w")
+        if interference[0] < 0:
+            raise ConfigError("network.uplink.interference_w must be >= 0 W")
+        return cls(
+            name=str(network.get("name", "custom")),
+            num_channels=J,
+            devices=devices,
+            channel_bandwidth_hz=tuple(float(x) for x in bandwidth),
+            noise_psd_w_hz=float(dbm_to_watt(_number(network, "noise_psd_dbm_per_hz", "network.noise_psd_dbm_per_hz"))),
+            uplink_mean_gain_db=tuple(float(x) for x in mean_gain_db),
+            uplink_fading=_choice(up, "fading", "network.uplink.fading", FADING_MODELS),
+            uplink_interference_w=interference,
+            cu_power_max_w=_number(up, "power_max_w", "network.uplink.power_max_w", positive=True),
+            cu_energy_max_j=_number(up, "energy_max_j", "network.uplink.energy_max_j", positive=True),
+            d2d_bandwidth_hz=_number(dd, "bandwidth_hz", "network.d2d.bandwidth_hz", positive=True),
+            d2d_gain_db=_number(dd, "gain_db", "network.d2d.gain_db"),
+            d2d_interference_w=_number(dd, "interference_w", "network.d2d.interference_w", nonneg=True),
+            d2d_fading=_choice(dd, "fading", "network.d2d.fading", FADING_MODELS),
+            device_power_max_w=p_k_max,
+            device_energy_max_j=_number(dev, "energy_max_j", "network.device.energy_max_j", positive=True),
+            availability=availability,
+            effective_capacitance=_number(dev, "effective_capacitance", "network.device.effective_capacitance", positive=True),
+            cu_memory_bytes=_number(cu, "memory_bytes", "network.cu.memory_bytes", positive=True),
+        )
+
+
+# ----------------------------------------------------------------------------- config helpers
+def _check_keys(where: str, mapping: Mapping, allowed: tuple[str, ...]) -> None:
+    unknown = sorted(set(mapping) - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown key {where}.{unknown[0]}; valid keys are {', '.join(sorted(allowed))}")
+
+
+def _as_float(value: Any, key: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} must be a number")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}={value!r} must be a number (write exponents as 1.0e-28)") from None
+
+
+def _number(mapping: Mapping, name: str, key: str, positive: bool = False, nonneg: bool = False) -> float:
+    if name not in mapping:
+        raise ConfigError(f"{key} is missing; add it to the network preset (see conf/network/paper_table2.yaml)")
+    value = mapping[name]
+    if isinstance(value, (list, tuple)):
+        raise ConfigError(f"{key}={value!r} must be a single number, not a range")
+    x = _as_float(value, key)
+    if not np.isfinite(x) or (positive and not x > 0) or (nonneg and not x >= 0):
+        raise ConfigError(f"{key}={value!r} must be {'> 0' if positive else '>= 0' if nonneg else 'finite'}")
+    return x
+
+
+def _range(mapping: Mapping, name: str, key: str) -> tuple[float, float]:
+    """A ``[lo, hi]`` pair (or one number, read as lo = hi)."""
+    if name not in mapping:
+        raise ConfigError(f"{key} is missing; add it to the network preset (see conf/network/paper_table2.yaml)")
+    value = mapping[name]
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise ConfigError(f"{key}={list(value)!r} must be a number or a [lo, hi] range")
+        lo, hi = (_as_float(v, key) for v in value)
+    else:
+        lo = hi = _as_float(value, key)
+    if not (np.isfinite(lo) and np.isfinite(hi)) or lo > hi:
+        raise ConfigError(f"{key}={value!r} must be a finite range with lo <= hi")
+    return float(lo), float(hi)
+
+
+def _draw(rng: np.random.Generator, mapping: Mapping, name: str, key: str, count: int, positive: bool = False) -> np.ndarray:
+    lo, hi = _range(mapping, name, key)
+    if positive and not lo > 0:
+        raise ConfigError(f"{key}={mapping[name]!r} must be > 0")
+    return rng.uniform(lo, hi, size=count) if hi > lo else np.full(count, lo)
+
+
+def _integer(mapping: Mapping, name: str, key: str, minimum: int, default: int | None = None) -> int:
+    if name not in mapping:
+        if default is not None:
+            return default
+        raise ConfigError(f"{key} is missing; add it to the network preset (see conf/network/paper_table2.yaml)")
+    value = mapping[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key}={value!r} must be an integer >= {minimum}")
+    return value
+
+
+def _choice(mapping: Mapping, name: str, key: str, choices: tuple[str, ...]) -> str:
+    value = mapping.get(name)
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} must be one of {', '.join(choices)}")
+    return str(value)

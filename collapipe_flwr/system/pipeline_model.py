@@ -1,0 +1,49 @@
+"""Pipeline-parallel delay and energy inside one cluster, paper Section III.D (eqs. 15-16) and eq. (26).
+
+Reading chosen (docs/system_model.md explains why):
+* one chunk of stage k = forward + backward of one micro-batch on its delta_k blocks plus its D2D
+  hand-off: ``chunk_k = delta_k * b_hat * (o_l + o'_l) / (phi_k f_k(t)) + tau_k^dd`` with o_l, o'_l the
+  per-sample forward/backward FLOPs of one TEB and b_hat = ceil(b/m) the largest micro-batch;
+* a GPipe round of S stages and m micro-batches lasts (S + m - 1) clocks of the slowest chunk
+  (eq. 15). Every selected device hands its output on over D2D (the last one to its CU, which relays
+  z_enc to the server), so no hop is subtracted and the delay does not depend on the device order,
+  as footnote 1 of the paper requires;
+* device energy (eq. 16 with the CMOS constant kappa): ``E_k = m (kappa * cycles * f_k^2 + p_k tau_k^dd)``
+  with cycles = delta_k b_hat (o_l + o'_l) / phi_k: m chunks, each one forward and one backward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def micro_batch_size(b: int, m: int) -> int:
+    """b_hat = ceil(b / m) (eq. 5): the largest micro-batch torch.tensor_split makes."""
+    return int(math.ceil(b / m))
+
+
+def chunk_compute_delay(delta, b_hat, flops_per_sample_block, flops_per_second):
+    """delta_k * b_hat * (o_l + o'_l) / (phi_k f_k): compute time of one micro-batch on device k (s)."""
+    return np.asarray(delta, dtype=float) * b_hat * flops_per_sample_block / np.asarray(flops_per_second, dtype=float)
+
+
+def pipeline_delay(stage_chunk_s, S: int, m: int) -> float:
+    """(S + m - 1) * max_k chunk_k (eq. 15): GPipe fill, steady state and drain over S stages."""
+    chunks = np.asarray(stage_chunk_s, dtype=float)
+    if chunks.size == 0:
+        return 0.0
+    return float((S + m - 1) * chunks.max())
+
+
+def compute_energy(kappa, delta, b_hat, flops_per_sample_block, flops_per_cycle, f_hz, m: int):
+    """m * kappa * (delta b_hat (o_l + o'_l) / phi_k) * f_k^2: dynamic CPU energy of eq. (16) (J)."""
+    cycles = np.asarray(delta, dtype=float) * b_hat * flops_per_sample_block / np.asarray(flops_per_cycle, dtype=float)
+    return m * kappa * cycles * np.asarray(f_hz, dtype=float) ** 2
+
+
+def round_delay(pipeline_s, uplink_s) -> float:
+    """tau(t) = max_n (tau_n^pipe + tau_n^Up) over the clusters that take part (eq. 26)."""
+    total = np.asarray(pipeline_s, dtype=float) + np.asarray(uplink_s, dtype=float)
+    return float(total.max()) if total.size else 0.0

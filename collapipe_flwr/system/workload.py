@@ -1,0 +1,201 @@
+"""What one round asks of the devices and the uplink, counted on the real encoder blocks.
+
+``measure_workload(blocks, hidden, attention_mask)`` runs one forward and one backward of every TEB
+under ``torch.utils.flop_counter.FlopCounterMode`` and records, per block and per sample,
+o_l (forward FLOPs) and o'_l (backward FLOPs, gradients of both the input and the weights), the bytes
+autograd saves for the backward (what GPipe keeps alive per sample), the parameter bytes, and the size
+z^s of the activation crossing each block boundary (g^{s+1}, its gradient, has the same size).
+FlopCounterMode counts matrix products and attention (2 FLOPs per multiply-add); element-wise work
+(LayerNorm, softmax, GELU) is left out, as in the usual 6 * params * tokens accounting. PyTorch's
+registry misses the CPU kernels of scaled-dot-product attention, so they are added here with PyTorch's
+own sdpa formulas (forward 4 B h T_q T_k d; backward as flash attention, with the score recompute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils import flop_counter
+from torch.utils.flop_counter import FlopCounterMode
+
+from collapipe_flwr.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Per-sample, per-block costs of the encoder, plus the batch and upload sizes.
+
+    forward_flops[l] = o_l, backward_flops[l] = o'_l (FLOPs per sample of block l).
+    boundary_bytes[s] = bytes per sample of the activation entering block s (s = 0..L; s = L is z_enc).
+    param_bytes[l]: parameter bytes of block l.  saved_bytes[l]: activation bytes block l keeps per sample.
+    batch_size: b.  steps_per_round: local optimizer steps per round (each moves z_enc up once).
+    optimizer_slots: optimizer state tensors per parameter (Adam: 2).
+    extra_upload_bytes: what the CU uploads besides the encoder (the embedding table), once per round.
+    """
+
+    forward_flops: tuple[float, ...]
+    backward_flops: tuple[float, ...]
+    boundary_bytes: tuple[float, ...]
+    param_bytes: tuple[float, ...]
+    saved_bytes: tuple[float, ...]
+    batch_size: int
+    steps_per_round: int = 1
+    optimizer_slots: int = 2
+    extra_upload_bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        L = len(self.forward_flops)
+        if L < 1 or not (len(self.backward_flops) == len(self.param_bytes) == len(self.saved_bytes) == L):
+            raise ConfigError("workload needs the same number L >= 1 of forward, backward, parameter and saved sizes")
+        if len(self.boundary_bytes) != L + 1:
+            raise ConfigError(f"workload.boundary_bytes needs L + 1 = {L + 1} entries, got {len(self.boundary_bytes)}")
+        if self.batch_size < 1 or self.steps_per_round < 1:
+            raise ConfigError("workload batch_size and steps_per_round must be >= 1")
+
+    @property
+    def num_blocks(self) -> int:
+        """L."""
+        return len(self.forward_flops)
+
+    @property
+    def flops_per_sample_block(self) -> float:
+        """o_l + o'_l of the heaviest block: the per-block cost the segment scheduler uses.
+
+        The scheduler treats TEBs as identical (delta_k counts blocks, order free); taking the heaviest
+        block keeps every modelled delay an upper bound when blocks differ slightly.
+        """
+        return max(f + b for f, b in zip(self.forward_flops, self.backward_flops))
+
+    @property
+    def activation_bytes_per_sample(self) -> float:
+        """z^s per sample at the widest block boundary (bytes)."""
+        return max(self.boundary_bytes)
+
+    @property
+    def encoder_bytes(self) -> float:
+        """theta^enc: bytes of all L blocks."""
+        return float(sum(self.param_bytes))
+
+    def block_memory_bytes(self) -> float:
+        """gamma_0 (C7): memory to train one TEB: weights + gradients + optimizer slots + the saved
+        activations of all b samples (GPipe keeps every micro-batch's activations until its backward)."""
+        weights = max(self.param_bytes) * (2 + self.optimizer_slots)
+        return float(weights + max(self.saved_bytes) * self.batch_size)
+
+    def uplink_bits(self) -> float:
+        """Bits CU n sends the BS per round (eq. 11): z_enc of every local step + theta^enc (+ embedding)."""
+        z_enc = self.boundary_bytes[-1] * self.batch_size * self.steps_per_round
+        return 8.0 * (z_enc + self.encoder_bytes + self.extra_upload_bytes)
+
+    def to_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Workload":
+        return cls(**{k: (tuple(float(x) for x in v) if isinstance(v, list) else v) for k, v in d.items()})
+
+    @classmethod
+    def paper_preset(cls, num_blocks: int = 12, batch_size: int = 64, seq_len: int = 128, hidden: int = 768) -> "Workload":
+        """Table II: o_l = o'_l = 2e6 FLOPs (read per sample), b = 64, on a BERT-base-shaped encoder
+        (L = 12, H = 768, T = 128, 4 bytes per value; the paper gives no sizes, these are BERT-base's)."""
+        per_block_params = 12 * hidden * hidden + 13 * hidden  # 4 H^2 attention + 8 H^2 FFN (+ biases, LN)
+        boundary = float(seq_len * hidden * 4)
+        return cls(
+            forward_flops=(2e6,) * num_blocks,
+            backward_flops=(2e6,) * num_blocks,
+            boundary_bytes=(boundary,) * (num_blocks + 1),
+            param_bytes=(4.0 * per_block_params,) * num_blocks,
+            saved_bytes=(boundary * 12,) * num_blocks,
+            batch_size=batch_size,
+        )
+
+
+def _sdpa_cpu_forward(query, key, value, *args, **kwargs) -> int:
+    return flop_counter.sdpa_flop_count(query, key, value)
+
+
+def _sdpa_cpu_backward(grad_out, query, key, value, *args, **kwargs) -> int:
+    return flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+def _extra_flop_formulas() -> dict:
+    aten = torch.ops.aten
+    extra = {}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        extra[aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_cpu_forward
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _sdpa_cpu_backward
+    return extra
+
+
+def _saved_bytes(fn) -> tuple[object, float]:
+    """Run ``fn()`` and add up the bytes autograd saves for backward (each storage counted once)."""
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t: torch.Tensor):
+        nonlocal total
+        try:
+            key = t.untyped_storage().data_ptr()
+            size = t.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError):
+            key, size = id(t), t.numel() * t.element_size()
+        if key not in seen:
+            seen.add(key)
+            total += size
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, float(total)
+
+
+def measure_workload(
+    blocks: nn.ModuleList,
+    hidden: torch.Tensor,
+    attention_mask: torch.Tensor,
+    bytes_per_param: int = 4,
+    batch_size: int | None = None,
+    steps_per_round: int = 1,
+    embedding: nn.Module | None = None,
+) -> Workload:
+    """Count o_l, o'_l, saved activations and sizes on the real ``blocks`` with a probe ``hidden`` [B, T, H].
+
+    ``batch_size`` is b (default: the probe's B); ``embedding`` adds its parameters to the upload.
+    """
+    if hidden.dim() != 3:
+        raise ConfigError(f"measure_workload needs hidden of shape [B, T, H], got {tuple(hidden.shape)}")
+    B = int(hidden.shape[0])
+    fwd, bwd, saved, params, boundary = [], [], [], [], [float(hidden[0].numel() * bytes_per_param)]
+    x = hidden.detach()
+    extra = _extra_flop_formulas()
+    was_training = [blk.training for blk in blocks]
+    for blk in blocks:
+        blk.train(False)  # no dropout noise in the probe; the FLOPs are the same
+        inp = x.clone().requires_grad_(True)
+        with FlopCounterMode(display=False, custom_mapping=extra) as counter:
+            out, saved_total = _saved_bytes(lambda: blk(inp, attention_mask))
+        fwd.append(counter.get_total_flops() / B)
+        saved.append(saved_total / B)
+        with FlopCounterMode(display=False, custom_mapping=extra) as counter:
+            out.backward(torch.ones_like(out))
+        bwd.append(counter.get_total_flops() / B)
+        blk.zero_grad(set_to_none=True)
+        params.append(float(sum(p.numel() for p in blk.parameters()) * bytes_per_param))
+        boundary.append(float(out[0].numel() * bytes_per_param))
+        x = out.detach()
+    for blk, mode in zip(blocks, was_training):
+        blk.train(mode)
+    extra = float(sum(p.numel() for p in embedding.parameters()) * bytes_per_param) if embedding is not None else 0.0
+    return Workload(
+        forward_flops=tuple(fwd),
+        backward_flops=tuple(bwd),
+        boundary_bytes=tuple(boundary),
+        param_bytes=tuple(params),
+        saved_bytes=tuple(saved),
+        batch_size=int(batch_size or B),
+        steps_per_round=int(steps_per_round),
+        extra_upload_bytes=extra,
+    )

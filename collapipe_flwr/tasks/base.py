@@ -1,0 +1,251 @@
+"""What every task offers the rest of the system (issue 5; docs/contracts.md "Batches").
+
+A :class:`Task` owns how to read its files, its tokenizer, its collate function, the server-side part
+of its model (through collapipe_flwr.models builders), its loss and its metric. Subclasses supply
+``read_split`` (parsing), ``encode`` (tokenisation to plain lists), ``collate`` (lists -> batch dict),
+``build_model`` and ``score`` (metric over a split). Everything else (caching, partitioning D_n,
+batching b, evaluation loop) lives here once.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from collapipe_flwr.errors import ConfigError, DataFormatError
+from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.tasks import model_config
+from collapipe_flwr.tasks.batching import batch_order
+from collapipe_flwr.tasks.partition import SCHEMES, partition_indices
+
+CACHE_ENV = "COLLAPIPE_CACHE_DIR"
+SPLITS = ("train", "val", "test")
+COMMON_KEYS = {
+    "name", "batch_size", "max_len", "partition", "alpha", "cache_dir", "hf_dataset", "bucket", "default_model",
+}
+
+
+def resolve_cache_dir(value: str | os.PathLike | None) -> Path:
+    """``value``, else $COLLAPIPE_CACHE_DIR, else ~/.cache/collapipe_flwr."""
+    text = str(value or "") or os.environ.get(CACHE_ENV, "") or str(Path.home() / ".cache" / "collapipe_flwr")
+    return Path(text).expanduser()
+
+
+class Task(ABC):
+    """One of the paper's tasks on real files, configured by conf/task/<name>.yaml and conf/model/<name>.yaml."""
+
+    name: ClassVar[str]
+    metric_name: ClassVar[str]  # "bleu" | "f1" | "accuracy"
+    model_family: ClassVar[str]  # "transformer" | "bert"
+    task_keys: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(
+        self,
+        task_cfg: Mapping[str, Any],
+        model_cfg: Mapping[str, Any],
+        data_dir: Path | str,
+        seed: int,
+        cache_dir: Path | None = None,
+    ) -> None:
+        type(self).validate(task_cfg, model_cfg)
+        self.cfg = dict(task_cfg)
+        self.model_cfg = dict(model_cfg)
+        self.data_dir = Path(data_dir)
+        self.seed = int(seed)
+        self.cache_dir = resolve_cache_dir(cache_dir or self.cfg.get("cache_dir"))
+        self._examples: dict[str, tuple] = {}
+        self._features: dict[str, list[dict]] = {}
+
+    # ---- configuration -------------------------------------------------------------------------
+    @classmethod
+    def validate(cls, task_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> None:
+        """Check the task and model sections; one-line ConfigError naming the key."""
+        if not isinstance(task_cfg, Mapping):
+            raise ConfigError("config group task is missing; add task=<name> (see conf/task)")
+        allowed = COMMON_KEYS | set(cls.task_keys)
+        unknown = sorted(set(task_cfg) - allowed)
+        if unknown:
+            raise ConfigError(f"unknown config key task.{unknown[0]}; valid keys of task {cls.name} are {', '.join(sorted(allowed))}")
+        for key in ("batch_size", "max_len"):
+            value = task_cfg.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (4 if key == "max_len" else 1):
+                raise ConfigError(f"task.{key}={value!r} must be an integer >= {4 if key == 'max_len' else 1}")
+        scheme = task_cfg.get("partition", "iid")
+        if scheme not in SCHEMES:
+            raise ConfigError(f"task.partition={scheme!r} is not one of {', '.join(SCHEMES)}")
+        alpha = task_cfg.get("alpha", 0.5)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+            raise ConfigError(f"task.alpha={alpha!r} must be a number > 0 (Dirichlet concentration)")
+        bucket = task_cfg.get("bucket", 0)
+        if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
+            raise ConfigError(f"task.bucket={bucket!r} must be an integer >= 0 (0 = no length bucketing)")
+        hf = task_cfg.get("hf_dataset") or {}
+        if not isinstance(hf, Mapping):
+            raise ConfigError("task.hf_dataset must be a mapping {enabled, id, ...}")
+        model_config.validate_model_config(model_cfg, cls.model_family, cls.name)
+        if model_cfg["max_len"] < task_cfg["max_len"] + 1:
+            raise ConfigError(
+                f"model.max_len={model_cfg['max_len']} is shorter than task.max_len={task_cfg['max_len']} + 1; raise model.max_len"
+            )
+        cls.validate_task(task_cfg, model_cfg)
+
+    @classmethod
+    def validate_task(cls, task_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> None:
+        """Task-specific checks (file names, tokenizer settings)."""
+
+    @property
+    def batch_size(self) -> int:
+        """b of the paper (Table II: 64)."""
+        return int(self.cfg["batch_size"])
+
+    @property
+    def max_len(self) -> int:
+        return int(self.cfg["max_len"])
+
+    def optimizer_spec(self) -> OptimizerSpec:
+        return model_config.optimizer_spec(self.model_cfg)
+
+    def schedule(self) -> dict:
+        """model.schedule (warm-up + decay, see tasks/lr_schedule.py)."""
+        return dict(self.model_cfg.get("schedule") or {})
+
+    # ---- data ----------------------------------------------------------------------------------
+    def train_examples(self) -> tuple:
+        return self._split_examples("train")
+
+    def val_examples(self) -> tuple:
+        return self._split_examples("val")
+
+    def test_examples(self) -> tuple:
+        """The test split: only from files a user names explicitly (task.test_*); never during tuning."""
+        return self._split_examples("test")
+
+    def _split_examples(self, split: str) -> tuple:
+        if split not in self._examples:
+            hf = self.cfg.get("hf_dataset") or {}
+            if hf.get("enabled"):
+                self._examples[split] = tuple(self.read_hf_split(split, hf))
+            else:
+                self._examples[split] = tuple(self.read_split(split))
+            if not self._examples[split]:
+                raise DataFormatError(f"the {self.name} {split} split has no examples; check the task's {split} files")
+        return self._examples[split]
+
+    def examples(self, split: str) -> tuple:
+        if split not in SPLITS:
+            raise ConfigError(f"split {split!r} is not one of {', '.join(SPLITS)}")
+        return self._split_examples(split)
+
+    def features(self, split: str) -> list[dict]:
+        """The encoded examples of ``split`` (token id lists), computed once per Task."""
+        if split not in self._features:
+            self._features[split] = self.encode(self.examples(split))
+        return self._features[split]
+
+    @abstractmethod
+    def read_split(self, split: str) -> Sequence:
+        """Parse the configured files of ``split`` (one-line DataFormatError on bad lines)."""
+
+    def read_hf_split(self, split: str, hf: Mapping[str, Any]) -> Sequence:
+        """The same examples from a Hugging Face dataset id (online alternative, off by default)."""
+        raise ConfigError(f"task {self.name} has no Hugging Face alternative; set task.hf_dataset.enabled=false")
+
+    @abstractmethod
+    def encode(self, examples: Sequence) -> list[dict]:
+        """Tokenise ``examples`` to plain lists (one dict per example)."""
+
+    @abstractmethod
+    def collate(self, features: Sequence[dict]) -> dict[str, torch.Tensor]:
+        """Pad a list of encoded examples into a batch dict (docs/contracts.md "Batches")."""
+
+    def lengths(self, split: str) -> list[int] | None:
+        """Token lengths used for length bucketing (None: no bucketing)."""
+        return None
+
+    def partition_labels(self) -> list[int] | None:
+        """Per-train-example labels for the Dirichlet partition (None: the task has no sentence label)."""
+        return None
+
+    # ---- federation ----------------------------------------------------------------------------
+    def partition(self, num_partitions: int, partition_id: int) -> list[int]:
+        """Indices into train_examples() that CU ``partition_id`` of N reads (D_n); seeded by the task seed."""
+        scheme = self.cfg.get("partition", "iid")
+        labels = self.partition_labels() if scheme == "dirichlet" else None
+        if scheme == "dirichlet" and labels is None:
+            raise ConfigError(f"task.partition=dirichlet needs sentence labels; task {self.name} has none, use partition=iid")
+        return partition_indices(
+            len(self.train_examples()),
+            num_partitions,
+            partition_id,
+            seed=self.seed,
+            scheme=scheme,
+            labels=labels,
+            alpha=float(self.cfg.get("alpha", 0.5)),
+        )
+
+    def batches(
+        self,
+        indices: Sequence[int],
+        batch_size: int,
+        seed: int,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        split: str = "train",
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """One pass over ``indices`` of ``split`` in batches of ``batch_size`` (b), shuffled by ``seed``."""
+        feats = self.features(split)
+        bad = [i for i in indices if not 0 <= int(i) < len(feats)]
+        if bad:
+            raise ConfigError(f"example index {bad[0]} is out of range for the {len(feats)} {split} examples")
+        bucket = int(self.cfg.get("bucket", 0) or 0)
+        order = batch_order(indices, batch_size, seed, shuffle, drop_last, self.lengths(split), bucket)
+        for batch in order:
+            yield self.collate([feats[i] for i in batch])
+
+    # ---- model and evaluation ------------------------------------------------------------------
+    @abstractmethod
+    def build_model(self, seed: int):
+        """A fresh SplitModel for this task (random init seeded by ``seed``; sizes from the model config)."""
+
+    @torch.no_grad()
+    def evaluate(
+        self, model, max_examples: int = 0, batch_size: int = 64, beam_size: int = 1, split: str = "val"
+    ) -> dict[str, float]:
+        """Loss and the task metric on the validation split (``split="test"`` only when asked)."""
+        n = len(self.examples(split))
+        indices = list(range(n if not max_examples else min(n, int(max_examples))))
+        parts = [model.embedding, model.blocks, model.head]
+        modes = [p.training for p in parts]
+        for p in parts:
+            p.eval()
+        try:
+            loss_sum, count, outputs = 0.0, 0, []
+            feats = self.features(split)
+            for start in range(0, len(indices), batch_size):
+                chunk = indices[start : start + batch_size]
+                batch = self.collate([feats[i] for i in chunk])
+                hidden = model.encode(batch["input_ids"], batch["attention_mask"])
+                s, c = model.head.loss_terms(hidden, batch["attention_mask"], batch)
+                loss_sum += float(s)
+                count += int(c)
+                outputs.extend(self.predict_batch(model, hidden, batch, chunk, beam_size))
+        finally:
+            for p, mode in zip(parts, modes):
+                p.train(mode)
+        metrics = self.score(split, indices, outputs)
+        metrics["loss"] = loss_sum / max(count, 1)
+        metrics["examples"] = float(len(indices))
+        return metrics
+
+    @abstractmethod
+    def predict_batch(self, model, hidden: torch.Tensor, batch: dict, indices: Sequence[int], beam_size: int) -> list:
+        """Per-example predictions of one evaluation batch."""
+
+    @abstractmethod
+    def score(self, split: str, indices: Sequence[int], predictions: Sequence) -> dict[str, float]:
+        """The task metric (key ``metric_name``) and companions for ``predictions`` of ``indices``."""

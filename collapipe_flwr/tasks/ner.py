@@ -1,0 +1,158 @@
+"""People's Daily Chinese NER with BERT token classification (paper Section VI.A, task ii).
+
+File format (../shared/data/README.md): ``char<SPACE>tag`` a line, a blank line ends a sentence; 7 BIO
+tags over PER/LOC/ORG with BertWithPretrained's ids. Tokenisation is character-level: the characters of a
+sentence go to BertTokenizerFast with ``is_split_into_words=True``; each character's tag sits on its first
+token, [CLS]/[SEP]/padding get -100. Sentences longer than max_len - 2 characters are cut (upstream
+does the same); at evaluation the cut-off characters count as predicted ``O`` against the full gold
+sentence, so the score is never flattered by the cut. Metric: entity-level P/R/F1 (seqeval).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from collapipe_flwr.errors import ConfigError, DataFormatError
+from collapipe_flwr.tasks import model_config
+from collapipe_flwr.tasks.base import Task
+from collapipe_flwr.tasks.batching import IGNORE_INDEX, attention_mask, pad
+from collapipe_flwr.tasks.bert_vocab import bert_tokenizer
+from collapipe_flwr.tasks.data_files import resolve_file, text_lines
+from collapipe_flwr.tasks.metrics import entity_scores
+
+LABELS = ("O", "B-ORG", "B-LOC", "B-PER", "I-ORG", "I-LOC", "I-PER")
+LABEL_IDS = {tag: i for i, tag in enumerate(LABELS)}
+
+
+@dataclass(frozen=True)
+class TaggedSentence:
+    chars: tuple[str, ...]
+    tags: tuple[str, ...]
+
+
+def read_bio(path) -> tuple[TaggedSentence, ...]:
+    """Sentences of a ``char<SPACE>tag`` file; one-line DataFormatError naming file:line on a bad line."""
+    sentences, chars, tags = [], [], []
+    for number, line in enumerate(text_lines(path), start=1):
+        if not line.strip():
+            if chars:
+                sentences.append(TaggedSentence(tuple(chars), tuple(tags)))
+                chars, tags = [], []
+            continue
+        char, sep, tag = line.rpartition(" ")
+        if not sep or not char or not tag:
+            raise DataFormatError(
+                f"{path}:{number}: expected 'char<SPACE>tag' (tag one of {', '.join(LABELS)}), got {line!r}"
+            )
+        if tag not in LABEL_IDS:
+            raise DataFormatError(f"{path}:{number}: unknown tag {tag!r}; expected one of {', '.join(LABELS)}")
+        chars.append(char)
+        tags.append(tag)
+    if chars:
+        sentences.append(TaggedSentence(tuple(chars), tuple(tags)))
+    return tuple(sentences)
+
+
+def align_labels(word_ids: Sequence[int | None], tags: Sequence[str]) -> list[int]:
+    """Token labels: the tag id of each word on its first token, -100 on special and continuation tokens."""
+    labels, previous = [], None
+    for word in word_ids:
+        if word is None or word == previous:
+            labels.append(IGNORE_INDEX)
+        else:
+            labels.append(LABEL_IDS[tags[word]])
+        previous = word
+    return labels
+
+
+def word_tags(word_ids: Sequence[int | None], token_tags: Sequence[int], num_words: int) -> list[str]:
+    """Back from tokens to one tag per word (first token wins); words without a token get ``O``."""
+    out = ["O"] * num_words
+    seen = set()
+    for word, tag in zip(word_ids, token_tags):
+        if word is not None and word not in seen:
+            seen.add(word)
+            out[word] = LABELS[int(tag)]
+    return out
+
+
+class NerTask(Task):
+    name = "ner"
+    metric_name = "f1"
+    model_family = "bert"
+    task_keys = frozenset({"train_file", "val_file", "test_file", "extra_train_files", "vocab_file"})
+
+    @classmethod
+    def validate_task(cls, task_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> None:
+        for key in ("train_file", "val_file", "vocab_file"):
+            if not task_cfg.get(key):
+                raise ConfigError(f"task.{key} is empty; name the file (relative to data_dir)")
+        extra = task_cfg.get("extra_train_files", [])
+        if not isinstance(extra, (list, tuple)):
+            raise ConfigError("task.extra_train_files must be a list of file names (e.g. [chinese_ner/supplementary_msra/msra_bio.txt])")
+
+    def read_split(self, split: str) -> Sequence[TaggedSentence]:
+        name = self.cfg.get(f"{split}_file") or ""
+        if split == "test" and not name:
+            raise DataFormatError("no test split configured; pass task.test_file=<file> explicitly")
+        sentences = list(read_bio(resolve_file(self.data_dir, name, f"NER {split}")))
+        if split == "train":
+            for extra in self.cfg.get("extra_train_files") or []:
+                sentences.extend(read_bio(resolve_file(self.data_dir, extra, "NER extra train")))
+        return sentences
+
+    def read_hf_split(self, split: str, hf: Mapping[str, Any]) -> Sequence[TaggedSentence]:
+        """e.g. ``hf_dataset: {enabled: true, id: peoples_daily_ner}`` (tokens + ner_tags ClassLabel)."""
+        import datasets
+
+        name = {"train": "train", "val": "validation", "test": "test"}[split]
+        rows = datasets.load_dataset(hf.get("id", "peoples_daily_ner"), split=hf.get(f"{split}_split", name))
+        names = rows.features["ner_tags"].feature.names
+        return [TaggedSentence(tuple(r["tokens"]), tuple(names[t] for t in r["ner_tags"])) for r in rows]
+
+    def tokenizer(self):
+        return bert_tokenizer(self.data_dir, self.cfg["vocab_file"])
+
+    def encode(self, examples: Sequence[TaggedSentence]) -> list[dict]:
+        tok = self.tokenizer()
+        enc = tok([list(s.chars) for s in examples], is_split_into_words=True, truncation=True, max_length=self.max_len)
+        out = []
+        for i, sentence in enumerate(examples):
+            words = enc.word_ids(i)
+            out.append({"input_ids": enc["input_ids"][i], "labels": align_labels(words, sentence.tags), "word_ids": words})
+        return out
+
+    def lengths(self, split: str) -> list[int]:
+        return [len(f["input_ids"]) for f in self.features(split)]
+
+    def collate(self, features: Sequence[dict]) -> dict[str, torch.Tensor]:
+        ids = [f["input_ids"] for f in features]
+        return {
+            "input_ids": pad(ids, self.tokenizer().pad_token_id),
+            "attention_mask": attention_mask(ids),
+            "labels": pad([f["labels"] for f in features], IGNORE_INDEX),
+        }
+
+    def build_model(self, seed: int):
+        torch.manual_seed(seed)
+        return model_config.build_bert_model(self.model_cfg, len(self.tokenizer()), "token", len(LABELS))
+
+    def predict_batch(self, model, hidden, batch, indices, beam_size):
+        tags = model.head.predict(hidden, batch["attention_mask"], batch)
+        return [tags[row].tolist() for row in range(len(indices))]
+
+    def score(self, split, indices, predictions) -> dict[str, float]:
+        examples, feats = self.examples(split), self.features(split)
+        gold, pred = [], []
+        for i, token_tags in zip(indices, predictions):
+            sentence = examples[i]
+            gold.append(list(sentence.tags))
+            pred.append(word_tags(feats[i]["word_ids"], token_tags, len(sentence.chars)))
+        return entity_scores(gold, pred)
+
+
+TASK = NerTask

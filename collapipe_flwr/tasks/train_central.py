@@ -1,0 +1,247 @@
+"""Central reference training: one task, the plain (unsplit, unfederated) model, a wall-clock budget.
+
+    python -m collapipe_flwr.tasks.train_central task=<translation|ner|classification> [hydra overrides]
+        [--minutes 15] [--max-steps N] [--train-examples N] [--threads N] [--test] [--save FILE] [--json FILE]
+
+The step is the paper's local update with the whole model in one process: embedding -> L TEBs ->
+head.loss_terms -> loss = sum / count, one optimizer (model.optimizer) with the warm-up + decay of
+model.schedule. Training stops when the budget minus the (measured) evaluation time is used up; then the
+validation split is evaluated and the task metric is printed as the LAST line of stdout
+(``bleu: 23.10``, ``f1: 0.6100``, ``accuracy: 0.7200``). Progress goes to stderr. ``--test`` also
+evaluates the test files named in the task config (never used while tuning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from collapipe_flwr.config import CONF_DIR, compose, resolve_data_dir
+from collapipe_flwr.errors import CollaPipeError, ConfigError, exit_on_user_error
+from collapipe_flwr.tasks.lr_schedule import lr_factor
+from collapipe_flwr.tasks.registry import build_task
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+_SECTIONS = ("task", "model", "eval")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m collapipe_flwr.tasks.train_central", description=__doc__.split("\n\n")[0])
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. task=ner model=bert_small task.batch_size=32")
+    parser.add_argument("--minutes", type=float, default=15.0, help="wall-clock budget for training + final evaluation")
+    parser.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0 = budget only)")
+    parser.add_argument("--train-examples", type=int, default=0, help="train on the first N training examples (0 = all)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--test", action="store_true", help="also evaluate the test split named in the task config")
+    parser.add_argument("--save", default="", help="write the trained model's state dicts to this file")
+    parser.add_argument("--json", default="", help="write the final metrics and settings to this JSON file")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser.parse_intermixed_args(argv)
+
+
+def compose_central(overrides: Sequence[str]) -> dict:
+    """The composed config (seed, data_dir, task, model, eval); the model defaults to the task's own."""
+    overrides = list(overrides)
+    cfg = _compose(overrides)
+    names_model = any(o.split("=", 1)[0].lstrip("+~") == "model" for o in overrides)
+    task_cfg, model_cfg = cfg.get("task") or {}, cfg.get("model") or {}
+    default_model = task_cfg.get("default_model")
+    if not names_model and default_model and model_cfg.get("family") != _family_of(task_cfg.get("name")):
+        cfg = _compose(overrides + [f"model={default_model}"])
+    return cfg
+
+
+def _family_of(task_name) -> str | None:
+    from collapipe_flwr.tasks.registry import TASKS
+
+    try:
+        return TASKS[task_name].model_family
+    except KeyError:
+        return None
+
+
+def _compose(overrides: list[str]) -> dict:
+    try:
+        return compose(overrides)
+    except ConfigError as err:
+        if "Could not find" not in str(err) or any(o.split("=", 1)[0].split(".")[0] in _missing_groups(str(err)) for o in overrides):
+            raise
+    return _compose_minimal(overrides)
+
+
+def _missing_groups(message: str) -> set[str]:
+    return {word.split("/")[0].strip("'") for word in message.split() if "/" in word}
+
+
+def _compose_minimal(overrides: list[str]) -> dict:
+    """Compose only the groups this command reads (other groups of conf/config.yaml may not exist yet)."""
+    import yaml
+
+    root = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
+    defaults = [d for d in root.get("defaults", []) if isinstance(d, dict) and set(d) & {"task", "model"}]
+    keep = {k: v for k, v in root.items() if k in ("seed", "data_dir", "eval")}
+    with tempfile.TemporaryDirectory() as folder:
+        for group in ("task", "model"):
+            (Path(folder) / group).symlink_to(CONF_DIR / group, target_is_directory=True)
+        (Path(folder) / "config.yaml").write_text(yaml.safe_dump({"defaults": defaults + ["_self_"], **keep}))
+        return compose(overrides, config_dir=Path(folder))
+
+
+def data_dir_of(cfg: dict) -> Path:
+    """data_dir / $COLLAPIPE_DATA_DIR, else the checkout's ../shared/data when it exists."""
+    try:
+        return resolve_data_dir(cfg.get("data_dir"))
+    except ConfigError:
+        fallback = ROOT.parent / "shared" / "data"
+        if fallback.is_dir():
+            print(f"data_dir not set; using {fallback}", file=sys.stderr)
+            return fallback
+        raise
+
+
+def _progress(quiet: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
+        console=Console(stderr=True), disable=quiet, transient=False,
+    )
+
+
+def train(task, model, minutes: float, max_steps: int, indices: list[int], seed: int, eval_cfg: dict, quiet: bool) -> dict:
+    """Train until the budget (minus the evaluation it must leave room for) or ``max_steps`` is used."""
+    params = [p for part in (model.embedding, model.blocks, model.head) for p in part.parameters()]
+    optimizer = task.optimizer_spec().build(params)
+    base_lrs = [g["lr"] for g in optimizer.param_groups]
+    schedule = task.schedule()
+    budget = minutes * 60.0
+    start = time.monotonic()
+    reserve = _eval_reserve_guess(task, eval_cfg)
+    step, epoch, losses, history = 0, 0, [], []
+    probed = False
+    last_note = 0.0
+    for part in (model.embedding, model.blocks, model.head):
+        part.train()
+    with _progress(quiet) as progress:
+        bar = progress.add_task(f"train {task.name}", total=budget, status="")
+        done = False
+        while not done:
+            for batch in task.batches(indices, task.batch_size, seed=seed + epoch):
+                elapsed = time.monotonic() - start
+                train_budget = max(1.0, budget - reserve)
+                if (max_steps and step >= max_steps) or elapsed >= train_budget:
+                    done = True
+                    break
+                total = schedule.get("total_steps") or max(step + 1, int(round((step + 1) * train_budget / max(elapsed, 1e-3))))
+                factor = lr_factor(step, schedule.get("warmup_steps", 0), schedule.get("decay", "none"), total, schedule.get("min_factor", 0.0))
+                for group, lr in zip(optimizer.param_groups, base_lrs):
+                    group["lr"] = lr * factor
+                optimizer.zero_grad(set_to_none=True)
+                loss_sum, count = model.loss_terms(batch)
+                loss = loss_sum / count
+                loss.backward()
+                optimizer.step()
+                losses.append(float(loss.detach()))
+                step += 1
+                if step % 20 == 0:
+                    history.append({"step": step, "epoch": epoch, "seconds": round(elapsed, 1), "loss": sum(losses[-20:]) / 20})
+                status = f"epoch {epoch} step {step} loss {sum(losses[-20:]) / len(losses[-20:]):.3f} lr {base_lrs[0] * factor:.2e}"
+                progress.update(bar, completed=min(budget, elapsed), status=status)
+                if not quiet and not progress.console.is_terminal and elapsed - last_note >= 30:
+                    last_note = elapsed
+                    progress.console.print(f"{elapsed:6.0f}s {status}")
+                if not probed and not max_steps and elapsed >= 0.5 * train_budget:
+                    probed = True
+                    reserve, probe = _measure_eval(task, model, eval_cfg)
+                    for part in (model.embedding, model.blocks, model.head):
+                        part.train()
+                    progress.console.print(f"midway: {probe} (reserving {reserve:.0f}s for the final evaluation)")
+            epoch += 1
+    return {"steps": step, "epochs_started": epoch, "train_seconds": time.monotonic() - start, "first_loss": losses[0] if losses else math.nan,
+            "last_loss": sum(losses[-20:]) / max(1, len(losses[-20:])), "history": history}
+
+
+def _eval_reserve_guess(task, eval_cfg: dict) -> float:
+    """Seconds kept for the final evaluation before it is measured midway (a tenth of a minute per 100 examples)."""
+    n = len(task.val_examples())
+    if eval_cfg.get("max_examples"):
+        n = min(n, int(eval_cfg["max_examples"]))
+    return 6.0 * n / 100.0
+
+
+def _measure_eval(task, model, eval_cfg: dict) -> tuple[float, dict]:
+    """Time the evaluation of a validation slice; return (seconds the full evaluation needs, slice metrics)."""
+    n = len(task.val_examples())
+    if eval_cfg.get("max_examples"):
+        n = min(n, int(eval_cfg["max_examples"]))
+    probe_n = min(n, 128)
+    t0 = time.monotonic()
+    metrics = task.evaluate(model, max_examples=probe_n, batch_size=int(eval_cfg.get("batch_size", 64)), beam_size=int(eval_cfg.get("beam_size", 1)))
+    seconds = time.monotonic() - t0
+    shown = {k: round(v, 4) for k, v in metrics.items() if k != "examples"}
+    return 1.3 * seconds * n / probe_n + 5.0, shown
+
+
+def format_metric(name: str, value: float) -> str:
+    """The last line: ``bleu: 23.10`` / ``f1: 0.6100`` / ``accuracy: 0.7200``."""
+    return f"{name}: {value:.2f}" if name == "bleu" else f"{name}: {value:.4f}"
+
+
+@exit_on_user_error
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.minutes <= 0:
+        raise ConfigError(f"--minutes={args.minutes} must be > 0")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = compose_central(args.overrides)
+    seed = int(cfg.get("seed", 0))
+    eval_cfg = dict(cfg.get("eval") or {})
+    task = build_task(cfg["task"], cfg["model"], data_dir_of(cfg), seed)
+    torch.manual_seed(seed)
+    model = task.build_model(seed)
+    n_train = len(task.train_examples())
+    indices = list(range(n_train if not args.train_examples else min(n_train, args.train_examples)))
+    task.features("train")
+    task.features("val")
+    num_params = sum(p.numel() for part in (model.embedding, model.blocks, model.head) for p in part.parameters())
+    print(f"task {task.name}: {len(indices)} train / {len(task.val_examples())} val examples, model "
+          f"{cfg['model'].get('family')} with {num_params / 1e6:.2f}M parameters, b={task.batch_size}, "
+          f"budget {args.minutes:g} min, {torch.get_num_threads()} threads", file=sys.stderr)
+    t0 = time.monotonic()
+    summary = train(task, model, args.minutes, args.max_steps, indices, seed, eval_cfg, args.quiet)
+    metrics = task.evaluate(
+        model, max_examples=int(eval_cfg.get("max_examples", 0)), batch_size=int(eval_cfg.get("batch_size", 64)),
+        beam_size=int(eval_cfg.get("beam_size", 1)),
+    )
+    summary.update(eval_seconds=time.monotonic() - t0 - summary["train_seconds"], total_seconds=time.monotonic() - t0)
+    summary["val"] = metrics
+    if args.test:
+        summary["test"] = task.evaluate(model, batch_size=int(eval_cfg.get("batch_size", 64)), beam_size=int(eval_cfg.get("beam_size", 1)), split="test")
+        print("test " + ", ".join(f"{k}={v:.4f}" for k, v in summary["test"].items()), file=sys.stderr)
+    if args.save:
+        torch.save({"embedding": model.embedding.state_dict(), "blocks": model.blocks.state_dict(), "head": model.head.state_dict(),
+                    "task": cfg["task"], "model": cfg["model"]}, args.save)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"task": cfg["task"], "model": cfg["model"], "seed": seed, "minutes": args.minutes, **summary}, indent=2))
+    print(f"trained {summary['steps']} steps ({summary['train_seconds']:.0f}s), evaluated in {summary['eval_seconds']:.0f}s; val "
+          + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), file=sys.stderr)
+    print(format_metric(task.metric_name, metrics[task.metric_name]), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except CollaPipeError:  # pragma: no cover - exit_on_user_error already handles it
+        raise SystemExit(2)

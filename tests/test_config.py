@@ -1,0 +1,63 @@
+"""One config object, validated once: bad values give one-line errors that name the key and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from collapipe_flwr.config import build_run_config, compose, load_run_config, resolve_data_dir, split_overrides
+from collapipe_flwr.errors import ConfigError
+
+
+def _one_line(err: pytest.ExceptionInfo) -> str:
+    text = str(err.value)
+    assert "\n" not in text
+    return text
+
+
+def test_default_config_composes_and_validates(data_dir):
+    cfg = load_run_config([], data_dir=str(data_dir))
+    assert cfg.method.name == "collapipe"
+    assert cfg.federation.num_clusters >= 1
+    assert cfg.resolved_data_dir() == data_dir.resolve()
+    # the resolved dict round-trips (this is what travels to the CUs)
+    assert build_run_config(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("federation.num_clusters=0", "federation.num_clusters"),
+        ("federation.local_steps=abc", "federation.local_steps"),
+        ("runtime.backend=gpu", "runtime.backend"),
+        ("+runtime.colour=red", "runtime.colour"),
+        ("dataplane.port=70000", "dataplane.port"),
+        ("method.fixed_m=0", "method.fixed_m"),
+        ("save_client_weights=maybe", "save_client_weights"),
+    ],
+)
+def test_bad_values_name_the_key(override, needle):
+    with pytest.raises(ConfigError) as err:
+        build_run_config(compose([override]))
+    assert needle in _one_line(err)
+
+
+def test_unknown_group_option_is_one_line():
+    with pytest.raises(ConfigError) as err:
+        compose(["task=nonexistent"])
+    assert "nonexistent" in _one_line(err)
+
+
+def test_overrides_string_is_split_shell_style():
+    assert split_overrides('task=ner run_name="a b"') == ["task=ner", "run_name=a b"]
+    with pytest.raises(ConfigError):
+        split_overrides('task="unclosed')
+
+
+def test_missing_data_dir_says_how_to_fix(monkeypatch, tmp_path):
+    monkeypatch.delenv("COLLAPIPE_DATA_DIR", raising=False)
+    with pytest.raises(ConfigError) as err:
+        resolve_data_dir("")
+    assert "COLLAPIPE_DATA_DIR" in _one_line(err)
+    with pytest.raises(ConfigError) as err:
+        resolve_data_dir(tmp_path / "nope")
+    assert "does not exist" in _one_line(err)

@@ -1,0 +1,535 @@
+"""The per-step data plane (issue 3): a remote step through DecoderHost/DecoderClient on loopback must
+equal head_step run in-process, keep the decoder consistent under concurrent CUs, and refuse every
+malformed request without touching the decoder's weights or optimizer state."""
+
+from __future__ import annotations
+
+import copy
+import math
+import socket
+import threading
+import time
+
+import grpc
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from collapipe_flwr.errors import CollaPipeError, DataPlaneError
+from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost
+from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_step_request, encode_step_request
+from collapipe_flwr.fl.dataplane.wire import DTYPES, decode_frame, decode_header, encode_frame, to_wire_fp16
+from collapipe_flwr.pipeline.head import head_step
+from collapipe_flwr.pipeline.microbatch import split_batch
+
+H, C, SECRET = 16, 5, "run-secret-1234"
+
+
+class TokenHead(nn.Module):
+    """Token classifier (NER-like): labels [B, T] with -100 ignored."""
+
+    def __init__(self, hidden: int = H, classes: int = C) -> None:
+        super().__init__()
+        self.proj = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, classes)
+
+    def loss_terms(self, hidden, attention_mask, batch):
+        logits = self.out(torch.tanh(self.proj(hidden)))
+        labels = batch["labels"]
+        loss_sum = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                               ignore_index=-100, reduction="sum")
+        return loss_sum, (labels != -100).sum()
+
+
+class SequenceHead(nn.Module):
+    """Sentence classifier: masked mean pooling, labels [B]."""
+
+    def __init__(self, hidden: int = H, classes: int = C) -> None:
+        super().__init__()
+        self.out = nn.Linear(hidden, classes)
+
+    def loss_terms(self, hidden, attention_mask, batch):
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+        loss_sum = nn.functional.cross_entropy(self.out(pooled), batch["labels"], reduction="sum")
+        return loss_sum, torch.tensor(batch["labels"].shape[0])
+
+
+class GatedHead(TokenHead):
+    """Blocks each forward until ``gate`` is set: a decoder that is too slow for the client's timeout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def __deepcopy__(self, memo):  # the reference copy is an ordinary TokenHead (an Event cannot be copied)
+        twin = TokenHead()
+        twin.load_state_dict(self.state_dict())
+        return twin
+
+    def loss_terms(self, hidden, attention_mask, batch):
+        self.gate.wait(10)
+        return super().loss_terms(hidden, attention_mask, batch)
+
+
+def make_step(seed: int, b: int = 6, t: int = 7, m: int = 2, sequence: bool = False, hidden: int = H):
+    """(z_enc list, micro-batches) like a pipeline would hand to its HeadFn: padded tokens, -100 labels."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, t + 1, (b,), generator=g)
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).long()
+    batch = {"input_ids": torch.randint(5, 50, (b, t), generator=g) * mask, "attention_mask": mask}
+    if sequence:
+        batch["labels"] = torch.randint(0, C, (b,), generator=g)
+    else:
+        batch["labels"] = torch.where(mask.bool(), torch.randint(0, C, (b, t), generator=g), torch.full((b, t), -100))
+    mbs = split_batch(batch, m)
+    z = [torch.randn(int(mb["input_ids"].shape[0]), t, hidden, generator=g) * 3.0 for mb in mbs]
+    return z, mbs
+
+
+def snapshot(head: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    return copy.deepcopy(head.state_dict()), copy.deepcopy(optimizer.state_dict())
+
+
+def assert_same_state(a: tuple[dict, dict], b: tuple[dict, dict]) -> None:
+    (wa, oa), (wb, ob) = a, b
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert oa["param_groups"] == ob["param_groups"]
+    assert oa["state"].keys() == ob["state"].keys()
+    for p in oa["state"]:
+        for k, v in oa["state"][p].items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(ob["state"][p][k])), (p, k)
+
+
+class Served:
+    """A started host with round 1 open for clusters 0 and 1, plus a pristine copy of its head/optimizer."""
+
+    def __init__(self, head: nn.Module, fp16: bool = False, max_message_mb: int = 256, hidden: int = H, **host_kw) -> None:
+        torch.manual_seed(0)
+        self.head = head
+        self.optimizer = torch.optim.Adam(head.parameters(), lr=1e-2)
+        self.ref_head = copy.deepcopy(head)
+        self.ref_optimizer = torch.optim.Adam(self.ref_head.parameters(), lr=1e-2)
+        self.host = DecoderHost(head, self.optimizer, SECRET, bind="127.0.0.1", port=0, fp16=fp16,
+                                max_message_mb=max_message_mb, hidden_size=hidden, **host_kw)
+        self.host.start()
+        self.host.open_round(1, [0, 1])
+
+    def client(self, cluster: int = 0, **kw) -> DecoderClient:
+        kw = {"secret": SECRET, "round": 1, "cluster": cluster, "timeout_s": 30, **kw}
+        return DecoderClient(self.host.address, **kw)
+
+
+@pytest.fixture
+def served():
+    s = Served(TokenHead())
+    yield s
+    s.host.stop(grace_s=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# equivalence with the in-process head step
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("head_cls,sequence", [(TokenHead, False), (SequenceHead, True)])
+def test_remote_step_equals_in_process_head_step(head_cls, sequence):
+    s = Served(head_cls())
+    try:
+        with s.client(0) as client:
+            for step in range(3):
+                z, mbs = make_step(step, m=1 + step % 3, sequence=sequence)
+                z_before = [t.clone() for t in z]
+                loss, grads = client(z, mbs)
+                ref_loss, ref_grads = head_step(s.ref_head, s.ref_optimizer, [t.clone() for t in z], mbs)
+                assert abs(loss - ref_loss) <= 1e-6
+                assert len(grads) == len(ref_grads)
+                for g, rg, zb, zz in zip(grads, ref_grads, z_before, z):
+                    assert g.dtype == torch.float32 and g.shape == rg.shape
+                    torch.testing.assert_close(g, rg, atol=1e-6, rtol=0)
+                    assert torch.equal(zb, zz)  # the client does not modify the caller's activations
+                for (name, p), rp in zip(s.head.named_parameters(), s.ref_head.parameters()):
+                    assert torch.equal(p, rp), name
+        assert_same_state(snapshot(s.head, s.optimizer), snapshot(s.ref_head, s.ref_optimizer))
+        assert s.host.address == f"127.0.0.1:{s.host.port}"
+        stats = s.host.stats()["clusters"][0]
+        assert stats["steps"] == 3 and stats["refused"] == 0 and stats["bytes_in"] > 0 and stats["bytes_out"] > 0
+    finally:
+        s.host.stop(grace_s=0)
+
+
+def test_loss_is_plain_mean_over_the_whole_batch(served):
+    """Independent check of loss scaling: the remote loss equals the unsplit model's mean token loss."""
+    z, mbs = make_step(11, b=6, m=3)
+    logits = [served.ref_head.out(torch.tanh(served.ref_head.proj(t))) for t in z]
+    labels = torch.cat([mb["labels"] for mb in mbs])
+    plain = nn.functional.cross_entropy(torch.cat(logits).reshape(-1, C), labels.reshape(-1), ignore_index=-100)
+    with served.client(0) as client:
+        loss, _ = client(z, mbs)
+    assert abs(loss - float(plain.detach())) <= 1e-6
+
+
+def test_fp16_wire_round_trip_error_bound():
+    """Scaled float16 keeps every value within float16's rounding (2**-11 relative, 2**-38 * max abs
+    in the subnormal range), also for magnitudes plain .half() turns into inf or 0."""
+    g = torch.Generator().manual_seed(3)
+    for magnitude in (1e-9, 1e-6, 1.0, 1e5):
+        x = torch.randn(4, 8, 16, generator=g) * magnitude
+        half, scale = to_wire_fp16(x)
+        assert half.dtype == torch.float16 and math.log2(scale).is_integer()
+        back = half.float() / scale
+        bound = 2.0 ** -11 * x.abs() + 2.0 ** -38 * float(x.abs().max())
+        assert bool(((back - x).abs() <= bound).all()), magnitude
+    big = torch.full((3,), 1e5)
+    assert not bool(torch.isfinite(big.half()).all())  # why the scale exists
+    assert bool(torch.isfinite(to_wire_fp16(big)[0]).all())
+
+
+def test_fp16_remote_step_close_to_fp32():
+    """fp16 on the wire perturbs z_enc and the gradients by float16 rounding (relative 2**-11 ~ 5e-4 per
+    value). The head is smooth, so loss and gradients move by a few times that: 2e-3 relative."""
+    s = Served(TokenHead(), fp16=True)
+    try:
+        with s.client(0, fp16=True) as client:
+            for step in range(2):
+                z, mbs = make_step(20 + step, m=2)
+                loss, grads = client(z, mbs)
+                ref_loss, ref_grads = head_step(s.ref_head, s.ref_optimizer, z, mbs)
+                assert abs(loss - ref_loss) <= 2e-3 * abs(ref_loss)
+                for g, rg in zip(grads, ref_grads):
+                    assert g.dtype == torch.float32
+                    assert float((g - rg).abs().max()) <= 2e-3 * float(rg.abs().max())
+        for p, rp in zip(s.head.parameters(), s.ref_head.parameters()):
+            torch.testing.assert_close(p, rp, atol=1e-4, rtol=1e-3)
+    finally:
+        s.host.stop(grace_s=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# concurrency
+# ---------------------------------------------------------------------------------------------------
+def test_two_concurrent_clients_equal_a_serial_order(served):
+    steps = {c: [make_step(100 * c + k, m=1 + k % 2) for k in range(5)] for c in (0, 1)}
+    results: dict[int, list] = {0: [], 1: []}
+    errors: list = []
+    start = threading.Barrier(2)
+
+    def run(cluster: int) -> None:
+        try:
+            with served.client(cluster) as client:
+                start.wait(timeout=10)
+                for z, mbs in steps[cluster]:
+                    results[cluster].append(client(z, mbs))
+        except Exception as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors
+    order = served.host.served_order
+    assert sorted(c for _, c, _ in order) == [0] * 5 + [1] * 5
+    # replay the host's serial order in process, from the initial state
+    next_index = {0: 0, 1: 0}
+    for _, cluster, seq in order:
+        k = next_index[cluster]
+        assert seq == k + 1  # each stream is served in its own order
+        next_index[cluster] += 1
+        z, mbs = steps[cluster][k]
+        ref_loss, ref_grads = head_step(served.ref_head, served.ref_optimizer, z, mbs)
+        loss, grads = results[cluster][k]
+        assert abs(loss - ref_loss) <= 1e-6
+        for g, rg in zip(grads, ref_grads):
+            torch.testing.assert_close(g, rg, atol=1e-6, rtol=0)
+    assert_same_state(snapshot(served.head, served.optimizer), snapshot(served.ref_head, served.ref_optimizer))
+
+
+# ---------------------------------------------------------------------------------------------------
+# refusals: a clear error to that CU, decoder untouched, server keeps serving
+# ---------------------------------------------------------------------------------------------------
+def _float64_z(z, mbs):
+    return [t.double() for t in z], mbs
+
+
+def _with(field, fn):
+    def mutate(z, mbs):
+        return z, [{**mb, field: fn(mb[field])} for mb in mbs]
+    return mutate
+
+
+def _nan(z, mbs):
+    z = [t.clone() for t in z]
+    z[-1][0, 1, 2] = float("nan")
+    return z, mbs
+
+
+def _inf(z, mbs):
+    z = [t.clone() for t in z]
+    z[0][0, 0, 0] = float("-inf")
+    return z, mbs
+
+
+def _drop_mask(z, mbs):
+    return z, [{k: v for k, v in mb.items() if k != "attention_mask"} for mb in mbs]
+
+
+MALFORMED = {
+    "wrong secret": ({"secret": "not-the-secret"}, None, "secret"),
+    "unknown round": ({"round": 7}, None, "round 7 is not open"),
+    "cluster not in round": ({"cluster": 5}, None, "cluster 5 is not selected"),
+    "hidden size": ({}, lambda z, mbs: ([t[..., : H - 1] for t in z], mbs), f"\\[B, T, {H}\\]"),
+    "z not 3-d": ({}, lambda z, mbs: ([t[:, 0, :] for t in z], mbs), "needs \\[B, T"),
+    "labels batch dim": ({}, _with("labels", lambda t: t[:-1]), "rows"),
+    "mask shape": ({}, _with("attention_mask", lambda t: t[:, :-1]), "attention_mask has shape"),
+    "missing mask": ({}, _drop_mask, "no attention_mask"),
+    "z dtype float64": ({}, _float64_z, "float64 but the decoder host expects float32"),
+    "z sent as fp16": ({"fp16": True}, None, "float16 but the decoder host expects float32"),
+    "labels dtype float": ({}, _with("labels", lambda t: t.float()), "integer"),
+    "nan": ({}, _nan, "NaN or Inf"),
+    "inf": ({}, _inf, "NaN or Inf"),
+    "label out of range": ({}, _with("labels", lambda t: torch.where(t >= 0, t + 100, t)), "could not run"),
+    "no targets": ({}, _with("labels", lambda t: torch.full_like(t, -100)), "no targets"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_request_is_refused_and_decoder_untouched(served, case):
+    client_kw, mutate, pattern = MALFORMED[case]
+    with served.client(1) as warmup:  # give the optimizer state, so its untouchedness means something
+        warmup(*make_step(1))
+    before = snapshot(served.head, served.optimizer)
+    z, mbs = make_step(2)
+    bad_z, bad_mbs = mutate(z, mbs) if mutate else (z, mbs)
+    with served.client(**{"cluster": 0, **client_kw}) as bad:
+        with pytest.raises(DataPlaneError, match=pattern) as info:
+            bad(bad_z, bad_mbs)
+    message = str(info.value)
+    assert isinstance(info.value, CollaPipeError) and "\n" not in message and len(message) < 400
+    assert_same_state(before, snapshot(served.head, served.optimizer))
+    # the same CU (a good request on a fresh client) and another CU are still served
+    with served.client(0) as good0, served.client(1) as good1:
+        good0(*make_step(3))
+        good1(*make_step(4))
+    counters = served.host.stats()
+    assert sum(c["refused"] for c in counters["clusters"].values()) + counters["unattributed"]["refused"] == 1
+
+
+def test_refused_request_leaves_the_stream_usable(served):
+    with served.client(0) as client:
+        z, mbs = make_step(5)
+        with pytest.raises(DataPlaneError, match="NaN"):
+            client(*_nan(z, mbs))
+        loss, grads = client(z, mbs)
+    ref_loss, _ = head_step(served.ref_head, served.ref_optimizer, z, mbs)
+    assert abs(loss - ref_loss) <= 1e-6
+
+
+def test_oversized_request_is_refused():
+    s = Served(TokenHead(hidden=256), max_message_mb=1, hidden=256)
+    try:
+        before = snapshot(s.head, s.optimizer)
+        z, mbs = make_step(6, b=64, t=32, m=1, hidden=256)  # 2 MiB of float32 activations
+        with s.client(0) as client:
+            with pytest.raises(DataPlaneError, match="oversized|max_message_mb"):
+                client(z, mbs)
+            # the client's own limit refuses before sending, with the same advice
+            with s.client(0, max_message_mb=1) as strict:
+                with pytest.raises(DataPlaneError, match="max_message_mb=1"):
+                    strict(z, mbs)
+            assert_same_state(before, snapshot(s.head, s.optimizer))
+            client(*make_step(7, hidden=256))  # the stream is reopened and the server still serves
+        assert s.host.stats()["clusters"][0]["steps"] == 1
+    finally:
+        s.host.stop(grace_s=0)
+
+
+def test_closed_round_is_refused(served):
+    with served.client(0) as client:
+        client(*make_step(8))
+        served.host.close_round()
+        before = snapshot(served.head, served.optimizer)
+        with pytest.raises(DataPlaneError, match="closed|cancelled"):
+            client(*make_step(9))
+        with pytest.raises(DataPlaneError, match="round 1 is closed"):
+            client(*make_step(9))
+    served.host.open_round(2, [0])
+    with served.client(0, round=1) as stale:
+        with pytest.raises(DataPlaneError, match="round 1 is closed .*round 2 is open"):
+            stale(*make_step(10))
+    assert_same_state(before, snapshot(served.head, served.optimizer))
+    with served.client(0, round=2) as fresh:
+        fresh(*make_step(11))
+    fresh.close()  # closing twice is fine; a closed client refuses to step
+    with pytest.raises(DataPlaneError, match="closed"):
+        fresh(*make_step(12))
+
+
+def test_busy_decoder_and_too_many_streams_are_refused():
+    s = Served(TokenHead(), max_streams=1, lock_timeout_s=0.2)
+    try:
+        with s.client(0) as first, s.client(1) as second:
+            first(*make_step(30))  # holds the only stream slot
+            with pytest.raises(DataPlaneError, match="maximum number of CU streams"):
+                second(*make_step(31))
+            before = snapshot(s.head, s.optimizer)
+            with s.host.lock:  # e.g. the server evaluating the decoder
+                with pytest.raises(DataPlaneError, match="busy"):
+                    first(*make_step(32))
+            assert_same_state(before, snapshot(s.head, s.optimizer))
+            first(*make_step(33))
+    finally:
+        s.host.stop(grace_s=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# broken peers, timeouts, raw frames
+# ---------------------------------------------------------------------------------------------------
+def _raw_stream(address: str):
+    channel = grpc.insecure_channel(address)
+    return channel, channel.stream_stream(FULL_METHOD, request_serializer=None, response_deserializer=None)
+
+
+def test_server_survives_client_disconnect_mid_stream(served):
+    z, mbs = make_step(12)
+    frame = encode_step_request(SECRET, 1, 0, 1, z, mbs, fp16=False)
+    hold = threading.Event()
+
+    def requests():
+        yield frame
+        hold.wait(10)  # the stream stays open without sending more
+
+    channel, call = _raw_stream(served.host.address)
+    responses = call(requests())
+    next(responses)  # first step served
+    responses.cancel()  # vanish mid-stream
+    channel.close()
+    hold.set()
+
+    # garbage and truncated frames get error frames, not a dead server
+    channel, call = _raw_stream(served.host.address)
+    replies = list(call(iter([b"garbage, not a frame", frame[:-9]]), timeout=10))
+    channel.close()
+    kinds = [decode_header(r)["kind"] for r in replies]
+    assert kinds == ["error", "error"]
+    assert "magic" in decode_frame(replies[0])[0]["message"]
+
+    with served.client(1) as client:
+        client(*make_step(13))
+    stats = served.host.stats()
+    assert stats["clusters"][0]["steps"] == 1 and stats["clusters"][1]["steps"] == 1
+    head_step(served.ref_head, served.ref_optimizer, z, mbs)
+    head_step(served.ref_head, served.ref_optimizer, *make_step(13))
+    assert_same_state(snapshot(served.head, served.optimizer), snapshot(served.ref_head, served.ref_optimizer))
+
+
+def test_client_times_out_and_recovers():
+    s = Served(GatedHead())
+    try:
+        with s.client(0, timeout_s=0.3) as client:
+            t0 = time.perf_counter()
+            with pytest.raises(DataPlaneError, match="within timeout_s=0.3"):
+                client(*make_step(14, m=1))
+            assert time.perf_counter() - t0 < 5.0  # well before the gated step could ever finish (10 s)
+            s.head.gate.set()  # the abandoned step completes on the server; the CU goes on with a new stream
+            client(*make_step(15, m=1))
+        assert s.host.stats()["clusters"][0]["steps"] == 2
+    finally:
+        s.host.stop(grace_s=0)
+
+
+def test_unreachable_host_is_a_dataplane_error():
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with DecoderClient(f"127.0.0.1:{port}", SECRET, 1, 0, timeout_s=10) as client:
+        with pytest.raises(DataPlaneError, match="cannot reach"):
+            client(*make_step(16))
+
+
+# ---------------------------------------------------------------------------------------------------
+# wire codec
+# ---------------------------------------------------------------------------------------------------
+def test_codec_round_trips_every_dtype_and_shape():
+    g = torch.Generator().manual_seed(9)
+    tensors = []
+    for i, (name, dtype) in enumerate(DTYPES.items()):
+        shape = [(2, 3), (), (0, 4), (5,), (1, 2, 3)][i % 5]
+        base = torch.randn(shape, generator=g) * 50
+        t = base > 0 if dtype is torch.bool else base.to(dtype)
+        tensors.append((f"t/{name}", t, 1.0))
+    meta, decoded = decode_frame(encode_frame({"kind": "x", "n": 3}, tensors))
+    assert meta == {"kind": "x", "n": 3}
+    for (name, t, _), wt in zip(tensors, decoded):
+        assert wt.name == name and wt.tensor.dtype == t.dtype and wt.tensor.shape == t.shape
+        assert torch.equal(wt.tensor, t)
+        wt.tensor.add_(0) if wt.tensor.dtype is not torch.bool else None  # writable, no warning path
+
+
+def test_step_request_carries_everything_but_input_ids():
+    z, mbs = make_step(40, m=3)
+    req = decode_step_request(encode_step_request(SECRET, 4, 2, 9, z, mbs, fp16=False))
+    assert (req.secret, req.round, req.cluster, req.seq, req.wire_dtype) == (SECRET, 4, 2, 9, "float32")
+    for got, mb, zz, sent in zip(req.micro_batches, mbs, req.z_enc, z):
+        assert set(got) == set(mb) - {"input_ids"}
+        for key in got:
+            assert torch.equal(got[key], mb[key])
+        assert torch.equal(zz, sent)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=200), st.integers(0, 400))
+def test_decoder_of_untrusted_bytes_only_raises_dataplane_error(noise, cut):
+    good = encode_frame({"kind": "step"}, [("z/0", torch.ones(2, 3), 1.0), ("mb/0/labels", torch.arange(2), 1.0)])
+    for data in (noise, good[:cut] + noise, good[:cut], b"CPDP\x01" + noise):
+        try:
+            decode_frame(data)
+        except DataPlaneError:
+            pass
+
+
+# ---------------------------------------------------------------------------------------------------
+# with the real pipeline and model
+# ---------------------------------------------------------------------------------------------------
+def test_pipeline_with_remote_decoder_equals_local_decoder():
+    """ClusterPipeline + the translation Transformer: the decoder behind the data plane gives the same
+    losses, encoder and decoder weights as the in-process LocalHead (same numbers, no tolerance)."""
+    from collapipe_flwr.models.transformer import build_transformer
+    from collapipe_flwr.pipeline.cluster import ClusterPipeline
+    from collapipe_flwr.pipeline.head import LocalHead
+    from collapipe_flwr.pipeline.optim import OptimizerSpec
+
+    torch.manual_seed(0)
+    remote_model = build_transformer(50, 60, 32, 4, 64, 2, 2, 0.0, 40, 0)
+    local_model = copy.deepcopy(remote_model)
+    spec = OptimizerSpec("adam", 1e-3)
+    remote_pipe = ClusterPipeline(remote_model.embedding, remote_model.blocks, (1, 1), spec)
+    local_pipe = ClusterPipeline(local_model.embedding, local_model.blocks, (1, 1), spec)
+    host = DecoderHost(remote_model.head, spec.build(remote_model.head.parameters()), SECRET, bind="127.0.0.1",
+                       hidden_size=32)
+    host.start()
+    host.open_round(1, [0])
+    local = LocalHead(local_model.head, spec)
+    g = torch.Generator().manual_seed(1)
+    try:
+        with DecoderClient(host.address, SECRET, 1, 0) as remote:
+            for _ in range(3):
+                mask = torch.ones(6, 9, dtype=torch.long)
+                mask[:, -2:] = 0
+                labels = torch.randint(3, 60, (6, 8), generator=g)
+                labels[:, -1] = -100
+                batch = {"input_ids": torch.randint(3, 50, (6, 9), generator=g) * mask, "attention_mask": mask,
+                         "decoder_input_ids": torch.randint(3, 60, (6, 8), generator=g), "labels": labels}
+                assert remote_pipe.train_step(batch, 2, remote).loss == local_pipe.train_step(batch, 2, local).loss
+        enc_remote, enc_local = remote_pipe.encoder_state_dict(), local_pipe.encoder_state_dict()
+        for k in enc_local:
+            assert torch.equal(enc_remote[k], enc_local[k]), k
+        for p, q in zip(remote_model.head.parameters(), local_model.head.parameters()):
+            assert torch.equal(p, q)
+    finally:
+        remote_pipe.shutdown()
+        local_pipe.shutdown()
+        host.stop(grace_s=0)

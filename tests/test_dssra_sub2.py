@@ -1,0 +1,85 @@
+"""Sub-2: Hungarian channel matching vs brute force, power step vs a fine 1-D grid search."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from collapipe_flwr.dssra.channels import match_channels
+from collapipe_flwr.dssra.power import optimal_power
+
+
+def brute_force_matching(cost: np.ndarray, virtual: np.ndarray) -> float:
+    """Cheapest assignment seating min(N, J) CUs on distinct channels, everyone else virtual."""
+    N, J = cost.shape
+    best = math.inf
+    seats = min(N, J)
+    for cus in itertools.combinations(range(N), seats):
+        for chans in itertools.permutations(range(J), seats):
+            total = sum(cost[n, j] for n, j in zip(cus, chans)) + sum(virtual[n] for n in range(N) if n not in cus)
+            best = min(best, total)
+    return best
+
+
+def total(cost, virtual, channel) -> float:
+    return sum(cost[n, j] if j is not None else virtual[n] for n, j in enumerate(channel))
+
+
+def test_matching_equals_brute_force():
+    rng = np.random.default_rng(3)
+    for _ in range(150):
+        N, J = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        cost = rng.uniform(0, 10, (N, J))
+        virtual = rng.uniform(0, 10, N) * rng.choice([0.0, 1.0])
+        channel = match_channels(cost, virtual)
+        chosen = [j for j in channel if j is not None]
+        assert len(chosen) == len(set(chosen)) == min(N, J)          # C3-C5
+        assert total(cost, virtual, channel) == pytest.approx(brute_force_matching(cost, virtual), rel=1e-12)
+
+
+def test_matching_skips_cus_without_a_feasible_channel():
+    cost = np.array([[1.0, np.inf], [np.inf, np.inf], [np.inf, 2.0]])
+    assert match_channels(cost, np.zeros(3)) == [0, None, 1]
+    cost = np.array([[1.0, np.inf], [3.0, np.inf]])       # both can only use channel 0
+    assert match_channels(cost, np.zeros(2)) == [0, None]
+
+
+def grid_objective(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max, points=200001):
+    p = np.linspace(P_max / points, P_max, points)
+    rate = B * np.log2(1 + g * p)
+    delay = bits / rate
+    ok = p * delay <= E_max
+    obj = V * delay + w_gamma / (p * h + I) + w_lin * p
+    return float(obj[ok].min()) if ok.any() else math.inf
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_power_within_half_percent_of_grid_search(seed):
+    rng = np.random.default_rng(seed)
+    P = 40
+    V = 10 ** rng.uniform(-2, 2, P)
+    bits = rng.uniform(1e6, 8e7, P)
+    B = rng.uniform(4e5, 6e5, P)
+    h = 10 ** (rng.uniform(-0.12, -0.08, P) / 10) * rng.exponential(1.0, P)
+    I = rng.uniform(0.06, 0.08, P)
+    g = h / (I + B * 4e-21)
+    w_gamma = rng.uniform(0, 50, P) * rng.choice([0, 1], P)
+    w_lin = rng.uniform(0, 500, P) * rng.choice([0, 1], P)
+    E_max, P_max = 10.0 * rng.uniform(0.5, 3, P), np.full(P, 0.5)
+    p = optimal_power(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max)
+    checked = 0
+    for i in range(P):
+        best = grid_objective(V[i], bits[i], B[i], g[i], h[i], I[i], w_gamma[i], w_lin[i], E_max[i], P_max[i])
+        if math.isinf(best):
+            continue
+        assert not np.isnan(p[i])   # the grid found a C8'-feasible power, so must the solver
+        got_delay = bits[i] / (B[i] * np.log2(1 + g[i] * p[i]))
+        assert 0 <= p[i] <= P_max[i]                                       # C6
+        assert p[i] * got_delay <= E_max[i] * (1 + 1e-9)                    # C8'
+        got = V[i] * got_delay + w_gamma[i] / (p[i] * h[i] + I[i]) + w_lin[i] * p[i]
+        assert got <= best * 1.005
+        checked += 1
+    assert checked >= 20

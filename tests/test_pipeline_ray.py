@@ -1,0 +1,89 @@
+"""ClusterPipeline with one Ray actor per device: real overlap of stages, and device failures named.
+
+Each actor start costs seconds (a fresh worker imports torch and transformers), so the tests share
+pipelines where they can."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from collapipe_flwr.errors import DeviceFailure
+from collapipe_flwr.models.bert import build_bert
+from collapipe_flwr.pipeline.cluster import ClusterPipeline
+from collapipe_flwr.pipeline.head import LocalHead
+from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.system.devices import DeviceProfile
+
+ray = pytest.importorskip("ray")
+ADAM = OptimizerSpec(name="adam", lr=1e-3)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def bert(hidden=16, layers=4):
+    torch.manual_seed(0)
+    return build_bert(vocab_size=50, hidden=hidden, n_heads=2, d_ff=4 * hidden, layers=layers, dropout=0.0,
+                      max_len=64, head="token", num_labels=3)
+
+
+def batch(B=8, T=8):
+    g = torch.Generator().manual_seed(0)
+    return {"input_ids": torch.randint(1, 50, (B, T), generator=g), "attention_mask": torch.ones(B, T, dtype=torch.long),
+            "labels": torch.randint(0, 3, (B, T), generator=g)}
+
+
+def profile(speed: float) -> DeviceProfile:
+    return DeviceProfile(f_hz=1e9 * speed, flops_per_cycle=4, memory_bytes=1e12, d2d_power_w=0.1)
+
+
+def overlaps(a, b) -> bool:
+    return a[2] < b[3] and b[2] < a[3]
+
+
+def test_stages_work_on_different_micro_batches_at_the_same_time(ray_session):
+    model = bert(hidden=128, layers=4)
+    data = batch(B=8, T=64)
+    with ClusterPipeline(model.embedding, model.blocks, (2, 2), ADAM, backend="ray", actor_threads=1) as pipe:
+        head = LocalHead(model.head, ADAM)
+        pipe.train_step(data, 4, head)  # warm-up
+        pipe.train_step(data, 4, head)
+        first, second = pipe.traces()
+
+        def head_that_outlives_device_1(z_enc, micro_batches):
+            pipe._stages.kill(1)  # device 1 dies between the forward and the backward pass
+            return head(z_enc, micro_batches)
+
+        with pytest.raises(DeviceFailure, match=r"^device 1 died during the step"):
+            pipe.train_step(data, 4, head_that_outlives_device_1)
+    fwd0 = {mb: t for t in first if t[0] == "F" for mb in [t[1]]}
+    fwd1 = {mb: t for t in second if t[0] == "F" for mb in [t[1]]}
+    bwd0 = {mb: t for t in first if t[0] == "B" for mb in [t[1]]}
+    bwd1 = {mb: t for t in second if t[0] == "B" for mb in [t[1]]}
+    assert sorted(fwd0) == sorted(fwd1) == sorted(bwd0) == list(range(4))
+    # order: forwards ascending, backwards descending on every stage (GPipe)
+    assert [t[1] for t in first] == [0, 1, 2, 3, 3, 2, 1, 0]
+    # stage 1 on micro-batch i while stage 0 is on i+1 (at least once in each pass)
+    assert any(overlaps(fwd1[i], fwd0[i + 1]) for i in range(3)), (first, second)
+    assert any(overlaps(bwd0[i], bwd1[i - 1]) for i in range(1, 4)), (first, second)
+    # dependencies hold: stage 1 starts micro-batch i after stage 0 finished it
+    assert all(fwd1[i][2] >= fwd0[i][3] - 1e-3 for i in range(4)), (first, second)
+
+
+def test_slow_device_times_out_and_is_named(ray_session):
+    """Device 0 (the FIRST stage) stalls: the wait ends after timeout_s and blames device 0, not the
+    last stage whose output the CU was waiting for."""
+    model = bert()
+    devices = [profile(1.0), profile(1000.0)]  # device 0 sleeps ~999x its compute time
+    with ClusterPipeline(model.embedding, model.blocks, (3, 1), ADAM, devices=devices, backend="ray",
+                         emulate=True, timeout_s=1.0) as pipe:
+        with pytest.raises(DeviceFailure, match=r"^device 0 gave no answer within device_timeout_s=1s"):
+            pipe.train_step(batch(), 2, LocalHead(model.head, ADAM))

@@ -1,0 +1,112 @@
+"""Toutiao classification on the real files: parsing, tokenisation, batches, partitions, errors."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from collapipe_flwr.errors import ConfigError, DataFormatError
+from collapipe_flwr.tasks.classification import read_titles
+from collapipe_flwr.tasks.registry import TASKS, build_task, validate_task_config
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def _cfg(group, name, **over):
+    cfg = yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
+    cfg.update(over)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def task(data_dir):
+    return build_task(_cfg("task", "classification"), _cfg("model", "bert_tiny"), data_dir, seed=0)
+
+
+def test_counts_and_label_set_match_the_files(task, data_dir):
+    for split, examples in (("train", task.train_examples()), ("val", task.val_examples())):
+        lines = (data_dir / f"toutiao/{split}.txt").read_text(encoding="utf-8").splitlines()
+        assert len(examples) == len(lines)
+        assert Counter(t.label for t in examples) == Counter(int(l.split("_!_")[1]) for l in lines)
+    assert len(task.train_examples()) == 24000 and len(task.val_examples()) == 4000
+    assert {t.label for t in task.train_examples()} == set(range(15))
+    assert Counter(t.label for t in task.train_examples())[12] == 21
+
+
+def test_tokenisation_round_trip(task):
+    tok = task.tokenizer()
+    vocab = tok.get_vocab()
+    checked = 0
+    for title, feat in zip(task.val_examples()[:1000], task.features("val")[:1000]):
+        chars = list(title.text)
+        if len(chars) > task.max_len - 2 or not all("\u4e00" <= c <= "\u9fff" and c in vocab for c in chars):
+            continue
+        assert tok.convert_ids_to_tokens(feat["input_ids"]) == ["[CLS]"] + chars + ["[SEP]"]
+        checked += 1
+    assert checked >= 10
+    assert all(len(f["input_ids"]) <= task.max_len for f in task.features("train"))
+
+
+def test_batches_carry_sentence_labels(task):
+    indices = list(range(40))
+    seen = []
+    for batch in task.batches(indices, 16, seed=1):
+        assert batch["labels"].shape == (batch["input_ids"].shape[0],)
+        assert (batch["input_ids"][batch["attention_mask"] == 0] == 0).all()
+        seen.extend(batch["labels"].tolist())
+    assert Counter(seen) == Counter(task.train_examples()[i].label for i in indices)
+
+
+def test_dirichlet_partition_of_the_real_labels(data_dir):
+    task = build_task(_cfg("task", "classification", partition="dirichlet", alpha=0.3), _cfg("model", "bert_tiny"), data_dir, seed=0)
+    parts = [task.partition(3, pid) for pid in range(3)]
+    assert sorted(i for p in parts for i in p) == list(range(24000))
+    assert parts[1] == task.partition(3, 1)
+    iid = build_task(_cfg("task", "classification"), _cfg("model", "bert_tiny"), data_dir, seed=0)
+    iid_parts = [iid.partition(3, pid) for pid in range(3)]
+    assert sorted(i for p in iid_parts for i in p) == list(range(24000))
+    assert {len(p) for p in iid_parts} == {8000}
+
+
+def test_malformed_lines_name_file_and_line(tmp_path):
+    bad = tmp_path / "t.txt"
+    bad.write_text("好标题_!_3\n没有分隔符 5\n", encoding="utf-8")
+    with pytest.raises(DataFormatError, match=r"t\.txt:2: no '_!_' separator"):
+        read_titles(bad)
+    bad.write_text("好标题_!_3\n\n另一个_!_15\n", encoding="utf-8")
+    with pytest.raises(DataFormatError, match=r"t\.txt:3: unknown label id '15'"):
+        read_titles(bad)
+    bad.write_text("好标题_!_x\n", encoding="utf-8")
+    with pytest.raises(DataFormatError, match="unknown label id 'x'"):
+        read_titles(bad)
+
+
+def test_registry_and_config_validation():
+    assert set(TASKS) == {"translation", "ner", "classification"}
+    validate_task_config(_cfg("task", "classification"), _cfg("model", "bert_small"))
+    with pytest.raises(ConfigError, match="model.family='transformer' cannot run task 'classification'"):
+        validate_task_config(_cfg("task", "classification"), _cfg("model", "transformer_small"))
+    with pytest.raises(ConfigError, match="unknown config key task.batchsize"):
+        validate_task_config(_cfg("task", "classification", batchsize=3), _cfg("model", "bert_small"))
+    with pytest.raises(ConfigError, match="task.batch_size=0"):
+        validate_task_config(_cfg("task", "classification", batch_size=0), _cfg("model", "bert_small"))
+    with pytest.raises(ConfigError, match="task.name='poetry' is not a known task"):
+        validate_task_config({"name": "poetry"}, _cfg("model", "bert_small"))
+    with pytest.raises(ConfigError, match="model.max_len=16"):
+        validate_task_config(_cfg("task", "classification"), _cfg("model", "bert_small", max_len=16))
+    with pytest.raises(ConfigError, match="optimizer"):
+        validate_task_config(_cfg("task", "classification"), _cfg("model", "bert_small", optimizer={"name": "lamb", "lr": 1.0}))
+
+
+@pytest.mark.parametrize("model", ["transformer_tiny", "transformer_small", "transformer_paper"])
+def test_every_transformer_preset_is_valid(model):
+    validate_task_config(_cfg("task", "translation"), _cfg("model", model))
+
+
+@pytest.mark.parametrize("model", ["bert_tiny", "bert_small", "bert_base"])
+def test_every_bert_preset_is_valid(model):
+    validate_task_config(_cfg("task", "ner"), _cfg("model", model))
+    validate_task_config(_cfg("task", "classification"), _cfg("model", model))
