@@ -3,7 +3,8 @@
 BERT-small (6 blocks, hidden 256, 4 heads, FFN 1024, bert-base-chinese vocabulary size), batch 32 x 64
 tokens, token-classification head, Adam. Prints one ``name: value`` per line:
 
-- ``plain_step_s``: median seconds of one training step of the whole model in this process;
+- ``plain_step_s``: median seconds of one training step of the whole model in this process, the faster
+  of 1 torch thread and all cores (both printed); every ratio divides by it;
 - ``step_ratio_S{S}_m{m}``: median pipelined step seconds / plain_step_s, S in 1,2,3 (balanced delta),
   m in 1,2,4, Ray backend, median of --steps steps after --warmup warm-up steps;
 - ``mem_ratio_S{S}``: max over devices of (params + Adam state + peak saved activations) / the same
@@ -11,7 +12,7 @@ tokens, token-classification head, Adam. Prints one ``name: value`` per line:
   ``SavedTensorMeter`` / ``memory_report``; ``mem_ratio_encoder_S{S}`` compares with the plain
   encoder alone (a stricter view: the CU keeps the embedding, the server the head).
 
-Threads: the plain model uses all cores (``torch.set_num_threads(cpu_count)``); each device actor uses
+Threads: the plain model is timed with 1 thread and with all cores; each device actor uses
 ``max(1, cpu_count // S)`` (``--actor-threads`` overrides); the CU process keeps all cores for the
 embedding and the head, which run while the actors wait.
 
@@ -56,28 +57,33 @@ def make_batch(b: int, t: int) -> dict[str, torch.Tensor]:
     }
 
 
-def plain_model_figures(batch, warmup: int, steps: int) -> tuple[float, int, int]:
-    """(median step seconds, peak bytes of the whole model, peak bytes of the encoder alone)."""
+def plain_model_figures(batch, warmup: int, steps: int, threads: int) -> tuple[float, int, int]:
+    """(median step seconds, peak bytes of the whole model, peak bytes of the encoder alone).
+
+    Saved-tensor hooks do not nest (the innermost wins), so embedding, encoder and head are metered one
+    after the other and summed."""
+    torch.set_num_threads(threads)
     model = make_model().train()
     optimizers = [SPEC.build(part.parameters()) for part in model.parts()]
+    params = list(model.parameters())
     times, peak_all, peak_enc = [], 0, 0
     for i in range(warmup + steps):
         start = time.perf_counter()
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
-        params = list(model.parameters())
-        with SavedTensorMeter(exclude=params) as all_meter:
+        with SavedTensorMeter(exclude=params) as emb_meter:
             hidden = model.embedding(batch["input_ids"])
-            with SavedTensorMeter(exclude=params) as enc_meter:
-                for block in model.blocks:
-                    hidden = block(hidden, batch["attention_mask"])
+        with SavedTensorMeter(exclude=params) as enc_meter:
+            for block in model.blocks:
+                hidden = block(hidden, batch["attention_mask"])
+        with SavedTensorMeter(exclude=params) as head_meter:
             loss_sum, count = model.head.loss_terms(hidden, batch["attention_mask"], batch)
         (loss_sum / count).backward()
         for opt in optimizers:
             opt.step()
         if i >= warmup:
             times.append(time.perf_counter() - start)
-        peak_all = max(peak_all, all_meter.bytes)
+        peak_all = max(peak_all, emb_meter.bytes + enc_meter.bytes + head_meter.bytes)
         peak_enc = max(peak_enc, enc_meter.bytes)
     static_all = param_bytes(list(model.parts())) + sum(optimizer_state_bytes(o) for o in optimizers)
     static_enc = param_bytes(model.blocks) + optimizer_state_bytes(optimizers[1])
@@ -119,7 +125,12 @@ def main() -> None:
     batch = make_batch(args.batch, args.seq_len)
     print(f"cores: {cores}")
     print(f"load_avg_1min: {os.getloadavg()[0]:.2f}")
-    plain_s, plain_peak, plain_enc_peak = plain_model_figures(batch, args.warmup, args.steps)
+    plain_1, _, _ = plain_model_figures(batch, args.warmup, args.steps, threads=1)
+    plain_n, plain_peak, plain_enc_peak = plain_model_figures(batch, args.warmup, args.steps, threads=cores)
+    torch.set_num_threads(cores)
+    plain_s = min(plain_1, plain_n)  # ratios against the faster plain configuration
+    print(f"plain_step_s_threads1: {plain_1:.4f}")
+    print(f"plain_step_s_threads{cores}: {plain_n:.4f}")
     print(f"plain_step_s: {plain_s:.4f}")
     print(f"plain_peak_bytes: {plain_peak}")
     for S in args.segments:

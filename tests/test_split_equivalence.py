@@ -43,7 +43,7 @@ def _plain_losses(cfg, task, indices) -> list[float]:
         loss = loss_sum / count
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 

@@ -92,13 +92,18 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
         t_built = time.time()
         losses = []
         step_seconds: dict[str, float] = {}
+        device_compute = [0.0] * len(devices)
         n_examples = 0
         for batch in wiring.train_batches(task, cfg, examples, seed=wiring.round_seed(cfg, instructions.round, identity.partition_id)):
             result = pipeline.train_step(batch, plan.m, head)
             losses.append(float(result.loss))
             n_examples += int(next(iter(batch.values())).shape[0])
             for k, v in result.seconds.items():
-                step_seconds[k] = step_seconds.get(k, 0.0) + float(v)
+                if k == "device_compute":  # {device index k: compute seconds this step}
+                    for dev, sec in v.items():
+                        device_compute[int(dev)] += float(sec)
+                else:
+                    step_seconds[k] = step_seconds.get(k, 0.0) + float(v)
         t_trained = time.time()
         reply_parts = {"embedding": pipeline.embedding_state_dict(), "encoder": pipeline.encoder_state_dict()}
         if not cfg.method.head_on_server:
@@ -108,6 +113,9 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
         if head is not None and hasattr(head, "close"):
             head.close()
         pipeline.shutdown()
+    device_peak = [0.0] * len(devices)  # per device k of the cluster; 0 for devices the plan left idle
+    for report in memory:
+        device_peak[int(report["device"])] = float(report["peak_bytes"])
     metrics = {
         "num-examples": n_examples,
         "train-loss": sum(losses) / max(len(losses), 1),
@@ -119,7 +127,8 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
         "seconds-build-pipeline": t_built - t_setup,
         "seconds-train": t_trained - t_built,
         "seconds-total": time.time() - t_start,
-        "device-peak-bytes": [float(m.get("peak_total_bytes", 0.0)) for m in memory],
+        "device-peak-bytes": device_peak,
+        "device-compute-seconds": device_compute,
         **{f"seconds-{k}": v for k, v in step_seconds.items()},
     }
     return pack_weights(reply_parts), metrics

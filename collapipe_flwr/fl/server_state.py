@@ -39,9 +39,13 @@ def scheduler_for_method(cfg: RunConfig) -> dict:
     return scheduler
 
 
+PROBE_EXAMPLES = 8  # FLOPs and bytes are counted per sample, so a few real examples suffice
+
+
 def sample_hidden(task, model, cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """One real training batch through the embedding: the activations the workload is counted on."""
-    batch = next(iter(task.batches(list(range(wiring.batch_size(cfg))), wiring.batch_size(cfg), seed=cfg.seed, shuffle=False)))
+    """A few real training examples through the embedding: the activations the workload is counted on."""
+    n = min(PROBE_EXAMPLES, wiring.batch_size(cfg))
+    batch = next(iter(task.batches(list(range(n)), n, seed=cfg.seed, shuffle=False)))
     with torch.no_grad():
         hidden = model.embedding(batch["input_ids"])
     return hidden, batch["attention_mask"]
@@ -79,7 +83,10 @@ class ServerState:
         head_optimizer = wiring.optimizer_spec(cfg).build(model.head.parameters())
         spec = NetworkSpec.from_config(cfg.network, cfg.federation.num_clusters)
         hidden, mask = sample_hidden(task, model, cfg)
-        workload = measure_workload(model.blocks, hidden, mask)
+        workload = measure_workload(
+            model.blocks, hidden, mask, batch_size=wiring.batch_size(cfg),
+            steps_per_round=cfg.federation.local_steps, embedding=model.embedding,
+        )
         policy = make_policy(scheduler_for_method(cfg), spec, workload, cfg.seed)
         secret = secrets.token_hex(16)
         host = None

@@ -2,7 +2,8 @@
 
 One tokenizer per language side, trained on that side of the training split only. Text is split on
 spaces with the Metaspace pre-tokenizer (a space becomes the word-start marker), so decoding gives back
-exactly the input text for every character seen in training: ``decode(encode(s)) == s``. Special ids
+exactly the (NFKC-normalised, single-spaced) input text for every character seen in training:
+``decode(encode(s)) == s``. Special ids
 are fixed: [PAD]=0, [UNK]=1, [BOS]=2, [EOS]=3 (the same pad id on both sides).
 
 The cache file name is a hash of the training file's content and the settings, so a changed file or

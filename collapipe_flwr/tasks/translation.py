@@ -177,9 +177,17 @@ class TranslationTask(Task):
         """Translate raw source sentences (same preprocessing as the training files)."""
         feats = self.encode([SentencePair(s, "x") for s in sentences])
         batch = self.collate(feats)
-        with torch.no_grad():
-            hidden = model.encode(batch["input_ids"], batch["attention_mask"])
-            ids = self.predict_batch(model, hidden, batch, list(range(len(sentences))), beam_size)
+        parts = (model.embedding, model.blocks, model.head)
+        modes = [p.training for p in parts]
+        try:
+            for p in parts:
+                p.eval()
+            with torch.no_grad():
+                hidden = model.encode(batch["input_ids"], batch["attention_mask"])
+                ids = self.predict_batch(model, hidden, batch, list(range(len(sentences))), beam_size)
+        finally:
+            for p, mode in zip(parts, modes):
+                p.train(mode)
         return [self.detokenize(x) for x in ids]
 
 

@@ -1,0 +1,123 @@
+"""One sweep job: what it forwards to `flwr run` and how it is labelled, from Hydra's view of the job.
+
+Pure functions only: the Hydra entry point (``__main__``) reads ``HydraConfig`` and hands the plain
+values here; :mod:`collapipe_flwr.experiments.launch` runs the job.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from collapipe_flwr.config import RunConfig, build_run_config, resolve_data_dir
+from collapipe_flwr.errors import ConfigError
+
+# Top-level keys the launcher sets itself (run-config data-dir / output-dir, and the run folder name).
+LAUNCHER_KEYS = ("run_name", "output_dir", "data_dir")
+GROUPS = ("task", "model", "method", "scheduler", "network", "federation")
+RUN_SUBDIR = "run"
+TIMEOUT_ENV = "COLLAPIPE_RUN_TIMEOUT_S"
+TIMEOUT_MARGIN_S = 600.0
+
+
+def override_key(override: str) -> str:
+    """``"+extra.a=1"`` -> ``"extra.a"``; ``"~seed"`` -> ``"seed"`` (Hydra's +, ++ and ~ prefixes)."""
+    return override.split("=", 1)[0].lstrip("+~").strip()
+
+
+def forwarded_overrides(task_overrides: Sequence[str], run_name: str = RUN_SUBDIR) -> list[str]:
+    """This job's overrides for the ServerApp, minus the keys the launcher sets, plus ``run_name``."""
+    kept = [o for o in task_overrides if override_key(o) not in LAUNCHER_KEYS]
+    return kept + [f"run_name={run_name}"]
+
+
+def run_timeout_s(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> float:
+    """Wall-clock limit of one `flwr run`: $COLLAPIPE_RUN_TIMEOUT_S, else T * round_timeout_s + 600 s."""
+    raw = environ.get(TIMEOUT_ENV, "")
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{TIMEOUT_ENV}={raw!r} must be a number of seconds") from None
+        if value <= 0:
+            raise ConfigError(f"{TIMEOUT_ENV}={raw!r} must be > 0")
+        return value
+    return cfg.federation.num_rounds * cfg.federation.round_timeout_s + TIMEOUT_MARGIN_S
+
+
+def labels_of(config: Mapping[str, Any], choices: Mapping[str, Any] | None = None) -> dict:
+    """How a run is named in reports: the config group choices plus method, scheduler, V and task.
+
+    ``config`` is a composed config (or a run's config.json); ``choices`` Hydra's group choices.
+    """
+    choices = {k: str(v) for k, v in (choices or {}).items() if k in GROUPS and v is not None}
+    method = config.get("method") or {}
+    scheduler = config.get("scheduler") or {}
+    task = config.get("task") or {}
+    labels = {
+        "method": str(method.get("name") or choices.get("method", "")),
+        "scheduler": str(scheduler.get("name") or choices.get("scheduler", "")),
+        "V": scheduler.get("V"),
+        "task": str(task.get("name") or choices.get("task", "")),
+    }
+    for group in ("model", "network", "federation"):
+        labels[group] = choices.get(group) or _fallback_label(group, config)
+    return labels
+
+
+def _fallback_label(group: str, config: Mapping[str, Any]) -> str:
+    section = config.get(group) or {}
+    if group == "network":
+        return str(section.get("name", ""))
+    if group == "model":
+        size = section.get("d_model") or section.get("hidden")
+        return f"{section.get('family', '')}-{size}" if section else ""
+    if group == "federation" and section:
+        return f"N{section.get('num_clusters')}-T{section.get('num_rounds')}"
+    return ""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything `launch` needs for one job."""
+
+    job_dir: Path
+    overrides: tuple[str, ...]
+    num_supernodes: int
+    data_dir: str
+    timeout_s: float
+    labels: dict = field(default_factory=dict)
+    run_name: str = RUN_SUBDIR
+
+    @property
+    def run_dir(self) -> Path:
+        """Where the ServerApp writes config.json, rounds.jsonl, summary.json (output-dir / run_name)."""
+        return self.job_dir / self.run_name
+
+    @property
+    def overrides_text(self) -> str:
+        """The ``overrides`` run-config string: shell-quoted, split again by config.split_overrides."""
+        return shlex.join(self.overrides)
+
+
+def build_job(
+    config: Mapping[str, Any],
+    task_overrides: Sequence[str],
+    job_dir: str | os.PathLike,
+    choices: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> JobSpec:
+    """Validate the composed config once (one-line ConfigError) and describe the job to launch."""
+    cfg = build_run_config(config)
+    data_dir = resolve_data_dir(cfg.data_dir or environ.get("COLLAPIPE_DATA_DIR", ""))
+    return JobSpec(
+        job_dir=Path(job_dir).resolve(),
+        overrides=tuple(forwarded_overrides(task_overrides)),
+        num_supernodes=cfg.federation.num_clusters,
+        data_dir=str(data_dir),
+        timeout_s=run_timeout_s(cfg, environ),
+        labels=labels_of(config, choices),
+    )
