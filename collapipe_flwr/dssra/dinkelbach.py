@@ -1,0 +1,194 @@
+"""CU transmit power by Dinkelbach + SCA (paper Algorithm 3, eqs. 42-44), all (CU n, channel j) pairs at once.
+
+Per pair, with SINR x = g p (g = h_{n,j} / (I_j + B_j N_0)), R(x) = ln(1 + x) and uplink size D bits, Sub-2's
+power problem (eq. 42, divided by A = V D ln2 / B_j so that every pair has the same scale) is
+
+    min_x  f(x) = 1 / R(x) + a_g / (I + I' x) + a_l x / g          (I' = I + B N_0, so h p + I = I + I' x)
+    s.t.   x <= g P^max                                 (C6)
+           (e / g) x <= R(x),  e = D ln2 / (B E^max)    (C8': p D / (B log2(1 + g p)) <= E^max)
+           x >= g p_C11                                 (C11': Gamma_n(S_n, p) <= Gamma^max where reachable)
+
+a_g = w_gamma / A carries the drift Y_n beta eta^2 C / (2N (p h + I)) of eq. (28); a_l = w_lin / A the
+paper's literal Y_n p_n of eq. (32). The delay term is a ratio, so (Dinkelbach) f = N / R with
+N(x) = 1 + a_g R(x) / (I + I' x) + a_l x R(x) / g, and for a given lambda the parametric (subtractive) problem
+
+    F(lambda) = min_x  Phi(x) = N(x) - lambda R(x)
+              = 1 + (a_l / g) (-entr(1 + x)) - (lambda + a_l / g) R(x) + a_g rho(x),   rho = R / (I + I' x)
+
+whose root lambda* (F(lambda*) = 0) is the optimal value (x R(x) = -entr(1+x) - R(x) is convex). Only
+rho is not convex (it is concave below x ~ e^1.5 - 1 and convex above). SCA replaces it around the current
+point x_i by its first-order Taylor expansion plus a curvature term (c/2)(x - x_i)^2, c >= sup rho''
+(bound below), so the surrogate is convex and lies above Phi, with equality and equal slope at x_i. One
+CVXPY problem (vector variable over every pair, DPP with cp.Parameter, compiled once per pair count)
+solves the surrogate; each solve decreases f (Phi(x_{i+1}) <= surrogate(x_{i+1}) <= surrogate(x_i) = 0, i.e.
+f(x_{i+1}) <= lambda_i); lambda is updated to f(x_{i+1}) and the loop stops when F(lambda) ~ 0 for every
+pair (relative decrease below ``tol``). A fixed point is a stationary point of f, which is convex in x
+(1/ln(1+x), 1/(I + I'x) and x are convex), so it is the global optimum. The C8' and C11' constraints are
+kept in their exact convex (resp. linear) form instead of the paper's tangent (43)-(44): those tangents are
+relaxations of a concave/convex function and could admit powers that break C8.
+
+Curvature bound: with u = 1 + x and eps = I' - I >= 0, rho = ln u / (I' u - eps) and
+rho'' <= (2 k ln u - 3) / (I' u^3), k = (1 - eps / I')^-3; its maximum over u >= 1 is at
+ln u = (2k + 9) / (6k): c = (2k / 3) exp(-(2k + 9) / (2k)) / I'.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import cvxpy as cp
+import numpy as np
+
+from collapipe_flwr.dssra.power import LN2, feasible_pairs, max_energy_power
+
+_PROBLEMS: dict[int, "_Surrogate"] = {}
+
+
+@dataclass
+class _Surrogate:
+    """The convex SCA surrogate of Phi_lambda for P pairs, compiled once (DPP) and re-solved with new values."""
+
+    problem: cp.Problem
+    x: cp.Variable
+    q_ent: cp.Parameter   # a_l / g          (weight of -entr(1 + x))
+    mu: cp.Parameter      # lambda + a_l / g  (weight of -R(x))
+    lin: cp.Parameter     # a_g (rho'(x_i) - c x_i)
+    quad: cp.Parameter    # a_g c / 2
+    eg: cp.Parameter      # e / g            (C8')
+    x_max: cp.Parameter   # g P^max          (C6)
+    x_min: cp.Parameter   # g p_C11          (C11')
+
+    @classmethod
+    def build(cls, P: int) -> "_Surrogate":
+        x = cp.Variable(P, nonneg=True)
+        r = cp.Variable(P)
+        q_ent, mu, quad, eg, x_max, x_min = (cp.Parameter(P, nonneg=True) for _ in range(6))
+        lin = cp.Parameter(P)
+        objective = (cp.sum(cp.multiply(q_ent, -cp.entr(1 + x))) - cp.sum(cp.multiply(mu, r))
+                     + cp.sum(cp.multiply(lin, x)) + cp.sum(cp.multiply(quad, cp.square(x))))
+        constraints = [r <= cp.log(1 + x), cp.multiply(eg, x) <= r, x <= x_max, x >= x_min]
+        return cls(cp.Problem(cp.Minimize(objective), constraints), x, q_ent, mu, lin, quad, eg, x_max, x_min)
+
+    def solve(self, values: dict[str, np.ndarray], start: np.ndarray) -> np.ndarray | None:
+        for name, value in values.items():
+            getattr(self, name).value = value
+        self.x.value = start
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.problem.solve(solver=cp.CLARABEL, warm_start=True)
+        except cp.error.SolverError:
+            return None
+        if self.problem.status not in ("optimal", "optimal_inaccurate") or self.x.value is None:
+            return None
+        return np.asarray(self.x.value, dtype=float)
+
+
+def _surrogate(P: int) -> _Surrogate:
+    if P not in _PROBLEMS:
+        _PROBLEMS[P] = _Surrogate.build(P)
+    return _PROBLEMS[P]
+
+
+def curvature_bound(interference, interference_noise) -> np.ndarray:
+    """c >= sup_x rho''(x) for rho = ln(1+x) / (I + I' x) (see the module docstring)."""
+    I, Ip = np.asarray(interference, dtype=float), np.asarray(interference_noise, dtype=float)
+    k = (1.0 - (Ip - I) / Ip) ** -3
+    return (2 * k / 3) * np.exp(-(2 * k + 9) / (2 * k)) / Ip
+
+
+def _rho(x, I, Ip):
+    return np.log1p(x) / (I + Ip * x)
+
+
+def _rho_prime(x, I, Ip):
+    D = I + Ip * x
+    return 1.0 / ((1 + x) * D) - np.log1p(x) * Ip / D**2
+
+
+@dataclass(frozen=True)
+class PowerResult:
+    """p per pair (NaN where C8' cannot hold), the Dinkelbach lambda history (max over pairs of the relative
+    decrease per iteration) and the number of CVXPY solves."""
+
+    power_w: np.ndarray
+    iterations: int
+    residuals: tuple[float, ...]
+
+
+def c11_power_floor(budget, scale_c, gain, interference, p_cap) -> np.ndarray:
+    """Smallest p with scale * C / (p h + I) <= budget (C11': Gamma_n <= Gamma^max with S_n given), clipped to
+    [0, p_cap]; where Gamma^max cannot be reached within C6/C8' (budget <= 0 or p > p_cap) the floor is p_cap,
+    the closest to C11 the power can get (the queue Y_n enforces the long-term C10')."""
+    budget, scale_c, gain = (np.asarray(a, dtype=float) for a in (budget, scale_c, gain))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        need = np.where(budget > 0, (scale_c / np.where(budget > 0, budget, 1.0) - interference) / gain, np.inf)
+    need = np.where(scale_c <= 0, 0.0, need)
+    return np.where(need > p_cap, p_cap, np.clip(need, 0.0, None))
+
+
+def dinkelbach_sca_power(V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin, energy_max, pmax,
+                         p_floor=0.0, tol: float = 1e-9, max_iters: int = 30) -> PowerResult:
+    """Optimal p per pair by Dinkelbach + SCA (see module docstring); inputs broadcast to one shape.
+
+    interference is I_j (W) without the noise floor; slope = h / (I + B N_0). p_floor: C11' lower bound (W).
+    """
+    arrays = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in
+                                   (V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin, energy_max, pmax,
+                                    p_floor)))
+    shape = arrays[0].shape
+    V, bits, B, g, h, I, w_gamma, w_lin, E, pmax, p_floor = (a.ravel().copy() for a in arrays)
+    P = V.size
+    energy = bits * LN2 / (B * E)
+    ok = feasible_pairs(g, energy)
+    power = np.full(P, np.nan)
+    if not ok.any():
+        return PowerResult(power.reshape(shape), 0, ())
+    A = np.where(ok, V * bits * LN2 / B, 1.0)
+    a_g, a_l = np.where(ok, w_gamma / A, 0.0), np.where(ok, w_lin / A, 0.0)
+    g_safe = np.where(ok, g, 1.0)
+    Ip = np.where(ok, h / g_safe, 1.0)           # I + B N_0
+    I_ = np.where(ok, I, 1.0)
+    p_cap = np.where(ok, max_energy_power(g_safe, np.where(ok, energy, 0.0), pmax), 0.0)
+    x_max = g_safe * p_cap
+    x_min = np.minimum(g_safe * np.clip(p_floor, 0.0, None), x_max)
+    c = np.where(ok, curvature_bound(I_, Ip), 0.0)
+
+    def f(x):
+        with np.errstate(divide="ignore"):
+            return 1.0 / np.log1p(x) + a_g / (I_ + Ip * x) + a_l * x / g_safe
+
+    x = x_max.copy()                              # warm start: the largest C6/C8'-feasible power
+    lam = np.where(ok, f(x), 0.0)
+    residuals: list[float] = []
+    iterations = 0
+    if np.all(a_g[ok] == 0) and np.all(a_l[ok] == 0):
+        power[ok] = p_cap[ok]                     # f = 1/R: strictly decreasing, F(lambda) = 0 at the cap
+        return PowerResult(power.reshape(shape), 0, ())
+    prob = _surrogate(P)
+    for _ in range(max_iters):
+        values = {
+            "q_ent": a_l / g_safe,
+            "mu": np.where(ok, lam + a_l / g_safe, 1.0),
+            "lin": a_g * (_rho_prime(x, I_, Ip) - c * x),
+            "quad": a_g * c / 2,
+            "eg": np.where(ok, energy / g_safe, 0.0),
+            "x_max": x_max,
+            "x_min": x_min,
+        }
+        x_new = prob.solve(values, x)
+        iterations += 1
+        if x_new is None:
+            break
+        x_new = np.clip(x_new, x_min, x_max)
+        f_new = f(x_new)
+        better = ok & np.isfinite(f_new) & (f_new < lam)
+        decrease = np.where(better, (lam - f_new) / lam, 0.0)   # = -F(lambda) / (lambda R(x_new))
+        x = np.where(better, x_new, x)
+        lam = np.where(better, f_new, lam)
+        residuals.append(float(decrease.max()))
+        if decrease.max() <= tol:
+            break
+    power[ok] = x[ok] / g_safe[ok]
+    return PowerResult(power.reshape(shape), iterations, tuple(residuals))

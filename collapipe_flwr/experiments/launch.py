@@ -1,0 +1,252 @@
+"""Run one sweep job through the same Flower simulation path as `flwr run .`.
+
+Per job: a private FLWR_HOME holding a local simulation connection (``address = ":local:"``), free
+ports for the local SuperLink (``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT`` / ``FLWR_LOCAL_CONTROL_API_PORT``,
+read by flwr 1.41's CLI) so concurrent runs on one machine never share a SuperLink, offline settings
+(``FLWR_DISABLE_UPDATE_CHECK``, ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION``), and
+
+    flwr run <project root> --stream --run-config <job>/run_config.toml \
+        --federation-config "num-supernodes=N client-resources-num-cpus=1 client-resources-num-gpus=0.0"
+
+The run config goes through a TOML file (same keys as ``--run-config 'overrides="..." ...'``) because
+flwr's inline parser cannot carry a double quote inside a value. ``--federation-config`` is merged into
+the local SuperLink's simulation config (flwr/superlink/servicer/control/control_handlers.py: CopyFrom
+then MergeFrom), so ``num-supernodes`` = federation.num_clusters works with a ``:local:`` connection.
+
+The log is streamed to the console and tee'd to ``<job>/flwr.log``; the detached SuperLink and all its
+children are stopped by pid afterwards, also on failure, timeout or Ctrl-C. The outcome is written to
+``<job>/status.json`` and returned; a failed job never raises (the sweep goes on).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping, TextIO
+
+from collapipe_flwr.config import CONF_DIR
+from collapipe_flwr.experiments import processes
+from collapipe_flwr.experiments.job import TIMEOUT_ENV, JobSpec
+
+PROJECT_ROOT = CONF_DIR.parent
+STATUS_FILE = "status.json"
+LOG_FILE = "flwr.log"
+RUN_CONFIG_FILE = "run_config.toml"
+SUPERLINK_LOG_FILE = "superlink.log"
+
+LOCAL_CONNECTION_TOML = (
+    "# Written by collapipe_flwr.experiments.launch: one local simulation SuperLink per sweep job.\n"
+    '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
+)
+
+
+def toml_string(value: str) -> str:
+    """A TOML basic string (JSON's escaping is valid TOML for every character)."""
+    return json.dumps(str(value), ensure_ascii=True)
+
+
+def run_config_toml(job: JobSpec) -> str:
+    """The Flower run config of the job: the three keys of pyproject's [tool.flwr.app.config]."""
+    return (
+        f"overrides = {toml_string(job.overrides_text)}\n"
+        f"data-dir = {toml_string(job.data_dir)}\n"
+        f"output-dir = {toml_string(str(job.job_dir))}\n"
+    )
+
+
+def flower_command(flwr_exe: str, project_root: Path, run_config_file: Path, num_supernodes: int) -> list[str]:
+    federation = f"num-supernodes={int(num_supernodes)} client-resources-num-cpus=1 client-resources-num-gpus=0.0"
+    return [flwr_exe, "run", str(project_root), "--stream", "--run-config", str(run_config_file),
+            "--federation-config", federation]
+
+
+def flwr_executable() -> str:
+    """The `flwr` CLI next to this interpreter (the project's venv), else the one on PATH."""
+    beside = Path(sys.executable).parent / "flwr"
+    return str(beside) if beside.is_file() else (shutil.which("flwr") or "flwr")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def flower_env(base: Mapping[str, str], flwr_home: Path, data_dir: str, http_port: int, control_port: int) -> dict[str, str]:
+    env = dict(base)
+    env.update(
+        FLWR_HOME=str(flwr_home),
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http_port),
+        FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
+        PYTHONUNBUFFERED="1",
+        RAY_DEDUP_LOGS="0",
+        COLLAPIPE_DATA_DIR=data_dir,
+    )
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+_ERROR_LINE = re.compile(r"\berror: (.+)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def error_line(log_text: str) -> str:
+    """The most telling one-line error of a failed run's log ("" when none is found).
+
+    Prefers the last ``error: <message>`` line (the project's one-line user errors), then the flwr
+    CLI's last error panel, then the last traceback's final line (``SomeError: ...``), then the last
+    line mentioning ERROR.
+    """
+    lines = [_ANSI.sub("", line).strip() for line in log_text.splitlines()]
+    lines = [line for line in lines if line]
+    for line in reversed(lines):
+        match = _ERROR_LINE.search(line)
+        if match:
+            return match.group(1).strip()
+    box = _last_error_box(lines)
+    if box:
+        return box
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Traceback"):
+            tail = [line for line in lines[i + 1:] if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b", line)]
+            if tail:
+                return tail[-1]
+    for line in reversed(lines):
+        if "ERROR" in line:
+            return line
+    return ""
+
+
+def _last_error_box(lines: list[str]) -> str:
+    """The text of the last rich ``╭─ Error ─╮ ... ╰─╯`` panel the flwr CLI prints, as one line."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("╭") and "Error" in line]
+    if not starts:
+        return ""
+    body = []
+    for line in lines[starts[-1] + 1:]:
+        if line.startswith("╰"):
+            break
+        body.append(line.strip("│").strip())
+    return " ".join(part for part in body if part)
+
+
+def write_status(job_dir: Path, status: dict) -> Path:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    path = job_dir / STATUS_FILE
+    path.write_text(json.dumps(status, indent=2, sort_keys=True, default=str))
+    return path
+
+
+def failed_status(job_dir: Path, error: str, labels: Mapping[str, Any] | None = None, **extra: Any) -> dict:
+    """status.json of a job that could not run (e.g. a config error found before launching)."""
+    status = {"ok": False, "error": error, "labels": dict(labels or {}), "run_dir": None, **extra}
+    write_status(Path(job_dir), status)
+    return status
+
+
+def _pump(stream, sinks: list[TextIO]) -> None:
+    for line in iter(stream.readline, ""):
+        for sink in sinks:
+            try:
+                sink.write(line)
+                sink.flush()
+            except (ValueError, OSError):
+                pass
+    stream.close()
+
+
+def launch(job: JobSpec, project_root: Path = PROJECT_ROOT, echo: TextIO | None = sys.stdout,
+           base_env: Mapping[str, str] | None = None, flwr_exe: str | None = None) -> dict:
+    """Run the job's `flwr run`, always clean up, write and return status.json's content.
+
+    ``flwr_exe`` replaces the `flwr` CLI (tests use a stand-in that mimics its processes).
+    """
+    job.job_dir.mkdir(parents=True, exist_ok=True)
+    run_config_file = job.job_dir / RUN_CONFIG_FILE
+    run_config_file.write_text(run_config_toml(job))
+    flwr_home = Path(tempfile.mkdtemp(prefix="collapipe-flwr-home-"))
+    (flwr_home / "config.toml").write_text(LOCAL_CONNECTION_TOML)
+    env = flower_env(os.environ if base_env is None else base_env, flwr_home, job.data_dir, free_port(), free_port())
+    cmd = flower_command(flwr_exe or flwr_executable(), project_root, run_config_file, job.num_supernodes)
+    log_path = job.job_dir / LOG_FILE
+    status: dict[str, Any] = {
+        "ok": False, "error": "", "labels": job.labels, "overrides": list(job.overrides),
+        "run_dir": str(job.run_dir), "command": cmd, "log": str(log_path), "timeout_s": job.timeout_s,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    t0 = time.monotonic()
+    proc = None
+    interrupted = False
+    try:
+        with log_path.open("w", encoding="utf-8") as log:
+            log.write("$ " + " ".join(cmd) + "\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, cwd=project_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, errors="replace", bufsize=1, start_new_session=True)
+            pump = threading.Thread(target=_pump, args=(proc.stdout, [log] + ([echo] if echo else [])), daemon=True)
+            pump.start()
+            try:
+                status["returncode"] = proc.wait(timeout=job.timeout_s)
+                status["timed_out"] = False
+            except subprocess.TimeoutExpired:
+                status["returncode"] = None
+                status["timed_out"] = True
+            finally:
+                if proc.poll() is None:  # timed out or interrupted: stop the CLI and what it started
+                    processes.stop_tree([proc.pid], grace_s=5.0)
+                pump.join(timeout=5.0)
+    except KeyboardInterrupt:
+        interrupted = True
+    except OSError as err:
+        status["error"] = f"cannot start {cmd[0]}: {err}; install flwr in this environment"
+    finally:
+        processes.stop_processes_mentioning(str(flwr_home), grace_s=10.0)
+        if proc is not None and proc.poll() is None:
+            processes.stop_tree([proc.pid], grace_s=2.0)
+        superlink_log = flwr_home / "local-superlink" / "superlink.log"
+        if superlink_log.is_file():
+            shutil.copyfile(superlink_log, job.job_dir / SUPERLINK_LOG_FILE)
+        shutil.rmtree(flwr_home, ignore_errors=True)
+        status["wall_s"] = round(time.monotonic() - t0, 3)
+        status["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        status.update(judge(status, job, interrupted))
+        write_status(job.job_dir, status)
+    if interrupted:
+        raise KeyboardInterrupt
+    return status
+
+
+def judge(status: Mapping[str, Any], job: JobSpec, interrupted: bool = False) -> dict:
+    """ok / error of a finished launch: ok needs exit code 0 and the run's summary.json."""
+    if interrupted:
+        return {"ok": False, "error": "interrupted (KeyboardInterrupt); the run was stopped"}
+    if status.get("error"):
+        return {"ok": False}
+    if status.get("timed_out"):
+        return {"ok": False, "error": f"timed out after {job.timeout_s:.0f} s; raise {TIMEOUT_ENV} or shrink the run"}
+    log_text = _read(job.job_dir / LOG_FILE) + "\n" + _read(job.job_dir / SUPERLINK_LOG_FILE)
+    rc = status.get("returncode")
+    if rc == 0 and (job.run_dir / "summary.json").is_file():
+        return {"ok": True, "error": ""}
+    found = error_line(log_text)
+    if rc != 0:
+        return {"ok": False, "error": found or f"flwr run exited with code {rc}; see {job.job_dir / LOG_FILE}"}
+    return {"ok": False, "error": found or f"the run wrote no summary.json; see {job.job_dir / LOG_FILE}"}
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
