@@ -186,34 +186,33 @@ def launch(job: JobSpec, project_root: Path = PROJECT_ROOT, echo: TextIO | None 
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     t0 = time.monotonic()
-    proc = None
+    proc = pump = None
     interrupted = False
+    log = log_path.open("w", encoding="utf-8")
     try:
-        with log_path.open("w", encoding="utf-8") as log:
-            log.write("$ " + " ".join(cmd) + "\n")
-            log.flush()
-            proc = subprocess.Popen(cmd, cwd=project_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, errors="replace", bufsize=1, start_new_session=True)
-            pump = threading.Thread(target=_pump, args=(proc.stdout, [log] + ([echo] if echo else [])), daemon=True)
-            pump.start()
-            try:
-                status["returncode"] = proc.wait(timeout=job.timeout_s)
-                status["timed_out"] = False
-            except subprocess.TimeoutExpired:
-                status["returncode"] = None
-                status["timed_out"] = True
-            finally:
-                if proc.poll() is None:  # timed out or interrupted: stop the CLI and what it started
-                    processes.stop_tree([proc.pid], grace_s=5.0)
-                pump.join(timeout=5.0)
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=project_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", bufsize=1, start_new_session=True)
+        pump = threading.Thread(target=_pump, args=(proc.stdout, [log] + ([echo] if echo else [])), daemon=True)
+        pump.start()
+        try:
+            status["returncode"] = proc.wait(timeout=job.timeout_s)
+            status["timed_out"] = False
+        except subprocess.TimeoutExpired:
+            status["returncode"] = None
+            status["timed_out"] = True
     except KeyboardInterrupt:
         interrupted = True
     except OSError as err:
         status["error"] = f"cannot start {cmd[0]}: {err}; install flwr in this environment"
     finally:
-        processes.stop_processes_mentioning(str(flwr_home), grace_s=10.0)
-        if proc is not None and proc.poll() is None:
-            processes.stop_tree([proc.pid], grace_s=2.0)
+        if proc is not None and proc.poll() is None:  # timed out or interrupted: the CLI and what it started
+            processes.stop_tree([proc.pid], grace_s=5.0)
+        processes.stop_processes_mentioning(str(flwr_home), grace_s=10.0)  # the detached SuperLink + children
+        if pump is not None:  # EOF once every process holding the pipe is gone
+            pump.join(timeout=5.0)
+        log.close()
         superlink_log = flwr_home / "local-superlink" / "superlink.log"
         if superlink_log.is_file():
             shutil.copyfile(superlink_log, job.job_dir / SUPERLINK_LOG_FILE)

@@ -129,6 +129,6 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
         "seconds-total": time.time() - t_start,
         "device-peak-bytes": device_peak,
         "device-compute-seconds": device_compute,
-        **{f"seconds-{k}": v for k, v in step_seconds.items()},
+        **{f"seconds-step-{k}": v for k, v in step_seconds.items()},
     }
     return pack_weights(reply_parts), metrics
