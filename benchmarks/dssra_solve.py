@@ -1,6 +1,13 @@
-"""DSSRA solve time per round (Sub-1 for every cluster + Sub-2) for (N, K, J) = (3, 6, 4), (20, 8, 10),
-(100, 10, 50) on the paper_table2 radio values. Prints `solve_ms_N{N}_K{K}_J{J}: value` (median of rounds
-after one warm-up round, which compiles the CVXPY problem).
+"""DSSRA solve time per round (block coordinate descent of Sub-1 for every cluster and Sub-2: Dinkelbach + SCA
+power for every (CU, channel) pair, Hungarian matching) for (N, K, J) = (3, 6, 4), (20, 8, 10), (100, 10, 50)
+on the paper_table2 radio values, with non-zero queues (Y_n = 1). Prints `name: value` lines:
+
+* solve_ms_N{N}_K{K}_J{J}: median over the rounds after one warm-up round (which compiles the CVXPY
+  problem), default scheduler (drift: gamma). There the power objective is non-increasing in p, so
+  Dinkelbach's test F(lambda) = 0 already holds at its warm start (the largest C6/C8'-feasible power).
+* solve_ms_N{N}_K{K}_J{J}_drift_paper: the same with drift: paper (Y_n p_n of eq. 32), where every pair
+  runs the Dinkelbach + SCA iterations through CVXPY.
+* cvxpy_solves_..._drift_paper, bcd_passes_...: work done in the last measured round.
 
     python benchmarks/dssra_solve.py [--rounds 3]
 """
@@ -12,6 +19,7 @@ import time
 
 import numpy as np
 
+from collapipe_flwr.dssra import dinkelbach
 from collapipe_flwr.dssra.policies import make_policy
 from collapipe_flwr.dssra.simulate import generic_workload, load_yaml
 from collapipe_flwr.system.network import NetworkSpec
@@ -20,25 +28,51 @@ from collapipe_flwr.system.state import StateSampler
 SIZES = ((3, 6, 4), (20, 8, 10), (100, 10, 50))
 
 
+class _CountSolves:
+    """Counts CVXPY surrogate solves (Dinkelbach/SCA iterations) during a round."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._inner = dinkelbach._solve_surrogate
+
+    def __enter__(self):
+        def counted(*a, **k):
+            self.count += 1
+            return self._inner(*a, **k)
+
+        dinkelbach._solve_surrogate = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        dinkelbach._solve_surrogate = self._inner
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     workload = generic_workload(128, 4, 512, 6, 32, 64, 1)
-    for N, K, J in SIZES:
-        net = load_yaml("network", "paper_table2")
-        net.update(num_channels=J, devices_per_cluster=K)
-        spec = NetworkSpec.from_config(net, N)
-        policy = make_policy(load_yaml("scheduler", "dssra"), spec, workload, 0)
-        policy.Y[:] = 1.0  # non-zero queues: the power step goes through CVXPY, the costly path
-        sampler = StateSampler(spec, 0)
-        times = []
-        for t in range(args.rounds + 1):
-            state = sampler.sample(t)
-            start = time.perf_counter()
-            plan = policy.plan(t, state)
-            times.append(time.perf_counter() - start)
-        print(f"solve_ms_N{N}_K{K}_J{J}: {1000 * float(np.median(times[1:])):.1f}")
+    for drift in ("gamma", "paper"):
+        suffix = "" if drift == "gamma" else "_drift_paper"
+        for N, K, J in SIZES:
+            net = load_yaml("network", "paper_table2")
+            net.update(num_channels=J, devices_per_cluster=K)
+            spec = NetworkSpec.from_config(net, N)
+            sched = dict(load_yaml("scheduler", "dssra"), drift=drift)
+            policy = make_policy(sched, spec, workload, 0)
+            policy.Y[:] = 1.0  # non-zero queues: the drift terms are live
+            sampler = StateSampler(spec, 0)
+            times = []
+            for t in range(args.rounds + 1):
+                state = sampler.sample(t)
+                with _CountSolves() as counter:
+                    start = time.perf_counter()
+                    plan = policy.plan(t, state)
+                    times.append(time.perf_counter() - start)
+            name = f"N{N}_K{K}_J{J}{suffix}"
+            print(f"solve_ms_{name}: {1000 * float(np.median(times[1:])):.1f}")
+            print(f"cvxpy_solves_{name}: {counter.count}")
+            print(f"bcd_passes_{name}: {plan.modelled['bcd_iterations']}")
 
 
 if __name__ == "__main__":

@@ -13,10 +13,10 @@ tokens, token-classification head, Adam. Prints one ``name: value`` per line:
   encoder alone (a stricter view: the CU keeps the embedding, the server the head).
 
 Threads: the plain model is timed with 1 thread and with all cores; each device actor uses
-``max(1, cpu_count // S)`` (``--actor-threads`` overrides); the CU process keeps all cores for the
-embedding and the head, which run while the actors wait.
+``max(1, (cores - 1) // S)`` (``default_actor_threads``; ``--actor-threads`` overrides); the CU process
+keeps all cores for the embedding and the head, which run while the actors wait.
 
-Run: ``python benchmarks/pipeline_overhead.py`` (about a minute or two on 2 cores).
+Run: ``python benchmarks/pipeline_overhead.py`` (2-3 minutes on 2 idle cores; far longer when they are shared).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from collapipe_flwr.models.bert import build_bert  # noqa: E402
-from collapipe_flwr.pipeline.cluster import ClusterPipeline, default_actor_threads  # noqa: E402
+from collapipe_flwr.pipeline.cluster import ClusterPipeline, default_actor_threads, usable_cores  # noqa: E402
 from collapipe_flwr.pipeline.head import LocalHead  # noqa: E402
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes  # noqa: E402
 from collapipe_flwr.pipeline.optim import OptimizerSpec  # noqa: E402
@@ -114,12 +114,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--segments", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--actor-threads", type=int, default=None, help="torch threads per device actor (default cores // S)")
+    parser.add_argument("--actor-threads", type=int, default=None, help="torch threads per device actor (default max(1, (cores - 1) // S))")
     args = parser.parse_args()
 
     import ray
 
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     torch.set_num_threads(cores)
     ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     batch = make_batch(args.batch, args.seq_len)

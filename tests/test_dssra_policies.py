@@ -49,8 +49,11 @@ def scheduler(name: str, **over) -> dict:
     return s
 
 
-def check_constraints(plan: RoundPlan, spec: NetworkSpec, state: RoundState, workload) -> None:
-    """C1-C9 recomputed from the plan with the formulas written out here."""
+def check_constraints(plan: RoundPlan, spec: NetworkSpec, state: RoundState, workload, uplink_bits=None,
+                      with_d2d: bool = True) -> None:
+    """C1-C9 recomputed from the plan with the formulas written out here (``uplink_bits``: what a CU sends,
+    default the CollaPipe upload; ``with_d2d=False``: a method without activation hand-over)."""
+    bits = workload.uplink_bits() if uplink_bits is None else uplink_bits
     L, b = workload.num_blocks, workload.batch_size
     used_channels = []
     N0 = spec.noise_psd_w_hz
@@ -69,7 +72,7 @@ def check_constraints(plan: RoundPlan, spec: NetworkSpec, state: RoundState, wor
             f = dev.f_hz * state.availability[c.cluster][k]
             rate = spec.d2d_bandwidth_hz * math.log2(1 + dev.d2d_power_w * state.d2d_gain[c.cluster][k]
                                                      / (spec.d2d_interference_w + spec.d2d_bandwidth_hz * N0))
-            d2d = b_hat * 2 * 8 * workload.activation_bytes_per_sample / rate
+            d2d = b_hat * 2 * 8 * workload.activation_bytes_per_sample / rate if with_d2d else 0.0
             energy = workload.steps_per_round * c.m * (
                 spec.effective_capacitance * delta[k] * b_hat * o / dev.flops_per_cycle * f**2 + dev.d2d_power_w * d2d)
             assert energy <= spec.device_energy_max_j * (1 + 1e-9)
@@ -80,7 +83,7 @@ def check_constraints(plan: RoundPlan, spec: NetworkSpec, state: RoundState, wor
             assert 0 < c.power_w <= spec.cu_power_max_w * (1 + 1e-12)                  # C6
             B, h, I = spec.channel_bandwidth_hz[j], state.uplink_gain[c.cluster][j], state.uplink_interference_w[j]
             rate = B * math.log2(1 + c.power_w * h / (I + B * N0))
-            assert c.power_w * workload.uplink_bits() / rate <= spec.cu_energy_max_j * (1 + 1e-6)  # C8
+            assert c.power_w * bits / rate <= spec.cu_energy_max_j * (1 + 1e-6)  # C8
         else:
             assert c.channel is None and c.power_w == 0.0
     assert len(used_channels) == len(set(used_channels))                              # C4, C5

@@ -1,4 +1,5 @@
-"""Sub-2: Hungarian channel matching vs brute force, power step vs a fine 1-D grid search."""
+"""Sub-2: Hungarian channel matching vs brute force; the power step (Dinkelbach + SCA, the DSSRA path, and
+the direct convex solver kept as a cross-check) vs a fine 1-D grid search and vs each other."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from collapipe_flwr.dssra.channels import match_channels
+from collapipe_flwr.dssra.dinkelbach import c11_power_floor, dinkelbach_sca_power
 from collapipe_flwr.dssra.power import optimal_power
 
 
@@ -83,3 +85,79 @@ def test_power_within_half_percent_of_grid_search(seed):
         assert got <= best * 1.005
         checked += 1
     assert checked >= 20
+
+
+def random_pairs(seed: int, P: int = 40):
+    rng = np.random.default_rng(seed)
+    V = 10 ** rng.uniform(-2, 2, P)
+    bits = rng.uniform(1e6, 8e7, P)
+    B = rng.uniform(4e5, 6e5, P)
+    h = 10 ** (rng.uniform(-0.12, -0.08, P) / 10) * rng.exponential(1.0, P)
+    I = rng.uniform(0.06, 0.08, P)
+    g = h / (I + B * 4e-21)
+    w_gamma = rng.uniform(0, 50, P) * rng.choice([0, 1], P)
+    w_lin = rng.uniform(0, 500, P) * rng.choice([0, 1], P)
+    E_max, P_max = 10.0 * rng.uniform(0.5, 3, P), np.full(P, 0.5)
+    return V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dinkelbach_sca_within_half_percent_of_grid_and_equal_to_direct(seed):
+    """The DSSRA power path (Dinkelbach + SCA, CVXPY) against a fine grid and the direct convex solver."""
+    V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max = random_pairs(100 + seed)
+    result = dinkelbach_sca_power(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max)
+    p = result.power_w
+    direct = optimal_power(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max)
+    assert result.iterations >= 2          # interior optima (w_lin > 0) really iterate
+    checked = 0
+    for i in range(len(V)):
+        best = grid_objective(V[i], bits[i], B[i], g[i], h[i], I[i], w_gamma[i], w_lin[i], E_max[i], P_max[i])
+        if math.isinf(best):
+            assert np.isnan(p[i]) and np.isnan(direct[i])
+            continue
+        delay = bits[i] / (B[i] * np.log2(1 + g[i] * p[i]))
+        assert 0 < p[i] <= P_max[i] * (1 + 1e-12)                                 # C6
+        assert p[i] * delay <= E_max[i] * (1 + 1e-9)                              # C8'
+        got = V[i] * delay + w_gamma[i] / (p[i] * h[i] + I[i]) + w_lin[i] * p[i]
+        assert got <= best * 1.005
+        ref_delay = bits[i] / (B[i] * np.log2(1 + g[i] * direct[i]))
+        ref = V[i] * ref_delay + w_gamma[i] / (direct[i] * h[i] + I[i]) + w_lin[i] * direct[i]
+        assert got == pytest.approx(ref, rel=1e-6)
+        checked += 1
+    assert checked >= 20
+    assert result.residuals[-1] <= 1e-6     # -F(lambda)/(lambda R) ~ 0 at the end: Dinkelbach converged
+
+
+def test_dinkelbach_respects_the_c11_floor():
+    """With a C11' lower bound above the unconstrained optimum, the power sits on the bound (grid check)."""
+    V, bits, B, g, h, I, _, _, E_max, P_max = random_pairs(7, 12)
+    w_lin = np.full(12, 400.0)                   # pushes the power down, so a floor binds
+    free = dinkelbach_sca_power(V, bits, B, g, h, I, 0.0, w_lin, E_max, P_max).power_w
+    checked = 0
+    for i in range(12):
+        q = np.linspace(P_max[i] * 1e-6, P_max[i], 200001)
+        delay = bits[i] / (B[i] * np.log2(1 + g[i] * q))
+        feasible = q * delay <= E_max[i]
+        if not feasible.any() or not np.isfinite(free[i]):
+            continue
+        cap = q[feasible].max()
+        floor = min(1.5 * free[i], cap)
+        got = dinkelbach_sca_power(V[i], bits[i], B[i], g[i], h[i], I[i], 0.0, w_lin[i], E_max[i], P_max[i],
+                                   p_floor=floor).power_w
+        obj = np.where(feasible & (q >= floor), V[i] * delay + w_lin[i] * q, np.inf)
+        got_delay = bits[i] / (B[i] * np.log2(1 + g[i] * got))
+        assert got >= floor * (1 - 1e-7)
+        assert V[i] * got_delay + w_lin[i] * got <= obj.min() * 1.005
+        if free[i] < 0.99 * cap:
+            assert got == pytest.approx(floor, rel=1e-4)     # the floor binds
+        checked += 1
+    assert checked >= 6
+
+
+def test_c11_floor_formula_by_hand():
+    # scale*C/(p h + I) <= budget  <=>  p >= (scale*C/budget - I)/h
+    scale_c, h, I = 0.02, 0.8, 0.07
+    assert c11_power_floor(0.1, scale_c, h, I, 0.5) == pytest.approx((0.2 - 0.07) / 0.8)
+    assert c11_power_floor(1.0, scale_c, h, I, 0.5) == 0.0          # already met at p = 0
+    assert c11_power_floor(0.0, scale_c, h, I, 0.5) == 0.5          # unreachable: as close as C6/C8' allow
+    assert c11_power_floor(0.021, scale_c, h, I, 0.5) == 0.5        # needs p > cap

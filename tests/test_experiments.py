@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from collapipe_flwr.config import compose, split_overrides
+from collapipe_flwr.config import build_run_config, compose, split_overrides
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.experiments import aggregate, processes, reductions
 from collapipe_flwr.experiments.job import JobSpec, build_job, forwarded_overrides, override_key, run_timeout_s
@@ -151,6 +151,13 @@ def test_run_without_records_gives_empty_row():
     row = aggregate.run_row("x", labels(), [], ok=False, error="boom")
     assert row["rounds"] == 0 and row["delay_total_s"] is None and row["final_metric"] is None
     assert row["error"] == "boom" and row["ok"] is False
+
+
+def test_segment_scheduling_flag_from_config():
+    assert aggregate.segment_scheduling({"method": {"segment_scheduling": True}, "scheduler": {"name": "dssra"}}) is True
+    assert aggregate.segment_scheduling({"method": {"segment_scheduling": False}, "scheduler": {}}) is False
+    assert aggregate.segment_scheduling({"method": {"segment_scheduling": True}, "scheduler": {"name": "uniform"}}) is False
+    assert aggregate.segment_scheduling({}) is None
 
 
 def test_uniform_partition_detection():
@@ -295,7 +302,7 @@ def test_build_job_validates_once_and_sizes_the_federation(tmp_path):
         build_job(bad, [], tmp_path / "k", environ={"COLLAPIPE_DATA_DIR": str(tmp_path)})
     with pytest.raises(ConfigError, match="no data directory"):
         build_job(config, [], tmp_path / "k", environ={})
-    cfg = __import__("collapipe_flwr.config", fromlist=["build_run_config"]).build_run_config(config)
+    cfg = build_run_config(config)
     assert run_timeout_s(cfg, {"COLLAPIPE_RUN_TIMEOUT_S": "42"}) == 42.0
     with pytest.raises(ConfigError):
         run_timeout_s(cfg, {"COLLAPIPE_RUN_TIMEOUT_S": "soon"})
@@ -406,6 +413,7 @@ def test_entry_point_bad_config_is_one_line_and_a_sweep_goes_on(tmp_path):
     assert "fixed_m=-1" in statuses[1]["error"]
     out = write_report(tmp_path / "sweep")
     assert len(list(csv.DictReader((out / "results.csv").open()))) == 2
+    assert "Sweep: `python -m collapipe_flwr.experiments -m method.fixed_m=0,-1`" in (out / "results.md").read_text()
 
 
 # --------------------------------------------------------------------------- end to end (Flower)

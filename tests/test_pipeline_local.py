@@ -72,6 +72,9 @@ def test_repartition_carries_weights_and_optimizer_state():
     head = LocalHead(work.head, ADAM)
     pipe = ClusterPipeline(work.embedding, work.blocks, (1, 3, 2), ADAM)
     losses = [pipe.train_step(batch, 2, head).loss]
+    with pytest.raises(PartitionError, match="remove 1 block"):
+        pipe.repartition((4, 1, 2))
+    assert pipe.delta == (1, 3, 2)  # unchanged, still usable
     pipe.repartition((4, 0, 2))
     assert pipe.delta == (4, 0, 2) and pipe.S == 2
     losses.append(pipe.train_step(batch2, 4, head).loss)
@@ -97,6 +100,10 @@ def test_blocks_are_copied_and_state_dicts_round_trip():
     pipe.load_encoder_state_dict(original)
     for k, v in pipe.encoder_state_dict().items():
         assert torch.equal(v, original[k])
+    with pytest.raises(ConfigError, match=r"lacks 5\.layer\..* \(\d+ missing, 0 unexpected\).*L=6"):
+        pipe.load_encoder_state_dict({k: v for k, v in original.items() if not k.startswith("5.")})
+    with pytest.raises(ConfigError, match="embedding state dict does not fit"):
+        pipe.load_embedding_state_dict({"tokens.weight": torch.zeros(3, 3)})
     emb = pipe.embedding_state_dict()
     pipe.load_embedding_state_dict({k: torch.zeros_like(v) for k, v in emb.items()})
     assert all(float(v.abs().sum()) == 0 for v in pipe.embedding_state_dict().values())

@@ -175,13 +175,14 @@ def ray_session():
 @pytest.mark.parametrize(
     "family,delta,m,adam",
     [
-        ("bert", (1, 3, 2), 2, True),
+        ("bert", (1, 3, 2), 2, False),
         ("transformer", (0, 2, 0, 4), 4, False),
         pytest.param("transformer", (1, 3, 2), 4, True, marks=pytest.mark.slow),
         pytest.param("bert", (6,), 1, True, marks=pytest.mark.slow),
     ],
 )
 def test_ray_pipeline_is_transparent(ray_session, family, delta, m, adam):
-    """Device stages as Ray actors (each actor start costs seconds, so a subset of the local grid; the
-    SGD lr=1 check already shows the weights after a step match, ``adam`` adds the Adam step)."""
+    """Device stages as Ray actors. Each actor start costs seconds (a fresh process imports torch and
+    transformers), so this is a subset of the local grid: the SGD lr=1 run already shows the gradients
+    and the weights after a step match; ``adam`` adds an Adam-step run (in the slow cases)."""
     assert_transparent(family, delta, m, "ray", adam=adam)

@@ -43,6 +43,7 @@ import numpy as np
 from collapipe_flwr.dssra.power import LN2, feasible_pairs, max_energy_power
 
 _PROBLEMS: dict[int, "_Surrogate"] = {}
+DPP_MAX_PAIRS = 256
 
 
 @dataclass
@@ -70,14 +71,14 @@ class _Surrogate:
         constraints = [r <= cp.log(1 + x), cp.multiply(eg, x) <= r, x <= x_max, x >= x_min]
         return cls(cp.Problem(cp.Minimize(objective), constraints), x, q_ent, mu, lin, quad, eg, x_max, x_min)
 
-    def solve(self, values: dict[str, np.ndarray], start: np.ndarray) -> np.ndarray | None:
+    def solve(self, values: dict[str, np.ndarray], start: np.ndarray, dpp: bool = True) -> np.ndarray | None:
         for name, value in values.items():
             getattr(self, name).value = value
         self.x.value = start
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self.problem.solve(solver=cp.CLARABEL, warm_start=True)
+                self.problem.solve(solver=cp.CLARABEL, warm_start=True, ignore_dpp=not dpp)
         except cp.error.SolverError:
             return None
         if self.problem.status not in ("optimal", "optimal_inaccurate") or self.x.value is None:
@@ -85,10 +86,29 @@ class _Surrogate:
         return np.asarray(self.x.value, dtype=float)
 
 
-def _surrogate(P: int) -> _Surrogate:
-    if P not in _PROBLEMS:
-        _PROBLEMS[P] = _Surrogate.build(P)
-    return _PROBLEMS[P]
+def _solve_surrogate(values: dict[str, np.ndarray], start: np.ndarray) -> np.ndarray | None:
+    """Solve the surrogate for the P pairs in ``values``. Up to DPP_MAX_PAIRS pairs the problem is padded to
+    a power-of-two size and its compiled DPP form is cached (only parameter values change between solves);
+    above it CVXPY's parameter tensor is too costly to build (minutes for 5,000 pairs), so the problem is
+    canonicalised afresh with the values as constants (a few ms)."""
+    P = len(start)
+    if P > DPP_MAX_PAIRS:
+        out = _Surrogate.build(P).solve(values, start, dpp=False)
+    else:
+        size = max(8, 1 << (P - 1).bit_length())
+        if size not in _PROBLEMS:
+            _PROBLEMS[size] = _Surrogate.build(size)
+        pad = size - P
+        padded = {k: np.concatenate([v, np.full(pad, 1.0 if k == "mu" else 0.0)]) for k, v in values.items()}
+        out = _PROBLEMS[size].solve(padded, np.concatenate([start, np.zeros(pad)]))
+        out = None if out is None else out[:P]
+    if out is None and P > 1:  # the pairs are independent: isolate an ill-conditioned one by halving
+        half = P // 2
+        parts = [_solve_surrogate({k: v[sl] for k, v in values.items()}, start[sl])
+                 for sl in (slice(0, half), slice(half, P))]
+        out = np.concatenate([p if p is not None else start[sl]
+                              for p, sl in zip(parts, (slice(0, half), slice(half, P)))])
+    return out
 
 
 def curvature_bound(interference, interference_noise) -> np.ndarray:
@@ -109,8 +129,8 @@ def _rho_prime(x, I, Ip):
 
 @dataclass(frozen=True)
 class PowerResult:
-    """p per pair (NaN where C8' cannot hold), the Dinkelbach lambda history (max over pairs of the relative
-    decrease per iteration) and the number of CVXPY solves."""
+    """p per pair (NaN where C8' cannot hold), the number of CVXPY solves (Dinkelbach/SCA iterations) and,
+    per iteration, the largest relative decrease of f over the pairs, -F(lambda) / (lambda R)."""
 
     power_w: np.ndarray
     iterations: int
@@ -155,40 +175,52 @@ def dinkelbach_sca_power(V, bits, bandwidth, slope, gain, interference, w_gamma,
     x_min = np.minimum(g_safe * np.clip(p_floor, 0.0, None), x_max)
     c = np.where(ok, curvature_bound(I_, Ip), 0.0)
 
-    def f(x):
+    def f_at(x, idx):
         with np.errstate(divide="ignore"):
-            return 1.0 / np.log1p(x) + a_g / (I_ + Ip * x) + a_l * x / g_safe
+            return 1.0 / np.log1p(x) + a_g[idx] / (I_[idx] + Ip[idx] * x) + a_l[idx] * x / g_safe[idx]
+
+    def f(x):
+        return f_at(x, slice(None))
+
+    def f_prime(x):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = -1.0 / ((1 + x) * np.log1p(x) ** 2) - a_g * Ip / (I_ + Ip * x) ** 2 + a_l / g_safe
+        return np.where(x > 0, d, -np.inf)
 
     x = x_max.copy()                              # warm start: the largest C6/C8'-feasible power
     lam = np.where(ok, f(x), 0.0)
+    # f is convex, so f'(x_max) <= 0 means f is non-increasing on [x_min, x_max]: x_max attains min f and
+    # F(lambda_0) = 0 exactly (Phi_lambda0(x) = R(x)(f(x) - f(x_max)) >= 0), and Dinkelbach stops at its warm
+    # start. This always holds when a_l = 0 (f = 1/R + a_g/(I + I'x) decreases), and for pairs whose C8' range
+    # is so short that the delay term dominates (which would otherwise only make the conic problem ill-scaled).
+    active = ok & (a_l > 0) & (f_prime(x_max) > 0) & (x_max > x_min)
     residuals: list[float] = []
     iterations = 0
-    if np.all(a_g[ok] == 0) and np.all(a_l[ok] == 0):
-        power[ok] = p_cap[ok]                     # f = 1/R: strictly decreasing, F(lambda) = 0 at the cap
-        return PowerResult(power.reshape(shape), 0, ())
-    prob = _surrogate(P)
     for _ in range(max_iters):
+        idx = np.nonzero(active)[0]
+        if idx.size == 0:
+            break
+        xi = x[idx]
         values = {
-            "q_ent": a_l / g_safe,
-            "mu": np.where(ok, lam + a_l / g_safe, 1.0),
-            "lin": a_g * (_rho_prime(x, I_, Ip) - c * x),
-            "quad": a_g * c / 2,
-            "eg": np.where(ok, energy / g_safe, 0.0),
-            "x_max": x_max,
-            "x_min": x_min,
+            "q_ent": a_l[idx] / g_safe[idx],
+            "mu": lam[idx] + a_l[idx] / g_safe[idx],
+            "lin": a_g[idx] * (_rho_prime(xi, I_[idx], Ip[idx]) - c[idx] * xi),
+            "quad": a_g[idx] * c[idx] / 2,
+            "eg": energy[idx] / g_safe[idx],
+            "x_max": x_max[idx],
+            "x_min": x_min[idx],
         }
-        x_new = prob.solve(values, x)
+        x_new = _solve_surrogate(values, xi)
         iterations += 1
         if x_new is None:
             break
-        x_new = np.clip(x_new, x_min, x_max)
-        f_new = f(x_new)
-        better = ok & np.isfinite(f_new) & (f_new < lam)
-        decrease = np.where(better, (lam - f_new) / lam, 0.0)   # = -F(lambda) / (lambda R(x_new))
-        x = np.where(better, x_new, x)
-        lam = np.where(better, f_new, lam)
+        x_new = np.clip(x_new, x_min[idx], x_max[idx])
+        f_new = f_at(x_new, idx)
+        better = np.isfinite(f_new) & (f_new < lam[idx])
+        decrease = np.where(better, (lam[idx] - f_new) / lam[idx], 0.0)   # = -F(lambda) / (lambda R(x_new))
+        x[idx] = np.where(better, x_new, xi)
+        lam[idx] = np.where(better, f_new, lam[idx])
         residuals.append(float(decrease.max()))
-        if decrease.max() <= tol:
-            break
+        active[idx] = decrease > tol
     power[ok] = x[ok] / g_safe[ok]
     return PowerResult(power.reshape(shape), iterations, tuple(residuals))

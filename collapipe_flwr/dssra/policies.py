@@ -1,8 +1,10 @@
 """Scheduling policies behind one interface: ``make_policy(...).plan(t, state) -> RoundPlan``.
 
-* ``dssra`` (Algorithm 4): exact Sub-1 per cluster, then Sub-2: optimal power for every (CU, channel)
-  pair and Hungarian matching with virtual channels, all minimising the drift-plus-penalty
-  V * delay + sum_n Y_n * Gamma_n (or the paper's literal Y_n (S + p_n), scheduler.drift = paper).
+* ``dssra`` (Algorithm 4): block coordinate descent between Sub-1 (exact, per cluster: S, m, delta given
+  the matching) and Sub-2 (Dinkelbach + SCA power for every (CU, channel) pair under C6, C8', C11', then
+  Hungarian matching with virtual channels), minimising the decomposed drift-plus-penalty (P3, eqs. 34-36)
+  sum_{n selected} V (tau_n^pipe + tau_n^Up) + sum_n Y_n Gamma_n (or the paper's literal Y_n (S + p_n),
+  scheduler.drift = paper), until the plan stops changing or scheduler.bcd_max_iters passes.
 * ``uniform``: DSSRA without segment scheduling: equal blocks on all K devices, m = fixed_m.
 * ``random``: min(N, J) CUs at random on random free channels.
 * ``loss_only``: the J CUs with the highest last reported loss (never-seen CUs first).
@@ -14,14 +16,18 @@ in rank order takes its best free channel), power = the largest C6/C8'-feasible 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from typing import Callable
+
 import numpy as np
 
 from collapipe_flwr.dssra.channels import match_channels
 from collapipe_flwr.dssra.cluster_model import ClusterModel
 from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
-from collapipe_flwr.dssra.power import LN2, optimal_power
+from collapipe_flwr.dssra.dinkelbach import c11_power_floor, dinkelbach_sca_power
+from collapipe_flwr.dssra.power import LN2, max_energy_power
 from collapipe_flwr.dssra.scheduler_config import DRIFTS, POLICIES, SchedulerSpec, parse_scheduler_config
-from collapipe_flwr.dssra.segments import fixed_segments, solve_segments, uniform_delta
+from collapipe_flwr.dssra.segments import SegmentPlan, fixed_segments, solve_segments, uniform_delta
 from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
 from collapipe_flwr.system import pipeline_model
 from collapipe_flwr.system.convergence import ConvergenceParams, queue_update
@@ -37,25 +43,49 @@ def validate_scheduler_config(scheduler: dict) -> None:
     parse_scheduler_config(scheduler)
 
 
-def make_policy(scheduler: dict, spec: NetworkSpec, workload: Workload, seed: int) -> "Policy":
-    return Policy(parse_scheduler_config(scheduler), spec, workload, seed)
+def make_policy(scheduler: dict, spec: NetworkSpec, workload: Workload, seed: int, shape: "PlanShape | None" = None) -> "Policy":
+    return Policy(parse_scheduler_config(scheduler), spec, workload, seed, shape)
+
+
+# segments(model, V, drift_by_S, idle) -> SegmentPlan: a method's own partition rule (see dssra/methods.py)
+SegmentRule = Callable[[ClusterModel, float, np.ndarray, bool], SegmentPlan]
+
+
+@dataclass(frozen=True)
+class PlanShape:
+    """How a training method's plan differs from CollaPipe's (dssra/methods.py); the default is CollaPipe.
+
+    method: name logged in plan.modelled.  segments: partition rule replacing Sub-1 / uniform blocks.
+    uplink_bits: bits a selected CU sends per round (default Workload.uplink_bits()).
+    d2d: False = one device, no activation hand-over (tau^dd = 0, no D2D energy).
+    optimise_power: False = each CU sends at the largest C6/C8'-feasible power.
+    """
+
+    method: str = "collapipe"
+    segments: SegmentRule | None = None
+    uplink_bits: float | None = None
+    d2d: bool = True
+    optimise_power: bool = True
 
 
 class Policy:
     """One scheduling policy with its Lyapunov queues Y_n and loss history."""
 
-    def __init__(self, sched: SchedulerSpec, spec: NetworkSpec, workload: Workload, seed: int) -> None:
+    def __init__(self, sched: SchedulerSpec, spec: NetworkSpec, workload: Workload, seed: int,
+                 shape: PlanShape | None = None) -> None:
         self.sched, self.spec, self.workload = sched, spec, workload
+        self.shape = shape or PlanShape()
         self.name = sched.name
         self.conv = ConvergenceParams(sched.beta, sched.eta, sched.grad_bound, sched.interference_c,
                                       sched.gamma_max, spec.num_clusters, workload.num_blocks)
         self.Y = np.zeros(spec.num_clusters)
         self.last_loss: dict[int, float] = {}
         self.rng = np.random.default_rng([int(seed), 0xD55])
+        self.uplink_bits = float(self.shape.uplink_bits if self.shape.uplink_bits is not None else workload.uplink_bits())
         b = workload.batch_size
         top = min(b, sched.max_m) if sched.max_m else b
         self.m_values = range(1, top + 1)
-        if not sched.segment_scheduling and sched.fixed_m > b:
+        if self.shape.segments is None and not sched.segment_scheduling and sched.fixed_m > b:
             raise ConfigError(f"scheduler.fixed_m={sched.fixed_m} exceeds the batch size b={b}; choose 1 <= fixed_m <= {b}")
 
     # ------------------------------------------------------------------ drift terms
@@ -71,48 +101,131 @@ class Policy:
             return self.Y[n] * S
         return self.Y[n] * self.conv.segment_term(S)
 
+    # ------------------------------------------------------------------ Sub-1
+    def _segments(self, model: ClusterModel, n: int, idle: bool) -> SegmentPlan:
+        drift = self._segment_drift(n, model.K)
+        if self.shape.segments is not None:
+            return self.shape.segments(model, self.sched.V, drift, idle)
+        if self.sched.segment_scheduling:
+            return solve_segments(model, self.sched.V, drift, self.m_values, idle=idle)
+        return fixed_segments(model, self.sched.V, drift, uniform_delta(model.K, model.num_blocks), self.sched.fixed_m)
+
     # ------------------------------------------------------------------ the plan
     def plan(self, t: int, state: RoundState) -> RoundPlan:
+        """Block coordinate descent (Algorithms 2-4): Sub-1 for every cluster (first as if every cluster
+        trains), Sub-2 (power + matching) given the segments, then Sub-1 again given which clusters got a
+        channel (an idle cluster's delay does not count, so it only minimises its drift), and so on until the
+        selection, hence the plan, stops changing or scheduler.bcd_max_iters Sub-1/Sub-2 passes are done.
+        Both blocks are exact, so the decomposed objective (``bcd_objective``) never increases."""
+        spec = self.spec
+        N = spec.num_clusters
+        models = [ClusterModel.build(spec, state, self.workload, n) for n in range(N)]
+        if not self.shape.d2d:
+            models = [replace(m, d2d_rate=np.full(m.K, np.inf)) for m in models]
+        radio = self._radio(state)
+        cache: dict[tuple[int, bool], SegmentPlan] = {}
+        power_cache: dict[tuple[int, int], np.ndarray] = {}
+
+        def sub1(flags):
+            out = []
+            for n, model in enumerate(models):
+                key = (n, not flags[n])
+                if key not in cache:
+                    cache[key] = self._segments(model, n, idle=not flags[n])
+                out.append(cache[key])
+            return out
+
+        flags = [True] * N
+        history: list[float] = []
+        passes = self.sched.bcd_max_iters if self.uses_queues else 1
+        segs = sub1(flags)
+        for it in range(passes):
+            if it > 0:
+                segs = sub1(flags)
+                history.append(self._bcd_objective(segs, sub2, radio))
+            sub2 = self._sub2(t, segs, radio, power_cache)
+            history.append(self._bcd_objective(segs, sub2, radio))
+            new_flags = [c is not None for c in sub2["channel"]]
+            if new_flags == flags:
+                break
+            flags = new_flags
+        return self._assemble(t, models, segs, sub2, radio, history, it + 1)
+
+    def _radio(self, state: RoundState) -> dict:
+        spec = self.spec
+        N, J = spec.num_clusters, spec.num_channels
+        gain, interf = state.gain_matrix()[:N, :J], state.interference()[:J]
+        bandwidth = np.broadcast_to(np.asarray(spec.channel_bandwidth_hz)[None, :], (N, J))
+        slope = gain / (interf[None, :] + bandwidth * spec.noise_psd_w_hz)
+        return {"gain": gain, "interf": interf, "bandwidth": bandwidth, "slope": slope}
+
+    def _weights(self, radio: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(w_gamma [N], w_lin [N], sit-out drift [N]) of Sub-2: drift = gamma gives Y_n scale C / (p h + I)
+        (eq. 28) and, for a CU left without a channel, its value at p = 0 with the mean interference;
+        drift = paper gives the printed Y_n p_n (eq. 32). Baselines without queues, and methods that do not
+        optimise power, have no power drift."""
+        N = self.spec.num_clusters
+        zero = np.zeros(N)
+        if not self.uses_queues or not self.shape.optimise_power:
+            return zero, zero, zero
+        if self.sched.drift == "gamma":
+            w_gamma = self.Y * self.conv.scale * self.conv.interference_c
+            return w_gamma, zero, w_gamma / radio["interf"].mean()
+        return zero, self.Y.copy(), zero
+
+    def _sub2(self, t: int, segs, radio: dict, power_cache: dict) -> dict:
+        """Power for every (CU, channel) pair (Dinkelbach + SCA under C6, C8', C11') and the matching."""
         spec, V = self.spec, self.sched.V
         N, J = spec.num_clusters, spec.num_channels
-        models = [ClusterModel.build(spec, state, self.workload, n) for n in range(N)]
-        segs = []
-        for n, model in enumerate(models):
-            drift = self._segment_drift(n, model.K)
-            if self.sched.segment_scheduling:
-                segs.append(solve_segments(model, V, drift, self.m_values))
-            else:
-                segs.append(fixed_segments(model, V, drift, uniform_delta(model.K, model.num_blocks), self.sched.fixed_m))
+        gain, interf, bandwidth, slope = radio["gain"], radio["interf"], radio["bandwidth"], radio["slope"]
+        bits = self.uplink_bits
+        w_gamma, w_lin, virtual = self._weights(radio)
+        rows = [n for n in range(N) if (n, segs[n].S) not in power_cache]
+        if rows:
+            idx = np.asarray(rows)
+            p_floor = 0.0
+            if self.uses_queues and self.shape.optimise_power and self.conv.interference_c > 0:
+                S = np.array([segs[n].S for n in rows], dtype=float)
+                budget = self.conv.gamma_max - self.conv.segment_term(S) - self.conv.constant_term()
+                energy = bits * LN2 / (bandwidth[idx] * spec.cu_energy_max_j)
+                p_cap = max_energy_power(slope[idx], energy, np.full(energy.shape, spec.cu_power_max_w))
+                p_floor = c11_power_floor(budget[:, None], self.conv.scale * self.conv.interference_c,
+                                          gain[idx], interf[None, :], p_cap)
+            result = dinkelbach_sca_power(V, bits, bandwidth[idx], slope[idx], gain[idx], interf[None, :],
+                                          w_gamma[idx, None], w_lin[idx, None], spec.cu_energy_max_j,
+                                          spec.cu_power_max_w, p_floor)
+            for i, n in enumerate(rows):
+                power_cache[(n, segs[n].S)] = result.power_w[i]
+        power = np.stack([power_cache[(n, segs[n].S)] for n in range(N)])
         pipe = np.array([s.pipeline_s for s in segs])
-
-        gain, interf = state.gain_matrix()[:N, :J], state.interference()[:J]
-        bandwidth = np.asarray(spec.channel_bandwidth_hz)[None, :]
-        slope = gain / (interf[None, :] + bandwidth * spec.noise_psd_w_hz)
-        bits = self.workload.uplink_bits()
-        w_gamma = np.zeros((N, 1))
-        w_lin = np.zeros((N, 1))
-        virtual = np.zeros(N)
-        if self.uses_queues and self.sched.drift == "gamma":
-            w_gamma = (self.Y * self.conv.scale * self.conv.interference_c)[:, None]
-            virtual = self.Y * self.conv.interference_term(0.0, 1.0, interf.mean())
-        elif self.uses_queues:
-            w_lin = self.Y[:, None]
-        shape = (N, J)
-        power = optimal_power(np.full(shape, V), bits, np.broadcast_to(bandwidth, shape), slope, gain,
-                              np.broadcast_to(interf[None, :], shape), np.broadcast_to(w_gamma, shape),
-                              np.broadcast_to(w_lin, shape), spec.cu_energy_max_j, spec.cu_power_max_w)
         feasible = np.isfinite(power) & (power > 0)
         p_safe = np.where(feasible, power, 1.0)
         uplink = np.where(feasible, bits * LN2 / (bandwidth * np.log1p(slope * p_safe)), np.inf)
-        cost = V * (pipe[:, None] + uplink) + w_gamma / (p_safe * gain + interf[None, :]) + w_lin * p_safe
-        cost = np.where(feasible, cost, np.inf)
+        drift = w_gamma[:, None] / (p_safe * gain + interf[None, :]) + w_lin[:, None] * p_safe
+        cost = np.where(feasible, V * (pipe[:, None] + uplink) + drift, np.inf)
         channel = self._select(cost, virtual, pipe, slope, feasible)
         if not any(c is not None for c in channel):
             raise InfeasiblePlanError(
                 f"C8 (CU energy) violated in every cluster in round {t}: no CU can upload {bits / 8e6:.4g} MB within "
                 f"E_n^max={spec.cu_energy_max_j:g} J on any channel; raise network.uplink.energy_max_j or shrink the model"
             )
-        return self._assemble(t, state, models, segs, channel, power, uplink, gain, interf, cost, virtual)
+        return {"channel": channel, "power": power, "uplink": uplink, "cost": cost, "virtual": virtual}
+
+    def _bcd_objective(self, segs, sub2: dict, radio: dict) -> float:
+        """sum_{n selected} [V (tau^pipe + tau^Up) + power drift] + sum_{n idle} sit-out drift + sum_n drift(S_n),
+        recomputed from the segments (Sub-2's cost matrix may hold another iteration's pipeline delays)."""
+        V = self.sched.V
+        w_gamma, w_lin, _ = self._weights(radio)
+        total = 0.0
+        for n, (seg, j) in enumerate(zip(segs, sub2["channel"])):
+            total += float(self._segment_drift(n, len(seg.delta))[seg.S])
+            if j is None:
+                total += float(sub2["virtual"][n])
+                continue
+            p = float(sub2["power"][n, j])
+            total += V * (seg.pipeline_s + float(sub2["uplink"][n, j]))
+            total += float(w_gamma[n] / (p * radio["gain"][n, j] + radio["interf"][j]) + w_lin[n] * p)
+        return total
 
     def _select(self, cost, virtual, pipe, slope, feasible) -> list[int | None]:
         N, J = cost.shape
@@ -140,8 +253,10 @@ class Policy:
                 used.add(channel[n])
         return channel
 
-    def _assemble(self, t, state, models, segs, channel, power, uplink, gain, interf, cost, virtual) -> RoundPlan:
+    def _assemble(self, t, models, segs, sub2, radio, history, passes: int) -> RoundPlan:
         N = len(models)
+        channel, power, uplink = sub2["channel"], sub2["power"], sub2["uplink"]
+        gain, interf = radio["gain"], radio["interf"]
         clusters, rows, gammas, delays = [], [], [], []
         for n in range(N):
             seg, j = segs[n], channel[n]
@@ -164,10 +279,14 @@ class Policy:
             })
         objective = self.sched.V * (max(delays) if delays else 0.0) + self._drift_total(clusters, gammas)
         modelled = {
+            "method": self.shape.method,
             "policy": self.name,
             "V": self.sched.V,
             "round_delay_s": pipeline_model.round_delay(delays, np.zeros(len(delays))) if delays else 0.0,
             "objective": float(objective),
+            "bcd_objective": [float(x) for x in history],
+            "bcd_iterations": int(passes),
+            "uplink_bits": self.uplink_bits,
             "gamma_max": self.conv.gamma_max,
             "gamma_mean": float(np.mean(gammas)),
             "clusters": rows,

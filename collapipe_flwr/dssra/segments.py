@@ -84,21 +84,30 @@ def min_stage_times(compute: np.ndarray, d2d: np.ndarray, cap: np.ndarray, L: in
     return np.where(ok, values[:, :, None], np.inf).min(axis=1)                 # [M, K]
 
 
-def solve_segments(model: ClusterModel, V: float, drift_by_S, m_values) -> SegmentPlan:
+def solve_segments(model: ClusterModel, V: float, drift_by_S, m_values, idle: bool = False) -> SegmentPlan:
     """Exact Sub-1 for one cluster. ``drift_by_S[S]`` (S = 0..K) is the queue term; raises
-    InfeasiblePlanError (C7 or C9) when no partition fits."""
+    InfeasiblePlanError (C7 or C9) when no partition fits.
+
+    idle=True: the cluster has no channel this round (BCD, Sub-1 given Sub-2's matching), so its delay does not
+    enter the objective: minimise drift(S) alone, ties (the same S) broken by the smallest pipeline delay."""
     L, K = model.num_blocks, model.K
     m_arr = np.asarray(list(m_values), dtype=int)
     drift = np.asarray(drift_by_S, dtype=float)[1 : K + 1]
     compute, d2d, cap = model.compute_per_block(m_arr), model.d2d_delay(m_arr), model.block_cap(m_arr)
     T = min_stage_times(compute, d2d, cap, L)                                   # [M, K]
     S_idx = np.arange(1, K + 1)
-    obj = V * model.steps * (S_idx[None, :] + m_arr[:, None] - 1) * T + drift[None, :]
+    pipe = model.steps * (S_idx[None, :] + m_arr[:, None] - 1) * T
+    obj = V * pipe + drift[None, :]
     obj = np.where(np.isfinite(T), obj, np.inf)
+    if idle and np.isfinite(obj).any():
+        best_drift = np.where(np.isfinite(T), drift[None, :], np.inf).min()
+        obj = np.where(np.isfinite(T) & (drift[None, :] <= best_drift), pipe, np.inf)
     flat = int(np.argmin(obj))
     i, s = divmod(flat, K)
     if not np.isfinite(obj[i, s]):
         raise model.infeasible(list(m_arr))
+    if idle:
+        obj[i, s] = drift[s]
     S, m = int(S_idx[s]), int(m_arr[i])
     delta = partition_for(compute[i], d2d[i], cap[i], L, S, float(T[i, s]))
     return SegmentPlan(delta=delta, S=S, m=m, pipeline_s=float(model.steps * (S + m - 1) * T[i, s]),

@@ -1,1 +1,11 @@
-"""experiments package."""
+"""Sweeps and reports of the paper's experiments (Section VI).
+
+- ``python -m collapipe_flwr.experiments [overrides]`` (``__main__``): the Hydra entry point; each job
+  is validated (``job``) and trained through `flwr run` in simulation (``launch``, ``processes``).
+- ``python -m collapipe_flwr.experiments.report DIR`` (``report``): reads the job / run folders
+  (``runs``), aggregates them (``aggregate``, ``reductions``: pure functions) and writes results.md,
+  results.csv (``tables``) and PNG figures (``figures``).
+
+A new method is only a new ``conf/method/<name>.yaml``: everything here reads the method's name from
+the run's labels and records, never from a list of methods.
+"""

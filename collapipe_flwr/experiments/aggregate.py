@@ -162,12 +162,20 @@ def plan_shape(rounds: Iterable[Mapping]) -> dict:
     }
 
 
+def segment_scheduling(config: Mapping) -> bool | None:
+    """Whether Sub-1 chose S, m, delta (method and scheduler both allow it); None without a config."""
+    method, scheduler = config.get("method") or {}, config.get("scheduler") or {}
+    if not (method or scheduler):
+        return None
+    return not (method.get("segment_scheduling") is False or scheduler.get("segment_scheduling") is False
+                or scheduler.get("name") == "uniform")
+
+
 def is_uniform_partition(config: Mapping, rounds: Iterable[Mapping]) -> bool:
     """Whether the run split the encoder uniformly (no segment scheduling): from config, else from the plans."""
-    method, scheduler = config.get("method") or {}, config.get("scheduler") or {}
-    if method or scheduler:
-        return method.get("segment_scheduling") is False or scheduler.get("segment_scheduling") is False or \
-            scheduler.get("name") == "uniform"
+    scheduled = segment_scheduling(config)
+    if scheduled is not None:
+        return not scheduled
     deltas = plan_shape(rounds)["deltas"]
     used = [[d for d in delta if d > 0] for delta in deltas]
     return bool(used) and all(max(u) - min(u) <= 1 for u in used if u)
@@ -178,7 +186,7 @@ def _fmt_values(values: Sequence[int]) -> str:
 
 
 def run_row(name: str, labels: Mapping, rounds: Sequence[Mapping], ok: bool, error: str = "",
-            wall_s: float | None = None) -> dict:
+            wall_s: float | None = None, config: Mapping | None = None) -> dict:
     """The results-table row of one run (plain values; None where the run has no data)."""
     s = series(rounds)
     shape = plan_shape(rounds)
@@ -192,6 +200,7 @@ def run_row(name: str, labels: Mapping, rounds: Sequence[Mapping], ok: bool, err
         "ok": bool(ok),
         **{k: labels.get(k) for k in LABEL_KEYS},
         "rounds": len(s["round"]),
+        "segment_scheduling": segment_scheduling(config or {}),
         "S": _fmt_values(shape["S_values"]),
         "m": _fmt_values(shape["m_values"]),
         "delta_last": ";".join(",".join(str(d) for d in delta) for delta in shape["deltas"]),

@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from collapipe_flwr.experiments.aggregate import cumulative  # noqa: E402
 
@@ -51,6 +52,7 @@ def _plot_lines(ax, runs, key: str, transform=None) -> int:
     if drawn:
         ax.legend(fontsize=7)
     ax.set_xlabel("round t")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return drawn
 
 
@@ -123,6 +125,7 @@ def _plot_grid(points_by_task: dict, path: Path, title: str, ylabel: str, skip_n
             ms = sorted(m for (s, m) in pts if s == S)
             ax.plot(ms, [pts[(S, m)] for m in ms], marker="o", label=f"S={S}")
         ax.set_xlabel("micro-batches m")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(ylabel)
         ax.set_title(f"{title} ({task})")
         ax.legend(fontsize=7)

@@ -15,11 +15,11 @@ from typing import Mapping, Sequence
 
 from collapipe_flwr.errors import exit_on_user_error
 from collapipe_flwr.experiments import aggregate, figures, reductions, tables
-from collapipe_flwr.experiments.runs import REPORT_SUBDIR, RunData, load_runs
+from collapipe_flwr.experiments.runs import REPORT_SUBDIR, RunData, load_runs, sweep_command
 
 CSV_COLUMNS = (
-    "run", "ok", "method", "scheduler", "V", "task", "model", "network", "federation", "rounds", "S", "m",
-    "delta_last", "metric", "final_metric", "final_train_loss", "min_train_loss", "delay_total_s",
+    "run", "ok", "method", "scheduler", "V", "task", "model", "network", "federation", "rounds", "segment_scheduling",
+    "S", "m", "delta_last", "metric", "final_metric", "final_train_loss", "min_train_loss", "delay_total_s",
     "delay_compute_s", "delay_d2d_s", "delay_uplink_s", "energy_device_j", "energy_cu_j", "energy_total_j",
     "measured_train_s", "measured_round_s", "wall_s", "max_device_mem_mib", "error",
 )
@@ -37,7 +37,7 @@ MD_HEADERS = {
 
 
 def build_rows(runs: Sequence[RunData]) -> list[dict]:
-    return [aggregate.run_row(r.name, r.labels, r.rounds, r.ok, r.error, r.wall_s) for r in runs]
+    return [aggregate.run_row(r.name, r.labels, r.rounds, r.ok, r.error, r.wall_s, r.config) for r in runs]
 
 
 def figure_inputs(runs: Sequence[RunData], rows: Sequence[Mapping]) -> list[dict]:
@@ -67,20 +67,24 @@ def memory_table(rows: Sequence[Mapping]) -> list[dict]:
     out = []
     for (task, method), group in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         peaks = [g["max_device_mem_mib"] for g in group]
+        flags = {g.get("segment_scheduling") for g in group} - {None}
         out.append({
             "task": task, "method": method, "runs": len(group),
             "max_device_mem_mib": max(peaks), "mean_of_run_max_mib": sum(peaks) / len(peaks),
             "S": "/".join(sorted({str(g["S"]) for g in group if g.get("S")})),
+            "segment_scheduling": flags.pop() if len(flags) == 1 else ("mixed" if flags else None),
         })
     return out
 
 
-def render_markdown(source: Path, rows, comparison_rows, memory_rows, figure_files, notes) -> str:
+def render_markdown(source: Path, rows, comparison_rows, memory_rows, figure_files, notes,
+                    command: str | None = None) -> str:
     ok = sum(1 for r in rows if r["ok"])
     parts = [
         "# CollaPipe experiment report\n",
-        f"Source: `{source}`: {len(rows)} runs ({ok} finished, {len(rows) - ok} failed). "
-        "Regenerate with `python -m collapipe_flwr.experiments.report " + str(source) + "`.\n",
+        f"Source: `{source}`: {len(rows)} runs ({ok} finished, {len(rows) - ok} failed).\n",
+        *([f"Sweep: `{command}`\n"] if command else []),
+        "Report: `python -m collapipe_flwr.experiments.report " + str(source) + "`\n",
         "## Runs\n",
         tables.to_markdown(rows, MD_COLUMNS, MD_HEADERS),
         "\nDelays and energy are the paper's modelled figures (eqs. 10-16, 26), summed over rounds; the split "
@@ -96,9 +100,11 @@ def render_markdown(source: Path, rows, comparison_rows, memory_rows, figure_fil
             {"ours_pct": reductions.fmt_pct, "paper_pct": reductions.fmt_pct},
         ),
         "\n## Per-device memory (Table III)\n",
-        tables.to_markdown(memory_rows, ("task", "method", "runs", "max_device_mem_mib", "mean_of_run_max_mib", "S"),
+        tables.to_markdown(memory_rows, ("task", "method", "runs", "max_device_mem_mib", "mean_of_run_max_mib", "S",
+                                            "segment_scheduling"),
                            {"max_device_mem_mib": "max per-device peak (MiB)",
-                            "mean_of_run_max_mib": "mean of runs' max (MiB)", "S": "S used"})
+                            "mean_of_run_max_mib": "mean of runs' max (MiB)", "S": "S used",
+                            "segment_scheduling": "segment scheduling"})
         if memory_rows else "No run reported per-device memory.\n",
         "\n## Figures\n",
     ]
@@ -134,15 +140,15 @@ def write_report(source: Path, out_dir: Path | None = None) -> Path:
     inputs = figure_inputs(runs, rows)
     drawn, notes = [], []
     for name, draw in FIGURES:
-        for old in [out / name]:
-            old.unlink(missing_ok=True)
+        (out / name).unlink(missing_ok=True)  # a figure that is skipped now must not linger from before
         path, note = draw(inputs, out / name)
         if path is not None:
             drawn.append(name)
         else:
             notes.append(note)
     (out / "results.csv").write_text(tables.to_csv(rows, CSV_COLUMNS))
-    (out / "results.md").write_text(render_markdown(source, rows, comparison_rows, memory_table(rows), drawn, notes))
+    (out / "results.md").write_text(render_markdown(source, rows, comparison_rows, memory_table(rows), drawn, notes,
+                                                        sweep_command(source)))
     return out
 
 

@@ -119,3 +119,21 @@ def load_runs(root: Path) -> list[RunData]:
     if not paths:
         raise CollaPipeError(f"no run folders under {root}; expected job folders with status.json or run folders with rounds.jsonl")
     return [load_run(p, root) for p in paths]
+
+
+def sweep_command(root: Path) -> str | None:
+    """The ``python -m collapipe_flwr.experiments -m ...`` command that made a multirun folder (from the
+    multirun.yaml Hydra writes there), or None for other folders."""
+    path = Path(root) / "multirun.yaml"
+    if not path.is_file():
+        return None
+    try:
+        import shlex
+
+        from omegaconf import OmegaConf
+
+        overrides = list(OmegaConf.load(path).hydra.overrides.task)
+    except Exception:  # noqa: BLE001 - an unreadable multirun.yaml only loses the command line
+        return None
+    return "python -m collapipe_flwr.experiments -m " + " ".join(shlex.quote(str(o)) for o in overrides)
+

@@ -49,9 +49,19 @@ def emulation_slowdowns(devices: Sequence[DeviceProfile], used: Sequence[int]) -
     return {k: fastest / devices[k].flops_per_second for k in used}
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (respects taskset / container CPU affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def default_actor_threads(S: int) -> int:
-    """Torch threads per device actor: the CU's cores shared by the S actors, at least 1."""
-    return max(1, (os.cpu_count() or 1) // max(1, S))
+    """Torch threads per device actor: the usable cores minus one for the CU process, shared by the S
+    actors, at least 1. Oversubscribing cores hurts torch's OpenMP pool far more than leaving one idle
+    (see benchmarks/pipeline_overhead.py and its ``--actor-threads`` option)."""
+    return max(1, (usable_cores() - 1) // max(1, S))
 
 
 class ClusterPipeline:
@@ -97,10 +107,11 @@ class ClusterPipeline:
         self.actor_num_cpus = float(actor_num_cpus)
         self.actor_threads = actor_threads
         self.num_blocks = len(blocks)
+        self._encoder_keys = list(blocks.state_dict())
         self._template = copy.deepcopy(blocks[0]) if len(blocks) else None
         self.delta: tuple[int, ...] = ()
         self._stages = None
-        self._build(delta, weights=dict(blocks.state_dict()), optimizer_state={}, blocks=blocks)
+        self._build(delta, weights={}, optimizer_state={}, blocks=blocks)
 
     # -- partition --------------------------------------------------------------------------------
     @property
@@ -108,17 +119,20 @@ class ClusterPipeline:
         return len(self._bounds)
 
     def _static_caps(self) -> list[int] | None:
-        if not self.devices:
+        if not self.devices or self._template is None:
             return None
         per_block = module_block_memory_bytes(self._template, 0, 0, self.optimizer_spec.name)
         return max_blocks_per_device([d.memory_bytes for d in self.devices], per_block)
 
-    def _build(self, delta, weights: dict, optimizer_state: dict, blocks: nn.ModuleList | None = None) -> None:
+    def _check_delta(self, delta) -> tuple[int, ...]:
         if self.devices is not None and len(delta) > len(self.devices):
             raise PartitionError(
                 f"partition delta={list(delta)} names {len(delta)} devices but the cluster has K={len(self.devices)} device profiles; give at most {len(self.devices)} entries"
             )
-        self.delta = validate_partition(delta, self.num_blocks, self._static_caps())
+        return validate_partition(delta, self.num_blocks, self._static_caps())
+
+    def _build(self, delta, weights: dict, optimizer_state: dict, blocks: nn.ModuleList | None = None) -> None:
+        self.delta = self._check_delta(delta)
         self._bounds = segment_bounds(self.delta)
         slowdown = emulation_slowdowns(self.devices, [k for k, _, _ in self._bounds]) if self.emulate else {}
         specs = []
@@ -139,7 +153,8 @@ class ClusterPipeline:
             )
 
     def repartition(self, delta: Sequence[int]) -> None:
-        """Move to a new delta, carrying every block's weights and optimizer state."""
+        """Move to a new delta, carrying every block's weights and optimizer state (a bad delta changes nothing)."""
+        self._check_delta(delta)
         weights = self.encoder_state_dict()
         optimizer_state = self._encoder_optimizer_state()
         self.shutdown()
@@ -233,6 +248,14 @@ class ClusterPipeline:
         return concat_segments(self._gather("get_weights"), self.delta)
 
     def load_encoder_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load theta^enc (names ``"{l}.{param}"``) into the segments, each device its slice."""
+        missing = [k for k in self._encoder_keys if k not in state]
+        extra = [k for k in state if k not in set(self._encoder_keys)]
+        if missing or extra:
+            what = f"lacks {missing[0]}" if missing else f"has unexpected {extra[0]}"
+            raise ConfigError(
+                f"encoder state dict {what} ({len(missing)} missing, {len(extra)} unexpected); it must come from an encoder with the same model config (L={self.num_blocks})"
+            )
         self._stages.new_step()
         handles = []
         for s, (_, a, b) in enumerate(self._bounds):
@@ -253,7 +276,11 @@ class ClusterPipeline:
         return {k: v.detach().clone() for k, v in self.embedding.state_dict().items()}
 
     def load_embedding_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.embedding.load_state_dict(state, strict=True)
+        try:
+            self.embedding.load_state_dict(state, strict=True)
+        except RuntimeError as err:
+            first = str(err).strip().splitlines()[0]
+            raise ConfigError(f"embedding state dict does not fit the CU's embedding ({first}); it must come from the same model config") from None
 
     def traces(self) -> list[list[tuple[str, int, float, float]]]:
         """Per stage, the last step's (F|B, micro-batch, wall start, wall end) calls (schedule plots)."""

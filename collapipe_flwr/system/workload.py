@@ -33,6 +33,8 @@ class Workload:
     batch_size: b.  steps_per_round: local optimizer steps per round (each moves z_enc up once).
     optimizer_slots: optimizer state tensors per parameter (Adam: 2).
     extra_upload_bytes: what the CU uploads besides the encoder (the embedding table), once per round.
+    head_bytes: parameter bytes of the server-side head (decoder / task head); only a method that trains the
+    head on the devices and aggregates it (vanilla_fl) uploads it (dssra/methods.py).
     """
 
     forward_flops: tuple[float, ...]
@@ -44,6 +46,7 @@ class Workload:
     steps_per_round: int = 1
     optimizer_slots: int = 2
     extra_upload_bytes: float = 0.0
+    head_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         L = len(self.forward_flops)
@@ -53,6 +56,8 @@ class Workload:
             raise ConfigError(f"workload.boundary_bytes needs L + 1 = {L + 1} entries, got {len(self.boundary_bytes)}")
         if self.batch_size < 1 or self.steps_per_round < 1:
             raise ConfigError("workload batch_size and steps_per_round must be >= 1")
+        if not self.head_bytes >= 0:
+            raise ConfigError(f"workload head_bytes={self.head_bytes!r} must be >= 0")
 
     @property
     def num_blocks(self) -> int:
@@ -160,10 +165,12 @@ def measure_workload(
     batch_size: int | None = None,
     steps_per_round: int = 1,
     embedding: nn.Module | None = None,
+    head: nn.Module | None = None,
 ) -> Workload:
     """Count o_l, o'_l, saved activations and sizes on the real ``blocks`` with a probe ``hidden`` [B, T, H].
 
-    ``batch_size`` is b (default: the probe's B); ``embedding`` adds its parameters to the upload.
+    ``batch_size`` is b (default: the probe's B); ``embedding`` adds its parameters to the upload; ``head``
+    (the server-side decoder / task head) sets ``head_bytes``, which vanilla_fl uploads.
     """
     if hidden.dim() != 3:
         raise ConfigError(f"measure_workload needs hidden of shape [B, T, H], got {tuple(hidden.shape)}")
@@ -198,4 +205,5 @@ def measure_workload(
         batch_size=int(batch_size or B),
         steps_per_round=int(steps_per_round),
         extra_upload_bytes=extra,
+        head_bytes=float(sum(p.numel() for p in head.parameters()) * bytes_per_param) if head is not None else 0.0,
     )

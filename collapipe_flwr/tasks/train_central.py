@@ -189,7 +189,7 @@ def _measure_eval(task, model, eval_cfg: dict) -> tuple[float, dict]:
     metrics = task.evaluate(model, max_examples=probe_n, batch_size=int(eval_cfg.get("batch_size", 64)), beam_size=int(eval_cfg.get("beam_size", 1)))
     seconds = time.monotonic() - t0
     shown = {k: round(v, 4) for k, v in metrics.items() if k != "examples"}
-    return 1.3 * seconds * n / probe_n + 5.0, shown
+    return 1.8 * seconds * n / probe_n + 10.0, shown
 
 
 def format_metric(name: str, value: float) -> str:
