@@ -196,12 +196,13 @@ def test_emulation_slowdowns_are_relative_throughputs():
 
 def test_emulated_slow_device_takes_longer():
     model, batch = make_model("bert"), make_batch("bert")
-    fast = DeviceProfile(f_hz=4e9, flops_per_cycle=8, memory_bytes=1e12, d2d_power_w=0.1)
+    fast = DeviceProfile(f_hz=40e9, flops_per_cycle=8, memory_bytes=1e12, d2d_power_w=0.1)
     slow = DeviceProfile(f_hz=1e9, flops_per_cycle=8, memory_bytes=1e12, d2d_power_w=0.1)
     with ClusterPipeline(model.embedding, model.blocks, (3, 3), ADAM, devices=[fast, slow], emulate=True) as pipe:
         result = pipe.train_step(batch, 2, LocalHead(model.head, ADAM))
     compute = result.seconds["device_compute"]
-    assert compute[1] > 2.5 * compute[0]
+    # same work, 40x slower device: a wide margin so a busy machine cannot flip it
+    assert compute[1] > 8 * compute[0]
 
 
 def test_step_result_and_bad_arguments():

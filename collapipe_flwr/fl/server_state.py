@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import secrets
 from dataclasses import dataclass, field
 
@@ -21,23 +23,8 @@ from flwr.app import ArrayRecord
 from collapipe_flwr import wiring
 from collapipe_flwr.config import RunConfig
 from collapipe_flwr.dssra.plan import RoundPlan
-from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.aggregation import weighted_average
 from collapipe_flwr.fl.messages import pack_weights
-
-# Methods whose training path this module implements; the others arrive with the baselines.
-TRAINABLE_METHODS = ("collapipe", "collapipe_no_ss")
-
-
-def scheduler_for_method(cfg: RunConfig) -> dict:
-    """The scheduler section, with segment scheduling switched off for ``collapipe_no_ss`` (uniform
-    blocks over all K devices and a fixed m)."""
-    scheduler = dict(cfg.scheduler)
-    if not cfg.method.segment_scheduling:
-        scheduler["segment_scheduling"] = False
-        scheduler["fixed_m"] = cfg.method.fixed_m
-    return scheduler
-
 
 PROBE_EXAMPLES = 8  # FLOPs and bytes are counted per sample, so a few real examples suffice
 
@@ -64,19 +51,16 @@ class ServerState:
     dataplane_secret: str
     workload: object
     plan: RoundPlan | None = None
-    examples_seen: dict = field(default_factory=dict)
+    # method.aggregate = false (the `pipeline` baseline): each cluster keeps its own embedding + encoder
+    cluster_parts: dict[int, dict] = field(default_factory=dict)
 
     @classmethod
     def build(cls, cfg: RunConfig) -> "ServerState":
-        from collapipe_flwr.dssra.policies import make_policy
+        from collapipe_flwr.dssra.methods import make_planner
         from collapipe_flwr.system.network import NetworkSpec
         from collapipe_flwr.system.state import StateSampler
         from collapipe_flwr.system.workload import measure_workload
 
-        if cfg.method.name not in TRAINABLE_METHODS:
-            raise ConfigError(
-                f"method={cfg.method.name} has no training path in this version; use one of {', '.join(TRAINABLE_METHODS)}"
-            )
         torch.manual_seed(cfg.seed)
         task = wiring.build_task(cfg)
         model = wiring.build_model(task, cfg)
@@ -85,9 +69,9 @@ class ServerState:
         hidden, mask = sample_hidden(task, model, cfg)
         workload = measure_workload(
             model.blocks, hidden, mask, batch_size=wiring.batch_size(cfg),
-            steps_per_round=cfg.federation.local_steps, embedding=model.embedding,
+            steps_per_round=cfg.federation.local_steps, embedding=model.embedding, head=model.head,
         )
-        policy = make_policy(scheduler_for_method(cfg), spec, workload, cfg.seed)
+        policy = make_planner(dataclasses.asdict(cfg.method), cfg.scheduler, spec, workload, cfg.seed)
         secret = secrets.token_hex(16)
         host = None
         if cfg.method.head_on_server:
@@ -133,37 +117,69 @@ class ServerState:
         if self.host is not None:
             self.host.close_round()
 
+    def _global_parts(self, with_head: bool) -> dict[str, dict[str, torch.Tensor]]:
+        modules = [("embedding", self.model.embedding), ("encoder", self.model.blocks)]
+        if with_head:
+            modules.append(("head", self.model.head))
+        return {part: {k: v.detach().clone() for k, v in mod.state_dict().items()} for part, mod in modules}
+
     def weights_for_cluster(self, cluster: int) -> dict[str, dict[str, torch.Tensor]]:
-        return {
-            "embedding": {k: v.detach().clone() for k, v in self.model.embedding.state_dict().items()},
-            "encoder": {k: v.detach().clone() for k, v in self.model.blocks.state_dict().items()},
-        }
+        """What CU n downloads: the global embedding + encoder (+ head when the CU trains it), or, without
+        aggregation, the cluster's own embedding + encoder from its last round."""
+        with_head = not self.cfg.method.head_on_server
+        if cluster in self.cluster_parts:
+            return copy.deepcopy(self.cluster_parts[cluster])
+        return self._global_parts(with_head)
 
     def absorb_results(self, t: int, results: list[tuple[int, dict, dict]]) -> None:
-        """FedAvg (eqs. 6-9): example-weighted mean of the returned embeddings and encoders."""
-        weights = [float(metrics["num-examples"]) for _, _, metrics in results]
-        for part, module in (("embedding", self.model.embedding), ("encoder", self.model.blocks)):
-            averaged = weighted_average([parts[part] for _, parts, _ in results], weights)
-            module.load_state_dict(averaged)
+        """FedAvg (eqs. 6-9): the example-weighted mean of the returned embeddings and encoders (and heads,
+        for methods that train the head on the CU); without aggregation each cluster keeps its own."""
+        if self.cfg.method.aggregate:
+            weights = [float(metrics["num-examples"]) for _, _, metrics in results]
+            modules = {"embedding": self.model.embedding, "encoder": self.model.blocks, "head": self.model.head}
+            for part in results[0][1]:
+                averaged = weighted_average([parts[part] for _, parts, _ in results], weights)
+                modules[part].load_state_dict(averaged)
+        else:
+            for cluster, parts, _ in results:
+                self.cluster_parts[cluster] = parts
         losses = {cluster: float(metrics["train-loss"]) for cluster, _, metrics in results}
         if self.plan is not None:
             self.policy.observe(self.plan, losses)
 
     def global_array_record(self) -> ArrayRecord:
-        return pack_weights(self.weights_for_cluster(-1))
+        return pack_weights(self._global_parts(not self.cfg.method.head_on_server))
+
+    def aggregate_weights(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The global weights after the round (what save_client_weights stores as round<t>_global.pt)."""
+        return self._global_parts(not self.cfg.method.head_on_server)
 
     def evaluate(self) -> dict[str, float]:
+        """The full model on the validation split; without aggregation, the mean of the clusters' scores
+        (each cluster's embedding + encoder with the server's head)."""
+        if self.cfg.method.aggregate or not self.cluster_parts:
+            return self._evaluate(self.model)
+        scores = []
+        for cluster in sorted(self.cluster_parts):
+            model = copy.copy(self.model)
+            model.embedding = copy.deepcopy(self.model.embedding)
+            model.blocks = copy.deepcopy(self.model.blocks)
+            model.embedding.load_state_dict(self.cluster_parts[cluster]["embedding"])
+            model.blocks.load_state_dict(self.cluster_parts[cluster]["encoder"])
+            scores.append(self._evaluate(model))
+        return {k: sum(s[k] for s in scores) / len(scores) for k in scores[0]}
+
+    def _evaluate(self, model) -> dict[str, float]:
         ev = self.cfg.eval
-        self.model.embedding.eval()
-        self.model.blocks.eval()
-        self.model.head.eval()
+        parts = (model.embedding, model.blocks, model.head)
+        for module in parts:
+            module.eval()
         try:
             with torch.no_grad():
-                return dict(self.task.evaluate(self.model, max_examples=ev.max_examples, batch_size=ev.batch_size, beam_size=ev.beam_size))
+                return dict(self.task.evaluate(model, max_examples=ev.max_examples, batch_size=ev.batch_size, beam_size=ev.beam_size))
         finally:
-            self.model.embedding.train()
-            self.model.blocks.train()
-            self.model.head.train()
+            for module in parts:
+                module.train()
 
     def shutdown(self) -> None:
         if self.host is not None:

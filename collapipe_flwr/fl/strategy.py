@@ -150,7 +150,7 @@ class CollaPipeStrategy(Strategy):
             return None, None
         self.server.absorb_results(server_round, results)
         if self.cfg.save_client_weights:
-            self.run_log.save_weights(server_round, results, self.server.weights_for_cluster(-1))
+            self.run_log.save_weights(server_round, results, self.server.aggregate_weights())
         self._phase["aggregate_s"] = time.time() - t0
         per_cluster = {
             str(c): {k: v for k, v in m.items()} for c, _, m in results
