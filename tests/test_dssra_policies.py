@@ -72,7 +72,7 @@ def check_constraints(plan: RoundPlan, spec: NetworkSpec, state: RoundState, wor
             f = dev.f_hz * state.availability[c.cluster][k]
             rate = spec.d2d_bandwidth_hz * math.log2(1 + dev.d2d_power_w * state.d2d_gain[c.cluster][k]
                                                      / (spec.d2d_interference_w + spec.d2d_bandwidth_hz * N0))
-            d2d = b_hat * 2 * 8 * workload.activation_bytes_per_sample / rate if with_d2d else 0.0
+            d2d = b_hat * 2 * 8 * workload.activation_bytes_per_sample / rate + spec.d2d_latency_s if with_d2d else 0.0
             energy = workload.steps_per_round * c.m * (
                 spec.effective_capacitance * delta[k] * b_hat * o / dev.flops_per_cycle * f**2 + dev.d2d_power_w * d2d)
             assert energy <= spec.device_energy_max_j * (1 + 1e-9)

@@ -129,7 +129,7 @@ def test_modelled_delay_equals_the_formulas_by_hand(method):
             comp = c.delta[k] * b_hat * (w.forward_flops[0] + w.backward_flops[0]) / (dev.flops_per_cycle * f)
             r_dd = spec.d2d_bandwidth_hz * math.log2(
                 1 + dev.d2d_power_w * state.d2d_gain[c.cluster][k] / (spec.d2d_interference_w + spec.d2d_bandwidth_hz * N0))
-            d2d = b_hat * 2 * 8 * max(w.boundary_bytes) / r_dd if method != "vanilla_fl" else 0.0
+            d2d = b_hat * 2 * 8 * max(w.boundary_bytes) / r_dd + spec.d2d_latency_s if method != "vanilla_fl" else 0.0
             chunks.append(comp + d2d)
         pipe = w.steps_per_round * (c.S + c.m - 1) * max(chunks)                 # eq. (15) as read
         assert row["pipeline_s"] == pytest.approx(pipe, rel=1e-9)

@@ -40,6 +40,7 @@ class ClusterModel:
     memory_cap: np.ndarray       # floor(gamma_k^max / gamma_0): C7 as a bound on delta_k
     energy_max: float            # E_k^max
     kappa: float
+    d2d_latency_s: float = 0.0    # fixed hand-over latency of one micro-batch transfer (see docs/system_model.md)
 
     @classmethod
     def build(cls, spec: NetworkSpec, state: RoundState, workload: Workload, n: int) -> "ClusterModel":
@@ -67,6 +68,7 @@ class ClusterModel:
             memory_cap=np.minimum(mem, workload.num_blocks),
             energy_max=spec.device_energy_max_j,
             kappa=spec.effective_capacitance,
+            d2d_latency_s=spec.d2d_latency_s,
         )
 
     @property
@@ -83,9 +85,11 @@ class ClusterModel:
         return pipeline_model.chunk_compute_delay(1, b_hat, self.flops_per_sample_block, self.flops_per_second)
 
     def d2d_delay(self, m) -> np.ndarray:
-        """tau_k^dd of one micro-batch (z^s + g^{s+1}, eq. 13) on device k (s)."""
+        """tau_k^dd of one micro-batch (z^s + g^{s+1}, eq. 13) on device k (s), plus the fixed per-transfer
+        hand-over latency tau_0 (network.d2d.latency_s): without it eq. (15) always prefers m = b, since
+        (S + m - 1) / m falls with m; with it the best m is interior, as the paper's Fig. 4 shows."""
         b_hat = self._b_hat(m)[..., None]
-        return channel.transfer_delay(b_hat * self.activation_bits, self.d2d_rate)
+        return channel.transfer_delay(b_hat * self.activation_bits, self.d2d_rate) + self.d2d_latency_s
 
     def device_energy(self, delta, m) -> np.ndarray:
         """E_k^pipe of a whole round (eqs. 14, 16): steps * m * (compute + D2D energy per chunk); 0 if unused."""

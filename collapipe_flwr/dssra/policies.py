@@ -121,7 +121,7 @@ class Policy:
         N = spec.num_clusters
         models = [ClusterModel.build(spec, state, self.workload, n) for n in range(N)]
         if not self.shape.d2d:
-            models = [replace(m, d2d_rate=np.full(m.K, np.inf)) for m in models]
+            models = [replace(m, d2d_rate=np.full(m.K, np.inf), d2d_latency_s=0.0) for m in models]
         radio = self._radio(state)
         cache: dict[tuple[int, bool], SegmentPlan] = {}
         power_cache: dict[tuple[int, int], np.ndarray] = {}

@@ -22,7 +22,7 @@ FADING_MODELS = ("rayleigh", "none")
 
 _SECTIONS: dict[str, tuple[str, ...]] = {
     "uplink": ("mean_gain_db", "fading", "interference_w", "power_max_w", "energy_max_j"),
-    "d2d": ("bandwidth_hz", "gain_db", "interference_w", "fading"),
+    "d2d": ("bandwidth_hz", "gain_db", "interference_w", "fading", "latency_s"),
     "device": (
         "f_hz", "flops_per_cycle", "memory_bytes", "d2d_power_w", "d2d_power_max_w", "energy_max_j",
         "availability", "effective_capacitance",
@@ -66,6 +66,7 @@ class NetworkSpec:
     availability: tuple[float, float]
     effective_capacitance: float
     cu_memory_bytes: float = 3e9
+    d2d_latency_s: float = 0.0
 
     @property
     def num_clusters(self) -> int:
@@ -154,6 +155,7 @@ class NetworkSpec:
             availability=availability,
             effective_capacitance=_number(dev, "effective_capacitance", "network.device.effective_capacitance", positive=True),
             cu_memory_bytes=_number(cu, "memory_bytes", "network.cu.memory_bytes", positive=True),
+            d2d_latency_s=_number(dd, "latency_s", "network.d2d.latency_s", nonneg=True) if "latency_s" in dd else 0.0,
         )
 
 
