@@ -3,10 +3,11 @@
 BERT-small (6 blocks, hidden 256, 4 heads, FFN 1024, bert-base-chinese vocabulary size), batch 32 x 64
 tokens, token-classification head, Adam. Prints one ``name: value`` per line:
 
-- ``plain_step_s``: median seconds of one training step of the whole model in this process, the faster
-  of 1 torch thread and all cores (both printed); every ratio divides by it;
-- ``step_ratio_S{S}_m{m}``: median pipelined step seconds / plain_step_s, S in 1,2,3 (balanced delta),
-  m in 1,2,4, Ray backend, median of --steps steps after --warmup warm-up steps;
+- ``plain_step_s``: median seconds of one training step of the whole model in this process, with the
+  faster of 1 torch thread and all cores (both timed first and printed);
+- ``step_ratio_S{S}_m{m}``: median pipelined step seconds / median plain step seconds, S in 1,2,3
+  (balanced delta), m in 1,2,4, Ray backend, --steps steps after --warmup warm-up steps; pipelined and
+  plain steps alternate, so both see the same background load (the machine may be shared);
 - ``mem_ratio_S{S}``: max over devices of (params + Adam state + peak saved activations) / the same
   count for the plain model (embedding + encoder + head, whole batch), both measured with
   ``SavedTensorMeter`` / ``memory_report``; ``mem_ratio_encoder_S{S}`` compares with the plain
@@ -90,18 +91,45 @@ def plain_model_figures(batch, warmup: int, steps: int, threads: int) -> tuple[f
     return statistics.median(times), static_all + peak_all, static_enc + peak_enc
 
 
-def pipeline_figures(batch, S: int, ms, warmup: int, steps: int, threads: int | None) -> tuple[dict[int, float], int]:
+class PlainTrainer:
+    """The whole model in this process, one optimizer per part (element-wise, so the same as one)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.model = make_model().train()
+        self.optimizers = [SPEC.build(part.parameters()) for part in self.model.parts()]
+
+    def step(self, batch) -> float:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        start = time.perf_counter()
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        loss_sum, count = self.model.loss_terms(batch)
+        (loss_sum / count).backward()
+        for opt in self.optimizers:
+            opt.step()
+        seconds = time.perf_counter() - start
+        torch.set_num_threads(previous)
+        return seconds
+
+
+def pipeline_figures(batch, S: int, ms, warmup: int, steps: int, threads: int | None, plain: PlainTrainer):
+    """Per m: (median pipelined step s, median plain step s measured in alternation with it), and the
+    largest per-device peak bytes. Alternating the two keeps the ratio fair when other jobs load the CPU."""
     model = make_model()
     head = LocalHead(model.head, SPEC)
     medians = {}
     with ClusterPipeline(model.embedding, model.blocks, DELTAS[S], SPEC, backend="ray", actor_threads=threads) as pipe:
         for m in ms:
-            times = []
+            piped, plain_times = [], []
             for i in range(warmup + steps):
                 result = pipe.train_step(batch, m, head)
+                plain_s = plain.step(batch)
                 if i >= warmup:
-                    times.append(result.seconds["total"])
-            medians[m] = statistics.median(times)
+                    piped.append(result.seconds["total"])
+                    plain_times.append(plain_s)
+            medians[m] = (statistics.median(piped), statistics.median(plain_times))
         peak = max(r["peak_bytes"] for r in pipe.memory_report())
     return medians, peak
 
@@ -128,20 +156,25 @@ def main() -> None:
     plain_1, _, _ = plain_model_figures(batch, args.warmup, args.steps, threads=1)
     plain_n, plain_peak, plain_enc_peak = plain_model_figures(batch, args.warmup, args.steps, threads=cores)
     torch.set_num_threads(cores)
-    plain_s = min(plain_1, plain_n)  # ratios against the faster plain configuration
+    plain_threads = 1 if plain_1 <= plain_n else cores
     print(f"plain_step_s_threads1: {plain_1:.4f}")
     print(f"plain_step_s_threads{cores}: {plain_n:.4f}")
-    print(f"plain_step_s: {plain_s:.4f}")
+    print(f"plain_threads: {plain_threads}")
     print(f"plain_peak_bytes: {plain_peak}")
+    plain = PlainTrainer(plain_threads)
+    all_plain = []
     for S in args.segments:
         threads = args.actor_threads or default_actor_threads(S)
-        medians, peak = pipeline_figures(batch, S, args.micro_batches, args.warmup, args.steps, threads)
+        medians, peak = pipeline_figures(batch, S, args.micro_batches, args.warmup, args.steps, threads, plain)
         print(f"actor_threads_S{S}: {threads}")
-        for m, seconds in medians.items():
+        for m, (seconds, plain_s) in medians.items():
+            all_plain.append(plain_s)
             print(f"step_s_S{S}_m{m}: {seconds:.4f}")
+            print(f"plain_step_s_paired_S{S}_m{m}: {plain_s:.4f}")
             print(f"step_ratio_S{S}_m{m}: {seconds / plain_s:.3f}")
         print(f"mem_ratio_S{S}: {peak / plain_peak:.3f}")
         print(f"mem_ratio_encoder_S{S}: {peak / plain_enc_peak:.3f}")
+    print(f"plain_step_s: {statistics.median(all_plain):.4f}")
     print(f"load_avg_1min_end: {os.getloadavg()[0]:.2f}")
     ray.shutdown()
 

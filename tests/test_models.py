@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from torch.nn import functional as F
 from transformers import BertConfig, BertForTokenClassification, BertModel
 
 from collapipe_flwr.errors import CollaPipeError, ConfigError
