@@ -261,15 +261,39 @@ def split_overrides(text: str) -> list[str]:
         raise ConfigError(f"cannot parse overrides {text!r}: {err}; quote values with spaces") from None
 
 
+def names_group(overrides: list[str], group: str) -> bool:
+    """Whether the overrides choose config group ``group`` (``model=...``, ``+model=...``)."""
+    return any(o.split("=", 1)[0].lstrip("+~") == group for o in overrides)
+
+
+def with_task_default_model(overrides: list[str], composed: Mapping[str, Any]) -> list[str] | None:
+    """The overrides plus ``model=<task.default_model>`` when the user chose a task but no model and the
+    composed model is not the task's own (Hydra composes ``task`` before ``model``, so a task file
+    cannot pick the model itself); None when nothing needs to change."""
+    default_model = (composed.get("task") or {}).get("default_model")
+    if not default_model or names_group(overrides, "model"):
+        return None
+    if (composed.get("model") or {}).get("name") == default_model:
+        return None
+    return [*overrides, f"model={default_model}"]
+
+
 def compose(overrides: list[str] | str = (), config_dir: Path | None = None) -> dict:
-    """Compose ``conf/config.yaml`` with Hydra overrides, return a plain resolved mapping."""
+    """Compose ``conf/config.yaml`` with Hydra overrides, return a plain resolved mapping. Without a
+    ``model=`` override the model is the task's ``default_model``."""
+    if isinstance(overrides, str):
+        overrides = split_overrides(overrides)
+    composed = _compose_once(list(overrides), config_dir)
+    again = with_task_default_model(list(overrides), composed)
+    return composed if again is None else _compose_once(again, config_dir)
+
+
+def _compose_once(overrides: list[str], config_dir: Path | None = None) -> dict:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    if isinstance(overrides, str):
-        overrides = split_overrides(overrides)
     conf = Path(config_dir or CONF_DIR).resolve()
     if not (conf / "config.yaml").is_file():
         raise ConfigError(f"no config.yaml in {conf}; run from the project root or pass the conf/ folder")

@@ -61,3 +61,9 @@ def test_missing_data_dir_says_how_to_fix(monkeypatch, tmp_path):
     with pytest.raises(ConfigError) as err:
         resolve_data_dir(tmp_path / "nope")
     assert "does not exist" in _one_line(err)
+
+
+def test_a_task_without_a_model_gets_the_tasks_default_model():
+    assert compose(["task=ner"])["model"]["name"] == compose(["task=ner"])["task"]["default_model"] == "bert_small"
+    assert compose(["task=classification", "model=bert_tiny"])["model"]["name"] == "bert_tiny"
+    assert compose([])["model"]["name"] == "transformer_small"

@@ -20,7 +20,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from collapipe_flwr.config import CONF_DIR
+from collapipe_flwr.config import CONF_DIR, compose, with_task_default_model
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.experiments.job import build_job, labels_of
 from collapipe_flwr.experiments.launch import failed_status, launch
@@ -29,6 +29,9 @@ from collapipe_flwr.experiments.launch import failed_status, launch
 def run_job(config: dict, task_overrides: list[str], job_dir: str, choices: dict | None = None) -> dict:
     """Validate, launch, and return the job's status (never raises for a user error)."""
     try:
+        with_model = with_task_default_model(list(task_overrides), config)
+        if with_model is not None:  # task chosen without a model: the task's default model, as in `flwr run`
+            task_overrides, config = with_model, compose(with_model)
         job = build_job(config, task_overrides, job_dir, choices)
     except CollaPipeError as err:
         return failed_status(job_dir, str(err), labels_of(config, choices), overrides=list(task_overrides))
