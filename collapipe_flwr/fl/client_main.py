@@ -24,7 +24,7 @@ def handle_hello(msg: Message, context: Context) -> Message:
     """Say which cluster this SuperNode is and how many training examples it holds."""
     try:
         run_config = read_run_config(msg)
-        identity = ClusterIdentity.from_node_config(context.node_config, context.run_config)
+        identity = ClusterIdentity.from_node_config(context.node_config)
         metrics = hello_metrics(identity, run_config)
     except CollaPipeError as err:
         return _error_reply(msg, err)
@@ -34,7 +34,7 @@ def handle_hello(msg: Message, context: Context) -> Message:
 def handle_train(msg: Message, context: Context) -> Message:
     """One round of local training (Algorithm 1, lines 5-23); replies with the encoder and metrics."""
     try:
-        identity = ClusterIdentity.from_node_config(context.node_config, context.run_config)
+        identity = ClusterIdentity.from_node_config(context.node_config)
         weights, instructions = read_train(msg)
         reply_weights, metrics = train_round(identity, weights, instructions)
     except CollaPipeError as err:

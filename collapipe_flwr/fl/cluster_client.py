@@ -7,19 +7,21 @@ plane, or a local head for methods that keep the whole model on the CU) -> dL/dz
 backward -> every segment and the embedding update — then concatenate the segments (⊕, eq. 4) and
 reply with the encoder and the round's metrics.
 
-Nothing here lives in module globals: whatever survives between rounds is in the Flower ``Context``
-(see ``client_app.py``); datasets are re-read through a pure, cached loader.
+Nothing lives in module globals and nothing survives between rounds: the device actors are built for
+the round's plan and shut down at its end (a round's plan may use other devices than the last one);
+datasets are re-read through a pure, cached loader.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
 import torch
 
 from collapipe_flwr import wiring
-from collapipe_flwr.config import RunConfig, build_run_config
+from collapipe_flwr.config import DATA_DIR_ENV, RunConfig, build_run_config
 from collapipe_flwr.fl.messages import TrainInstructions, pack_weights, unpack_weights
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.system.devices import DeviceProfile
@@ -34,7 +36,7 @@ class ClusterIdentity:
     data_dir: str = ""
 
     @classmethod
-    def from_node_config(cls, node_config, run_config=None) -> "ClusterIdentity":
+    def from_node_config(cls, node_config) -> "ClusterIdentity":
         from collapipe_flwr.errors import ConfigError
 
         try:
@@ -47,7 +49,8 @@ class ClusterIdentity:
             ) from None
         if not 0 <= pid < nparts:
             raise ConfigError(f"partition-id={pid} must be in 0..{nparts - 1}; fix the SuperNode's --node-config")
-        data_dir = str(node_config.get("data-dir", "") or (run_config or {}).get("data-dir", "") or "")
+        # This box's data: its node config, else its own COLLAPIPE_DATA_DIR, else the run's data_dir.
+        data_dir = str(node_config.get("data-dir", "") or os.environ.get(DATA_DIR_ENV, "") or "")
         return cls(pid, nparts, data_dir)
 
 

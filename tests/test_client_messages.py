@@ -1,0 +1,56 @@
+"""A CU answers bad input (node config, message) with a one-line error reply, never a crash."""
+
+from __future__ import annotations
+
+import pytest
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+from collapipe_flwr.errors import CollaPipeError, ConfigError
+from collapipe_flwr.fl import client_main
+from collapipe_flwr.fl.cluster_client import ClusterIdentity
+from collapipe_flwr.fl.messages import TrainInstructions
+
+
+def _context(node_config: dict) -> Context:
+    return Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config={})
+
+
+@pytest.mark.parametrize(
+    "node_config,needle",
+    [({}, "partition-id"), ({"partition-id": 3, "num-partitions": 2}, "partition-id=3"), ({"partition-id": "x", "num-partitions": 2}, "partition-id")],
+)
+def test_bad_node_config_is_one_line(node_config, needle):
+    with pytest.raises(ConfigError) as err:
+        ClusterIdentity.from_node_config(node_config)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_node_data_dir_wins(monkeypatch):
+    monkeypatch.setenv("COLLAPIPE_DATA_DIR", "/env/data")
+    assert ClusterIdentity.from_node_config({"partition-id": 0, "num-partitions": 1}).data_dir == "/env/data"
+    node = {"partition-id": 0, "num-partitions": 1, "data-dir": "/node/data"}
+    assert ClusterIdentity.from_node_config(node).data_dir == "/node/data"
+
+
+def test_malformed_instructions_are_refused():
+    with pytest.raises(CollaPipeError) as err:
+        TrainInstructions.from_record(ConfigRecord({"json": "{\"round\": 1}"}))
+    assert "different versions" in str(err.value)
+
+
+@pytest.fixture
+def in_a_run(monkeypatch):
+    """Messages can only be built inside a run: give this process the identity a SuperNode would."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for key, value in (("run_id", 1), ("node_id", 1), ("task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, f"_{key}", value, raising=False)
+
+
+@pytest.mark.parametrize("handler", [client_main.handle_train, client_main.handle_hello])
+def test_handlers_reply_with_an_error_not_a_crash(handler, in_a_run):
+    msg = Message(RecordDict(), dst_node_id=7, message_type="train")
+    reply = handler(msg, _context({"partition-id": 0, "num-partitions": 2}))
+    assert reply.has_error()
+    assert reply.error.code == client_main.USER_ERROR_CODE
+    assert "\n" not in reply.error.reason and "lacks" in reply.error.reason
