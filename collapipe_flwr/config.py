@@ -291,6 +291,7 @@ def compose(overrides: list[str] | str = (), config_dir: Path | None = None) -> 
 def _compose_once(overrides: list[str], config_dir: Path | None = None) -> dict:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -298,8 +299,11 @@ def _compose_once(overrides: list[str], config_dir: Path | None = None) -> dict:
     if not (conf / "config.yaml").is_file():
         raise ConfigError(f"no config.yaml in {conf}; run from the project root or pass the conf/ folder")
     try:
-        with initialize_config_dir(config_dir=str(conf), version_base="1.3", job_name="collapipe"):
+        if GlobalHydra.instance().is_initialized():  # inside @hydra.main (the sweep entry point): reuse it
             composed = hydra_compose(config_name="config", overrides=list(overrides))
+        else:
+            with initialize_config_dir(config_dir=str(conf), version_base="1.3", job_name="collapipe"):
+                composed = hydra_compose(config_name="config", overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"bad config override: {first}") from None

@@ -416,6 +416,14 @@ def test_entry_point_bad_config_is_one_line_and_a_sweep_goes_on(tmp_path):
     assert "Sweep: `python -m collapipe_flwr.experiments -m method.fixed_m=0,-1`" in (out / "results.md").read_text()
 
 
+def test_entry_point_gives_a_task_its_default_model(tmp_path):
+    """task=ner without model=: the job validates against the task's own model (bert_small), so the only
+    error left is the one we planted."""
+    single = _entry(["task=ner", "federation.num_rounds=0", f"hydra.run.dir={tmp_path / 'ner'}"], tmp_path)
+    assert single.returncode == 2, single.stderr[-2000:]
+    assert single.stderr.strip().splitlines()[-1] == "error: federation.num_rounds=0 must be >= 1"
+
+
 # --------------------------------------------------------------------------- end to end (Flower)
 @pytest.mark.slow
 def test_two_run_multirun_of_the_tiny_config_end_to_end(tmp_path, data_dir):
