@@ -65,6 +65,8 @@ def labels_of(config: Mapping[str, Any], choices: Mapping[str, Any] | None = Non
     }
     for group in ("model", "network", "federation"):
         labels[group] = choices.get(group) or _fallback_label(group, config)
+    if (config.get("model") or {}).get("name"):  # the model actually composed (a task's default model too)
+        labels["model"] = str(config["model"]["name"])
     return labels
 
 

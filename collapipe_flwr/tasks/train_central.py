@@ -1,7 +1,7 @@
 """Central reference training: one task, the plain (unsplit, unfederated) model, a wall-clock budget.
 
     python -m collapipe_flwr.tasks.train_central task=<translation|ner|classification> [hydra overrides]
-        [--minutes 15] [--max-steps N] [--train-examples N] [--threads N] [--test] [--save FILE] [--json FILE]
+        [--minutes 15] [--max-steps N] [--train-examples N] [--threads 1] [--test] [--save FILE] [--json FILE]
 
 The step is the paper's local update with the whole model in one process: embedding -> L TEBs ->
 head.loss_terms -> loss = sum / count, one optimizer (model.optimizer) with the warm-up + decay of
@@ -39,7 +39,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--minutes", type=float, default=15.0, help="wall-clock budget for training + final evaluation")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0 = budget only)")
     parser.add_argument("--train-examples", type=int, default=0, help="train on the first N training examples (0 = all)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="torch threads (default 1: on a shared 2-core machine 2 threads ran NER ~9x slower per step; 0 = torch's default)",
+    )
     parser.add_argument("--test", action="store_true", help="also evaluate the test split named in the task config")
     parser.add_argument("--save", default="", help="write the trained model's state dicts to this file")
     parser.add_argument("--json", default="", help="write the final metrics and settings to this JSON file")
