@@ -180,9 +180,11 @@ class RunConfig:
         return build_run_config(data)
 
 
-def resolve_data_dir(explicit: str | os.PathLike | None) -> Path:
-    """The dataset folder: an explicit value, else the COLLAPIPE_DATA_DIR environment variable."""
-    value = str(explicit or "") or os.environ.get(DATA_DIR_ENV, "")
+def resolve_data_dir(explicit: str | os.PathLike | None, environ: Mapping[str, str] | None = None) -> Path:
+    """The dataset folder: an explicit value, else the COLLAPIPE_DATA_DIR variable of ``environ``
+    (default: this process's environment)."""
+    environ = os.environ if environ is None else environ
+    value = str(explicit or "") or environ.get(DATA_DIR_ENV, "")
     if not value:
         raise ConfigError(
             f"no data directory: set data_dir (run config data-dir) or the {DATA_DIR_ENV} environment variable "

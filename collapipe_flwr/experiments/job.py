@@ -114,7 +114,7 @@ def build_job(
 ) -> JobSpec:
     """Validate the composed config once (one-line ConfigError) and describe the job to launch."""
     cfg = build_run_config(config)
-    data_dir = resolve_data_dir(cfg.data_dir or environ.get("COLLAPIPE_DATA_DIR", ""))
+    data_dir = resolve_data_dir(cfg.data_dir, environ)
     return JobSpec(
         job_dir=Path(job_dir).resolve(),
         overrides=tuple(forwarded_overrides(task_overrides)),
