@@ -11,9 +11,7 @@ import math
 
 import numpy as np
 import pytest
-import torch
 import yaml
-from torch import nn
 
 from collapipe_flwr.config import CONF_DIR
 from collapipe_flwr.dssra.policies import make_policy

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
-import yaml
 
 from collapipe_flwr.errors import ConfigError, DataFormatError
 from collapipe_flwr.tasks.classification import read_titles
 from collapipe_flwr.tasks.registry import TASKS, build_task, validate_task_config
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
-
-
-def _cfg(group, name, **over):
-    cfg = yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
-    cfg.update(over)
-    return cfg
+from tests.conf_files import conf_group as _cfg
 
 
 @pytest.fixture(scope="module")

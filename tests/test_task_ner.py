@@ -6,20 +6,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
 from seqeval.metrics.sequence_labeling import get_entities
 
 from collapipe_flwr.errors import DataFormatError
 from collapipe_flwr.tasks.ner import LABELS, read_bio, word_tags
 from collapipe_flwr.tasks.registry import build_task
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
-
-
-def _cfg(group, name, **over):
-    cfg = yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
-    cfg.update(over)
-    return cfg
+from tests.conf_files import conf_group as _cfg
 
 
 @pytest.fixture(scope="module")

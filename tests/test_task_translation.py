@@ -5,20 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from collapipe_flwr.errors import DataFormatError
 from collapipe_flwr.tasks import bpe_tokenizer
 from collapipe_flwr.tasks.registry import build_task
 from collapipe_flwr.tasks.translation import read_parallel
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
-
-
-def _cfg(group, name, **over):
-    cfg = yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
-    cfg.update(over)
-    return cfg
+from tests.conf_files import conf_group as _cfg
 
 
 @pytest.fixture(scope="module")

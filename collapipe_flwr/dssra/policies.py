@@ -176,7 +176,7 @@ class Policy:
     def _sub2(self, t: int, segs, radio: dict, power_cache: dict) -> dict:
         """Power for every (CU, channel) pair (Dinkelbach + SCA under C6, C8', C11') and the matching."""
         spec, V = self.spec, self.sched.V
-        N, J = spec.num_clusters, spec.num_channels
+        N = spec.num_clusters
         gain, interf, bandwidth, slope = radio["gain"], radio["interf"], radio["bandwidth"], radio["slope"]
         bits = self.uplink_bits
         w_gamma, w_lin, virtual = self._weights(radio)
