@@ -17,14 +17,13 @@ import argparse
 import json
 import math
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from collapipe_flwr.config import CONF_DIR, compose, resolve_data_dir
+from collapipe_flwr.config import compose, resolve_data_dir
 from collapipe_flwr.errors import CollaPipeError, ConfigError, exit_on_user_error
 from collapipe_flwr.tasks.lr_schedule import lr_factor
 from collapipe_flwr.tasks.registry import build_task
@@ -51,51 +50,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def compose_central(overrides: Sequence[str]) -> dict:
-    """The composed config (seed, data_dir, task, model, eval); the model defaults to the task's own."""
-    overrides = list(overrides)
-    cfg = _compose(overrides)
-    names_model = any(o.split("=", 1)[0].lstrip("+~") == "model" for o in overrides)
-    task_cfg, model_cfg = cfg.get("task") or {}, cfg.get("model") or {}
-    default_model = task_cfg.get("default_model")
-    if not names_model and default_model and model_cfg.get("family") != _family_of(task_cfg.get("name")):
-        cfg = _compose(overrides + [f"model={default_model}"])
-    return cfg
-
-
-def _family_of(task_name) -> str | None:
-    from collapipe_flwr.tasks.registry import TASKS
-
-    try:
-        return TASKS[task_name].model_family
-    except KeyError:
-        return None
-
-
-def _compose(overrides: list[str]) -> dict:
-    try:
-        return compose(overrides)
-    except ConfigError as err:
-        if "Could not find" not in str(err) or any(o.split("=", 1)[0].split(".")[0] in _missing_groups(str(err)) for o in overrides):
-            raise
-    return _compose_minimal(overrides)
-
-
-def _missing_groups(message: str) -> set[str]:
-    return {word.split("/")[0].strip("'") for word in message.split() if "/" in word}
-
-
-def _compose_minimal(overrides: list[str]) -> dict:
-    """Compose only the groups this command reads (other groups of conf/config.yaml may not exist yet)."""
-    import yaml
-
-    root = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
-    defaults = [d for d in root.get("defaults", []) if isinstance(d, dict) and set(d) & {"task", "model"}]
-    keep = {k: v for k, v in root.items() if k in ("seed", "data_dir", "eval")}
-    with tempfile.TemporaryDirectory() as folder:
-        for group in ("task", "model"):
-            (Path(folder) / group).symlink_to(CONF_DIR / group, target_is_directory=True)
-        (Path(folder) / "config.yaml").write_text(yaml.safe_dump({"defaults": defaults + ["_self_"], **keep}))
-        return compose(overrides, config_dir=Path(folder))
+    """The composed config (seed, data_dir, task, model, eval); without ``model=`` the task's
+    ``default_model`` (the rule lives in :func:`collapipe_flwr.config.compose`)."""
+    return compose(list(overrides))
 
 
 def data_dir_of(cfg: dict) -> Path:
