@@ -21,7 +21,6 @@ import time
 from collections.abc import Iterable
 from logging import INFO, WARNING
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -215,6 +214,3 @@ class CollaPipeStrategy(Strategy):
         log(INFO, "\t├── CollaPipe method=%s scheduler=%s", self.cfg.method.name, self.server.policy_name)
         log(INFO, "\t└── clusters N=%s, rounds T=%s", self.cfg.federation.num_clusters, self.cfg.federation.num_rounds)
 
-
-def state_dict_to_cpu(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().clone() for k, v in sd.items()}
