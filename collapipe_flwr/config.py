@@ -140,8 +140,10 @@ class EvalSpec:
     max_examples: int = 0
     batch_size: int = 64
     beam_size: int = 1
+    every: int = 1  # evaluate after rounds every, 2*every, ... and always after round 0 and the last round
 
     def __post_init__(self) -> None:
+        _require(self.every >= 1, "eval.every must be >= 1 (1 = evaluate after every round)")
         _require(self.max_examples >= 0, "eval.max_examples must be >= 0 (0 = whole validation split)")
         _require(self.batch_size >= 1, "eval.batch_size must be >= 1")
         _require(self.beam_size >= 1, "eval.beam_size must be >= 1")

@@ -54,3 +54,15 @@ def test_handlers_reply_with_an_error_not_a_crash(handler, in_a_run):
     assert reply.has_error()
     assert reply.error.code == client_main.USER_ERROR_CODE
     assert "\n" not in reply.error.reason and "lacks" in reply.error.reason
+
+
+def test_cu_reuses_its_task_until_the_config_changes(data_dir):
+    from collapipe_flwr.config import load_run_config
+    from collapipe_flwr.fl.cluster_client import cached_task
+
+    base = ["task=classification", "model=bert_tiny", "federation=tiny", "network=small"]
+    first = cached_task(load_run_config(base, data_dir=str(data_dir)))
+    assert cached_task(load_run_config(base, data_dir=str(data_dir))) is first
+    other = cached_task(load_run_config(base + ["task.max_len=24"], data_dir=str(data_dir)))
+    assert other is not first and other.max_len == 24
+    assert cached_task(load_run_config(base + ["seed=3"], data_dir=str(data_dir))) is not other

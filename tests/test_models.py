@@ -176,14 +176,17 @@ def sequence_logprob(model, z, mask, seq, bos, eos) -> float:
     return float(sum(logp[t, tok] for t, tok in enumerate(seq)))
 
 
-def test_greedy_decode_picks_the_argmax_at_every_step():
+@pytest.mark.parametrize("head_mode", ["eval", "train"])  # eval: incremental (cached) decoding; train: full prefix
+def test_greedy_decode_picks_the_argmax_at_every_step(head_mode):
     model = tiny_translation()
     ids, mask = inputs()
     ids = ids % 20
     bos, eos, max_len = 1, 2, 6
     with torch.no_grad():
         z = model.encode(ids, mask)
+        model.head.train(head_mode == "train")  # dropout is 0: both modes compute the same function
         out = model.head.greedy_decode(z, mask, max_len, bos, eos)
+        model.head.eval()
         for b, tokens in enumerate(out):
             full = tokens + ([eos] if len(tokens) < max_len else [])
             dec = torch.tensor([[bos] + full[:-1]])

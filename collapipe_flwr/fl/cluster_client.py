@@ -7,13 +7,15 @@ plane, or a local head for methods that keep the whole model on the CU) -> dL/dz
 backward -> every segment and the embedding update — then concatenate the segments (⊕, eq. 4) and
 reply with the encoder and the round's metrics.
 
-Nothing lives in module globals and nothing survives between rounds: the device actors are built for
-the round's plan and shut down at its end (a round's plan may use other devices than the last one);
-datasets are re-read through a pure, cached loader.
+The device actors are built for the round's plan and shut down at its end (a round's plan may use other
+devices than the last one). The one thing that survives between messages is the task object (read and
+tokenised data, tokenizers) of the last run config seen, so a CU does not re-tokenise its data for the
+hello and every round: :func:`cached_task`, keyed by everything the task is built from.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from collapipe_flwr import wiring
-from collapipe_flwr.config import DATA_DIR_ENV, RunConfig, build_run_config
+from collapipe_flwr.config import DATA_DIR_ENV, RunConfig, build_run_config, resolve_data_dir
 from collapipe_flwr.fl.messages import TrainInstructions, pack_weights, unpack_weights
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.system.devices import DeviceProfile
@@ -54,10 +56,23 @@ class ClusterIdentity:
         return cls(pid, nparts, data_dir)
 
 
+_TASK_CACHE: dict[str, object] = {}
+
+
+def cached_task(cfg: RunConfig):
+    """The task for ``cfg``, reused while the task/model config, data dir, seed and cache dir stay the same
+    (one entry: a new run's config replaces the last one's)."""
+    key = json.dumps([cfg.task, cfg.model, str(resolve_data_dir(cfg.data_dir)), cfg.seed], sort_keys=True, default=str)
+    if key not in _TASK_CACHE:
+        _TASK_CACHE.clear()
+        _TASK_CACHE[key] = wiring.build_task(cfg)
+    return _TASK_CACHE[key]
+
+
 def hello_metrics(identity: ClusterIdentity, run_config: dict) -> dict:
     """Reply to the server's hello: which cluster this is and how many training examples it holds."""
     cfg = wiring.config_from_run_config(run_config, data_dir=identity.data_dir)
-    task = wiring.build_task(cfg)
+    task = cached_task(cfg)
     examples = wiring.client_partition(task, cfg, identity.partition_id, identity.num_partitions)
     return {
         "partition-id": identity.partition_id,
@@ -73,7 +88,7 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
     if identity.data_dir:
         cfg = wiring.with_data_dir(cfg, identity.data_dir)
     torch.set_num_threads(cfg.runtime.torch_threads)
-    task = wiring.build_task(cfg)
+    task = cached_task(cfg)
     examples = wiring.client_partition(task, cfg, identity.partition_id, identity.num_partitions)
     model = wiring.build_model(task, cfg)
     parts = unpack_weights(weights_record)

@@ -172,9 +172,12 @@ class CollaPipeStrategy(Strategy):
         return None
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        """Centralised evaluation on the validation split + the round's JSON line."""
+        """Centralised evaluation on the validation split (after round 0, every ``eval.every`` rounds and the
+        last round) + the round's JSON line (without val_* fields when the round is not evaluated)."""
         t0 = time.time()
-        metrics = self.server.evaluate()
+        every = self.cfg.eval.every
+        due = server_round == 0 or server_round % every == 0 or server_round >= self.cfg.federation.num_rounds
+        metrics = self.server.evaluate() if due else {}
         if server_round == 0:
             self.run_log.append_round({"round": 0, **{f"val_{k}": v for k, v in metrics.items()}})
             return MetricRecord({k: float(v) for k, v in metrics.items()})
@@ -193,7 +196,7 @@ class CollaPipeStrategy(Strategy):
         self.run_log.append_round(record)
         if self.progress is not None:
             self.progress.round_finished(server_round, record)
-        return MetricRecord({k: float(v) for k, v in metrics.items()})
+        return MetricRecord({k: float(v) for k, v in metrics.items()}) if metrics else None
 
     def summary_record(self, result) -> dict:
         """What summary.json holds: the final validation metrics and where the records are."""

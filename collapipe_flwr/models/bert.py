@@ -2,8 +2,9 @@
 
 - embedding (CU): ``BertEmbeddings`` (word + position + token-type(0) embeddings, LayerNorm, dropout);
 - L TEBs (devices): ``BertLayer`` wrapped so that ``block(hidden, attention_mask[B,T])`` works;
-- head (server): token classification (NER) or sequence classification (BertPooler on [CLS] + classifier,
-  as ``BertForSequenceClassification``).
+- head (server): token classification (NER; optionally with a linear-chain CRF over the tags, head
+  ``token_crf``) or sequence classification (BertPooler on [CLS] + classifier, as
+  ``BertForSequenceClassification``).
 
 ``pretrained_dir`` loads bert-base-chinese weights (``model.safetensors`` or ``pytorch_model.bin``) from a
 local folder: ``bert.embeddings.*`` -> embedding, ``bert.encoder.layer.{l}.*`` -> block l,
@@ -23,9 +24,10 @@ from transformers import BertConfig
 from transformers.models.bert.modeling_bert import BertEmbeddings, BertLayer, BertPooler
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.models.crf import LinearChainCRF, pack_left
 from collapipe_flwr.models.split import SplitModel
 
-HEADS = ("token", "sequence")
+HEADS = ("token", "token_crf", "sequence")
 
 
 def additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -82,6 +84,43 @@ class TokenClassificationHead(nn.Module):
         return self.logits(hidden).argmax(-1)
 
 
+class CRFTokenClassificationHead(TokenClassificationHead):
+    """NER head with a linear-chain CRF (models/crf.py) over the tags of the labelled tokens.
+
+    Emissions are the token head's logits; the CRF runs over the positions with a label (labels != -100:
+    each character's token, not [CLS]/[SEP]/padding), packed to the left of each row. The loss is the
+    negative log-likelihood of the gold tag sequences, returned as (sum over sentences, number of labelled
+    tokens) so its scale matches the per-token cross-entropy of the plain head. Prediction is Viterbi over
+    the same positions (without labels: every real token but the first and last, i.e. [CLS] and [SEP])."""
+
+    def __init__(self, config: BertConfig, num_labels: int) -> None:
+        super().__init__(config, num_labels)
+        self.crf = LinearChainCRF(num_labels)
+
+    def loss_terms(self, hidden, attention_mask, batch: Mapping[str, torch.Tensor]):
+        labels = batch["labels"]
+        keep = labels != -100
+        emissions, mask, _ = pack_left(self.logits(hidden), keep)
+        tags, _, _ = pack_left(labels, keep)
+        nll = -self.crf.log_likelihood(emissions, tags, mask)
+        return nll.sum(), keep.sum()
+
+    def predict(self, hidden, attention_mask, batch=None) -> torch.Tensor:
+        """Viterbi tag per labelled token, scattered back to [B,T] (0 elsewhere)."""
+        if batch is not None and "labels" in batch:
+            keep = batch["labels"] != -100
+        else:
+            keep = attention_mask.bool().clone()
+            keep[:, 0] = False
+            keep[torch.arange(keep.shape[0]), attention_mask.sum(1) - 1] = False
+        emissions, mask, source = pack_left(self.logits(hidden), keep)
+        out = torch.zeros(keep.shape, dtype=torch.long, device=hidden.device)
+        for row, path in enumerate(self.crf.viterbi(emissions, mask)):
+            if path:
+                out[row, source[row, : len(path)]] = torch.tensor(path, dtype=torch.long, device=hidden.device)
+        return out
+
+
 class SequenceClassificationHead(nn.Module):
     """Classification head: BertPooler (tanh(W h_[CLS])) + dropout + Linear(H, num_labels)."""
 
@@ -136,14 +175,14 @@ def build_bert(
 ) -> SplitModel:
     """BERT split into embedding / L BertLayers / task head; optional bert-base-chinese weights."""
     if head not in HEADS:
-        raise ConfigError(f"model head {head!r} is not one of {', '.join(HEADS)}; use token (NER) or sequence (classification)")
+        raise ConfigError(f"model head {head!r} is not one of {', '.join(HEADS)}; use token or token_crf (NER) or sequence (classification)")
     if int(num_labels) < 2:
         raise ConfigError(f"num_labels={num_labels} must be >= 2")
     config = bert_config(vocab_size, hidden, n_heads, d_ff, layers, dropout, max_len)
     model = _init_weights(SplitModel(
         embedding=BertEmbedding(config),
         blocks=nn.ModuleList(BertBlock(config, l) for l in range(layers)),
-        head=TokenClassificationHead(config, num_labels) if head == "token" else SequenceClassificationHead(config, num_labels),
+        head={"token": TokenClassificationHead, "token_crf": CRFTokenClassificationHead, "sequence": SequenceClassificationHead}[head](config, num_labels),
         family="bert",
     ), config.initializer_range)
     if pretrained_dir:

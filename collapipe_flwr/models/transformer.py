@@ -78,10 +78,12 @@ class TranslationHead(nn.Module):
     """Server side: encoder LayerNorm, target embedding, decoder stack, generator (ServerHead)."""
 
     def __init__(
-        self, tgt_vocab: int, d_model: int, n_heads: int, d_ff: int, dec_layers: int, dropout: float, max_len: int, pad_id: int
+        self, tgt_vocab: int, d_model: int, n_heads: int, d_ff: int, dec_layers: int, dropout: float, max_len: int, pad_id: int,
+        label_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
         self.pad_id = pad_id
+        self.label_smoothing = float(label_smoothing)
         self.memory_norm = nn.LayerNorm(d_model)
         self.tgt_embedding = TokenEmbedding(tgt_vocab, d_model, max_len, dropout, pad_id)
         layer = nn.TransformerDecoderLayer(d_model, n_heads, d_ff, dropout=dropout, batch_first=True, norm_first=True)
@@ -107,10 +109,16 @@ class TranslationHead(nn.Module):
     def loss_terms(
         self, hidden: torch.Tensor, attention_mask: torch.Tensor, batch: Mapping[str, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sum of token cross-entropies over labels != -100, number of such tokens)."""
+        """(sum of token cross-entropies over labels != -100, number of such tokens).
+
+        In training mode the cross-entropy is label-smoothed by ``label_smoothing`` (epsilon of Szegedy et
+        al., as in Vaswani et al.); in eval mode it is the plain cross-entropy, so validation losses compare."""
         logits = self.logits(hidden, attention_mask, batch["decoder_input_ids"])
         labels = batch["labels"]
-        loss_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum")
+        smoothing = self.label_smoothing if self.training else 0.0
+        loss_sum = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum", label_smoothing=smoothing
+        )
         return loss_sum, (labels != -100).sum()
 
     def predict(self, hidden: torch.Tensor, attention_mask: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -124,16 +132,47 @@ class TranslationHead(nn.Module):
         logp[:, prefix[0, 0]] = -math.inf
         return logp
 
+    def _incremental_logits(self, memory: torch.Tensor, memory_pad: torch.Tensor, token: torch.Tensor, cache: list) -> torch.Tensor:
+        """Logits [B,V] of the next token after appending ``token`` [B] at position len(cache[0]).
+
+        The same computation as :meth:`logits` on the whole prefix, restricted to the last position (valid
+        because the decoder is causal): each pre-LN layer keeps norm1(x) of the earlier positions in
+        ``cache[layer]`` (its self-attention keys and values), so a step costs O(T) instead of O(T^2).
+        ``memory`` is already normalised (memory_norm); eval mode only (dropout off)."""
+        emb = self.tgt_embedding
+        t = len(cache[0]) if cache[0] is not None else 0
+        x = (emb.tokens(token) * math.sqrt(emb.d_model) + emb.positions[t].to(memory.dtype))[:, None, :]
+        for i, layer in enumerate(self.decoder.layers):
+            h = layer.norm1(x)
+            cache[i] = h if cache[i] is None else torch.cat([cache[i], h], dim=1)
+            x = x + layer.self_attn(h, cache[i], cache[i], need_weights=False)[0]
+            h = layer.norm2(x)
+            x = x + layer.multihead_attn(h, memory, memory, key_padding_mask=memory_pad, need_weights=False)[0]
+            x = x + layer.linear2(layer.activation(layer.linear1(layer.norm3(x))))
+        return self.generator(self.decoder.norm(x))[:, 0]
+
     @torch.no_grad()
     def greedy_decode(
         self, memory: torch.Tensor, memory_mask: torch.Tensor, max_len: int, bos_id: int, eos_id: int
     ) -> list[list[int]]:
-        """Batched greedy decoding; per sentence the token ids after BOS up to (not including) EOS."""
+        """Batched greedy decoding; per sentence the token ids after BOS up to (not including) EOS.
+
+        In eval mode it decodes incrementally (:meth:`_incremental_logits`, a cache of the decoder's
+        self-attention inputs); in train mode (dropout on) it re-runs :meth:`logits` on the whole prefix."""
         B = memory.shape[0]
         prefix = torch.full((B, 1), bos_id, dtype=torch.long, device=memory.device)
         done = torch.zeros(B, dtype=torch.bool, device=memory.device)
+        incremental = not self.training
+        if incremental:
+            normed, pad_mask, cache = self.memory_norm(memory), padding_mask(memory_mask), [None] * len(self.decoder.layers)
         for _ in range(max_len):
-            nxt = self._next_log_probs(memory, memory_mask, prefix).argmax(-1)
+            if incremental:
+                logp = F.log_softmax(self._incremental_logits(normed, pad_mask, prefix[:, -1], cache).float(), dim=-1)
+                logp[:, self.pad_id] = -math.inf
+                logp[:, bos_id] = -math.inf
+                nxt = logp.argmax(-1)
+            else:
+                nxt = self._next_log_probs(memory, memory_mask, prefix).argmax(-1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
             prefix = torch.cat([prefix, nxt[:, None]], dim=1)
             done |= nxt == eos_id
@@ -216,6 +255,7 @@ def build_transformer(
     dropout: float,
     max_len: int,
     pad_id: int,
+    label_smoothing: float = 0.0,
 ) -> SplitModel:
     """The translation model (paper: 6 + 6 blocks), random init, sizes from the arguments."""
     for name, value in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab), ("d_model", d_model), ("n_heads", n_heads),
@@ -226,7 +266,9 @@ def build_transformer(
         raise ConfigError(f"model.d_model={d_model} is not divisible by model.n_heads={n_heads}; pick n_heads dividing d_model")
     if not 0.0 <= dropout < 1.0:
         raise ConfigError(f"model.dropout={dropout} must be in [0, 1)")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ConfigError(f"task.label_smoothing={label_smoothing} must be in [0, 1)")
     embedding = TokenEmbedding(src_vocab, d_model, max_len, dropout, pad_id)
     blocks = nn.ModuleList(EncoderBlock(d_model, n_heads, d_ff, dropout) for _ in range(enc_layers))
-    head = TranslationHead(tgt_vocab, d_model, n_heads, d_ff, dec_layers, dropout, max_len, pad_id)
+    head = TranslationHead(tgt_vocab, d_model, n_heads, d_ff, dec_layers, dropout, max_len, pad_id, label_smoothing)
     return SplitModel(embedding=embedding, blocks=blocks, head=head, family="transformer")

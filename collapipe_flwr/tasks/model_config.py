@@ -68,7 +68,7 @@ def optimizer_spec(model_cfg: Mapping[str, Any]) -> OptimizerSpec:
         raise ConfigError(f"bad model.optimizer {dict(raw)}: {err}; valid keys are name, lr, weight_decay, betas, momentum") from None
 
 
-def build_translation_model(model_cfg: Mapping[str, Any], src_vocab: int, tgt_vocab: int, pad_id: int):
+def build_translation_model(model_cfg: Mapping[str, Any], src_vocab: int, tgt_vocab: int, pad_id: int, label_smoothing: float = 0.0):
     from collapipe_flwr.models.transformer import build_transformer
 
     return build_transformer(
@@ -82,6 +82,7 @@ def build_translation_model(model_cfg: Mapping[str, Any], src_vocab: int, tgt_vo
         dropout=float(model_cfg.get("dropout", 0.1)),
         max_len=model_cfg["max_len"],
         pad_id=pad_id,
+        label_smoothing=label_smoothing,
     )
 
 

@@ -84,7 +84,7 @@ class NerTask(Task):
     name = "ner"
     metric_name = "f1"
     model_family = "bert"
-    task_keys = frozenset({"train_file", "val_file", "test_file", "extra_train_files", "vocab_file"})
+    task_keys = frozenset({"train_file", "val_file", "test_file", "extra_train_files", "vocab_file", "crf"})
 
     @classmethod
     def validate_task(cls, task_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> None:
@@ -94,6 +94,8 @@ class NerTask(Task):
         extra = task_cfg.get("extra_train_files", [])
         if not isinstance(extra, (list, tuple)):
             raise ConfigError("task.extra_train_files must be a list of file names (e.g. [chinese_ner/supplementary_msra/msra_bio.txt])")
+        if not isinstance(task_cfg.get("crf", False), bool):
+            raise ConfigError(f"task.crf={task_cfg.get('crf')!r} must be true (CRF over the tags) or false (per-token softmax)")
 
     def read_split(self, split: str) -> Sequence[TaggedSentence]:
         name = self.cfg.get(f"{split}_file") or ""
@@ -139,7 +141,8 @@ class NerTask(Task):
 
     def build_model(self, seed: int):
         torch.manual_seed(seed)
-        return model_config.build_bert_model(self.model_cfg, len(self.tokenizer()), "token", len(LABELS))
+        head = "token_crf" if self.cfg.get("crf", False) else "token"
+        return model_config.build_bert_model(self.model_cfg, len(self.tokenizer()), head, len(LABELS))
 
     def predict_batch(self, model, hidden, batch, indices, beam_size):
         tags = model.head.predict(hidden, batch["attention_mask"], batch)

@@ -1,19 +1,24 @@
 """Central reference training: one task, the plain (unsplit, unfederated) model, a wall-clock budget.
 
     python -m collapipe_flwr.tasks.train_central task=<translation|ner|classification> [hydra overrides]
-        [--minutes 15] [--max-steps N] [--train-examples N] [--threads 1] [--test] [--save FILE] [--json FILE]
+        [--minutes 15] [--max-steps N] [--train-examples N] [--threads 1] [--precision fp32|bf16] [--test]
+        [--save FILE] [--json FILE]
 
 The step is the paper's local update with the whole model in one process: embedding -> L TEBs ->
 head.loss_terms -> loss = sum / count, one optimizer (model.optimizer) with the warm-up + decay of
 model.schedule. Training stops when the budget minus the (measured) evaluation time is used up; then the
 validation split is evaluated and the task metric is printed as the LAST line of stdout
 (``bleu: 23.10``, ``f1: 0.6100``, ``accuracy: 0.7200``). Progress goes to stderr. ``--test`` also
-evaluates the test files named in the task config (never used while tuning).
+evaluates the test files named in the task config (never used while tuning). ``--precision bf16`` runs
+the forward passes (training and evaluation) under ``torch.autocast`` with bfloat16 (weights, gradients
+and optimizer state stay fp32); on CPUs with AVX512-BF16 a translation step took 0.37-0.45 s instead of
+0.66-0.69 s here.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -42,6 +47,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--threads", type=int, default=1,
         help="torch threads (default 1: on a shared 2-core machine 2 threads ran NER ~9x slower per step; 0 = torch's default)",
     )
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast the forward passes to bfloat16 (mixed precision)")
     parser.add_argument("--test", action="store_true", help="also evaluate the test split named in the task config")
     parser.add_argument("--save", default="", help="write the trained model's state dicts to this file")
     parser.add_argument("--json", default="", help="write the final metrics and settings to this JSON file")
@@ -78,7 +84,15 @@ def _progress(quiet: bool):
     )
 
 
-def train(task, model, minutes: float, max_steps: int, indices: list[int], seed: int, eval_cfg: dict, quiet: bool) -> dict:
+def autocast(precision: str):
+    """The forward-pass precision context: bf16 autocast on CPU, or nothing for fp32."""
+    if precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train(task, model, minutes: float, max_steps: int, indices: list[int], seed: int, eval_cfg: dict, quiet: bool,
+          precision: str = "fp32") -> dict:
     """Train until the budget (minus the evaluation it must leave room for) or ``max_steps`` is used."""
     params = [p for part in (model.embedding, model.blocks, model.head) for p in part.parameters()]
     optimizer = task.optimizer_spec().build(params)
@@ -107,7 +121,8 @@ def train(task, model, minutes: float, max_steps: int, indices: list[int], seed:
                 for group, lr in zip(optimizer.param_groups, base_lrs):
                     group["lr"] = lr * factor
                 optimizer.zero_grad(set_to_none=True)
-                loss_sum, count = model.loss_terms(batch)
+                with autocast(precision):
+                    loss_sum, count = model.loss_terms(batch)
                 loss = loss_sum / count
                 loss.backward()
                 optimizer.step()
@@ -122,7 +137,8 @@ def train(task, model, minutes: float, max_steps: int, indices: list[int], seed:
                     progress.console.print(f"{elapsed:6.0f}s {status}")
                 if not probed and not max_steps and elapsed >= 0.5 * train_budget:
                     probed = True
-                    reserve, probe = _measure_eval(task, model, eval_cfg)
+                    with autocast(precision):
+                        reserve, probe = _measure_eval(task, model, eval_cfg)
                     for part in (model.embedding, model.blocks, model.head):
                         part.train()
                     progress.console.print(f"midway: {probe} (reserving {reserve:.0f}s for the final evaluation)")
@@ -177,23 +193,26 @@ def main(argv: Sequence[str] | None = None) -> dict:
     num_params = sum(p.numel() for part in (model.embedding, model.blocks, model.head) for p in part.parameters())
     print(f"task {task.name}: {len(indices)} train / {len(task.val_examples())} val examples, model "
           f"{cfg['model'].get('family')} with {num_params / 1e6:.2f}M parameters, b={task.batch_size}, "
-          f"budget {args.minutes:g} min, {torch.get_num_threads()} threads", file=sys.stderr)
+          f"budget {args.minutes:g} min, {torch.get_num_threads()} threads, {args.precision}", file=sys.stderr)
     t0 = time.monotonic()
-    summary = train(task, model, args.minutes, args.max_steps, indices, seed, eval_cfg, args.quiet)
-    metrics = task.evaluate(
-        model, max_examples=int(eval_cfg.get("max_examples", 0)), batch_size=int(eval_cfg.get("batch_size", 64)),
-        beam_size=int(eval_cfg.get("beam_size", 1)),
-    )
+    summary = train(task, model, args.minutes, args.max_steps, indices, seed, eval_cfg, args.quiet, args.precision)
+    with autocast(args.precision):
+        metrics = task.evaluate(
+            model, max_examples=int(eval_cfg.get("max_examples", 0)), batch_size=int(eval_cfg.get("batch_size", 64)),
+            beam_size=int(eval_cfg.get("beam_size", 1)),
+        )
     summary.update(eval_seconds=time.monotonic() - t0 - summary["train_seconds"], total_seconds=time.monotonic() - t0)
     summary["val"] = metrics
     if args.test:
-        summary["test"] = task.evaluate(model, batch_size=int(eval_cfg.get("batch_size", 64)), beam_size=int(eval_cfg.get("beam_size", 1)), split="test")
+        with autocast(args.precision):
+            summary["test"] = task.evaluate(model, batch_size=int(eval_cfg.get("batch_size", 64)), beam_size=int(eval_cfg.get("beam_size", 1)), split="test")
         print("test " + ", ".join(f"{k}={v:.4f}" for k, v in summary["test"].items()), file=sys.stderr)
     if args.save:
         torch.save({"embedding": model.embedding.state_dict(), "blocks": model.blocks.state_dict(), "head": model.head.state_dict(),
                     "task": cfg["task"], "model": cfg["model"]}, args.save)
     if args.json:
-        Path(args.json).write_text(json.dumps({"task": cfg["task"], "model": cfg["model"], "seed": seed, "minutes": args.minutes, **summary}, indent=2))
+        Path(args.json).write_text(json.dumps({"task": cfg["task"], "model": cfg["model"], "seed": seed, "minutes": args.minutes,
+                                               "precision": args.precision, "threads": torch.get_num_threads(), **summary}, indent=2))
     print(f"trained {summary['steps']} steps ({summary['train_seconds']:.0f}s), evaluated in {summary['eval_seconds']:.0f}s; val "
           + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), file=sys.stderr)
     print(format_metric(task.metric_name, metrics[task.metric_name]), flush=True)

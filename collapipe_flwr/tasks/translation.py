@@ -59,7 +59,7 @@ class TranslationTask(Task):
     metric_name = "bleu"
     model_family = "transformer"
     task_keys = frozenset(
-        {"train_src", "train_tgt", "val_src", "val_tgt", "test_src", "test_tgt", "tokenizer", "bleu_tokenize", "decode_extra_len"}
+        {"train_src", "train_tgt", "val_src", "val_tgt", "test_src", "test_tgt", "tokenizer", "bleu_tokenize", "decode_extra_len", "label_smoothing"}
     )
 
     @classmethod
@@ -67,6 +67,9 @@ class TranslationTask(Task):
         for key in ("train_src", "train_tgt", "val_src", "val_tgt"):
             if not task_cfg.get(key):
                 raise ConfigError(f"task.{key} is empty; name the Multi30K file (relative to data_dir)")
+        smoothing = task_cfg.get("label_smoothing", 0.0)
+        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+            raise ConfigError(f"task.label_smoothing={smoothing!r} must be a number in [0, 1) (0.1 is usual; 0 = plain cross-entropy)")
         tok = task_cfg.get("tokenizer") or {}
         if not isinstance(tok, Mapping):
             raise ConfigError("task.tokenizer must be a mapping {kind, src_vocab_size, tgt_vocab_size, min_frequency}")
@@ -154,7 +157,8 @@ class TranslationTask(Task):
         src_tok, tgt_tok = self.tokenizers()
         torch.manual_seed(seed)
         return model_config.build_translation_model(
-            self.model_cfg, src_tok.get_vocab_size(), tgt_tok.get_vocab_size(), bpe_tokenizer.PAD_ID
+            self.model_cfg, src_tok.get_vocab_size(), tgt_tok.get_vocab_size(), bpe_tokenizer.PAD_ID,
+            label_smoothing=float(self.cfg.get("label_smoothing", 0.0)),
         )
 
     def predict_batch(self, model, hidden, batch, indices, beam_size):

@@ -1,0 +1,44 @@
+"""eval.every: the server evaluates after round 0, every k-th round and the last round, and still logs
+every round."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from collapipe_flwr.config import EvalSpec
+from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.fl.run_log import RunLog
+from collapipe_flwr.fl.strategy import CollaPipeStrategy
+
+
+class _CountingServer:
+    policy_name = "dssra"
+
+    def __init__(self, every: int, rounds: int) -> None:
+        self.cfg = SimpleNamespace(eval=EvalSpec(every=every), federation=SimpleNamespace(num_rounds=rounds),
+                                   method=SimpleNamespace(name="collapipe"))
+        self.calls = 0
+
+    def evaluate(self) -> dict:
+        self.calls += 1
+        return {"accuracy": 0.5, "loss": 1.0}
+
+
+@pytest.mark.parametrize("every,rounds,evaluated", [(1, 4, [0, 1, 2, 3, 4]), (3, 7, [0, 3, 6, 7]), (5, 2, [0, 2])])
+def test_rounds_evaluated(tmp_path, every, rounds, evaluated):
+    server = _CountingServer(every, rounds)
+    strategy = CollaPipeStrategy(server, RunLog(tmp_path))
+    answers = {t: strategy.evaluate(t, None) for t in range(rounds + 1)}
+    assert sorted(t for t, a in answers.items() if a is not None) == evaluated
+    assert server.calls == len(evaluated)
+    records = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == list(range(rounds + 1))
+    assert [r["round"] for r in records if "val_accuracy" in r] == evaluated
+
+
+def test_bad_every_is_one_line():
+    with pytest.raises(ConfigError, match="eval.every"):
+        EvalSpec(every=0)
