@@ -203,6 +203,17 @@ def test_compare_all_pairs_like_with_like_and_says_na():
     assert by["scheduler: dssra vs loss_only"]["ours_pct"] == pytest.approx(50.0)
     assert by["scheduler: dssra vs delay_only"]["ours_pct"] is None
     assert reductions.fmt_pct(None) == "n/a" and reductions.fmt_pct(46.444) == "46.44%"
+    assert by["method: collapipe vs vanilla_fl"]["ours_device_pct"] is None  # no on-device series given
+
+
+def test_on_device_reduction_leaves_the_uplink_out():
+    runs = [
+        {"labels": labels("collapipe", "dssra", 0.01), "delay": [10.0, 10.0], "device_delay": [1.0, 1.0], "ok": True},
+        {"labels": labels("pipeline", "dssra", 0.01), "delay": [5.0, 5.0], "device_delay": [4.0, 4.0], "ok": True},
+    ]
+    row = {r["comparison"]: r for r in reductions.compare_all(runs)}["method: collapipe vs pipeline"]
+    assert row["ours_pct"] == pytest.approx(-100.0)      # 1 - 20/10
+    assert row["ours_device_pct"] == pytest.approx(75.0)  # 1 - 2/8
 
 
 # --------------------------------------------------------------------------- report (files)

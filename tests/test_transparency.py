@@ -57,7 +57,7 @@ def make_batch(family: str, head: str = "token") -> dict[str, torch.Tensor]:
         batch["decoder_input_ids"][:, 0] = 1
         labels = torch.randint(3, 19, (B, T_TGT), generator=g)
         batch["labels"] = labels.masked_fill(~tmask, -100)
-    elif head == "token":
+    elif head in ("token", "token_crf"):
         labels = torch.randint(0, 5, (B, T), generator=g).masked_fill(mask == 0, -100)
         labels[:, 0] = -100
         batch["labels"] = labels
@@ -133,6 +133,10 @@ def test_partition_with_idle_devices_is_transparent(family):
 
 def test_sequence_classification_head_is_transparent():
     assert_transparent("bert", (1, 3, 2), 4, "local", head="sequence")
+
+
+def test_crf_token_head_is_transparent():
+    assert_transparent("bert", (2, 1, 3), 4, "local", head="token_crf")
 
 
 def test_reference_actually_detects_a_wrong_pipeline():

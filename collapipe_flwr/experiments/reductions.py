@@ -100,8 +100,10 @@ def sides(comparison: Comparison, runs: Sequence[Mapping]) -> tuple[list[Mapping
 def compare_all(runs: Sequence[Mapping], comparisons: Sequence[Comparison] = PAPER_COMPARISONS) -> list[dict]:
     """One row per (comparison, context): ours (percent or None), the paper's figure, how many runs each side.
 
-    ``runs``: dicts {labels: {...}, delay: [tau(1), tau(2), ...], ok: bool}. A comparison with no run
-    on one side still yields a row (ours None, printed "n/a") for every context that has runs.
+    ``runs``: dicts {labels: {...}, delay: [tau(1), tau(2), ...], ok: bool}, optionally with
+    ``device_delay``: the on-device part of each round's delay (compute + D2D of the bottleneck CU, i.e.
+    tau without the uplink), which gives ``ours_device_pct``. A comparison with no run on one side still
+    yields a row (ours None, printed "n/a") for every context that has runs.
     """
     contexts = sorted({_context(r["labels"]) for r in runs}) or [tuple("" for _ in CONTEXT_KEYS)]
     rows = []
@@ -109,13 +111,18 @@ def compare_all(runs: Sequence[Mapping], comparisons: Sequence[Comparison] = PAP
         for context in contexts:
             in_context = [r for r in runs if _context(r["labels"]) == context]
             a, b = sides(comparison, in_context)
-            value = None
+            value = device_value = None
             if a and b:
                 value = delay_reduction(mean_series([r["delay"] for r in a]), mean_series([r["delay"] for r in b]))
+                if all("device_delay" in r for r in a + b):
+                    device_value = delay_reduction(
+                        mean_series([r["device_delay"] for r in a]), mean_series([r["device_delay"] for r in b])
+                    )
             rows.append({
                 "comparison": f"{comparison.key}: {comparison.a} vs {comparison.b}",
                 "context": " ".join(f"{k}={v}" for k, v in zip(CONTEXT_KEYS, context)),
                 "ours_pct": None if value is None else 100.0 * value,
+                "ours_device_pct": None if device_value is None else 100.0 * device_value,
                 "paper_pct": comparison.paper_pct,
                 "paper_note": comparison.paper_note,
                 "runs_a": len(a),
