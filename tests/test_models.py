@@ -237,7 +237,7 @@ def test_transformer_builder_rejects_bad_sizes(kwargs, words):
 
 
 def test_bert_builder_rejects_bad_head_and_long_inputs():
-    with pytest.raises(ConfigError, match="token .NER. or sequence"):
+    with pytest.raises(ConfigError, match="token or token_crf .NER. or sequence"):
         build_bert(**SIZES, head="lm", num_labels=4)
     model = build_bert(**SIZES, head="token", num_labels=4)
     with pytest.raises(ConfigError, match="max_len=12"):

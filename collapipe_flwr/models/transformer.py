@@ -32,13 +32,20 @@ def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
 
 
 class TokenEmbedding(nn.Module):
-    """tokens -> embedding * sqrt(d) + positions, then dropout."""
+    """tokens -> embedding * sqrt(d) + positions, then dropout.
+
+    Token vectors start as N(0, 1/d) so that, after the sqrt(d) scale, tokens and the sinusoidal positions
+    have the same (unit) scale; torch's default N(0, 1) would make the tokens sqrt(d) times larger and
+    drown the positions."""
 
     def __init__(self, vocab_size: int, d_model: int, max_len: int, dropout: float, pad_id: int) -> None:
         super().__init__()
         self.d_model = d_model
         self.max_len = max_len
         self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        nn.init.normal_(self.tokens.weight, mean=0.0, std=d_model ** -0.5)
+        with torch.no_grad():
+            self.tokens.weight[pad_id].zero_()
         self.register_buffer("positions", sinusoidal_positions(max_len, d_model), persistent=False)
         self.dropout = nn.Dropout(dropout)
 
@@ -79,7 +86,7 @@ class TranslationHead(nn.Module):
 
     def __init__(
         self, tgt_vocab: int, d_model: int, n_heads: int, d_ff: int, dec_layers: int, dropout: float, max_len: int, pad_id: int,
-        label_smoothing: float = 0.0,
+        label_smoothing: float = 0.0, tie_embeddings: bool = False,
     ) -> None:
         super().__init__()
         self.pad_id = pad_id
@@ -89,6 +96,8 @@ class TranslationHead(nn.Module):
         layer = nn.TransformerDecoderLayer(d_model, n_heads, d_ff, dropout=dropout, batch_first=True, norm_first=True)
         self.decoder = nn.TransformerDecoder(layer, dec_layers, norm=nn.LayerNorm(d_model))
         self.generator = nn.Linear(d_model, tgt_vocab)
+        if tie_embeddings:  # Press & Wolf (2017): the generator shares the target embedding matrix
+            self.generator.weight = self.tgt_embedding.tokens.weight
 
     def logits(
         self, memory: torch.Tensor, memory_mask: torch.Tensor, decoder_input_ids: torch.Tensor
@@ -140,7 +149,7 @@ class TranslationHead(nn.Module):
         ``cache[layer]`` (its self-attention keys and values), so a step costs O(T) instead of O(T^2).
         ``memory`` is already normalised (memory_norm); eval mode only (dropout off)."""
         emb = self.tgt_embedding
-        t = len(cache[0]) if cache[0] is not None else 0
+        t = cache[0].shape[1] if cache[0] is not None else 0
         x = (emb.tokens(token) * math.sqrt(emb.d_model) + emb.positions[t].to(memory.dtype))[:, None, :]
         for i, layer in enumerate(self.decoder.layers):
             h = layer.norm1(x)
@@ -256,6 +265,7 @@ def build_transformer(
     max_len: int,
     pad_id: int,
     label_smoothing: float = 0.0,
+    tie_embeddings: bool = False,
 ) -> SplitModel:
     """The translation model (paper: 6 + 6 blocks), random init, sizes from the arguments."""
     for name, value in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab), ("d_model", d_model), ("n_heads", n_heads),
@@ -270,5 +280,5 @@ def build_transformer(
         raise ConfigError(f"task.label_smoothing={label_smoothing} must be in [0, 1)")
     embedding = TokenEmbedding(src_vocab, d_model, max_len, dropout, pad_id)
     blocks = nn.ModuleList(EncoderBlock(d_model, n_heads, d_ff, dropout) for _ in range(enc_layers))
-    head = TranslationHead(tgt_vocab, d_model, n_heads, d_ff, dec_layers, dropout, max_len, pad_id, label_smoothing)
+    head = TranslationHead(tgt_vocab, d_model, n_heads, d_ff, dec_layers, dropout, max_len, pad_id, label_smoothing, tie_embeddings)
     return SplitModel(embedding=embedding, blocks=blocks, head=head, family="transformer")

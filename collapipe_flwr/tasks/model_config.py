@@ -18,7 +18,7 @@ SIZE_KEYS = {
     "transformer": ("d_model", "n_heads", "d_ff", "enc_layers", "dec_layers", "max_len"),
     "bert": ("hidden", "n_heads", "d_ff", "layers", "max_len"),
 }
-OPTIONAL_KEYS = {"family", "dropout", "optimizer", "pretrained_dir", "name", "description", "schedule"}
+OPTIONAL_KEYS = {"family", "dropout", "optimizer", "pretrained_dir", "name", "description", "schedule", "tie_embeddings"}
 
 
 def validate_model_config(model_cfg: Mapping[str, Any], family: str, task_name: str) -> None:
@@ -42,6 +42,8 @@ def validate_model_config(model_cfg: Mapping[str, Any], family: str, task_name: 
     dropout = model_cfg.get("dropout", 0.1)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise ConfigError(f"model.dropout={dropout!r} must be a number in [0, 1)")
+    if not isinstance(model_cfg.get("tie_embeddings", False), bool):
+        raise ConfigError(f"model.tie_embeddings={model_cfg.get('tie_embeddings')!r} must be true or false")
     width = model_cfg["d_model" if family == "transformer" else "hidden"]
     if width % model_cfg["n_heads"]:
         raise ConfigError(f"model.n_heads={model_cfg['n_heads']} must divide the hidden size {width}")
@@ -83,6 +85,7 @@ def build_translation_model(model_cfg: Mapping[str, Any], src_vocab: int, tgt_vo
         max_len=model_cfg["max_len"],
         pad_id=pad_id,
         label_smoothing=label_smoothing,
+        tie_embeddings=bool(model_cfg.get("tie_embeddings", False)),
     )
 
 
