@@ -64,14 +64,19 @@ def test_evaluate_restores_training_mode_and_translates(data_dir, tmp_path):
     assert greedy["loss"] == pytest.approx(beam["loss"])
 
 
-def test_cli_prints_the_metric_last(data_dir, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cli_prints_the_metric_last(data_dir, tmp_path, capsys, monkeypatch, precision):
+    import json
+
     from collapipe_flwr.tasks import train_central
 
     monkeypatch.setenv("COLLAPIPE_CACHE_DIR", str(tmp_path))
     summary = train_central.main([
         "task=classification", "model=bert_tiny", f"data_dir={data_dir}", "eval.max_examples=32",
         "--max-steps", "3", "--train-examples", "256", "--quiet", "--json", str(tmp_path / "m.json"),
+        "--precision", precision,
     ])
+    assert json.loads((tmp_path / "m.json").read_text())["precision"] == precision
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("accuracy: ")
     assert float(lines[-1].split(": ")[1]) == pytest.approx(summary["val"]["accuracy"], abs=1e-4)
