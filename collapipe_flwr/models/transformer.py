@@ -49,12 +49,13 @@ class TokenEmbedding(nn.Module):
         self.register_buffer("positions", sinusoidal_positions(max_len, d_model), persistent=False)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        T = input_ids.shape[1]
-        if T > self.max_len:
-            raise ConfigError(f"sequence length {T} exceeds the model's max_len={self.max_len}; raise model.max_len or truncate the data")
+    def forward(self, input_ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Embed ``input_ids`` [B,T] at positions start .. start+T-1 (start > 0: incremental decoding)."""
+        end = start + input_ids.shape[1]
+        if end > self.max_len:
+            raise ConfigError(f"sequence length {end} exceeds the model's max_len={self.max_len}; raise model.max_len or truncate the data")
         x = self.tokens(input_ids) * math.sqrt(self.d_model)
-        return self.dropout(x + self.positions[:T].to(x.dtype))
+        return self.dropout(x + self.positions[start:end].to(x.dtype))
 
 
 def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -136,21 +137,25 @@ class TranslationHead(nn.Module):
 
     def _next_log_probs(self, memory: torch.Tensor, memory_mask: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
         """log p(next token | prefix) with padding and BOS (prefix[:, 0]) never chosen (set to -inf)."""
-        logp = F.log_softmax(self.logits(memory, memory_mask, prefix)[:, -1].float(), dim=-1)
+        return self._decoding_log_probs(self.logits(memory, memory_mask, prefix)[:, -1], int(prefix[0, 0]))
+
+    def _decoding_log_probs(self, logits: torch.Tensor, bos_id: int) -> torch.Tensor:
+        """log-softmax of next-token logits [B,V] with padding and BOS set to -inf (never emitted)."""
+        logp = F.log_softmax(logits.float(), dim=-1)
         logp[:, self.pad_id] = -math.inf
-        logp[:, prefix[0, 0]] = -math.inf
+        logp[:, bos_id] = -math.inf
         return logp
 
     def _incremental_logits(self, memory: torch.Tensor, memory_pad: torch.Tensor, token: torch.Tensor, cache: list) -> torch.Tensor:
-        """Logits [B,V] of the next token after appending ``token`` [B] at position len(cache[0]).
+        """Logits [B,V] of the next token after appending ``token`` [B] at the next position (the number of
+        tokens already in ``cache``).
 
         The same computation as :meth:`logits` on the whole prefix, restricted to the last position (valid
         because the decoder is causal): each pre-LN layer keeps norm1(x) of the earlier positions in
         ``cache[layer]`` (its self-attention keys and values), so a step costs O(T) instead of O(T^2).
         ``memory`` is already normalised (memory_norm); eval mode only (dropout off)."""
-        emb = self.tgt_embedding
         t = cache[0].shape[1] if cache[0] is not None else 0
-        x = (emb.tokens(token) * math.sqrt(emb.d_model) + emb.positions[t].to(memory.dtype))[:, None, :]
+        x = self.tgt_embedding(token[:, None], start=t)
         for i, layer in enumerate(self.decoder.layers):
             h = layer.norm1(x)
             cache[i] = h if cache[i] is None else torch.cat([cache[i], h], dim=1)
@@ -176,10 +181,8 @@ class TranslationHead(nn.Module):
             normed, pad_mask, cache = self.memory_norm(memory), padding_mask(memory_mask), [None] * len(self.decoder.layers)
         for _ in range(max_len):
             if incremental:
-                logp = F.log_softmax(self._incremental_logits(normed, pad_mask, prefix[:, -1], cache).float(), dim=-1)
-                logp[:, self.pad_id] = -math.inf
-                logp[:, bos_id] = -math.inf
-                nxt = logp.argmax(-1)
+                logits = self._incremental_logits(normed, pad_mask, prefix[:, -1], cache)
+                nxt = self._decoding_log_probs(logits, bos_id).argmax(-1)
             else:
                 nxt = self._next_log_probs(memory, memory_mask, prefix).argmax(-1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
