@@ -1,8 +1,8 @@
 """Central reference training: one task, the plain (unsplit, unfederated) model, a wall-clock budget.
 
     python -m collapipe_flwr.tasks.train_central task=<translation|ner|classification> [hydra overrides]
-        [--minutes 15] [--max-steps N] [--train-examples N] [--threads 1] [--precision fp32|bf16] [--test]
-        [--save FILE] [--json FILE]
+        [--minutes 15] [--max-steps N] [--train-examples N] [--threads 1] [--precision auto|fp32|bf16] [--test]
+        [--save DIR] [--json FILE]
 
 The step is the paper's local update with the whole model in one process: embedding -> L TEBs ->
 head.loss_terms -> loss = sum / count, one optimizer (model.optimizer) with the warm-up + decay of
@@ -12,13 +12,15 @@ validation split is evaluated and the task metric is printed as the LAST line of
 evaluates the test files named in the task config (never used while tuning). ``--precision bf16`` runs
 the forward passes (training and evaluation) under ``torch.autocast`` with bfloat16 (weights, gradients
 and optimizer state stay fp32); on CPUs with AVX512-BF16 a translation step took 0.37-0.45 s instead of
-0.66-0.69 s here.
+0.66-0.69 s here. Without ``--precision`` the config's ``runtime.precision`` (default ``auto``: bf16 only
+where the CPU has it natively, see collapipe_flwr/precision.py) decides. ``--save DIR`` writes the trained
+model in the collapipe_flwr.model_store format to ``DIR/model/`` (``python -m collapipe_flwr.evaluate DIR``
+evaluates it again).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
@@ -30,6 +32,8 @@ import torch
 
 from collapipe_flwr.config import compose, resolve_data_dir
 from collapipe_flwr.errors import CollaPipeError, ConfigError, exit_on_user_error
+from collapipe_flwr.model_store import save_model
+from collapipe_flwr.precision import PRECISIONS, autocast, resolve_precision
 from collapipe_flwr.tasks.lr_schedule import lr_factor
 from collapipe_flwr.tasks.registry import build_task
 
@@ -47,9 +51,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--threads", type=int, default=1,
         help="torch threads (default 1: on a shared 2-core machine 2 threads ran NER ~9x slower per step; 0 = torch's default)",
     )
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast the forward passes to bfloat16 (mixed precision)")
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default=None,
+        help="bf16: autocast the forward passes to bfloat16 (mixed precision); auto: bf16 only where native "
+             "(default: the config's runtime.precision, else auto)",
+    )
     parser.add_argument("--test", action="store_true", help="also evaluate the test split named in the task config")
-    parser.add_argument("--save", default="", help="write the trained model's state dicts to this file")
+    parser.add_argument("--save", default="", help="write the trained model to DIR/model/ (safetensors + model.json)")
     parser.add_argument("--json", default="", help="write the final metrics and settings to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_intermixed_args(argv)
@@ -82,13 +90,6 @@ def _progress(quiet: bool):
         TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
         console=Console(stderr=True), disable=quiet, transient=False,
     )
-
-
-def autocast(precision: str):
-    """The forward-pass precision context: bf16 autocast on CPU, or nothing for fp32."""
-    if precision == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def train(task, model, minutes: float, max_steps: int, indices: list[int], seed: int, eval_cfg: dict, quiet: bool,
@@ -183,7 +184,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     cfg = compose_central(args.overrides)
     seed = int(cfg.get("seed", 0))
     eval_cfg = dict(cfg.get("eval") or {})
-    task = build_task(cfg["task"], cfg["model"], data_dir_of(cfg), seed)
+    requested = args.precision or str((cfg.get("runtime") or {}).get("precision") or "auto")
+    args.precision = resolve_precision(requested, "cpu")
+    data_dir = data_dir_of(cfg)
+    task = build_task(cfg["task"], cfg["model"], data_dir, seed)
     torch.manual_seed(seed)
     model = task.build_model(seed)
     n_train = len(task.train_examples())
@@ -193,7 +197,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     num_params = sum(p.numel() for part in (model.embedding, model.blocks, model.head) for p in part.parameters())
     print(f"task {task.name}: {len(indices)} train / {len(task.val_examples())} val examples, model "
           f"{cfg['model'].get('family')} with {num_params / 1e6:.2f}M parameters, b={task.batch_size}, "
-          f"budget {args.minutes:g} min, {torch.get_num_threads()} threads, {args.precision}", file=sys.stderr)
+          f"budget {args.minutes:g} min, {torch.get_num_threads()} threads, precision {args.precision}"
+          + (f" ({requested})" if requested != args.precision else ""), file=sys.stderr)
     t0 = time.monotonic()
     summary = train(task, model, args.minutes, args.max_steps, indices, seed, eval_cfg, args.quiet, args.precision)
     with autocast(args.precision):
@@ -208,8 +213,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
             summary["test"] = task.evaluate(model, batch_size=int(eval_cfg.get("batch_size", 64)), beam_size=int(eval_cfg.get("beam_size", 1)), split="test")
         print("test " + ", ".join(f"{k}={v:.4f}" for k, v in summary["test"].items()), file=sys.stderr)
     if args.save:
-        torch.save({"embedding": model.embedding.state_dict(), "blocks": model.blocks.state_dict(), "head": model.head.state_dict(),
-                    "task": cfg["task"], "model": cfg["model"]}, args.save)
+        info = {"saved_by": "train_central", "steps": summary["steps"],
+                "train_seconds": round(summary["train_seconds"], 1), "precision": args.precision,
+                "val": metrics, **({"test": summary["test"]} if args.test else {})}
+        saved_cfg = {**cfg, "data_dir": str(data_dir)}
+        folder = save_model(args.save, saved_cfg, model.embedding, model.blocks, model.head, info, task=task)
+        print(f"saved the model to {folder}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps({"task": cfg["task"], "model": cfg["model"], "seed": seed, "minutes": args.minutes,
                                                "precision": args.precision, "threads": torch.get_num_threads(), **summary}, indent=2))

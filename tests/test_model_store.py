@@ -1,0 +1,83 @@
+"""model_store: a saved tiny model loads back with equal weights and the same metric; broken folders are
+one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from collapipe_flwr.config import compose
+from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.model_store import PARTS, load_model, save_model
+from collapipe_flwr.tasks.registry import build_task
+
+
+@pytest.fixture(scope="module")
+def saved(data_dir, tmp_path_factory):
+    """A slightly trained classification/bert_tiny model saved under a run folder, with its task."""
+    cache = tmp_path_factory.mktemp("cache")
+    run = tmp_path_factory.mktemp("run")
+    cfg = compose(["task=classification", "model=bert_tiny", f"data_dir={data_dir}"])
+    task = build_task(cfg["task"], cfg["model"], data_dir, cfg["seed"], cache)
+    model = task.build_model(cfg["seed"])
+    params = [p for part in model.parts() for p in part.parameters()]
+    optimizer = task.optimizer_spec().build(params)
+    for batch in task.batches(list(range(32)), 16, seed=0):  # move the weights away from the seeded init
+        optimizer.zero_grad()
+        s, c = model.loss_terms(batch)
+        (s / c).backward()
+        optimizer.step()
+    folder = save_model(run, cfg, model.embedding, model.blocks, model.head, info={"steps": 2}, task=task)
+    return run, folder, cfg, task, model, cache
+
+
+def test_layout_and_meta(saved):
+    run, folder, cfg, _, _, _ = saved
+    assert folder == run / "model"
+    for part in PARTS:
+        assert (folder / f"{part}.safetensors").is_file()
+    meta = json.loads((folder / "model.json").read_text())
+    assert meta["format"] == 1 and meta["info"] == {"steps": 2}
+    assert meta["config"]["task"] == cfg["task"] and meta["config"]["model"] == cfg["model"]
+    assert meta["tokenizer"]["kind"] == "bert_wordpiece" and meta["tokenizer"]["vocab_size"] > 20000
+    assert (folder / meta["tokenizer"]["files"]["vocab"]).is_file()
+    assert not list(folder.glob("*.tmp")) and not list(folder.glob(".*"))
+
+
+@pytest.mark.parametrize("which", ["run", "model"])
+def test_round_trip_weights_and_metric(saved, which):
+    run, folder, _, task, model, cache = saved
+    cfg, loaded_task, loaded = load_model(run if which == "run" else folder, cache_dir=cache)
+    assert cfg["task"]["name"] == "classification"
+    for original, part in zip(model.parts(), loaded.parts()):
+        a, b = original.state_dict(), part.state_dict()
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    before = task.evaluate(model, max_examples=32, batch_size=16)
+    after = loaded_task.evaluate(loaded, max_examples=32, batch_size=16)
+    assert after[task.metric_name] == before[task.metric_name]
+    assert after["loss"] == pytest.approx(before["loss"], rel=1e-6)
+
+
+def test_missing_folder_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_model(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="has no model/model.json"):
+        load_model(tmp_path)
+
+
+def test_missing_or_mismatched_file_is_a_config_error(saved, tmp_path):
+    import shutil
+
+    _, folder, _, _, _, cache = saved
+    copy = tmp_path / "run"
+    shutil.copytree(folder, copy / "model")
+    (copy / "model" / "head.safetensors").unlink()
+    with pytest.raises(ConfigError, match="head.safetensors is missing"):
+        load_model(copy, cache_dir=cache)
+    shutil.copyfile(folder / "embedding.safetensors", copy / "model" / "head.safetensors")
+    with pytest.raises(ConfigError, match="head.safetensors does not fit") as err:
+        load_model(copy, cache_dir=cache)
+    assert "\n" not in str(err.value)
