@@ -20,3 +20,8 @@ def hello(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     return client_main.handle_train(msg, context)
+
+
+@app.query("release")
+def release(msg: Message, context: Context) -> Message:
+    return client_main.handle_release(msg, context)

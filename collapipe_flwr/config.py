@@ -25,6 +25,10 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DATA_DIR_ENV = "COLLAPIPE_DATA_DIR"
 
 METHODS = ("collapipe", "collapipe_no_ss", "vanilla_fl", "pipeline", "titanic")
+OPTIMIZER_STATES = ("keep", "reset")
+SERVER_OPTIMIZERS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+DECODER_UPDATES = ("per_cu", "joint")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 def _typed(section: str, cls, raw: Mapping[str, Any] | None):
@@ -92,9 +96,32 @@ class FederationSpec:
     num_rounds: int = 3
     local_steps: int = 10
     round_timeout_s: float = 3600.0
+    # Optimizer moments on the CU and its devices across rounds: keep (the CU's Adam state survives the
+    # round's weight reload) | reset (fresh optimizer state every round, as a stateless CU would have).
+    optimizer_state: str = "keep"
+    # Server update of the aggregated parts (embedding, encoder): fedavg | fedavgm | fedadam | fedyogi |
+    # fedadagrad (Flower's own strategy maths, see fl/server_optimizer.py).
+    server_optimizer: str = "fedavg"
+    server_lr: float = 1.0          # eta: server step size (fedavgm: server_learning_rate)
+    server_momentum: float = 0.9    # fedavgm momentum; fedadam/fedyogi beta_1
+    server_beta_2: float = 0.99     # fedadam / fedyogi / fedadagrad second moment
+    server_tau: float = 1e-3        # fedadam / fedyogi / fedadagrad adaptivity
+    # Algorithm 1 line 14: per_cu = one decoder update per CU step in arrival order | joint = one update
+    # per step on the concatenated activations of all participating clusters (a barrier on the data plane).
+    decoder_update: str = "per_cu"
 
     def __post_init__(self) -> None:
         _require(self.num_clusters >= 1, f"federation.num_clusters={self.num_clusters} must be >= 1")
+        _require(self.optimizer_state in OPTIMIZER_STATES,
+                 f"federation.optimizer_state={self.optimizer_state!r} must be one of {', '.join(OPTIMIZER_STATES)}")
+        _require(self.server_optimizer in SERVER_OPTIMIZERS,
+                 f"federation.server_optimizer={self.server_optimizer!r} must be one of {', '.join(SERVER_OPTIMIZERS)}")
+        _require(self.server_lr > 0, f"federation.server_lr={self.server_lr} must be > 0")
+        _require(0 <= self.server_momentum < 1, f"federation.server_momentum={self.server_momentum} must be in [0, 1)")
+        _require(0 <= self.server_beta_2 < 1, f"federation.server_beta_2={self.server_beta_2} must be in [0, 1)")
+        _require(self.server_tau > 0, f"federation.server_tau={self.server_tau} must be > 0")
+        _require(self.decoder_update in DECODER_UPDATES,
+                 f"federation.decoder_update={self.decoder_update!r} must be one of {', '.join(DECODER_UPDATES)}")
         _require(self.num_rounds >= 1, f"federation.num_rounds={self.num_rounds} must be >= 1")
         _require(self.local_steps >= 1, f"federation.local_steps={self.local_steps} must be >= 1")
         _require(self.round_timeout_s > 0, "federation.round_timeout_s must be > 0")
@@ -110,8 +137,11 @@ class RuntimeSpec:
     actor_num_cpus: float = 0.0
     device_timeout_s: float = 300.0
     torch_threads: int = 1
+    # auto: bf16 autocast where the hardware has native bf16 (AVX512-BF16 / AMX CPU, or a GPU), else fp32
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
+        _require(self.precision in PRECISIONS, f"runtime.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}")
         _require(self.backend in ("ray", "local"), f"runtime.backend={self.backend!r} must be ray or local")
         _require(self.actor_num_cpus >= 0, "runtime.actor_num_cpus must be >= 0")
         _require(self.device_timeout_s > 0, "runtime.device_timeout_s must be > 0")

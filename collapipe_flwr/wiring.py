@@ -101,9 +101,14 @@ def train_batches(task, cfg: RunConfig, indices: list[int], seed: int) -> Iterat
 
 
 # ----------------------------------------------------------------------------- runtime
-def build_pipeline(model, delta, optimizer: OptimizerSpec, devices, cfg: RunConfig, cluster: int = 0, round_: int = 0):
-    """The CU-side GPipe driver over this round's partition delta (Ray actors or in-process stages)."""
+def build_pipeline(model, delta, optimizer: OptimizerSpec, devices, cfg: RunConfig, cluster: int = 0, round_: int = 0,
+                   actor_prefix: str = ""):
+    """The CU-side GPipe driver over the partition delta (Ray actors or in-process stages). With
+    ``actor_prefix`` the device actors are named (found again by a later round or another CU process);
+    they are detached when the CU joins an external Ray cluster (runtime.ray_address), whose CU processes
+    end after each message."""
     from collapipe_flwr.pipeline.cluster import ClusterPipeline
+    from collapipe_flwr.precision import resolve_precision
 
     rt = cfg.runtime
     return ClusterPipeline(
@@ -117,7 +122,10 @@ def build_pipeline(model, delta, optimizer: OptimizerSpec, devices, cfg: RunConf
         emulate=rt.emulate,
         actor_num_cpus=rt.actor_num_cpus,
         timeout_s=rt.device_timeout_s,
-        name=f"cluster{cluster}-round{round_}",
+        name=f"cluster{cluster}",
+        actor_prefix=actor_prefix,
+        detached=bool(actor_prefix and rt.ray_address),
+        precision=resolve_precision(rt.precision),
     )
 
 
@@ -134,3 +142,26 @@ def dataplane_client(cfg: RunConfig, instructions, cluster: int):
         timeout_s=cfg.dataplane.timeout_s,
         max_message_mb=cfg.dataplane.max_message_mb,
     )
+
+
+def lr_schedule(cfg: RunConfig):
+    """model.schedule on the federated path: ``factor(global_step)`` with global step
+    (t - 1) * local_steps + i of round t's i-th local step, and total_steps = T * local_steps unless set.
+    The same factor scales the CU's embedding, every device segment and the server's decoder."""
+    from collapipe_flwr.tasks.lr_schedule import lr_factor
+
+    sched = dict(cfg.model.get("schedule") or {})
+    total = int(sched.get("total_steps") or 0) or cfg.federation.num_rounds * cfg.federation.local_steps
+    warmup = int(sched.get("warmup_steps", 0))
+    decay = str(sched.get("decay", "none"))
+    floor = float(sched.get("min_factor", 0.0))
+
+    def factor(step: int) -> float:
+        return lr_factor(step, warmup, decay, total, floor)
+
+    return factor
+
+
+def global_step(cfg: RunConfig, round_: int, local_step: int) -> int:
+    """The run-wide index of round t's ``local_step``-th step (0-based), the schedule's clock."""
+    return (int(round_) - 1) * cfg.federation.local_steps + int(local_step)

@@ -15,6 +15,7 @@ from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.fl.cluster_client import ClusterIdentity, train_round
 from collapipe_flwr.fl.messages import TrainInstructions
 from collapipe_flwr.fl.server_state import ServerState
+from collapipe_flwr.tasks.lr_schedule import lr_factor
 
 STEPS = 5
 
@@ -23,18 +24,24 @@ def _config(data_dir, task: str, model: str):
     overrides = [
         f"task={task}", f"model={model}", "federation=tiny", "network=small", "federation.num_clusters=1",
         f"federation.local_steps={STEPS}", "runtime.backend=local", "task.batch_size=8", "model.dropout=0.0",
+        "runtime.precision=fp32",
     ]
     return load_run_config(overrides, data_dir=str(data_dir))
 
 
 def _plain_losses(cfg, task, indices) -> list[float]:
-    """Reference: the whole model in one process, one optimizer over all parameters, loss = sum/count."""
+    """Reference: the whole model in one process, one optimizer over all parameters, loss = sum/count, the
+    lr of model.schedule over the run's T * local_steps steps (as train_central applies it)."""
     torch.manual_seed(cfg.seed)
     model = wiring.build_model(task, cfg)
     params = [*model.embedding.parameters(), *model.blocks.parameters(), *model.head.parameters()]
     opt = wiring.optimizer_spec(cfg).build(params)
+    base_lr = opt.param_groups[0]["lr"]
+    sched = cfg.model["schedule"]
+    total = cfg.federation.num_rounds * cfg.federation.local_steps
     losses = []
-    for batch in wiring.train_batches(task, cfg, indices, seed=wiring.round_seed(cfg, 1, 0)):
+    for step, batch in enumerate(wiring.train_batches(task, cfg, indices, seed=wiring.round_seed(cfg, 1, 0))):
+        opt.param_groups[0]["lr"] = base_lr * lr_factor(step, sched["warmup_steps"], sched["decay"], total, sched["min_factor"])
         opt.zero_grad()
         hidden = model.embedding(batch["input_ids"])
         for block in model.blocks:

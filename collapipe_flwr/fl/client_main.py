@@ -10,7 +10,7 @@ from __future__ import annotations
 from flwr.app import Context, Error, Message, MetricRecord, RecordDict
 
 from collapipe_flwr.errors import CollaPipeError
-from collapipe_flwr.fl.cluster_client import ClusterIdentity, hello_metrics, train_round
+from collapipe_flwr.fl.cluster_client import ClusterIdentity, hello_metrics, release_run, train_round
 from collapipe_flwr.fl.messages import read_run_config, read_train, reply_content
 
 USER_ERROR_CODE = 4200  # a CollaPipeError on the CU: its message is the reason
@@ -36,7 +36,19 @@ def handle_train(msg: Message, context: Context) -> Message:
     try:
         identity = ClusterIdentity.from_node_config(context.node_config)
         weights, instructions = read_train(msg)
-        reply_weights, metrics = train_round(identity, weights, instructions)
+        reply_weights, metrics = train_round(identity, weights, instructions, state=context.state,
+                                             run_id=msg.metadata.run_id)
     except CollaPipeError as err:
         return _error_reply(msg, err)
     return Message(reply_content(reply_weights, metrics), reply_to=msg)
+
+
+def handle_release(msg: Message, context: Context) -> Message:
+    """The run is over: kill this cluster's device actors of the run and forget its session."""
+    try:
+        identity = ClusterIdentity.from_node_config(context.node_config)
+        num_devices = int(read_run_config(msg).get("release-num-devices", 0) or 0) or 64
+        killed = release_run(identity, str(msg.metadata.run_id), num_devices)
+    except CollaPipeError as err:
+        return _error_reply(msg, err)
+    return Message(RecordDict({"release": MetricRecord({"device-actors-released": killed})}), reply_to=msg)

@@ -1,29 +1,30 @@
 """The control unit (CU) of cluster n: one round of local training (Algorithm 1, lines 5-23).
 
-On ``train``: load the global embedding + encoder, (re)build the cluster pipeline for the round's plan
-(S, m, delta_k over the cluster's devices), run the round's local steps — each step: embedding on the
-CU -> GPipe forward over the device actors -> z_enc to the head (the server's decoder over the data
-plane, or a local head for methods that keep the whole model on the CU) -> dL/dz_enc back -> GPipe
-backward -> every segment and the embedding update — then concatenate the segments (⊕, eq. 4) and
-reply with the encoder and the round's metrics.
+On ``train``: load the global embedding + encoder into this run's session (``cluster_session``: the device
+pipeline and optimizer state live across rounds; the pipeline is re-partitioned only when the plan's
+delta changes), run the round's local steps — each step: embedding on the CU -> GPipe forward over the
+device actors -> z_enc to the head (the server's decoder over the data plane, or a local head for methods
+that keep the whole model on the CU) -> dL/dz_enc back -> GPipe backward -> every segment and the
+embedding update at the learning-rate schedule's factor for the run-wide step — then concatenate the
+segments (⊕, eq. 4) and reply with the encoder and the round's metrics.
 
-The device actors are built for the round's plan and shut down at its end (a round's plan may use other
-devices than the last one). The one thing that survives between messages is the task object (read and
-tokenised data, tokenizers) of the last run config seen, so a CU does not re-tokenise its data for the
-hello and every round: :func:`cached_task`, keyed by everything the task is built from.
+``release`` (after the last round): the CU kills this run's device actors and forgets the session.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 from dataclasses import dataclass
 
 import torch
+from flwr.app import RecordDict
 
 from collapipe_flwr import wiring
-from collapipe_flwr.config import DATA_DIR_ENV, RunConfig, build_run_config, resolve_data_dir
+from collapipe_flwr.config import DATA_DIR_ENV, RunConfig, build_run_config
+from collapipe_flwr.fl.cluster_session import cached_task, drop_session, session_for
 from collapipe_flwr.fl.messages import TrainInstructions, pack_weights, unpack_weights
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.system.devices import DeviceProfile
@@ -56,19 +57,6 @@ class ClusterIdentity:
         return cls(pid, nparts, data_dir)
 
 
-_TASK_CACHE: dict[str, object] = {}
-
-
-def cached_task(cfg: RunConfig):
-    """The task for ``cfg``, reused while the task/model config, data dir, seed and cache dir stay the same
-    (one entry: a new run's config replaces the last one's)."""
-    key = json.dumps([cfg.task, cfg.model, str(resolve_data_dir(cfg.data_dir)), cfg.seed], sort_keys=True, default=str)
-    if key not in _TASK_CACHE:
-        _TASK_CACHE.clear()
-        _TASK_CACHE[key] = wiring.build_task(cfg)
-    return _TASK_CACHE[key]
-
-
 def hello_metrics(identity: ClusterIdentity, run_config: dict) -> dict:
     """Reply to the server's hello: which cluster this is and how many training examples it holds."""
     cfg = wiring.config_from_run_config(run_config, data_dir=identity.data_dir)
@@ -81,39 +69,48 @@ def hello_metrics(identity: ClusterIdentity, run_config: dict) -> dict:
     }
 
 
-def train_round(identity: ClusterIdentity, weights_record, instructions: TrainInstructions):
-    """Run one round on this CU; returns (reply ArrayRecord, metrics dict)."""
+def run_key_of(cfg: RunConfig, run_id: int | None) -> str:
+    """Which run a message belongs to: Flower's run id, else (direct calls, tests) a digest of the config."""
+    if run_id is not None:
+        return str(run_id)
+    digest = hashlib.sha1(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
+    return digest[:12]
+
+
+def train_round(identity: ClusterIdentity, weights_record, instructions: TrainInstructions,
+                state: RecordDict | None = None, run_id: int | None = None):
+    """Run one round on this CU; returns (reply ArrayRecord, metrics dict). ``state`` is Flower's
+    ``Context.state`` of this node (the CU's optimizer state travels there between rounds)."""
     t_start = time.time()
     cfg: RunConfig = build_run_config(instructions.run_config)
     if identity.data_dir:
         cfg = wiring.with_data_dir(cfg, identity.data_dir)
     torch.set_num_threads(cfg.runtime.torch_threads)
-    task = cached_task(cfg)
-    examples = wiring.client_partition(task, cfg, identity.partition_id, identity.num_partitions)
-    model = wiring.build_model(task, cfg)
-    parts = unpack_weights(weights_record)
-    model.embedding.load_state_dict(parts["embedding"])
-    model.blocks.load_state_dict(parts["encoder"])
-    if "head" in parts:
-        model.head.load_state_dict(parts["head"])
+    run_key = run_key_of(cfg, run_id)
+    session = session_for(run_key, identity.partition_id, identity.num_partitions, cfg)
     plan = instructions.plan
     devices = [DeviceProfile.from_dict(d) for d in instructions.devices]
-    optimizer = wiring.optimizer_spec(cfg)
-    t_setup = time.time()
-    pipeline = wiring.build_pipeline(model, plan.delta, optimizer, devices, cfg, cluster=identity.partition_id, round_=instructions.round)
     head = None
     try:
+        prepared = session.prepare(instructions.round, unpack_weights(weights_record), plan.delta, devices, state)
+        pipeline = session.pipeline
+        t_setup = time.time()
         if cfg.method.head_on_server:
             head = wiring.dataplane_client(cfg, instructions, identity.partition_id)
         else:
-            head = LocalHead(model.head, optimizer)
+            head = session.local_head
         t_built = time.time()
+        schedule = wiring.lr_schedule(cfg)
         losses = []
         step_seconds: dict[str, float] = {}
         device_compute = [0.0] * len(devices)
         n_examples = 0
-        for batch in wiring.train_batches(task, cfg, examples, seed=wiring.round_seed(cfg, instructions.round, identity.partition_id)):
-            result = pipeline.train_step(batch, plan.m, head)
+        seed = wiring.round_seed(cfg, instructions.round, identity.partition_id)
+        for i, batch in enumerate(wiring.train_batches(session.task, cfg, session.examples, seed=seed)):
+            factor = schedule(wiring.global_step(cfg, instructions.round, i))
+            if isinstance(head, LocalHead):
+                head.lr_factor = factor
+            result = pipeline.train_step(batch, plan.m, head, lr_factor=factor)
             losses.append(float(result.loss))
             n_examples += int(next(iter(batch.values())).shape[0])
             for k, v in result.seconds.items():
@@ -125,15 +122,21 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
         t_trained = time.time()
         reply_parts = {"embedding": pipeline.embedding_state_dict(), "encoder": pipeline.encoder_state_dict()}
         if not cfg.method.head_on_server:
-            reply_parts["head"] = {k: v.detach().clone() for k, v in model.head.state_dict().items()}
+            reply_parts["head"] = {k: v.detach().clone() for k, v in session.model.head.state_dict().items()}
         memory = pipeline.memory_report()
+        pids = pipeline.pids()
+        session.finish(instructions.round, state)
+    except BaseException:
+        # a failed round (device lost, data plane refused) leaves no half-trained state behind
+        drop_session(run_key, identity.partition_id, len(devices))
+        raise
     finally:
-        if head is not None and hasattr(head, "close"):
+        if head is not None and hasattr(head, "close") and not isinstance(head, LocalHead):
             head.close()
-        pipeline.shutdown()
     device_peak = [0.0] * len(devices)  # per device k of the cluster; 0 for devices the plan left idle
     for report in memory:
         device_peak[int(report["device"])] = float(report["peak_bytes"])
+    lr_first = schedule(wiring.global_step(cfg, instructions.round, 0))
     metrics = {
         "num-examples": n_examples,
         "train-loss": sum(losses) / max(len(losses), 1),
@@ -141,12 +144,20 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
         "train-loss-last": losses[-1] if losses else float("nan"),
         "train-losses": [float(x) for x in losses],
         "steps": len(losses),
+        "lr-factor-first": lr_first,
         "seconds-setup": t_setup - t_start,
         "seconds-build-pipeline": t_built - t_setup,
         "seconds-train": t_trained - t_built,
         "seconds-total": time.time() - t_start,
         "device-peak-bytes": device_peak,
         "device-compute-seconds": device_compute,
+        **prepared,
+        "device-pids": [int(pids[k]) for k in sorted(pids)],
         **{f"seconds-step-{k}": v for k, v in step_seconds.items()},
     }
     return pack_weights(reply_parts), metrics
+
+
+def release_run(identity: ClusterIdentity, run_key: str, num_devices: int) -> int:
+    """The run is over for this CU: kill its device actors and forget its session."""
+    return drop_session(run_key, identity.partition_id, num_devices)

@@ -30,4 +30,7 @@ class RoundProgress:
             parts.append(f"modelled delay {modelled:.2f} s")
         if wall is not None:
             parts.append(f"wall {wall:.1f} s")
+        overhead = (record.get("measured_s") or {}).get("overhead_s")
+        if overhead is not None:
+            parts.append(f"overhead {overhead:.2f} s")
         self.console.print(" | ".join(parts))

@@ -20,6 +20,7 @@ from collapipe_flwr.config import RunConfig, load_run_config, split_overrides
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.fl.progress import RoundProgress
 from collapipe_flwr.fl.run_log import RunLog
+from collapipe_flwr.model_store import save_model
 
 
 def config_from_flower(run_config: dict) -> RunConfig:
@@ -39,7 +40,8 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
     from collapipe_flwr.fl.server_state import ServerState
     from collapipe_flwr.fl.strategy import CollaPipeStrategy
 
-    server = None
+    server = strategy = None
+    t_start = time.time()
     try:
         cfg = cfg or config_from_flower(run_config)
         folder = run_folder(cfg)
@@ -47,7 +49,8 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
         run_log.write_config(cfg.to_dict())
         log(INFO, "CollaPipe run folder: %s", folder)
         server = ServerState.build(cfg)
-        strategy = CollaPipeStrategy(server, run_log, RoundProgress(cfg.federation.num_rounds, server.task.metric_name))
+        progress = RoundProgress(cfg.federation.num_rounds, server.task.metric_name)
+        strategy = CollaPipeStrategy(server, run_log, progress)
         result = strategy.start(
             grid,
             initial_arrays=server.global_array_record(),
@@ -55,7 +58,21 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
             timeout=cfg.federation.round_timeout_s,
             evaluate_fn=strategy.evaluate,
         )
-        run_log.write_summary(strategy.summary_record(result))
+        summary = strategy.summary_record(result)
+        model_dir = save_model(folder, cfg.to_dict(), server.model.embedding, server.model.blocks, server.model.head,
+                               info={"saved_by": "flwr run", "rounds": cfg.federation.num_rounds,
+                                     "val": summary.get("final_val", {})}, task=server.task)
+        summary["model_dir"] = str(model_dir)
+        summary["wall_s"] = round(time.time() - t_start, 1)
+        run_log.write_summary(summary)
+        metric = server.task.metric_name
+        value = summary.get("final_val", {}).get(metric)
+        shown = "n/a" if value is None else (f"{value:.2f}" if metric == "bleu" else f"{value:.4f}")
+        progress.console.print(
+            f"[bold]done[/bold]: validation {metric} {shown} after {cfg.federation.num_rounds} rounds in "
+            f"{summary['wall_s']:.0f} s | run folder {folder} | evaluate: python -m collapipe_flwr.evaluate {folder}")
+        released = strategy.release_clusters(grid)
+        log(INFO, "CollaPipe: %d device actor(s) released on the CUs", released)
         return folder
     except CollaPipeError as err:
         log(ERROR, "error: %s", err)

@@ -23,8 +23,9 @@ from flwr.app import ArrayRecord
 from collapipe_flwr import wiring
 from collapipe_flwr.config import RunConfig
 from collapipe_flwr.dssra.plan import RoundPlan
-from collapipe_flwr.fl.aggregation import weighted_average
+from collapipe_flwr.fl.server_optimizer import ServerOptimizer
 from collapipe_flwr.fl.messages import pack_weights
+from collapipe_flwr.precision import resolve_precision
 
 PROBE_EXAMPLES = 8  # FLOPs and bytes are counted per sample, so a few real examples suffice
 
@@ -36,6 +37,24 @@ def sample_hidden(task, model, cfg: RunConfig) -> tuple[torch.Tensor, torch.Tens
     with torch.no_grad():
         hidden = model.embedding(batch["input_ids"])
     return hidden, batch["attention_mask"]
+
+
+def _flatten(parts: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {f"{part}.{name}": value for part, sd in parts.items() for name, value in sd.items()}
+
+
+def _unflatten(flat: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for name, value in flat.items():
+        part, _, rest = name.partition(".")
+        parts.setdefault(part, {})[rest] = value
+    return parts
+
+
+def _decoder_schedule(cfg: RunConfig):
+    """The decoder's lr factor for step ``seq`` (1, 2, ...) of round t: the same run-wide step clock as the CUs'."""
+    factor = wiring.lr_schedule(cfg)
+    return lambda round_, seq: factor(wiring.global_step(cfg, round_, max(0, int(seq) - 1)))
 
 
 @dataclass
@@ -50,6 +69,7 @@ class ServerState:
     host: object | None
     dataplane_secret: str
     workload: object
+    server_optimizer: ServerOptimizer | None = None
     plan: RoundPlan | None = None
     # method.aggregate = false (the `pipeline` baseline): each cluster keeps its own embedding + encoder
     cluster_parts: dict[int, dict] = field(default_factory=dict)
@@ -86,9 +106,15 @@ class ServerState:
                 fp16=cfg.dataplane.fp16,
                 max_message_mb=cfg.dataplane.max_message_mb,
                 hidden_size=int(hidden.shape[-1]),
+                lr_schedule=_decoder_schedule(cfg),
+                precision=resolve_precision(cfg.runtime.precision),
             )
             host.start()
-        return cls(cfg, task, model, head_optimizer, spec, StateSampler(spec, cfg.seed), policy, host, secret, workload)
+        fed = cfg.federation
+        server_optimizer = ServerOptimizer(fed.server_optimizer, lr=fed.server_lr, momentum=fed.server_momentum,
+                                           beta_2=fed.server_beta_2, tau=fed.server_tau)
+        return cls(cfg, task, model, head_optimizer, spec, StateSampler(spec, cfg.seed), policy, host, secret, workload,
+                   server_optimizer)
 
     # ------------------------------------------------------------------ per round
     @property
@@ -132,14 +158,16 @@ class ServerState:
         return self._global_parts(with_head)
 
     def absorb_results(self, t: int, results: list[tuple[int, dict, dict]]) -> None:
-        """FedAvg (eqs. 6-9): the example-weighted mean of the returned embeddings and encoders (and heads,
-        for methods that train the head on the CU); without aggregation each cluster keeps its own."""
+        """Aggregation (eqs. 6-9): the server optimizer (``federation.server_optimizer``; FedAvg = the
+        example-weighted mean) over the returned embeddings and encoders (and heads, for methods that train
+        the head on the CU); without aggregation each cluster keeps its own."""
         if self.cfg.method.aggregate:
-            weights = [float(metrics["num-examples"]) for _, _, metrics in results]
             modules = {"embedding": self.model.embedding, "encoder": self.model.blocks, "head": self.model.head}
-            for part in results[0][1]:
-                averaged = weighted_average([parts[part] for _, parts, _ in results], weights)
-                modules[part].load_state_dict(averaged)
+            current = _flatten(self._global_parts(not self.cfg.method.head_on_server))
+            updates = [(_flatten(parts), float(metrics["num-examples"])) for _, parts, metrics in results]
+            new = _unflatten(self.server_optimizer.step(t, current, updates))
+            for part, state in new.items():
+                modules[part].load_state_dict(state)
         else:
             for cluster, parts, _ in results:
                 self.cluster_parts[cluster] = parts

@@ -40,6 +40,7 @@ from collapipe_flwr.fl.messages import (
 from collapipe_flwr.fl.run_log import RunLog
 
 HELLO = "query.hello"
+RELEASE = "query.release"
 
 
 class CollaPipeStrategy(Strategy):
@@ -99,6 +100,22 @@ class CollaPipeStrategy(Strategy):
             raise ConfigError(f"no SuperNode has partition-id={missing[0]}; give each of the {n_expected} SuperNodes one id in 0..{n_expected - 1}")
         log(INFO, "CollaPipe clusters: %s", {n: self.examples_of_cluster[n] for n in sorted(self.node_of_cluster)})
 
+    def release_clusters(self, grid: Grid, timeout_s: float = 60.0) -> int:
+        """After the last round: every CU kills this run's device actors (returns how many were released)."""
+        if not self.node_of_cluster:
+            return 0
+        msgs = []
+        for cluster, node in sorted(self.node_of_cluster.items()):
+            content = {"release-num-devices": len(self.server.devices_of(cluster))}
+            msgs.append(Message(RecordDict({RUN_CONFIG: run_config_record(content)}), dst_node_id=node, message_type=RELEASE))
+        released = 0
+        for reply in grid.send_and_receive(msgs, timeout=timeout_s):
+            if reply.has_error():
+                log(WARNING, "SuperNode %s could not release its devices: %s", reply.metadata.src_node_id, reply.error.reason)
+                continue
+            released += int(reply.content.metric_records["release"]["device-actors-released"])
+        return released
+
     # ------------------------------------------------------------------ train
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         self._round_t0 = time.time()
@@ -151,6 +168,9 @@ class CollaPipeStrategy(Strategy):
         if self.cfg.save_client_weights:
             self.run_log.save_weights(server_round, results, self.server.aggregate_weights())
         self._phase["aggregate_s"] = time.time() - t0
+        # what a round costs beyond the CUs' training loops (messages, weight loads, set-up, aggregation)
+        train_s = max(float(m.get("seconds-train", 0.0)) for _, _, m in results)
+        self._phase["overhead_s"] = time.time() - self._round_t0 - train_s
         per_cluster = {
             str(c): {k: v for k, v in m.items()} for c, _, m in results
         }

@@ -30,6 +30,7 @@ from collapipe_flwr.pipeline.memory import max_blocks_per_device, module_block_m
 from collapipe_flwr.pipeline.microbatch import batch_size, split_batch
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles
+from collapipe_flwr.precision import autocast
 from collapipe_flwr.system.devices import DeviceProfile
 
 HeadFn = Callable[[list[torch.Tensor], list[dict]], tuple[float, list[torch.Tensor]]]
@@ -90,6 +91,9 @@ class ClusterPipeline:
         actor_num_cpus: float = 0.0,
         actor_threads: int | None = None,
         name: str = "",
+        actor_prefix: str = "",
+        detached: bool = False,
+        precision: str = "fp32",
     ) -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"runtime.backend={backend!r} must be one of {', '.join(BACKENDS)}")
@@ -98,6 +102,7 @@ class ClusterPipeline:
         self.embedding = embedding
         self.optimizer_spec = optimizer
         self.embedding_optimizer = optimizer.build(embedding.parameters())
+        self._embedding_base_lrs = [g["lr"] for g in self.embedding_optimizer.param_groups]
         self.devices = list(devices) if devices else None
         self.backend = backend
         self.ray_address = ray_address or None
@@ -106,12 +111,24 @@ class ClusterPipeline:
         self.name = name
         self.actor_num_cpus = float(actor_num_cpus)
         self.actor_threads = actor_threads
+        self.precision = precision
         self.num_blocks = len(blocks)
         self._encoder_keys = list(blocks.state_dict())
         self._template = copy.deepcopy(blocks[0]) if len(blocks) else None
-        self.delta: tuple[int, ...] = ()
-        self._stages = None
-        self._build(delta, weights={}, optimizer_state={}, blocks=blocks)
+        self.delta = self._check_delta(delta)
+        self._bounds = segment_bounds(self.delta)
+        self.moved_blocks = False  # whether the last partition change moved blocks between devices
+        if backend == "local":
+            self._stages = LocalStages([], optimizer, precision=precision)
+        else:
+            self._stages = RayStages(
+                [], optimizer, address=self.ray_address, num_cpus=self.actor_num_cpus,
+                threads=actor_threads or default_actor_threads(len(self._bounds)), timeout_s=self.timeout_s,
+                name=name, prefix=actor_prefix, detached=detached, precision=precision,
+                num_devices=len(self.devices) if self.devices else len(self.delta),
+            )
+        if not self._adopt(self.delta):
+            self._place(self.delta, blocks=blocks)
 
     # -- partition --------------------------------------------------------------------------------
     @property
@@ -131,34 +148,85 @@ class ClusterPipeline:
             )
         return validate_partition(delta, self.num_blocks, self._static_caps())
 
-    def _build(self, delta, weights: dict, optimizer_state: dict, blocks: nn.ModuleList | None = None) -> None:
+    def _slowdowns(self, bounds) -> dict[int, float]:
+        return emulation_slowdowns(self.devices, [k for k, _, _ in bounds]) if self.emulate else {}
+
+    def _holders(self) -> dict[int, tuple[int, int]]:
+        """{device k: (a, b)} of the live devices that hold blocks a..b-1, when together they hold the
+        whole encoder exactly once; else {}."""
+        held = {k: ab for k, ab in self._stages.layout().items() if ab[1] > ab[0]}
+        covered = sorted(held.values())
+        expected, a0 = [], 0
+        for a, b in covered:
+            if a != a0:
+                return {}
+            expected.append((a, b))
+            a0 = b
+        return held if a0 == self.num_blocks and covered else {}
+
+    def _adopt(self, delta) -> bool:
+        """Reuse the live devices as they are when they already hold ``delta``'s segments (a CU process that
+        finds the actors another process of the same CU left); False when they do not."""
+        held = self._holders()
+        bounds = segment_bounds(delta)
+        if not held or any(held.get(k) != (a, b) for k, a, b in bounds) or len(held) != len(bounds):
+            if held:  # live devices hold another partition: move their blocks (weights + optimizer state)
+                weights, state = self._gather_from(held)
+                self._place(delta, weights=weights, optimizer_state=state)
+                return True
+            return False
+        slowdown = self._slowdowns(bounds)
+        self._stages.place([(k, None, None, slowdown.get(k, 1.0), a) for k, a, _ in bounds])
+        self.delta, self._bounds = tuple(delta), bounds
+        return True
+
+    def _gather_from(self, held: dict[int, tuple[int, int]]) -> tuple[dict, dict]:
+        weights, state = {}, {}
+        for k, (a, _) in held.items():
+            for name, value in self._stages.call_device(k, "get_weights").items():
+                j, _, rest = name.partition(".")
+                weights[f"{a + int(j)}.{rest}"] = value
+            for name, value in self._stages.call_device(k, "get_optimizer_state").items():
+                j, _, rest = name.partition(".")
+                state[f"{a + int(j)}.{rest}"] = value
+        return weights, state
+
+    def _place(self, delta, weights: dict | None = None, optimizer_state: dict | None = None,
+               blocks: nn.ModuleList | None = None) -> None:
         self.delta = self._check_delta(delta)
         self._bounds = segment_bounds(self.delta)
-        slowdown = emulation_slowdowns(self.devices, [k for k, _, _ in self._bounds]) if self.emulate else {}
+        slowdown = self._slowdowns(self._bounds)
         specs = []
         for k, a, b in self._bounds:
             if blocks is not None:
                 segment = copy.deepcopy(nn.ModuleList(blocks[a:b]))
             else:
                 segment = nn.ModuleList(copy.deepcopy(self._template) for _ in range(b - a))
-                segment.load_state_dict(_slice(weights, a, b), strict=True)
-            specs.append((k, segment, _slice(optimizer_state, a, b), slowdown.get(k, 1.0)))
-        if self.backend == "local":
-            self._stages = LocalStages(specs, self.optimizer_spec)
-        else:
-            threads = self.actor_threads or default_actor_threads(len(specs))
-            self._stages = RayStages(
-                specs, self.optimizer_spec, address=self.ray_address, num_cpus=self.actor_num_cpus,
-                threads=threads, timeout_s=self.timeout_s, name=self.name,
-            )
+                segment.load_state_dict(_slice(weights or {}, a, b), strict=True)
+            specs.append((k, segment, _slice(optimizer_state or {}, a, b), slowdown.get(k, 1.0), a))
+        self._stages.place(specs)
 
     def repartition(self, delta: Sequence[int]) -> None:
-        """Move to a new delta, carrying every block's weights and optimizer state (a bad delta changes nothing)."""
-        self._check_delta(delta)
-        weights = self.encoder_state_dict()
-        optimizer_state = self._encoder_optimizer_state()
-        self.shutdown()
-        self._build(delta, weights, optimizer_state)
+        """Move to a new delta, carrying every block's weights and optimizer state between the live devices
+        (no device process is restarted; a bad delta changes nothing)."""
+        delta = self._check_delta(delta)
+        if tuple(delta) == self.delta and self._holders():
+            self.moved_blocks = False
+            return
+        self.moved_blocks = True
+        if not self._adopt(delta):
+            raise PartitionError(f"{self.name}: the devices no longer hold the whole encoder; rebuild the pipeline")
+
+    def reset_optimizers(self) -> None:
+        """Fresh optimizer state for the embedding and every segment (``federation.optimizer_state: reset``)."""
+        self.embedding_optimizer = self.optimizer_spec.build(self.embedding.parameters())
+        self._embedding_base_lrs = [g["lr"] for g in self.embedding_optimizer.param_groups]
+        for k, _, _ in self._bounds:
+            self._stages.call_device(k, "reset_optimizer")
+
+    def pids(self) -> dict[int, int]:
+        """{device k: OS pid of the process holding it} (the CU's own pid on the local backend)."""
+        return self._stages.pids()
 
     def check_memory(self, batch_size_b: int, seq_len: int) -> None:
         """Constraint C7 with activations: delta_k blocks at the whole batch must fit gamma_k^max."""
@@ -174,7 +242,9 @@ class ClusterPipeline:
                 )
 
     # -- one step ---------------------------------------------------------------------------------
-    def train_step(self, batch: dict[str, torch.Tensor], m: int, head: HeadFn) -> StepResult:
+    def train_step(self, batch: dict[str, torch.Tensor], m: int, head: HeadFn, lr_factor: float = 1.0) -> StepResult:
+        """One GPipe step (module docstring); ``lr_factor`` scales every segment's and the embedding's base
+        lr for this step (the learning-rate schedule)."""
         t0 = time.perf_counter()
         b = batch_size(batch)
         micro = split_batch(batch, m)
@@ -187,13 +257,7 @@ class ClusterPipeline:
         for s, h in enumerate(begun):
             st.resolve(h, s)
 
-        masks = [mb["attention_mask"] for mb in micro]
-        if st.backend == "ray":
-            import ray
-
-            mask_refs = [ray.put(mk) for mk in masks]
-        else:
-            mask_refs = masks
+        mask_refs = [st.put(mb["attention_mask"]) for mb in micro]
         embedded: list[torch.Tensor] = [None] * m  # type: ignore[list-item]
         handles: dict[tuple[int, int], object] = {}
         seconds = {"embed": 0.0}
@@ -201,7 +265,8 @@ class ClusterPipeline:
             for i, k in cycle:
                 if k == 0:
                     te = time.perf_counter()
-                    embedded[i] = self.embedding(micro[i]["input_ids"])
+                    with autocast(self.precision):
+                        embedded[i] = self.embedding(micro[i]["input_ids"])
                     seconds["embed"] += time.perf_counter() - te
                     x = embedded[i].detach()
                 else:
@@ -225,7 +290,9 @@ class ClusterPipeline:
             embedded[i].backward(grad_in)
         t_bwd = time.perf_counter()
 
-        steps = [st.submit(s, "step") for s in range(S)]
+        steps = [st.submit(s, "step", float(lr_factor)) for s in range(S)]
+        for group, base in zip(self.embedding_optimizer.param_groups, self._embedding_base_lrs):
+            group["lr"] = base * float(lr_factor)
         self.embedding_optimizer.step()
         self.embedding_optimizer.zero_grad(set_to_none=True)
         device_compute = [st.resolve(h, s) for s, h in enumerate(steps)]
@@ -263,14 +330,15 @@ class ClusterPipeline:
         for s, h in enumerate(handles):
             self._stages.resolve(h, s)
 
-    def _encoder_optimizer_state(self) -> dict[str, dict]:
-        states = self._gather("get_optimizer_state")
-        out = {}
-        for state, (_, a, _) in zip(states, self._bounds):
-            for name, value in state.items():
-                j, _, rest = name.partition(".")
-                out[f"{a + int(j)}.{rest}"] = value
-        return out
+    def encoder_optimizer_state(self) -> dict[str, dict]:
+        """Every block's optimizer state, names ``"{l}.{param}"`` (the whole encoder's numbering)."""
+        held = self._holders()
+        return self._gather_from(held)[1] if held else {}
+
+    def load_encoder_optimizer_state(self, state: dict[str, dict]) -> None:
+        """Put optimizer state (names ``"{l}.{param}"``) back into the devices holding those blocks."""
+        for k, a, b in self._bounds:
+            self._stages.call_device(k, "load_optimizer_state", _slice(state, a, b))
 
     def embedding_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.embedding.state_dict().items()}

@@ -8,6 +8,7 @@ CU, while stage k goes on with micro-batch i+1.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -19,16 +20,48 @@ from collapipe_flwr.pipeline.stage import Stage
 
 
 START_TIMEOUT_S = 120.0
+NAMESPACE = "collapipe"
+# (device index k, segment or None = keep what the device holds, optimizer state, slowdown, first block index)
+StageSpec = tuple[int, "nn.ModuleList | None", "dict | None", float, int]
+
+
+def actor_name(prefix: str, k: int) -> str:
+    """The Ray name of device k's actor for one cluster of one run (``prefix`` = run and cluster)."""
+    return f"{prefix}.device{k}"
 
 
 class LocalStages:
-    """Stages as plain objects in this process; calls run immediately, in submission order."""
+    """Stages as plain objects in this process, one per device index k; calls run immediately, in
+    submission order. Like :class:`RayStages` the device objects outlive a repartition (:meth:`place`)."""
 
     backend = "local"
 
-    def __init__(self, specs: Sequence[tuple[int, nn.ModuleList, dict | None, float]], optimizer: OptimizerSpec) -> None:
-        self.device_indices = [k for k, _, _, _ in specs]
-        self.stages = [Stage(k, seg, optimizer, optimizer_state=st, slowdown=slow) for k, seg, st, slow in specs]
+    def __init__(self, specs: Sequence[StageSpec], optimizer: OptimizerSpec, precision: str = "fp32") -> None:
+        self.optimizer = optimizer
+        self.precision = precision
+        self.devices: dict[int, Stage] = {}
+        self.place(specs)
+
+    def place(self, specs: Sequence[StageSpec]) -> None:
+        """Make stage s = device specs[s].k; a spec's segment (if not None) replaces what the device held."""
+        for k, segment, state, slowdown, offset in specs:
+            if k not in self.devices:
+                self.devices[k] = Stage(k, segment, self.optimizer, optimizer_state=state, slowdown=slowdown,
+                                        offset=offset, precision=self.precision)
+            elif segment is not None:
+                self.devices[k].load_segment(segment, state, slowdown, offset)
+        self.device_indices = [spec[0] for spec in specs]
+        self.stages = [self.devices[k] for k in self.device_indices]
+        for k, stage in self.devices.items():  # a device the plan leaves idle frees its blocks
+            if specs and k not in self.device_indices and len(stage.segment):
+                stage.load_segment(nn.ModuleList(), None, 1.0, 0)
+
+    def layout(self) -> dict[int, tuple[int, int]]:
+        """{device k: (first block, last block + 1)} of every live device."""
+        return {k: stage.layout() for k, stage in self.devices.items()}
+
+    def call_device(self, k: int, method: str, *args):
+        return getattr(self.devices[k], method)(*args)
 
     def new_step(self) -> None:
         pass
@@ -39,8 +72,16 @@ class LocalStages:
     def resolve(self, handle, stage: int):
         return handle
 
+    def put(self, value):
+        """A value later submits may take as an argument (here: the value itself)."""
+        return value
+
+    def pids(self) -> dict[int, int]:
+        return {k: os.getpid() for k in self.devices}
+
     def shutdown(self) -> None:
         self.stages = []
+        self.devices = {}
 
 
 class StageActor(Stage):
@@ -49,6 +90,9 @@ class StageActor(Stage):
     def __init__(self, threads: int, *args, **kwargs) -> None:
         torch.set_num_threads(max(1, int(threads)))
         super().__init__(*args, **kwargs)
+
+    def pid(self) -> int:
+        return os.getpid()
 
 
 _REMOTE_STAGE = None
@@ -75,13 +119,20 @@ def ensure_ray(address: str | None = None) -> None:
 
 
 class RayStages:
-    """One Ray actor per device holding its segment and optimizer (``num_cpus=actor_num_cpus``)."""
+    """One Ray actor per device holding its segment and optimizer (``num_cpus=actor_num_cpus``).
+
+    With a ``prefix`` (run and cluster), device k's actor is the named actor ``actor_name(prefix, k)`` in
+    namespace ``collapipe``: a later round, or another process of the same CU (Flower's simulation runs a
+    CU's messages on any worker of its pool; a deployed SuperNode starts one ClientApp process per message),
+    finds the same live actor by name instead of starting a new one. ``detached`` actors outlive the process
+    that created them (needed when that process ends after each message); :func:`release` kills them.
+    """
 
     backend = "ray"
 
     def __init__(
         self,
-        specs: Sequence[tuple[int, nn.ModuleList, dict | None, float]],
+        specs: Sequence[StageSpec],
         optimizer: OptimizerSpec,
         *,
         address: str | None = None,
@@ -89,40 +140,102 @@ class RayStages:
         threads: int = 1,
         timeout_s: float = 300.0,
         name: str = "",
+        prefix: str = "",
+        detached: bool = False,
+        precision: str = "fp32",
+        num_devices: int = 0,
     ) -> None:
         import ray
 
         ensure_ray(address)
         self._ray = ray
+        self.optimizer = optimizer
         self.timeout_s = float(timeout_s)
         self.where = f"{name}: " if name else ""
-        self.device_indices = [k for k, _, _, _ in specs]
+        self.num_cpus = float(num_cpus)
+        self.threads = int(threads)
+        self.prefix = prefix
+        self.detached = bool(detached)
+        self.precision = precision
+        self.devices: dict[int, object] = {}
+        self._submitted: list[tuple[object, int]] = []
+        if prefix:  # adopt the live actors of this cluster (a CU process that did not start them)
+            for k in range(max(num_devices, 1 + max((spec[0] for spec in specs), default=0))):
+                try:
+                    self.devices[k] = ray.get_actor(actor_name(prefix, k), namespace=NAMESPACE)
+                except ValueError:
+                    pass
+        self.place(specs)
+
+    def place(self, specs: Sequence[StageSpec]) -> None:
+        """Make stage s = device specs[s].k: start the actors not yet alive, load a spec's segment (if not
+        None) into its live actor; devices outside ``specs`` stay alive (a later plan may use them)."""
+        ray = self._ray
         cls = _remote_stage_class()
-        self._submitted = []
-        self.actors = [
-            cls.options(num_cpus=num_cpus, max_restarts=0).remote(threads, k, seg, optimizer, optimizer_state=st, slowdown=slow)
-            for k, seg, st, slow in specs
-        ]
+        started, loads = [], []
+        for k, segment, state, slowdown, offset in specs:
+            if k not in self.devices:
+                options = {"num_cpus": self.num_cpus, "max_restarts": 0}
+                if self.prefix:
+                    options.update(name=actor_name(self.prefix, k), namespace=NAMESPACE, get_if_exists=True)
+                    if self.detached:
+                        options["lifetime"] = "detached"
+                self.devices[k] = cls.options(**options).remote(
+                    self.threads, k, segment if segment is not None else torch.nn.ModuleList(), self.optimizer,
+                    optimizer_state=state, slowdown=slowdown, offset=offset, precision=self.precision)
+                started.append(k)
+            if segment is not None:
+                loads.append((k, self.devices[k].load_segment.remote(segment, state, slowdown, offset)))
+        used = {spec[0] for spec in specs}
+        for k, actor in self.devices.items():  # a device the plan leaves idle frees its blocks (empty segment)
+            if specs and k not in used and k not in started:
+                loads.append((k, actor.load_segment.remote(nn.ModuleList(), None, 1.0, 0)))
+        self.device_indices = [spec[0] for spec in specs]
+        self.actors = [self.devices[k] for k in self.device_indices]
         # Fail here, with the device named, if an actor cannot start (no resources, import error). Starting
         # a worker process (torch + transformers imports) takes seconds, so this wait has its own limit.
         start_timeout = max(self.timeout_s, START_TIMEOUT_S)
-        for s, actor in enumerate(self.actors):
+        for k, ref in [(k, self.devices[k].ping.remote()) for k in started] + loads:
             try:
-                ray.get(actor.ping.remote(), timeout=start_timeout)
+                ray.get(ref, timeout=start_timeout)
             except ray.exceptions.GetTimeoutError:
                 self.shutdown()
                 raise DeviceFailure(
-                    f"{self.where}device {self.device_indices[s]}'s Ray actor did not start within {start_timeout:g}s; "
+                    f"{self.where}device {k}'s Ray actor did not start within {start_timeout:g}s; "
                     "check the Ray cluster has room for it (runtime.actor_num_cpus) and that the device is up"
                 ) from None
             except ray.exceptions.RayActorError:
                 self.shutdown()
                 raise DeviceFailure(
-                    f"{self.where}device {self.device_indices[s]}'s Ray actor failed to start; see the Ray worker log for the cause"
+                    f"{self.where}device {k}'s Ray actor failed to start; see the Ray worker log for the cause"
                 ) from None
 
+    def layout(self) -> dict[int, tuple[int, int]]:
+        """{device k: (first block, last block + 1)} of every live device."""
+        refs = {k: actor.layout.remote() for k, actor in self.devices.items()}
+        return {k: tuple(self.resolve_device(ref, k)) for k, ref in refs.items()}
+
+    def call_device(self, k: int, method: str, *args):
+        return self.resolve_device(getattr(self.devices[k], method).remote(*args), k)
+
+    def resolve_device(self, ref, k: int):
+        try:
+            return self._ray.get(ref, timeout=self.timeout_s)
+        except (self._ray.exceptions.GetTimeoutError, self._ray.exceptions.RayActorError):
+            raise DeviceFailure(
+                f"{self.where}device {k} gave no answer (its Ray actor is gone or stuck); re-plan the cluster without it"
+            ) from None
+
+    def pids(self) -> dict[int, int]:
+        """{device k: the OS pid of its actor process} (tests check actors are reused across rounds)."""
+        return {k: self.call_device(k, "pid") for k in self.devices}
+
+    def put(self, value):
+        """Put ``value`` in Ray's object store once; stages read it without another copy through the CU."""
+        return self._ray.put(value)
+
     def new_step(self) -> None:
-        self._submitted: list[tuple[object, int]] = []
+        self._submitted = []
 
     def submit(self, stage: int, method: str, *args):
         ref = getattr(self.actors[stage], method).remote(*args)
@@ -176,9 +289,29 @@ class RayStages:
         self._ray.kill(self.actors[stage], no_restart=True)
 
     def shutdown(self) -> None:
-        for actor in getattr(self, "actors", []):
+        """Kill every device actor of this pipeline (named ones included)."""
+        for actor in getattr(self, "devices", {}).values():
             try:
                 self._ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        self.devices = {}
         self.actors = []
+
+
+def release(prefix: str, num_devices: int) -> int:
+    """Kill the named device actors ``actor_name(prefix, k)``, k < num_devices (a run's end on a CU);
+    returns how many were alive. Does nothing when Ray is not running in this process."""
+    import ray
+
+    if not ray.is_initialized():
+        return 0
+    killed = 0
+    for k in range(num_devices):
+        try:
+            actor = ray.get_actor(actor_name(prefix, k), namespace=NAMESPACE)
+        except ValueError:
+            continue
+        ray.kill(actor, no_restart=True)
+        killed += 1
+    return killed

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.precision import autocast
 
 
 def head_step(
@@ -57,13 +58,24 @@ def head_step(
 class LocalHead:
     """A :data:`HeadFn` that trains the head in this process (``head(z_list, mbs) -> (loss, grads)``)."""
 
-    def __init__(self, head: nn.Module, optimizer: OptimizerSpec | None) -> None:
+    def __init__(self, head: nn.Module, optimizer: OptimizerSpec | None, precision: str = "fp32") -> None:
         self.head = head
-        self.optimizer = optimizer.build(head.parameters()) if optimizer is not None else None
+        self.precision = precision
+        self.spec = optimizer
+        self.lr_factor = 1.0  # set per step by the caller's learning-rate schedule
+        self.reset_optimizer()
+
+    def reset_optimizer(self) -> None:
+        self.optimizer = self.spec.build(self.head.parameters()) if self.spec is not None else None
+        self._base_lrs = [g["lr"] for g in self.optimizer.param_groups] if self.optimizer is not None else []
 
     def __call__(self, z_enc, micro_batches):
         self.head.train()
-        return head_step(self.head, self.optimizer, z_enc, micro_batches)
+        if self.optimizer is not None:
+            for group, base in zip(self.optimizer.param_groups, self._base_lrs):
+                group["lr"] = base * self.lr_factor
+        with autocast(self.precision):
+            return head_step(self.head, self.optimizer, z_enc, micro_batches)
 
     def close(self) -> None:
         pass

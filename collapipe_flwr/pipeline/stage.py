@@ -1,7 +1,7 @@
 """One pipeline stage: device k's segment theta^s (delta_k TEBs) and its optimizer.
 
 The same class runs in-process (backend "local") and inside a Ray actor (backend "ray", see
-``ray_backend.py``). Per micro-batch i it keeps what backward needs between ``forward`` and
+``executors.py``). Per micro-batch i it keeps what backward needs between ``forward`` and
 ``backward``: the detached input leaf and the output with its graph. Gradients accumulate over the m
 micro-batches; ``step`` applies one optimizer update (GPipe's synchronous update).
 
@@ -19,6 +19,20 @@ from torch import nn
 
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes
 from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.precision import autocast
+
+
+class _NoOptimizer:
+    """The optimizer of a device that holds no blocks (the plan leaves it idle)."""
+
+    param_groups: list = []
+    state: dict = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
 
 
 class Stage:
@@ -31,19 +45,41 @@ class Stage:
         optimizer: OptimizerSpec,
         optimizer_state: dict | None = None,
         slowdown: float = 1.0,
+        offset: int = 0,
+        precision: str = "fp32",
     ) -> None:
         self.device_index = device_index
-        self.segment = segment
-        self.segment.train()
-        self.optimizer = optimizer.build(segment.parameters())
-        if optimizer_state:
-            self._load_optimizer_state(optimizer_state)
-        self.slowdown = max(1.0, float(slowdown))
+        self.optimizer_spec = optimizer
+        self.precision = precision
+        self.load_segment(segment, optimizer_state, slowdown, offset)
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
         self._live_activation_bytes = 0
         self.peak_activation_bytes = 0
         self.compute_seconds = 0.0
         self._trace: list[tuple[str, int, float, float]] = []
+
+    def load_segment(self, segment: nn.ModuleList, optimizer_state: dict | None, slowdown: float, offset: int) -> int:
+        """Hold ``segment`` (blocks ``offset .. offset + len - 1`` of the encoder) from now on: used when the
+        CU moves blocks between live devices (a new delta), so the actor process is never restarted."""
+        self.segment = segment
+        self.segment.train()
+        self.offset = int(offset)
+        self.reset_optimizer()
+        if optimizer_state:
+            self.load_optimizer_state(optimizer_state)
+        self.slowdown = max(1.0, float(slowdown))
+        self._pending = {}
+        return self.device_index
+
+    def layout(self) -> tuple[int, int]:
+        """(first, last + 1): the encoder blocks this device holds."""
+        return self.offset, self.offset + len(self.segment)
+
+    def reset_optimizer(self) -> None:
+        """Fresh optimizer state (``federation.optimizer_state: reset``); none for an idle (empty) device."""
+        params = [p for p in self.segment.parameters() if p.requires_grad]
+        self.optimizer = self.optimizer_spec.build(params) if params else _NoOptimizer()
+        self._base_lrs = [group["lr"] for group in self.optimizer.param_groups]
 
     # -- the step ---------------------------------------------------------------------------------
     def begin_step(self) -> int:
@@ -61,8 +97,10 @@ class Stage:
         leaf = x.detach().requires_grad_(True)
         with SavedTensorMeter(exclude=self.segment.parameters()) as meter:
             hidden = leaf
-            for block in self.segment:
-                hidden = block(hidden, attention_mask)
+            with autocast(self.precision):
+                for block in self.segment:
+                    hidden = block(hidden, attention_mask)
+            hidden = hidden.to(leaf.dtype)  # stages exchange the input's dtype whatever the compute precision
         self._pending[mb_index] = (leaf, hidden, meter.bytes)
         self._live_activation_bytes += meter.bytes
         self.peak_activation_bytes = max(self.peak_activation_bytes, self._live_activation_bytes)
@@ -81,8 +119,11 @@ class Stage:
         self._account(start, "B", mb_index)
         return grad_in
 
-    def step(self) -> float:
-        """One optimizer update of theta^s with the gradients of all m micro-batches; returns compute s."""
+    def step(self, lr_factor: float = 1.0) -> float:
+        """One optimizer update of theta^s with the gradients of all m micro-batches at ``lr_factor`` times
+        the base lr (model.lr_schedule); returns this step's compute seconds."""
+        for group, base in zip(self.optimizer.param_groups, self._base_lrs):
+            group["lr"] = base * float(lr_factor)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return self.compute_seconds
@@ -114,13 +155,10 @@ class Stage:
         return {names[id(p)]: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}
                 for p, s in self.optimizer.state.items()}
 
-    def _load_optimizer_state(self, state: dict[str, dict]) -> None:
+    def load_optimizer_state(self, state: dict[str, dict]) -> None:
         for name, p in self.segment.named_parameters():
             if name in state:
                 self.optimizer.state[p] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in state[name].items()}
-
-    def export(self) -> dict:
-        return {"weights": self.get_weights(), "optimizer": self.get_optimizer_state()}
 
     def memory_report(self) -> dict:
         params = param_bytes(self.segment)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import hmac
+from collections.abc import Callable
 import logging
 import threading
 import time
@@ -40,6 +41,7 @@ from collapipe_flwr.fl.dataplane.protocol import (
 from collapipe_flwr.fl.dataplane.stats import ClusterCounters
 from collapipe_flwr.fl.dataplane.transport import channel_options, format_address
 from collapipe_flwr.pipeline.head import head_step
+from collapipe_flwr.precision import autocast
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,8 @@ class DecoderHost:
     def __init__(self, head: nn.Module, optimizer: torch.optim.Optimizer | None, secret: str, bind: str = "0.0.0.0",
                  port: int = 0, fp16: bool = False, max_message_mb: int = 256, *, hidden_size: int,
                  advertise_host: str | None = None, max_streams: int = 32, lock_timeout_s: float = 120.0,
-                 keep_order: int = 100_000) -> None:
+                 keep_order: int = 100_000, lr_schedule: Callable[[int, int], float] | None = None,
+                 precision: str = "fp32") -> None:
         if not secret:
             raise DataPlaneError("the data-plane secret is empty; give DecoderHost a per-run random secret")
         if not 0 <= int(port) < 65536:
@@ -67,6 +70,9 @@ class DecoderHost:
             raise DataPlaneError(f"max_message_mb={max_message_mb} must be >= 1")
         self.head = head
         self.optimizer = optimizer
+        self.precision = precision  # the decoder's forward under bf16 autocast or not (runtime.precision)
+        self._lr_schedule = lr_schedule  # (round t, step seq 1..) -> factor of the decoder's base lr
+        self._base_lrs = [g["lr"] for g in optimizer.param_groups] if optimizer is not None else []
         self.hidden_size = int(hidden_size)
         self.fp16 = bool(fp16)
         self.max_message_mb = int(max_message_mb)
@@ -245,8 +251,13 @@ class DecoderHost:
     def _run_head(self, req):
         """head_step under the lock; a head failure leaves weights and optimizer state untouched."""
         self.head.train()
+        if self._lr_schedule is not None and self.optimizer is not None:
+            factor = float(self._lr_schedule(req.round, req.seq))
+            for group, base in zip(self.optimizer.param_groups, self._base_lrs):
+                group["lr"] = base * factor
         try:
-            return head_step(self.head, self.optimizer, req.z_enc, req.micro_batches)
+            with autocast(self.precision):
+                return head_step(self.head, self.optimizer, req.z_enc, req.micro_batches)
         except DataPlaneError:
             raise
         except Exception as err:  # e.g. a label out of range, no targets; raised before optimizer.step()
