@@ -25,7 +25,7 @@ from collapipe_flwr.config import RunConfig
 from collapipe_flwr.dssra.plan import RoundPlan
 from collapipe_flwr.fl.server_optimizer import ServerOptimizer
 from collapipe_flwr.fl.messages import pack_weights
-from collapipe_flwr.precision import resolve_precision
+from collapipe_flwr.precision import autocast, resolve_precision
 
 PROBE_EXAMPLES = 8  # FLOPs and bytes are counted per sample, so a few real examples suffice
 
@@ -203,7 +203,7 @@ class ServerState:
         for module in parts:
             module.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), autocast(resolve_precision(self.cfg.runtime.precision)):
                 return dict(self.task.evaluate(model, max_examples=ev.max_examples, batch_size=ev.batch_size, beam_size=ev.beam_size))
         finally:
             for module in parts:

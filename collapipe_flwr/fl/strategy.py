@@ -196,7 +196,8 @@ class CollaPipeStrategy(Strategy):
         last round) + the round's JSON line (without val_* fields when the round is not evaluated)."""
         t0 = time.time()
         every = self.cfg.eval.every
-        due = server_round == 0 or server_round % every == 0 or server_round >= self.cfg.federation.num_rounds
+        due = (server_round == 0 and self.cfg.eval.at_start) or (server_round > 0 and server_round % every == 0) \
+            or server_round >= self.cfg.federation.num_rounds
         metrics = self.server.evaluate() if due else {}
         if server_round == 0:
             self.run_log.append_round({"round": 0, **{f"val_{k}": v for k, v in metrics.items()}})

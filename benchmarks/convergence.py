@@ -1,0 +1,164 @@
+"""Federated CollaPipe against the central reference on the same number of training examples.
+
+    python benchmarks/convergence.py --task translation [--examples 25600] [--clusters 2] [--local-steps 20]
+        [--backend local|ray] [--precision auto] [--optimizer-state keep] [--server-optimizer fedavg]
+        [--skip-central] [--json FILE] [hydra overrides ...]
+
+Federated: N IID clusters (flwr-datasets IID partitioner), S = 2 segments (delta = (ceil(L/2), floor(L/2)))
+and m = 4 micro-batches per cluster, the decoder on the server behind the real gRPC data plane, FedAvg (or
+``--server-optimizer``) every ``--local-steps`` steps. It runs the real server state and the real CU round
+(``ServerState`` + ``train_round``, the code the Flower apps call), the CUs one after another in this
+process, so the figure does not depend on how busy the machine is. Central: the same model in one piece
+(``train_central.train``) for ``examples / b`` steps, the same model.schedule over its own step count.
+Both are evaluated on the whole validation split with the same ``task.evaluate``.
+
+Prints ``name: value`` lines: ``federated_<metric>``, ``central_<metric>``, ``ratio`` (federated / central),
+the example counts and the wall seconds of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from collapipe_flwr import wiring  # noqa: E402
+from collapipe_flwr.config import load_run_config  # noqa: E402
+from collapipe_flwr.dssra.plan import ClusterPlan  # noqa: E402
+from collapipe_flwr.fl.cluster_client import ClusterIdentity, release_run, run_key_of, train_round  # noqa: E402
+from collapipe_flwr.fl.messages import TrainInstructions, pack_weights, unpack_weights  # noqa: E402
+from collapipe_flwr.fl.server_state import ServerState  # noqa: E402
+from collapipe_flwr.precision import autocast, resolve_precision  # noqa: E402
+from collapipe_flwr.tasks import train_central  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("overrides", nargs="*", help="Hydra overrides applied to both runs (e.g. model.optimizer.lr=0.002)")
+    p.add_argument("--task", default="translation", choices=("translation", "classification", "ner"))
+    p.add_argument("--examples", type=int, default=0, help="training examples seen in all (0 = 400 central steps)")
+    p.add_argument("--clusters", type=int, default=2)
+    p.add_argument("--local-steps", type=int, default=20)
+    p.add_argument("--m", type=int, default=4)
+    p.add_argument("--backend", default="local", choices=("local", "ray"))
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"))
+    p.add_argument("--optimizer-state", default="keep", choices=("keep", "reset"))
+    p.add_argument("--server-optimizer", default="fedavg")
+    p.add_argument("--skip-central", action="store_true")
+    p.add_argument("--skip-federated", action="store_true")
+    p.add_argument("--json", default="")
+    return p.parse_intermixed_args(argv)
+
+
+def federated(args, base: list[str]) -> dict:
+    b = int(load_run_config(base).task["batch_size"])
+    steps_total = args.examples // b  # CU steps over all clusters
+    rounds = max(1, math.ceil(steps_total / (args.clusters * args.local_steps)))
+    cfg = load_run_config([
+        *base, "network=small", f"federation.num_clusters={args.clusters}", f"federation.num_rounds={rounds}",
+        f"federation.local_steps={args.local_steps}", f"runtime.backend={args.backend}",
+        f"runtime.precision={args.precision}", f"federation.optimizer_state={args.optimizer_state}",
+        f"federation.server_optimizer={args.server_optimizer}",
+    ])
+    torch.set_num_threads(cfg.runtime.torch_threads)
+    server = ServerState.build(cfg)
+    L = len(server.model.blocks)
+    K = len(server.devices_of(0))
+    delta = tuple([math.ceil(L / 2), L // 2] + [0] * (K - 2))
+    states = {n: None for n in range(args.clusters)}
+    from flwr.app import RecordDict
+
+    states = {n: RecordDict() for n in range(args.clusters)}
+    t0 = time.monotonic()
+    seen, overheads = 0, []
+    try:
+        for t in range(1, rounds + 1):
+            server.open_round(t, list(range(args.clusters)))
+            results = []
+            t_round = time.monotonic()
+            train_s = 0.0
+            for n in range(args.clusters):
+                plan = ClusterPlan(cluster=n, selected=True, channel=0, power_w=0.1, S=2, m=args.m, delta=delta)
+                ins = TrainInstructions(round=t, plan=plan, run_config=cfg.to_dict(),
+                                        devices=[d.to_dict() for d in server.devices_of(n)],
+                                        dataplane_address=server.dataplane_address,
+                                        dataplane_secret=server.dataplane_secret)
+                record, metrics = train_round(ClusterIdentity(n, args.clusters), server.global_array_record(), ins,
+                                              state=states[n])
+                results.append((n, unpack_weights(record), metrics))
+                seen += int(metrics["num-examples"])
+                train_s += float(metrics["seconds-train"])
+            server.close_round()
+            server.absorb_results(t, results)
+            overheads.append(time.monotonic() - t_round - train_s)
+            loss = sum(m["train-loss"] for _, _, m in results) / len(results)
+            print(f"round {t}/{rounds} loss {loss:.3f} overhead {overheads[-1]:.2f}s "
+                  f"elapsed {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+        train_seconds = time.monotonic() - t0
+        with autocast(resolve_precision(args.precision)):
+            metrics = server.evaluate()
+    finally:
+        for n in range(args.clusters):
+            release_run(ClusterIdentity(n, args.clusters), run_key_of(cfg, None), K)
+        server.shutdown()
+    return {"metrics": metrics, "examples": seen, "rounds": rounds, "train_seconds": train_seconds,
+            "overhead_s_median": sorted(overheads)[len(overheads) // 2], "wall_seconds": time.monotonic() - t0}
+
+
+def central(args, base: list[str]) -> dict:
+    cfg = load_run_config(base)
+    torch.set_num_threads(cfg.runtime.torch_threads)
+    task = wiring.build_task(cfg)
+    torch.manual_seed(cfg.seed)
+    model = task.build_model(cfg.seed)
+    steps = args.examples // int(cfg.task["batch_size"])
+    t0 = time.monotonic()
+    precision = resolve_precision(args.precision)
+    indices = list(range(len(task.train_examples())))
+    eval_cfg = {"max_examples": 0, "batch_size": cfg.eval.batch_size, "beam_size": cfg.eval.beam_size}
+    summary = train_central.train(task, model, 10_000.0, steps, indices, cfg.seed, eval_cfg, True, precision)
+    for part in (model.embedding, model.blocks, model.head):
+        part.eval()
+    with torch.no_grad(), autocast(precision):
+        metrics = task.evaluate(model, max_examples=0, batch_size=cfg.eval.batch_size, beam_size=cfg.eval.beam_size)
+    return {"metrics": metrics, "examples": summary["steps"] * int(cfg.task["batch_size"]), "steps": summary["steps"],
+            "wall_seconds": time.monotonic() - t0}
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    base = [f"task={args.task}", *args.overrides]
+    if not args.examples:
+        args.examples = 400 * int(load_run_config(base).task["batch_size"])
+    out = {"task": args.task, "examples": args.examples, "args": vars(args)}
+    metric = None
+    if not args.skip_federated:
+        out["federated"] = federated(args, base)
+    if not args.skip_central:
+        out["central"] = central(args, base)
+    task_metric = {"translation": "bleu", "classification": "accuracy", "ner": "f1"}[args.task]
+    metric = task_metric
+    for kind in ("federated", "central"):
+        if kind in out:
+            print(f"{kind}_{metric}: {out[kind]['metrics'][metric]:.4f}")
+            print(f"{kind}_examples: {out[kind]['examples']}")
+            print(f"{kind}_wall_s: {out[kind]['wall_seconds']:.0f}")
+    if "federated" in out:
+        print(f"round_overhead_s_median: {out['federated']['overhead_s_median']:.3f}")
+    if "federated" in out and "central" in out:
+        ratio = out["federated"]["metrics"][metric] / max(out["central"]["metrics"][metric], 1e-9)
+        out["ratio"] = ratio
+        print(f"ratio: {ratio:.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
