@@ -23,6 +23,7 @@ import json
 import math
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -30,9 +31,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from collapipe_flwr import wiring  # noqa: E402
+from flwr.app import RecordDict  # noqa: E402
+
 from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.dssra.plan import ClusterPlan  # noqa: E402
 from collapipe_flwr.fl.cluster_client import ClusterIdentity, release_run, run_key_of, train_round  # noqa: E402
+from collapipe_flwr.fl.cluster_session import cached_task  # noqa: E402
 from collapipe_flwr.fl.messages import TrainInstructions, pack_weights, unpack_weights  # noqa: E402
 from collapipe_flwr.fl.server_state import ServerState  # noqa: E402
 from collapipe_flwr.precision import autocast, resolve_precision  # noqa: E402
@@ -51,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"))
     p.add_argument("--optimizer-state", default="keep", choices=("keep", "reset"))
     p.add_argument("--server-optimizer", default="fedavg")
+    p.add_argument("--decoder-update", default="per_cu", choices=("per_cu", "joint"))
     p.add_argument("--skip-central", action="store_true")
     p.add_argument("--skip-federated", action="store_true")
     p.add_argument("--json", default="")
@@ -66,25 +71,24 @@ def federated(args, base: list[str]) -> dict:
         f"federation.local_steps={args.local_steps}", f"runtime.backend={args.backend}",
         f"runtime.precision={args.precision}", f"federation.optimizer_state={args.optimizer_state}",
         f"federation.server_optimizer={args.server_optimizer}",
+        f"federation.decoder_update={args.decoder_update}",
     ])
     torch.set_num_threads(cfg.runtime.torch_threads)
     server = ServerState.build(cfg)
     L = len(server.model.blocks)
     K = len(server.devices_of(0))
     delta = tuple([math.ceil(L / 2), L // 2] + [0] * (K - 2))
-    states = {n: None for n in range(args.clusters)}
-    from flwr.app import RecordDict
-
     states = {n: RecordDict() for n in range(args.clusters)}
+    cached_task(cfg)  # built once, before CU threads would race to build it
     t0 = time.monotonic()
     seen, overheads = 0, []
     try:
         for t in range(1, rounds + 1):
             server.open_round(t, list(range(args.clusters)))
-            results = []
             t_round = time.monotonic()
             train_s = 0.0
-            for n in range(args.clusters):
+
+            def one_cluster(n: int):
                 plan = ClusterPlan(cluster=n, selected=True, channel=0, power_w=0.1, S=2, m=args.m, delta=delta)
                 ins = TrainInstructions(round=t, plan=plan, run_config=cfg.to_dict(),
                                         devices=[d.to_dict() for d in server.devices_of(n)],
@@ -92,9 +96,17 @@ def federated(args, base: list[str]) -> dict:
                                         dataplane_secret=server.dataplane_secret)
                 record, metrics = train_round(ClusterIdentity(n, args.clusters), server.global_array_record(), ins,
                                               state=states[n])
-                results.append((n, unpack_weights(record), metrics))
+                return n, unpack_weights(record), metrics
+
+            if args.decoder_update == "joint":  # the barrier needs every CU at once: one thread per CU
+                with ThreadPoolExecutor(args.clusters) as pool:
+                    results = list(pool.map(one_cluster, range(args.clusters)))
+            else:  # one CU after another: the decoder sees the clusters' steps in a fixed order
+                results = [one_cluster(n) for n in range(args.clusters)]
+            for _, _, metrics in results:
                 seen += int(metrics["num-examples"])
-                train_s += float(metrics["seconds-train"])
+                train_s = max(train_s, float(metrics["seconds-train"])) if args.decoder_update == "joint" \
+                    else train_s + float(metrics["seconds-train"])
             server.close_round()
             server.absorb_results(t, results)
             overheads.append(time.monotonic() - t_round - train_s)

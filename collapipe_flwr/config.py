@@ -28,6 +28,7 @@ METHODS = ("collapipe", "collapipe_no_ss", "vanilla_fl", "pipeline", "titanic")
 OPTIMIZER_STATES = ("keep", "reset")
 SERVER_OPTIMIZERS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
 PRECISIONS = ("auto", "fp32", "bf16")
+DECODER_UPDATES = ("per_cu", "joint")
 
 
 def _typed(section: str, cls, raw: Mapping[str, Any] | None):
@@ -105,6 +106,9 @@ class FederationSpec:
     server_momentum: float = 0.9    # fedavgm momentum; fedadam/fedyogi beta_1
     server_beta_2: float = 0.99     # fedadam / fedyogi / fedadagrad second moment
     server_tau: float = 1e-3        # fedadam / fedyogi / fedadagrad adaptivity
+    # Algorithm 1 line 14: per_cu = one decoder update per CU step in arrival order | joint = one update
+    # per step on the concatenated activations of all participating clusters (a barrier on the data plane).
+    decoder_update: str = "per_cu"
 
     def __post_init__(self) -> None:
         _require(self.num_clusters >= 1, f"federation.num_clusters={self.num_clusters} must be >= 1")
@@ -116,6 +120,8 @@ class FederationSpec:
         _require(0 <= self.server_momentum < 1, f"federation.server_momentum={self.server_momentum} must be in [0, 1)")
         _require(0 <= self.server_beta_2 < 1, f"federation.server_beta_2={self.server_beta_2} must be in [0, 1)")
         _require(self.server_tau > 0, f"federation.server_tau={self.server_tau} must be > 0")
+        _require(self.decoder_update in DECODER_UPDATES,
+                 f"federation.decoder_update={self.decoder_update!r} must be one of {', '.join(DECODER_UPDATES)}")
         _require(self.num_rounds >= 1, f"federation.num_rounds={self.num_rounds} must be >= 1")
         _require(self.local_steps >= 1, f"federation.local_steps={self.local_steps} must be >= 1")
         _require(self.round_timeout_s > 0, "federation.round_timeout_s must be > 0")

@@ -104,9 +104,9 @@ def train_batches(task, cfg: RunConfig, indices: list[int], seed: int) -> Iterat
 def build_pipeline(model, delta, optimizer: OptimizerSpec, devices, cfg: RunConfig, cluster: int = 0, round_: int = 0,
                    actor_prefix: str = ""):
     """The CU-side GPipe driver over the partition delta (Ray actors or in-process stages). With
-    ``actor_prefix`` the device actors are named (found again by a later round or another CU process);
-    they are detached when the CU joins an external Ray cluster (runtime.ray_address), whose CU processes
-    end after each message."""
+    ``actor_prefix`` the device actors are named and detached: a later round, or another CU process, finds
+    them again even after every handle of the process that started them is gone (a deployed SuperNode runs
+    a process per message); the run's ``release`` message, or the end of the Ray instance, ends them."""
     from collapipe_flwr.pipeline.cluster import ClusterPipeline
     from collapipe_flwr.precision import resolve_precision
 
@@ -124,7 +124,7 @@ def build_pipeline(model, delta, optimizer: OptimizerSpec, devices, cfg: RunConf
         timeout_s=rt.device_timeout_s,
         name=f"cluster{cluster}",
         actor_prefix=actor_prefix,
-        detached=bool(actor_prefix and rt.ray_address),
+        detached=bool(actor_prefix),
         precision=resolve_precision(rt.precision),
     )
 

@@ -66,7 +66,7 @@ def _plain_losses(cfg, task, indices, rounds: int) -> list[float]:
     return losses
 
 
-def test_ray_actors_live_across_rounds_and_training_equals_the_plain_model(data_dir):
+def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_plain_model(data_dir):
     cfg = load_run_config(
         ["task=translation", "model=transformer_tiny", "model.enc_layers=4", "federation=tiny", "network=small",
          "federation.num_clusters=1", f"federation.local_steps={STEPS}", "runtime.backend=ray",
@@ -80,7 +80,16 @@ def test_ray_actors_live_across_rounds_and_training_equals_the_plain_model(data_
     metrics = []
     try:
         weights = server.global_array_record()
-        for t, delta in ((1, (1, 3, 0)), (2, (2, 1, 1))):  # round 2 moves blocks and adds a device
+        first_process = {}
+        # round 2 moves blocks and adds a device, in a CU process that did not run round 1; round 3 runs in
+        # the first process again, whose session still believes round 1's partition
+        for t, delta in ((1, (1, 3, 0)), (2, (2, 1, 1)), (3, (0, 1, 3))):
+            if t == 2:
+                first_process = dict(cluster_session._SESSIONS)
+                cluster_session._SESSIONS.clear()
+            if t == 3:
+                cluster_session._SESSIONS.clear()
+                cluster_session._SESSIONS.update(first_process)
             server.open_round(t, [0])
             record, m = train_round(identity, weights, _instructions(cfg, server, t, delta), state=state)
             server.close_round()
@@ -91,14 +100,15 @@ def test_ray_actors_live_across_rounds_and_training_equals_the_plain_model(data_
         released = release_run(identity, run_key_of(cfg, None), 3)
         server.shutdown()
     task = wiring.build_task(cfg)
-    expected = _plain_losses(cfg, task, wiring.client_partition(task, cfg, 0, 1), rounds=2)
-    got = metrics[0]["train-losses"] + metrics[1]["train-losses"]
+    expected = _plain_losses(cfg, task, wiring.client_partition(task, cfg, 0, 1), rounds=3)
+    got = [loss for m in metrics for loss in m["train-losses"]]
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
     assert expected[-1] < expected[0]
-    # the same two actor processes serve devices 0 and 1 in both rounds; device 2 joined in round 2
-    first, second = metrics[0]["device-pids"], metrics[1]["device-pids"]
-    assert len(first) == 2 and len(second) == 3 and second[:2] == first
-    assert metrics[1]["pipeline-reused"] == 1 and metrics[1]["blocks-moved"] == 1
+    # the same actor processes serve devices 0 and 1 in every round; device 2 joined in round 2
+    first, second, third = (m["device-pids"] for m in metrics)
+    assert len(first) == 2 and len(second) == 3 and second[:2] == first and third == second
+    assert metrics[1]["pipeline-reused"] == 0 and metrics[1]["optimizer-restored"] == 1  # a fresh process
+    assert metrics[2]["pipeline-reused"] == 1 and metrics[2]["blocks-moved"] == 1
     assert released == 3  # the run's end kills every device actor of the cluster
 
 

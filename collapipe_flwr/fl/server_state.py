@@ -108,6 +108,7 @@ class ServerState:
                 hidden_size=int(hidden.shape[-1]),
                 lr_schedule=_decoder_schedule(cfg),
                 precision=resolve_precision(cfg.runtime.precision),
+                joint=cfg.federation.decoder_update == "joint",
             )
             host.start()
         fed = cfg.federation
@@ -126,6 +127,11 @@ class ServerState:
         if self.host is None:
             return ""
         return f"{self.cfg.dataplane.host}:{self.host.port}"
+
+    @property
+    def max_examples_per_round(self) -> int:
+        """The most examples a CU can train on in one round (local_steps x b): bounds its FedAvg weight."""
+        return self.cfg.federation.local_steps * wiring.batch_size(self.cfg)
 
     def plan_round(self, t: int) -> RoundPlan:
         state = self.sampler.sample(t)

@@ -37,6 +37,7 @@ from collapipe_flwr.fl.messages import (
     train_content,
     unpack_weights,
 )
+from collapipe_flwr.fl.reply_checks import check_reply
 from collapipe_flwr.fl.run_log import RunLog
 
 HELLO = "query.hello"
@@ -61,6 +62,7 @@ class CollaPipeStrategy(Strategy):
         self._round_t0 = 0.0
         self._phase: dict[str, float] = {}
         self.last_train_record: dict = {}
+        self._selected: list[int] = []
 
     # ------------------------------------------------------------------ discovery
     def discover_clusters(self, grid: Grid, timeout_s: float = 120.0) -> None:
@@ -126,6 +128,7 @@ class CollaPipeStrategy(Strategy):
         self.current_plan = plan
         self._phase = {"plan_s": time.time() - t0}
         selected = [c.cluster for c in plan.selected]
+        self._selected = selected
         self.server.open_round(server_round, selected)
         messages = []
         for cplan in plan.selected:
@@ -153,11 +156,17 @@ class CollaPipeStrategy(Strategy):
             cluster = cluster_of_node.get(reply.metadata.src_node_id, -1)
             try:
                 weights, metrics = read_reply(reply)
+                parts = unpack_weights(weights)
+                check_reply(parts, metrics, self.server.weights_for_cluster(cluster), self.server.max_examples_per_round)
             except CollaPipeError as err:
                 failures.append({"cluster": cluster, "error": str(err)})
-                log(WARNING, "round %s: %s (aggregating the other CUs)", server_round, err)
+                log(WARNING, "round %s: cluster %s refused: %s (aggregating the other CUs)", server_round, cluster, err)
                 continue
-            results.append((cluster, unpack_weights(weights), metrics))
+            results.append((cluster, parts, metrics))
+        answered = {f["cluster"] for f in failures} | {c for c, _, _ in results}
+        for cluster in sorted(set(self._selected) - answered):
+            failures.append({"cluster": cluster, "error": "no reply within federation.round_timeout_s"})
+            log(WARNING, "round %s: cluster %s sent no reply within the round's timeout", server_round, cluster)
         self.server.close_round()
         self._phase["wait_clients_s"] = t0 - self._round_t0 - self._phase.get("plan_s", 0.0)
         if not results:

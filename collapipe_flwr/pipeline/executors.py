@@ -159,13 +159,21 @@ class RayStages:
         self.precision = precision
         self.devices: dict[int, object] = {}
         self._submitted: list[tuple[object, int]] = []
-        if prefix:  # adopt the live actors of this cluster (a CU process that did not start them)
-            for k in range(max(num_devices, 1 + max((spec[0] for spec in specs), default=0))):
+        self.num_devices = max(num_devices, 1 + max((spec[0] for spec in specs), default=0))
+        self._discover()
+        self.place(specs)
+
+    def _discover(self) -> None:
+        """Adopt the live named actors of this cluster that this process does not know yet (another process
+        of the same CU may have started them since)."""
+        if not self.prefix:
+            return
+        for k in range(self.num_devices):
+            if k not in self.devices:
                 try:
-                    self.devices[k] = ray.get_actor(actor_name(prefix, k), namespace=NAMESPACE)
+                    self.devices[k] = self._ray.get_actor(actor_name(self.prefix, k), namespace=NAMESPACE)
                 except ValueError:
                     pass
-        self.place(specs)
 
     def place(self, specs: Sequence[StageSpec]) -> None:
         """Make stage s = device specs[s].k: start the actors not yet alive, load a spec's segment (if not
@@ -212,6 +220,7 @@ class RayStages:
 
     def layout(self) -> dict[int, tuple[int, int]]:
         """{device k: (first block, last block + 1)} of every live device."""
+        self._discover()
         refs = {k: actor.layout.remote() for k, actor in self.devices.items()}
         return {k: tuple(self.resolve_device(ref, k)) for k, ref in refs.items()}
 

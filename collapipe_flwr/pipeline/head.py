@@ -11,6 +11,7 @@ plain model's mean over the whole batch, and micro-batch i back-propagates l_i /
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -25,13 +26,17 @@ def head_step(
     optimizer: torch.optim.Optimizer | None,
     z_enc: Sequence[torch.Tensor],
     micro_batches: Sequence[dict[str, torch.Tensor]],
+    terms: list[tuple[float, float]] | None = None,
 ) -> tuple[float, list[torch.Tensor]]:
     """One step of the head over m micro-batches.
 
     ``z_enc[i]`` is the encoder output of micro-batch i (leaf tensors; not modified). Returns the step
     loss (plain mean over all targets) and dL/dz_enc[i] for every i. When ``optimizer`` is given, the
     head's gradients are zeroed first and one optimizer step is taken after all m backwards (GPipe's
-    synchronous update).
+    synchronous update). ``terms`` (optional) receives (loss sum l_i, target count c_i) per micro-batch.
+
+    The step is refused (ValueError, the head's weights and optimizer state untouched) unless the loss and
+    every gradient are finite: one bad batch must not poison a decoder that every CU shares.
     """
     if len(z_enc) != len(micro_batches):
         raise ValueError(f"{len(z_enc)} encoder outputs for {len(micro_batches)} micro-batches")
@@ -49,10 +54,18 @@ def head_step(
     denom = total.to(sums[0].dtype)
     for loss_sum in sums:
         (loss_sum / denom).backward()
+    loss = float(sum(float(s.detach()) for s in sums) / float(total))
+    grads = [z.grad if z.grad is not None else torch.zeros_like(z) for z in leaves]
+    if not math.isfinite(loss) or not all(bool(torch.isfinite(g).all()) for g in grads) or not all(
+            p.grad is None or bool(torch.isfinite(p.grad).all()) for p in head.parameters()):
+        head.zero_grad(set_to_none=True)
+        raise ValueError(f"the step's loss or gradients are not finite (loss {loss}); the head was not updated, "
+                         "check the activations this CU sends (too large, NaN) and its learning rate")
     if optimizer is not None:
         optimizer.step()
-    loss = float(sum(float(s.detach()) for s in sums) / float(total))
-    return loss, [z.grad if z.grad is not None else torch.zeros_like(z) for z in leaves]
+    if terms is not None:
+        terms.extend((float(s.detach()), float(c)) for s, c in zip(sums, counts))
+    return loss, grads
 
 
 class LocalHead:

@@ -8,8 +8,9 @@ request runs a whole :func:`~collapipe_flwr.pipeline.head.head_step` (zero grads
 its m micro-batches, one optimizer step) while holding it. So the decoder's trajectory always equals
 running the accepted steps one after another in the order they took the lock (recorded in
 :attr:`DecoderHost.served_order`); steps never interleave and a refused request never changes the head
-or its optimizer state. Algorithm 1 (line 14) trains the decoder on the activations of all N clusters;
-here each CU step is one decoder update, applied in arrival order, so CUs never wait for each other.
+or its optimizer state. By default (``federation.decoder_update: per_cu``) each CU step is one decoder
+update, applied in arrival order, so CUs never wait for each other; ``joint`` follows Algorithm 1, line 14
+literally: one update per step on the activations of all N clusters (a barrier, see :mod:`.joint`).
 The round / cluster membership is checked again under the lock, so :meth:`DecoderHost.close_round`
 (which takes the same lock) is a clean cut: no step of a closed round runs after it returns.
 
@@ -23,6 +24,7 @@ vanishes mid-stream only ends its own handler; a step it left behind still compl
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hmac
 from collections.abc import Callable
 import logging
@@ -36,6 +38,7 @@ from torch import nn
 
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.checks import check_step
+from collapipe_flwr.fl.dataplane.joint import JointSteps
 from collapipe_flwr.fl.dataplane.protocol import (
     METHOD, SERVICE, decode_step_request, encode_error, encode_step_reply, peek_step_header)
 from collapipe_flwr.fl.dataplane.stats import ClusterCounters
@@ -61,7 +64,7 @@ class DecoderHost:
                  port: int = 0, fp16: bool = False, max_message_mb: int = 256, *, hidden_size: int,
                  advertise_host: str | None = None, max_streams: int = 32, lock_timeout_s: float = 120.0,
                  keep_order: int = 100_000, lr_schedule: Callable[[int, int], float] | None = None,
-                 precision: str = "fp32") -> None:
+                 precision: str = "fp32", joint: bool = False) -> None:
         if not secret:
             raise DataPlaneError("the data-plane secret is empty; give DecoderHost a per-run random secret")
         if not 0 <= int(port) < 65536:
@@ -93,6 +96,8 @@ class DecoderHost:
         self._order: collections.deque = collections.deque(maxlen=keep_order)
         self._server: grpc.Server | None = None
         self._bound_port: int | None = None
+        # decoder_update: joint (Algorithm 1 line 14, one update on all clusters' step) instead of per CU
+        self._joint = JointSteps(self._run_joint, timeout_s=lock_timeout_s) if joint else None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> int:
@@ -153,9 +158,13 @@ class DecoderHost:
             self._round = int(round)
             self._clusters = frozenset(int(c) for c in clusters)
             self._closed_rounds.discard(self._round)
+        if self._joint is not None:
+            self._joint.open_round(round, clusters)
 
     def close_round(self) -> None:
         """Refuse further steps of the open round and cancel its streams; returns once no step runs."""
+        if self._joint is not None:
+            self._joint.close_round()
         with self._lock:
             if self._round is None:
                 return
@@ -214,6 +223,13 @@ class DecoderHost:
             req = decode_step_request(frame)
             check_step(req, self.hidden_size, self.fp16)
             t_wait = time.perf_counter()
+            joint = self._joint.submit(req) if self._joint is not None else None
+            if joint is not None:
+                loss, grads = joint
+                reply = encode_step_reply(seq, loss, grads, self.fp16)
+                self._count(cluster, frame, reply, served=True, wait=time.perf_counter() - t_wait,
+                            total=time.perf_counter() - t0)
+                return reply, round_
             if not self._lock.acquire(timeout=self._lock_timeout_s):
                 raise DataPlaneError(f"the decoder stayed busy for {self._lock_timeout_s:g} s (other CUs' steps); retry, or give the server more time")
             try:
@@ -248,7 +264,35 @@ class DecoderHost:
         if cluster not in self._clusters:
             raise DataPlaneError(f"cluster {cluster} is not selected in round {round_} (selected: {sorted(self._clusters)}); only the round's chosen CUs may send steps")
 
-    def _run_head(self, req):
+    def _run_joint(self, reqs) -> dict[int, tuple[float, list[torch.Tensor]]]:
+        """One head step on all clusters' micro-batches of one step (under the lock); per cluster its own
+        mean loss and dL/dz_enc rescaled from the joint mean (x C / C_n)."""
+        if not self._lock.acquire(timeout=self._lock_timeout_s):
+            raise DataPlaneError(f"the decoder stayed busy for {self._lock_timeout_s:g} s; retry, or give the server more time")
+        try:
+            for req in reqs:
+                self._check_round(req.round, req.cluster)
+            z = [t for req in reqs for t in req.z_enc]
+            mbs = [mb for req in reqs for mb in req.micro_batches]
+            joint_req = dataclasses.replace(reqs[0], z_enc=z, micro_batches=mbs)
+            terms: list[tuple[float, float]] = []
+            _, grads = self._run_head(joint_req, terms)
+            total = sum(c for _, c in terms)
+            out, i = {}, 0
+            for req in reqs:
+                m = len(req.z_enc)
+                own = terms[i:i + m]
+                count = sum(c for _, c in own)
+                scale = total / count if count else 0.0
+                out[int(req.cluster)] = (sum(l for l, _ in own) / max(count, 1e-12), [g * scale for g in grads[i:i + m]])
+                i += m
+                with self._state_lock:
+                    self._order.append((req.round, req.cluster, req.seq))
+            return out
+        finally:
+            self._lock.release()
+
+    def _run_head(self, req, terms: list | None = None):
         """head_step under the lock; a head failure leaves weights and optimizer state untouched."""
         self.head.train()
         if self._lr_schedule is not None and self.optimizer is not None:
@@ -257,7 +301,7 @@ class DecoderHost:
                 group["lr"] = base * factor
         try:
             with autocast(self.precision):
-                return head_step(self.head, self.optimizer, req.z_enc, req.micro_batches)
+                return head_step(self.head, self.optimizer, req.z_enc, req.micro_batches, terms)
         except DataPlaneError:
             raise
         except Exception as err:  # e.g. a label out of range, no targets; raised before optimizer.step()
