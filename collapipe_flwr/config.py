@@ -139,6 +139,9 @@ class RuntimeSpec:
     torch_threads: int = 1
     # auto: bf16 autocast where the hardware has native bf16 (AVX512-BF16 / AMX CPU, or a GPU), else fp32
     precision: str = "auto"
+    # start every device's Ray actor of a cluster with its first round (idle ones hold no blocks), so a
+    # later plan that adds a device pays no process start-up (seconds) inside its round
+    prestart_devices: bool = True
 
     def __post_init__(self) -> None:
         _require(self.precision in PRECISIONS, f"runtime.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}")

@@ -126,6 +126,7 @@ def build_pipeline(model, delta, optimizer: OptimizerSpec, devices, cfg: RunConf
         actor_prefix=actor_prefix,
         detached=bool(actor_prefix),
         precision=resolve_precision(rt.precision),
+        prestart=rt.prestart_devices,
     )
 
 

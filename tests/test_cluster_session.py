@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
-import copy
 import math
+import os
 
 import pytest
 import torch
@@ -104,9 +104,10 @@ def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_pla
     got = [loss for m in metrics for loss in m["train-losses"]]
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
     assert expected[-1] < expected[0]
-    # the same actor processes serve devices 0 and 1 in every round; device 2 joined in round 2
+    # the same three actor processes serve the cluster in every round (all K started in round 1, the idle
+    # one without blocks), whichever CU process drives them
     first, second, third = (m["device-pids"] for m in metrics)
-    assert len(first) == 2 and len(second) == 3 and second[:2] == first and third == second
+    assert len(first) == 3 and first == second == third and os.getpid() not in first
     assert metrics[1]["pipeline-reused"] == 0 and metrics[1]["optimizer-restored"] == 1  # a fresh process
     assert metrics[2]["pipeline-reused"] == 1 and metrics[2]["blocks-moved"] == 1
     assert released == 3  # the run's end kills every device actor of the cluster

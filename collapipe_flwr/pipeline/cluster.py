@@ -94,6 +94,7 @@ class ClusterPipeline:
         actor_prefix: str = "",
         detached: bool = False,
         precision: str = "fp32",
+        prestart: bool = False,
     ) -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"runtime.backend={backend!r} must be one of {', '.join(BACKENDS)}")
@@ -129,6 +130,8 @@ class ClusterPipeline:
             )
         if not self._adopt(self.delta):
             self._place(self.delta, blocks=blocks)
+        if prestart and backend == "ray" and self.devices:
+            self._stages.start_idle(range(len(self.devices)))
 
     # -- partition --------------------------------------------------------------------------------
     @property

@@ -175,9 +175,10 @@ class RayStages:
                 except ValueError:
                     pass
 
-    def place(self, specs: Sequence[StageSpec]) -> None:
+    def place(self, specs: Sequence[StageSpec], free_others: bool = True) -> None:
         """Make stage s = device specs[s].k: start the actors not yet alive, load a spec's segment (if not
-        None) into its live actor; devices outside ``specs`` stay alive (a later plan may use them)."""
+        None) into its live actor; devices outside ``specs`` stay alive (a later plan may use them) and,
+        with ``free_others``, drop the blocks they held."""
         ray = self._ray
         cls = _remote_stage_class()
         started, loads = [], []
@@ -196,7 +197,7 @@ class RayStages:
                 loads.append((k, self.devices[k].load_segment.remote(segment, state, slowdown, offset)))
         used = {spec[0] for spec in specs}
         for k, actor in self.devices.items():  # a device the plan leaves idle frees its blocks (empty segment)
-            if specs and k not in used and k not in started:
+            if free_others and specs and k not in used and k not in started:
                 loads.append((k, actor.load_segment.remote(nn.ModuleList(), None, 1.0, 0)))
         self.device_indices = [spec[0] for spec in specs]
         self.actors = [self.devices[k] for k in self.device_indices]
@@ -217,6 +218,15 @@ class RayStages:
                 raise DeviceFailure(
                     f"{self.where}device {k}'s Ray actor failed to start; see the Ray worker log for the cause"
                 ) from None
+
+    def start_idle(self, devices: Sequence[int]) -> None:
+        """Start the actors of ``devices`` that are not alive yet, holding no blocks, so a later plan that
+        uses them pays no process start-up in its round."""
+        idle = [(k, torch.nn.ModuleList(), None, 1.0, 0) for k in devices if k not in self.devices]
+        if idle:
+            keep = (list(self.device_indices), list(self.actors))
+            self.place(idle, free_others=False)
+            self.device_indices, self.actors = keep
 
     def layout(self) -> dict[int, tuple[int, int]]:
         """{device k: (first block, last block + 1)} of every live device."""
