@@ -68,13 +68,18 @@ def build_model(task, cfg: RunConfig):
     return task.build_model(cfg.seed)
 
 
-def client_partition(task, cfg: RunConfig, partition_id: int, num_partitions: int) -> list[int]:
-    """Indices of cluster n's training examples (flwr-datasets partitioner, seeded)."""
+def check_partitions(cfg: RunConfig, num_partitions: int) -> None:
+    """A CU's num-partitions (node config) must equal federation.num_clusters (run config)."""
     if num_partitions != cfg.federation.num_clusters:
         raise ConfigError(
             f"this CU has num-partitions={num_partitions} but federation.num_clusters={cfg.federation.num_clusters}; "
             "make the SuperNodes' node config and the run config agree"
         )
+
+
+def client_partition(task, cfg: RunConfig, partition_id: int, num_partitions: int) -> list[int]:
+    """Indices of cluster n's training examples (flwr-datasets partitioner, seeded)."""
+    check_partitions(cfg, num_partitions)
     return list(task.partition(num_partitions, partition_id))
 
 

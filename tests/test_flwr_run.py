@@ -69,3 +69,17 @@ def test_global_encoder_is_example_weighted_mean(e2e_run):
         # the returned encoders really differ, so the check above is not vacuous
         a, b = (c["parts"]["encoder"] for c in clients)
         assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_saved_model_reproduces_the_logged_validation_metric(e2e_run):
+    """The run's saved model (runs/<name>/model/), evaluated by `python -m collapipe_flwr.evaluate`, gives
+    the validation BLEU the run logged for its last round."""
+    from collapipe_flwr import evaluate
+
+    proc, folder = e2e_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logged = [r for r in _rounds(folder) if "val_bleu" in r][-1]["val_bleu"]
+    metrics = evaluate.main([str(folder)])
+    assert metrics["bleu"] == pytest.approx(logged, abs=1e-6)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["model_dir"] == str(folder / "model")

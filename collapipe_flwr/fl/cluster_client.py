@@ -87,7 +87,7 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
         cfg = wiring.with_data_dir(cfg, identity.data_dir)
     torch.set_num_threads(cfg.runtime.torch_threads)
     run_key = run_key_of(cfg, run_id)
-    session = session_for(run_key, identity.partition_id, identity.num_partitions, cfg)
+    session = session_for(run_key, identity.partition_id, identity.num_partitions, cfg, state)
     plan = instructions.plan
     devices = [DeviceProfile.from_dict(d) for d in instructions.devices]
     head = None

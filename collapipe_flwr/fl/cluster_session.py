@@ -31,6 +31,7 @@ from collapipe_flwr.precision import resolve_precision
 
 STATE_ARRAYS = "collapipe.cu-optimizer"   # Context.state ArrayRecord: flattened optimizer moments
 STATE_INFO = "collapipe.cu-info"          # Context.state ConfigRecord: {"session": run key, "round": t}
+STATE_PARTITION = "collapipe.cu-partition"  # Context.state ConfigRecord: this cluster's example indices
 
 _TASKS: dict[str, object] = {}
 _SESSIONS: dict[tuple[str, int], "ClusterSession"] = {}
@@ -155,7 +156,22 @@ class ClusterSession:
         return True
 
 
-def session_for(run_key: str, cluster: int, num_partitions: int, cfg: RunConfig) -> ClusterSession:
+def _partition(task, cfg: RunConfig, run_key: str, cluster: int, num_partitions: int, state: RecordDict | None) -> list[int]:
+    """Cluster n's example indices; kept in ``Context.state`` so another CU process of the same run reuses
+    them instead of partitioning again (flwr-datasets' import and partitioning cost seconds)."""
+    if state is not None and STATE_PARTITION in state.config_records:
+        record = state.config_records[STATE_PARTITION]
+        if str(record.get("session")) == run_key and int(record.get("cluster", -1)) == cluster:
+            return [int(i) for i in record["indices"]]
+    indices = wiring.client_partition(task, cfg, cluster, num_partitions)
+    if state is not None:
+        state.config_records[STATE_PARTITION] = ConfigRecord({"session": run_key, "cluster": cluster,
+                                                              "indices": [int(i) for i in indices]})
+    return indices
+
+
+def session_for(run_key: str, cluster: int, num_partitions: int, cfg: RunConfig,
+                state: RecordDict | None = None) -> ClusterSession:
     """This process's session of (run, cluster), built on first use (same task/model config)."""
     key = (run_key, cluster)
     session = _SESSIONS.get(key)
@@ -167,7 +183,8 @@ def session_for(run_key: str, cluster: int, num_partitions: int, cfg: RunConfig)
     for other in [k for k in _SESSIONS if k[0] != run_key]:  # a new run: this process forgets older runs
         _SESSIONS.pop(other).close(release_devices=False)
     task = cached_task(cfg)
-    examples = wiring.client_partition(task, cfg, cluster, num_partitions)
+    wiring.check_partitions(cfg, num_partitions)
+    examples = _partition(task, cfg, run_key, cluster, num_partitions, state)
     session = ClusterSession(run_key, cluster, cfg, task, examples, wiring.build_model(task, cfg))
     _SESSIONS[key] = session
     return session
