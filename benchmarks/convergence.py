@@ -37,7 +37,7 @@ from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.dssra.plan import ClusterPlan  # noqa: E402
 from collapipe_flwr.fl.cluster_client import ClusterIdentity, release_run, run_key_of, train_round  # noqa: E402
 from collapipe_flwr.fl.cluster_session import cached_task  # noqa: E402
-from collapipe_flwr.fl.messages import TrainInstructions, pack_weights, unpack_weights  # noqa: E402
+from collapipe_flwr.fl.messages import TrainInstructions, unpack_weights  # noqa: E402
 from collapipe_flwr.fl.server_state import ServerState  # noqa: E402
 from collapipe_flwr.precision import autocast, resolve_precision  # noqa: E402
 from collapipe_flwr.tasks import train_central  # noqa: E402
@@ -150,7 +150,6 @@ def main(argv=None) -> None:
     if not args.examples:
         args.examples = 400 * int(load_run_config(base).task["batch_size"])
     out = {"task": args.task, "examples": args.examples, "args": vars(args)}
-    metric = None
     if not args.skip_federated:
         out["federated"] = federated(args, base)
     if not args.skip_central:

@@ -24,7 +24,7 @@ from collapipe_flwr.fl import cluster_session
 from collapipe_flwr.fl.cluster_client import ClusterIdentity, release_run, run_key_of, train_round
 from collapipe_flwr.fl.messages import TrainInstructions, pack_weights, unpack_weights
 from collapipe_flwr.fl.server_state import ServerState
-from collapipe_flwr.tasks.lr_schedule import lr_factor
+from tests.plain_reference import plain_losses
 
 STEPS = 3
 
@@ -40,30 +40,6 @@ def _instructions(cfg, server, t, delta) -> TrainInstructions:
         devices=[d.to_dict() for d in server.devices_of(0)],
         dataplane_address=server.dataplane_address, dataplane_secret=server.dataplane_secret,
     )
-
-
-def _plain_losses(cfg, task, indices, rounds: int) -> list[float]:
-    """The whole model in one process, one Adam over all parameters for the whole run, model.schedule over
-    T * local_steps steps, each round's batches in the CU's order (wiring.round_seed)."""
-    torch.manual_seed(cfg.seed)
-    model = wiring.build_model(task, cfg)
-    params = [*model.embedding.parameters(), *model.blocks.parameters(), *model.head.parameters()]
-    opt = wiring.optimizer_spec(cfg).build(params)
-    base = opt.param_groups[0]["lr"]
-    sched = cfg.model["schedule"]
-    total = cfg.federation.num_rounds * cfg.federation.local_steps
-    losses, step = [], 0
-    for t in range(1, rounds + 1):
-        for batch in wiring.train_batches(task, cfg, indices, seed=wiring.round_seed(cfg, t, 0)):
-            opt.param_groups[0]["lr"] = base * lr_factor(step, sched["warmup_steps"], sched["decay"], total,
-                                                         sched["min_factor"])
-            opt.zero_grad()
-            loss_sum, count = model.loss_terms(batch)
-            (loss_sum / count).backward()
-            opt.step()
-            losses.append(float((loss_sum / count).detach()))
-            step += 1
-    return losses
 
 
 def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_plain_model(data_dir):
@@ -100,7 +76,7 @@ def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_pla
         released = release_run(identity, run_key_of(cfg, None), 3)
         server.shutdown()
     task = wiring.build_task(cfg)
-    expected = _plain_losses(cfg, task, wiring.client_partition(task, cfg, 0, 1), rounds=3)
+    expected = plain_losses(cfg, task, wiring.client_partition(task, cfg, 0, 1), rounds=3)
     got = [loss for m in metrics for loss in m["train-losses"]]
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
     assert expected[-1] < expected[0]

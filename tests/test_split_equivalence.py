@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-import torch
 
 from collapipe_flwr import wiring
 from collapipe_flwr.config import load_run_config
@@ -15,7 +14,7 @@ from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.fl.cluster_client import ClusterIdentity, train_round
 from collapipe_flwr.fl.messages import TrainInstructions
 from collapipe_flwr.fl.server_state import ServerState
-from collapipe_flwr.tasks.lr_schedule import lr_factor
+from tests.plain_reference import plain_losses
 
 STEPS = 5
 
@@ -27,31 +26,6 @@ def _config(data_dir, task: str, model: str):
         "runtime.precision=fp32",
     ]
     return load_run_config(overrides, data_dir=str(data_dir))
-
-
-def _plain_losses(cfg, task, indices) -> list[float]:
-    """Reference: the whole model in one process, one optimizer over all parameters, loss = sum/count, the
-    lr of model.schedule over the run's T * local_steps steps (as train_central applies it)."""
-    torch.manual_seed(cfg.seed)
-    model = wiring.build_model(task, cfg)
-    params = [*model.embedding.parameters(), *model.blocks.parameters(), *model.head.parameters()]
-    opt = wiring.optimizer_spec(cfg).build(params)
-    base_lr = opt.param_groups[0]["lr"]
-    sched = cfg.model["schedule"]
-    total = cfg.federation.num_rounds * cfg.federation.local_steps
-    losses = []
-    for step, batch in enumerate(wiring.train_batches(task, cfg, indices, seed=wiring.round_seed(cfg, 1, 0))):
-        opt.param_groups[0]["lr"] = base_lr * lr_factor(step, sched["warmup_steps"], sched["decay"], total, sched["min_factor"])
-        opt.zero_grad()
-        hidden = model.embedding(batch["input_ids"])
-        for block in model.blocks:
-            hidden = block(hidden, batch["attention_mask"])
-        loss_sum, count = model.head.loss_terms(hidden, batch["attention_mask"], batch)
-        loss = loss_sum / count
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses
 
 
 @pytest.mark.parametrize(
@@ -85,7 +59,7 @@ def test_split_training_reproduces_plain_training(data_dir, task, model, S, m):
         server.shutdown()
     task_obj = wiring.build_task(cfg)
     indices = wiring.client_partition(task_obj, cfg, 0, 1)
-    expected = _plain_losses(cfg, task_obj, indices)
+    expected = plain_losses(cfg, task_obj, indices)
     assert len(metrics["train-losses"]) == STEPS
     assert metrics["train-losses"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
     assert expected[-1] < expected[0]  # training happened, so the comparison is not vacuous

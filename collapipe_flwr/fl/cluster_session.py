@@ -18,7 +18,7 @@ Where the state lives, so that it survives however Flower runs the CU:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
@@ -68,8 +68,6 @@ class ClusterSession:
     pipeline: object | None = None
     local_head: LocalHead | None = None
     last_round: int = 0
-    pipeline_builds: int = 0
-    stats: dict = field(default_factory=dict)
 
     # -- per round ----------------------------------------------------------------------------------
     def prepare(self, round_: int, parts: dict, delta, devices, state: RecordDict | None) -> dict:
@@ -86,7 +84,6 @@ class ClusterSession:
                 self.model, delta, wiring.optimizer_spec(cfg), devices, cfg, cluster=self.cluster, round_=round_,
                 actor_prefix=actor_prefix(self.run_key, self.cluster) if cfg.runtime.backend == "ray" else "",
             )
-            self.pipeline_builds += 1
         else:
             self.pipeline.repartition(delta)
         moved = bool(getattr(self.pipeline, "moved_blocks", False))

@@ -40,7 +40,6 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 from flwr.app.constants import DEFAULT_TTL

@@ -28,7 +28,7 @@ from collapipe_flwr.models.split import concat_segments, segment_bounds, validat
 from collapipe_flwr.pipeline.executors import LocalStages, RayStages
 from collapipe_flwr.pipeline.memory import max_blocks_per_device, module_block_memory_bytes
 from collapipe_flwr.pipeline.microbatch import batch_size, split_batch
-from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles
 from collapipe_flwr.precision import autocast
 from collapipe_flwr.system.devices import DeviceProfile
@@ -158,29 +158,30 @@ class ClusterPipeline:
         """{device k: (a, b)} of the live devices that hold blocks a..b-1, when together they hold the
         whole encoder exactly once; else {}."""
         held = {k: ab for k, ab in self._stages.layout().items() if ab[1] > ab[0]}
-        covered = sorted(held.values())
-        expected, a0 = [], 0
-        for a, b in covered:
+        a0 = 0
+        for a, b in sorted(held.values()):
             if a != a0:
                 return {}
-            expected.append((a, b))
             a0 = b
-        return held if a0 == self.num_blocks and covered else {}
+        return held if held and a0 == self.num_blocks else {}
 
     def _adopt(self, delta) -> bool:
-        """Reuse the live devices as they are when they already hold ``delta``'s segments (a CU process that
-        finds the actors another process of the same CU left); False when they do not."""
+        """Make the live devices hold ``delta``'s segments: as they are when they already do (e.g. a CU
+        process that finds the actors another process of the same CU left), else by moving their blocks
+        with weights and optimizer state. False when the live devices do not hold the whole encoder."""
         held = self._holders()
-        bounds = segment_bounds(delta)
-        if not held or any(held.get(k) != (a, b) for k, a, b in bounds) or len(held) != len(bounds):
-            if held:  # live devices hold another partition: move their blocks (weights + optimizer state)
-                weights, state = self._gather_from(held)
-                self._place(delta, weights=weights, optimizer_state=state)
-                return True
+        if not held:
             return False
-        slowdown = self._slowdowns(bounds)
-        self._stages.place([(k, None, None, slowdown.get(k, 1.0), a) for k, a, _ in bounds])
-        self.delta, self._bounds = tuple(delta), bounds
+        bounds = segment_bounds(delta)
+        if len(held) == len(bounds) and all(held.get(k) == (a, b) for k, a, b in bounds):
+            slowdown = self._slowdowns(bounds)
+            self._stages.place([(k, None, None, slowdown.get(k, 1.0), a) for k, a, _ in bounds], free_others=False)
+            self.delta, self._bounds = tuple(delta), bounds
+            self.moved_blocks = False
+        else:
+            weights, state = self._gather_from(held)
+            self._place(delta, weights=weights, optimizer_state=state)
+            self.moved_blocks = True
         return True
 
     def _gather_from(self, held: dict[int, tuple[int, int]]) -> tuple[dict, dict]:
@@ -211,12 +212,9 @@ class ClusterPipeline:
 
     def repartition(self, delta: Sequence[int]) -> None:
         """Move to a new delta, carrying every block's weights and optimizer state between the live devices
-        (no device process is restarted; a bad delta changes nothing)."""
+        (no device process is restarted; a bad delta changes nothing). The live layout is read first, so a
+        session whose devices another CU process re-partitioned since still lands on ``delta``."""
         delta = self._check_delta(delta)
-        if tuple(delta) == self.delta and self._holders():
-            self.moved_blocks = False
-            return
-        self.moved_blocks = True
         if not self._adopt(delta):
             raise PartitionError(f"{self.name}: the devices no longer hold the whole encoder; rebuild the pipeline")
 
@@ -294,8 +292,7 @@ class ClusterPipeline:
         t_bwd = time.perf_counter()
 
         steps = [st.submit(s, "step", float(lr_factor)) for s in range(S)]
-        for group, base in zip(self.embedding_optimizer.param_groups, self._embedding_base_lrs):
-            group["lr"] = base * float(lr_factor)
+        scale_lr(self.embedding_optimizer, self._embedding_base_lrs, lr_factor)
         self.embedding_optimizer.step()
         self.embedding_optimizer.zero_grad(set_to_none=True)
         device_compute = [st.resolve(h, s) for s, h in enumerate(steps)]

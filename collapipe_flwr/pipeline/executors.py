@@ -42,8 +42,9 @@ class LocalStages:
         self.devices: dict[int, Stage] = {}
         self.place(specs)
 
-    def place(self, specs: Sequence[StageSpec]) -> None:
-        """Make stage s = device specs[s].k; a spec's segment (if not None) replaces what the device held."""
+    def place(self, specs: Sequence[StageSpec], free_others: bool = True) -> None:
+        """Make stage s = device specs[s].k; a spec's segment (if not None) replaces what the device held;
+        with ``free_others`` a device outside ``specs`` drops its blocks."""
         for k, segment, state, slowdown, offset in specs:
             if k not in self.devices:
                 self.devices[k] = Stage(k, segment, self.optimizer, optimizer_state=state, slowdown=slowdown,
@@ -53,7 +54,7 @@ class LocalStages:
         self.device_indices = [spec[0] for spec in specs]
         self.stages = [self.devices[k] for k in self.device_indices]
         for k, stage in self.devices.items():  # a device the plan leaves idle frees its blocks
-            if specs and k not in self.device_indices and len(stage.segment):
+            if free_others and specs and k not in self.device_indices and len(stage.segment):
                 stage.load_segment(nn.ModuleList(), None, 1.0, 0)
 
     def layout(self) -> dict[int, tuple[int, int]]:

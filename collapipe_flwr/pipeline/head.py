@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.precision import autocast
 
 
@@ -85,8 +85,7 @@ class LocalHead:
     def __call__(self, z_enc, micro_batches):
         self.head.train()
         if self.optimizer is not None:
-            for group, base in zip(self.optimizer.param_groups, self._base_lrs):
-                group["lr"] = base * self.lr_factor
+            scale_lr(self.optimizer, self._base_lrs, self.lr_factor)
         with autocast(self.precision):
             return head_step(self.head, self.optimizer, z_enc, micro_batches)
 

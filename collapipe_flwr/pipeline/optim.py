@@ -48,3 +48,9 @@ class OptimizerSpec:
         if "betas" in d:
             d["betas"] = tuple(float(x) for x in d["betas"])
         return cls(**d)
+
+
+def scale_lr(optimizer, base_lrs, factor: float) -> None:
+    """Set every param group's lr to its base lr times ``factor`` (the learning-rate schedule's multiplier)."""
+    for group, base in zip(optimizer.param_groups, base_lrs):
+        group["lr"] = base * float(factor)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes
-from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.precision import autocast
 
 
@@ -122,8 +122,7 @@ class Stage:
     def step(self, lr_factor: float = 1.0) -> float:
         """One optimizer update of theta^s with the gradients of all m micro-batches at ``lr_factor`` times
         the base lr (model.lr_schedule); returns this step's compute seconds."""
-        for group, base in zip(self.optimizer.param_groups, self._base_lrs):
-            group["lr"] = base * float(lr_factor)
+        scale_lr(self.optimizer, self._base_lrs, lr_factor)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return self.compute_seconds

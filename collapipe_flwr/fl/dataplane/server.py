@@ -44,6 +44,7 @@ from collapipe_flwr.fl.dataplane.protocol import (
 from collapipe_flwr.fl.dataplane.stats import ClusterCounters
 from collapipe_flwr.fl.dataplane.transport import channel_options, format_address
 from collapipe_flwr.pipeline.head import head_step
+from collapipe_flwr.pipeline.optim import scale_lr
 from collapipe_flwr.precision import autocast
 
 log = logging.getLogger(__name__)
@@ -296,9 +297,7 @@ class DecoderHost:
         """head_step under the lock; a head failure leaves weights and optimizer state untouched."""
         self.head.train()
         if self._lr_schedule is not None and self.optimizer is not None:
-            factor = float(self._lr_schedule(req.round, req.seq))
-            for group, base in zip(self.optimizer.param_groups, self._base_lrs):
-                group["lr"] = base * factor
+            scale_lr(self.optimizer, self._base_lrs, self._lr_schedule(req.round, req.seq))
         try:
             with autocast(self.precision):
                 return head_step(self.head, self.optimizer, req.z_enc, req.micro_batches, terms)
