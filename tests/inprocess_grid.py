@@ -1,0 +1,54 @@
+"""A Flower Grid that delivers each message to the real CU handlers in this process, in node order.
+
+The whole server (``run_server``: strategy, data plane, planner, evaluation) and the whole CU side
+(``client_main`` handlers, sessions, pipeline) run as in a deployment, minus Flower's processes. The CUs
+answer one after the other, so a run is deterministic for a fixed seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+from flwr.app import Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from collapipe_flwr.fl import client_main
+
+RUN_ID = 7
+_HANDLERS = {
+    "query.hello": client_main.handle_hello,
+    "train": client_main.handle_train,
+    "query.release": client_main.handle_release,
+}
+
+
+class InProcessGrid:
+    """``get_node_ids`` / ``send_and_receive`` over N in-process CUs (node ids 101, 102, ...)."""
+
+    def __init__(self, num_clusters: int, data_dir: str) -> None:
+        self.contexts = {
+            101 + n: Context(
+                run_id=RUN_ID,
+                node_id=101 + n,
+                node_config={"partition-id": n, "num-partitions": num_clusters, "data-dir": str(data_dir)},
+                state=RecordDict(),
+                run_config={},
+            )
+            for n in range(num_clusters)
+        }
+        self._ids = itertools.count(1)
+        # what Flower's ServerApp process sets before it creates messages
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
+
+    def get_node_ids(self) -> list[int]:
+        return sorted(self.contexts)
+
+    def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> list[Message]:
+        replies = []
+        for msg in sorted(messages, key=lambda m: m.metadata.dst_node_id):
+            msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
+            msg.metadata.__dict__["_run_id"] = RUN_ID
+            handler = _HANDLERS[msg.metadata.message_type]
+            replies.append(handler(msg, self.contexts[msg.metadata.dst_node_id]))
+        return replies
