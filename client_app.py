@@ -8,11 +8,12 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from collapipe_flwr.fl import client_main
+from collapipe_flwr.fl.messages import HELLO_ACTION, RELEASE_ACTION
 
 app = ClientApp()
 
 
-@app.query("hello")
+@app.query(HELLO_ACTION)
 def hello(msg: Message, context: Context) -> Message:
     return client_main.handle_hello(msg, context)
 
@@ -22,6 +23,6 @@ def train(msg: Message, context: Context) -> Message:
     return client_main.handle_train(msg, context)
 
 
-@app.query("release")
+@app.query(RELEASE_ACTION)
 def release(msg: Message, context: Context) -> Message:
     return client_main.handle_release(msg, context)

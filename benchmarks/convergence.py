@@ -37,7 +37,7 @@ from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.dssra.plan import ClusterPlan  # noqa: E402
 from collapipe_flwr.fl.cluster_client import ClusterIdentity, release_run, run_key_of, train_round  # noqa: E402
 from collapipe_flwr.fl.cluster_session import cached_task  # noqa: E402
-from collapipe_flwr.fl.messages import TrainInstructions, unpack_weights  # noqa: E402
+from collapipe_flwr.fl.messages import unpack_weights  # noqa: E402
 from collapipe_flwr.fl.server_state import ServerState  # noqa: E402
 from collapipe_flwr.precision import autocast, resolve_precision  # noqa: E402
 from collapipe_flwr.tasks import train_central  # noqa: E402
@@ -76,7 +76,7 @@ def federated(args, base: list[str]) -> dict:
     torch.set_num_threads(cfg.runtime.torch_threads)
     server = ServerState.build(cfg)
     L = len(server.model.blocks)
-    K = len(server.devices_of(0))
+    K = len(server.planner.devices_of(0))
     delta = tuple([math.ceil(L / 2), L // 2] + [0] * (K - 2))
     states = {n: RecordDict() for n in range(args.clusters)}
     cached_task(cfg)  # built once, before CU threads would race to build it
@@ -84,17 +84,14 @@ def federated(args, base: list[str]) -> dict:
     seen, overheads = 0, []
     try:
         for t in range(1, rounds + 1):
-            server.open_round(t, list(range(args.clusters)))
+            server.decoder.open_round(t, list(range(args.clusters)))
             t_round = time.monotonic()
             train_s = 0.0
 
             def one_cluster(n: int):
                 plan = ClusterPlan(cluster=n, selected=True, channel=0, power_w=0.1, S=2, m=args.m, delta=delta)
-                ins = TrainInstructions(round=t, plan=plan, run_config=cfg.to_dict(),
-                                        devices=[d.to_dict() for d in server.devices_of(n)],
-                                        dataplane_address=server.dataplane_address,
-                                        dataplane_secret=server.dataplane_secret)
-                record, metrics = train_round(ClusterIdentity(n, args.clusters), server.global_array_record(), ins,
+                ins = server.instructions_for(t, plan)
+                record, metrics = train_round(ClusterIdentity(n, args.clusters), server.global_model.array_record(), ins,
                                               state=states[n])
                 return n, unpack_weights(record), metrics
 
@@ -107,7 +104,7 @@ def federated(args, base: list[str]) -> dict:
                 seen += int(metrics["num-examples"])
                 train_s = max(train_s, float(metrics["seconds-train"])) if args.decoder_update == "joint" \
                     else train_s + float(metrics["seconds-train"])
-            server.close_round()
+            server.decoder.close_round()
             server.absorb_results(t, results)
             overheads.append(time.monotonic() - t_round - train_s)
             loss = sum(m["train-loss"] for _, _, m in results) / len(results)

@@ -87,7 +87,7 @@ def bench_data_plane(steps: int, fp16: bool) -> tuple[float, float, int, float]:
 
 
 def _flower_apps(steps: int, out_file: str):
-    from flwr.app import ArrayRecord, Context, Message, RecordDict
+    from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
 
@@ -109,7 +109,7 @@ def _flower_apps(steps: int, out_file: str):
         for i in range(steps + 2):
             content = RecordDict({"z": ArrayRecord(torch_state_dict={"z": z})})
             t0 = time.perf_counter()
-            replies = list(grid.send_and_receive([Message(content, dst_node_id=node_ids[0], message_type="train")]))
+            replies = list(grid.send_and_receive([Message(content, dst_node_id=node_ids[0], message_type=MessageType.TRAIN)]))
             dt = time.perf_counter() - t0
             grad = replies[0].content["grad"].to_torch_state_dict()["grad"]
             assert grad.shape == z.shape

@@ -13,13 +13,13 @@ from collections.abc import Iterable
 from flwr.app import Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from collapipe_flwr.fl import client_main
+from collapipe_flwr.fl import client_main, messages
 
 RUN_ID = 7
 _HANDLERS = {
-    "query.hello": client_main.handle_hello,
-    "train": client_main.handle_train,
-    "query.release": client_main.handle_release,
+    messages.HELLO: client_main.handle_hello,
+    messages.TRAIN: client_main.handle_train,
+    messages.RELEASE: client_main.handle_release,
 }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl import client_main
@@ -49,7 +49,7 @@ def in_a_run(monkeypatch):
 
 @pytest.mark.parametrize("handler", [client_main.handle_train, client_main.handle_hello])
 def test_handlers_reply_with_an_error_not_a_crash(handler, in_a_run):
-    msg = Message(RecordDict(), dst_node_id=7, message_type="train")
+    msg = Message(RecordDict(), dst_node_id=7, message_type=MessageType.TRAIN)
     reply = handler(msg, _context({"partition-id": 0, "num-partitions": 2}))
     assert reply.has_error()
     assert reply.error.code == client_main.USER_ERROR_CODE

@@ -35,11 +35,7 @@ def _plan(delta) -> ClusterPlan:
 
 
 def _instructions(cfg, server, t, delta) -> TrainInstructions:
-    return TrainInstructions(
-        round=t, plan=_plan(delta), run_config=cfg.to_dict(),
-        devices=[d.to_dict() for d in server.devices_of(0)],
-        dataplane_address=server.dataplane_address, dataplane_secret=server.dataplane_secret,
-    )
+    return server.instructions_for(t, _plan(delta))
 
 
 def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_plain_model(data_dir):
@@ -55,7 +51,7 @@ def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_pla
     state = RecordDict()
     metrics = []
     try:
-        weights = server.global_array_record()
+        weights = server.global_model.array_record()
         first_process = {}
         # round 2 moves blocks and adds a device, in a CU process that did not run round 1; round 3 runs in
         # the first process again, whose session still believes round 1's partition
@@ -66,12 +62,12 @@ def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_pla
             if t == 3:
                 cluster_session._SESSIONS.clear()
                 cluster_session._SESSIONS.update(first_process)
-            server.open_round(t, [0])
+            server.decoder.open_round(t, [0])
             record, m = train_round(identity, weights, _instructions(cfg, server, t, delta), state=state)
-            server.close_round()
+            server.decoder.close_round()
             metrics.append(m)
             server.absorb_results(t, [(0, unpack_weights(record), m)])
-            weights = server.global_array_record()
+            weights = server.global_model.array_record()
     finally:
         released = release_run(identity, run_key_of(cfg, None), 3)
         server.shutdown()
@@ -131,7 +127,7 @@ def test_optimizer_state_keep_and_reset_match_adam_by_hand(data_dir, optimizer_s
     task = wiring.build_task(cfg)
     indices = wiring.client_partition(task, cfg, 0, 1)
     batches = [next(iter(wiring.train_batches(task, cfg, indices, seed=wiring.round_seed(cfg, t, 0)))) for t in (1, 2)]
-    w0 = unpack_weights(server.global_array_record())
+    w0 = unpack_weights(server.global_model.array_record())
     state = RecordDict()
     try:
         rec1, _ = train_round(identity, pack_weights(w0), _instructions(cfg, server, 1, (2, 0, 0)), state=state)

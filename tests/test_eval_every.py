@@ -15,7 +15,7 @@ from collapipe_flwr.fl.strategy import CollaPipeStrategy
 
 
 class _CountingServer:
-    policy_name = "dssra"
+    planner = SimpleNamespace(policy_name="dssra")
 
     def __init__(self, every: int, rounds: int) -> None:
         self.cfg = SimpleNamespace(eval=EvalSpec(every=every), federation=SimpleNamespace(num_rounds=rounds),

@@ -8,7 +8,7 @@ import torch
 
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.fl.cluster_client import ClusterIdentity, train_round
-from collapipe_flwr.fl.messages import TrainInstructions, unpack_weights
+from collapipe_flwr.fl.messages import unpack_weights
 from collapipe_flwr.fl.server_state import ServerState
 
 
@@ -19,24 +19,20 @@ def _one_round(data_dir, method: str):
         data_dir=str(data_dir),
     )
     server = ServerState.build(cfg)
-    before = server.aggregate_weights()
-    plan = server.plan_round(1)
+    before = server.global_model.parts()
+    plan = server.planner.plan(1)
     selected = [c.cluster for c in plan.selected]
-    server.open_round(1, selected)
+    server.decoder.open_round(1, selected)
     results = []
     try:
         for cplan in plan.selected:
-            instructions = TrainInstructions(
-                round=1, plan=cplan, run_config=cfg.to_dict(),
-                devices=[d.to_dict() for d in server.devices_of(cplan.cluster)],
-                dataplane_address=server.dataplane_address, dataplane_secret=server.dataplane_secret,
-            )
+            instructions = server.instructions_for(1, cplan)
             record, metrics = train_round(
                 ClusterIdentity(cplan.cluster, cfg.federation.num_clusters, str(data_dir)),
-                server.global_array_record() if method != "pipeline" else _record(server, cplan.cluster), instructions,
+                server.global_model.array_record() if method != "pipeline" else _record(server, cplan.cluster), instructions,
             )
             results.append((cplan.cluster, unpack_weights(record), metrics))
-        server.close_round()
+        server.decoder.close_round()
         server.absorb_results(1, results)
         scores = server.evaluate()
     finally:
@@ -47,7 +43,7 @@ def _one_round(data_dir, method: str):
 def _record(server, cluster):
     from collapipe_flwr.fl.messages import pack_weights
 
-    return pack_weights(server.weights_for_cluster(cluster))
+    return pack_weights(server.global_model.for_cluster(cluster))
 
 
 def test_vanilla_fl_trains_whole_model_on_one_device_and_averages_the_head(data_dir):
@@ -55,10 +51,10 @@ def test_vanilla_fl_trains_whole_model_on_one_device_and_averages_the_head(data_
     L = len(server.model.blocks)
     for c in plan.selected:
         assert c.S == 1 and c.m == 1 and sorted(c.delta)[-1] == L
-    assert server.host is None  # no data plane: the head trains on the CU
+    assert server.decoder.host is None  # no data plane: the head trains on the CU
     assert all("head" in parts for _, parts, _ in results)
     n = [m["num-examples"] for _, _, m in results]
-    after = server.aggregate_weights()
+    after = server.global_model.parts()
     for name, value in after["head"].items():
         expected = sum(p["head"][name].double() * w for (_, p, _), w in zip(results, n)) / sum(n)
         torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=1e-7)
@@ -68,15 +64,15 @@ def test_vanilla_fl_trains_whole_model_on_one_device_and_averages_the_head(data_
 
 def test_pipeline_keeps_one_encoder_per_cluster_and_reports_their_mean(data_dir):
     cfg, server, plan, before, results, scores = _one_round(data_dir, "pipeline")
-    K = len(server.devices_of(0))
+    K = len(server.planner.devices_of(0))
     L = len(server.model.blocks)
     for c in plan.selected:
         assert max(c.delta) - min(d for d in c.delta) <= 1 and sum(c.delta) == L and c.S == min(K, L)
     # the global encoder is untouched; each cluster's own encoder is what it returned
-    after = server.aggregate_weights()
+    after = server.global_model.parts()
     assert all(torch.equal(after["encoder"][k], before["encoder"][k]) for k in before["encoder"])
     for cluster, parts, _ in results:
-        kept = server.weights_for_cluster(cluster)
+        kept = server.global_model.for_cluster(cluster)
         assert all(torch.equal(kept["encoder"][k], parts["encoder"][k]) for k in parts["encoder"])
     # the reported score is the mean over the clusters' models (recomputed here one by one)
     import copy

@@ -12,7 +12,6 @@ from collapipe_flwr import wiring
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.fl.cluster_client import ClusterIdentity, train_round
-from collapipe_flwr.fl.messages import TrainInstructions
 from collapipe_flwr.fl.server_state import ServerState
 from tests.plain_reference import plain_losses
 
@@ -37,24 +36,17 @@ def test_split_training_reproduces_plain_training(data_dir, task, model, S, m):
     server = ServerState.build(cfg)
     try:
         L = len(server.model.blocks)
-        K = len(server.devices_of(0))
+        K = len(server.planner.devices_of(0))
         delta = [0] * K
         if S == 1:
             delta[0] = L
         else:
             delta[0], delta[-1] = L // 2, L - L // 2
         plan = ClusterPlan(cluster=0, selected=True, channel=0, power_w=0.1, S=S, m=m, delta=tuple(delta))
-        server.open_round(1, [0])
-        instructions = TrainInstructions(
-            round=1,
-            plan=plan,
-            run_config=cfg.to_dict(),
-            devices=[d.to_dict() for d in server.devices_of(0)],
-            dataplane_address=server.dataplane_address,
-            dataplane_secret=server.dataplane_secret,
-        )
-        _, metrics = train_round(ClusterIdentity(0, 1, str(data_dir)), copy.deepcopy(server.global_array_record()), instructions)
-        server.close_round()
+        server.decoder.open_round(1, [0])
+        instructions = server.instructions_for(1, plan)
+        _, metrics = train_round(ClusterIdentity(0, 1, str(data_dir)), copy.deepcopy(server.global_model.array_record()), instructions)
+        server.decoder.close_round()
     finally:
         server.shutdown()
     task_obj = wiring.build_task(cfg)

@@ -11,7 +11,15 @@ from flwr.app import Context, Error, Message, MetricRecord, RecordDict
 
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.fl.cluster_client import ClusterIdentity, hello_metrics, release_run, train_round
-from collapipe_flwr.fl.messages import read_run_config, read_train, reply_content
+from collapipe_flwr.fl.messages import (
+    DEVICE_ACTORS_RELEASED,
+    HELLO_REPLY,
+    RELEASE_NUM_DEVICES,
+    RELEASE_REPLY,
+    read_run_config,
+    read_train,
+    reply_content,
+)
 
 USER_ERROR_CODE = 4200  # a CollaPipeError on the CU: its message is the reason
 
@@ -28,7 +36,7 @@ def handle_hello(msg: Message, context: Context) -> Message:
         metrics = hello_metrics(identity, run_config)
     except CollaPipeError as err:
         return _error_reply(msg, err)
-    return Message(RecordDict({"hello": MetricRecord(metrics)}), reply_to=msg)
+    return Message(RecordDict({HELLO_REPLY: MetricRecord(metrics)}), reply_to=msg)
 
 
 def handle_train(msg: Message, context: Context) -> Message:
@@ -47,8 +55,8 @@ def handle_release(msg: Message, context: Context) -> Message:
     """The run is over: kill this cluster's device actors of the run and forget its session."""
     try:
         identity = ClusterIdentity.from_node_config(context.node_config)
-        num_devices = int(read_run_config(msg).get("release-num-devices", 0) or 0) or 64
+        num_devices = int(read_run_config(msg).get(RELEASE_NUM_DEVICES, 0) or 0) or 64
         killed = release_run(identity, str(msg.metadata.run_id), num_devices)
     except CollaPipeError as err:
         return _error_reply(msg, err)
-    return Message(RecordDict({"release": MetricRecord({"device-actors-released": killed})}), reply_to=msg)
+    return Message(RecordDict({RELEASE_REPLY: MetricRecord({DEVICE_ACTORS_RELEASED: killed})}), reply_to=msg)

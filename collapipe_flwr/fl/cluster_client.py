@@ -25,7 +25,14 @@ from flwr.app import RecordDict
 from collapipe_flwr import wiring
 from collapipe_flwr.config import DATA_DIR_ENV, RunConfig, build_run_config
 from collapipe_flwr.fl.cluster_session import cached_task, drop_session, session_for
-from collapipe_flwr.fl.messages import TrainInstructions, pack_weights, unpack_weights
+from collapipe_flwr.fl.messages import (
+    NUM_EXAMPLES,
+    NUM_PARTITIONS,
+    PARTITION_ID,
+    TrainInstructions,
+    pack_weights,
+    unpack_weights,
+)
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.system.devices import DeviceProfile
 
@@ -62,11 +69,7 @@ def hello_metrics(identity: ClusterIdentity, run_config: dict) -> dict:
     cfg = wiring.config_from_run_config(run_config, data_dir=identity.data_dir)
     task = cached_task(cfg)
     examples = wiring.client_partition(task, cfg, identity.partition_id, identity.num_partitions)
-    return {
-        "partition-id": identity.partition_id,
-        "num-partitions": identity.num_partitions,
-        "num-examples": len(examples),
-    }
+    return {PARTITION_ID: identity.partition_id, NUM_PARTITIONS: identity.num_partitions, NUM_EXAMPLES: len(examples)}
 
 
 def run_key_of(cfg: RunConfig, run_id: int | None) -> str:

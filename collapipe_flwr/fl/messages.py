@@ -1,8 +1,12 @@
-"""What travels in Flower messages (control and weights, once per round; never per step).
+"""What travels in Flower messages (control and weights, once per round; never per step): the message
+types, every record key, and the pack / read helpers. Nothing else in the package spells these strings.
 
-train (server -> CU):   RecordDict{"weights": ArrayRecord, "instructions": ConfigRecord{"json": str}}
-train reply (CU -> server): RecordDict{"weights": ArrayRecord, "metrics": MetricRecord}
-query "hello" (server -> CU): RecordDict{"run-config": ConfigRecord{"json": str}}; reply MetricRecord{"partition-id", "num-partitions", "num-examples"}
+train (server -> CU):   RecordDict{WEIGHTS: ArrayRecord, INSTRUCTIONS: ConfigRecord{"json": str}}
+train reply (CU -> server): RecordDict{WEIGHTS: ArrayRecord, METRICS: MetricRecord}
+query.hello (server -> CU): RecordDict{RUN_CONFIG: ConfigRecord{"json": str}}; reply
+    RecordDict{HELLO_REPLY: MetricRecord{PARTITION_ID, NUM_PARTITIONS, NUM_EXAMPLES}}
+query.release (server -> CU, after the last round): RecordDict{RUN_CONFIG: ConfigRecord{"json": {RELEASE_NUM_DEVICES}}};
+    reply RecordDict{RELEASE_REPLY: MetricRecord{DEVICE_ACTORS_RELEASED}}
 
 Weights are one flat state dict whose names start with ``embedding.``, ``encoder.`` (the concatenated
 segments, eq. 4) and, for methods that train the head on the CU, ``head.``.
@@ -14,14 +18,30 @@ import json
 from dataclasses import dataclass, field
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.errors import CollaPipeError
 
+# ----------------------------------------------------------------------------- message types
+TRAIN = MessageType.TRAIN
+HELLO_ACTION = "hello"      # client_app: @app.query(HELLO_ACTION)
+RELEASE_ACTION = "release"  # client_app: @app.query(RELEASE_ACTION)
+HELLO = f"{MessageType.QUERY}.{HELLO_ACTION}"
+RELEASE = f"{MessageType.QUERY}.{RELEASE_ACTION}"
+
+# ----------------------------------------------------------------------------- record keys
 WEIGHTS = "weights"
 INSTRUCTIONS = "instructions"
 METRICS = "metrics"
+RUN_CONFIG = "run-config"
+HELLO_REPLY = "hello"
+RELEASE_REPLY = "release"
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+NUM_EXAMPLES = "num-examples"
+RELEASE_NUM_DEVICES = "release-num-devices"
+DEVICE_ACTORS_RELEASED = "device-actors-released"
 PARTS = ("embedding", "encoder", "head")
 
 
@@ -111,8 +131,6 @@ def read_reply(msg: Message) -> tuple[ArrayRecord, dict]:
         raise CollaPipeError(f"reply from node {msg.metadata.src_node_id} lacks weights or metrics")
     return content.array_records[WEIGHTS], dict(content.metric_records[METRICS])
 
-
-RUN_CONFIG = "run-config"
 
 
 def run_config_record(run_config: dict) -> ConfigRecord:

@@ -53,7 +53,7 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
         strategy = CollaPipeStrategy(server, run_log, progress)
         result = strategy.start(
             grid,
-            initial_arrays=server.global_array_record(),
+            initial_arrays=server.global_model.array_record(),
             num_rounds=cfg.federation.num_rounds,
             timeout=cfg.federation.round_timeout_s,
             evaluate_fn=strategy.evaluate,

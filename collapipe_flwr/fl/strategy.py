@@ -26,43 +26,49 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
-from collapipe_flwr.dssra.plan import RoundPlan
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl.messages import (
+    DEVICE_ACTORS_RELEASED,
+    HELLO,
+    HELLO_REPLY,
+    NUM_EXAMPLES,
+    NUM_PARTITIONS,
+    PARTITION_ID,
+    RELEASE,
+    RELEASE_NUM_DEVICES,
+    RELEASE_REPLY,
     RUN_CONFIG,
-    TrainInstructions,
+    TRAIN,
     pack_weights,
     read_reply,
     run_config_record,
     train_content,
     unpack_weights,
 )
+from collapipe_flwr.fl.global_model import ClusterResult
+from collapipe_flwr.fl.progress import RoundProgress
 from collapipe_flwr.fl.reply_checks import check_reply
+from collapipe_flwr.fl.round_record import RoundRecord
 from collapipe_flwr.fl.run_log import RunLog
-
-HELLO = "query.hello"
-RELEASE = "query.release"
+from collapipe_flwr.fl.server_state import ServerState
 
 
 class CollaPipeStrategy(Strategy):
     """Owns the global embedding + encoder, the server-side head, the plan and the aggregation.
 
-    ``server`` is a :class:`collapipe_flwr.fl.server_state.ServerState` holding the model, the decoder
-    host (data plane), the scheduling policy, the network sampler and the evaluator.
+    ``server`` is the run's :class:`~collapipe_flwr.fl.server_state.ServerState` (global model, round planner,
+    decoder service, evaluator); one :class:`~collapipe_flwr.fl.round_record.RoundRecord` carries each round
+    from ``configure_train`` to ``evaluate`` and rounds.jsonl.
     """
 
-    def __init__(self, server, run_log: RunLog, progress=None) -> None:
+    def __init__(self, server: ServerState, run_log: RunLog, progress: RoundProgress | None = None) -> None:
         self.server = server
         self.cfg = server.cfg
         self.run_log = run_log
         self.progress = progress
         self.node_of_cluster: dict[int, int] = {}
         self.examples_of_cluster: dict[int, int] = {}
-        self.current_plan: RoundPlan | None = None
-        self._round_t0 = 0.0
-        self._phase: dict[str, float] = {}
-        self.last_train_record: dict = {}
-        self._selected: list[int] = []
+        self.record: RoundRecord | None = None  # the round in flight: configure_train -> evaluate
 
     # ------------------------------------------------------------------ discovery
     def discover_clusters(self, grid: Grid, timeout_s: float = 120.0) -> None:
@@ -86,8 +92,8 @@ class CollaPipeStrategy(Strategy):
         for reply in replies:
             if reply.has_error():
                 raise CollaPipeError(f"SuperNode {reply.metadata.src_node_id} failed to say hello: {reply.error.reason}")
-            info = reply.content.metric_records["hello"]
-            pid, nparts = int(info["partition-id"]), int(info["num-partitions"])
+            info = reply.content.metric_records[HELLO_REPLY]
+            pid, nparts = int(info[PARTITION_ID]), int(info[NUM_PARTITIONS])
             if nparts != n_expected:
                 raise ConfigError(
                     f"SuperNode {reply.metadata.src_node_id} has num-partitions={nparts} but federation.num_clusters="
@@ -96,7 +102,7 @@ class CollaPipeStrategy(Strategy):
             if pid in self.node_of_cluster:
                 raise ConfigError(f"two SuperNodes claim partition-id={pid}; give each SuperNode its own partition-id")
             self.node_of_cluster[pid] = reply.metadata.src_node_id
-            self.examples_of_cluster[pid] = int(info["num-examples"])
+            self.examples_of_cluster[pid] = int(info[NUM_EXAMPLES])
         missing = sorted(set(range(n_expected)) - set(self.node_of_cluster))
         if missing:
             raise ConfigError(f"no SuperNode has partition-id={missing[0]}; give each of the {n_expected} SuperNodes one id in 0..{n_expected - 1}")
@@ -108,90 +114,77 @@ class CollaPipeStrategy(Strategy):
             return 0
         msgs = []
         for cluster, node in sorted(self.node_of_cluster.items()):
-            content = {"release-num-devices": len(self.server.devices_of(cluster))}
+            content = {RELEASE_NUM_DEVICES: len(self.server.planner.devices_of(cluster))}
             msgs.append(Message(RecordDict({RUN_CONFIG: run_config_record(content)}), dst_node_id=node, message_type=RELEASE))
         released = 0
         for reply in grid.send_and_receive(msgs, timeout=timeout_s):
             if reply.has_error():
                 log(WARNING, "SuperNode %s could not release its devices: %s", reply.metadata.src_node_id, reply.error.reason)
                 continue
-            released += int(reply.content.metric_records["release"]["device-actors-released"])
+            released += int(reply.content.metric_records[RELEASE_REPLY][DEVICE_ACTORS_RELEASED])
         return released
 
     # ------------------------------------------------------------------ train
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        self._round_t0 = time.time()
+        record = RoundRecord(server_round, self.cfg.method.name, self.server.planner.policy_name)
+        self.record = record
         if not self.node_of_cluster:
             self.discover_clusters(grid)
         t0 = time.time()
-        plan = self.server.plan_round(server_round)
-        self.current_plan = plan
-        self._phase = {"plan_s": time.time() - t0}
-        selected = [c.cluster for c in plan.selected]
-        self._selected = selected
-        self.server.open_round(server_round, selected)
+        plan = self.server.planner.plan(server_round)
+        record.plan = plan
+        record.measured_s["plan_s"] = time.time() - t0
+        record.selected = [c.cluster for c in plan.selected]
+        self.server.decoder.open_round(server_round, record.selected)
         messages = []
         for cplan in plan.selected:
-            weights = pack_weights(self.server.weights_for_cluster(cplan.cluster))
-            instructions = TrainInstructions(
-                round=server_round,
-                plan=cplan,
-                run_config=self.cfg.to_dict(),
-                devices=[d.to_dict() for d in self.server.devices_of(cplan.cluster)],
-                dataplane_address=self.server.dataplane_address,
-                dataplane_secret=self.server.dataplane_secret,
-            )
-            messages.append(
-                Message(train_content(weights, instructions), dst_node_id=self.node_of_cluster[cplan.cluster], message_type="train")
-            )
+            weights = pack_weights(self.server.global_model.for_cluster(cplan.cluster))
+            instructions = self.server.instructions_for(server_round, cplan)
+            node = self.node_of_cluster[cplan.cluster]
+            messages.append(Message(train_content(weights, instructions), dst_node_id=node, message_type=TRAIN))
         if self.progress is not None:
-            self.progress.round_started(server_round, selected)
+            self.progress.round_started(server_round, record.selected)
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         t0 = time.time()
+        record = self.record
+        assert record is not None and record.round == server_round, "aggregate_train without configure_train"
         cluster_of_node = {v: k for k, v in self.node_of_cluster.items()}
-        results, failures = [], []
+        results: list[ClusterResult] = []
         for reply in replies:
             cluster = cluster_of_node.get(reply.metadata.src_node_id, -1)
             try:
                 weights, metrics = read_reply(reply)
                 parts = unpack_weights(weights)
-                check_reply(parts, metrics, self.server.weights_for_cluster(cluster), self.server.max_examples_per_round)
+                check_reply(parts, metrics, self.server.global_model.for_cluster(cluster),
+                            self.server.max_examples_per_round)
             except CollaPipeError as err:
-                failures.append({"cluster": cluster, "error": str(err)})
+                record.fail(cluster, str(err))
                 log(WARNING, "round %s: cluster %s refused: %s (aggregating the other CUs)", server_round, cluster, err)
                 continue
             results.append((cluster, parts, metrics))
-        answered = {f["cluster"] for f in failures} | {c for c, _, _ in results}
-        for cluster in sorted(set(self._selected) - answered):
-            failures.append({"cluster": cluster, "error": "no reply within federation.round_timeout_s"})
+        answered = {f["cluster"] for f in record.failures} | {c for c, _, _ in results}
+        for cluster in sorted(set(record.selected) - answered):
+            record.fail(cluster, "no reply within federation.round_timeout_s")
             log(WARNING, "round %s: cluster %s sent no reply within the round's timeout", server_round, cluster)
-        self.server.close_round()
-        self._phase["wait_clients_s"] = t0 - self._round_t0 - self._phase.get("plan_s", 0.0)
+        self.server.decoder.close_round()
+        record.measured_s["wait_clients_s"] = t0 - record.started_at - record.measured_s.get("plan_s", 0.0)
         if not results:
-            self.last_train_record = {"failures": failures}
             log(WARNING, "round %s: no CU returned a result; the global model is unchanged", server_round)
             return None, None
         self.server.absorb_results(server_round, results)
         if self.cfg.save_client_weights:
-            self.run_log.save_weights(server_round, results, self.server.aggregate_weights())
-        self._phase["aggregate_s"] = time.time() - t0
+            self.run_log.save_weights(server_round, results, self.server.global_model.parts())
+        record.measured_s["aggregate_s"] = time.time() - t0
         # what a round costs beyond the CUs' training loops (messages, weight loads, set-up, aggregation)
         train_s = max(float(m.get("seconds-train", 0.0)) for _, _, m in results)
-        self._phase["overhead_s"] = time.time() - self._round_t0 - train_s
-        per_cluster = {
-            str(c): {k: v for k, v in m.items()} for c, _, m in results
-        }
-        n_ex = [float(m["num-examples"]) for _, _, m in results]
-        loss = sum(float(m["train-loss"]) * w for (_, _, m), w in zip(results, n_ex)) / max(sum(n_ex), 1.0)
-        self.last_train_record = {
-            "train_loss": loss,
-            "clients": per_cluster,
-            "failures": failures,
-        }
-        agg = MetricRecord({"train-loss": loss, "num-examples": int(sum(n_ex))})
-        return self.server.global_array_record(), agg
+        record.measured_s["overhead_s"] = time.time() - record.started_at - train_s
+        n_ex = [float(m[NUM_EXAMPLES]) for _, _, m in results]
+        record.train_loss = sum(float(m["train-loss"]) * w for (_, _, m), w in zip(results, n_ex)) / max(sum(n_ex), 1.0)
+        record.clients = {str(c): dict(m) for c, _, m in results}
+        agg = MetricRecord({"train-loss": record.train_loss, NUM_EXAMPLES: int(sum(n_ex))})
+        return self.server.global_model.array_record(), agg
 
     # ------------------------------------------------------------------ evaluation (server side)
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
@@ -211,21 +204,16 @@ class CollaPipeStrategy(Strategy):
         if server_round == 0:
             self.run_log.append_round({"round": 0, **{f"val_{k}": v for k, v in metrics.items()}})
             return MetricRecord({k: float(v) for k, v in metrics.items()})
-        self._phase["evaluate_s"] = time.time() - t0
-        plan = self.current_plan
-        record = {
-            "round": server_round,
-            "method": self.cfg.method.name,
-            "scheduler": self.server.policy_name,
-            **self.last_train_record,
-            **{f"val_{k}": v for k, v in metrics.items()},
-            "plan": plan.to_dict() if plan else None,
-            "modelled": plan.modelled if plan else {},
-            "measured_s": {**self._phase, "round_s": time.time() - self._round_t0},
-        }
-        self.run_log.append_round(record)
+        record = self.record
+        if record is None or record.round != server_round:  # a round whose training was never configured
+            record = RoundRecord(server_round, self.cfg.method.name, self.server.planner.policy_name, started_at=t0)
+        record.val = dict(metrics)
+        record.measured_s["evaluate_s"] = time.time() - t0
+        record.measured_s["round_s"] = time.time() - record.started_at
+        line = record.to_json()
+        self.run_log.append_round(line)
         if self.progress is not None:
-            self.progress.round_finished(server_round, record)
+            self.progress.round_finished(server_round, line)
         return MetricRecord({k: float(v) for k, v in metrics.items()}) if metrics else None
 
     def summary_record(self, result) -> dict:
@@ -236,7 +224,7 @@ class CollaPipeStrategy(Strategy):
             final = {k: float(v) for k, v in result.evaluate_metrics_serverapp[last].items()}
         return {
             "method": self.cfg.method.name,
-            "scheduler": self.server.policy_name,
+            "scheduler": self.server.planner.policy_name,
             "task": self.cfg.task.get("name"),
             "num_rounds": self.cfg.federation.num_rounds,
             "final_val": final,
@@ -244,6 +232,6 @@ class CollaPipeStrategy(Strategy):
         }
 
     def summary(self) -> None:
-        log(INFO, "\t├── CollaPipe method=%s scheduler=%s", self.cfg.method.name, self.server.policy_name)
+        log(INFO, "\t├── CollaPipe method=%s scheduler=%s", self.cfg.method.name, self.server.planner.policy_name)
         log(INFO, "\t└── clusters N=%s, rounds T=%s", self.cfg.federation.num_clusters, self.cfg.federation.num_rounds)
 

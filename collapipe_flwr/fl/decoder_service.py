@@ -1,0 +1,65 @@
+"""The server's decoder / task head served to the CUs over the data plane: its lifecycle in one place.
+
+Methods that keep the head on the server (``method.head_on_server``) start one
+:class:`~collapipe_flwr.fl.dataplane.DecoderHost` for the run; each round opens it to the selected
+clusters and closes it after their replies, so no step of a closed round touches the head. Methods that
+train the head on the CU have no data plane: every call here is then a no-op and the address is "".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from collapipe_flwr.fl.dataplane import DecoderHost
+
+
+class DecoderService:
+    """The data-plane host of the head (or nothing), its secret and the address CUs are told."""
+
+    def __init__(self, host: DecoderHost | None, announce_host: str, secret: str) -> None:
+        self.host = host
+        self.announce_host = announce_host
+        self.secret = secret
+
+    @classmethod
+    def start(cls, head: nn.Module, optimizer: torch.optim.Optimizer, *, enabled: bool, announce_host: str,
+              bind: str, port: int, fp16: bool, max_message_mb: int, hidden_size: int,
+              lr_factor_of: Callable[[int, int], float], precision: str, joint: bool) -> DecoderService:
+        """Start serving ``head`` (when ``enabled``); ``lr_factor_of(round, seq)`` is the decoder's LR factor."""
+        secret = secrets.token_hex(16)
+        if not enabled:
+            return cls(None, announce_host, secret)
+        host = DecoderHost(head, optimizer, secret=secret, bind=bind, port=port, fp16=fp16,
+                           max_message_mb=max_message_mb, hidden_size=hidden_size, lr_schedule=lr_factor_of,
+                           precision=precision, joint=joint)
+        host.start()
+        return cls(host, announce_host, secret)
+
+    @property
+    def address(self) -> str:
+        return "" if self.host is None else f"{self.announce_host}:{self.host.port}"
+
+    def open_round(self, t: int, clusters: list[int]) -> None:
+        if self.host is not None:
+            self.host.open_round(t, clusters)
+
+    def close_round(self) -> None:
+        if self.host is not None:
+            self.host.close_round()
+
+    @contextlib.contextmanager
+    def head_locked(self) -> Iterator[None]:
+        """Hold the host's lock (no CU step changes the head meanwhile); a no-op without a data plane."""
+        lock = self.host.lock if self.host is not None else threading.Lock()
+        with lock:
+            yield
+
+    def stop(self) -> None:
+        if self.host is not None:
+            self.host.stop()

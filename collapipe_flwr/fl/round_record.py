@@ -1,0 +1,47 @@
+"""RoundRecord: one round from ``configure_train`` through ``aggregate_train`` and ``evaluate`` to rounds.jsonl.
+
+Fields (the JSON line of rounds.jsonl, docs/results.md): the round t, the method and scheduling policy,
+the plan X(t) and its modelled delay / energy (eqs. 11-26), the CUs' training loss (example-weighted) and
+per-CU metrics, the failures (cluster and one-line reason), the validation metrics when the round was
+evaluated (``val_<name>``), and the measured seconds of each server phase.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from collapipe_flwr.dssra.plan import RoundPlan
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    method: str
+    scheduler: str
+    started_at: float = field(default_factory=time.time)
+    plan: RoundPlan | None = None
+    selected: list[int] = field(default_factory=list)
+    train_loss: float | None = None          # None: no CU returned a valid result
+    clients: dict[str, dict[str, Any]] | None = None
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    val: dict[str, float] = field(default_factory=dict)
+    # plan_s, wait_clients_s, aggregate_s, overhead_s, evaluate_s, round_s
+    measured_s: dict[str, float] = field(default_factory=dict)
+
+    def fail(self, cluster: int, reason: str) -> None:
+        self.failures.append({"cluster": cluster, "error": reason})
+
+    def to_json(self) -> dict[str, Any]:
+        """The rounds.jsonl line (without the log's ``elapsed_s``)."""
+        out: dict[str, Any] = {"round": self.round, "method": self.method, "scheduler": self.scheduler}
+        if self.train_loss is not None:
+            out["train_loss"] = self.train_loss
+            out["clients"] = self.clients or {}
+        out["failures"] = self.failures
+        out.update({f"val_{k}": v for k, v in self.val.items()})
+        out["plan"] = self.plan.to_dict() if self.plan else None
+        out["modelled"] = self.plan.modelled if self.plan else {}
+        out["measured_s"] = dict(self.measured_s)
+        return out
