@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.pipeline.runtime_spec import RuntimeSpec, parse_runtime
+from collapipe_flwr.spec_parsing import check_keys, mapping, require, typed
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DATA_DIR_ENV = "COLLAPIPE_DATA_DIR"
@@ -27,50 +29,13 @@ DATA_DIR_ENV = "COLLAPIPE_DATA_DIR"
 METHODS = ("collapipe", "collapipe_no_ss", "vanilla_fl", "pipeline", "titanic")
 OPTIMIZER_STATES = ("keep", "reset")
 SERVER_OPTIMIZERS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
-PRECISIONS = ("auto", "fp32", "bf16")
 DECODER_UPDATES = ("per_cu", "joint")
-
-
-def _typed(section: str, cls, raw: Mapping[str, Any] | None):
-    """Build dataclass ``cls`` from ``raw``: unknown keys and wrong types are one-line ConfigErrors."""
-    raw = dict(raw or {})
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"unknown config key {section}.{unknown[0]}; valid keys of {section} are {', '.join(sorted(known))}"
-        )
-    kwargs = {}
-    for name, f in known.items():
-        if name not in raw:
-            continue
-        value = raw[name]
-        want = f.type if isinstance(f.type, type) else {"int": int, "float": float, "bool": bool, "str": str}.get(
-            str(f.type), None
-        )
-        if want is bool and not isinstance(value, bool):
-            raise ConfigError(f"config key {section}.{name}={value!r} must be true or false")
-        if want is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ConfigError(f"config key {section}.{name}={value!r} must be an integer")
-        if want is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"config key {section}.{name}={value!r} must be a number")
-            value = float(value)
-        if want is str:
-            value = "" if value is None else str(value)
-        kwargs[name] = value
-    return cls(**kwargs)
 
 
 def _bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"config key {key}={value!r} must be true or false")
     return value
-
-
-def _require(cond: bool, message: str) -> None:
-    if not cond:
-        raise ConfigError(message)
 
 
 @dataclass(frozen=True)
@@ -84,8 +49,8 @@ class MethodSpec:
     aggregate: bool = True
 
     def __post_init__(self) -> None:
-        _require(self.name in METHODS, f"method.name={self.name!r} is not one of {', '.join(METHODS)}; pick method=<name>")
-        _require(self.fixed_m >= 1, f"method.fixed_m={self.fixed_m} must be >= 1")
+        require(self.name in METHODS, f"method.name={self.name!r} is not one of {', '.join(METHODS)}; pick method=<name>")
+        require(self.fixed_m >= 1, f"method.fixed_m={self.fixed_m} must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -111,44 +76,20 @@ class FederationSpec:
     decoder_update: str = "per_cu"
 
     def __post_init__(self) -> None:
-        _require(self.num_clusters >= 1, f"federation.num_clusters={self.num_clusters} must be >= 1")
-        _require(self.optimizer_state in OPTIMIZER_STATES,
+        require(self.num_clusters >= 1, f"federation.num_clusters={self.num_clusters} must be >= 1")
+        require(self.optimizer_state in OPTIMIZER_STATES,
                  f"federation.optimizer_state={self.optimizer_state!r} must be one of {', '.join(OPTIMIZER_STATES)}")
-        _require(self.server_optimizer in SERVER_OPTIMIZERS,
+        require(self.server_optimizer in SERVER_OPTIMIZERS,
                  f"federation.server_optimizer={self.server_optimizer!r} must be one of {', '.join(SERVER_OPTIMIZERS)}")
-        _require(self.server_lr > 0, f"federation.server_lr={self.server_lr} must be > 0")
-        _require(0 <= self.server_momentum < 1, f"federation.server_momentum={self.server_momentum} must be in [0, 1)")
-        _require(0 <= self.server_beta_2 < 1, f"federation.server_beta_2={self.server_beta_2} must be in [0, 1)")
-        _require(self.server_tau > 0, f"federation.server_tau={self.server_tau} must be > 0")
-        _require(self.decoder_update in DECODER_UPDATES,
+        require(self.server_lr > 0, f"federation.server_lr={self.server_lr} must be > 0")
+        require(0 <= self.server_momentum < 1, f"federation.server_momentum={self.server_momentum} must be in [0, 1)")
+        require(0 <= self.server_beta_2 < 1, f"federation.server_beta_2={self.server_beta_2} must be in [0, 1)")
+        require(self.server_tau > 0, f"federation.server_tau={self.server_tau} must be > 0")
+        require(self.decoder_update in DECODER_UPDATES,
                  f"federation.decoder_update={self.decoder_update!r} must be one of {', '.join(DECODER_UPDATES)}")
-        _require(self.num_rounds >= 1, f"federation.num_rounds={self.num_rounds} must be >= 1")
-        _require(self.local_steps >= 1, f"federation.local_steps={self.local_steps} must be >= 1")
-        _require(self.round_timeout_s > 0, "federation.round_timeout_s must be > 0")
-
-
-@dataclass(frozen=True)
-class RuntimeSpec:
-    """Where device actors run (Ray or in-process) and how they are scheduled."""
-
-    backend: str = "ray"
-    ray_address: str = ""
-    emulate: bool = False
-    actor_num_cpus: float = 0.0
-    device_timeout_s: float = 300.0
-    torch_threads: int = 1
-    # auto: bf16 autocast where the hardware has native bf16 (AVX512-BF16 / AMX CPU, or a GPU), else fp32
-    precision: str = "auto"
-    # start every device's Ray actor of a cluster with its first round (idle ones hold no blocks), so a
-    # later plan that adds a device pays no process start-up (seconds) inside its round
-    prestart_devices: bool = True
-
-    def __post_init__(self) -> None:
-        _require(self.precision in PRECISIONS, f"runtime.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}")
-        _require(self.backend in ("ray", "local"), f"runtime.backend={self.backend!r} must be ray or local")
-        _require(self.actor_num_cpus >= 0, "runtime.actor_num_cpus must be >= 0")
-        _require(self.device_timeout_s > 0, "runtime.device_timeout_s must be > 0")
-        _require(self.torch_threads >= 1, "runtime.torch_threads must be >= 1")
+        require(self.num_rounds >= 1, f"federation.num_rounds={self.num_rounds} must be >= 1")
+        require(self.local_steps >= 1, f"federation.local_steps={self.local_steps} must be >= 1")
+        require(self.round_timeout_s > 0, "federation.round_timeout_s must be > 0")
 
 
 @dataclass(frozen=True)
@@ -163,9 +104,9 @@ class DataPlaneSpec:
     timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        _require(0 <= self.port < 65536, f"dataplane.port={self.port} must be in 0..65535 (0 = any free port)")
-        _require(self.max_message_mb >= 1, "dataplane.max_message_mb must be >= 1")
-        _require(self.timeout_s > 0, "dataplane.timeout_s must be > 0")
+        require(0 <= self.port < 65536, f"dataplane.port={self.port} must be in 0..65535 (0 = any free port)")
+        require(self.max_message_mb >= 1, "dataplane.max_message_mb must be >= 1")
+        require(self.timeout_s > 0, "dataplane.timeout_s must be > 0")
 
 
 @dataclass(frozen=True)
@@ -177,10 +118,10 @@ class EvalSpec:
     at_start: bool = True  # also evaluate the initial model (round 0)
 
     def __post_init__(self) -> None:
-        _require(self.every >= 1, "eval.every must be >= 1 (1 = evaluate after every round)")
-        _require(self.max_examples >= 0, "eval.max_examples must be >= 0 (0 = whole validation split)")
-        _require(self.batch_size >= 1, "eval.batch_size must be >= 1")
-        _require(self.beam_size >= 1, "eval.beam_size must be >= 1")
+        require(self.every >= 1, "eval.every must be >= 1 (1 = evaluate after every round)")
+        require(self.max_examples >= 0, "eval.max_examples must be >= 0 (0 = whole validation split)")
+        require(self.batch_size >= 1, "eval.batch_size must be >= 1")
+        require(self.beam_size >= 1, "eval.beam_size must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -202,7 +143,6 @@ class RunConfig:
     dataplane: DataPlaneSpec
     eval: EvalSpec
     save_client_weights: bool = False
-    extra: dict = field(default_factory=dict)
 
     def resolved_data_dir(self) -> Path:
         """``data_dir`` if set, else $COLLAPIPE_DATA_DIR; a one-line error when neither names a folder."""
@@ -215,6 +155,66 @@ class RunConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
         return build_run_config(data)
 
+    def cluster_config(self) -> "ClusterConfig":
+        """The part of this config a CU uses: what the server sends in its hello and train messages."""
+        return ClusterConfig(seed=self.seed, data_dir=self.data_dir, task=self.task, model=self.model,
+                             federation=self.federation, runtime=self.runtime, dataplane=self.dataplane,
+                             head_on_server=self.method.head_on_server)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What a CU needs of the run config (a CU never sees the scheduler, network, method or eval sections):
+    the task and model, the federation's round / step counts, the runtime of its devices, the data plane's
+    wire settings, and whether the head is the server's (data plane) or its own (``method.head_on_server``)."""
+
+    seed: int
+    data_dir: str
+    task: dict
+    model: dict
+    federation: FederationSpec
+    runtime: RuntimeSpec
+    dataplane: DataPlaneSpec
+    head_on_server: bool
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def with_data_dir(self, data_dir: str) -> "ClusterConfig":
+        """This config reading its data from ``data_dir`` (the CU's own copy) when one is given."""
+        return dataclasses.replace(self, data_dir=str(data_dir)) if data_dir else self
+
+
+AnyConfig = RunConfig | ClusterConfig  # what the functions both sides use (task, model, runtime ...) accept
+
+
+def build_cluster_config(data: Mapping[str, Any]) -> ClusterConfig:
+    """The CU's side of :func:`build_run_config`: the same section parsers over the part the server sent."""
+    data = mapping("cluster config", data)
+    check_keys("cluster config", data, {f.name for f in dataclasses.fields(ClusterConfig)})
+    seed = data.get("seed", 0)
+    require(isinstance(seed, int) and not isinstance(seed, bool), f"seed={seed!r} must be an integer")
+    return ClusterConfig(
+        seed=seed,
+        data_dir=str(data.get("data_dir") or ""),
+        task=_owned_task(data.get("task")),
+        model=_owned_model(data.get("model")),
+        federation=typed("federation", FederationSpec, data.get("federation")),
+        runtime=parse_runtime(data.get("runtime")),
+        dataplane=typed("dataplane", DataPlaneSpec, data.get("dataplane")),
+        head_on_server=_bool("head_on_server", data.get("head_on_server", True)),
+    )
+
+
+def _owned_task(raw: Any) -> dict:
+    require(isinstance(raw, Mapping), "config group task is missing; add task=<name> to the overrides")
+    return dict(raw)
+
+
+def _owned_model(raw: Any) -> dict:
+    require(isinstance(raw, Mapping), "config group model is missing; add model=<name> to the overrides")
+    return dict(raw)
+
 
 def resolve_data_dir(explicit: str | os.PathLike | None, environ: Mapping[str, str] | None = None) -> Path:
     """The dataset folder: an explicit value, else the COLLAPIPE_DATA_DIR variable of ``environ``
@@ -224,7 +224,7 @@ def resolve_data_dir(explicit: str | os.PathLike | None, environ: Mapping[str, s
     if not value:
         raise ConfigError(
             f"no data directory: set data_dir (run config data-dir) or the {DATA_DIR_ENV} environment variable "
-            "to the folder holding multi30k/, chinese_ner/, toutiao/ (see ../shared/data/README.md)"
+            "to the folder holding multi30k/, chinese_ner/, toutiao/ (see docs/data.md)"
         )
     path = Path(value).expanduser().resolve()
     if not path.is_dir():
@@ -241,13 +241,13 @@ _TOP_KEYS = {
 def build_run_config(data: Mapping[str, Any]) -> RunConfig:
     """Validate a composed config mapping once and freeze it."""
     data = _to_plain(data)
-    unknown = sorted(set(data) - _TOP_KEYS - {"extra", "hydra"})
+    unknown = sorted(set(data) - _TOP_KEYS - {"hydra"})
     if unknown:
         raise ConfigError(f"unknown top-level config key {unknown[0]!r}; valid keys are {', '.join(sorted(_TOP_KEYS))}")
     for section in ("task", "model", "scheduler", "network"):
-        _require(isinstance(data.get(section), dict), f"config group {section} is missing; add {section}=<name> to the overrides")
+        require(isinstance(data.get(section), dict), f"config group {section} is missing; add {section}=<name> to the overrides")
     seed = data.get("seed", 0)
-    _require(isinstance(seed, int) and not isinstance(seed, bool), f"seed={seed!r} must be an integer")
+    require(isinstance(seed, int) and not isinstance(seed, bool), f"seed={seed!r} must be an integer")
     cfg = RunConfig(
         seed=seed,
         data_dir=str(data.get("data_dir") or ""),
@@ -255,15 +255,14 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         run_name=str(data.get("run_name") or ""),
         task=dict(data["task"]),
         model=dict(data["model"]),
-        method=_typed("method", MethodSpec, data.get("method")),
+        method=typed("method", MethodSpec, data.get("method")),
         scheduler=dict(data["scheduler"]),
         network=dict(data["network"]),
-        federation=_typed("federation", FederationSpec, data.get("federation")),
-        runtime=_typed("runtime", RuntimeSpec, data.get("runtime")),
-        dataplane=_typed("dataplane", DataPlaneSpec, data.get("dataplane")),
-        eval=_typed("eval", EvalSpec, data.get("eval")),
+        federation=typed("federation", FederationSpec, data.get("federation")),
+        runtime=parse_runtime(data.get("runtime")),
+        dataplane=typed("dataplane", DataPlaneSpec, data.get("dataplane")),
+        eval=typed("eval", EvalSpec, data.get("eval")),
         save_client_weights=_bool("save_client_weights", data.get("save_client_weights", False)),
-        extra=dict(data.get("extra") or {}),
     )
     _validate_owned_sections(cfg)
     return cfg

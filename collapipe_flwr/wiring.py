@@ -7,14 +7,13 @@ the others noticing. Nothing here holds state.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from collapipe_flwr.config import RunConfig, build_run_config, resolve_data_dir
+from collapipe_flwr.config import AnyConfig, RunConfig, resolve_data_dir
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 
@@ -32,17 +31,8 @@ def validate_sections(cfg: RunConfig) -> None:
     optimizer_spec(cfg)
 
 
-def config_from_run_config(run_config: dict, data_dir: str = "") -> RunConfig:
-    cfg = build_run_config(run_config)
-    return with_data_dir(cfg, data_dir) if data_dir else cfg
-
-
-def with_data_dir(cfg: RunConfig, data_dir: str) -> RunConfig:
-    return dataclasses.replace(cfg, data_dir=str(data_dir))
-
-
 # ----------------------------------------------------------------------------- task and model
-def optimizer_spec(cfg: RunConfig) -> OptimizerSpec:
+def optimizer_spec(cfg: AnyConfig) -> OptimizerSpec:
     """The optimizer of every part (embedding on the CU, segments on devices, head on the server)."""
     raw = dict(cfg.model.get("optimizer") or {})
     try:
@@ -51,24 +41,24 @@ def optimizer_spec(cfg: RunConfig) -> OptimizerSpec:
         raise ConfigError(f"model.optimizer has an unknown key ({err}); valid keys: name, lr, weight_decay, betas, momentum") from None
 
 
-def cache_dir(cfg: RunConfig) -> Path | None:
+def cache_dir(cfg: AnyConfig) -> Path | None:
     value = str(cfg.task.get("cache_dir") or "")
     return Path(value).expanduser() if value else None
 
 
-def build_task(cfg: RunConfig):
+def build_task(cfg: AnyConfig):
     """The task object (data, tokenizer, collate, model builder, metric) for this run."""
     from collapipe_flwr.tasks.registry import build_task as _build
 
     return _build(cfg.task, cfg.model, resolve_data_dir(cfg.data_dir), cfg.seed, cache_dir(cfg))
 
 
-def build_model(task, cfg: RunConfig):
+def build_model(task, cfg: AnyConfig):
     """A freshly initialised SplitModel (same seed on the server and every CU, so shapes and names agree)."""
     return task.build_model(cfg.seed)
 
 
-def check_partitions(cfg: RunConfig, num_partitions: int) -> None:
+def check_partitions(cfg: AnyConfig, num_partitions: int) -> None:
     """A CU's num-partitions (node config) must equal federation.num_clusters (run config)."""
     if num_partitions != cfg.federation.num_clusters:
         raise ConfigError(
@@ -77,22 +67,22 @@ def check_partitions(cfg: RunConfig, num_partitions: int) -> None:
         )
 
 
-def client_partition(task, cfg: RunConfig, partition_id: int, num_partitions: int) -> list[int]:
+def client_partition(task, cfg: AnyConfig, partition_id: int, num_partitions: int) -> list[int]:
     """Indices of cluster n's training examples (flwr-datasets partitioner, seeded)."""
     check_partitions(cfg, num_partitions)
     return list(task.partition(num_partitions, partition_id))
 
 
-def batch_size(cfg: RunConfig) -> int:
+def batch_size(cfg: AnyConfig) -> int:
     return int(cfg.task.get("batch_size", 64))
 
 
-def round_seed(cfg: RunConfig, round_: int, cluster: int) -> int:
+def round_seed(cfg: AnyConfig, round_: int, cluster: int) -> int:
     """The data-order seed of cluster n in round t (the same on every machine)."""
     return cfg.seed * 1_000_003 + round_ * 101 + cluster
 
 
-def train_batches(task, cfg: RunConfig, indices: list[int], seed: int) -> Iterator[dict[str, torch.Tensor]]:
+def train_batches(task, cfg: AnyConfig, indices: list[int], seed: int) -> Iterator[dict[str, torch.Tensor]]:
     """Exactly ``federation.local_steps`` batches of this CU's partition (cycling through epochs)."""
     steps = cfg.federation.local_steps
     if not indices:
@@ -106,7 +96,7 @@ def train_batches(task, cfg: RunConfig, indices: list[int], seed: int) -> Iterat
 
 
 # ----------------------------------------------------------------------------- runtime
-def build_pipeline(model, delta, optimizer: OptimizerSpec, devices, cfg: RunConfig, cluster: int = 0, round_: int = 0,
+def build_pipeline(model, delta, optimizer: OptimizerSpec, devices, cfg: AnyConfig, cluster: int = 0, round_: int = 0,
                    actor_prefix: str = ""):
     """The CU-side GPipe driver over the partition delta (Ray actors or in-process stages). With
     ``actor_prefix`` the device actors are named and detached: a later round, or another CU process, finds
@@ -135,7 +125,7 @@ def build_pipeline(model, delta, optimizer: OptimizerSpec, devices, cfg: RunConf
     )
 
 
-def dataplane_client(cfg: RunConfig, instructions, cluster: int):
+def dataplane_client(cfg: AnyConfig, instructions, cluster: int):
     """The remote head (the server's decoder) for this CU's round."""
     from collapipe_flwr.fl.dataplane import DecoderClient
 
@@ -150,7 +140,7 @@ def dataplane_client(cfg: RunConfig, instructions, cluster: int):
     )
 
 
-def lr_schedule(cfg: RunConfig):
+def lr_schedule(cfg: AnyConfig):
     """model.schedule on the federated path: ``factor(global_step)`` with global step
     (t - 1) * local_steps + i of round t's i-th local step, and total_steps = T * local_steps unless set.
     The same factor scales the CU's embedding, every device segment and the server's decoder."""
@@ -168,6 +158,6 @@ def lr_schedule(cfg: RunConfig):
     return factor
 
 
-def global_step(cfg: RunConfig, round_: int, local_step: int) -> int:
+def global_step(cfg: AnyConfig, round_: int, local_step: int) -> int:
     """The run-wide index of round t's ``local_step``-th step (0-based), the schedule's clock."""
     return (int(round_) - 1) * cfg.federation.local_steps + int(local_step)

@@ -1,6 +1,6 @@
 """Running Flower's CLI from tests: a private FLWR_HOME, offline settings, and every process stopped.
 
-``flwr run .`` starts a detached local SuperLink that outlives the command (DESIGN.md); it is found by
+``flwr run .`` starts a detached local SuperLink that outlives the command (docs/architecture.md); it is found by
 its ``--database`` path inside our private FLWR_HOME and killed by pid.
 """
 

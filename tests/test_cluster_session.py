@@ -69,7 +69,7 @@ def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_pla
             server.absorb_results(t, [(0, unpack_weights(record), m)])
             weights = server.global_model.array_record()
     finally:
-        released = release_run(identity, run_key_of(cfg, None), 3)
+        released = release_run(identity, run_key_of(cfg.cluster_config().with_data_dir(str(data_dir)), None), 3)
         server.shutdown()
     task = wiring.build_task(cfg)
     expected = plain_losses(cfg, task, wiring.client_partition(task, cfg, 0, 1), rounds=3)
@@ -137,7 +137,7 @@ def test_optimizer_state_keep_and_reset_match_adam_by_hand(data_dir, optimizer_s
         rec2, m2 = train_round(identity, pack_weights(w1), _instructions(cfg, server, 2, (2, 0, 0)), state=state)
         w2 = unpack_weights(rec2)
     finally:
-        release_run(identity, run_key_of(cfg, None), 3)
+        release_run(identity, run_key_of(cfg.cluster_config().with_data_dir(str(data_dir)), None), 3)
         server.shutdown()
     g1 = _grads(cfg, task, w0, batches[0])
     g2 = _grads(cfg, task, w1, batches[1])

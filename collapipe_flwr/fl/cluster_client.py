@@ -23,7 +23,7 @@ import torch
 from flwr.app import RecordDict
 
 from collapipe_flwr import wiring
-from collapipe_flwr.config import DATA_DIR_ENV, RunConfig, build_run_config
+from collapipe_flwr.config import DATA_DIR_ENV, ClusterConfig, build_cluster_config
 from collapipe_flwr.fl.cluster_session import cached_task, drop_session, session_for
 from collapipe_flwr.fl.messages import (
     NUM_EXAMPLES,
@@ -64,15 +64,15 @@ class ClusterIdentity:
         return cls(pid, nparts, data_dir)
 
 
-def hello_metrics(identity: ClusterIdentity, run_config: dict) -> dict:
+def hello_metrics(identity: ClusterIdentity, cluster_config: dict) -> dict:
     """Reply to the server's hello: which cluster this is and how many training examples it holds."""
-    cfg = wiring.config_from_run_config(run_config, data_dir=identity.data_dir)
+    cfg = build_cluster_config(cluster_config).with_data_dir(identity.data_dir)
     task = cached_task(cfg)
     examples = wiring.client_partition(task, cfg, identity.partition_id, identity.num_partitions)
     return {PARTITION_ID: identity.partition_id, NUM_PARTITIONS: identity.num_partitions, NUM_EXAMPLES: len(examples)}
 
 
-def run_key_of(cfg: RunConfig, run_id: int | None) -> str:
+def run_key_of(cfg: ClusterConfig, run_id: int | None) -> str:
     """Which run a message belongs to: Flower's run id, else (direct calls, tests) a digest of the config."""
     if run_id is not None:
         return str(run_id)
@@ -85,9 +85,7 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
     """Run one round on this CU; returns (reply ArrayRecord, metrics dict). ``state`` is Flower's
     ``Context.state`` of this node (the CU's optimizer state travels there between rounds)."""
     t_start = time.time()
-    cfg: RunConfig = build_run_config(instructions.run_config)
-    if identity.data_dir:
-        cfg = wiring.with_data_dir(cfg, identity.data_dir)
+    cfg = build_cluster_config(instructions.cluster_config).with_data_dir(identity.data_dir)
     torch.set_num_threads(cfg.runtime.torch_threads)
     run_key = run_key_of(cfg, run_id)
     session = session_for(run_key, identity.partition_id, identity.num_partitions, cfg, state)
@@ -98,7 +96,7 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
         prepared = session.prepare(instructions.round, unpack_weights(weights_record), plan.delta, devices, state)
         pipeline = session.pipeline
         t_setup = time.time()
-        if cfg.method.head_on_server:
+        if cfg.head_on_server:
             head = wiring.dataplane_client(cfg, instructions, identity.partition_id)
         else:
             head = session.local_head
@@ -124,7 +122,7 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
                     step_seconds[k] = step_seconds.get(k, 0.0) + float(v)
         t_trained = time.time()
         reply_parts = {"embedding": pipeline.embedding_state_dict(), "encoder": pipeline.encoder_state_dict()}
-        if not cfg.method.head_on_server:
+        if not cfg.head_on_server:
             reply_parts["head"] = {k: v.detach().clone() for k, v in session.model.head.state_dict().items()}
         memory = pipeline.memory_report()
         pids = pipeline.pids()

@@ -24,7 +24,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from collapipe_flwr import wiring
-from collapipe_flwr.config import RunConfig, resolve_data_dir
+from collapipe_flwr.config import ClusterConfig, resolve_data_dir
 from collapipe_flwr.pipeline.executors import release
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.precision import resolve_precision
@@ -37,11 +37,11 @@ _TASKS: dict[str, object] = {}
 _SESSIONS: dict[tuple[str, int], "ClusterSession"] = {}
 
 
-def task_key(cfg: RunConfig) -> str:
+def task_key(cfg: ClusterConfig) -> str:
     return json.dumps([cfg.task, cfg.model, str(resolve_data_dir(cfg.data_dir)), cfg.seed], sort_keys=True, default=str)
 
 
-def cached_task(cfg: RunConfig):
+def cached_task(cfg: ClusterConfig):
     """The task for ``cfg``, reused while the task/model config, data dir, seed and cache dir stay the same
     (one entry: a new run's config replaces the last one's)."""
     key = task_key(cfg)
@@ -61,7 +61,7 @@ class ClusterSession:
 
     run_key: str
     cluster: int
-    cfg: RunConfig
+    cfg: ClusterConfig
     task: object
     examples: list[int]
     model: object
@@ -88,7 +88,7 @@ class ClusterSession:
             self.pipeline.repartition(delta)
         moved = bool(getattr(self.pipeline, "moved_blocks", False))
         self.pipeline.load_encoder_state_dict(parts["encoder"])
-        if not cfg.method.head_on_server and self.local_head is None:
+        if not cfg.head_on_server and self.local_head is None:
             self.local_head = LocalHead(self.model.head, wiring.optimizer_spec(cfg), resolve_precision(cfg.runtime.precision))
         restored = 0
         if cfg.federation.optimizer_state == "reset":
@@ -153,7 +153,7 @@ class ClusterSession:
         return True
 
 
-def _partition(task, cfg: RunConfig, run_key: str, cluster: int, num_partitions: int, state: RecordDict | None) -> list[int]:
+def _partition(task, cfg: ClusterConfig, run_key: str, cluster: int, num_partitions: int, state: RecordDict | None) -> list[int]:
     """Cluster n's example indices; kept in ``Context.state`` so another CU process of the same run reuses
     them instead of partitioning again (flwr-datasets' import and partitioning cost seconds)."""
     if state is not None and STATE_PARTITION in state.config_records:
@@ -167,7 +167,7 @@ def _partition(task, cfg: RunConfig, run_key: str, cluster: int, num_partitions:
     return indices
 
 
-def session_for(run_key: str, cluster: int, num_partitions: int, cfg: RunConfig,
+def session_for(run_key: str, cluster: int, num_partitions: int, cfg: ClusterConfig,
                 state: RecordDict | None = None) -> ClusterSession:
     """This process's session of (run, cluster), built on first use (same task/model config)."""
     key = (run_key, cluster)

@@ -15,7 +15,7 @@ segments, eq. 4) and, for methods that train the head on the CU, ``head.``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -73,21 +73,19 @@ class TrainInstructions:
 
     round: int
     plan: ClusterPlan
-    run_config: dict
+    cluster_config: dict  # ClusterConfig.to_dict(): the part of the run config a CU uses
     devices: list[dict]
     dataplane_address: str = ""
     dataplane_secret: str = ""
-    extra: dict = field(default_factory=dict)
 
     def to_record(self) -> ConfigRecord:
         payload = {
             "round": self.round,
             "plan": self.plan.to_dict(),
-            "run_config": self.run_config,
+            "cluster_config": self.cluster_config,
             "devices": self.devices,
             "dataplane_address": self.dataplane_address,
             "dataplane_secret": self.dataplane_secret,
-            "extra": self.extra,
         }
         return ConfigRecord({"json": json.dumps(payload)})
 
@@ -98,11 +96,10 @@ class TrainInstructions:
             return cls(
                 round=int(payload["round"]),
                 plan=ClusterPlan.from_dict(payload["plan"]),
-                run_config=dict(payload["run_config"]),
+                cluster_config=dict(payload["cluster_config"]),
                 devices=list(payload["devices"]),
                 dataplane_address=str(payload.get("dataplane_address", "")),
                 dataplane_secret=str(payload.get("dataplane_secret", "")),
-                extra=dict(payload.get("extra", {})),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CollaPipeError(f"malformed train instructions ({err}); the server and CU run different versions") from None
@@ -134,7 +131,8 @@ def read_reply(msg: Message) -> tuple[ArrayRecord, dict]:
 
 
 def run_config_record(run_config: dict) -> ConfigRecord:
-    """The resolved run config, as the hello message carries it (a CU needs no copy of ``conf/``)."""
+    """A JSON mapping as a ConfigRecord: the CU's part of the resolved run config in a hello message (a CU
+    needs no copy of ``conf/``), the number of devices in a release message."""
     return ConfigRecord({"json": json.dumps(run_config)})
 
 

@@ -101,7 +101,7 @@ class ServerState:
         return TrainInstructions(
             round=t,
             plan=plan,
-            run_config=self.cfg.to_dict(),
+            cluster_config=self.cfg.cluster_config().to_dict(),
             devices=[d.to_dict() for d in self.planner.devices_of(plan.cluster)],
             dataplane_address=self.decoder.address,
             dataplane_secret=self.decoder.secret,

@@ -86,7 +86,7 @@ class CollaPipeStrategy(Strategy):
                 f"federation.num_clusters={n_expected} but only {len(node_ids)} SuperNodes connected within "
                 f"{timeout_s:.0f}s; start more SuperNodes or set num-supernodes in .flwr/config.toml"
             )
-        content = RecordDict({RUN_CONFIG: run_config_record(self.cfg.to_dict())})
+        content = RecordDict({RUN_CONFIG: run_config_record(self.cfg.cluster_config().to_dict())})
         msgs = [Message(content, dst_node_id=n, message_type=HELLO) for n in node_ids]
         replies = list(grid.send_and_receive(msgs, timeout=timeout_s))
         for reply in replies:

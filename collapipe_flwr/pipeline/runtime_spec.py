@@ -1,0 +1,47 @@
+"""The ``runtime`` config section: where a cluster's device stages run and how (RuntimeSpec)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from collapipe_flwr.spec_parsing import require, typed
+
+BACKENDS = ("ray", "local")
+from collapipe_flwr.precision import PRECISIONS
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """backend: ``ray`` (one Ray actor per device) | ``local`` (stages in the CU's process);
+    ray_address: an existing Ray cluster ("auto" or host:port), "" = a local Ray instance;
+    emulate: slow each device actor in proportion to its profile (f_k, phi_k);
+    actor_num_cpus: Ray CPUs per device actor (0 lets actors schedule inside a Flower simulation);
+    device_timeout_s: the longest wait for one device's step; torch_threads: torch threads per process;
+    precision: ``auto`` (bf16 autocast where the hardware has native bf16) | ``fp32`` | ``bf16``;
+    prestart_devices: start every device actor of a cluster with its first round (idle ones hold no
+    blocks), so a later plan that adds a device pays no process start-up inside its round."""
+
+    backend: str = "ray"
+    ray_address: str = ""
+    emulate: bool = False
+    actor_num_cpus: float = 0.0
+    device_timeout_s: float = 300.0
+    torch_threads: int = 1
+    precision: str = "auto"
+    prestart_devices: bool = True
+
+    def __post_init__(self) -> None:
+        require(self.precision in PRECISIONS, f"runtime.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}")
+        require(self.backend in BACKENDS, f"runtime.backend={self.backend!r} must be one of {', '.join(BACKENDS)}")
+        require(self.actor_num_cpus >= 0, "runtime.actor_num_cpus must be >= 0")
+        require(self.device_timeout_s > 0, "runtime.device_timeout_s must be > 0")
+        require(self.torch_threads >= 1, "runtime.torch_threads must be >= 1")
+
+    def to_raw(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_runtime(raw: Any) -> RuntimeSpec:
+    """conf ``runtime`` mapping -> RuntimeSpec (one-line ConfigError on a bad key or value)."""
+    return typed("runtime", RuntimeSpec, raw)
