@@ -77,6 +77,7 @@ class ServerState:
     @classmethod
     def build(cls, cfg: RunConfig) -> "ServerState":
         from collapipe_flwr.dssra.methods import make_planner
+        from collapipe_flwr.dssra.specs import parse_method, parse_scheduler
         from collapipe_flwr.system.network import NetworkSpec
         from collapipe_flwr.system.state import StateSampler
         from collapipe_flwr.system.workload import measure_workload
@@ -91,7 +92,8 @@ class ServerState:
             model.blocks, hidden, mask, batch_size=wiring.batch_size(cfg),
             steps_per_round=cfg.federation.local_steps, embedding=model.embedding, head=model.head,
         )
-        policy = make_planner(dataclasses.asdict(cfg.method), cfg.scheduler, spec, workload, cfg.seed)
+        method, scheduler = parse_method(dataclasses.asdict(cfg.method)), parse_scheduler(cfg.scheduler)
+        policy = make_planner(method, scheduler, spec, workload, cfg.seed)
         secret = secrets.token_hex(16)
         host = None
         if cfg.method.head_on_server:
