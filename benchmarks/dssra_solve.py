@@ -22,6 +22,7 @@ import numpy as np
 from collapipe_flwr.dssra import dinkelbach
 from collapipe_flwr.dssra.policies import make_policy
 from collapipe_flwr.dssra.simulate import generic_workload, load_yaml
+from collapipe_flwr.dssra.specs import parse_scheduler
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.state import StateSampler
 
@@ -59,7 +60,7 @@ def main() -> None:
             net.update(num_channels=J, devices_per_cluster=K)
             spec = NetworkSpec.from_config(net, N)
             sched = dict(load_yaml("scheduler", "dssra"), drift=drift)
-            policy = make_policy(sched, spec, workload, 0)
+            policy = make_policy(parse_scheduler(sched), spec, workload, 0)
             policy.Y[:] = 1.0  # non-zero queues: the drift terms are live
             sampler = StateSampler(spec, 0)
             times = []

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from collapipe_flwr.dssra.specs import MethodSpec, SchedulerSpec, parse_method, parse_scheduler
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.pipeline.runtime_spec import RuntimeSpec, parse_runtime
 from collapipe_flwr.spec_parsing import check_keys, mapping, require, typed
@@ -26,7 +27,6 @@ from collapipe_flwr.spec_parsing import check_keys, mapping, require, typed
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DATA_DIR_ENV = "COLLAPIPE_DATA_DIR"
 
-METHODS = ("collapipe", "collapipe_no_ss", "vanilla_fl", "pipeline", "titanic")
 OPTIMIZER_STATES = ("keep", "reset")
 SERVER_OPTIMIZERS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
 DECODER_UPDATES = ("per_cu", "joint")
@@ -36,21 +36,6 @@ def _bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"config key {key}={value!r} must be true or false")
     return value
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """How a training method differs from CollaPipe: only the plan and the aggregation."""
-
-    name: str = "collapipe"
-    segment_scheduling: bool = True
-    fixed_m: int = 4
-    head_on_server: bool = True
-    aggregate: bool = True
-
-    def __post_init__(self) -> None:
-        require(self.name in METHODS, f"method.name={self.name!r} is not one of {', '.join(METHODS)}; pick method=<name>")
-        require(self.fixed_m >= 1, f"method.fixed_m={self.fixed_m} must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -136,7 +121,7 @@ class RunConfig:
     task: dict
     model: dict
     method: MethodSpec
-    scheduler: dict
+    scheduler: SchedulerSpec
     network: dict
     federation: FederationSpec
     runtime: RuntimeSpec
@@ -149,7 +134,15 @@ class RunConfig:
         return resolve_data_dir(self.data_dir)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The YAML-shaped mapping (``build_run_config(cfg.to_dict()) == cfg``): what config.json holds."""
+        return {
+            "seed": self.seed, "data_dir": self.data_dir, "output_dir": self.output_dir, "run_name": self.run_name,
+            "task": dict(self.task), "model": dict(self.model), "method": self.method.to_raw(),
+            "scheduler": self.scheduler.to_raw(), "network": dict(self.network),
+            "federation": dataclasses.asdict(self.federation), "runtime": self.runtime.to_raw(),
+            "dataplane": dataclasses.asdict(self.dataplane), "eval": dataclasses.asdict(self.eval),
+            "save_client_weights": self.save_client_weights,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
@@ -255,8 +248,8 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         run_name=str(data.get("run_name") or ""),
         task=dict(data["task"]),
         model=dict(data["model"]),
-        method=typed("method", MethodSpec, data.get("method")),
-        scheduler=dict(data["scheduler"]),
+        method=parse_method(data.get("method")),
+        scheduler=parse_scheduler(data["scheduler"]),
         network=dict(data["network"]),
         federation=typed("federation", FederationSpec, data.get("federation")),
         runtime=parse_runtime(data.get("runtime")),

@@ -21,12 +21,10 @@ from collapipe_flwr.pipeline.optim import OptimizerSpec
 # ----------------------------------------------------------------------------- validation
 def validate_sections(cfg: RunConfig) -> None:
     """Let each owning package check its section once, at start-up (called by build_run_config)."""
-    from collapipe_flwr.dssra.policies import validate_scheduler_config
     from collapipe_flwr.system.network import NetworkSpec
     from collapipe_flwr.tasks.registry import validate_task_config
 
     validate_task_config(cfg.task, cfg.model)
-    validate_scheduler_config(cfg.scheduler)
     NetworkSpec.from_config(cfg.network, cfg.federation.num_clusters)
     optimizer_spec(cfg)
 

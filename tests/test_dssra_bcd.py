@@ -15,6 +15,7 @@ import yaml
 
 from collapipe_flwr.config import CONF_DIR
 from collapipe_flwr.dssra.policies import make_policy
+from collapipe_flwr.dssra.specs import parse_scheduler
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.state import StateSampler
 from collapipe_flwr.system.workload import Workload
@@ -32,7 +33,7 @@ def policy(V: float, bcd: int, drift: str, spec, Y):
     sched = conf("scheduler", "dssra")
     sched.update(V=V, bcd_max_iters=bcd, drift=drift, max_m=8)
     sched["convergence"] = dict(sched["convergence"], grad_bound=30.0, gamma_max=3.0, interference_c=5.0)
-    pol = make_policy(sched, spec, WORKLOAD, 0)
+    pol = make_policy(parse_scheduler(sched), spec, WORKLOAD, 0)
     pol.Y[:] = Y
     return pol
 

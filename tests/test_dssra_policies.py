@@ -16,7 +16,9 @@ from torch import nn
 
 from collapipe_flwr.config import CONF_DIR
 from collapipe_flwr.dssra.plan import RoundPlan
-from collapipe_flwr.dssra.policies import POLICIES, make_policy, validate_scheduler_config
+from collapipe_flwr.dssra.policies import make_policy
+from collapipe_flwr.dssra.selectors import SELECTORS
+from collapipe_flwr.dssra.specs import SchedulerSpec, parse_scheduler
 from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.state import RoundState, StateSampler
@@ -43,10 +45,14 @@ def conf(group: str, name: str) -> dict:
     return yaml.safe_load((CONF_DIR / group / f"{name}.yaml").read_text())
 
 
-def scheduler(name: str, **over) -> dict:
+def raw_scheduler(name: str, **over) -> dict:
     s = conf("scheduler", name)
     s.update(over)
     return s
+
+
+def scheduler(name: str, **over) -> SchedulerSpec:
+    return parse_scheduler(raw_scheduler(name, **over))
 
 
 def check_constraints(plan: RoundPlan, spec: NetworkSpec, state: RoundState, workload, uplink_bits=None,
@@ -92,7 +98,7 @@ def check_constraints(plan: RoundPlan, spec: NetworkSpec, state: RoundState, wor
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), t=st.integers(0, 10_000), clusters=st.integers(1, 5),
-       policy=st.sampled_from(POLICIES), queue=st.sampled_from([0.0, 0.5, 50.0]), drift=st.sampled_from(["gamma", "paper"]))
+       policy=st.sampled_from(tuple(SELECTORS)), queue=st.sampled_from([0.0, 0.5, 50.0]), drift=st.sampled_from(["gamma", "paper"]))
 def test_every_plan_satisfies_c1_to_c9(workload, seed, t, clusters, policy, queue, drift):
     net = conf("network", "small")
     net["seed"] = seed % 17
@@ -141,10 +147,10 @@ def test_cu_energy_too_tight_names_c8(workload):
     ({"convergence": {"gamma_max": 0}}, "gamma_max"), ({"convergence": {"zeta": 1}}, "zeta"),
 ])
 def test_scheduler_config_errors(bad, match):
-    s = scheduler("dssra")
+    s = raw_scheduler("dssra")
     s.update(bad)
     with pytest.raises(ConfigError, match=match):
-        validate_scheduler_config(s)
+        parse_scheduler(s)
 
 
 def test_uniform_uses_equal_blocks_on_all_devices(workload):
@@ -162,8 +168,9 @@ def lyapunov_run(V: float, rounds: int) -> tuple[float, float]:
                         param_bytes=(1e5,) * 6, saved_bytes=(1e4,) * 6, batch_size=16)
     spec = NetworkSpec.from_config(conf("network", "paper_table2"), 3)
     # Gamma_max below what the delay-optimal S gives, so the queue has to work
-    sched = scheduler("dssra", V=V, max_m=8)
+    sched = raw_scheduler("dssra", V=V, max_m=8)
     sched["convergence"] = dict(sched["convergence"], gamma_max=GAMMA_MAX, grad_bound=30.0)
+    sched = parse_scheduler(sched)
     pol = make_policy(sched, spec, workload, 0)
     sampler = StateSampler(spec, 0)
     gammas, delays = [], []

@@ -1,4 +1,4 @@
-"""Plans of the training methods (dssra/methods.py): every plan satisfies C1-C9, each method's partition
+"""Plans of the training methods (dssra/methods/): every plan satisfies C1-C9, each method's partition
 rule holds (checked by hand), and the modelled delays equal eqs. (10)-(15), (26) recomputed here."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import yaml
 
 from collapipe_flwr.config import CONF_DIR
 from collapipe_flwr.dssra.cluster_model import ClusterModel
-from collapipe_flwr.dssra.methods import make_planner, proportional_split, titanic_segments
+from collapipe_flwr.dssra.methods import make_planner
+from collapipe_flwr.dssra.methods.titanic import proportional_split, titanic_segments
+from collapipe_flwr.dssra.specs import parse_method, parse_scheduler
 from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.state import StateSampler
@@ -34,7 +36,7 @@ def planner(method: str, policy: str = "dssra", clusters: int = 3, seed: int = 0
     net.update(net_over)
     spec = NetworkSpec.from_config(net, clusters)
     sched = dict(conf("scheduler", policy), V=0.5)
-    return make_planner(conf("method", method), sched, spec, WORKLOAD, seed), spec
+    return make_planner(parse_method(conf("method", method)), parse_scheduler(sched), spec, WORKLOAD, seed), spec
 
 
 def bits_by_hand(method: str) -> float:
@@ -159,17 +161,18 @@ def test_vanilla_fl_names_c7_when_no_device_holds_the_model():
     net = conf("network", "small")
     net["device"]["memory_bytes"] = WORKLOAD.block_memory_bytes() * 3   # 3 of 5 blocks per device
     spec = NetworkSpec.from_config(net, 2)
-    pl = make_planner(conf("method", "vanilla_fl"), conf("scheduler", "dssra"), spec, WORKLOAD, 0)
+    pl = make_planner(parse_method(conf("method", "vanilla_fl")), parse_scheduler(conf("scheduler", "dssra")), spec,
+                      WORKLOAD, 0)
     with pytest.raises(InfeasiblePlanError, match=r"C7 .*cluster 0"):
         pl.plan(0, StateSampler(spec, 0).sample(0))
 
 
 def test_bad_method_config_is_one_line():
     with pytest.raises(ConfigError, match="method.zeta"):
-        make_planner({"name": "collapipe", "zeta": 1}, conf("scheduler", "dssra"),
-                     NetworkSpec.from_config(conf("network", "small"), 1), WORKLOAD, 0)
+        parse_method({"name": "collapipe", "zeta": 1})
     with pytest.raises(ConfigError, match="uploads nothing"):
-        make_planner({"name": "pipeline", "head_on_server": False, "aggregate": False}, conf("scheduler", "dssra"),
+        make_planner(parse_method({"name": "pipeline", "head_on_server": False, "aggregate": False}),
+                     parse_scheduler(conf("scheduler", "dssra")),
                      NetworkSpec.from_config(conf("network", "small"), 1), WORKLOAD, 0)
 
 

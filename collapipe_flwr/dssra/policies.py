@@ -1,33 +1,31 @@
-"""Scheduling policies behind one interface: ``make_policy(...).plan(t, state) -> RoundPlan``.
+"""Scheduling policies behind one interface: ``make_policy(scheduler, ...).plan(t, state) -> RoundPlan``.
 
-* ``dssra`` (Algorithm 4): block coordinate descent between Sub-1 (exact, per cluster: S, m, delta given
-  the matching) and Sub-2 (Dinkelbach + SCA power for every (CU, channel) pair under C6, C8', C11', then
-  Hungarian matching with virtual channels), minimising the decomposed drift-plus-penalty (P3, eqs. 34-36)
-  sum_{n selected} V (tau_n^pipe + tau_n^Up) + sum_n Y_n Gamma_n (or the paper's literal Y_n (S + p_n),
-  scheduler.drift = paper), until the plan stops changing or scheduler.bcd_max_iters passes.
-* ``uniform``: DSSRA without segment scheduling: equal blocks on all K devices, m = fixed_m.
-* ``random``: min(N, J) CUs at random on random free channels.
-* ``loss_only``: the J CUs with the highest last reported loss (never-seen CUs first).
-* ``delay_only``: the J CUs with the smallest modelled local (pipeline) delay.
-The three baselines ignore the queues: segments by Sub-1 with V only, channels greedily (each selected CU
-in rank order takes its best free channel), power = the largest C6/C8'-feasible power.
+Every policy runs the same block coordinate descent (Algorithms 2-4) between Sub-1 (exact, per cluster: S,
+m, delta given the matching) and Sub-2 (Dinkelbach + SCA power for every (CU, channel) pair under C6, C8',
+C11', then the channel selection), minimising the decomposed drift-plus-penalty (P3, eqs. 34-36)
+sum_{n selected} V (tau_n^pipe + tau_n^Up) + sum_n Y_n Gamma_n (or the paper's literal Y_n (S + p_n),
+scheduler.drift = paper), until the plan stops changing or scheduler.bcd_max_iters passes.
+What differs between policies is the channel selection rule a_{n,j}, one
+:class:`~collapipe_flwr.dssra.selectors.ChannelSelector` per ``scheduler.name`` (dssra, uniform, random,
+loss_only, delay_only; see dssra/selectors.py). A rule without queues (the baselines) gets one pass,
+segments by Sub-1 with V only and power = the largest C6/C8'-feasible power.
 ``observe(plan, losses)`` updates Y_n by eq. (29) for every policy (so their Gamma can be compared).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import numpy as np
 
-from collapipe_flwr.dssra.channels import match_channels
 from collapipe_flwr.dssra.cluster_model import ClusterModel
-from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
 from collapipe_flwr.dssra.dinkelbach import c11_power_floor, dinkelbach_sca_power
+from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
 from collapipe_flwr.dssra.power import LN2, max_energy_power
-from collapipe_flwr.dssra.scheduler_config import DRIFTS, POLICIES, SchedulerSpec, parse_scheduler_config
 from collapipe_flwr.dssra.segments import SegmentPlan, fixed_segments, solve_segments, uniform_delta
+from collapipe_flwr.dssra.selectors import SELECTORS, ChannelProblem
+from collapipe_flwr.dssra.specs import SchedulerSpec
 from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
 from collapipe_flwr.system import pipeline_model
 from collapipe_flwr.system.convergence import ConvergenceParams, queue_update
@@ -35,25 +33,22 @@ from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.state import RoundState
 from collapipe_flwr.system.workload import Workload
 
-__all__ = ["POLICIES", "DRIFTS", "Policy", "make_policy", "validate_scheduler_config"]
+__all__ = ["PlanShape", "Policy", "make_policy"]
 
 
-def validate_scheduler_config(scheduler: dict) -> None:
-    """Raise a one-line ConfigError if ``scheduler`` (conf/scheduler/*.yaml) is not valid."""
-    parse_scheduler_config(scheduler)
+def make_policy(scheduler: SchedulerSpec, network: NetworkSpec, workload: Workload, seed: int,
+                shape: PlanShape | None = None) -> Policy:
+    """The Policy of ``scheduler`` (conf/scheduler/*.yaml, parsed by ``specs.parse_scheduler``) for one run."""
+    return Policy(scheduler, network, workload, seed, shape)
 
 
-def make_policy(scheduler: dict, spec: NetworkSpec, workload: Workload, seed: int, shape: "PlanShape | None" = None) -> "Policy":
-    return Policy(parse_scheduler_config(scheduler), spec, workload, seed, shape)
-
-
-# segments(model, V, drift_by_S, idle) -> SegmentPlan: a method's own partition rule (see dssra/methods.py)
+# segments(model, V, drift_by_S, idle) -> SegmentPlan: a method's own partition rule (see dssra/methods/)
 SegmentRule = Callable[[ClusterModel, float, np.ndarray, bool], SegmentPlan]
 
 
 @dataclass(frozen=True)
 class PlanShape:
-    """How a training method's plan differs from CollaPipe's (dssra/methods.py); the default is CollaPipe.
+    """How a training method's plan differs from CollaPipe's (dssra/methods/); the default is CollaPipe.
 
     method: name logged in plan.modelled.  segments: partition rule replacing Sub-1 / uniform blocks.
     uplink_bits: bits a selected CU sends per round (default Workload.uplink_bits()).
@@ -81,6 +76,7 @@ class Policy:
         self.Y = np.zeros(spec.num_clusters)
         self.last_loss: dict[int, float] = {}
         self.rng = np.random.default_rng([int(seed), 0xD55])
+        self.selector = SELECTORS[sched.name](self.rng)
         self.uplink_bits = float(self.shape.uplink_bits if self.shape.uplink_bits is not None else workload.uplink_bits())
         b = workload.batch_size
         top = min(b, sched.max_m) if sched.max_m else b
@@ -91,7 +87,7 @@ class Policy:
     # ------------------------------------------------------------------ drift terms
     @property
     def uses_queues(self) -> bool:
-        return self.name in ("dssra", "uniform")
+        return self.selector.uses_queues
 
     def _segment_drift(self, n: int, K: int) -> np.ndarray:
         S = np.arange(K + 1)
@@ -135,21 +131,23 @@ class Policy:
                 out.append(cache[key])
             return out
 
+        max_passes = self.sched.bcd_max_iters if self.uses_queues else 1
         flags = [True] * N
-        history: list[float] = []
-        passes = self.sched.bcd_max_iters if self.uses_queues else 1
         segs = sub1(flags)
-        for it in range(passes):
-            if it > 0:
-                segs = sub1(flags)
-                history.append(self._bcd_objective(segs, sub2, radio))
-            sub2 = self._sub2(t, segs, radio, power_cache)
-            history.append(self._bcd_objective(segs, sub2, radio))
+        sub2 = self._sub2(t, segs, radio, power_cache)
+        history = [self._bcd_objective(segs, sub2, radio)]
+        passes = 1
+        while passes < max_passes:
             new_flags = [c is not None for c in sub2["channel"]]
             if new_flags == flags:
                 break
             flags = new_flags
-        return self._assemble(t, models, segs, sub2, radio, history, it + 1)
+            segs = sub1(flags)
+            history.append(self._bcd_objective(segs, sub2, radio))  # Sub-1 half-step: last pass's channels, power
+            sub2 = self._sub2(t, segs, radio, power_cache)
+            history.append(self._bcd_objective(segs, sub2, radio))
+            passes += 1
+        return self._assemble(t, models, segs, sub2, radio, history, passes)
 
     def _radio(self, state: RoundState) -> dict:
         spec = self.spec
@@ -183,7 +181,7 @@ class Policy:
         rows = [n for n in range(N) if (n, segs[n].S) not in power_cache]
         if rows:
             idx = np.asarray(rows)
-            p_floor = 0.0
+            p_floor: float | np.ndarray = 0.0
             if self.uses_queues and self.shape.optimise_power and self.conv.interference_c > 0:
                 S = np.array([segs[n].S for n in rows], dtype=float)
                 budget = self.conv.gamma_max - self.conv.segment_term(S) - self.conv.constant_term()
@@ -203,7 +201,7 @@ class Policy:
         uplink = np.where(feasible, bits * LN2 / (bandwidth * np.log1p(slope * p_safe)), np.inf)
         drift = w_gamma[:, None] / (p_safe * gain + interf[None, :]) + w_lin[:, None] * p_safe
         cost = np.where(feasible, V * (pipe[:, None] + uplink) + drift, np.inf)
-        channel = self._select(cost, virtual, pipe, slope, feasible)
+        channel = self.selector.select(ChannelProblem(cost, virtual, pipe, slope, feasible, self.last_loss))
         if not any(c is not None for c in channel):
             raise InfeasiblePlanError(
                 f"C8 (CU energy) violated in every cluster in round {t}: no CU can upload {bits / 8e6:.4g} MB within "
@@ -226,32 +224,6 @@ class Policy:
             total += V * (seg.pipeline_s + float(sub2["uplink"][n, j]))
             total += float(w_gamma[n] / (p * radio["gain"][n, j] + radio["interf"][j]) + w_lin[n] * p)
         return total
-
-    def _select(self, cost, virtual, pipe, slope, feasible) -> list[int | None]:
-        N, J = cost.shape
-        if self.name in ("dssra", "uniform"):
-            return match_channels(cost, virtual)
-        candidates = [n for n in range(N) if feasible[n].any()]
-        if self.name == "random":
-            order = [int(x) for x in self.rng.permutation(candidates)]
-            pick = lambda free, n: int(self.rng.choice(free))  # noqa: E731
-        else:
-            if self.name == "loss_only":
-                key = lambda n: (-self.last_loss.get(n, np.inf), n)  # noqa: E731
-            else:  # delay_only
-                key = lambda n: (pipe[n], n)  # noqa: E731
-            order = sorted(candidates, key=key)
-            pick = lambda free, n: max(free, key=lambda j: (slope[n, j], -j))  # noqa: E731
-        channel: list[int | None] = [None] * N
-        used: set[int] = set()
-        for n in order:
-            if len(used) == J:
-                break
-            free = [j for j in range(J) if j not in used and feasible[n, j]]
-            if free:
-                channel[n] = pick(free, n)
-                used.add(channel[n])
-        return channel
 
     def _assemble(self, t, models, segs, sub2, radio, history, passes: int) -> RoundPlan:
         N = len(models)

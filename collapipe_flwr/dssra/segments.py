@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from collapipe_flwr.dssra.cluster_model import ClusterModel
+from collapipe_flwr.errors import InfeasiblePlanError
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,6 @@ def uniform_delta(K: int, L: int) -> tuple[int, ...]:
 
 def fixed_segments(model: ClusterModel, V: float, drift_by_S, delta, m: int) -> SegmentPlan:
     """A given partition and m (uniform / random policies), checked against C7 and C9'."""
-    from collapipe_flwr.errors import InfeasiblePlanError
-
     delta = np.asarray(delta, dtype=int)
     over_mem = np.nonzero(delta > model.memory_cap)[0]
     if over_mem.size:

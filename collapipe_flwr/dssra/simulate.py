@@ -56,12 +56,13 @@ def load_yaml(group: str, name: str) -> dict:
 def run(policy_name: str, rounds: int, spec, workload, scheduler: dict, seed: int) -> dict:
     """Cumulative modelled delay and mean Gamma of one policy over ``rounds`` rounds (same states for all)."""
     from collapipe_flwr.dssra.policies import make_policy
+    from collapipe_flwr.dssra.specs import parse_scheduler
     from collapipe_flwr.system.state import StateSampler
 
     sched = dict(scheduler, name=policy_name)
     if policy_name == "uniform":
         sched["segment_scheduling"] = False
-    policy = make_policy(sched, spec, workload, seed)
+    policy = make_policy(parse_scheduler(sched), spec, workload, seed)
     sampler = StateSampler(spec, seed)
     rng = np.random.default_rng([seed, 77])
     difficulty = rng.uniform(1.0, 3.0, spec.num_clusters)

@@ -6,6 +6,7 @@
   (``runs``), aggregates them (``aggregate``, ``reductions``: pure functions) and writes results.md,
   results.csv (``tables``) and PNG figures (``figures``).
 
-A new method is only a new ``conf/method/<name>.yaml``: everything here reads the method's name from
-the run's labels and records, never from a list of methods.
+A new training method is one planner module in ``collapipe_flwr/dssra/methods/`` plus its
+``conf/method/<name>.yaml`` (docs/baselines.md); nothing here changes: everything in this package reads
+the method's name from the run's labels and records, never from a list of methods.
 """

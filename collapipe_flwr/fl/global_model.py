@@ -15,7 +15,7 @@ import copy
 import torch
 from flwr.app import ArrayRecord
 
-from collapipe_flwr.config import MethodSpec
+from collapipe_flwr.dssra.specs import MethodSpec
 from collapipe_flwr.fl.messages import NUM_EXAMPLES, pack_weights
 from collapipe_flwr.fl.server_optimizer import ServerOptimizer
 from collapipe_flwr.models.split import SplitModel

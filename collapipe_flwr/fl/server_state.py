@@ -12,7 +12,6 @@ The strategy (``fl/strategy.py``) only speaks Flower and drives these parts.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -75,8 +74,8 @@ class ServerState:
             model.blocks, hidden, mask, batch_size=wiring.batch_size(cfg),
             steps_per_round=cfg.federation.local_steps, embedding=model.embedding, head=model.head,
         )
-        policy = make_planner(dataclasses.asdict(cfg.method), cfg.scheduler, network, workload, cfg.seed)
-        planner = RoundPlanner(network, StateSampler(network, cfg.seed), policy, str(cfg.scheduler.get("name", "")))
+        policy = make_planner(cfg.method, cfg.scheduler, network, workload, cfg.seed)
+        planner = RoundPlanner(network, StateSampler(network, cfg.seed), policy, cfg.scheduler.name)
         precision = resolve_precision(cfg.runtime.precision)
         dp = cfg.dataplane
         decoder = DecoderService.start(

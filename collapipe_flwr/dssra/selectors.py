@@ -1,0 +1,161 @@
+"""Channel selection rules of the scheduling policies (``scheduler.name``), one small class each.
+
+Every rule gets Sub-2's (CU, channel) cost matrix for the round (:class:`ChannelProblem`) and returns, per
+CU n, the channel j it uploads on (a_{n,j} = 1) or None (CU n sits out this round):
+
+* ``dssra`` (Algorithm 4): Hungarian matching with virtual channels (``match_channels``), Lyapunov queues Y_n
+  in the cost; block coordinate descent with Sub-1.
+* ``uniform``: the same matching, but without segment scheduling (equal blocks on all K, m = fixed_m).
+* ``random``: min(N, J) CUs at random on random free channels.
+* ``loss_only``: the CUs with the highest last reported loss first (never-seen CUs first).
+* ``delay_only``: the CUs with the smallest modelled pipeline delay tau_n^pipe first.
+
+The three baselines ignore the queues (one Sub-1/Sub-2 pass, no drift terms) and hand each chosen CU, in
+rank order, its best free channel (the largest h / (I + B N0)); ``random`` picks a random free channel.
+
+Adding a policy is one :class:`ChannelSelector` subclass registered with :func:`register_selector` plus one
+``conf/scheduler/<name>.yaml``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import ClassVar, TypeVar
+
+import numpy as np
+
+from collapipe_flwr.dssra.channels import match_channels
+
+__all__ = ["SELECTORS", "ChannelProblem", "ChannelSelector", "register_selector"]
+
+
+@dataclass(frozen=True)
+class ChannelProblem:
+    """Sub-2's view of one round after power control.
+
+    cost [N, J]: V (tau_n^pipe + tau_{n,j}^Up) + power drift of CU n on channel j (inf where infeasible).
+    virtual [N]: the sit-out drift of CU n (cost of its virtual channel).  pipeline_s [N]: tau_n^pipe.
+    slope [N, J]: h_{n,j} / (I_j + B_j N0).  feasible [N, J]: a power within C6/C8' exists.
+    last_loss: the last loss each CU reported (``Policy.observe``).
+    """
+
+    cost: np.ndarray
+    virtual: np.ndarray
+    pipeline_s: np.ndarray
+    slope: np.ndarray
+    feasible: np.ndarray
+    last_loss: Mapping[int, float]
+
+
+class ChannelSelector(ABC):
+    """One policy's rule for a_{n,j}.
+
+    uses_queues: the policy minimises the drift-plus-penalty (Y_n in Sub-1 and Sub-2, BCD passes);
+    False = a baseline that only looks at delay (one pass, no drift terms, largest feasible power).
+    segment_scheduling: None = ``scheduler.segment_scheduling`` decides (default true); True/False = the
+    policy forces it.
+    """
+
+    name: ClassVar[str]
+    uses_queues: ClassVar[bool] = False
+    segment_scheduling: ClassVar[bool | None] = None
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    @abstractmethod
+    def select(self, problem: ChannelProblem) -> list[int | None]:
+        """The channel of every CU (None: not selected); no channel is used twice."""
+
+
+_SELECTORS: dict[str, type[ChannelSelector]] = {}
+SELECTORS: Mapping[str, type[ChannelSelector]] = MappingProxyType(_SELECTORS)
+
+_Rule = TypeVar("_Rule", bound=type[ChannelSelector])
+
+
+def register_selector(name: str) -> Callable[[_Rule], _Rule]:
+    """Class decorator: make ``cls`` the rule of ``scheduler.name = name``."""
+
+    def register(cls: _Rule) -> _Rule:
+        if name in _SELECTORS and _SELECTORS[name].__qualname__ != cls.__qualname__:
+            raise ValueError(f"scheduling policy {name!r} is registered twice")
+        cls.name = name
+        _SELECTORS[name] = cls
+        return cls
+
+    return register
+
+
+@register_selector("dssra")
+class MatchingSelector(ChannelSelector):
+    """Hungarian matching of CUs to channels plus one virtual (sit-out) channel per CU (Algorithm 4)."""
+
+    uses_queues = True
+
+    def select(self, problem: ChannelProblem) -> list[int | None]:
+        return match_channels(problem.cost, problem.virtual)
+
+
+@register_selector("uniform")
+class UniformSelector(MatchingSelector):
+    """DSSRA's matching with equal blocks on all K devices and m = fixed_m (no Sub-1)."""
+
+    segment_scheduling = False
+
+
+class GreedySelector(ChannelSelector):
+    """A baseline: rank the CUs that have a feasible channel, then each in turn takes a free channel."""
+
+    @abstractmethod
+    def order(self, problem: ChannelProblem, candidates: list[int]) -> list[int]:
+        """The candidate CUs, first served first."""
+
+    def pick(self, problem: ChannelProblem, n: int, free: list[int]) -> int:
+        """CU n's channel among the free feasible ones: the best h / (I + B N0) (ties: lower j)."""
+        return max(free, key=lambda j: (problem.slope[n, j], -j))
+
+    def select(self, problem: ChannelProblem) -> list[int | None]:
+        N, J = problem.cost.shape
+        candidates = [n for n in range(N) if problem.feasible[n].any()]
+        channel: list[int | None] = [None] * N
+        used: set[int] = set()
+        for n in self.order(problem, candidates):
+            if len(used) == J:
+                break
+            free = [j for j in range(J) if j not in used and problem.feasible[n, j]]
+            if free:
+                j = self.pick(problem, n, free)
+                channel[n] = j
+                used.add(j)
+        return channel
+
+
+@register_selector("random")
+class RandomSelector(GreedySelector):
+    """CUs in random order, each on a random free channel."""
+
+    def order(self, problem: ChannelProblem, candidates: list[int]) -> list[int]:
+        return [int(x) for x in self.rng.permutation(candidates)]
+
+    def pick(self, problem: ChannelProblem, n: int, free: list[int]) -> int:
+        return int(self.rng.choice(free))
+
+
+@register_selector("loss_only")
+class LossOnlySelector(GreedySelector):
+    """Highest last reported loss first; CUs that never reported come before all others (ties: lower n)."""
+
+    def order(self, problem: ChannelProblem, candidates: list[int]) -> list[int]:
+        return sorted(candidates, key=lambda n: (-problem.last_loss.get(n, np.inf), n))
+
+
+@register_selector("delay_only")
+class DelayOnlySelector(GreedySelector):
+    """Smallest modelled pipeline delay tau_n^pipe first (ties: lower n)."""
+
+    def order(self, problem: ChannelProblem, candidates: list[int]) -> list[int]:
+        return sorted(candidates, key=lambda n: (problem.pipeline_s[n], n))
