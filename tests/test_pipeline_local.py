@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import copy
+import inspect
 from dataclasses import FrozenInstanceError
 
 import pytest
@@ -12,6 +14,7 @@ from torch.nn import functional as F
 from collapipe_flwr.errors import ConfigError, PartitionError
 from collapipe_flwr.models.bert import build_bert
 from collapipe_flwr.models.transformer import build_transformer
+from collapipe_flwr.pipeline import cluster
 from collapipe_flwr.pipeline.cluster import ClusterPipeline, emulation_slowdowns
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.memory import (
@@ -227,3 +230,13 @@ def test_step_result_and_bad_arguments():
         ClusterPipeline(model.embedding, model.blocks, (6,), ADAM, backend="mpi")
     with pytest.raises(PartitionError, match="add 1 block"):
         ClusterPipeline(model.embedding, model.blocks, (2, 3), ADAM)
+
+
+def test_the_driver_never_touches_ray():
+    """pipeline/cluster.py is backend-neutral: no Ray import, no ``ray.*`` call, even inside a function."""
+    tree = ast.parse(inspect.getsource(cluster))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert "ray" not in imported
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    assert "ray" not in names and "_ray" not in {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
