@@ -101,7 +101,6 @@ class ClusterPipeline:
         self.timeout_s = float(timeout_s)
         self.name = name
         self.actor_num_cpus = float(actor_num_cpus)
-        self.actor_threads = actor_threads
         self.precision = precision
         self.num_blocks = len(blocks)
         self._encoder_keys = list(blocks.state_dict())
