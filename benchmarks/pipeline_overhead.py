@@ -34,7 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from collapipe_flwr.models.bert import build_bert  # noqa: E402
-from collapipe_flwr.pipeline.cluster import ClusterPipeline, default_actor_threads, usable_cores  # noqa: E402
+from collapipe_flwr.pipeline.cluster import ClusterPipeline  # noqa: E402
+from collapipe_flwr.pipeline.executors import default_actor_threads, usable_cores  # noqa: E402
 from collapipe_flwr.pipeline.head import LocalHead  # noqa: E402
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes  # noqa: E402
 from collapipe_flwr.pipeline.optim import OptimizerSpec  # noqa: E402
@@ -127,7 +128,7 @@ def pipeline_figures(batch, S: int, ms, warmup: int, steps: int, threads: int | 
                 result = pipe.train_step(batch, m, head)
                 plain_s = plain.step(batch)
                 if i >= warmup:
-                    piped.append(result.seconds["total"])
+                    piped.append(result.timings.total)
                     plain_times.append(plain_s)
             medians[m] = (statistics.median(piped), statistics.median(plain_times))
         peak = max(r["peak_bytes"] for r in pipe.memory_report())

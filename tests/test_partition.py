@@ -10,11 +10,10 @@ from torch import nn
 
 from collapipe_flwr.errors import CollaPipeError, PartitionError
 from collapipe_flwr.models.split import (
+    block_key,
     concat_segments,
-    encoder_state_dict,
-    num_segments,
+    renumber_blocks,
     segment_bounds,
-    split_blocks,
     validate_partition,
 )
 
@@ -35,7 +34,8 @@ def make_blocks(L: int) -> nn.ModuleList:
 def test_valid_partition_is_returned_as_tuple():
     assert validate_partition([1, 3, 2], 6) == (1, 3, 2)
     assert validate_partition((0, 2, 0, 4), 6, [6, 6, 6, 6]) == (0, 2, 0, 4)
-    assert num_segments((0, 2, 0, 4)) == 2
+    assert validate_partition((0, 2, 0, 4), 6, num_devices=4) == (0, 2, 0, 4)
+    assert validate_partition([2.0, 3], None) == (2, 3)  # L unknown: any total >= 1
 
 
 @pytest.mark.parametrize(
@@ -50,6 +50,8 @@ def test_valid_partition_is_returned_as_tuple():
         ((1.5, 4.5), 6, None, ["whole numbers"]),
         (("a", 2), 6, None, ["integers"]),
         ((0,), 0, None, ["at least one encoder block"]),
+        ((0, 0), None, None, ["no block"]),
+        ((-1, 2), None, None, ["delta_0=-1", "0 or more"]),
     ],
 )
 def test_bad_partitions_say_what_to_change(delta, L, caps, words):
@@ -67,12 +69,36 @@ def test_segment_bounds_skip_idle_devices():
     assert segment_bounds((1, 3, 2)) == [(0, 0, 1), (1, 1, 4), (2, 4, 6)]
 
 
-def test_split_blocks_shares_modules_in_order():
-    blocks = make_blocks(6)
-    segments = split_blocks(blocks, (1, 0, 3, 2))
-    assert [k for k, _ in segments] == [0, 2, 3]
-    flat = [b for _, seg in segments for b in seg]
-    assert all(a is b for a, b in zip(flat, blocks)) and len(flat) == 6
+def test_device_count_and_memory_note():
+    with pytest.raises(PartitionError, match="names 3 devices but the cluster has K=2 device profiles"):
+        validate_partition((2, 2, 2), 6, num_devices=2)
+    with pytest.raises(PartitionError, match=r"at most 1 block\(s\) for a batch of 4x7 tokens .* shrink the batch"):
+        validate_partition((2, 4), 6, [1, 6], memory_note="a batch of 4x7 tokens")
+
+
+def per_segment_states(blocks: nn.ModuleList, delta) -> list[dict]:
+    """Each non-empty segment's own state dict (local names from 0), built from its own ModuleList."""
+    return [dict(nn.ModuleList(blocks[a:b]).state_dict()) for _, a, b in segment_bounds(delta)]
+
+
+def test_renumber_blocks_between_segment_and_encoder():
+    state = {"0.w": 0, "1.w": 1, "1.b": 2, "2.w": 3, "3.w": 4}
+    # encoder -> segment (1, 3): global 1..2 become local 0..1, others dropped
+    assert renumber_blocks(state, -1, range(1, 3)) == {"0.w": 1, "0.b": 2, "1.w": 3}
+    # segment at offset 2 -> encoder
+    assert renumber_blocks({"0.w": 7, "1.x.y": 8}, 2) == {"2.w": 7, "3.x.y": 8}
+    assert block_key("12.attn.q.weight") == (12, "attn.q.weight")
+    with pytest.raises(PartitionError, match="does not start with a block number"):
+        renumber_blocks({"norm.weight": 0}, 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=4), min_size=1, max_size=5).filter(lambda d: sum(d) > 0))
+def test_slicing_the_encoder_gives_each_segments_state(delta):
+    blocks = make_blocks(sum(delta))
+    whole = dict(blocks.state_dict())
+    for (_, a, b), own in zip(segment_bounds(delta), per_segment_states(blocks, delta)):
+        _assert_same_state(renumber_blocks(whole, -a, range(a, b)), own)
 
 
 def _assert_same_state(a: dict, b: dict) -> None:
@@ -87,8 +113,7 @@ def test_concatenation_round_trip_gives_the_encoder_state_dict(delta):
     L = sum(delta)
     blocks = make_blocks(L)
     reference = dict(blocks.state_dict())
-    assert encoder_state_dict(blocks).keys() == reference.keys()
-    per_segment = [dict(seg.state_dict()) for _, seg in split_blocks(blocks, delta)]
+    per_segment = per_segment_states(blocks, delta)
     # local names start at 0 in every segment
     assert all(next(iter(sd)).startswith("0.") for sd in per_segment)
     _assert_same_state(concat_segments(per_segment, delta), reference)
@@ -103,7 +128,7 @@ def test_concatenation_round_trip_gives_the_encoder_state_dict(delta):
 
 def test_concat_rejects_segments_that_disagree_with_delta():
     blocks = make_blocks(6)
-    per_segment = [dict(seg.state_dict()) for _, seg in split_blocks(blocks, (2, 4))]
+    per_segment = per_segment_states(blocks, (2, 4))
     with pytest.raises(PartitionError, match="delta_0=3"):
         concat_segments(per_segment, (3, 3))
     with pytest.raises(PartitionError, match="one per device"):

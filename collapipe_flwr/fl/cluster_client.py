@@ -114,12 +114,10 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
             result = pipeline.train_step(batch, plan.m, head, lr_factor=factor)
             losses.append(float(result.loss))
             n_examples += int(next(iter(batch.values())).shape[0])
-            for k, v in result.seconds.items():
-                if k == "device_compute":  # {device index k: compute seconds this step}
-                    for dev, sec in v.items():
-                        device_compute[int(dev)] += float(sec)
-                else:
-                    step_seconds[k] = step_seconds.get(k, 0.0) + float(v)
+            for phase, sec in result.timings.phases().items():
+                step_seconds[phase] = step_seconds.get(phase, 0.0) + sec
+            for dev, sec in result.timings.device_compute.items():  # {device index k: compute seconds this step}
+                device_compute[int(dev)] += float(sec)
         t_trained = time.time()
         reply_parts = {"embedding": pipeline.embedding_state_dict(), "encoder": pipeline.encoder_state_dict()}
         if not cfg.head_on_server:

@@ -3,10 +3,9 @@
 from collapipe_flwr.models.split import (
     SplitModel,
     concat_segments,
-    encoder_state_dict,
-    num_segments,
+    renumber_blocks,
     segment_bounds,
     validate_partition,
 )
 
-__all__ = ["SplitModel", "concat_segments", "encoder_state_dict", "num_segments", "segment_bounds", "validate_partition"]
+__all__ = ["SplitModel", "concat_segments", "renumber_blocks", "segment_bounds", "validate_partition"]

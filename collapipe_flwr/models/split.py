@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -20,6 +21,7 @@ from torch import nn
 from collapipe_flwr.errors import PartitionError
 
 FAMILIES = ("transformer", "bert")
+V = TypeVar("V")
 
 
 @dataclass
@@ -69,18 +71,21 @@ class SplitModel:
             yield from part.parameters()
 
 
-def num_segments(delta: Sequence[int]) -> int:
-    """S = number of devices that hold at least one block."""
-    return sum(1 for d in delta if d > 0)
-
-
 def validate_partition(
-    delta: Sequence[int], L: int, max_blocks_per_device: Sequence[int] | None = None
+    delta: Sequence[int],
+    L: int | None,
+    max_blocks_per_device: Sequence[int] | None = None,
+    *,
+    num_devices: int | None = None,
+    memory_note: str = "",
 ) -> tuple[int, ...]:
-    """Check delta against the encoder (sum = L) and the devices (count, memory); return it as a tuple.
+    """The one check of a partition delta = (delta_1..delta_K); returns it as a tuple of ints.
 
-    ``max_blocks_per_device[k]`` is how many TEBs device k can hold in memory (constraint C7); a
-    delta_k above it is rejected. Every problem raises :class:`PartitionError` saying what to change.
+    delta_k must be whole numbers >= 0 summing to the encoder's L TEBs (``L=None``: any total >= 1, for a
+    delta whose L is not known here). ``num_devices`` is K (at most K entries). ``max_blocks_per_device[k]``
+    is how many TEBs device k can hold in memory (constraint C7; it also bounds K); a delta_k above it is
+    rejected, ``memory_note`` saying for what (e.g. a batch's activations). Every problem raises
+    :class:`PartitionError` saying what to change.
     """
     try:
         values = [int(d) for d in delta]
@@ -88,31 +93,35 @@ def validate_partition(
         raise PartitionError(f"partition delta={delta!r} must be a list of integers (blocks per device)") from None
     if any(int(d) != d for d in delta):
         raise PartitionError(f"partition delta={list(delta)} must hold whole numbers of blocks")
-    if L < 1:
+    caps = None if max_blocks_per_device is None else [int(c) for c in max_blocks_per_device]
+    K = len(caps) if num_devices is None and caps is not None else num_devices
+    if K is not None and len(values) > K:
+        raise PartitionError(
+            f"partition delta={values} names {len(values)} devices but the cluster has K={K} device profiles; give at most {K} entries"
+        )
+    if L is not None and L < 1:
         raise PartitionError(f"the encoder has L={L} blocks; build a model with at least one encoder block")
     if not values:
-        raise PartitionError(f"partition delta is empty; give one entry per device summing to L={L}")
+        summing = "" if L is None else f" summing to L={L}"
+        raise PartitionError(f"partition delta is empty; give one entry per device{summing}")
     negative = [k for k, d in enumerate(values) if d < 0]
     if negative:
         k = negative[0]
         raise PartitionError(f"partition delta={values} gives device {k} delta_{k}={values[k]} blocks; use 0 or more blocks per device")
     total = sum(values)
-    if total != L:
+    if L is None and total < 1:
+        raise PartitionError(f"partition delta={values} assigns no block; give at least one device a block")
+    if L is not None and total != L:
         change = "remove" if total > L else "add"
         raise PartitionError(
             f"partition delta={values} assigns {total} blocks but the encoder has L={L}; {change} {abs(total - L)} block(s) so the entries sum to {L}"
         )
-    if max_blocks_per_device is not None:
-        caps = [int(c) for c in max_blocks_per_device]
-        if len(values) > len(caps):
+    for k, (d, cap) in enumerate(zip(values, caps or [])):
+        if d > cap:
+            where, shrink = (f"for {memory_note}", ", shrink the batch") if memory_note else ("in its memory budget", "")
             raise PartitionError(
-                f"partition delta={values} names {len(values)} devices but the cluster has K={len(caps)}; give at most {len(caps)} entries"
+                f"device {k} can hold at most {cap} block(s) {where} but delta_{k}={d}; move {d - cap} block(s) to other devices{shrink} or raise its memory_bytes"
             )
-        for k, (d, cap) in enumerate(zip(values, caps)):
-            if d > cap:
-                raise PartitionError(
-                    f"device {k} can hold at most {cap} block(s) in its memory budget but delta_{k}={d}; move {d - cap} block(s) to other devices or raise its memory_bytes"
-                )
     return tuple(values)
 
 
@@ -126,27 +135,27 @@ def segment_bounds(delta: Sequence[int]) -> list[tuple[int, int, int]]:
     return bounds
 
 
-def split_blocks(blocks: nn.ModuleList, delta: Sequence[int]) -> list[tuple[int, nn.ModuleList]]:
-    """(device k, its segment) for every non-empty segment; the segments share the blocks' modules."""
-    delta = validate_partition(delta, len(blocks))
-    return [(k, nn.ModuleList(blocks[a:b])) for k, a, b in segment_bounds(delta)]
-
-
-def encoder_state_dict(blocks: nn.ModuleList) -> dict[str, torch.Tensor]:
-    """theta^enc with names ``"{l}.{param}"`` for l in 0..L-1 (the ModuleList's own names)."""
-    return dict(blocks.state_dict())
-
-
-def segment_state_dict(segment: nn.ModuleList) -> dict[str, torch.Tensor]:
-    """theta^s of one segment, with local block numbers ``"{j}.{param}"``, j in 0..delta_k-1."""
-    return dict(segment.state_dict())
-
-
-def _block_index(name: str) -> tuple[int, str]:
+def block_key(name: str) -> tuple[int, str]:
+    """``"{l}.{param}"`` -> (l, param): the block number a state-dict key of a ModuleList of TEBs starts with."""
     head, _, rest = name.partition(".")
     if not head.isdigit() or not rest:
-        raise PartitionError(f"segment state dict key {name!r} does not start with a block number; use the segment ModuleList's state_dict()")
+        raise PartitionError(f"state dict key {name!r} does not start with a block number; use a ModuleList of blocks' state_dict()")
     return int(head), rest
+
+
+def renumber_blocks(state: Mapping[str, V], shift: int, blocks: range | None = None) -> dict[str, V]:
+    """The one block renumbering between a segment's local block numbers and the encoder's global ones.
+
+    Key ``"{l}.{param}"`` becomes ``"{l + shift}.{param}"``, keeping only blocks l in ``blocks`` (all when
+    None). Segment (a, b) -> encoder: ``shift=a`` (local j is global a + j); encoder -> segment (a, b):
+    ``shift=-a, blocks=range(a, b)`` (global a..b-1 become local 0..b-a-1).
+    """
+    out: dict[str, V] = {}
+    for name, value in state.items():
+        l, rest = block_key(name)
+        if blocks is None or l in blocks:
+            out[f"{l + shift}.{rest}"] = value
+    return out
 
 
 def concat_segments(segments: Sequence[Mapping[str, torch.Tensor]], delta: Sequence[int]) -> dict[str, torch.Tensor]:
@@ -155,7 +164,7 @@ def concat_segments(segments: Sequence[Mapping[str, torch.Tensor]], delta: Seque
     ``segments`` holds one state dict per device of ``delta`` (empty ones for delta_k = 0), or one per
     non-empty segment in order. Local block j of device k becomes global block sum_{i<k} delta_i + j.
     """
-    delta = tuple(int(d) for d in delta)
+    delta = validate_partition(delta, None)
     bounds = segment_bounds(delta)
     if len(segments) == len(delta):
         pairs = [(segments[k], k, a, b) for k, a, b in bounds]
@@ -170,13 +179,10 @@ def concat_segments(segments: Sequence[Mapping[str, torch.Tensor]], delta: Seque
         )
     out: dict[str, torch.Tensor] = {}
     for seg, k, a, b in pairs:
-        seen = set()
-        for name, tensor in seg.items():
-            j, rest = _block_index(name)
-            if j >= b - a:
-                raise PartitionError(f"device {k} sent block {j} but holds delta_{k}={b - a} blocks; its segment and delta disagree")
-            seen.add(j)
-            out[f"{a + j}.{rest}"] = tensor
-        if len(seen) != b - a:
-            raise PartitionError(f"device {k} sent {len(seen)} block(s) but delta_{k}={b - a}; its segment and delta disagree")
+        held = {block_key(name)[0] for name in seg}
+        if any(j >= b - a for j in held):
+            raise PartitionError(f"device {k} sent block {max(held)} but holds delta_{k}={b - a} blocks; its segment and delta disagree")
+        if len(held) != b - a:
+            raise PartitionError(f"device {k} sent {len(held)} block(s) but delta_{k}={b - a}; its segment and delta disagree")
+        out.update(renumber_blocks(seg, a))
     return out

@@ -3,5 +3,6 @@
 from collapipe_flwr.pipeline.cluster import ClusterPipeline, HeadFn, StepResult
 from collapipe_flwr.pipeline.head import LocalHead, head_step
 from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.pipeline.timings import StepTimings
 
-__all__ = ["ClusterPipeline", "HeadFn", "StepResult", "LocalHead", "head_step", "OptimizerSpec"]
+__all__ = ["ClusterPipeline", "HeadFn", "StepResult", "LocalHead", "head_step", "OptimizerSpec", "StepTimings"]

@@ -15,33 +15,34 @@ One ``train_step`` (paper Section III.B steps 3-6, Fig. 2, Algorithm 1 lines 5-2
 from __future__ import annotations
 
 import copy
-import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from collapipe_flwr.errors import ConfigError, PartitionError
-from collapipe_flwr.models.split import concat_segments, segment_bounds, validate_partition
-from collapipe_flwr.pipeline.executors import LocalStages, RayStages
+from collapipe_flwr.models.split import concat_segments, renumber_blocks, segment_bounds, validate_partition
+from collapipe_flwr.pipeline.executors import BACKENDS, Stages, open_stages
 from collapipe_flwr.pipeline.memory import max_blocks_per_device, module_block_memory_bytes
 from collapipe_flwr.pipeline.microbatch import batch_size, split_batch
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles
+from collapipe_flwr.pipeline.timings import StepTimings
 from collapipe_flwr.precision import autocast
 from collapipe_flwr.system.devices import DeviceProfile
 
 HeadFn = Callable[[list[torch.Tensor], list[dict]], tuple[float, list[torch.Tensor]]]
-BACKENDS = ("local", "ray")
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepResult:
+    """One step: the plain model's mean loss, its number of targets, and the measured phase seconds."""
+
     loss: float
     count: int
-    seconds: dict = field(default_factory=dict)
+    timings: StepTimings
 
 
 def emulation_slowdowns(devices: Sequence[DeviceProfile], used: Sequence[int]) -> dict[int, float]:
@@ -50,27 +51,16 @@ def emulation_slowdowns(devices: Sequence[DeviceProfile], used: Sequence[int]) -
     return {k: fastest / devices[k].flops_per_second for k in used}
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (respects taskset / container CPU affinity)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def default_actor_threads(S: int) -> int:
-    """Torch threads per device actor: the usable cores minus one for the CU process, shared by the S
-    actors, at least 1. Oversubscribing cores hurts torch's OpenMP pool far more than leaving one idle
-    (see benchmarks/pipeline_overhead.py and its ``--actor-threads`` option)."""
-    return max(1, (usable_cores() - 1) // max(1, S))
-
-
 class ClusterPipeline:
     """GPipe over device stages (see module docstring); signature as in docs/contracts.md.
 
     Keyword-only extras: ``timeout_s`` (runtime.device_timeout_s: every wait on a device), ``actor_num_cpus``
     (runtime.actor_num_cpus, 0 so actors schedule inside a Flower simulation), ``actor_threads`` (torch
-    threads per actor, default ``max(1, cpu_count // S)``), ``name`` (prefix of error messages).
+    threads per actor, default ``executors.default_actor_threads(S)`` = ``max(1, (usable cores - 1) // S)``),
+    ``name`` (prefix of error messages), ``actor_prefix`` / ``detached`` (named, detached Ray actors that
+    later rounds and other processes of the CU find again), ``precision``, ``prestart`` (start every
+    device's actor now, so a later plan that uses it pays no start-up). Everything backend-specific goes
+    through the :class:`~collapipe_flwr.pipeline.executors.Stages` executor.
 
     ``blocks`` are copied into the stages (the caller's modules are not trained); the ``embedding`` is
     the CU's own module and is trained in place. Read the encoder back with :meth:`encoder_state_dict`.
@@ -111,7 +101,6 @@ class ClusterPipeline:
         self.timeout_s = float(timeout_s)
         self.name = name
         self.actor_num_cpus = float(actor_num_cpus)
-        self.actor_threads = actor_threads
         self.precision = precision
         self.num_blocks = len(blocks)
         self._encoder_keys = list(blocks.state_dict())
@@ -119,18 +108,14 @@ class ClusterPipeline:
         self.delta = self._check_delta(delta)
         self._bounds = segment_bounds(self.delta)
         self.moved_blocks = False  # whether the last partition change moved blocks between devices
-        if backend == "local":
-            self._stages = LocalStages([], optimizer, precision=precision)
-        else:
-            self._stages = RayStages(
-                [], optimizer, address=self.ray_address, num_cpus=self.actor_num_cpus,
-                threads=actor_threads or default_actor_threads(len(self._bounds)), timeout_s=self.timeout_s,
-                name=name, prefix=actor_prefix, detached=detached, precision=precision,
-                num_devices=len(self.devices) if self.devices else len(self.delta),
-            )
+        self._stages: Stages = open_stages(
+            backend, optimizer, precision=precision, num_devices=len(self.devices) if self.devices else len(self.delta),
+            segments=len(self._bounds), address=self.ray_address, num_cpus=self.actor_num_cpus, threads=actor_threads,
+            timeout_s=self.timeout_s, name=name, prefix=actor_prefix, detached=detached,
+        )
         if not self._adopt(self.delta):
             self._place(self.delta, blocks=blocks)
-        if prestart and backend == "ray" and self.devices:
+        if prestart and self.devices:
             self._stages.start_idle(range(len(self.devices)))
 
     # -- partition --------------------------------------------------------------------------------
@@ -145,11 +130,8 @@ class ClusterPipeline:
         return max_blocks_per_device([d.memory_bytes for d in self.devices], per_block)
 
     def _check_delta(self, delta) -> tuple[int, ...]:
-        if self.devices is not None and len(delta) > len(self.devices):
-            raise PartitionError(
-                f"partition delta={list(delta)} names {len(delta)} devices but the cluster has K={len(self.devices)} device profiles; give at most {len(self.devices)} entries"
-            )
-        return validate_partition(delta, self.num_blocks, self._static_caps())
+        K = len(self.devices) if self.devices is not None else None
+        return validate_partition(delta, self.num_blocks, self._static_caps(), num_devices=K)
 
     def _slowdowns(self, bounds) -> dict[int, float]:
         return emulation_slowdowns(self.devices, [k for k, _, _ in bounds]) if self.emulate else {}
@@ -185,14 +167,11 @@ class ClusterPipeline:
         return True
 
     def _gather_from(self, held: dict[int, tuple[int, int]]) -> tuple[dict, dict]:
+        """Every block's weights and optimizer state from the devices in ``held``, in the encoder's numbering."""
         weights, state = {}, {}
         for k, (a, _) in held.items():
-            for name, value in self._stages.call_device(k, "get_weights").items():
-                j, _, rest = name.partition(".")
-                weights[f"{a + int(j)}.{rest}"] = value
-            for name, value in self._stages.call_device(k, "get_optimizer_state").items():
-                j, _, rest = name.partition(".")
-                state[f"{a + int(j)}.{rest}"] = value
+            weights.update(renumber_blocks(self._stages.call_device(k, "get_weights"), a))
+            state.update(renumber_blocks(self._stages.call_device(k, "get_optimizer_state"), a))
         return weights, state
 
     def _place(self, delta, weights: dict | None = None, optimizer_state: dict | None = None,
@@ -206,8 +185,8 @@ class ClusterPipeline:
                 segment = copy.deepcopy(nn.ModuleList(blocks[a:b]))
             else:
                 segment = nn.ModuleList(copy.deepcopy(self._template) for _ in range(b - a))
-                segment.load_state_dict(_slice(weights or {}, a, b), strict=True)
-            specs.append((k, segment, _slice(optimizer_state or {}, a, b), slowdown.get(k, 1.0), a))
+                segment.load_state_dict(renumber_blocks(weights or {}, -a, range(a, b)), strict=True)
+            specs.append((k, segment, renumber_blocks(optimizer_state or {}, -a, range(a, b)), slowdown.get(k, 1.0), a))
         self._stages.place(specs)
 
     def repartition(self, delta: Sequence[int]) -> None:
@@ -235,12 +214,8 @@ class ClusterPipeline:
             return
         per_block = module_block_memory_bytes(self._template, batch_size_b, seq_len, self.optimizer_spec.name)
         caps = max_blocks_per_device([d.memory_bytes for d in self.devices], per_block)
-        for k, d in enumerate(self.delta):
-            if d > caps[k]:
-                raise PartitionError(
-                    f"device {k} can hold {caps[k]} block(s) for a batch of {batch_size_b}x{seq_len} tokens "
-                    f"(~{per_block / 2**20:.1f} MiB per block) but delta_{k}={d}; move blocks to other devices, shrink the batch or raise its memory_bytes"
-                )
+        note = f"a batch of {batch_size_b}x{seq_len} tokens (~{per_block / 2**20:.1f} MiB per block)"
+        validate_partition(self.delta, self.num_blocks, caps, memory_note=note)
 
     # -- one step ---------------------------------------------------------------------------------
     def train_step(self, batch: dict[str, torch.Tensor], m: int, head: HeadFn, lr_factor: float = 1.0) -> StepResult:
@@ -256,24 +231,24 @@ class ClusterPipeline:
         st.new_step()
         begun = [st.submit(s, "begin_step") for s in range(S)]
         for s, h in enumerate(begun):
-            st.resolve(h, s)
+            st.get(h, s)
 
         mask_refs = [st.put(mb["attention_mask"]) for mb in micro]
         embedded: list[torch.Tensor] = [None] * m  # type: ignore[list-item]
         handles: dict[tuple[int, int], object] = {}
-        seconds = {"embed": 0.0}
+        t_embed = 0.0
         for cycle in forward_cycles(m, S):
             for i, k in cycle:
                 if k == 0:
                     te = time.perf_counter()
                     with autocast(self.precision):
                         embedded[i] = self.embedding(micro[i]["input_ids"])
-                    seconds["embed"] += time.perf_counter() - te
+                    t_embed += time.perf_counter() - te
                     x = embedded[i].detach()
                 else:
                     x = handles[(i, k - 1)]
                 handles[(i, k)] = st.submit(k, "forward", i, x, mask_refs[i])
-        z_enc = [st.resolve(handles[(i, S - 1)], S - 1) for i in range(m)]
+        z_enc = [st.get(handles[(i, S - 1)], S - 1) for i in range(m)]
         t_fwd = time.perf_counter()
 
         loss, grads = head(z_enc, micro)
@@ -287,7 +262,7 @@ class ClusterPipeline:
                 g = grads[i] if k == S - 1 else ghandles[(i, k + 1)]
                 ghandles[(i, k)] = st.submit(k, "backward", i, g)
         for i in reversed(range(m)):
-            grad_in = st.resolve(ghandles[(i, 0)], 0)
+            grad_in = st.get(ghandles[(i, 0)], 0)
             embedded[i].backward(grad_in)
         t_bwd = time.perf_counter()
 
@@ -295,20 +270,20 @@ class ClusterPipeline:
         scale_lr(self.embedding_optimizer, self._embedding_base_lrs, lr_factor)
         self.embedding_optimizer.step()
         self.embedding_optimizer.zero_grad(set_to_none=True)
-        device_compute = [st.resolve(h, s) for s, h in enumerate(steps)]
+        device_compute = [st.get(h, s) for s, h in enumerate(steps)]
         t_end = time.perf_counter()
-        seconds.update(
-            forward=t_fwd - t0, head=t_head - t_fwd, backward=t_bwd - t_head, update=t_end - t_bwd, total=t_end - t0,
-            device_compute={int(k): float(c) for (k, _, _), c in zip(self._bounds, device_compute)},
+        timings = StepTimings(
+            embed=t_embed, forward=t_fwd - t0, head=t_head - t_fwd, backward=t_bwd - t_head, update=t_end - t_bwd,
+            total=t_end - t0, device_compute={int(k): float(c) for (k, _, _), c in zip(self._bounds, device_compute)},
         )
         count = int((batch["labels"] != -100).sum()) if "labels" in batch else b
-        return StepResult(loss=float(loss), count=count, seconds=seconds)
+        return StepResult(loss=float(loss), count=count, timings=timings)
 
     # -- state ------------------------------------------------------------------------------------
     def _gather(self, method: str) -> list:
         self._stages.new_step()
         handles = [self._stages.submit(s, method) for s in range(self.S)]
-        return [self._stages.resolve(h, s) for s, h in enumerate(handles)]
+        return [self._stages.get(h, s) for s, h in enumerate(handles)]
 
     def encoder_state_dict(self) -> dict[str, torch.Tensor]:
         """theta^enc = theta^1 (+) ... (+) theta^S (eq. (4)), names ``"{l}.{param}"``."""
@@ -326,9 +301,9 @@ class ClusterPipeline:
         self._stages.new_step()
         handles = []
         for s, (_, a, b) in enumerate(self._bounds):
-            handles.append(self._stages.submit(s, "set_weights", _slice(state, a, b)))
+            handles.append(self._stages.submit(s, "set_weights", renumber_blocks(state, -a, range(a, b))))
         for s, h in enumerate(handles):
-            self._stages.resolve(h, s)
+            self._stages.get(h, s)
 
     def encoder_optimizer_state(self) -> dict[str, dict]:
         """Every block's optimizer state, names ``"{l}.{param}"`` (the whole encoder's numbering)."""
@@ -338,7 +313,7 @@ class ClusterPipeline:
     def load_encoder_optimizer_state(self, state: dict[str, dict]) -> None:
         """Put optimizer state (names ``"{l}.{param}"``) back into the devices holding those blocks."""
         for k, a, b in self._bounds:
-            self._stages.call_device(k, "load_optimizer_state", _slice(state, a, b))
+            self._stages.call_device(k, "load_optimizer_state", renumber_blocks(state, -a, range(a, b)))
 
     def embedding_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.embedding.state_dict().items()}
@@ -361,7 +336,7 @@ class ClusterPipeline:
     def shutdown(self) -> None:
         if self._stages is not None:
             self._stages.shutdown()
-            self._stages = None
+            self._stages = None  # type: ignore[assignment]  # shut down: every later call fails
 
     def __enter__(self) -> "ClusterPipeline":
         return self
@@ -369,12 +344,3 @@ class ClusterPipeline:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-
-def _slice(state: dict, a: int, b: int) -> dict:
-    """The entries of blocks a..b-1 of a ``"{l}.{...}"`` dict, renumbered from 0."""
-    out = {}
-    for name, value in state.items():
-        head, _, rest = name.partition(".")
-        if head.isdigit() and a <= int(head) < b:
-            out[f"{int(head) - a}.{rest}"] = value
-    return out

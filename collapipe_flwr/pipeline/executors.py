@@ -1,20 +1,23 @@
 """Where the stages run: in this process (``LocalStages``) or one Ray actor per device (``RayStages``).
 
-Both offer ``submit(stage, method, *args) -> handle`` and ``resolve(handle, stage) -> value``. A handle
-may be passed as an argument of a later ``submit``: locally it is the value itself, on Ray an ObjectRef,
-so stage k+1 starts on micro-batch i as soon as stage k finishes it, without a round trip through the
-CU, while stage k goes on with micro-batch i+1.
+The CU's driver (``cluster.py``) is backend-neutral: everything it does with a device goes through the
+:class:`Stages` interface below, so only this module knows Ray. ``put(value) -> handle`` and
+``submit(stage, method, *args) -> handle`` give handles, ``get(handle, stage) -> value`` waits for one.
+A handle may be passed as an argument of a later ``submit``: locally it is the value itself, on Ray an
+ObjectRef, so stage k+1 starts on micro-batch i as soon as stage k finishes it, without a round trip
+through the CU, while stage k goes on with micro-batch i+1.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from collapipe_flwr.errors import DeviceFailure
+from collapipe_flwr.errors import ConfigError, DeviceFailure
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.stage import Stage
 
@@ -23,6 +26,86 @@ START_TIMEOUT_S = 120.0
 NAMESPACE = "collapipe"
 # (device index k, segment or None = keep what the device holds, optimizer state, slowdown, first block index)
 StageSpec = tuple[int, "nn.ModuleList | None", "dict | None", float, int]
+BACKENDS = ("local", "ray")
+
+
+class Stages(Protocol):
+    """What the CU's driver may do with the devices of one cluster, whatever the backend."""
+
+    backend: str
+
+    def place(self, specs: Sequence[StageSpec], free_others: bool = True) -> None:
+        """Make stage s = device specs[s].k, loading each spec's segment (when not None) into it."""
+
+    def start_idle(self, devices: Sequence[int]) -> None:
+        """Have ``devices`` ready (holding no blocks) before a plan uses them."""
+
+    def layout(self) -> dict[int, tuple[int, int]]:
+        """{device k: (first block, last block + 1)} of every live device."""
+
+    def call_device(self, k: int, method: str, *args) -> Any:
+        """Call ``method`` on device k and wait for its answer."""
+
+    def new_step(self) -> None:
+        """Start a new batch of ``submit`` calls (failure reports name the first one not done)."""
+
+    def put(self, value) -> Any:
+        """A handle on ``value`` that later submits may take as an argument."""
+
+    def submit(self, stage: int, method: str, *args) -> Any:
+        """Start ``method`` on stage ``stage`` (arguments may be handles); return its handle."""
+
+    def get(self, handle, stage: int) -> Any:
+        """The value of ``handle`` (from stage ``stage``), waiting for it."""
+
+    def pids(self) -> dict[int, int]:
+        """{device k: OS pid of the process holding it}."""
+
+    def shutdown(self) -> None:
+        """Stop every device of this cluster."""
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (respects taskset / container CPU affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_actor_threads(S: int) -> int:
+    """Torch threads per device actor: the usable cores minus one for the CU process, shared by the S
+    actors, at least 1. Oversubscribing cores hurts torch's OpenMP pool far more than leaving one idle
+    (see benchmarks/pipeline_overhead.py and its ``--actor-threads`` option)."""
+    return max(1, (usable_cores() - 1) // max(1, S))
+
+
+def open_stages(
+    backend: str,
+    optimizer: OptimizerSpec,
+    *,
+    precision: str = "fp32",
+    num_devices: int = 0,
+    segments: int = 1,
+    address: str | None = None,
+    num_cpus: float = 0.0,
+    threads: int | None = None,
+    timeout_s: float = 300.0,
+    name: str = "",
+    prefix: str = "",
+    detached: bool = False,
+) -> Stages:
+    """The (empty) stages of one cluster on ``backend``; the Ray-only options are ignored locally.
+    ``threads`` (torch threads per actor) defaults to ``default_actor_threads(segments)``."""
+    if backend == "local":
+        return LocalStages([], optimizer, precision=precision)
+    if backend == "ray":
+        return RayStages(
+            [], optimizer, address=address, num_cpus=num_cpus, threads=threads or default_actor_threads(segments),
+            timeout_s=timeout_s, name=name, prefix=prefix, detached=detached, precision=precision,
+            num_devices=num_devices,
+        )
+    raise ConfigError(f"runtime.backend={backend!r} must be one of {', '.join(BACKENDS)}")
 
 
 def actor_name(prefix: str, k: int) -> str:
@@ -57,6 +140,9 @@ class LocalStages:
             if free_others and specs and k not in self.device_indices and len(stage.segment):
                 stage.load_segment(nn.ModuleList(), None, 1.0, 0)
 
+    def start_idle(self, devices: Sequence[int]) -> None:
+        """Nothing to start: a device object here costs no process start-up when a plan first uses it."""
+
     def layout(self) -> dict[int, tuple[int, int]]:
         """{device k: (first block, last block + 1)} of every live device."""
         return {k: stage.layout() for k, stage in self.devices.items()}
@@ -70,12 +156,13 @@ class LocalStages:
     def submit(self, stage: int, method: str, *args):
         return getattr(self.stages[stage], method)(*args)
 
-    def resolve(self, handle, stage: int):
-        return handle
-
     def put(self, value):
         """A value later submits may take as an argument (here: the value itself)."""
         return value
+
+    def get(self, handle, stage: int):
+        """The value of ``handle`` (here: the handle itself; the call already ran)."""
+        return handle
 
     def pids(self) -> dict[int, int]:
         return {k: os.getpid() for k in self.devices}
@@ -233,12 +320,12 @@ class RayStages:
         """{device k: (first block, last block + 1)} of every live device."""
         self._discover()
         refs = {k: actor.layout.remote() for k, actor in self.devices.items()}
-        return {k: tuple(self.resolve_device(ref, k)) for k, ref in refs.items()}
+        return {k: tuple(self._get_device(ref, k)) for k, ref in refs.items()}
 
     def call_device(self, k: int, method: str, *args):
-        return self.resolve_device(getattr(self.devices[k], method).remote(*args), k)
+        return self._get_device(getattr(self.devices[k], method).remote(*args), k)
 
-    def resolve_device(self, ref, k: int):
+    def _get_device(self, ref, k: int):
         try:
             return self._ray.get(ref, timeout=self.timeout_s)
         except (self._ray.exceptions.GetTimeoutError, self._ray.exceptions.RayActorError):
@@ -270,7 +357,9 @@ class RayStages:
                 return stage
         return default
 
-    def resolve(self, handle, stage: int):
+    def get(self, handle, stage: int):
+        """The value of ``handle``; a device that died or gives no answer within ``timeout_s`` raises
+        :class:`DeviceFailure` naming it."""
         ray = self._ray
         try:
             return ray.get(handle, timeout=self.timeout_s)

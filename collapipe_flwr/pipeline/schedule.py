@@ -18,8 +18,3 @@ def forward_cycles(m: int, S: int) -> list[list[tuple[int, int]]]:
 def backward_cycles(m: int, S: int) -> list[list[tuple[int, int]]]:
     """The forward cycles mirrored: the last stage starts with the last micro-batch."""
     return [[(m - 1 - i, S - 1 - k) for i, k in cycle] for cycle in forward_cycles(m, S)]
-
-
-def pipeline_chunks(m: int, S: int) -> int:
-    """Number of clock cycles of one pass, S + m - 1."""
-    return S + m - 1
