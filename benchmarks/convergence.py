@@ -9,7 +9,7 @@ and m = 4 micro-batches per cluster, the decoder on the server behind the real g
 ``--server-optimizer``) every ``--local-steps`` steps. It runs the real server state and the real CU round
 (``ServerState`` + ``train_round``, the code the Flower apps call), the CUs one after another in this
 process, so the figure does not depend on how busy the machine is. Central: the same model in one piece
-(``train_central.train``) for ``examples / b`` steps, the same model.schedule over its own step count.
+(``train_central.train``) for ``examples / b`` steps, the same model.lr_schedule over its own step count.
 Both are evaluated on the whole validation split with the same ``task.evaluate``.
 
 Prints ``name: value`` lines: ``federated_<metric>``, ``central_<metric>``, ``ratio`` (federated / central),
@@ -19,6 +19,7 @@ the example counts and the wall seconds of each.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -30,9 +31,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from collapipe_flwr import wiring  # noqa: E402
 from flwr.app import RecordDict  # noqa: E402
 
+from collapipe_flwr import (
+    train_central,  # noqa: E402
+    wiring,  # noqa: E402
+)
 from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.dssra.plan import ClusterPlan  # noqa: E402
 from collapipe_flwr.fl.cluster_client import ClusterIdentity, release_run, run_key_of, train_round  # noqa: E402
@@ -40,7 +44,6 @@ from collapipe_flwr.fl.cluster_session import cached_task  # noqa: E402
 from collapipe_flwr.fl.messages import unpack_weights  # noqa: E402
 from collapipe_flwr.fl.server_state import ServerState  # noqa: E402
 from collapipe_flwr.precision import autocast, resolve_precision  # noqa: E402
-from collapipe_flwr.tasks import train_central  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -66,13 +69,20 @@ def federated(args, base: list[str]) -> dict:
     b = int(load_run_config(base).task["batch_size"])
     steps_total = args.examples // b  # CU steps over all clusters
     rounds = max(1, math.ceil(steps_total / (args.clusters * args.local_steps)))
-    cfg = load_run_config([
-        *base, "network=small", f"federation.num_clusters={args.clusters}", f"federation.num_rounds={rounds}",
-        f"federation.local_steps={args.local_steps}", f"runtime.backend={args.backend}",
-        f"runtime.precision={args.precision}", f"federation.optimizer_state={args.optimizer_state}",
-        f"federation.server_optimizer={args.server_optimizer}",
-        f"federation.decoder_update={args.decoder_update}",
-    ])
+    cfg = load_run_config(
+        [
+            *base,
+            "network=small",
+            f"federation.num_clusters={args.clusters}",
+            f"federation.num_rounds={rounds}",
+            f"federation.local_steps={args.local_steps}",
+            f"runtime.backend={args.backend}",
+            f"runtime.precision={args.precision}",
+            f"federation.optimizer_state={args.optimizer_state}",
+            f"federation.server_optimizer={args.server_optimizer}",
+            f"federation.decoder_update={args.decoder_update}",
+        ]
+    )
     torch.set_num_threads(cfg.runtime.torch_threads)
     server = ServerState.build(cfg)
     L = len(server.model.blocks)
@@ -88,11 +98,12 @@ def federated(args, base: list[str]) -> dict:
             t_round = time.monotonic()
             train_s = 0.0
 
-            def one_cluster(n: int):
+            def one_cluster(n: int, t: int = t):
                 plan = ClusterPlan(cluster=n, selected=True, channel=0, power_w=0.1, S=2, m=args.m, delta=delta)
                 ins = server.instructions_for(t, plan)
-                record, metrics = train_round(ClusterIdentity(n, args.clusters), server.global_model.array_record(), ins,
-                                              state=states[n])
+                record, metrics = train_round(
+                    ClusterIdentity(n, args.clusters), server.global_model.array_record(), ins, state=states[n]
+                )
                 return n, unpack_weights(record), metrics
 
             if args.decoder_update == "joint":  # the barrier needs every CU at once: one thread per CU
@@ -102,14 +113,21 @@ def federated(args, base: list[str]) -> dict:
                 results = [one_cluster(n) for n in range(args.clusters)]
             for _, _, metrics in results:
                 seen += int(metrics["num-examples"])
-                train_s = max(train_s, float(metrics["seconds-train"])) if args.decoder_update == "joint" \
+                train_s = (
+                    max(train_s, float(metrics["seconds-train"]))
+                    if args.decoder_update == "joint"
                     else train_s + float(metrics["seconds-train"])
+                )
             server.decoder.close_round()
             server.absorb_results(t, results)
             overheads.append(time.monotonic() - t_round - train_s)
             loss = sum(m["train-loss"] for _, _, m in results) / len(results)
-            print(f"round {t}/{rounds} loss {loss:.3f} overhead {overheads[-1]:.2f}s "
-                  f"elapsed {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+            print(
+                f"round {t}/{rounds} loss {loss:.3f} overhead {overheads[-1]:.2f}s "
+                f"elapsed {time.monotonic() - t0:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
         train_seconds = time.monotonic() - t0
         with autocast(resolve_precision(args.precision)):
             metrics = server.evaluate()
@@ -117,8 +135,14 @@ def federated(args, base: list[str]) -> dict:
         for n in range(args.clusters):
             release_run(ClusterIdentity(n, args.clusters), run_key_of(cfg, None), K)
         server.shutdown()
-    return {"metrics": metrics, "examples": seen, "rounds": rounds, "train_seconds": train_seconds,
-            "overhead_s_median": sorted(overheads)[len(overheads) // 2], "wall_seconds": time.monotonic() - t0}
+    return {
+        "metrics": metrics,
+        "examples": seen,
+        "rounds": rounds,
+        "train_seconds": train_seconds,
+        "overhead_s_median": sorted(overheads)[len(overheads) // 2],
+        "wall_seconds": time.monotonic() - t0,
+    }
 
 
 def central(args, base: list[str]) -> dict:
@@ -127,18 +151,22 @@ def central(args, base: list[str]) -> dict:
     task = wiring.build_task(cfg)
     torch.manual_seed(cfg.seed)
     model = task.build_model(cfg.seed)
-    steps = args.examples // int(cfg.task["batch_size"])
+    steps = args.examples // cfg.task.batch_size
     t0 = time.monotonic()
     precision = resolve_precision(args.precision)
     indices = list(range(len(task.train_examples())))
-    eval_cfg = {"max_examples": 0, "batch_size": cfg.eval.batch_size, "beam_size": cfg.eval.beam_size}
+    eval_cfg = dataclasses.replace(cfg.eval, max_examples=0)
     summary = train_central.train(task, model, 10_000.0, steps, indices, cfg.seed, eval_cfg, True, precision)
     for part in (model.embedding, model.blocks, model.head):
         part.eval()
     with torch.no_grad(), autocast(precision):
         metrics = task.evaluate(model, max_examples=0, batch_size=cfg.eval.batch_size, beam_size=cfg.eval.beam_size)
-    return {"metrics": metrics, "examples": summary["steps"] * int(cfg.task["batch_size"]), "steps": summary["steps"],
-            "wall_seconds": time.monotonic() - t0}
+    return {
+        "metrics": metrics,
+        "examples": summary["steps"] * cfg.task.batch_size,
+        "steps": summary["steps"],
+        "wall_seconds": time.monotonic() - t0,
+    }
 
 
 def main(argv=None) -> None:

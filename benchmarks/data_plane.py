@@ -62,8 +62,9 @@ def _cpu_seconds() -> float:
 def bench_data_plane(steps: int, fp16: bool) -> tuple[float, float, int, float]:
     """(median ms, p90 ms, bytes per step both ways, process CPU ms per step: client + server)."""
     head = TrivialHead()
-    host = DecoderHost(head, torch.optim.SGD(head.parameters(), lr=1e-3), "bench-secret", bind="127.0.0.1",
-                       fp16=fp16, hidden_size=H)
+    host = DecoderHost(
+        head, torch.optim.SGD(head.parameters(), lr=1e-3), "bench-secret", bind="127.0.0.1", fp16=fp16, hidden_size=H
+    )
     host.start()
     host.open_round(1, [0])
     z = [torch.randn(B, T, H)]
@@ -109,7 +110,9 @@ def _flower_apps(steps: int, out_file: str):
         for i in range(steps + 2):
             content = RecordDict({"z": ArrayRecord(torch_state_dict={"z": z})})
             t0 = time.perf_counter()
-            replies = list(grid.send_and_receive([Message(content, dst_node_id=node_ids[0], message_type=MessageType.TRAIN)]))
+            replies = list(
+                grid.send_and_receive([Message(content, dst_node_id=node_ids[0], message_type=MessageType.TRAIN)])
+            )
             dt = time.perf_counter() - t0
             grad = replies[0].content["grad"].to_torch_state_dict()["grad"]
             assert grad.shape == z.shape
@@ -128,9 +131,15 @@ def bench_flower(steps: int) -> tuple[float, float]:
         from flwr.simulation import run_simulation
 
         server_app, client_app = _flower_apps(steps, out_file)
-        run_simulation(server_app, client_app, num_supernodes=1,
-                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                       "init_args": {"num_cpus": 1, "include_dashboard": False}})
+        run_simulation(
+            server_app,
+            client_app,
+            num_supernodes=1,
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": 1, "include_dashboard": False},
+            },
+        )
         return _summary(json.loads(Path(out_file).read_text()))
 
 

@@ -19,11 +19,10 @@ import time
 
 import numpy as np
 
+from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra import dinkelbach
 from collapipe_flwr.dssra.policies import make_policy
-from collapipe_flwr.dssra.simulate import generic_workload, load_yaml
-from collapipe_flwr.dssra.specs import parse_scheduler
-from collapipe_flwr.system.network import NetworkSpec
+from collapipe_flwr.simulate import generic_workload
 from collapipe_flwr.system.state import StateSampler
 
 SIZES = ((3, 6, 4), (20, 8, 10), (100, 10, 50))
@@ -56,11 +55,18 @@ def main() -> None:
     for drift in ("gamma", "paper"):
         suffix = "" if drift == "gamma" else "_drift_paper"
         for N, K, J in SIZES:
-            net = load_yaml("network", "paper_table2")
-            net.update(num_channels=J, devices_per_cluster=K)
-            spec = NetworkSpec.from_config(net, N)
-            sched = dict(load_yaml("scheduler", "dssra"), drift=drift)
-            policy = make_policy(parse_scheduler(sched), spec, workload, 0)
+            cfg = load_run_config(
+                [
+                    "network=paper_table2",
+                    f"network.num_channels={J}",
+                    f"network.devices_per_cluster={K}",
+                    f"federation.num_clusters={N}",
+                    "scheduler=dssra",
+                    f"scheduler.drift={drift}",
+                ]
+            )
+            policy = make_policy(cfg.scheduler, cfg.network, workload, 0)
+            spec = cfg.network
             policy.Y[:] = 1.0  # non-zero queues: the drift terms are live
             sampler = StateSampler(spec, 0)
             times = []

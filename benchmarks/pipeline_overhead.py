@@ -143,7 +143,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--segments", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--actor-threads", type=int, default=None, help="torch threads per device actor (default max(1, (cores - 1) // S))")
+    parser.add_argument(
+        "--actor-threads",
+        type=int,
+        default=None,
+        help="torch threads per device actor (default max(1, (cores - 1) // S))",
+    )
     args = parser.parse_args()
 
     import ray

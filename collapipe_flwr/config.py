@@ -6,8 +6,26 @@ Hydra's ``conf/`` is the source of truth. ``compose(overrides)`` builds the conf
 :func:`build_run_config` turns the plain mapping into a frozen :class:`RunConfig`, raising a one-line
 :class:`~collapipe_flwr.errors.ConfigError` that names the key and how to fix it.
 
-The ServerApp sends the resolved values a CU needs inside each train message (``RunConfig.to_dict``),
-so a CU on a real edge box needs no copy of ``conf/``.
+Every section is parsed once, by the parser of the package that owns it (grep ``def parse_``):
+
+=========== ==================================== ===========================================
+section     spec                                 parser
+=========== ==================================== ===========================================
+task        ``tasks.spec.TaskSpec``              ``tasks.spec.parse_task``
+model       ``tasks.spec.ModelSpec``             ``tasks.spec.parse_model``
+method      ``dssra.specs.MethodSpec``           ``dssra.specs.parse_method``
+scheduler   ``dssra.specs.SchedulerSpec``        ``dssra.specs.parse_scheduler``
+network     ``system.network.NetworkSpec``       ``system.network.NetworkSpec.from_config``
+runtime     ``pipeline.runtime_spec.RuntimeSpec`` ``pipeline.runtime_spec.parse_runtime``
+federation  :class:`FederationSpec`              ``spec_parsing.typed`` (here)
+dataplane   :class:`DataPlaneSpec`               ``spec_parsing.typed`` (here)
+eval        :class:`EvalSpec`                    ``spec_parsing.typed`` (here)
+=========== ==================================== ===========================================
+
+:func:`build_run_config` (the server, the sweep, ``train_central``, ``simulate``, benchmarks) and
+:func:`build_cluster_config` (a CU, from the part the server sends) call those parsers. The ServerApp sends
+a CU only :class:`ClusterConfig` (``RunConfig.cluster_config``): a CU on a real edge box needs no copy of
+``conf/`` and never sees the scheduler, network, method or eval sections.
 """
 
 from __future__ import annotations
@@ -15,14 +33,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from collapipe_flwr.dssra.specs import MethodSpec, SchedulerSpec, parse_method, parse_scheduler
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.pipeline.runtime_spec import RuntimeSpec, parse_runtime
 from collapipe_flwr.spec_parsing import check_keys, mapping, require, typed
+from collapipe_flwr.system.network import NetworkSpec
+from collapipe_flwr.tasks.spec import ModelSpec, TaskSpec, parse_model, parse_task
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DATA_DIR_ENV = "COLLAPIPE_DATA_DIR"
@@ -52,26 +73,32 @@ class FederationSpec:
     # Server update of the aggregated parts (embedding, encoder): fedavg | fedavgm | fedadam | fedyogi |
     # fedadagrad (Flower's own strategy maths, see fl/server_optimizer.py).
     server_optimizer: str = "fedavg"
-    server_lr: float = 1.0          # eta: server step size (fedavgm: server_learning_rate)
-    server_momentum: float = 0.9    # fedavgm momentum; fedadam/fedyogi beta_1
-    server_beta_2: float = 0.99     # fedadam / fedyogi / fedadagrad second moment
-    server_tau: float = 1e-3        # fedadam / fedyogi / fedadagrad adaptivity
+    server_lr: float = 1.0  # eta: server step size (fedavgm: server_learning_rate)
+    server_momentum: float = 0.9  # fedavgm momentum; fedadam/fedyogi beta_1
+    server_beta_2: float = 0.99  # fedadam / fedyogi / fedadagrad second moment
+    server_tau: float = 1e-3  # fedadam / fedyogi / fedadagrad adaptivity
     # Algorithm 1 line 14: per_cu = one decoder update per CU step in arrival order | joint = one update
     # per step on the concatenated activations of all participating clusters (a barrier on the data plane).
     decoder_update: str = "per_cu"
 
     def __post_init__(self) -> None:
         require(self.num_clusters >= 1, f"federation.num_clusters={self.num_clusters} must be >= 1")
-        require(self.optimizer_state in OPTIMIZER_STATES,
-                 f"federation.optimizer_state={self.optimizer_state!r} must be one of {', '.join(OPTIMIZER_STATES)}")
-        require(self.server_optimizer in SERVER_OPTIMIZERS,
-                 f"federation.server_optimizer={self.server_optimizer!r} must be one of {', '.join(SERVER_OPTIMIZERS)}")
+        require(
+            self.optimizer_state in OPTIMIZER_STATES,
+            f"federation.optimizer_state={self.optimizer_state!r} must be one of {', '.join(OPTIMIZER_STATES)}",
+        )
+        require(
+            self.server_optimizer in SERVER_OPTIMIZERS,
+            f"federation.server_optimizer={self.server_optimizer!r} must be one of {', '.join(SERVER_OPTIMIZERS)}",
+        )
         require(self.server_lr > 0, f"federation.server_lr={self.server_lr} must be > 0")
         require(0 <= self.server_momentum < 1, f"federation.server_momentum={self.server_momentum} must be in [0, 1)")
         require(0 <= self.server_beta_2 < 1, f"federation.server_beta_2={self.server_beta_2} must be in [0, 1)")
         require(self.server_tau > 0, f"federation.server_tau={self.server_tau} must be > 0")
-        require(self.decoder_update in DECODER_UPDATES,
-                 f"federation.decoder_update={self.decoder_update!r} must be one of {', '.join(DECODER_UPDATES)}")
+        require(
+            self.decoder_update in DECODER_UPDATES,
+            f"federation.decoder_update={self.decoder_update!r} must be one of {', '.join(DECODER_UPDATES)}",
+        )
         require(self.num_rounds >= 1, f"federation.num_rounds={self.num_rounds} must be >= 1")
         require(self.local_steps >= 1, f"federation.local_steps={self.local_steps} must be >= 1")
         require(self.round_timeout_s > 0, "federation.round_timeout_s must be > 0")
@@ -111,18 +138,18 @@ class EvalSpec:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything a run needs. ``task``, ``model``, ``scheduler`` and ``network`` stay plain mappings
-    here; the packages that own them validate them (see :func:`build_run_config`)."""
+    """Everything a run needs, every section a typed spec parsed once by the package that owns it
+    (:func:`build_run_config`)."""
 
     seed: int
     data_dir: str
     output_dir: str
     run_name: str
-    task: dict
-    model: dict
+    task: TaskSpec
+    model: ModelSpec
     method: MethodSpec
     scheduler: SchedulerSpec
-    network: dict
+    network: NetworkSpec
     federation: FederationSpec
     runtime: RuntimeSpec
     dataplane: DataPlaneSpec
@@ -136,23 +163,38 @@ class RunConfig:
     def to_dict(self) -> dict:
         """The YAML-shaped mapping (``build_run_config(cfg.to_dict()) == cfg``): what config.json holds."""
         return {
-            "seed": self.seed, "data_dir": self.data_dir, "output_dir": self.output_dir, "run_name": self.run_name,
-            "task": dict(self.task), "model": dict(self.model), "method": self.method.to_raw(),
-            "scheduler": self.scheduler.to_raw(), "network": dict(self.network),
-            "federation": dataclasses.asdict(self.federation), "runtime": self.runtime.to_raw(),
-            "dataplane": dataclasses.asdict(self.dataplane), "eval": dataclasses.asdict(self.eval),
+            "seed": self.seed,
+            "data_dir": self.data_dir,
+            "output_dir": self.output_dir,
+            "run_name": self.run_name,
+            "task": self.task.to_raw(),
+            "model": self.model.to_raw(),
+            "method": self.method.to_raw(),
+            "scheduler": self.scheduler.to_raw(),
+            "network": self.network.to_raw(),
+            "federation": dataclasses.asdict(self.federation),
+            "runtime": self.runtime.to_raw(),
+            "dataplane": dataclasses.asdict(self.dataplane),
+            "eval": dataclasses.asdict(self.eval),
             "save_client_weights": self.save_client_weights,
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
         return build_run_config(data)
 
-    def cluster_config(self) -> "ClusterConfig":
+    def cluster_config(self) -> ClusterConfig:
         """The part of this config a CU uses: what the server sends in its hello and train messages."""
-        return ClusterConfig(seed=self.seed, data_dir=self.data_dir, task=self.task, model=self.model,
-                             federation=self.federation, runtime=self.runtime, dataplane=self.dataplane,
-                             head_on_server=self.method.head_on_server)
+        return ClusterConfig(
+            seed=self.seed,
+            data_dir=self.data_dir,
+            task=self.task,
+            model=self.model,
+            federation=self.federation,
+            runtime=self.runtime,
+            dataplane=self.dataplane,
+            head_on_server=self.method.head_on_server,
+        )
 
 
 @dataclass(frozen=True)
@@ -163,17 +205,27 @@ class ClusterConfig:
 
     seed: int
     data_dir: str
-    task: dict
-    model: dict
+    task: TaskSpec
+    model: ModelSpec
     federation: FederationSpec
     runtime: RuntimeSpec
     dataplane: DataPlaneSpec
     head_on_server: bool
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The JSON a CU receives (``build_cluster_config(cfg.to_dict()) == cfg``)."""
+        return {
+            "seed": self.seed,
+            "data_dir": self.data_dir,
+            "task": self.task.to_raw(),
+            "model": self.model.to_raw(),
+            "federation": dataclasses.asdict(self.federation),
+            "runtime": self.runtime.to_raw(),
+            "dataplane": dataclasses.asdict(self.dataplane),
+            "head_on_server": self.head_on_server,
+        }
 
-    def with_data_dir(self, data_dir: str) -> "ClusterConfig":
+    def with_data_dir(self, data_dir: str) -> ClusterConfig:
         """This config reading its data from ``data_dir`` (the CU's own copy) when one is given."""
         return dataclasses.replace(self, data_dir=str(data_dir)) if data_dir else self
 
@@ -187,26 +239,17 @@ def build_cluster_config(data: Mapping[str, Any]) -> ClusterConfig:
     check_keys("cluster config", data, {f.name for f in dataclasses.fields(ClusterConfig)})
     seed = data.get("seed", 0)
     require(isinstance(seed, int) and not isinstance(seed, bool), f"seed={seed!r} must be an integer")
+    task = parse_task(data.get("task"))
     return ClusterConfig(
         seed=seed,
         data_dir=str(data.get("data_dir") or ""),
-        task=_owned_task(data.get("task")),
-        model=_owned_model(data.get("model")),
+        task=task,
+        model=parse_model(data.get("model"), task),
         federation=typed("federation", FederationSpec, data.get("federation")),
         runtime=parse_runtime(data.get("runtime")),
         dataplane=typed("dataplane", DataPlaneSpec, data.get("dataplane")),
         head_on_server=_bool("head_on_server", data.get("head_on_server", True)),
     )
-
-
-def _owned_task(raw: Any) -> dict:
-    require(isinstance(raw, Mapping), "config group task is missing; add task=<name> to the overrides")
-    return dict(raw)
-
-
-def _owned_model(raw: Any) -> dict:
-    require(isinstance(raw, Mapping), "config group model is missing; add model=<name> to the overrides")
-    return dict(raw)
 
 
 def resolve_data_dir(explicit: str | os.PathLike | None, environ: Mapping[str, str] | None = None) -> Path:
@@ -221,13 +264,27 @@ def resolve_data_dir(explicit: str | os.PathLike | None, environ: Mapping[str, s
         )
     path = Path(value).expanduser().resolve()
     if not path.is_dir():
-        raise ConfigError(f"data directory {path} does not exist; point data_dir or {DATA_DIR_ENV} at the dataset folder")
+        raise ConfigError(
+            f"data directory {path} does not exist; point data_dir or {DATA_DIR_ENV} at the dataset folder"
+        )
     return path
 
 
 _TOP_KEYS = {
-    "seed", "data_dir", "output_dir", "run_name", "task", "model", "method", "scheduler", "network",
-    "federation", "runtime", "dataplane", "eval", "save_client_weights",
+    "seed",
+    "data_dir",
+    "output_dir",
+    "run_name",
+    "task",
+    "model",
+    "method",
+    "scheduler",
+    "network",
+    "federation",
+    "runtime",
+    "dataplane",
+    "eval",
+    "save_client_weights",
 }
 
 
@@ -238,34 +295,30 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
     if unknown:
         raise ConfigError(f"unknown top-level config key {unknown[0]!r}; valid keys are {', '.join(sorted(_TOP_KEYS))}")
     for section in ("task", "model", "scheduler", "network"):
-        require(isinstance(data.get(section), dict), f"config group {section} is missing; add {section}=<name> to the overrides")
+        require(
+            isinstance(data.get(section), dict),
+            f"config group {section} is missing; add {section}=<name> to the overrides",
+        )
     seed = data.get("seed", 0)
     require(isinstance(seed, int) and not isinstance(seed, bool), f"seed={seed!r} must be an integer")
-    cfg = RunConfig(
+    task = parse_task(data["task"])
+    federation = typed("federation", FederationSpec, data.get("federation"))
+    return RunConfig(
         seed=seed,
         data_dir=str(data.get("data_dir") or ""),
         output_dir=str(data.get("output_dir") or "runs"),
         run_name=str(data.get("run_name") or ""),
-        task=dict(data["task"]),
-        model=dict(data["model"]),
+        task=task,
+        model=parse_model(data["model"], task),
         method=parse_method(data.get("method")),
         scheduler=parse_scheduler(data["scheduler"]),
-        network=dict(data["network"]),
-        federation=typed("federation", FederationSpec, data.get("federation")),
+        network=NetworkSpec.from_config(data["network"], federation.num_clusters),
+        federation=federation,
         runtime=parse_runtime(data.get("runtime")),
         dataplane=typed("dataplane", DataPlaneSpec, data.get("dataplane")),
         eval=typed("eval", EvalSpec, data.get("eval")),
         save_client_weights=_bool("save_client_weights", data.get("save_client_weights", False)),
     )
-    _validate_owned_sections(cfg)
-    return cfg
-
-
-def _validate_owned_sections(cfg: RunConfig) -> None:
-    """Let the owning packages check their sections (task, model, network, scheduler)."""
-    from collapipe_flwr import wiring
-
-    wiring.validate_sections(cfg)
 
 
 def _to_plain(data: Any) -> Any:
@@ -308,11 +361,24 @@ def with_task_default_model(overrides: list[str], composed: Mapping[str, Any]) -
     return [*overrides, f"model={default_model}"]
 
 
+_RENAMED = {"model.schedule": "model.lr_schedule"}
+
+
+def _refuse_renamed_keys(overrides: list[str]) -> None:
+    """An override of a renamed key says its new name (Hydra alone would only say it cannot override it)."""
+    for item in overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        for old, new in _RENAMED.items():
+            if key == old or key.startswith(old + "."):
+                raise ConfigError(f"{old} was renamed to {new}; write {new + key[len(old) :]}=... instead of {item!r}")
+
+
 def compose(overrides: list[str] | str = (), config_dir: Path | None = None) -> dict:
     """Compose ``conf/config.yaml`` with Hydra overrides, return a plain resolved mapping. Without a
     ``model=`` override the model is the task's ``default_model``."""
     if isinstance(overrides, str):
         overrides = split_overrides(overrides)
+    _refuse_renamed_keys(overrides)
     composed = _compose_once(list(overrides), config_dir)
     again = with_task_default_model(list(overrides), composed)
     return composed if again is None else _compose_once(again, config_dir)

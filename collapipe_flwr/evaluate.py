@@ -27,8 +27,9 @@ import yaml
 from collapipe_flwr.errors import ConfigError, exit_on_user_error
 from collapipe_flwr.model_store import load_model, model_dir_of, read_meta
 from collapipe_flwr.precision import PRECISIONS, autocast, resolve_precision
+from collapipe_flwr.tasks.metrics import format_metric
 from collapipe_flwr.tasks.registry import task_class
-from collapipe_flwr.tasks.train_central import format_metric
+from collapipe_flwr.tasks.spec import TaskSpec, parse_task
 
 SPLITS = ("val", "test")
 
@@ -55,19 +56,19 @@ def task_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.startswith("task.") or len(key) <= len("task."):
             raise ConfigError(f"override {item!r} is not task.<key>=<value>; only the task config can be changed here")
-        out[key[len("task."):]] = yaml.safe_load(value) if value else ""
+        out[key[len("task.") :]] = yaml.safe_load(value) if value else ""
     return out
 
 
-def check_split(task_cfg: Mapping[str, Any], split: str) -> None:
+def check_split(task: TaskSpec, split: str) -> None:
     """One-line error when the task config names no files for ``split`` (say which keys to set)."""
-    if (task_cfg.get("hf_dataset") or {}).get("enabled"):
+    if task.hf_enabled:
         return
-    keys = sorted(k for k in task_class(task_cfg).task_keys if k.startswith(f"{split}_"))
-    empty = [k for k in keys if not task_cfg.get(k)]
+    keys = sorted(k for k in task_class(task.name).task_keys if k.startswith(f"{split}_"))
+    empty = [k for k in keys if not task.options.get(k)]
     if empty:
         names = " ".join(f"task.{k}=<file>" for k in empty)
-        what = f"the saved {task_cfg.get('name')} config names no {split} split"
+        what = f"the saved {task.name} config names no {split} split"
         raise ConfigError(f"{what}; pass {names} (relative to data_dir) or use --split val")
 
 
@@ -105,19 +106,28 @@ def main(argv: Sequence[str] | None = None) -> dict:
     changes = task_overrides(args.overrides)
     meta = read_meta(model_dir_of(args.folder))
     saved = meta["config"]
-    check_split({**saved["task"], **changes}, args.split)
+    check_split(parse_task({**saved["task"], **changes}), args.split)
     settings = eval_settings(args, saved.get("eval") or {})
     requested = args.precision or str((saved.get("runtime") or {}).get("precision") or "auto")
     precision = resolve_precision(requested, "cpu")
     cfg, task, model = load_model(args.folder, data_dir=args.data_dir or None, task_overrides=changes)
     shown = " ".join(f"{k}={v}" for k, v in settings.items())
-    print(f"evaluating {cfg['task']['name']} / {cfg['model'].get('name')} from {args.folder} on {args.split}: {shown}, "
-          f"precision {precision}, {torch.get_num_threads()} threads", file=sys.stderr)
+    print(
+        f"evaluating {cfg['task']['name']} / {cfg['model'].get('name')} from {args.folder} on {args.split}: {shown}, "
+        f"precision {precision}, {torch.get_num_threads()} threads",
+        file=sys.stderr,
+    )
     metrics = evaluate_model(task, model, args.split, precision, **settings)
     print(f"{args.split} " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), file=sys.stderr)
     if args.json:
-        record = {"folder": str(args.folder), "split": args.split, "precision": precision,
-                  "threads": torch.get_num_threads(), **settings, "metrics": metrics}
+        record = {
+            "folder": str(args.folder),
+            "split": args.split,
+            "precision": precision,
+            "threads": torch.get_num_threads(),
+            **settings,
+            "metrics": metrics,
+        }
         Path(args.json).write_text(json.dumps(record, indent=2))
     print(format_metric(task.metric_name, metrics[task.metric_name]), flush=True)
     return metrics

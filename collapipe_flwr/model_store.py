@@ -25,7 +25,11 @@ from typing import Any
 
 import torch
 
+from collapipe_flwr.config import resolve_data_dir
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.tasks.data_files import resolve_file
+from collapipe_flwr.tasks.registry import build_task
+from collapipe_flwr.tasks.spec import parse_model, parse_task
 
 FORMAT = 1
 MODEL_DIR = "model"
@@ -112,28 +116,38 @@ def describe_tokenizer(task, target: Path) -> dict:
     """Copy the task's tokenizer files to ``target/tokenizer/`` and describe them (kind, sizes, sources)."""
     folder = Path(target) / TOKENIZER_DIR
     if callable(getattr(task, "tokenizers", None)):  # translation: one trained subword tokenizer per side
-        settings = dict(task.cfg.get("tokenizer") or {})
-        hf = dict(task.cfg.get("hf_dataset") or {})
+        settings = dict(task.options.get("tokenizer") or {})
+        hf = dict(task.spec.hf_dataset)
         folder.mkdir(parents=True, exist_ok=True)
-        out = {"kind": settings.get("kind", "bpe"), "library": "tokenizers", "settings": settings,
-               "cache_dir": str(Path(task.cache_dir) / "tokenizers"), "files": {}, "trained_on": {}}
+        out = {
+            "kind": settings.get("kind", "bpe"),
+            "library": "tokenizers",
+            "settings": settings,
+            "cache_dir": str(Path(task.cache_dir) / "tokenizers"),
+            "files": {},
+            "trained_on": {},
+        }
         for side, tok in zip(("src", "tgt"), task.tokenizers()):
             _atomic(folder / f"{side}.json", lambda tmp, tok=tok: tok.save(tmp))
             out[f"{side}_vocab_size"] = int(tok.get_vocab_size())
             out["files"][side] = f"{TOKENIZER_DIR}/{side}.json"
-            name = task.cfg.get(f"train_{side}") or ""
+            name = task.options.get(f"train_{side}") or ""
             out["trained_on"][side] = hf.get("id", "") if hf.get("enabled") else str(Path(task.data_dir) / name)
         return out
-    vocab_file = task.cfg.get("vocab_file")
+    vocab_file = task.options.get("vocab_file")
     if callable(getattr(task, "tokenizer", None)) and vocab_file:  # ner / classification: the BERT vocab
-        from collapipe_flwr.tasks.data_files import resolve_file
-
         source = resolve_file(task.data_dir, vocab_file, "BERT vocabulary (vocab.txt)")
         folder.mkdir(parents=True, exist_ok=True)
         _copy(source, folder / "vocab.txt")
-        return {"kind": "bert_wordpiece", "library": "transformers", "vocab_size": int(len(task.tokenizer())),
-                "vocab_file": str(source), "do_lower_case": True, "files": {"vocab": f"{TOKENIZER_DIR}/vocab.txt"}}
-    return _tokenizer_config(task.cfg)
+        return {
+            "kind": "bert_wordpiece",
+            "library": "transformers",
+            "vocab_size": int(len(task.tokenizer())),
+            "vocab_file": str(source),
+            "do_lower_case": True,
+            "files": {"vocab": f"{TOKENIZER_DIR}/vocab.txt"},
+        }
+    return _tokenizer_config(task.spec.to_raw())
 
 
 def _vocab_sizes(task) -> dict[str, int]:
@@ -180,13 +194,13 @@ def read_meta(model_dir: Path) -> dict:
     cfg = meta.get("config")
     if not isinstance(cfg, dict) or not all(isinstance(cfg.get(k), dict) for k in ("task", "model")):
         raise ConfigError(f"{path} has no config with task and model sections; save the model again")
+    if "schedule" in cfg["model"] and "lr_schedule" not in cfg["model"]:  # saved before the key was renamed
+        cfg["model"]["lr_schedule"] = cfg["model"].pop("schedule")
     return meta
 
 
 def _data_dir(explicit: str | os.PathLike | None, saved: str | None) -> Path:
     """``explicit``, else the saved data_dir when it exists here, else $COLLAPIPE_DATA_DIR."""
-    from collapipe_flwr.config import resolve_data_dir
-
     if explicit:
         return resolve_data_dir(explicit)
     if saved and Path(str(saved)).expanduser().is_dir():
@@ -201,7 +215,8 @@ def _fit_problem(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> 
     unexpected = [k for k in state if k not in expected]
     shapes = [
         f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
-        for k, v in expected.items() if k in state and state[k].shape != v.shape
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
     ]
     problems = []
     for label, names in (("missing", missing), ("unexpected", unexpected), ("shape (saved vs config)", shapes)):
@@ -241,8 +256,6 @@ def load_model(
     """(config, task, model) of a saved model: the task rebuilt from model.json over ``data_dir`` (default:
     the saved data_dir, else $COLLAPIPE_DATA_DIR), the model built by the task and its weights loaded strictly.
     ``task_overrides`` changes keys of the saved task config (e.g. ``{"test_file": "toutiao/test.txt"}``)."""
-    from collapipe_flwr.tasks.registry import build_task
-
     model_dir = model_dir_of(folder)
     meta = read_meta(model_dir)
     cfg = meta["config"]
@@ -255,8 +268,14 @@ def load_model(
     seed = int(cfg.get("seed", 0))
     if cache_dir is None and cfg["task"].get("cache_dir"):
         cache_dir = cfg["task"]["cache_dir"]
-    task = build_task(cfg["task"], cfg["model"], _data_dir(data_dir, cfg.get("data_dir")), seed,
-                      Path(cache_dir).expanduser() if cache_dir else None)
+    task_spec = parse_task(cfg["task"])
+    task = build_task(
+        task_spec,
+        parse_model(cfg["model"], task_spec),
+        _data_dir(data_dir, cfg.get("data_dir")),
+        seed,
+        Path(cache_dir).expanduser() if cache_dir else None,
+    )
     model = task.build_model(seed)
     _check_tokenizer(task, meta.get("tokenizer") or {}, model_dir)
     for part, module in zip(PARTS, model.parts()):

@@ -48,7 +48,7 @@ def _mkldnn_bf16() -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def native_bf16(device_type: str = "cpu") -> bool:
     """Whether ``device_type`` ("cpu" or "cuda") runs bfloat16 matmuls natively (cached per process)."""
     if device_type == "cuda":

@@ -39,7 +39,9 @@ def check_keys(section: str, raw: Mapping[str, Any], known: tuple[str, ...] | se
     """Unknown keys of ``section`` are a one-line ConfigError listing the valid ones."""
     unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise ConfigError(f"unknown config key {section}.{unknown[0]}; valid keys of {section} are {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"unknown config key {section}.{unknown[0]}; valid keys of {section} are {', '.join(sorted(known))}"
+        )
 
 
 def scalar(section: str, name: str, value: Any, want: type) -> Any:

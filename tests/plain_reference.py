@@ -10,20 +10,21 @@ from collapipe_flwr.tasks.lr_schedule import lr_factor
 
 def plain_losses(cfg, task, indices, rounds: int = 1) -> list[float]:
     """The whole model in one process, one optimizer over all parameters for the whole run, loss = sum / count,
-    model.schedule over T * local_steps steps (as train_central applies it), each round's batches in
+    model.lr_schedule over T * local_steps steps (as train_central applies it), each round's batches in
     cluster 0's order (wiring.round_seed)."""
     torch.manual_seed(cfg.seed)
     model = wiring.build_model(task, cfg)
     params = [*model.embedding.parameters(), *model.blocks.parameters(), *model.head.parameters()]
     opt = wiring.optimizer_spec(cfg).build(params)
     base = opt.param_groups[0]["lr"]
-    sched = cfg.model["schedule"]
+    lr_schedule = cfg.model.lr_schedule
     total = cfg.federation.num_rounds * cfg.federation.local_steps
     losses, step = [], 0
     for t in range(1, rounds + 1):
         for batch in wiring.train_batches(task, cfg, indices, seed=wiring.round_seed(cfg, t, 0)):
-            opt.param_groups[0]["lr"] = base * lr_factor(step, sched["warmup_steps"], sched["decay"], total,
-                                                         sched["min_factor"])
+            opt.param_groups[0]["lr"] = base * lr_factor(
+                step, lr_schedule.warmup_steps, lr_schedule.decay, total, lr_schedule.min_factor
+            )
             opt.zero_grad()
             loss_sum, count = model.loss_terms(batch)
             loss = loss_sum / count

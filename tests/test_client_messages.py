@@ -17,7 +17,11 @@ def _context(node_config: dict) -> Context:
 
 @pytest.mark.parametrize(
     "node_config,needle",
-    [({}, "partition-id"), ({"partition-id": 3, "num-partitions": 2}, "partition-id=3"), ({"partition-id": "x", "num-partitions": 2}, "partition-id")],
+    [
+        ({}, "partition-id"),
+        ({"partition-id": 3, "num-partitions": 2}, "partition-id=3"),
+        ({"partition-id": "x", "num-partitions": 2}, "partition-id"),
+    ],
 )
 def test_bad_node_config_is_one_line(node_config, needle):
     with pytest.raises(ConfigError) as err:
@@ -34,7 +38,7 @@ def test_node_data_dir_wins(monkeypatch):
 
 def test_malformed_instructions_are_refused():
     with pytest.raises(CollaPipeError) as err:
-        TrainInstructions.from_record(ConfigRecord({"json": "{\"round\": 1}"}))
+        TrainInstructions.from_record(ConfigRecord({"json": '{"round": 1}'}))
     assert "different versions" in str(err.value)
 
 

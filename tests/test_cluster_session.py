@@ -30,8 +30,9 @@ STEPS = 3
 
 
 def _plan(delta) -> ClusterPlan:
-    return ClusterPlan(cluster=0, selected=True, channel=0, power_w=0.1, S=sum(1 for d in delta if d), m=2,
-                       delta=tuple(delta))
+    return ClusterPlan(
+        cluster=0, selected=True, channel=0, power_w=0.1, S=sum(1 for d in delta if d), m=2, delta=tuple(delta)
+    )
 
 
 def _instructions(cfg, server, t, delta) -> TrainInstructions:
@@ -40,10 +41,21 @@ def _instructions(cfg, server, t, delta) -> TrainInstructions:
 
 def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_plain_model(data_dir):
     cfg = load_run_config(
-        ["task=translation", "model=transformer_tiny", "model.enc_layers=4", "federation=tiny", "network=small",
-         "federation.num_clusters=1", f"federation.local_steps={STEPS}", "runtime.backend=ray",
-         "task.batch_size=8", "model.dropout=0.0", "runtime.precision=fp32",
-         "model.schedule.warmup_steps=4", "model.schedule.decay=linear"],
+        [
+            "task=translation",
+            "model=transformer_tiny",
+            "model.enc_layers=4",
+            "federation=tiny",
+            "network=small",
+            "federation.num_clusters=1",
+            f"federation.local_steps={STEPS}",
+            "runtime.backend=ray",
+            "task.batch_size=8",
+            "model.dropout=0.0",
+            "runtime.precision=fp32",
+            "model.lr_schedule.warmup_steps=4",
+            "model.lr_schedule.decay=linear",
+        ],
         data_dir=str(data_dir),
     )
     server = ServerState.build(cfg)
@@ -87,9 +99,20 @@ def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_pla
 
 def _vanilla_cfg(data_dir, optimizer_state: str):
     return load_run_config(
-        ["method=vanilla_fl", "task=classification", "model=bert_tiny", "federation=tiny", "network=small",
-         "federation.num_clusters=1", "federation.local_steps=1", "runtime.backend=local", "task.batch_size=8",
-         "model.dropout=0.0", "runtime.precision=fp32", f"federation.optimizer_state={optimizer_state}"],
+        [
+            "method=vanilla_fl",
+            "task=classification",
+            "model=bert_tiny",
+            "federation=tiny",
+            "network=small",
+            "federation.num_clusters=1",
+            "federation.local_steps=1",
+            "runtime.backend=local",
+            "task.batch_size=8",
+            "model.dropout=0.0",
+            "runtime.precision=fp32",
+            f"federation.optimizer_state={optimizer_state}",
+        ],
         data_dir=str(data_dir),
     )
 

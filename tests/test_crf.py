@@ -72,7 +72,9 @@ def test_pack_left_moves_kept_positions_first_in_order():
 
 def test_crf_head_loss_is_the_nll_of_the_labelled_tokens_and_predicts_at_them():
     torch.manual_seed(0)
-    model = build_bert(vocab_size=50, hidden=16, n_heads=2, d_ff=32, layers=1, dropout=0.0, max_len=16, head="token_crf", num_labels=3)
+    model = build_bert(
+        vocab_size=50, hidden=16, n_heads=2, d_ff=32, layers=1, dropout=0.0, max_len=16, head="token_crf", num_labels=3
+    )
     head = model.head.eval()
     hidden = torch.randn(2, 6, 16)
     # row 0: [CLS] a b c [SEP] pad ; row 1: [CLS] a [SEP] pad pad pad
@@ -81,8 +83,10 @@ def test_crf_head_loss_is_the_nll_of_the_labelled_tokens_and_predicts_at_them():
     batch = {"labels": labels}
     loss_sum, count = head.loss_terms(hidden, attention, batch)
     emissions = head.logits(hidden)
-    ref = -(head.crf.log_likelihood(emissions[0:1, 1:4], labels[0:1, 1:4], torch.ones(1, 3, dtype=torch.bool))
-            + head.crf.log_likelihood(emissions[1:2, 1:2], labels[1:2, 1:2], torch.ones(1, 1, dtype=torch.bool)))
+    ref = -(
+        head.crf.log_likelihood(emissions[0:1, 1:4], labels[0:1, 1:4], torch.ones(1, 3, dtype=torch.bool))
+        + head.crf.log_likelihood(emissions[1:2, 1:2], labels[1:2, 1:2], torch.ones(1, 1, dtype=torch.bool))
+    )
     assert int(count) == 4
     assert float(loss_sum) == pytest.approx(float(ref.sum()), rel=1e-6)
     with_labels = head.predict(hidden, attention, batch)

@@ -38,8 +38,9 @@ class TokenHead(nn.Module):
     def loss_terms(self, hidden, attention_mask, batch):
         logits = self.out(torch.tanh(self.proj(hidden)))
         labels = batch["labels"]
-        loss_sum = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                                               ignore_index=-100, reduction="sum")
+        loss_sum = nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+        )
         return loss_sum, (labels != -100).sum()
 
 
@@ -108,14 +109,25 @@ def assert_same_state(a: tuple[dict, dict], b: tuple[dict, dict]) -> None:
 class Served:
     """A started host with round 1 open for clusters 0 and 1, plus a pristine copy of its head/optimizer."""
 
-    def __init__(self, head: nn.Module, fp16: bool = False, max_message_mb: int = 256, hidden: int = H, **host_kw) -> None:
+    def __init__(
+        self, head: nn.Module, fp16: bool = False, max_message_mb: int = 256, hidden: int = H, **host_kw
+    ) -> None:
         torch.manual_seed(0)
         self.head = head
         self.optimizer = torch.optim.Adam(head.parameters(), lr=1e-2)
         self.ref_head = copy.deepcopy(head)
         self.ref_optimizer = torch.optim.Adam(self.ref_head.parameters(), lr=1e-2)
-        self.host = DecoderHost(head, self.optimizer, SECRET, bind="127.0.0.1", port=0, fp16=fp16,
-                                max_message_mb=max_message_mb, hidden_size=hidden, **host_kw)
+        self.host = DecoderHost(
+            head,
+            self.optimizer,
+            SECRET,
+            bind="127.0.0.1",
+            port=0,
+            fp16=fp16,
+            max_message_mb=max_message_mb,
+            hidden_size=hidden,
+            **host_kw,
+        )
         self.host.start()
         self.host.open_round(1, [0, 1])
 
@@ -180,7 +192,7 @@ def test_fp16_wire_round_trip_error_bound():
         half, scale = to_wire_fp16(x)
         assert half.dtype == torch.float16 and math.log2(scale).is_integer()
         back = half.float() / scale
-        bound = 2.0 ** -11 * x.abs() + 2.0 ** -38 * float(x.abs().max())
+        bound = 2.0**-11 * x.abs() + 2.0**-38 * float(x.abs().max())
         assert bool(((back - x).abs() <= bound).all()), magnitude
     big = torch.full((3,), 1e5)
     assert not bool(torch.isfinite(big.half()).all())  # why the scale exists
@@ -258,6 +270,7 @@ def _float64_z(z, mbs):
 def _with(field, fn):
     def mutate(z, mbs):
         return z, [{**mb, field: fn(mb[field])} for mb in mbs]
+
     return mutate
 
 
@@ -508,8 +521,9 @@ def test_pipeline_with_remote_decoder_equals_local_decoder():
     spec = OptimizerSpec("adam", 1e-3)
     remote_pipe = ClusterPipeline(remote_model.embedding, remote_model.blocks, (1, 1), spec)
     local_pipe = ClusterPipeline(local_model.embedding, local_model.blocks, (1, 1), spec)
-    host = DecoderHost(remote_model.head, spec.build(remote_model.head.parameters()), SECRET, bind="127.0.0.1",
-                       hidden_size=32)
+    host = DecoderHost(
+        remote_model.head, spec.build(remote_model.head.parameters()), SECRET, bind="127.0.0.1", hidden_size=32
+    )
     host.start()
     host.open_round(1, [0])
     local = LocalHead(local_model.head, spec)
@@ -521,8 +535,12 @@ def test_pipeline_with_remote_decoder_equals_local_decoder():
                 mask[:, -2:] = 0
                 labels = torch.randint(3, 60, (6, 8), generator=g)
                 labels[:, -1] = -100
-                batch = {"input_ids": torch.randint(3, 50, (6, 9), generator=g) * mask, "attention_mask": mask,
-                         "decoder_input_ids": torch.randint(3, 60, (6, 8), generator=g), "labels": labels}
+                batch = {
+                    "input_ids": torch.randint(3, 50, (6, 9), generator=g) * mask,
+                    "attention_mask": mask,
+                    "decoder_input_ids": torch.randint(3, 60, (6, 8), generator=g),
+                    "labels": labels,
+                }
                 assert remote_pipe.train_step(batch, 2, remote).loss == local_pipe.train_step(batch, 2, local).loss
         enc_remote, enc_local = remote_pipe.encoder_state_dict(), local_pipe.encoder_state_dict()
         for k in enc_local:

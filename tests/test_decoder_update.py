@@ -36,8 +36,9 @@ class TokenHead(nn.Module):
     def loss_terms(self, z, attention_mask, mb):
         logits = self.proj(z)
         labels = mb["labels"]
-        loss = nn.functional.cross_entropy(logits.reshape(-1, CLASSES), labels.reshape(-1), ignore_index=-100,
-                                           reduction="sum")
+        loss = nn.functional.cross_entropy(
+            logits.reshape(-1, CLASSES), labels.reshape(-1), ignore_index=-100, reduction="sum"
+        )
         return loss, int((labels != -100).sum())
 
 
@@ -53,13 +54,15 @@ def test_joint_update_equals_one_step_on_all_clusters(tmp_path):
     torch.manual_seed(0)
     head = TokenHead()
     reference = copy.deepcopy(head)
-    host = DecoderHost(head, torch.optim.Adam(head.parameters(), lr=0.01), secret="s", bind="127.0.0.1",
-                       hidden_size=H, joint=True)
+    host = DecoderHost(
+        head, torch.optim.Adam(head.parameters(), lr=0.01), secret="s", bind="127.0.0.1", hidden_size=H, joint=True
+    )
     ref_opt = torch.optim.Adam(reference.parameters(), lr=0.01)
     host.start()
     host.open_round(1, [0, 1])
-    data = {c: [[_micro_batch(100 * c + 10 * s + i, 2 + c, 2 + 2 * c) for i in range(2)] for s in range(3)]
-            for c in (0, 1)}
+    data = {
+        c: [[_micro_batch(100 * c + 10 * s + i, 2 + c, 2 + 2 * c) for i in range(2)] for s in range(3)] for c in (0, 1)
+    }
     answers: dict[int, list] = {0: [], 1: []}
 
     def cu(c: int) -> None:
@@ -86,9 +89,9 @@ def test_joint_update_equals_one_step_on_all_clusters(tmp_path):
         (sum(sums) / sum(counts)).backward()
         ref_opt.step()
         for c, offset in ((0, 0), (1, 2)):
-            own = sum(counts[offset:offset + 2])
+            own = sum(counts[offset : offset + 2])
             loss, grads = answers[c][s]
-            assert loss == pytest.approx(float(sum(s.detach() for s in sums[offset:offset + 2])) / own, rel=1e-5)
+            assert loss == pytest.approx(float(sum(s.detach() for s in sums[offset : offset + 2])) / own, rel=1e-5)
             for i in range(2):  # dL_c/dz with L_c the cluster's own mean = joint gradient x C / C_c
                 expected = zs[offset + i].grad * (sum(counts) / own)
                 torch.testing.assert_close(grads[i], expected, rtol=1e-5, atol=1e-7)
@@ -106,13 +109,14 @@ class _Req:
 
 def test_a_cluster_that_never_arrives_is_left_out_after_the_timeout():
     ran = []
-    steps = JointSteps(lambda reqs: ran.append(sorted(r.cluster for r in reqs)) or {r.cluster: (0.0, []) for r in reqs},
-                       timeout_s=0.3)
+    steps = JointSteps(
+        lambda reqs: ran.append(sorted(r.cluster for r in reqs)) or {r.cluster: (0.0, []) for r in reqs}, timeout_s=0.3
+    )
     steps.open_round(1, [0, 1])
     assert steps.submit(_Req(1, 0, 1)) == (0.0, [])  # cluster 1 never sends step 1
     assert ran == [[0]] and steps.dropped == {1}
     assert steps.submit(_Req(1, 0, 2)) == (0.0, [])  # no more waiting for the dropped cluster
-    assert steps.submit(_Req(1, 1, 1)) is None        # the late cluster is served alone by the host
+    assert steps.submit(_Req(1, 1, 1)) is None  # the late cluster is served alone by the host
     assert ran == [[0], [0]]
 
 

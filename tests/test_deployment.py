@@ -37,7 +37,8 @@ def test_superlink_and_two_supernodes_run_one_round(tmp_path, data_dir):
     home, out = tmp_path / "flwr_home", tmp_path / "runs"
     link_port = free_port()
     write_flower_config(
-        home, f'[superlink]\ndefault = "deploy"\n\n[superlink.deploy]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
+        home,
+        f'[superlink]\ndefault = "deploy"\n\n[superlink.deploy]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n',
     )
     env = flower_env(home, data_dir)
     logs = {}
@@ -45,19 +46,42 @@ def test_superlink_and_two_supernodes_run_one_round(tmp_path, data_dir):
 
     def start(name: str, cmd: list[str]) -> None:
         logs[name] = open(tmp_path / f"{name}.log", "w")
-        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=logs[name], stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, cwd=ROOT, stdout=logs[name], stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
 
     try:
-        start("superlink", [
-            "flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(link_port),
-            "--disable-runtime-dependency-installation", "--database", str(tmp_path / "state.db"),
-        ])
+        start(
+            "superlink",
+            [
+                "flower-superlink",
+                "--insecure",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(link_port),
+                "--disable-runtime-dependency-installation",
+                "--database",
+                str(tmp_path / "state.db"),
+            ],
+        )
         _wait_healthy(link_port)
         for pid in range(2):
-            start(f"supernode{pid}", [
-                "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link_port}", "--port", str(free_port()),
-                "--node-config", f"partition-id={pid} num-partitions=2",
-            ])
+            start(
+                f"supernode{pid}",
+                [
+                    "flower-supernode",
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{link_port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    f"partition-id={pid} num-partitions=2",
+                ],
+            )
         run_config = f'overrides="{OVERRIDES}" output-dir="{out}"'
         proc = run(["flwr", "run", ".", "deploy", "--stream", "--run-config", run_config], env, ROOT, timeout=900)
     finally:

@@ -25,8 +25,14 @@ def conf(group: str, name: str) -> dict:
     return yaml.safe_load((CONF_DIR / group / f"{name}.yaml").read_text())
 
 
-WORKLOAD = Workload(forward_flops=(2e9,) * 6, backward_flops=(4e9,) * 6, boundary_bytes=(4e3,) * 7,
-                    param_bytes=(1e5,) * 6, saved_bytes=(1e4,) * 6, batch_size=16)
+WORKLOAD = Workload(
+    forward_flops=(2e9,) * 6,
+    backward_flops=(4e9,) * 6,
+    boundary_bytes=(4e3,) * 7,
+    param_bytes=(1e5,) * 6,
+    saved_bytes=(1e4,) * 6,
+    batch_size=16,
+)
 
 
 def policy(V: float, bcd: int, drift: str, spec, Y):
@@ -85,11 +91,11 @@ def test_bcd_objective_never_increases_and_beats_one_pass(drift):
         assert first == pytest.approx(history[0], rel=1e-9)
         assert final <= first * (1 + 1e-9)
         improved += final < first * (1 - 1e-9)
-    assert improved >= 1      # the coupling matters on some of these states: BCD is not a no-op
+    assert improved >= 1  # the coupling matters on some of these states: BCD is not a no-op
 
 
 def test_bcd_stops_after_one_pass_without_queues():
     spec = NetworkSpec.from_config(conf("network", "paper_table2"), 4)
     plan = policy(0.1, 5, "gamma", spec, 0.0).plan(0, StateSampler(spec, 0).sample(0))
-    assert plan.modelled["bcd_iterations"] <= 2       # Y = 0: idle and busy Sub-1 agree, fixed point at once
+    assert plan.modelled["bcd_iterations"] <= 2  # Y = 0: idle and busy Sub-1 agree, fixed point at once
     assert len(set(np.round(plan.modelled["bcd_objective"], 12))) == 1

@@ -55,8 +55,9 @@ def scheduler(name: str, **over) -> SchedulerSpec:
     return parse_scheduler(raw_scheduler(name, **over))
 
 
-def check_constraints(plan: RoundPlan, spec: NetworkSpec, state: RoundState, workload, uplink_bits=None,
-                      with_d2d: bool = True) -> None:
+def check_constraints(
+    plan: RoundPlan, spec: NetworkSpec, state: RoundState, workload, uplink_bits=None, with_d2d: bool = True
+) -> None:
     """C1-C9 recomputed from the plan with the formulas written out here (``uplink_bits``: what a CU sends,
     default the CollaPipe upload; ``with_d2d=False``: a method without activation hand-over)."""
     bits = workload.uplink_bits() if uplink_bits is None else uplink_bits
@@ -66,39 +67,55 @@ def check_constraints(plan: RoundPlan, spec: NetworkSpec, state: RoundState, wor
     for c in plan.clusters:
         devs = spec.devices_of(c.cluster)
         delta = np.array(c.delta)
-        assert delta.sum() == L and (delta >= 0).all() and 1 <= c.m <= b              # C1
-        assert c.S == int((delta > 0).sum()) and 1 <= c.S <= len(devs)                # C2
+        assert delta.sum() == L and (delta >= 0).all() and 1 <= c.m <= b  # C1
+        assert c.S == int((delta > 0).sum()) and 1 <= c.S <= len(devs)  # C2
         gamma0 = workload.block_memory_bytes()
-        assert all(d * gamma0 <= dev.memory_bytes for d, dev in zip(delta, devs))      # C7
+        assert all(d * gamma0 <= dev.memory_bytes for d, dev in zip(delta, devs))  # C7
         b_hat = math.ceil(b / c.m)
         o = workload.flops_per_sample_block
-        for k, dev in enumerate(devs):                                                 # C9
+        for k, dev in enumerate(devs):  # C9
             if delta[k] == 0:
                 continue
             f = dev.f_hz * state.availability[c.cluster][k]
-            rate = spec.d2d_bandwidth_hz * math.log2(1 + dev.d2d_power_w * state.d2d_gain[c.cluster][k]
-                                                     / (spec.d2d_interference_w + spec.d2d_bandwidth_hz * N0))
+            rate = spec.d2d_bandwidth_hz * math.log2(
+                1
+                + dev.d2d_power_w
+                * state.d2d_gain[c.cluster][k]
+                / (spec.d2d_interference_w + spec.d2d_bandwidth_hz * N0)
+            )
             d2d = b_hat * 2 * 8 * workload.activation_bytes_per_sample / rate + spec.d2d_latency_s if with_d2d else 0.0
-            energy = workload.steps_per_round * c.m * (
-                spec.effective_capacitance * delta[k] * b_hat * o / dev.flops_per_cycle * f**2 + dev.d2d_power_w * d2d)
+            energy = (
+                workload.steps_per_round
+                * c.m
+                * (
+                    spec.effective_capacitance * delta[k] * b_hat * o / dev.flops_per_cycle * f**2
+                    + dev.d2d_power_w * d2d
+                )
+            )
             assert energy <= spec.device_energy_max_j * (1 + 1e-9)
         if c.selected:
             j = c.channel
-            assert 0 <= j < spec.num_channels                                          # C3
+            assert 0 <= j < spec.num_channels  # C3
             used_channels.append(j)
-            assert 0 < c.power_w <= spec.cu_power_max_w * (1 + 1e-12)                  # C6
+            assert 0 < c.power_w <= spec.cu_power_max_w * (1 + 1e-12)  # C6
             B, h, I = spec.channel_bandwidth_hz[j], state.uplink_gain[c.cluster][j], state.uplink_interference_w[j]
             rate = B * math.log2(1 + c.power_w * h / (I + B * N0))
             assert c.power_w * bits / rate <= spec.cu_energy_max_j * (1 + 1e-6)  # C8
         else:
             assert c.channel is None and c.power_w == 0.0
-    assert len(used_channels) == len(set(used_channels))                              # C4, C5
+    assert len(used_channels) == len(set(used_channels))  # C4, C5
     assert len(used_channels) <= min(spec.num_clusters, spec.num_channels)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 10_000), t=st.integers(0, 10_000), clusters=st.integers(1, 5),
-       policy=st.sampled_from(tuple(SELECTORS)), queue=st.sampled_from([0.0, 0.5, 50.0]), drift=st.sampled_from(["gamma", "paper"]))
+@given(
+    seed=st.integers(0, 10_000),
+    t=st.integers(0, 10_000),
+    clusters=st.integers(1, 5),
+    policy=st.sampled_from(tuple(SELECTORS)),
+    queue=st.sampled_from([0.0, 0.5, 50.0]),
+    drift=st.sampled_from(["gamma", "paper"]),
+)
 def test_every_plan_satisfies_c1_to_c9(workload, seed, t, clusters, policy, queue, drift):
     net = conf("network", "small")
     net["seed"] = seed % 17
@@ -110,7 +127,7 @@ def test_every_plan_satisfies_c1_to_c9(workload, seed, t, clusters, policy, queu
     check_constraints(plan, spec, state, workload)
     if all(np.isfinite(row) for row in np.asarray(state.gain_matrix()).ravel()):
         assert len(plan.selected) == min(clusters, spec.num_channels)
-    again = RoundPlan.from_dict(json.loads(json.dumps(plan.to_dict())))                # JSON-safe
+    again = RoundPlan.from_dict(json.loads(json.dumps(plan.to_dict())))  # JSON-safe
     assert again == plan
     pol.observe(plan, {c.cluster: 1.0 for c in plan.selected})
 
@@ -141,11 +158,18 @@ def test_cu_energy_too_tight_names_c8(workload):
         make_policy(scheduler("dssra"), spec, workload, 0).plan(0, StateSampler(spec, 0).sample(0))
 
 
-@pytest.mark.parametrize("bad, match", [
-    ({"name": "greedy"}, "scheduler.name"), ({"V": -1}, "scheduler.V"), ({"drift": "x"}, "scheduler.drift"),
-    ({"fixed_m": 0}, "scheduler.fixed_m"), ({"extra": 1}, "scheduler.extra"),
-    ({"convergence": {"gamma_max": 0}}, "gamma_max"), ({"convergence": {"zeta": 1}}, "zeta"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"name": "greedy"}, "scheduler.name"),
+        ({"V": -1}, "scheduler.V"),
+        ({"drift": "x"}, "scheduler.drift"),
+        ({"fixed_m": 0}, "scheduler.fixed_m"),
+        ({"extra": 1}, "scheduler.extra"),
+        ({"convergence": {"gamma_max": 0}}, "gamma_max"),
+        ({"convergence": {"zeta": 1}}, "zeta"),
+    ],
+)
 def test_scheduler_config_errors(bad, match):
     s = raw_scheduler("dssra")
     s.update(bad)
@@ -164,8 +188,14 @@ GAMMA_MAX = 3.0  # with grad_bound 30: Gamma = 0.25 S^2 + 1.5 (+ tiny), between 
 
 def lyapunov_run(V: float, rounds: int) -> tuple[float, float]:
     # a compute-heavy encoder (6 blocks, 6 GFLOP per sample and block), so more stages cut the delay
-    workload = Workload(forward_flops=(2e9,) * 6, backward_flops=(4e9,) * 6, boundary_bytes=(4e3,) * 7,
-                        param_bytes=(1e5,) * 6, saved_bytes=(1e4,) * 6, batch_size=16)
+    workload = Workload(
+        forward_flops=(2e9,) * 6,
+        backward_flops=(4e9,) * 6,
+        boundary_bytes=(4e3,) * 7,
+        param_bytes=(1e5,) * 6,
+        saved_bytes=(1e4,) * 6,
+        batch_size=16,
+    )
     spec = NetworkSpec.from_config(conf("network", "paper_table2"), 3)
     # Gamma_max below what the delay-optimal S gives, so the queue has to work
     sched = raw_scheduler("dssra", V=V, max_m=8)

@@ -62,11 +62,16 @@ def test_scheduler_defaults_and_forced_segment_scheduling():
     assert parse_scheduler(dict(minimal, name="uniform", segment_scheduling=True)).segment_scheduling is False
 
 
-@pytest.mark.parametrize("bad, match", [
-    ({"name": "x"}, r"method.name='x' is not one of collapipe, collapipe_no_ss, pipeline, titanic, vanilla_fl"),
-    ({"zeta": 1}, r"method.zeta"), ({"fixed_m": 0}, r"method.fixed_m"), ({"aggregate": "yes"}, r"method.aggregate"),
-    ({"fixed_m": 2.0}, r"method.fixed_m"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"name": "x"}, r"method.name='x' is not one of collapipe, collapipe_no_ss, pipeline, titanic, vanilla_fl"),
+        ({"zeta": 1}, r"method.zeta"),
+        ({"fixed_m": 0}, r"method.fixed_m"),
+        ({"aggregate": "yes"}, r"method.aggregate"),
+        ({"fixed_m": 2.0}, r"method.fixed_m"),
+    ],
+)
 def test_method_errors_are_one_line(bad, match):
     with pytest.raises(ConfigError, match=match) as err:
         parse_method({**conf("method", "collapipe"), **bad})
@@ -89,11 +94,13 @@ def test_registering_a_name_twice_is_refused():
 
 def test_method_registry_fills_itself_on_first_use():
     """A fresh interpreter that imports only the specs still knows every method (pkgutil discovery)."""
-    code = ("from collapipe_flwr.dssra.specs import MethodSpec, parse_method\n"
-            "import collapipe_flwr.dssra.method_registry as r\n"
-            "assert not r._FACTORIES\n"
-            "assert parse_method({'name': 'titanic'}) == MethodSpec(name='titanic', segment_scheduling=True)\n"
-            "print(','.join(r.METHODS))\n")
+    code = (
+        "from collapipe_flwr.dssra.specs import MethodSpec, parse_method\n"
+        "import collapipe_flwr.dssra.method_registry as r\n"
+        "assert not r._FACTORIES\n"
+        "assert parse_method({'name': 'titanic'}) == MethodSpec(name='titanic', segment_scheduling=True)\n"
+        "print(','.join(r.METHODS))\n"
+    )
     root = str(Path(collapipe_flwr.__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
@@ -103,4 +110,9 @@ def test_method_registry_fills_itself_on_first_use():
 def test_method_spec_is_the_typed_section():
     assert MethodSpec() == parse_method({}) == parse_method(None)
     assert parse_method({"name": "pipeline", "aggregate": False}).to_raw() == {
-        "name": "pipeline", "segment_scheduling": True, "fixed_m": 4, "head_on_server": True, "aggregate": False}
+        "name": "pipeline",
+        "segment_scheduling": True,
+        "fixed_m": 4,
+        "head_on_server": True,
+        "aggregate": False,
+    }

@@ -38,14 +38,14 @@ def test_matching_equals_brute_force():
         virtual = rng.uniform(0, 10, N) * rng.choice([0.0, 1.0])
         channel = match_channels(cost, virtual)
         chosen = [j for j in channel if j is not None]
-        assert len(chosen) == len(set(chosen)) == min(N, J)          # C3-C5
+        assert len(chosen) == len(set(chosen)) == min(N, J)  # C3-C5
         assert total(cost, virtual, channel) == pytest.approx(brute_force_matching(cost, virtual), rel=1e-12)
 
 
 def test_matching_skips_cus_without_a_feasible_channel():
     cost = np.array([[1.0, np.inf], [np.inf, np.inf], [np.inf, 2.0]])
     assert match_channels(cost, np.zeros(3)) == [0, None, 1]
-    cost = np.array([[1.0, np.inf], [3.0, np.inf]])       # both can only use channel 0
+    cost = np.array([[1.0, np.inf], [3.0, np.inf]])  # both can only use channel 0
     assert match_channels(cost, np.zeros(2)) == [0, None]
 
 
@@ -77,10 +77,10 @@ def test_power_within_half_percent_of_grid_search(seed):
         best = grid_objective(V[i], bits[i], B[i], g[i], h[i], I[i], w_gamma[i], w_lin[i], E_max[i], P_max[i])
         if math.isinf(best):
             continue
-        assert not np.isnan(p[i])   # the grid found a C8'-feasible power, so must the solver
+        assert not np.isnan(p[i])  # the grid found a C8'-feasible power, so must the solver
         got_delay = bits[i] / (B[i] * np.log2(1 + g[i] * p[i]))
-        assert 0 <= p[i] <= P_max[i]                                       # C6
-        assert p[i] * got_delay <= E_max[i] * (1 + 1e-9)                    # C8'
+        assert 0 <= p[i] <= P_max[i]  # C6
+        assert p[i] * got_delay <= E_max[i] * (1 + 1e-9)  # C8'
         got = V[i] * got_delay + w_gamma[i] / (p[i] * h[i] + I[i]) + w_lin[i] * p[i]
         assert got <= best * 1.005
         checked += 1
@@ -108,7 +108,7 @@ def test_dinkelbach_sca_within_half_percent_of_grid_and_equal_to_direct(seed):
     result = dinkelbach_sca_power(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max)
     p = result.power_w
     direct = optimal_power(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max)
-    assert result.iterations >= 2          # interior optima (w_lin > 0) really iterate
+    assert result.iterations >= 2  # interior optima (w_lin > 0) really iterate
     checked = 0
     for i in range(len(V)):
         best = grid_objective(V[i], bits[i], B[i], g[i], h[i], I[i], w_gamma[i], w_lin[i], E_max[i], P_max[i])
@@ -116,8 +116,8 @@ def test_dinkelbach_sca_within_half_percent_of_grid_and_equal_to_direct(seed):
             assert np.isnan(p[i]) and np.isnan(direct[i])
             continue
         delay = bits[i] / (B[i] * np.log2(1 + g[i] * p[i]))
-        assert 0 < p[i] <= P_max[i] * (1 + 1e-12)                                 # C6
-        assert p[i] * delay <= E_max[i] * (1 + 1e-9)                              # C8'
+        assert 0 < p[i] <= P_max[i] * (1 + 1e-12)  # C6
+        assert p[i] * delay <= E_max[i] * (1 + 1e-9)  # C8'
         got = V[i] * delay + w_gamma[i] / (p[i] * h[i] + I[i]) + w_lin[i] * p[i]
         assert got <= best * 1.005
         ref_delay = bits[i] / (B[i] * np.log2(1 + g[i] * direct[i]))
@@ -125,13 +125,13 @@ def test_dinkelbach_sca_within_half_percent_of_grid_and_equal_to_direct(seed):
         assert got == pytest.approx(ref, rel=1e-6)
         checked += 1
     assert checked >= 20
-    assert result.residuals[-1] <= 1e-6     # -F(lambda)/(lambda R) ~ 0 at the end: Dinkelbach converged
+    assert result.residuals[-1] <= 1e-6  # -F(lambda)/(lambda R) ~ 0 at the end: Dinkelbach converged
 
 
 def test_dinkelbach_respects_the_c11_floor():
     """With a C11' lower bound above the unconstrained optimum, the power sits on the bound (grid check)."""
     V, bits, B, g, h, I, _, _, E_max, P_max = random_pairs(7, 12)
-    w_lin = np.full(12, 400.0)                   # pushes the power down, so a floor binds
+    w_lin = np.full(12, 400.0)  # pushes the power down, so a floor binds
     free = dinkelbach_sca_power(V, bits, B, g, h, I, 0.0, w_lin, E_max, P_max).power_w
     checked = 0
     for i in range(12):
@@ -142,14 +142,15 @@ def test_dinkelbach_respects_the_c11_floor():
             continue
         cap = q[feasible].max()
         floor = min(1.5 * free[i], cap)
-        got = dinkelbach_sca_power(V[i], bits[i], B[i], g[i], h[i], I[i], 0.0, w_lin[i], E_max[i], P_max[i],
-                                   p_floor=floor).power_w
+        got = dinkelbach_sca_power(
+            V[i], bits[i], B[i], g[i], h[i], I[i], 0.0, w_lin[i], E_max[i], P_max[i], p_floor=floor
+        ).power_w
         obj = np.where(feasible & (q >= floor), V[i] * delay + w_lin[i] * q, np.inf)
         got_delay = bits[i] / (B[i] * np.log2(1 + g[i] * got))
         assert got >= floor * (1 - 1e-7)
         assert V[i] * got_delay + w_lin[i] * got <= obj.min() * 1.005
         if free[i] < 0.99 * cap:
-            assert got == pytest.approx(floor, rel=1e-4)     # the floor binds
+            assert got == pytest.approx(floor, rel=1e-4)  # the floor binds
         checked += 1
     assert checked >= 6
 
@@ -158,6 +159,6 @@ def test_c11_floor_formula_by_hand():
     # scale*C/(p h + I) <= budget  <=>  p >= (scale*C/budget - I)/h
     scale_c, h, I = 0.02, 0.8, 0.07
     assert c11_power_floor(0.1, scale_c, h, I, 0.5) == pytest.approx((0.2 - 0.07) / 0.8)
-    assert c11_power_floor(1.0, scale_c, h, I, 0.5) == 0.0          # already met at p = 0
-    assert c11_power_floor(0.0, scale_c, h, I, 0.5) == 0.5          # unreachable: as close as C6/C8' allow
-    assert c11_power_floor(0.021, scale_c, h, I, 0.5) == 0.5        # needs p > cap
+    assert c11_power_floor(1.0, scale_c, h, I, 0.5) == 0.0  # already met at p = 0
+    assert c11_power_floor(0.0, scale_c, h, I, 0.5) == 0.5  # unreachable: as close as C6/C8' allow
+    assert c11_power_floor(0.021, scale_c, h, I, 0.5) == 0.5  # needs p > cap

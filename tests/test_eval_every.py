@@ -18,8 +18,11 @@ class _CountingServer:
     planner = SimpleNamespace(policy_name="dssra")
 
     def __init__(self, every: int, rounds: int) -> None:
-        self.cfg = SimpleNamespace(eval=EvalSpec(every=every), federation=SimpleNamespace(num_rounds=rounds),
-                                   method=SimpleNamespace(name="collapipe"))
+        self.cfg = SimpleNamespace(
+            eval=EvalSpec(every=every),
+            federation=SimpleNamespace(num_rounds=rounds),
+            method=SimpleNamespace(name="collapipe"),
+        )
         self.calls = 0
 
     def evaluate(self) -> dict:

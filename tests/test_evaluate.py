@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from collapipe_flwr import evaluate
-from collapipe_flwr.tasks import train_central
+from collapipe_flwr import evaluate, train_central
 
 
 @pytest.fixture(scope="module")
@@ -20,10 +19,21 @@ def trained(data_dir, tmp_path_factory):
     quiet = contextlib.redirect_stderr(io.StringIO())
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), quiet:
         patch.setenv("COLLAPIPE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        summary = train_central.main([
-            "task=classification", "model=bert_tiny", f"data_dir={data_dir}", "eval.max_examples=32",
-            "--max-steps", "3", "--train-examples", "64", "--quiet", "--save", str(folder),
-        ])
+        summary = train_central.main(
+            [
+                "task=classification",
+                "model=bert_tiny",
+                f"data_dir={data_dir}",
+                "eval.max_examples=32",
+                "--max-steps",
+                "3",
+                "--train-examples",
+                "64",
+                "--quiet",
+                "--save",
+                str(folder),
+            ]
+        )
     return folder, summary, out.getvalue().strip().splitlines()[-1]
 
 

@@ -37,24 +37,49 @@ MIB = 1024 * 1024
 def _cluster_row(compute, d2d, uplink, device_energy, cu_energy, selected=True):
     pipe = compute + d2d
     return {
-        "pipeline_s": pipe, "compute_s": compute, "d2d_s": d2d, "uplink_s": uplink if selected else 0.0,
-        "delay_s": pipe + uplink if selected else 0.0, "device_energy_j": device_energy,
-        "cu_energy_j": cu_energy if selected else 0.0, "gamma": 0.0, "Y": 0.0,
+        "pipeline_s": pipe,
+        "compute_s": compute,
+        "d2d_s": d2d,
+        "uplink_s": uplink if selected else 0.0,
+        "delay_s": pipe + uplink if selected else 0.0,
+        "device_energy_j": device_energy,
+        "cu_energy_j": cu_energy if selected else 0.0,
+        "gamma": 0.0,
+        "Y": 0.0,
     }
 
 
 def _plan(cluster, selected, S, m, delta):
-    return {"cluster": cluster, "selected": selected, "channel": cluster if selected else None, "power_w": 0.3,
-            "S": S, "m": m, "delta": delta}
+    return {
+        "cluster": cluster,
+        "selected": selected,
+        "channel": cluster if selected else None,
+        "power_w": 0.3,
+        "S": S,
+        "m": m,
+        "delta": delta,
+    }
 
 
 def _record(t, rows, plans, loss, bleu, peaks, round_s, train_s, method="collapipe", scheduler="dssra"):
     delays = [r["delay_s"] for r, p in zip(rows, plans) if p["selected"]]
     return {
-        "round": t, "method": method, "scheduler": scheduler, "train_loss": loss, "val_bleu": bleu, "val_loss": loss,
-        "clients": {str(p["cluster"]): {"num-examples": 10, "train-loss": loss, "train-losses": [loss],
-                                        "seconds-train": s, "device-peak-bytes": pk}
-                    for p, pk, s in zip([p for p in plans if p["selected"]], peaks, train_s)},
+        "round": t,
+        "method": method,
+        "scheduler": scheduler,
+        "train_loss": loss,
+        "val_bleu": bleu,
+        "val_loss": loss,
+        "clients": {
+            str(p["cluster"]): {
+                "num-examples": 10,
+                "train-loss": loss,
+                "train-losses": [loss],
+                "seconds-train": s,
+                "device-peak-bytes": pk,
+            }
+            for p, pk, s in zip([p for p in plans if p["selected"]], peaks, train_s)
+        },
         "failures": [],
         "plan": {"round": t, "clusters": plans, "modelled": {}},
         "modelled": {"policy": scheduler, "V": 0.01, "round_delay_s": max(delays), "clusters": rows},
@@ -72,23 +97,41 @@ def hand_rounds():
         1,
         [_cluster_row(2.0, 1.0, 1.0, [0.5, 0.25], 0.1), _cluster_row(4.0, 1.0, 0.5, [1.0], 0.2)],
         [_plan(0, True, 2, 4, [1, 1, 0]), _plan(1, True, 1, 2, [2, 0, 0])],
-        loss=3.0, bleu=1.5, peaks=[[100 * MIB, 50 * MIB], [200 * MIB]], round_s=10.0, train_s=[6.0, 7.0],
+        loss=3.0,
+        bleu=1.5,
+        peaks=[[100 * MIB, 50 * MIB], [200 * MIB]],
+        round_s=10.0,
+        train_s=[6.0, 7.0],
     )
     r2 = _record(
         2,
         [_cluster_row(1.0, 0.5, 0.5, [0.5, 0.25], 0.1), _cluster_row(3.0, 3.0, 9.0, [9.0], 5.0, selected=False)],
         [_plan(0, True, 2, 4, [1, 1, 0]), _plan(1, False, 2, 4, [1, 1, 0])],
-        loss=3.5, bleu=2.5, peaks=[[120 * MIB, 60 * MIB]], round_s=12.0, train_s=[5.0],
+        loss=3.5,
+        bleu=2.5,
+        peaks=[[120 * MIB, 60 * MIB]],
+        round_s=12.0,
+        train_s=[5.0],
     )
     r0 = {"round": 0, "val_bleu": 0.0, "val_loss": 9.0}
     return [r0, r1, r2]
 
 
 HAND = {
-    "delay_total_s": 7.5, "delay_compute_s": 5.0, "delay_d2d_s": 1.5, "delay_uplink_s": 1.0,
-    "energy_device_j": 0.75 + 1.0 + 0.75, "energy_cu_j": 0.1 + 0.2 + 0.1, "energy_total_j": 2.9,
-    "final_metric": 2.5, "final_train_loss": 3.5, "min_train_loss": 3.0, "measured_round_s": 22.0,
-    "measured_train_s": 7.0 + 5.0, "max_device_mem_mib": 200.0, "rounds": 2,
+    "delay_total_s": 7.5,
+    "delay_compute_s": 5.0,
+    "delay_d2d_s": 1.5,
+    "delay_uplink_s": 1.0,
+    "energy_device_j": 0.75 + 1.0 + 0.75,
+    "energy_cu_j": 0.1 + 0.2 + 0.1,
+    "energy_total_j": 2.9,
+    "final_metric": 2.5,
+    "final_train_loss": 3.5,
+    "min_train_loss": 3.0,
+    "measured_round_s": 22.0,
+    "measured_train_s": 7.0 + 5.0,
+    "max_device_mem_mib": 200.0,
+    "rounds": 2,
 }
 
 
@@ -96,10 +139,18 @@ def scaled_rounds(factor: float, n_rounds: int = 2, S: int = 2, m: int = 4, unif
     """Rounds whose only CU has delay `factor` (compute factor/2, D2D factor/4, uplink factor/4)."""
     out = [{"round": 0, "val_bleu": 0.0}]
     for t in range(1, n_rounds + 1):
-        out.append(_record(
-            t, [_cluster_row(factor / 2, factor / 4, factor / 4, [0.1], 0.01)], [_plan(0, True, S, m, list(uniform_delta))],
-            loss=2.0 / t, bleu=float(S * 10 + m), peaks=[[S * MIB]], round_s=1.0, train_s=[1.0],
-        ))
+        out.append(
+            _record(
+                t,
+                [_cluster_row(factor / 2, factor / 4, factor / 4, [0.1], 0.01)],
+                [_plan(0, True, S, m, list(uniform_delta))],
+                loss=2.0 / t,
+                bleu=float(S * 10 + m),
+                peaks=[[S * MIB]],
+                round_s=1.0,
+                train_s=[1.0],
+            )
+        )
     return out
 
 
@@ -107,8 +158,13 @@ def write_job(folder: Path, labels: dict, rounds: list | None, ok=True, error=""
     """A sweep job folder as launch writes it: status.json (+ run/ with config.json, rounds.jsonl, summary.json)."""
     folder.mkdir(parents=True)
     run_dir = folder / "run"
-    status = {"ok": ok, "error": error, "labels": labels, "run_dir": str(run_dir) if rounds is not None else None,
-              "wall_s": 30.0}
+    status = {
+        "ok": ok,
+        "error": error,
+        "labels": labels,
+        "run_dir": str(run_dir) if rounds is not None else None,
+        "wall_s": 30.0,
+    }
     (folder / "status.json").write_text(json.dumps(status))
     if rounds is not None:
         run_dir.mkdir()
@@ -120,8 +176,15 @@ def write_job(folder: Path, labels: dict, rounds: list | None, ok=True, error=""
 
 
 def labels(method="collapipe", scheduler="dssra", V=0.01, task="translation"):
-    return {"method": method, "scheduler": scheduler, "V": V, "task": task, "model": "transformer_tiny",
-            "network": "small", "federation": "tiny"}
+    return {
+        "method": method,
+        "scheduler": scheduler,
+        "V": V,
+        "task": task,
+        "model": "transformer_tiny",
+        "network": "small",
+        "federation": "tiny",
+    }
 
 
 # --------------------------------------------------------------------------- aggregation (pure)
@@ -154,16 +217,25 @@ def test_run_without_records_gives_empty_row():
 
 
 def test_segment_scheduling_flag_from_config():
-    assert aggregate.segment_scheduling({"method": {"segment_scheduling": True}, "scheduler": {"name": "dssra"}}) is True
+    assert (
+        aggregate.segment_scheduling({"method": {"segment_scheduling": True}, "scheduler": {"name": "dssra"}}) is True
+    )
     assert aggregate.segment_scheduling({"method": {"segment_scheduling": False}, "scheduler": {}}) is False
-    assert aggregate.segment_scheduling({"method": {"segment_scheduling": True}, "scheduler": {"name": "uniform"}}) is False
+    assert (
+        aggregate.segment_scheduling({"method": {"segment_scheduling": True}, "scheduler": {"name": "uniform"}})
+        is False
+    )
     assert aggregate.segment_scheduling({}) is None
 
 
 def test_uniform_partition_detection():
     assert aggregate.is_uniform_partition({"method": {"segment_scheduling": False}, "scheduler": {}}, [])
-    assert aggregate.is_uniform_partition({"method": {"segment_scheduling": True}, "scheduler": {"name": "uniform"}}, [])
-    assert not aggregate.is_uniform_partition({"method": {"segment_scheduling": True}, "scheduler": {"name": "dssra"}}, [])
+    assert aggregate.is_uniform_partition(
+        {"method": {"segment_scheduling": True}, "scheduler": {"name": "uniform"}}, []
+    )
+    assert not aggregate.is_uniform_partition(
+        {"method": {"segment_scheduling": True}, "scheduler": {"name": "dssra"}}, []
+    )
     assert aggregate.is_uniform_partition({}, scaled_rounds(1.0, uniform_delta=(2, 1, 1)))
     assert not aggregate.is_uniform_partition({}, scaled_rounds(1.0, uniform_delta=(3, 1, 0)))
 
@@ -212,7 +284,7 @@ def test_on_device_reduction_leaves_the_uplink_out():
         {"labels": labels("pipeline", "dssra", 0.01), "delay": [5.0, 5.0], "device_delay": [4.0, 4.0], "ok": True},
     ]
     row = {r["comparison"]: r for r in reductions.compare_all(runs)}["method: collapipe vs pipeline"]
-    assert row["ours_pct"] == pytest.approx(-100.0)      # 1 - 20/10
+    assert row["ours_pct"] == pytest.approx(-100.0)  # 1 - 20/10
     assert row["ours_device_pct"] == pytest.approx(75.0)  # 1 - 2/8
 
 
@@ -252,9 +324,16 @@ def test_report_draws_the_s_by_m_grids_when_the_sweep_varies_them(tmp_path):
     assert (out / "fig4_delay_grid.png").stat().st_size > 1000
     assert (out / "fig9_10_metric_grid.png").stat().st_size > 1000
     from collapipe_flwr.experiments import figures
-    inputs = [{"labels": labels(), "series": aggregate.series(scaled_rounds(S + m, S=S, m=m)),
-               "shape": aggregate.plan_shape(scaled_rounds(1.0, S=S, m=m)), "final_metric": S * 10.0 + m}
-              for S, m in [(1, 2), (2, 2), (2, 4)]]
+
+    inputs = [
+        {
+            "labels": labels(),
+            "series": aggregate.series(scaled_rounds(S + m, S=S, m=m)),
+            "shape": aggregate.plan_shape(scaled_rounds(1.0, S=S, m=m)),
+            "final_metric": S * 10.0 + m,
+        }
+        for S, m in [(1, 2), (2, 2), (2, 4)]
+    ]
     assert figures.grid_points(inputs, "mean_delay") == {"translation": {(1, 2): 3.0, (2, 2): 4.0, (2, 4): 6.0}}
     assert figures.grid_points(inputs, "final_metric")["translation"][(2, 4)] == 24.0
 
@@ -262,8 +341,11 @@ def test_report_draws_the_s_by_m_grids_when_the_sweep_varies_them(tmp_path):
 def test_report_of_a_plain_flwr_run_folder(tmp_path):
     run = tmp_path / "runs" / "e2e"
     run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"method": {"name": "collapipe"}, "scheduler": {"name": "dssra", "V": 10.0},
-                                                 "task": {"name": "ner"}}))
+    (run / "config.json").write_text(
+        json.dumps(
+            {"method": {"name": "collapipe"}, "scheduler": {"name": "dssra", "V": 10.0}, "task": {"name": "ner"}}
+        )
+    )
     (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in hand_rounds()) + '{"round": 3, "trunc')
     (run / "summary.json").write_text("{}")
     out = write_report(tmp_path / "runs")
@@ -301,8 +383,13 @@ def test_run_config_toml_round_trips_awkward_overrides(tmp_path):
 
 def test_build_job_validates_once_and_sizes_the_federation(tmp_path):
     config = compose(["federation=tiny", "federation.num_clusters=3", "network=small"])
-    job = build_job(config, ["federation=tiny", "federation.num_clusters=3"], tmp_path / "j", {"model": "transformer_small", "federation": "tiny"},
-                    environ={"COLLAPIPE_DATA_DIR": str(tmp_path)})
+    job = build_job(
+        config,
+        ["federation=tiny", "federation.num_clusters=3"],
+        tmp_path / "j",
+        {"model": "transformer_small", "federation": "tiny"},
+        environ={"COLLAPIPE_DATA_DIR": str(tmp_path)},
+    )
     assert job.num_supernodes == 3
     assert job.data_dir == str(tmp_path.resolve())
     assert job.timeout_s == 2 * 600.0 + 600.0  # T * round_timeout_s + margin (federation=tiny)
@@ -338,7 +425,8 @@ FAKE_FLWR = textwrap.dedent('''\
     conf = tomllib.loads(Path(args[args.index("--run-config") + 1]).read_text())
     home = os.environ["FLWR_HOME"]
     assert Path(home, "config.toml").read_text().count(':local:') == 1
-    link = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "--database", home + "/local-superlink/state.db"],
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    link = subprocess.Popen([*sleeper, "--database", home + "/local-superlink/state.db"],
                             start_new_session=True)
     Path(os.environ["PIDFILE"]).write_text(str(link.pid))
     mode = os.environ.get("FAKE_MODE", "ok")
@@ -369,8 +457,14 @@ def test_launch_writes_status_and_stops_the_detached_superlink(tmp_path, fake_fl
     pidfile = tmp_path / "superlink.pid"
     monkeypatch.setenv("PIDFILE", str(pidfile))
     monkeypatch.setenv("FAKE_MODE", mode)
-    job = JobSpec(job_dir=tmp_path / "job", overrides=("method=collapipe", "run_name=run"), num_supernodes=3,
-                  data_dir=str(tmp_path), timeout_s=4.0 if mode == "hang" else 60.0, labels=labels())
+    job = JobSpec(
+        job_dir=tmp_path / "job",
+        overrides=("method=collapipe", "run_name=run"),
+        num_supernodes=3,
+        data_dir=str(tmp_path),
+        timeout_s=4.0 if mode == "hang" else 60.0,
+        labels=labels(),
+    )
     status = launch(job, echo=None, flwr_exe=str(fake_flwr))
     saved = json.loads((tmp_path / "job" / "status.json").read_text())
     assert saved["ok"] == status["ok"] == (mode == "ok")
@@ -388,9 +482,14 @@ def test_launch_writes_status_and_stops_the_detached_superlink(tmp_path, fake_fl
 
 
 def test_descendants_and_stop_tree(tmp_path):
-    parent = subprocess.Popen([sys.executable, "-c",
-                               "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
-                               " time.sleep(600)"])
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+            " time.sleep(600)",
+        ]
+    )
     try:
         deadline = time.time() + 10
         while time.time() < deadline and not processes.descendants([parent.pid]):
@@ -408,8 +507,14 @@ def test_descendants_and_stop_tree(tmp_path):
 # --------------------------------------------------------------------------- Hydra entry point
 def _entry(args, cwd):
     env = dict(os.environ, COLLAPIPE_DATA_DIR=str(cwd))
-    return subprocess.run([sys.executable, "-m", "collapipe_flwr.experiments", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "collapipe_flwr.experiments", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_entry_point_bad_config_is_one_line_and_a_sweep_goes_on(tmp_path):
@@ -440,11 +545,26 @@ def test_entry_point_gives_a_task_its_default_model(tmp_path):
 def test_two_run_multirun_of_the_tiny_config_end_to_end(tmp_path, data_dir):
     sweep = tmp_path / "sweep"
     env = dict(os.environ, COLLAPIPE_DATA_DIR=str(data_dir), COLLAPIPE_RUN_TIMEOUT_S="900")
-    args = ["-m", "scheduler=dssra,random", "task=translation", "model=transformer_tiny", "federation=tiny",
-            "network=small", "eval.max_examples=16", "federation.local_steps=2", "federation.num_rounds=1",
-            f"hydra.sweep.dir={sweep}"]
-    proc = subprocess.run([sys.executable, "-m", "collapipe_flwr.experiments", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=2000)
+    args = [
+        "-m",
+        "scheduler=dssra,random",
+        "task=translation",
+        "model=transformer_tiny",
+        "federation=tiny",
+        "network=small",
+        "eval.max_examples=16",
+        "federation.local_steps=2",
+        "federation.num_rounds=1",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "collapipe_flwr.experiments", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2000,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     statuses = [json.loads((sweep / str(i) / "status.json").read_text()) for i in (0, 1)]
     assert all(s["ok"] for s in statuses), [s["error"] for s in statuses]
@@ -452,4 +572,6 @@ def test_two_run_multirun_of_the_tiny_config_end_to_end(tmp_path, data_dir):
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["scheduler"] for r in rows] == ["dssra", "random"]
     assert all(r["ok"] == "True" and r["rounds"] == "1" and r["delay_total_s"] for r in rows)
-    assert (out / "results.md").read_text().count("| dssra |") + (out / "results.md").read_text().count("| random |") >= 2
+    assert (out / "results.md").read_text().count("| dssra |") + (out / "results.md").read_text().count(
+        "| random |"
+    ) >= 2

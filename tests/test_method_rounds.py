@@ -14,8 +14,17 @@ from collapipe_flwr.fl.server_state import ServerState
 
 def _one_round(data_dir, method: str):
     cfg = load_run_config(
-        [f"method={method}", "task=classification", "model=bert_tiny", "federation=tiny", "network=small",
-         "federation.local_steps=2", "runtime.backend=local", "task.batch_size=8", "eval.max_examples=32"],
+        [
+            f"method={method}",
+            "task=classification",
+            "model=bert_tiny",
+            "federation=tiny",
+            "network=small",
+            "federation.local_steps=2",
+            "runtime.backend=local",
+            "task.batch_size=8",
+            "eval.max_examples=32",
+        ],
         data_dir=str(data_dir),
     )
     server = ServerState.build(cfg)
@@ -29,7 +38,8 @@ def _one_round(data_dir, method: str):
             instructions = server.instructions_for(1, cplan)
             record, metrics = train_round(
                 ClusterIdentity(cplan.cluster, cfg.federation.num_clusters, str(data_dir)),
-                server.global_model.array_record() if method != "pipeline" else _record(server, cplan.cluster), instructions,
+                server.global_model.array_record() if method != "pipeline" else _record(server, cplan.cluster),
+                instructions,
             )
             results.append((cplan.cluster, unpack_weights(record), metrics))
         server.decoder.close_round()
@@ -78,7 +88,7 @@ def test_pipeline_keeps_one_encoder_per_cluster_and_reports_their_mean(data_dir)
     import copy
 
     per_cluster = []
-    for cluster, parts, _ in results:
+    for _cluster, parts, _ in results:
         model = copy.copy(server.model)
         model.embedding = copy.deepcopy(server.model.embedding)
         model.blocks = copy.deepcopy(server.model.blocks)

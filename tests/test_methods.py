@@ -22,9 +22,17 @@ from collapipe_flwr.system.workload import Workload
 from tests.test_dssra_policies import check_constraints
 
 METHODS = ("collapipe", "collapipe_no_ss", "vanilla_fl", "pipeline", "titanic")
-WORKLOAD = Workload(forward_flops=(4e8,) * 5, backward_flops=(8e8,) * 5, boundary_bytes=(8e3,) * 6,
-                    param_bytes=(2e5,) * 5, saved_bytes=(5e4,) * 5, batch_size=16, steps_per_round=2,
-                    extra_upload_bytes=1e5, head_bytes=3e5)
+WORKLOAD = Workload(
+    forward_flops=(4e8,) * 5,
+    backward_flops=(8e8,) * 5,
+    boundary_bytes=(8e3,) * 6,
+    param_bytes=(2e5,) * 5,
+    saved_bytes=(5e4,) * 5,
+    batch_size=16,
+    steps_per_round=2,
+    extra_upload_bytes=1e5,
+    head_bytes=3e5,
+)
 
 
 def conf(group: str, name: str) -> dict:
@@ -43,8 +51,16 @@ def bits_by_hand(method: str) -> float:
     w = WORKLOAD
     z = w.boundary_bytes[-1] * w.batch_size * w.steps_per_round
     model = sum(w.param_bytes) + w.extra_upload_bytes
-    return 8 * {"collapipe": z + model, "collapipe_no_ss": z + model, "titanic": z + model,
-                "pipeline": z, "vanilla_fl": model + w.head_bytes}[method]
+    return (
+        8
+        * {
+            "collapipe": z + model,
+            "collapipe_no_ss": z + model,
+            "titanic": z + model,
+            "pipeline": z,
+            "vanilla_fl": model + w.head_bytes,
+        }[method]
+    )
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -58,8 +74,9 @@ def test_every_method_plan_satisfies_c1_to_c9(method, policy):
             state = sampler.sample(t)
             plan = pl.plan(t, state)
             assert plan.modelled["method"] == method
-            check_constraints(plan, spec, state, WORKLOAD, uplink_bits=bits_by_hand(method),
-                              with_d2d=method != "vanilla_fl")
+            check_constraints(
+                plan, spec, state, WORKLOAD, uplink_bits=bits_by_hand(method), with_d2d=method != "vanilla_fl"
+            )
             assert len(plan.selected) == min(spec.num_clusters, spec.num_channels)
             pl.observe(plan, {c.cluster: 1.0 for c in plan.selected})
 
@@ -70,7 +87,10 @@ def test_vanilla_fl_trains_everything_on_the_best_device():
         state = StateSampler(spec, 0).sample(t)
         plan = pl.plan(t, state)
         for c in plan.clusters:
-            speed = [d.f_hz * a * d.flops_per_cycle for d, a in zip(spec.devices_of(c.cluster), state.availability[c.cluster])]
+            speed = [
+                d.f_hz * a * d.flops_per_cycle
+                for d, a in zip(spec.devices_of(c.cluster), state.availability[c.cluster])
+            ]
             best = int(np.argmax(speed))
             assert c.delta[best] == WORKLOAD.num_blocks and c.S == 1 and c.m == 1
             assert plan.modelled["clusters"][c.cluster]["d2d_s"] == 0.0
@@ -96,10 +116,22 @@ def test_proportional_split_by_hand():
 def hand_model(caps, speeds, L=6) -> ClusterModel:
     K = len(caps)
     speeds = np.asarray(speeds, dtype=float)
-    return ClusterModel(cluster=0, num_blocks=L, batch_size=8, steps=1, flops_per_sample_block=1e8,
-                        activation_bits=1e3, flops_per_second=speeds, flops_per_cycle=np.full(K, 10.0),
-                        f_hz=speeds / 10.0, d2d_rate=np.full(K, 1e9), d2d_power=np.full(K, 0.1),
-                        memory_cap=np.asarray(caps), energy_max=1e9, kappa=1e-28)
+    return ClusterModel(
+        cluster=0,
+        num_blocks=L,
+        batch_size=8,
+        steps=1,
+        flops_per_sample_block=1e8,
+        activation_bits=1e3,
+        flops_per_second=speeds,
+        flops_per_cycle=np.full(K, 10.0),
+        f_hz=speeds / 10.0,
+        d2d_rate=np.full(K, 1e9),
+        d2d_power=np.full(K, 0.1),
+        memory_cap=np.asarray(caps),
+        energy_max=1e9,
+        kappa=1e-28,
+    )
 
 
 def test_titanic_splits_in_proportion_to_capability():
@@ -130,20 +162,24 @@ def test_modelled_delay_equals_the_formulas_by_hand(method):
             f = dev.f_hz * state.availability[c.cluster][k]
             comp = c.delta[k] * b_hat * (w.forward_flops[0] + w.backward_flops[0]) / (dev.flops_per_cycle * f)
             r_dd = spec.d2d_bandwidth_hz * math.log2(
-                1 + dev.d2d_power_w * state.d2d_gain[c.cluster][k] / (spec.d2d_interference_w + spec.d2d_bandwidth_hz * N0))
+                1
+                + dev.d2d_power_w
+                * state.d2d_gain[c.cluster][k]
+                / (spec.d2d_interference_w + spec.d2d_bandwidth_hz * N0)
+            )
             d2d = b_hat * 2 * 8 * max(w.boundary_bytes) / r_dd + spec.d2d_latency_s if method != "vanilla_fl" else 0.0
             chunks.append(comp + d2d)
-        pipe = w.steps_per_round * (c.S + c.m - 1) * max(chunks)                 # eq. (15) as read
+        pipe = w.steps_per_round * (c.S + c.m - 1) * max(chunks)  # eq. (15) as read
         assert row["pipeline_s"] == pytest.approx(pipe, rel=1e-9)
         if not c.selected:
             continue
         j = c.channel
         B, h, I = spec.channel_bandwidth_hz[j], state.uplink_gain[c.cluster][j], state.uplink_interference_w[j]
-        uplink = bits_by_hand(method) / (B * math.log2(1 + c.power_w * h / (I + B * N0)))   # eqs. (10)-(11)
+        uplink = bits_by_hand(method) / (B * math.log2(1 + c.power_w * h / (I + B * N0)))  # eqs. (10)-(11)
         assert row["uplink_s"] == pytest.approx(uplink, rel=1e-9)
-        assert row["cu_energy_j"] == pytest.approx(c.power_w * uplink, rel=1e-9)           # eq. (12)
+        assert row["cu_energy_j"] == pytest.approx(c.power_w * uplink, rel=1e-9)  # eq. (12)
         delays.append(pipe + uplink)
-    assert plan.modelled["round_delay_s"] == pytest.approx(max(delays), rel=1e-9)        # eq. (26)
+    assert plan.modelled["round_delay_s"] == pytest.approx(max(delays), rel=1e-9)  # eq. (26)
 
 
 def test_titanic_sends_at_the_largest_feasible_power():
@@ -153,16 +189,23 @@ def test_titanic_sends_at_the_largest_feasible_power():
     for c in plan.selected:
         j = c.channel
         B, h, I = spec.channel_bandwidth_hz[j], state.uplink_gain[c.cluster][j], state.uplink_interference_w[j]
-        energy = lambda p: p * bits_by_hand("titanic") / (B * math.log2(1 + p * h / (I + B * spec.noise_psd_w_hz)))  # noqa: E731
-        assert c.power_w == pytest.approx(spec.cu_power_max_w, rel=1e-9) or energy(c.power_w * 1.001) > spec.cu_energy_max_j
+
+        def energy(p, B=B, h=h, I=I):
+            return p * bits_by_hand("titanic") / (B * math.log2(1 + p * h / (I + B * spec.noise_psd_w_hz)))
+
+        assert (
+            c.power_w == pytest.approx(spec.cu_power_max_w, rel=1e-9)
+            or energy(c.power_w * 1.001) > spec.cu_energy_max_j
+        )
 
 
 def test_vanilla_fl_names_c7_when_no_device_holds_the_model():
     net = conf("network", "small")
-    net["device"]["memory_bytes"] = WORKLOAD.block_memory_bytes() * 3   # 3 of 5 blocks per device
+    net["device"]["memory_bytes"] = WORKLOAD.block_memory_bytes() * 3  # 3 of 5 blocks per device
     spec = NetworkSpec.from_config(net, 2)
-    pl = make_planner(parse_method(conf("method", "vanilla_fl")), parse_scheduler(conf("scheduler", "dssra")), spec,
-                      WORKLOAD, 0)
+    pl = make_planner(
+        parse_method(conf("method", "vanilla_fl")), parse_scheduler(conf("scheduler", "dssra")), spec, WORKLOAD, 0
+    )
     with pytest.raises(InfeasiblePlanError, match=r"C7 .*cluster 0"):
         pl.plan(0, StateSampler(spec, 0).sample(0))
 
@@ -171,9 +214,13 @@ def test_bad_method_config_is_one_line():
     with pytest.raises(ConfigError, match="method.zeta"):
         parse_method({"name": "collapipe", "zeta": 1})
     with pytest.raises(ConfigError, match="uploads nothing"):
-        make_planner(parse_method({"name": "pipeline", "head_on_server": False, "aggregate": False}),
-                     parse_scheduler(conf("scheduler", "dssra")),
-                     NetworkSpec.from_config(conf("network", "small"), 1), WORKLOAD, 0)
+        make_planner(
+            parse_method({"name": "pipeline", "head_on_server": False, "aggregate": False}),
+            parse_scheduler(conf("scheduler", "dssra")),
+            NetworkSpec.from_config(conf("network", "small"), 1),
+            WORKLOAD,
+            0,
+        )
 
 
 def test_head_bytes_round_trip():

@@ -12,6 +12,7 @@ from collapipe_flwr.config import compose
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.model_store import PARTS, load_model, save_model
 from collapipe_flwr.tasks.registry import build_task
+from collapipe_flwr.tasks.spec import parse_model, parse_task
 
 
 @pytest.fixture(scope="module")
@@ -20,10 +21,11 @@ def saved(data_dir, tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     run = tmp_path_factory.mktemp("run")
     cfg = compose(["task=classification", "model=bert_tiny", f"data_dir={data_dir}"])
-    task = build_task(cfg["task"], cfg["model"], data_dir, cfg["seed"], cache)
+    task_spec = parse_task(cfg["task"])
+    task = build_task(task_spec, parse_model(cfg["model"], task_spec), data_dir, cfg["seed"], cache)
     model = task.build_model(cfg["seed"])
     params = [p for part in model.parts() for p in part.parameters()]
-    optimizer = task.optimizer_spec().build(params)
+    optimizer = task.model_spec.optimizer.build(params)
     for batch in task.batches(list(range(32)), 16, seed=0):  # move the weights away from the seeded init
         optimizer.zero_grad()
         s, c = model.loss_terms(batch)
@@ -81,3 +83,17 @@ def test_missing_or_mismatched_file_is_a_config_error(saved, tmp_path):
     with pytest.raises(ConfigError, match="head.safetensors does not fit") as err:
         load_model(copy, cache_dir=cache)
     assert "\n" not in str(err.value)
+
+
+def test_a_model_saved_before_the_lr_schedule_rename_loads(saved, tmp_path):
+    import shutil
+
+    _, folder, _, _, model, cache = saved
+    shutil.copytree(folder, tmp_path / "model")
+    meta_path = tmp_path / "model" / "model.json"
+    meta = json.loads(meta_path.read_text())
+    meta["config"]["model"]["schedule"] = meta["config"]["model"].pop("lr_schedule")
+    meta_path.write_text(json.dumps(meta))
+    cfg, task, loaded = load_model(tmp_path, cache_dir=cache)
+    assert "schedule" not in cfg["model"] and task.model_spec.lr_schedule.decay == "none"
+    assert all(torch.equal(a, b) for a, b in zip(model.head.state_dict().values(), loaded.head.state_dict().values()))

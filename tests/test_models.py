@@ -18,9 +18,16 @@ SIZES = dict(vocab_size=40, hidden=16, n_heads=2, d_ff=24, layers=3, dropout=0.0
 
 
 def hf_config(layers: int = 3) -> BertConfig:
-    return BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=layers, num_attention_heads=2,
-                      intermediate_size=24, max_position_embeddings=12, hidden_dropout_prob=0.0,
-                      attention_probs_dropout_prob=0.0)
+    return BertConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=24,
+        max_position_embeddings=12,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
 
 
 def inputs():
@@ -51,8 +58,10 @@ def test_bert_split_equals_transformers_bertmodel(tmp_path, head):
 def test_bert_loads_prefixed_bin_checkpoint_with_old_layernorm_names(tmp_path):
     torch.manual_seed(1)
     reference = BertForTokenClassification(hf_config(layers=4)).eval()  # more layers than we use
-    state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-             for k, v in reference.state_dict().items()}
+    state = {
+        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+        for k, v in reference.state_dict().items()
+    }
     assert any(k.startswith("bert.encoder.layer.3.") for k in state)
     torch.save(state, tmp_path / "pytorch_model.bin")
     model = build_bert(**SIZES, head="token", num_labels=4, pretrained_dir=str(tmp_path))
@@ -60,7 +69,9 @@ def test_bert_loads_prefixed_bin_checkpoint_with_old_layernorm_names(tmp_path):
         ours = model.blocks[l].layer.attention.output.LayerNorm.weight
         theirs = reference.bert.encoder.layer[l].attention.output.LayerNorm.weight
         assert torch.equal(ours, theirs)
-    assert torch.equal(model.embedding.embeddings.word_embeddings.weight, reference.bert.embeddings.word_embeddings.weight)
+    assert torch.equal(
+        model.embedding.embeddings.word_embeddings.weight, reference.bert.embeddings.word_embeddings.weight
+    )
 
 
 def test_bert_pretrained_errors_name_the_problem(tmp_path):
@@ -120,8 +131,18 @@ def test_sinusoidal_positions_match_the_formula():
 
 def tiny_translation(tgt_vocab: int = 12):
     torch.manual_seed(5)
-    model = build_transformer(src_vocab=20, tgt_vocab=tgt_vocab, d_model=16, n_heads=2, d_ff=32, enc_layers=2,
-                              dec_layers=2, dropout=0.0, max_len=12, pad_id=0).eval()
+    model = build_transformer(
+        src_vocab=20,
+        tgt_vocab=tgt_vocab,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        enc_layers=2,
+        dec_layers=2,
+        dropout=0.0,
+        max_len=12,
+        pad_id=0,
+    ).eval()
     # make the output distribution peaked enough that decoding choices are not ties
     with torch.no_grad():
         model.head.generator.weight.mul_(8)
@@ -230,8 +251,18 @@ def test_beam_search_with_a_wide_beam_finds_the_brute_force_best(alpha):
     ],
 )
 def test_transformer_builder_rejects_bad_sizes(kwargs, words):
-    base = dict(src_vocab=20, tgt_vocab=12, d_model=16, n_heads=2, d_ff=32, enc_layers=2, dec_layers=2,
-                dropout=0.0, max_len=12, pad_id=0)
+    base = dict(
+        src_vocab=20,
+        tgt_vocab=12,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        enc_layers=2,
+        dec_layers=2,
+        dropout=0.0,
+        max_len=12,
+        pad_id=0,
+    )
     with pytest.raises(CollaPipeError, match=words):
         build_transformer(**{**base, **kwargs})
 

@@ -235,8 +235,12 @@ def test_step_result_and_bad_arguments():
 def test_the_driver_never_touches_ray():
     """pipeline/cluster.py is backend-neutral: no Ray import, no ``ray.*`` call, even inside a function."""
     tree = ast.parse(inspect.getsource(cluster))
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
+    imported |= {
+        node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    }
     assert "ray" not in imported
     names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
     assert "ray" not in names and "_ray" not in {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}

@@ -31,14 +31,26 @@ def ray_session():
 
 def bert(hidden=16, layers=4):
     torch.manual_seed(0)
-    return build_bert(vocab_size=50, hidden=hidden, n_heads=2, d_ff=4 * hidden, layers=layers, dropout=0.0,
-                      max_len=64, head="token", num_labels=3)
+    return build_bert(
+        vocab_size=50,
+        hidden=hidden,
+        n_heads=2,
+        d_ff=4 * hidden,
+        layers=layers,
+        dropout=0.0,
+        max_len=64,
+        head="token",
+        num_labels=3,
+    )
 
 
 def batch(B=8, T=8):
     g = torch.Generator().manual_seed(0)
-    return {"input_ids": torch.randint(1, 50, (B, T), generator=g), "attention_mask": torch.ones(B, T, dtype=torch.long),
-            "labels": torch.randint(0, 3, (B, T), generator=g)}
+    return {
+        "input_ids": torch.randint(1, 50, (B, T), generator=g),
+        "attention_mask": torch.ones(B, T, dtype=torch.long),
+        "labels": torch.randint(0, 3, (B, T), generator=g),
+    }
 
 
 def profile(speed: float) -> DeviceProfile:
@@ -54,7 +66,9 @@ def _overlapping(first, second) -> bool:
     fwd1 = {t[1]: t for t in second if t[0] == "F"}
     bwd0 = {t[1]: t for t in first if t[0] == "B"}
     bwd1 = {t[1]: t for t in second if t[0] == "B"}
-    return any(overlaps(fwd1[i], fwd0[i + 1]) for i in range(3)) and any(overlaps(bwd0[i], bwd1[i - 1]) for i in range(1, 4))
+    return any(overlaps(fwd1[i], fwd0[i + 1]) for i in range(3)) and any(
+        overlaps(bwd0[i], bwd1[i - 1]) for i in range(1, 4)
+    )
 
 
 def test_stages_work_on_different_micro_batches_at_the_same_time(ray_session):
@@ -98,7 +112,8 @@ def test_slow_device_times_out_and_is_named(ray_session):
     last stage whose output the CU was waiting for."""
     model = bert()
     devices = [profile(1.0), profile(1000.0)]  # device 0 sleeps ~999x its compute time
-    with ClusterPipeline(model.embedding, model.blocks, (3, 1), ADAM, devices=devices, backend="ray",
-                         emulate=True, timeout_s=1.0) as pipe:
+    with ClusterPipeline(
+        model.embedding, model.blocks, (3, 1), ADAM, devices=devices, backend="ray", emulate=True, timeout_s=1.0
+    ) as pipe:
         with pytest.raises(DeviceFailure, match=r"^device 0 gave no answer within device_timeout_s=1s"):
             pipe.train_step(batch(), 2, LocalHead(model.head, ADAM))

@@ -8,7 +8,10 @@ import torch
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.fl.reply_checks import check_reply
 
-EXPECTED = {"embedding": {"weight": torch.zeros(4, 3)}, "encoder": {"0.w": torch.zeros(3, 3), "0.n": torch.zeros(2, dtype=torch.long)}}
+EXPECTED = {
+    "embedding": {"weight": torch.zeros(4, 3)},
+    "encoder": {"0.w": torch.zeros(3, 3), "0.n": torch.zeros(2, dtype=torch.long)},
+}
 
 
 def _good():
@@ -19,16 +22,19 @@ def test_a_good_reply_passes():
     check_reply(_good(), {"num-examples": 64}, EXPECTED, max_examples=640)
 
 
-@pytest.mark.parametrize("mutate,match", [
-    (lambda p, m: p["encoder"].__setitem__("0.w", torch.full((3, 3), float("nan"))), "NaN"),
-    (lambda p, m: p["encoder"].__setitem__("0.w", torch.zeros(4, 3)), "expected"),
-    (lambda p, m: p.__setitem__("head", {"x": torch.zeros(1)}), "parts"),
-    (lambda p, m: p.pop("encoder"), "parts"),
-    (lambda p, m: p["encoder"].pop("0.n"), "lacks encoder.0.n"),
-    (lambda p, m: m.__setitem__("num-examples", -100), "num-examples"),
-    (lambda p, m: m.__setitem__("num-examples", 1e12), "num-examples"),
-    (lambda p, m: m.__setitem__("num-examples", 2.5), "num-examples"),
-])
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda p, m: p["encoder"].__setitem__("0.w", torch.full((3, 3), float("nan"))), "NaN"),
+        (lambda p, m: p["encoder"].__setitem__("0.w", torch.zeros(4, 3)), "expected"),
+        (lambda p, m: p.__setitem__("head", {"x": torch.zeros(1)}), "parts"),
+        (lambda p, m: p.pop("encoder"), "parts"),
+        (lambda p, m: p["encoder"].pop("0.n"), "lacks encoder.0.n"),
+        (lambda p, m: m.__setitem__("num-examples", -100), "num-examples"),
+        (lambda p, m: m.__setitem__("num-examples", 1e12), "num-examples"),
+        (lambda p, m: m.__setitem__("num-examples", 2.5), "num-examples"),
+    ],
+)
 def test_bad_replies_are_refused_with_one_line(mutate, match):
     parts, metrics = _good(), {"num-examples": 64}
     mutate(parts, metrics)

@@ -179,8 +179,11 @@ def test_low_and_high_precision_floats_follow_the_reference():
         state["head.weight64"] = state["head.weight64"] + torch.from_numpy(rng.standard_normal((2, 3)))
     floats = [k for k, t in current.items() if t.is_floating_point()]
     ref = Reference("fedadam", **HYPER)
-    want = ref.step(1, {k: current[k].double().numpy() for k in floats},
-                    [({k: s[k].double().numpy() for k in floats}, float(w)) for s, w in clients])
+    want = ref.step(
+        1,
+        {k: current[k].double().numpy() for k in floats},
+        [({k: s[k].double().numpy() for k in floats}, float(w)) for s, w in clients],
+    )
     new = ServerOptimizer("fedadam", **HYPER).step(1, current, clients)
     np.testing.assert_allclose(new["head.weight64"].numpy(), want["head.weight64"], rtol=1e-12)
     np.testing.assert_allclose(new["head.weight_bf16"].double().numpy(), want["head.weight_bf16"], rtol=1e-2, atol=1e-2)

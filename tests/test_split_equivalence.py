@@ -20,8 +20,15 @@ STEPS = 5
 
 def _config(data_dir, task: str, model: str):
     overrides = [
-        f"task={task}", f"model={model}", "federation=tiny", "network=small", "federation.num_clusters=1",
-        f"federation.local_steps={STEPS}", "runtime.backend=local", "task.batch_size=8", "model.dropout=0.0",
+        f"task={task}",
+        f"model={model}",
+        "federation=tiny",
+        "network=small",
+        "federation.num_clusters=1",
+        f"federation.local_steps={STEPS}",
+        "runtime.backend=local",
+        "task.batch_size=8",
+        "model.dropout=0.0",
         "runtime.precision=fp32",
     ]
     return load_run_config(overrides, data_dir=str(data_dir))
@@ -29,7 +36,11 @@ def _config(data_dir, task: str, model: str):
 
 @pytest.mark.parametrize(
     "task,model,S,m",
-    [("translation", "transformer_tiny", 1, 1), ("classification", "bert_tiny", 1, 1), ("translation", "transformer_tiny", 2, 2)],
+    [
+        ("translation", "transformer_tiny", 1, 1),
+        ("classification", "bert_tiny", 1, 1),
+        ("translation", "transformer_tiny", 2, 2),
+    ],
 )
 def test_split_training_reproduces_plain_training(data_dir, task, model, S, m):
     cfg = _config(data_dir, task, model)
@@ -45,7 +56,9 @@ def test_split_training_reproduces_plain_training(data_dir, task, model, S, m):
         plan = ClusterPlan(cluster=0, selected=True, channel=0, power_w=0.1, S=S, m=m, delta=tuple(delta))
         server.decoder.open_round(1, [0])
         instructions = server.instructions_for(1, plan)
-        _, metrics = train_round(ClusterIdentity(0, 1, str(data_dir)), copy.deepcopy(server.global_model.array_record()), instructions)
+        _, metrics = train_round(
+            ClusterIdentity(0, 1, str(data_dir)), copy.deepcopy(server.global_model.array_record()), instructions
+        )
         server.decoder.close_round()
     finally:
         server.shutdown()

@@ -25,7 +25,7 @@ def paper_network() -> dict:
 
 
 def test_units_by_hand():
-    assert dbm_to_watt(-174.0) == pytest.approx(10 ** (-20.4))       # -174 dBm/Hz = 3.98e-21 W/Hz
+    assert dbm_to_watt(-174.0) == pytest.approx(10 ** (-20.4))  # -174 dBm/Hz = 3.98e-21 W/Hz
     assert dbm_to_watt(30.0) == pytest.approx(1.0)
     assert db_to_linear(-30.0) == pytest.approx(1e-3)
 
@@ -33,9 +33,9 @@ def test_units_by_hand():
 def test_uplink_rate_delay_energy_by_hand():
     B, p, h, I, N0 = 5e5, 0.5, 0.9, 0.07, 4e-21
     rate = channel.shannon_rate(B, p, h, I, N0)
-    assert rate == pytest.approx(B * math.log2(1 + p * h / (I + B * N0)))   # eq. (10)
+    assert rate == pytest.approx(B * math.log2(1 + p * h / (I + B * N0)))  # eq. (10)
     delay = channel.transfer_delay(8e6, rate)
-    assert delay == pytest.approx(8e6 / rate)                                # eq. (11)
+    assert delay == pytest.approx(8e6 / rate)  # eq. (11)
     assert channel.transmit_energy(p, delay) == pytest.approx(0.5 * 8e6 / rate)  # eq. (12)
     assert channel.transfer_delay(1.0, 0.0) == math.inf
 
@@ -45,13 +45,15 @@ def test_pipeline_delay_and_energy_by_hand():
     assert pipeline_model.pipeline_delay([1.0, 3.0, 2.0], 3, 4) == pytest.approx(6 * 3.0)
     assert pipeline_model.micro_batch_size(64, 5) == 13
     e = pipeline_model.compute_energy(1e-28, 2, 16, 1e9, 20.0, 5e8, 4)
-    assert e == pytest.approx(4 * 1e-28 * (2 * 16 * 1e9 / 20.0) * 5e8**2)   # eq. (16) with kappa
+    assert e == pytest.approx(4 * 1e-28 * (2 * 16 * 1e9 / 20.0) * 5e8**2)  # eq. (16) with kappa
     assert pipeline_model.round_delay([1.0, 5.0], [2.0, 0.5]) == pytest.approx(5.5)  # eq. (26)
 
 
 def test_gamma_and_queue_by_hand():
-    c = ConvergenceParams(beta=2.0, eta=0.1, grad_bound=3.0, interference_c=0.5, gamma_max=0.01, num_clusters=4, num_blocks=12)
-    expected = 2.0 * 0.01 / 8 * (9.0 / 12 * 16 + 0.5 / (0.4 * 0.9 + 0.07) + 9.0)   # eq. (28)
+    c = ConvergenceParams(
+        beta=2.0, eta=0.1, grad_bound=3.0, interference_c=0.5, gamma_max=0.01, num_clusters=4, num_blocks=12
+    )
+    expected = 2.0 * 0.01 / 8 * (9.0 / 12 * 16 + 0.5 / (0.4 * 0.9 + 0.07) + 9.0)  # eq. (28)
     assert c.gamma(4, 0.4, 0.9, 0.07) == pytest.approx(expected)
     assert queue_update([0.0, 1.0], [0.005, 0.02], 0.01).tolist() == pytest.approx([0.0, 1.01])  # eq. (29)
     with pytest.raises(ConfigError, match="gamma_max"):
@@ -65,7 +67,7 @@ def test_network_from_paper_preset():
     devs = spec.devices_of(2)
     assert len(devs) == 6 and all(1e8 <= d.f_hz <= 8e8 and 10 <= d.flops_per_cycle <= 24 for d in devs)
     assert spec.noise_psd_w_hz == pytest.approx(10 ** (-20.4))
-    assert spec == NetworkSpec.from_config(paper_network(), 3)   # same seed, same network
+    assert spec == NetworkSpec.from_config(paper_network(), 3)  # same seed, same network
     with pytest.raises(ConfigError):
         spec.devices_of(3)
 
@@ -123,12 +125,12 @@ def test_measured_flops_match_the_textbook_formula():
     bwd = 2 * (8 * T * H * H + 4 * T * H * F) + 10 * T * T * H
     assert w.forward_flops == (fwd, fwd)
     assert w.backward_flops == (bwd, bwd)
-    params = 4 * H * H + 4 * H + 2 * H * F + F + H + 4 * H   # attention, FFN, two LayerNorms
+    params = 4 * H * H + 4 * H + 2 * H * F + F + H + 4 * H  # attention, FFN, two LayerNorms
     assert w.param_bytes == (4.0 * params,) * L
     assert w.boundary_bytes == (4.0 * T * H,) * (L + 1)
     assert w.batch_size == 64 and w.encoder_bytes == 4.0 * params * L
     assert w.uplink_bits() == 8 * (4.0 * T * H * 64 + 4.0 * params * L)
-    assert all(s > 4.0 * T * H for s in w.saved_bytes)      # at least the block input is kept
+    assert all(s > 4.0 * T * H for s in w.saved_bytes)  # at least the block input is kept
     assert Workload.from_dict(json.loads(json.dumps(w.to_dict()))) == w
 
 

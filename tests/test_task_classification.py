@@ -8,14 +8,19 @@ import pytest
 
 from collapipe_flwr.errors import ConfigError, DataFormatError
 from collapipe_flwr.tasks.classification import read_titles
-from collapipe_flwr.tasks.registry import TASKS, build_task, validate_task_config
-
+from collapipe_flwr.tasks.registry import TASKS, build_task
+from collapipe_flwr.tasks.spec import parse_model, parse_task
 from tests.conf_files import conf_group as _cfg
+from tests.task_specs import specs
+
+
+def validate_task_config(task_cfg, model_cfg):
+    parse_model(model_cfg, parse_task(task_cfg))
 
 
 @pytest.fixture(scope="module")
 def task(data_dir):
-    return build_task(_cfg("task", "classification"), _cfg("model", "bert_tiny"), data_dir, seed=0)
+    return build_task(*specs("classification", "bert_tiny"), data_dir, seed=0)
 
 
 def test_counts_and_label_set_match_the_files(task, data_dir):
@@ -53,11 +58,11 @@ def test_batches_carry_sentence_labels(task):
 
 
 def test_dirichlet_partition_of_the_real_labels(data_dir):
-    task = build_task(_cfg("task", "classification", partition="dirichlet", alpha=0.3), _cfg("model", "bert_tiny"), data_dir, seed=0)
+    task = build_task(*specs("classification", "bert_tiny", {"partition": "dirichlet", "alpha": 0.3}), data_dir, seed=0)
     parts = [task.partition(3, pid) for pid in range(3)]
     assert sorted(i for p in parts for i in p) == list(range(24000))
     assert parts[1] == task.partition(3, 1)
-    iid = build_task(_cfg("task", "classification"), _cfg("model", "bert_tiny"), data_dir, seed=0)
+    iid = build_task(*specs("classification", "bert_tiny"), data_dir, seed=0)
     iid_parts = [iid.partition(3, pid) for pid in range(3)]
     assert sorted(i for p in iid_parts for i in p) == list(range(24000))
     assert {len(p) for p in iid_parts} == {8000}
@@ -90,7 +95,9 @@ def test_registry_and_config_validation():
     with pytest.raises(ConfigError, match="model.max_len=16"):
         validate_task_config(_cfg("task", "classification"), _cfg("model", "bert_small", max_len=16))
     with pytest.raises(ConfigError, match="optimizer"):
-        validate_task_config(_cfg("task", "classification"), _cfg("model", "bert_small", optimizer={"name": "lamb", "lr": 1.0}))
+        validate_task_config(
+            _cfg("task", "classification"), _cfg("model", "bert_small", optimizer={"name": "lamb", "lr": 1.0})
+        )
 
 
 @pytest.mark.parametrize("model", ["transformer_tiny", "transformer_small", "transformer_paper"])

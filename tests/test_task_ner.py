@@ -11,13 +11,12 @@ from seqeval.metrics.sequence_labeling import get_entities
 from collapipe_flwr.errors import DataFormatError
 from collapipe_flwr.tasks.ner import LABELS, read_bio, word_tags
 from collapipe_flwr.tasks.registry import build_task
-
-from tests.conf_files import conf_group as _cfg
+from tests.task_specs import specs
 
 
 @pytest.fixture(scope="module")
 def task(data_dir):
-    return build_task(_cfg("task", "ner", max_len=128), _cfg("model", "bert_tiny"), data_dir, seed=0)
+    return build_task(*specs("ner", "bert_tiny", {"max_len": 128}), data_dir, seed=0)
 
 
 def _independent_counts(path: Path):
@@ -85,7 +84,7 @@ def test_padding_gets_ignore_index(task):
 
 
 def test_score_of_gold_tags_is_perfect_and_truncation_is_not_flattering(data_dir):
-    task = build_task(_cfg("task", "ner", max_len=32), _cfg("model", "bert_tiny"), data_dir, seed=0)
+    task = build_task(*specs("ner", "bert_tiny", {"max_len": 32}), data_dir, seed=0)
     indices = list(range(len(task.val_examples())))
     gold_tokens = [[max(l, 0) for l in f["labels"]] for f in task.features("val")]
     scores = task.score("val", indices, gold_tokens)
@@ -118,6 +117,6 @@ def test_unknown_tag_names_file_and_line(tmp_path):
 def test_dirichlet_partition_is_refused_for_ner(data_dir):
     from collapipe_flwr.errors import ConfigError
 
-    task = build_task(_cfg("task", "ner", partition="dirichlet"), _cfg("model", "bert_tiny"), data_dir, seed=0)
+    task = build_task(*specs("ner", "bert_tiny", {"partition": "dirichlet"}), data_dir, seed=0)
     with pytest.raises(ConfigError, match="partition=iid"):
         task.partition(2, 0)

@@ -4,29 +4,20 @@ line is the validation metric, the lr schedule has the documented shape."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from collapipe_flwr.tasks.lr_schedule import lr_factor
 from collapipe_flwr.tasks.registry import build_task
-
-CONF = Path(__file__).resolve().parent.parent / "conf"
-
-
-def _cfg(group, name, **over):
-    cfg = yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
-    cfg.update(over)
-    return cfg
+from tests.task_specs import specs
 
 
 def _train(task, indices, steps, seed=0):
     torch.manual_seed(seed)
     model = task.build_model(seed)
     params = [p for part in (model.embedding, model.blocks, model.head) for p in part.parameters()]
-    opt = task.optimizer_spec().build(params)
+    opt = task.model_spec.optimizer.build(params)
     losses = []
     while len(losses) < steps:
         for batch in task.batches(indices, 16, seed=len(losses)):
@@ -42,10 +33,14 @@ def _train(task, indices, steps, seed=0):
 
 @pytest.mark.parametrize(
     "task_name, model_name, over, steps",
-    [("translation", "transformer_tiny", {}, 24), ("ner", "bert_tiny", {"max_len": 64}, 24), ("classification", "bert_tiny", {}, 48)],
+    [
+        ("translation", "transformer_tiny", {}, 24),
+        ("ner", "bert_tiny", {"max_len": 64}, 24),
+        ("classification", "bert_tiny", {}, 48),
+    ],
 )
 def test_loss_decreases_on_a_slice(task_name, model_name, over, steps, data_dir, tmp_path):
-    task = build_task(_cfg("task", task_name, **over), _cfg("model", model_name, dropout=0.0), data_dir, seed=0, cache_dir=tmp_path)
+    task = build_task(*specs(task_name, model_name, over, {"dropout": 0.0}), data_dir, seed=0, cache_dir=tmp_path)
     model, losses = _train(task, list(range(64)), steps=steps)
     first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
     assert last < 0.8 * first, (first, last)
@@ -54,7 +49,7 @@ def test_loss_decreases_on_a_slice(task_name, model_name, over, steps, data_dir,
 
 
 def test_evaluate_restores_training_mode_and_translates(data_dir, tmp_path):
-    task = build_task(_cfg("task", "translation"), _cfg("model", "transformer_tiny"), data_dir, seed=0, cache_dir=tmp_path)
+    task = build_task(*specs("translation", "transformer_tiny"), data_dir, seed=0, cache_dir=tmp_path)
     model = task.build_model(0)
     model.blocks.train()
     greedy = task.evaluate(model, max_examples=4, batch_size=4)
@@ -68,14 +63,26 @@ def test_evaluate_restores_training_mode_and_translates(data_dir, tmp_path):
 def test_cli_prints_the_metric_last(data_dir, tmp_path, capsys, monkeypatch, precision):
     import json
 
-    from collapipe_flwr.tasks import train_central
+    from collapipe_flwr import train_central
 
     monkeypatch.setenv("COLLAPIPE_CACHE_DIR", str(tmp_path))
-    summary = train_central.main([
-        "task=classification", "model=bert_tiny", f"data_dir={data_dir}", "eval.max_examples=32",
-        "--max-steps", "3", "--train-examples", "256", "--quiet", "--json", str(tmp_path / "m.json"),
-        "--precision", precision,
-    ])
+    summary = train_central.main(
+        [
+            "task=classification",
+            "model=bert_tiny",
+            f"data_dir={data_dir}",
+            "eval.max_examples=32",
+            "--max-steps",
+            "3",
+            "--train-examples",
+            "256",
+            "--quiet",
+            "--json",
+            str(tmp_path / "m.json"),
+            "--precision",
+            precision,
+        ]
+    )
     assert json.loads((tmp_path / "m.json").read_text())["precision"] == precision
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("accuracy: ")
@@ -84,15 +91,15 @@ def test_cli_prints_the_metric_last(data_dir, tmp_path, capsys, monkeypatch, pre
 
 
 def test_cli_picks_the_task_default_model(data_dir):
-    from collapipe_flwr.tasks.train_central import compose_central
+    from collapipe_flwr.config import compose
 
-    assert compose_central(["task=ner"])["model"]["family"] == "bert"
-    assert compose_central(["task=ner", "model=bert_tiny"])["model"]["hidden"] == 64
-    assert compose_central(["task=translation"])["model"]["family"] == "transformer"
+    assert compose(["task=ner"])["model"]["family"] == "bert"
+    assert compose(["task=ner", "model=bert_tiny"])["model"]["hidden"] == 64
+    assert compose(["task=translation"])["model"]["family"] == "transformer"
 
 
 def test_cli_user_error_is_one_line(capsys):
-    from collapipe_flwr.tasks import train_central
+    from collapipe_flwr import train_central
 
     with pytest.raises(SystemExit) as exit_info:
         train_central.main(["task=classification", "model=transformer_tiny", "--max-steps", "1"])

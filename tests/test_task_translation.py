@@ -10,14 +10,14 @@ from collapipe_flwr.errors import DataFormatError
 from collapipe_flwr.tasks import bpe_tokenizer
 from collapipe_flwr.tasks.registry import build_task
 from collapipe_flwr.tasks.translation import read_parallel
-
-from tests.conf_files import conf_group as _cfg
+from tests.task_specs import specs
 
 
 @pytest.fixture(scope="module")
 def task(data_dir, tmp_path_factory):
-    return build_task(_cfg("task", "translation"), _cfg("model", "transformer_tiny"), data_dir, seed=0,
-                      cache_dir=tmp_path_factory.mktemp("cache"))
+    return build_task(
+        *specs("translation", "transformer_tiny"), data_dir, seed=0, cache_dir=tmp_path_factory.mktemp("cache")
+    )
 
 
 def _lines(path):
@@ -57,11 +57,11 @@ def test_tokenizer_is_cached_on_disk(task, data_dir, tmp_path):
     cache = task.cache_dir / "tokenizers"
     files = sorted(p.name for p in cache.glob("*.json"))
     assert len(files) == 2
-    again = build_task(_cfg("task", "translation"), _cfg("model", "transformer_tiny"), data_dir, seed=0, cache_dir=task.cache_dir)
+    again = build_task(*specs("translation", "transformer_tiny"), data_dir, seed=0, cache_dir=task.cache_dir)
     assert again.tokenizers()[1].get_vocab() == task.tokenizers()[1].get_vocab()
     assert sorted(p.name for p in cache.glob("*.json")) == files
-    other = build_task(_cfg("task", "translation", tokenizer={"kind": "bpe", "src_vocab_size": 3000, "tgt_vocab_size": 3000}),
-                       _cfg("model", "transformer_tiny"), data_dir, seed=0, cache_dir=task.cache_dir)
+    smaller = {"tokenizer": {"kind": "bpe", "src_vocab_size": 3000, "tgt_vocab_size": 3000}}
+    other = build_task(*specs("translation", "transformer_tiny", smaller), data_dir, seed=0, cache_dir=task.cache_dir)
     assert other.tokenizers()[1].get_vocab_size() <= 3000
     assert len(list(cache.glob("*.json"))) == 4
 
@@ -115,8 +115,12 @@ def test_empty_line_names_file_and_line(tmp_path):
 
 
 def test_missing_file_and_unconfigured_test_split(data_dir, tmp_path):
-    task = build_task(_cfg("task", "translation", train_src="multi30k/nope.en"), _cfg("model", "transformer_tiny"),
-                      data_dir, seed=0, cache_dir=tmp_path)
+    task = build_task(
+        *specs("translation", "transformer_tiny", {"train_src": "multi30k/nope.en"}),
+        data_dir,
+        seed=0,
+        cache_dir=tmp_path,
+    )
     with pytest.raises(DataFormatError, match="nope.en does not exist"):
         task.train_examples()
     with pytest.raises(DataFormatError, match="no test split configured"):

@@ -34,11 +34,22 @@ ADAM = OptimizerSpec(name="adam", lr=1e-3)
 def make_model(family: str, head: str = "token") -> SplitModel:
     torch.manual_seed(0)
     if family == "transformer":
-        model = build_transformer(src_vocab=23, tgt_vocab=19, d_model=16, n_heads=2, d_ff=32, enc_layers=L,
-                                  dec_layers=2, dropout=0.0, max_len=16, pad_id=0)
+        model = build_transformer(
+            src_vocab=23,
+            tgt_vocab=19,
+            d_model=16,
+            n_heads=2,
+            d_ff=32,
+            enc_layers=L,
+            dec_layers=2,
+            dropout=0.0,
+            max_len=16,
+            pad_id=0,
+        )
     else:
-        model = build_bert(vocab_size=29, hidden=16, n_heads=2, d_ff=32, layers=L, dropout=0.0, max_len=16,
-                           head=head, num_labels=5)
+        model = build_bert(
+            vocab_size=29, hidden=16, n_heads=2, d_ff=32, layers=L, dropout=0.0, max_len=16, head=head, num_labels=5
+        )
     for part in model.parts():
         part.double()
     return model
@@ -85,7 +96,12 @@ def reference_step(model: SplitModel, batch, spec: OptimizerSpec):
     grads = {k: (g.clone() if g is not None else None) for k, g in grads.items()}
     for part in model.parts():
         spec.build(part.parameters()).step()
-    return float(loss.detach()), int(count), grads, named_weights(model.embedding, model.blocks.state_dict(), model.head)
+    return (
+        float(loss.detach()),
+        int(count),
+        grads,
+        named_weights(model.embedding, model.blocks.state_dict(), model.head),
+    )
 
 
 def pipelined_step(model: SplitModel, batch, spec: OptimizerSpec, delta, m: int, backend: str):
@@ -109,14 +125,18 @@ def assert_transparent(family: str, delta, m: int, backend: str, head: str = "to
     for name, g_ref in ref_grads.items():
         g_pipe = before[name] - after[name]  # SGD lr=1: w - (w - g) = g
         expected = g_ref if g_ref is not None else torch.zeros_like(g_pipe)
-        torch.testing.assert_close(g_pipe, expected, rtol=1e-5, atol=1e-12, msg=lambda s: f"grad of {name}: {s}")
+        torch.testing.assert_close(
+            g_pipe, expected, rtol=1e-5, atol=1e-12, msg=lambda s, name=name: f"grad of {name}: {s}"
+        )
 
     if not adam:
         return
     _, _, _, ref_after = reference_step(model, batch, ADAM)
     _, _, adam_after = pipelined_step(model, batch, ADAM, delta, m, backend)
     for name, w_ref in ref_after.items():
-        torch.testing.assert_close(adam_after[name], w_ref, rtol=1e-7, atol=1e-10, msg=lambda s: f"weight {name}: {s}")
+        torch.testing.assert_close(
+            adam_after[name], w_ref, rtol=1e-7, atol=1e-10, msg=lambda s, name=name: f"weight {name}: {s}"
+        )
 
 
 @pytest.mark.parametrize("m", [1, 2, 4])

@@ -27,23 +27,23 @@ class ClusterModel:
     """Cluster n in round t: everything Sub-1 needs, per device k (arrays of length K)."""
 
     cluster: int
-    num_blocks: int              # L
-    batch_size: int              # b
-    steps: int                   # local steps per round
+    num_blocks: int  # L
+    batch_size: int  # b
+    steps: int  # local steps per round
     flops_per_sample_block: float  # o_l + o'_l
-    activation_bits: float       # (z^s + g^{s+1}) per sample, bits
+    activation_bits: float  # (z^s + g^{s+1}) per sample, bits
     flops_per_second: np.ndarray  # phi_k f_k(t)
     flops_per_cycle: np.ndarray  # phi_k
-    f_hz: np.ndarray             # f_k(t)
-    d2d_rate: np.ndarray         # r_k^dd (bit/s)
-    d2d_power: np.ndarray        # p_k (W)
-    memory_cap: np.ndarray       # floor(gamma_k^max / gamma_0): C7 as a bound on delta_k
-    energy_max: float            # E_k^max
+    f_hz: np.ndarray  # f_k(t)
+    d2d_rate: np.ndarray  # r_k^dd (bit/s)
+    d2d_power: np.ndarray  # p_k (W)
+    memory_cap: np.ndarray  # floor(gamma_k^max / gamma_0): C7 as a bound on delta_k
+    energy_max: float  # E_k^max
     kappa: float
-    d2d_latency_s: float = 0.0    # fixed hand-over latency of one micro-batch transfer (see docs/system_model.md)
+    d2d_latency_s: float = 0.0  # fixed hand-over latency of one micro-batch transfer (see docs/system_model.md)
 
     @classmethod
-    def build(cls, spec: NetworkSpec, state: RoundState, workload: Workload, n: int) -> "ClusterModel":
+    def build(cls, spec: NetworkSpec, state: RoundState, workload: Workload, n: int) -> ClusterModel:
         devices = spec.devices_of(n)
         avail = np.asarray(state.availability[n][: len(devices)], dtype=float)
         f_hz = np.array([d.f_hz for d in devices]) * avail
@@ -96,8 +96,9 @@ class ClusterModel:
         delta = np.asarray(delta, dtype=float)
         m_arr = np.asarray(m, dtype=float)[..., None]
         b_hat = self._b_hat(m)[..., None]
-        comp = pipeline_model.compute_energy(self.kappa, delta, b_hat, self.flops_per_sample_block,
-                                             self.flops_per_cycle, self.f_hz, m_arr)
+        comp = pipeline_model.compute_energy(
+            self.kappa, delta, b_hat, self.flops_per_sample_block, self.flops_per_cycle, self.f_hz, m_arr
+        )
         d2d = m_arr * channel.transmit_energy(self.d2d_power, self.d2d_delay(m))
         return np.where(delta > 0, self.steps * (comp + d2d), 0.0)
 
@@ -152,13 +153,15 @@ class ClusterModel:
             who = f"devices {small} cannot hold one block" if small else "the devices together hold too few blocks"
             return InfeasiblePlanError(
                 f"C7 (memory) violated in cluster {self.cluster}: {who}; the {self.K} devices hold "
-                f"{int(self.memory_cap.sum())} of L={L} blocks; raise network.device.memory_bytes or use a smaller model"
+                f"{int(self.memory_cap.sum())} of L={L} blocks; raise network.device.memory_bytes or use a smaller "
+                "model"
             )
         best_m = max(m_values, key=lambda m: int(self.block_cap(m).sum()))
         caps = self.energy_cap(best_m)
         worst = int(np.argmin(caps))
         return InfeasiblePlanError(
             f"C9 (device energy) violated in cluster {self.cluster}: even at m={best_m} the devices' energy budgets "
-            f"E_k^max={self.energy_max:g} J allow {int(caps.sum())} of L={L} blocks (device {worst} allows {int(caps[worst])}); "
+            f"E_k^max={self.energy_max:g} J allow {int(caps.sum())} of L={L} blocks (device {worst} allows "
+            f"{int(caps[worst])}); "
             "raise network.device.energy_max_j or lower the workload"
         )

@@ -42,7 +42,7 @@ import numpy as np
 
 from collapipe_flwr.dssra.power import LN2, feasible_pairs, max_energy_power
 
-_PROBLEMS: dict[int, "_Surrogate"] = {}
+_PROBLEMS: dict[int, _Surrogate] = {}
 DPP_MAX_PAIRS = 256
 
 
@@ -52,22 +52,26 @@ class _Surrogate:
 
     problem: cp.Problem
     x: cp.Variable
-    q_ent: cp.Parameter   # a_l / g          (weight of -entr(1 + x))
-    mu: cp.Parameter      # lambda + a_l / g  (weight of -R(x))
-    lin: cp.Parameter     # a_g (rho'(x_i) - c x_i)
-    quad: cp.Parameter    # a_g c / 2
-    eg: cp.Parameter      # e / g            (C8')
-    x_max: cp.Parameter   # g P^max          (C6)
-    x_min: cp.Parameter   # g p_C11          (C11')
+    q_ent: cp.Parameter  # a_l / g          (weight of -entr(1 + x))
+    mu: cp.Parameter  # lambda + a_l / g  (weight of -R(x))
+    lin: cp.Parameter  # a_g (rho'(x_i) - c x_i)
+    quad: cp.Parameter  # a_g c / 2
+    eg: cp.Parameter  # e / g            (C8')
+    x_max: cp.Parameter  # g P^max          (C6)
+    x_min: cp.Parameter  # g p_C11          (C11')
 
     @classmethod
-    def build(cls, P: int) -> "_Surrogate":
+    def build(cls, P: int) -> _Surrogate:
         x = cp.Variable(P, nonneg=True)
         r = cp.Variable(P)
         q_ent, mu, quad, eg, x_max, x_min = (cp.Parameter(P, nonneg=True) for _ in range(6))
         lin = cp.Parameter(P)
-        objective = (cp.sum(cp.multiply(q_ent, -cp.entr(1 + x))) - cp.sum(cp.multiply(mu, r))
-                     + cp.sum(cp.multiply(lin, x)) + cp.sum(cp.multiply(quad, cp.square(x))))
+        objective = (
+            cp.sum(cp.multiply(q_ent, -cp.entr(1 + x)))
+            - cp.sum(cp.multiply(mu, r))
+            + cp.sum(cp.multiply(lin, x))
+            + cp.sum(cp.multiply(quad, cp.square(x)))
+        )
         constraints = [r <= cp.log(1 + x), cp.multiply(eg, x) <= r, x <= x_max, x >= x_min]
         return cls(cp.Problem(cp.Minimize(objective), constraints), x, q_ent, mu, lin, quad, eg, x_max, x_min)
 
@@ -104,10 +108,13 @@ def _solve_surrogate(values: dict[str, np.ndarray], start: np.ndarray) -> np.nda
         out = None if out is None else out[:P]
     if out is None and P > 1:  # the pairs are independent: isolate an ill-conditioned one by halving
         half = P // 2
-        parts = [_solve_surrogate({k: v[sl] for k, v in values.items()}, start[sl])
-                 for sl in (slice(0, half), slice(half, P))]
-        out = np.concatenate([p if p is not None else start[sl]
-                              for p, sl in zip(parts, (slice(0, half), slice(half, P)))])
+        parts = [
+            _solve_surrogate({k: v[sl] for k, v in values.items()}, start[sl])
+            for sl in (slice(0, half), slice(half, P))
+        ]
+        out = np.concatenate(
+            [p if p is not None else start[sl] for p, sl in zip(parts, (slice(0, half), slice(half, P)))]
+        )
     return out
 
 
@@ -148,15 +155,31 @@ def c11_power_floor(budget, scale_c, gain, interference, p_cap) -> np.ndarray:
     return np.where(need > p_cap, p_cap, np.clip(need, 0.0, None))
 
 
-def dinkelbach_sca_power(V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin, energy_max, pmax,
-                         p_floor=0.0, tol: float = 1e-9, max_iters: int = 30) -> PowerResult:
+def dinkelbach_sca_power(
+    V,
+    bits,
+    bandwidth,
+    slope,
+    gain,
+    interference,
+    w_gamma,
+    w_lin,
+    energy_max,
+    pmax,
+    p_floor=0.0,
+    tol: float = 1e-9,
+    max_iters: int = 30,
+) -> PowerResult:
     """Optimal p per pair by Dinkelbach + SCA (see module docstring); inputs broadcast to one shape.
 
     interference is I_j (W) without the noise floor; slope = h / (I + B N_0). p_floor: C11' lower bound (W).
     """
-    arrays = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in
-                                   (V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin, energy_max, pmax,
-                                    p_floor)))
+    arrays = np.broadcast_arrays(
+        *(
+            np.asarray(a, dtype=float)
+            for a in (V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin, energy_max, pmax, p_floor)
+        )
+    )
     shape = arrays[0].shape
     V, bits, B, g, h, I, w_gamma, w_lin, E, pmax, p_floor = (a.ravel().copy() for a in arrays)
     P = V.size
@@ -168,7 +191,7 @@ def dinkelbach_sca_power(V, bits, bandwidth, slope, gain, interference, w_gamma,
     A = np.where(ok, V * bits * LN2 / B, 1.0)
     a_g, a_l = np.where(ok, w_gamma / A, 0.0), np.where(ok, w_lin / A, 0.0)
     g_safe = np.where(ok, g, 1.0)
-    Ip = np.where(ok, h / g_safe, 1.0)           # I + B N_0
+    Ip = np.where(ok, h / g_safe, 1.0)  # I + B N_0
     I_ = np.where(ok, I, 1.0)
     p_cap = np.where(ok, max_energy_power(g_safe, np.where(ok, energy, 0.0), pmax), 0.0)
     x_max = g_safe * p_cap
@@ -187,7 +210,7 @@ def dinkelbach_sca_power(V, bits, bandwidth, slope, gain, interference, w_gamma,
             d = -1.0 / ((1 + x) * np.log1p(x) ** 2) - a_g * Ip / (I_ + Ip * x) ** 2 + a_l / g_safe
         return np.where(x > 0, d, -np.inf)
 
-    x = x_max.copy()                              # warm start: the largest C6/C8'-feasible power
+    x = x_max.copy()  # warm start: the largest C6/C8'-feasible power
     lam = np.where(ok, f(x), 0.0)
     # f is convex, so f'(x_max) <= 0 means f is non-increasing on [x_min, x_max]: x_max attains min f and
     # F(lambda_0) = 0 exactly (Phi_lambda0(x) = R(x)(f(x) - f(x_max)) >= 0), and Dinkelbach stops at its warm
@@ -217,7 +240,7 @@ def dinkelbach_sca_power(V, bits, bandwidth, slope, gain, interference, w_gamma,
         x_new = np.clip(x_new, x_min[idx], x_max[idx])
         f_new = f_at(x_new, idx)
         better = np.isfinite(f_new) & (f_new < lam[idx])
-        decrease = np.where(better, (lam[idx] - f_new) / lam[idx], 0.0)   # = -F(lambda) / (lambda R(x_new))
+        decrease = np.where(better, (lam[idx] - f_new) / lam[idx], 0.0)  # = -F(lambda) / (lambda R(x_new))
         x[idx] = np.where(better, x_new, xi)
         lam[idx] = np.where(better, f_new, lam[idx])
         residuals.append(float(decrease.max()))

@@ -46,8 +46,9 @@ def register_method(*names: str) -> Callable[[_F], _F]:
         for name in names:
             known = _FACTORIES.get(name)
             if known is not None and _qualified(known) != _qualified(factory):
-                raise ValueError(f"training method {name!r} is registered twice: "
-                                 f"{_qualified(known)}, {_qualified(factory)}")
+                raise ValueError(
+                    f"training method {name!r} is registered twice: {_qualified(known)}, {_qualified(factory)}"
+                )
             _FACTORIES[name] = factory
         return factory
 
@@ -84,8 +85,9 @@ class _MethodRegistry(Mapping):
 METHODS: Mapping[str, PlannerFactory] = _MethodRegistry()
 
 
-def make_planner(method: MethodSpec, scheduler: SchedulerSpec, network: NetworkSpec, workload: Workload,
-                 seed: int) -> Policy:
+def make_planner(
+    method: MethodSpec, scheduler: SchedulerSpec, network: NetworkSpec, workload: Workload, seed: int
+) -> Policy:
     """The planner of ``method`` (conf/method/*.yaml) under the scheduling policy ``scheduler`` (conf/scheduler)."""
     try:
         factory = METHODS[method.name]

@@ -28,7 +28,7 @@ class ClusterPlan:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ClusterPlan":
+    def from_dict(cls, d: dict) -> ClusterPlan:
         return cls(
             cluster=int(d["cluster"]),
             selected=bool(d["selected"]),
@@ -52,17 +52,11 @@ class RoundPlan:
     def selected(self) -> tuple[ClusterPlan, ...]:
         return tuple(c for c in self.clusters if c.selected)
 
-    def for_cluster(self, n: int) -> ClusterPlan:
-        for c in self.clusters:
-            if c.cluster == n:
-                return c
-        raise KeyError(f"no plan for cluster {n}")
-
     def to_dict(self) -> dict:
         return {"round": self.round, "clusters": [c.to_dict() for c in self.clusters], "modelled": self.modelled}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RoundPlan":
+    def from_dict(cls, d: dict) -> RoundPlan:
         return cls(
             round=int(d["round"]),
             clusters=tuple(ClusterPlan.from_dict(c) for c in d["clusters"]),

@@ -36,8 +36,9 @@ from collapipe_flwr.system.workload import Workload
 __all__ = ["PlanShape", "Policy", "make_policy"]
 
 
-def make_policy(scheduler: SchedulerSpec, network: NetworkSpec, workload: Workload, seed: int,
-                shape: PlanShape | None = None) -> Policy:
+def make_policy(
+    scheduler: SchedulerSpec, network: NetworkSpec, workload: Workload, seed: int, shape: PlanShape | None = None
+) -> Policy:
     """The Policy of ``scheduler`` (conf/scheduler/*.yaml, parsed by ``specs.parse_scheduler``) for one run."""
     return Policy(scheduler, network, workload, seed, shape)
 
@@ -66,23 +67,35 @@ class PlanShape:
 class Policy:
     """One scheduling policy with its Lyapunov queues Y_n and loss history."""
 
-    def __init__(self, sched: SchedulerSpec, spec: NetworkSpec, workload: Workload, seed: int,
-                 shape: PlanShape | None = None) -> None:
+    def __init__(
+        self, sched: SchedulerSpec, spec: NetworkSpec, workload: Workload, seed: int, shape: PlanShape | None = None
+    ) -> None:
         self.sched, self.spec, self.workload = sched, spec, workload
         self.shape = shape or PlanShape()
         self.name = sched.name
-        self.conv = ConvergenceParams(sched.beta, sched.eta, sched.grad_bound, sched.interference_c,
-                                      sched.gamma_max, spec.num_clusters, workload.num_blocks)
+        self.conv = ConvergenceParams(
+            sched.beta,
+            sched.eta,
+            sched.grad_bound,
+            sched.interference_c,
+            sched.gamma_max,
+            spec.num_clusters,
+            workload.num_blocks,
+        )
         self.Y = np.zeros(spec.num_clusters)
         self.last_loss: dict[int, float] = {}
         self.rng = np.random.default_rng([int(seed), 0xD55])
         self.selector = SELECTORS[sched.name](self.rng)
-        self.uplink_bits = float(self.shape.uplink_bits if self.shape.uplink_bits is not None else workload.uplink_bits())
+        self.uplink_bits = float(
+            self.shape.uplink_bits if self.shape.uplink_bits is not None else workload.uplink_bits()
+        )
         b = workload.batch_size
         top = min(b, sched.max_m) if sched.max_m else b
         self.m_values = range(1, top + 1)
         if self.shape.segments is None and not sched.segment_scheduling and sched.fixed_m > b:
-            raise ConfigError(f"scheduler.fixed_m={sched.fixed_m} exceeds the batch size b={b}; choose 1 <= fixed_m <= {b}")
+            raise ConfigError(
+                f"scheduler.fixed_m={sched.fixed_m} exceeds the batch size b={b}; choose 1 <= fixed_m <= {b}"
+            )
 
     # ------------------------------------------------------------------ drift terms
     @property
@@ -187,11 +200,22 @@ class Policy:
                 budget = self.conv.gamma_max - self.conv.segment_term(S) - self.conv.constant_term()
                 energy = bits * LN2 / (bandwidth[idx] * spec.cu_energy_max_j)
                 p_cap = max_energy_power(slope[idx], energy, np.full(energy.shape, spec.cu_power_max_w))
-                p_floor = c11_power_floor(budget[:, None], self.conv.scale * self.conv.interference_c,
-                                          gain[idx], interf[None, :], p_cap)
-            result = dinkelbach_sca_power(V, bits, bandwidth[idx], slope[idx], gain[idx], interf[None, :],
-                                          w_gamma[idx, None], w_lin[idx, None], spec.cu_energy_max_j,
-                                          spec.cu_power_max_w, p_floor)
+                p_floor = c11_power_floor(
+                    budget[:, None], self.conv.scale * self.conv.interference_c, gain[idx], interf[None, :], p_cap
+                )
+            result = dinkelbach_sca_power(
+                V,
+                bits,
+                bandwidth[idx],
+                slope[idx],
+                gain[idx],
+                interf[None, :],
+                w_gamma[idx, None],
+                w_lin[idx, None],
+                spec.cu_energy_max_j,
+                spec.cu_power_max_w,
+                p_floor,
+            )
             for i, n in enumerate(rows):
                 power_cache[(n, segs[n].S)] = result.power_w[i]
         power = np.stack([power_cache[(n, segs[n].S)] for n in range(N)])
@@ -205,7 +229,8 @@ class Policy:
         if not any(c is not None for c in channel):
             raise InfeasiblePlanError(
                 f"C8 (CU energy) violated in every cluster in round {t}: no CU can upload {bits / 8e6:.4g} MB within "
-                f"E_n^max={spec.cu_energy_max_j:g} J on any channel; raise network.uplink.energy_max_j or shrink the model"
+                f"E_n^max={spec.cu_energy_max_j:g} J on any channel; raise network.uplink.energy_max_j or shrink the "
+                "model"
             )
         return {"channel": channel, "power": power, "uplink": uplink, "cost": cost, "virtual": virtual}
 
@@ -242,13 +267,22 @@ class Policy:
             gammas.append(gamma)
             if selected:
                 delays.append(ev["pipeline_s"] + up)
-            clusters.append(ClusterPlan(cluster=n, selected=selected, channel=j, power_w=p, S=seg.S, m=seg.m, delta=seg.delta))
-            rows.append({
-                "pipeline_s": ev["pipeline_s"], "compute_s": ev["compute_s"], "d2d_s": ev["d2d_s"],
-                "uplink_s": up, "delay_s": ev["pipeline_s"] + up if selected else 0.0,
-                "device_energy_j": ev["device_energy_j"], "cu_energy_j": p * up,
-                "gamma": gamma, "Y": float(self.Y[n]),
-            })
+            clusters.append(
+                ClusterPlan(cluster=n, selected=selected, channel=j, power_w=p, S=seg.S, m=seg.m, delta=seg.delta)
+            )
+            rows.append(
+                {
+                    "pipeline_s": ev["pipeline_s"],
+                    "compute_s": ev["compute_s"],
+                    "d2d_s": ev["d2d_s"],
+                    "uplink_s": up,
+                    "delay_s": ev["pipeline_s"] + up if selected else 0.0,
+                    "device_energy_j": ev["device_energy_j"],
+                    "cu_energy_j": p * up,
+                    "gamma": gamma,
+                    "Y": float(self.Y[n]),
+                }
+            )
         objective = self.sched.V * (max(delays) if delays else 0.0) + self._drift_total(clusters, gammas)
         modelled = {
             "method": self.shape.method,

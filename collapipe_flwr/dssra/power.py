@@ -32,12 +32,12 @@ def _problem(P: int):
         p = cp.Variable(P, nonneg=True)
         w = cp.Variable(P)
         u = cp.Variable(P)
-        slope = cp.Parameter(P, nonneg=True)      # g
-        gain = cp.Parameter(P, nonneg=True)       # h
-        interf = cp.Parameter(P, pos=True)        # I (plus the noise floor)
-        a_gamma = cp.Parameter(P, nonneg=True)    # w_gamma / A
-        a_lin = cp.Parameter(P, nonneg=True)      # w_lin / A
-        energy = cp.Parameter(P, nonneg=True)     # D ln2 / (B E^max)
+        slope = cp.Parameter(P, nonneg=True)  # g
+        gain = cp.Parameter(P, nonneg=True)  # h
+        interf = cp.Parameter(P, pos=True)  # I (plus the noise floor)
+        a_gamma = cp.Parameter(P, nonneg=True)  # w_gamma / A
+        a_lin = cp.Parameter(P, nonneg=True)  # w_lin / A
+        energy = cp.Parameter(P, nonneg=True)  # D ln2 / (B E^max)
         pmax = cp.Parameter(P, nonneg=True)
         rate = cp.log(1 + cp.multiply(slope, p))
         objective = cp.sum(w + cp.multiply(a_gamma, u) + cp.multiply(a_lin, p))
@@ -47,7 +47,11 @@ def _problem(P: int):
             p <= pmax,
             cp.multiply(energy, p) <= rate,
         ]
-        _PROBLEMS[P] = (cp.Problem(cp.Minimize(objective), constraints), p, (slope, gain, interf, a_gamma, a_lin, energy, pmax))
+        _PROBLEMS[P] = (
+            cp.Problem(cp.Minimize(objective), constraints),
+            p,
+            (slope, gain, interf, a_gamma, a_lin, energy, pmax),
+        )
     return _PROBLEMS[P]
 
 
@@ -79,8 +83,12 @@ def feasible_pairs(slope, energy) -> np.ndarray:
 
 def optimal_power(V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin, energy_max, pmax) -> np.ndarray:
     """Optimal p per pair (NaN where C8' cannot hold); all inputs broadcast to one shape [P]."""
-    arrays = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in
-                                   (V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin, energy_max, pmax)))
+    arrays = np.broadcast_arrays(
+        *(
+            np.asarray(x, dtype=float)
+            for x in (V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin, energy_max, pmax)
+        )
+    )
     V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin, energy_max, pmax = (a.ravel() for a in arrays)
     energy = bits * LN2 / (bandwidth * energy_max)
     ok = feasible_pairs(slope, energy)
@@ -93,9 +101,13 @@ def optimal_power(V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin,
     if np.all(w_gamma[idx] == 0) and np.all(w_lin[idx] == 0):
         out[idx] = p_cap  # pure delay: the largest feasible power
         return out.reshape(arrays[0].shape)
-    f = lambda q: uplink_objective(q, V[idx], bits[idx], bandwidth[idx], slope[idx], gain[idx],  # noqa: E731
-                                   interference[idx], w_gamma[idx], w_lin[idx])
-    p = _golden_section(f, p_cap)
+
+    def objective(q: np.ndarray) -> np.ndarray:
+        return uplink_objective(
+            q, V[idx], bits[idx], bandwidth[idx], slope[idx], gain[idx], interference[idx], w_gamma[idx], w_lin[idx]
+        )
+
+    p = _golden_section(objective, p_cap)
     if len(idx) <= CVXPY_MAX_PAIRS:
         prob, p_var, params = _problem(len(idx))
         values = (slope[idx], gain[idx], interference[idx], w_gamma[idx] / A, w_lin[idx] / A, energy[idx], p_cap)
@@ -107,7 +119,7 @@ def optimal_power(V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin,
                 prob.solve(solver=cp.CLARABEL)
             if prob.status in ("optimal", "optimal_inaccurate") and p_var.value is not None:
                 p_cvx = np.clip(np.asarray(p_var.value, dtype=float), 0, p_cap)
-                better = np.isfinite(f(p_cvx)) & (f(p_cvx) < f(p))
+                better = np.isfinite(objective(p_cvx)) & (objective(p_cvx) < objective(p))
                 p = np.where(better, p_cvx, p)
         except cp.error.SolverError:
             pass

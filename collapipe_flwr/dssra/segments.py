@@ -38,15 +38,15 @@ def min_stage_time(compute: np.ndarray, d2d: np.ndarray, cap: np.ndarray, L: int
     """For one m: the smallest max-chunk time T*(S) for S = 1..K (inf where no partition exists)."""
     K = len(compute)
     deltas = np.arange(1, L + 1)
-    cand = deltas[None, :] * compute[:, None] + d2d[:, None]            # [K, L] chunk time with delta blocks
+    cand = deltas[None, :] * compute[:, None] + d2d[:, None]  # [K, L] chunk time with delta blocks
     cand = np.where(deltas[None, :] <= cap[:, None], cand, np.inf)
-    values = np.unique(cand[np.isfinite(cand)])                        # candidate T, ascending
+    values = np.unique(cand[np.isfinite(cand)])  # candidate T, ascending
     out = np.full(K, np.inf)
     if values.size == 0:
         return out
-    room = (cand[None, :, :] <= values[:, None, None]).sum(axis=2)     # [C, K] u_k(T)
-    room = -np.sort(-room, axis=1)                                     # most room first
-    total = np.cumsum(room, axis=1)                                    # [C, S] room of the best S devices
+    room = (cand[None, :, :] <= values[:, None, None]).sum(axis=2)  # [C, K] u_k(T)
+    room = -np.sort(-room, axis=1)  # most room first
+    total = np.cumsum(room, axis=1)  # [C, S] room of the best S devices
     ok = (room >= 1) & (total >= L)
     ok &= (np.arange(1, K + 1) <= L)[None, :]
     any_ok = ok.any(axis=0)
@@ -75,14 +75,14 @@ def min_stage_times(compute: np.ndarray, d2d: np.ndarray, cap: np.ndarray, L: in
     """Vectorised over m: compute, d2d, cap of shape [M, K] -> T*(m, S) of shape [M, K]."""
     M, K = compute.shape
     deltas = np.arange(1, L + 1)
-    cand = deltas[None, None, :] * compute[:, :, None] + d2d[:, :, None]        # [M, K, L]
+    cand = deltas[None, None, :] * compute[:, :, None] + d2d[:, :, None]  # [M, K, L]
     cand = np.where(deltas[None, None, :] <= cap[:, :, None], cand, np.inf)
-    values = cand.reshape(M, K * L)                                             # [M, C]
-    room = (cand[:, None, :, :] <= values[:, :, None, None]).sum(axis=3)        # [M, C, K]
+    values = cand.reshape(M, K * L)  # [M, C]
+    room = (cand[:, None, :, :] <= values[:, :, None, None]).sum(axis=3)  # [M, C, K]
     room = -np.sort(-room, axis=2)
     total = np.cumsum(room, axis=2)
     ok = (room >= 1) & (total >= L) & (np.arange(1, K + 1) <= L)[None, None, :] & np.isfinite(values)[:, :, None]
-    return np.where(ok, values[:, :, None], np.inf).min(axis=1)                 # [M, K]
+    return np.where(ok, values[:, :, None], np.inf).min(axis=1)  # [M, K]
 
 
 def solve_segments(model: ClusterModel, V: float, drift_by_S, m_values, idle: bool = False) -> SegmentPlan:
@@ -95,7 +95,7 @@ def solve_segments(model: ClusterModel, V: float, drift_by_S, m_values, idle: bo
     m_arr = np.asarray(list(m_values), dtype=int)
     drift = np.asarray(drift_by_S, dtype=float)[1 : K + 1]
     compute, d2d, cap = model.compute_per_block(m_arr), model.d2d_delay(m_arr), model.block_cap(m_arr)
-    T = min_stage_times(compute, d2d, cap, L)                                   # [M, K]
+    T = min_stage_times(compute, d2d, cap, L)  # [M, K]
     S_idx = np.arange(1, K + 1)
     pipe = model.steps * (S_idx[None, :] + m_arr[:, None] - 1) * T
     obj = V * pipe + drift[None, :]
@@ -111,8 +111,9 @@ def solve_segments(model: ClusterModel, V: float, drift_by_S, m_values, idle: bo
         obj[i, s] = drift[s]
     S, m = int(S_idx[s]), int(m_arr[i])
     delta = partition_for(compute[i], d2d[i], cap[i], L, S, float(T[i, s]))
-    return SegmentPlan(delta=delta, S=S, m=m, pipeline_s=float(model.steps * (S + m - 1) * T[i, s]),
-                       objective=float(obj[i, s]))
+    return SegmentPlan(
+        delta=delta, S=S, m=m, pipeline_s=float(model.steps * (S + m - 1) * T[i, s]), objective=float(obj[i, s])
+    )
 
 
 def uniform_delta(K: int, L: int) -> tuple[int, ...]:
@@ -128,17 +129,26 @@ def fixed_segments(model: ClusterModel, V: float, drift_by_S, delta, m: int) -> 
     if over_mem.size:
         k = int(over_mem[0])
         raise InfeasiblePlanError(
-            f"C7 (memory) violated in cluster {model.cluster}, device {k}: delta_k={int(delta[k])} blocks need more than "
-            f"its memory allows ({int(model.memory_cap[k])} blocks); enable segment scheduling or raise network.device.memory_bytes"
+            f"C7 (memory) violated in cluster {model.cluster}, device {k}: delta_k={int(delta[k])} blocks need more "
+            "than "
+            f"its memory allows ({int(model.memory_cap[k])} blocks); enable segment scheduling or raise "
+            "network.device.memory_bytes"
         )
     bad = np.nonzero(~model.energy_ok(delta, m))[0]
     if bad.size:
         k = int(bad[0])
         raise InfeasiblePlanError(
-            f"C9 (device energy) violated in cluster {model.cluster}, device {k}: {model.device_energy(delta, m)[k]:.4g} J > "
-            f"E_k^max={model.energy_max:g} J with delta_k={int(delta[k])}, m={m}; enable segment scheduling or raise network.device.energy_max_j"
+            f"C9 (device energy) violated in cluster {model.cluster}, device {k}: "
+            f"{model.device_energy(delta, m)[k]:.4g} J > "
+            f"E_k^max={model.energy_max:g} J with delta_k={int(delta[k])}, m={m}; enable segment scheduling or raise "
+            "network.device.energy_max_j"
         )
     ev = model.evaluate(delta, m)
     S = ev["S"]
-    return SegmentPlan(delta=tuple(int(x) for x in delta), S=S, m=int(m), pipeline_s=ev["pipeline_s"],
-                       objective=float(V * ev["pipeline_s"] + np.asarray(drift_by_S, dtype=float)[S]))
+    return SegmentPlan(
+        delta=tuple(int(x) for x in delta),
+        S=S,
+        m=int(m),
+        pipeline_s=ev["pipeline_s"],
+        objective=float(V * ev["pipeline_s"] + np.asarray(drift_by_S, dtype=float)[S]),
+    )

@@ -46,8 +46,9 @@ class MethodSpec:
     aggregate: bool = True
 
     def __post_init__(self) -> None:
-        require(self.name in METHODS,
-                f"method.name={self.name!r} is not one of {', '.join(METHODS)}; pick method=<name>")
+        require(
+            self.name in METHODS, f"method.name={self.name!r} is not one of {', '.join(METHODS)}; pick method=<name>"
+        )
         require(self.fixed_m >= 1, f"method.fixed_m={self.fixed_m} must be >= 1")
 
     def to_raw(self) -> dict[str, Any]:
@@ -87,8 +88,9 @@ class SchedulerSpec:
         return {**flat, "convergence": conv}
 
 
-def _num(raw: Mapping, key: str, where: str, default: Any = None, positive: bool = False,
-         nonneg: bool = False) -> float:
+def _num(
+    raw: Mapping, key: str, where: str, default: Any = None, positive: bool = False, nonneg: bool = False
+) -> float:
     value = raw.get(key, default)
     if value is None:
         raise ConfigError(f"{where}.{key} is missing; copy it from conf/scheduler/dssra.yaml")

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 METRICS = ("bleu", "f1", "accuracy")
 LABEL_KEYS = ("method", "scheduler", "V", "task", "model", "network", "federation")
@@ -83,9 +84,7 @@ def round_energy(record: Mapping) -> dict | None:
 def round_peak_bytes(record: Mapping) -> float | None:
     """The largest per-device peak memory any CU reported this round."""
     peaks = [
-        _num(b)
-        for client in (record.get("clients") or {}).values()
-        for b in (client.get("device-peak-bytes") or [])
+        _num(b) for client in (record.get("clients") or {}).values() for b in (client.get("device-peak-bytes") or [])
     ]
     peaks = [p for p in peaks if p is not None]
     return max(peaks) if peaks else None
@@ -167,8 +166,11 @@ def segment_scheduling(config: Mapping) -> bool | None:
     method, scheduler = config.get("method") or {}, config.get("scheduler") or {}
     if not (method or scheduler):
         return None
-    return not (method.get("segment_scheduling") is False or scheduler.get("segment_scheduling") is False
-                or scheduler.get("name") == "uniform")
+    return not (
+        method.get("segment_scheduling") is False
+        or scheduler.get("segment_scheduling") is False
+        or scheduler.get("name") == "uniform"
+    )
 
 
 def is_uniform_partition(config: Mapping, rounds: Iterable[Mapping]) -> bool:
@@ -185,8 +187,15 @@ def _fmt_values(values: Sequence[int]) -> str:
     return "/".join(str(v) for v in values)
 
 
-def run_row(name: str, labels: Mapping, rounds: Sequence[Mapping], ok: bool, error: str = "",
-            wall_s: float | None = None, config: Mapping | None = None) -> dict:
+def run_row(
+    name: str,
+    labels: Mapping,
+    rounds: Sequence[Mapping],
+    ok: bool,
+    error: str = "",
+    wall_s: float | None = None,
+    config: Mapping | None = None,
+) -> dict:
     """The results-table row of one run (plain values; None where the run has no data)."""
     s = series(rounds)
     shape = plan_shape(rounds)

@@ -8,8 +8,8 @@ aggregate.plan_shape(...), uniform: bool, ok: bool, final_metric: float | None, 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import matplotlib
 
@@ -135,14 +135,23 @@ def _plot_grid(points_by_task: dict, path: Path, title: str, ylabel: str, skip_n
 def delay_grid(runs: Sequence[Mapping], path: Path) -> tuple[Path | None, str]:
     """Fig. 4: mean modelled round delay over S x m, runs with a uniform partition only."""
     uniform = [r for r in runs if r.get("uniform")]
-    return _plot_grid(grid_points(uniform, "mean_delay"), path, "round delay, uniform partition",
-                      "mean round delay (s, modelled)",
-                      "Fig. 4 skipped: fewer than two (S, m) settings among uniform-partition runs "
-                      "(sweep method=collapipe_no_ss with method.fixed_m and network.devices_per_cluster)")
+    return _plot_grid(
+        grid_points(uniform, "mean_delay"),
+        path,
+        "round delay, uniform partition",
+        "mean round delay (s, modelled)",
+        "Fig. 4 skipped: fewer than two (S, m) settings among uniform-partition runs "
+        "(sweep method=collapipe_no_ss with method.fixed_m and network.devices_per_cluster)",
+    )
 
 
 def metric_grid(runs: Sequence[Mapping], path: Path) -> tuple[Path | None, str]:
     """Figs. 9-10: final task metric over S x m."""
     metric = next((r["metric"] for r in runs if r.get("metric")), "metric")
-    return _plot_grid(grid_points(runs, "final_metric"), path, f"final {metric}", metric,
-                      "Figs. 9-10 skipped: fewer than two (S, m) settings with a task metric")
+    return _plot_grid(
+        grid_points(runs, "final_metric"),
+        path,
+        f"final {metric}",
+        metric,
+        "Figs. 9-10 skipped: fewer than two (S, m) settings with a task metric",
+    )

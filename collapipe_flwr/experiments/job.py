@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from collapipe_flwr.config import RunConfig, build_run_config, resolve_data_dir
 from collapipe_flwr.errors import ConfigError

@@ -30,8 +30,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, TextIO
+from typing import Any, TextIO
 
 from collapipe_flwr.config import CONF_DIR
 from collapipe_flwr.experiments import processes
@@ -65,8 +66,16 @@ def run_config_toml(job: JobSpec) -> str:
 
 def flower_command(flwr_exe: str, project_root: Path, run_config_file: Path, num_supernodes: int) -> list[str]:
     federation = f"num-supernodes={int(num_supernodes)} client-resources-num-cpus=1 client-resources-num-gpus=0.0"
-    return [flwr_exe, "run", str(project_root), "--stream", "--run-config", str(run_config_file),
-            "--federation-config", federation]
+    return [
+        flwr_exe,
+        "run",
+        str(project_root),
+        "--stream",
+        "--run-config",
+        str(run_config_file),
+        "--federation-config",
+        federation,
+    ]
 
 
 def flwr_executable() -> str:
@@ -81,7 +90,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def flower_env(base: Mapping[str, str], flwr_home: Path, data_dir: str, http_port: int, control_port: int) -> dict[str, str]:
+def flower_env(
+    base: Mapping[str, str], flwr_home: Path, data_dir: str, http_port: int, control_port: int
+) -> dict[str, str]:
     env = dict(base)
     env.update(
         FLWR_HOME=str(flwr_home),
@@ -119,7 +130,7 @@ def error_line(log_text: str) -> str:
         return box
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("Traceback"):
-            tail = [line for line in lines[i + 1:] if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b", line)]
+            tail = [line for line in lines[i + 1 :] if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b", line)]
             if tail:
                 return tail[-1]
     for line in reversed(lines):
@@ -134,7 +145,7 @@ def _last_error_box(lines: list[str]) -> str:
     if not starts:
         return ""
     body = []
-    for line in lines[starts[-1] + 1:]:
+    for line in lines[starts[-1] + 1 :]:
         if line.startswith("╰"):
             break
         body.append(line.strip("│").strip())
@@ -166,8 +177,13 @@ def _pump(stream, sinks: list[TextIO]) -> None:
     stream.close()
 
 
-def launch(job: JobSpec, project_root: Path = PROJECT_ROOT, echo: TextIO | None = sys.stdout,
-           base_env: Mapping[str, str] | None = None, flwr_exe: str | None = None) -> dict:
+def launch(
+    job: JobSpec,
+    project_root: Path = PROJECT_ROOT,
+    echo: TextIO | None = sys.stdout,
+    base_env: Mapping[str, str] | None = None,
+    flwr_exe: str | None = None,
+) -> dict:
     """Run the job's `flwr run`, always clean up, write and return status.json's content.
 
     ``flwr_exe`` replaces the `flwr` CLI (tests use a stand-in that mimics its processes).
@@ -181,8 +197,14 @@ def launch(job: JobSpec, project_root: Path = PROJECT_ROOT, echo: TextIO | None 
     cmd = flower_command(flwr_exe or flwr_executable(), project_root, run_config_file, job.num_supernodes)
     log_path = job.job_dir / LOG_FILE
     status: dict[str, Any] = {
-        "ok": False, "error": "", "labels": job.labels, "overrides": list(job.overrides),
-        "run_dir": str(job.run_dir), "command": cmd, "log": str(log_path), "timeout_s": job.timeout_s,
+        "ok": False,
+        "error": "",
+        "labels": job.labels,
+        "overrides": list(job.overrides),
+        "run_dir": str(job.run_dir),
+        "command": cmd,
+        "log": str(log_path),
+        "timeout_s": job.timeout_s,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     t0 = time.monotonic()
@@ -192,8 +214,17 @@ def launch(job: JobSpec, project_root: Path = PROJECT_ROOT, echo: TextIO | None 
     try:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
-        proc = subprocess.Popen(cmd, cwd=project_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", bufsize=1, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=project_root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+        )
         pump = threading.Thread(target=_pump, args=(proc.stdout, [log] + ([echo] if echo else [])), daemon=True)
         pump.start()
         try:

@@ -14,8 +14,8 @@ Which runs are compared (only finished runs, within one task / model / network /
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 CONTEXT_KEYS = ("task", "model", "network", "federation")
 PAPER_V = 0.01
@@ -23,7 +23,7 @@ PAPER_V = 0.01
 
 @dataclass(frozen=True)
 class Comparison:
-    key: str            # the label that differs: "method" or "scheduler"
+    key: str  # the label that differs: "method" or "scheduler"
     a: str
     b: str
     paper_pct: float | None
@@ -118,16 +118,18 @@ def compare_all(runs: Sequence[Mapping], comparisons: Sequence[Comparison] = PAP
                     device_value = delay_reduction(
                         mean_series([r["device_delay"] for r in a]), mean_series([r["device_delay"] for r in b])
                     )
-            rows.append({
-                "comparison": f"{comparison.key}: {comparison.a} vs {comparison.b}",
-                "context": " ".join(f"{k}={v}" for k, v in zip(CONTEXT_KEYS, context)),
-                "ours_pct": None if value is None else 100.0 * value,
-                "ours_device_pct": None if device_value is None else 100.0 * device_value,
-                "paper_pct": comparison.paper_pct,
-                "paper_note": comparison.paper_note,
-                "runs_a": len(a),
-                "runs_b": len(b),
-            })
+            rows.append(
+                {
+                    "comparison": f"{comparison.key}: {comparison.a} vs {comparison.b}",
+                    "context": " ".join(f"{k}={v}" for k, v in zip(CONTEXT_KEYS, context)),
+                    "ours_pct": None if value is None else 100.0 * value,
+                    "ours_device_pct": None if device_value is None else 100.0 * device_value,
+                    "paper_pct": comparison.paper_pct,
+                    "paper_note": comparison.paper_note,
+                    "runs_a": len(a),
+                    "runs_b": len(b),
+                }
+            )
     return rows
 
 

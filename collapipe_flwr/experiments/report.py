@@ -10,28 +10,76 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from collapipe_flwr.errors import exit_on_user_error
 from collapipe_flwr.experiments import aggregate, figures, reductions, tables
 from collapipe_flwr.experiments.runs import REPORT_SUBDIR, RunData, load_runs, sweep_command
 
 CSV_COLUMNS = (
-    "run", "ok", "method", "scheduler", "V", "task", "model", "network", "federation", "rounds", "segment_scheduling",
-    "S", "m", "delta_last", "metric", "final_metric", "final_train_loss", "min_train_loss", "delay_total_s",
-    "delay_compute_s", "delay_d2d_s", "delay_uplink_s", "energy_device_j", "energy_cu_j", "energy_total_j",
-    "measured_train_s", "measured_round_s", "wall_s", "max_device_mem_mib", "error",
+    "run",
+    "ok",
+    "method",
+    "scheduler",
+    "V",
+    "task",
+    "model",
+    "network",
+    "federation",
+    "rounds",
+    "segment_scheduling",
+    "S",
+    "m",
+    "delta_last",
+    "metric",
+    "final_metric",
+    "final_train_loss",
+    "min_train_loss",
+    "delay_total_s",
+    "delay_compute_s",
+    "delay_d2d_s",
+    "delay_uplink_s",
+    "energy_device_j",
+    "energy_cu_j",
+    "energy_total_j",
+    "measured_train_s",
+    "measured_round_s",
+    "wall_s",
+    "max_device_mem_mib",
+    "error",
 )
 MD_COLUMNS = (
-    "run", "ok", "method", "scheduler", "V", "task", "S", "m", "metric", "final_metric", "final_train_loss",
-    "min_train_loss", "delay_total_s", "delay_compute_s", "delay_d2d_s", "delay_uplink_s", "energy_total_j",
-    "measured_round_s", "max_device_mem_mib",
+    "run",
+    "ok",
+    "method",
+    "scheduler",
+    "V",
+    "task",
+    "S",
+    "m",
+    "metric",
+    "final_metric",
+    "final_train_loss",
+    "min_train_loss",
+    "delay_total_s",
+    "delay_compute_s",
+    "delay_d2d_s",
+    "delay_uplink_s",
+    "energy_total_j",
+    "measured_round_s",
+    "max_device_mem_mib",
 )
 MD_HEADERS = {
-    "final_metric": "final val metric", "final_train_loss": "final train loss", "min_train_loss": "min train loss",
-    "delay_total_s": "delay sum (s)", "delay_compute_s": "compute (s)", "delay_d2d_s": "D2D (s)",
-    "delay_uplink_s": "uplink (s)", "energy_total_j": "energy (J)", "measured_round_s": "measured (s)",
+    "final_metric": "final val metric",
+    "final_train_loss": "final train loss",
+    "min_train_loss": "min train loss",
+    "delay_total_s": "delay sum (s)",
+    "delay_compute_s": "compute (s)",
+    "delay_d2d_s": "D2D (s)",
+    "delay_uplink_s": "uplink (s)",
+    "energy_total_j": "energy (J)",
+    "measured_round_s": "measured (s)",
     "max_device_mem_mib": "max device mem (MiB)",
 }
 
@@ -68,17 +116,23 @@ def memory_table(rows: Sequence[Mapping]) -> list[dict]:
     for (task, method), group in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         peaks = [g["max_device_mem_mib"] for g in group]
         flags = {g.get("segment_scheduling") for g in group} - {None}
-        out.append({
-            "task": task, "method": method, "runs": len(group),
-            "max_device_mem_mib": max(peaks), "mean_of_run_max_mib": sum(peaks) / len(peaks),
-            "S": "/".join(sorted({str(g["S"]) for g in group if g.get("S")})),
-            "segment_scheduling": flags.pop() if len(flags) == 1 else ("mixed" if flags else None),
-        })
+        out.append(
+            {
+                "task": task,
+                "method": method,
+                "runs": len(group),
+                "max_device_mem_mib": max(peaks),
+                "mean_of_run_max_mib": sum(peaks) / len(peaks),
+                "S": "/".join(sorted({str(g["S"]) for g in group if g.get("S")})),
+                "segment_scheduling": flags.pop() if len(flags) == 1 else ("mixed" if flags else None),
+            }
+        )
     return out
 
 
-def render_markdown(source: Path, rows, comparison_rows, memory_rows, figure_files, notes,
-                    command: str | None = None) -> str:
+def render_markdown(
+    source: Path, rows, comparison_rows, memory_rows, figure_files, notes, command: str | None = None
+) -> str:
     ok = sum(1 for r in rows if r["ok"])
     parts = [
         "# CollaPipe experiment report\n",
@@ -97,17 +151,29 @@ def render_markdown(source: Path, rows, comparison_rows, memory_rows, figure_fil
         tables.to_markdown(
             comparison_rows,
             ("comparison", "context", "ours_pct", "ours_device_pct", "paper_pct", "paper_note", "runs_a", "runs_b"),
-            {"ours_pct": "ours", "ours_device_pct": "ours (on-device)", "paper_pct": "paper", "paper_note": "note",
-             "runs_a": "runs A", "runs_b": "runs B"},
+            {
+                "ours_pct": "ours",
+                "ours_device_pct": "ours (on-device)",
+                "paper_pct": "paper",
+                "paper_note": "note",
+                "runs_a": "runs A",
+                "runs_b": "runs B",
+            },
             {"ours_pct": reductions.fmt_pct, "ours_device_pct": reductions.fmt_pct, "paper_pct": reductions.fmt_pct},
         ),
         "\n## Per-device memory (Table III)\n",
-        tables.to_markdown(memory_rows, ("task", "method", "runs", "max_device_mem_mib", "mean_of_run_max_mib", "S",
-                                            "segment_scheduling"),
-                           {"max_device_mem_mib": "max per-device peak (MiB)",
-                            "mean_of_run_max_mib": "mean of runs' max (MiB)", "S": "S used",
-                            "segment_scheduling": "segment scheduling"})
-        if memory_rows else "No run reported per-device memory.\n",
+        tables.to_markdown(
+            memory_rows,
+            ("task", "method", "runs", "max_device_mem_mib", "mean_of_run_max_mib", "S", "segment_scheduling"),
+            {
+                "max_device_mem_mib": "max per-device peak (MiB)",
+                "mean_of_run_max_mib": "mean of runs' max (MiB)",
+                "S": "S used",
+                "segment_scheduling": "segment scheduling",
+            },
+        )
+        if memory_rows
+        else "No run reported per-device memory.\n",
         "\n## Figures\n",
     ]
     parts += [f"![{name}]({name})\n" for name in figure_files]
@@ -154,14 +220,17 @@ def write_report(source: Path, out_dir: Path | None = None) -> Path:
         else:
             notes.append(note)
     (out / "results.csv").write_text(tables.to_csv(rows, CSV_COLUMNS))
-    (out / "results.md").write_text(render_markdown(source, rows, comparison_rows, memory_table(rows), drawn, notes,
-                                                        sweep_command(source)))
+    (out / "results.md").write_text(
+        render_markdown(source, rows, comparison_rows, memory_table(rows), drawn, notes, sweep_command(source))
+    )
     return out
 
 
 @exit_on_user_error
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m collapipe_flwr.experiments.report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m collapipe_flwr.experiments.report", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("dir", type=Path, help="a Hydra multirun folder, a sweep job folder or a run folder")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: DIR/report)")
     args = parser.parse_args(argv)

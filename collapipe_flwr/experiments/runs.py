@@ -117,7 +117,9 @@ def load_runs(root: Path) -> list[RunData]:
     root = Path(root)
     paths = find_run_paths(root)
     if not paths:
-        raise CollaPipeError(f"no run folders under {root}; expected job folders with status.json or run folders with rounds.jsonl")
+        raise CollaPipeError(
+            f"no run folders under {root}; expected job folders with status.json or run folders with rounds.jsonl"
+        )
     return [load_run(p, root) for p in paths]
 
 
@@ -136,4 +138,3 @@ def sweep_command(root: Path) -> str | None:
     except Exception:  # noqa: BLE001 - an unreadable multirun.yaml only loses the command line
         return None
     return "python -m collapipe_flwr.experiments -m " + " ".join(shlex.quote(str(o)) for o in overrides)
-

@@ -5,7 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 def fmt(value: Any, digits: int = 4) -> str:
@@ -37,15 +38,16 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def to_markdown(rows: Sequence[Mapping], columns: Sequence[str], headers: Mapping[str, str] | None = None,
-                formatters: Mapping[str, Any] | None = None) -> str:
+def to_markdown(
+    rows: Sequence[Mapping],
+    columns: Sequence[str],
+    headers: Mapping[str, str] | None = None,
+    formatters: Mapping[str, Any] | None = None,
+) -> str:
     """A GitHub markdown table."""
     headers = dict(headers or {})
     formatters = dict(formatters or {})
     head = "| " + " | ".join(_cell(headers.get(c, c)) for c in columns) + " |"
     rule = "|" + "|".join("---" for _ in columns) + "|"
-    body = [
-        "| " + " | ".join(_cell(formatters.get(c, fmt)(row.get(c))) for c in columns) + " |"
-        for row in rows
-    ]
+    body = ["| " + " | ".join(_cell(formatters.get(c, fmt)(row.get(c))) for c in columns) + " |" for row in rows]
     return "\n".join([head, rule, *body]) + "\n"

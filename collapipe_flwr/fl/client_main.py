@@ -44,8 +44,9 @@ def handle_train(msg: Message, context: Context) -> Message:
     try:
         identity = ClusterIdentity.from_node_config(context.node_config)
         weights, instructions = read_train(msg)
-        reply_weights, metrics = train_round(identity, weights, instructions, state=context.state,
-                                             run_id=msg.metadata.run_id)
+        reply_weights, metrics = train_round(
+            identity, weights, instructions, state=context.state, run_id=msg.metadata.run_id
+        )
     except CollaPipeError as err:
         return _error_reply(msg, err)
     return Message(reply_content(reply_weights, metrics), reply_to=msg)

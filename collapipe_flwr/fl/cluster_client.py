@@ -25,6 +25,7 @@ from flwr.app import RecordDict
 from collapipe_flwr import wiring
 from collapipe_flwr.config import DATA_DIR_ENV, ClusterConfig, build_cluster_config
 from collapipe_flwr.fl.cluster_session import cached_task, drop_session, session_for
+from collapipe_flwr.fl.dataplane import DecoderClient
 from collapipe_flwr.fl.messages import (
     NUM_EXAMPLES,
     NUM_PARTITIONS,
@@ -46,7 +47,7 @@ class ClusterIdentity:
     data_dir: str = ""
 
     @classmethod
-    def from_node_config(cls, node_config) -> "ClusterIdentity":
+    def from_node_config(cls, node_config) -> ClusterIdentity:
         from collapipe_flwr.errors import ConfigError
 
         try:
@@ -55,7 +56,7 @@ class ClusterIdentity:
         except (KeyError, TypeError, ValueError):
             raise ConfigError(
                 "this SuperNode has no partition-id/num-partitions; start it with "
-                "--node-config \"partition-id=0 num-partitions=2\""
+                '--node-config "partition-id=0 num-partitions=2"'
             ) from None
         if not 0 <= pid < nparts:
             raise ConfigError(f"partition-id={pid} must be in 0..{nparts - 1}; fix the SuperNode's --node-config")
@@ -72,6 +73,19 @@ def hello_metrics(identity: ClusterIdentity, cluster_config: dict) -> dict:
     return {PARTITION_ID: identity.partition_id, NUM_PARTITIONS: identity.num_partitions, NUM_EXAMPLES: len(examples)}
 
 
+def decoder_client(cfg: ClusterConfig, instructions: TrainInstructions, cluster: int) -> DecoderClient:
+    """The remote head (the server's decoder over the data plane) for this CU's round."""
+    return DecoderClient(
+        instructions.dataplane_address,
+        instructions.dataplane_secret,
+        round=instructions.round,
+        cluster=cluster,
+        fp16=cfg.dataplane.fp16,
+        timeout_s=cfg.dataplane.timeout_s,
+        max_message_mb=cfg.dataplane.max_message_mb,
+    )
+
+
 def run_key_of(cfg: ClusterConfig, run_id: int | None) -> str:
     """Which run a message belongs to: Flower's run id, else (direct calls, tests) a digest of the config."""
     if run_id is not None:
@@ -80,8 +94,13 @@ def run_key_of(cfg: ClusterConfig, run_id: int | None) -> str:
     return digest[:12]
 
 
-def train_round(identity: ClusterIdentity, weights_record, instructions: TrainInstructions,
-                state: RecordDict | None = None, run_id: int | None = None):
+def train_round(
+    identity: ClusterIdentity,
+    weights_record,
+    instructions: TrainInstructions,
+    state: RecordDict | None = None,
+    run_id: int | None = None,
+):
     """Run one round on this CU; returns (reply ArrayRecord, metrics dict). ``state`` is Flower's
     ``Context.state`` of this node (the CU's optimizer state travels there between rounds)."""
     t_start = time.time()
@@ -97,18 +116,18 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
         pipeline = session.pipeline
         t_setup = time.time()
         if cfg.head_on_server:
-            head = wiring.dataplane_client(cfg, instructions, identity.partition_id)
+            head = decoder_client(cfg, instructions, identity.partition_id)
         else:
             head = session.local_head
         t_built = time.time()
-        schedule = wiring.lr_schedule(cfg)
+        lr_schedule = wiring.lr_schedule(cfg)
         losses = []
         step_seconds: dict[str, float] = {}
         device_compute = [0.0] * len(devices)
         n_examples = 0
         seed = wiring.round_seed(cfg, instructions.round, identity.partition_id)
         for i, batch in enumerate(wiring.train_batches(session.task, cfg, session.examples, seed=seed)):
-            factor = schedule(wiring.global_step(cfg, instructions.round, i))
+            factor = lr_schedule(wiring.global_step(cfg, instructions.round, i))
             if isinstance(head, LocalHead):
                 head.lr_factor = factor
             result = pipeline.train_step(batch, plan.m, head, lr_factor=factor)
@@ -135,7 +154,7 @@ def train_round(identity: ClusterIdentity, weights_record, instructions: TrainIn
     device_peak = [0.0] * len(devices)  # per device k of the cluster; 0 for devices the plan left idle
     for report in memory:
         device_peak[int(report["device"])] = float(report["peak_bytes"])
-    lr_first = schedule(wiring.global_step(cfg, instructions.round, 0))
+    lr_first = lr_schedule(wiring.global_step(cfg, instructions.round, 0))
     metrics = {
         "num-examples": n_examples,
         "train-loss": sum(losses) / max(len(losses), 1),

@@ -29,16 +29,20 @@ from collapipe_flwr.pipeline.executors import release
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.precision import resolve_precision
 
-STATE_ARRAYS = "collapipe.cu-optimizer"   # Context.state ArrayRecord: flattened optimizer moments
-STATE_INFO = "collapipe.cu-info"          # Context.state ConfigRecord: {"session": run key, "round": t}
+STATE_ARRAYS = "collapipe.cu-optimizer"  # Context.state ArrayRecord: flattened optimizer moments
+STATE_INFO = "collapipe.cu-info"  # Context.state ConfigRecord: {"session": run key, "round": t}
 STATE_PARTITION = "collapipe.cu-partition"  # Context.state ConfigRecord: this cluster's example indices
 
 _TASKS: dict[str, object] = {}
-_SESSIONS: dict[tuple[str, int], "ClusterSession"] = {}
+_SESSIONS: dict[tuple[str, int], ClusterSession] = {}
 
 
 def task_key(cfg: ClusterConfig) -> str:
-    return json.dumps([cfg.task, cfg.model, str(resolve_data_dir(cfg.data_dir)), cfg.seed], sort_keys=True, default=str)
+    return json.dumps(
+        [cfg.task.to_raw(), cfg.model.to_raw(), str(resolve_data_dir(cfg.data_dir)), cfg.seed],
+        sort_keys=True,
+        default=str,
+    )
 
 
 def cached_task(cfg: ClusterConfig):
@@ -81,7 +85,12 @@ class ClusterSession:
         if self.pipeline is None:
             self.model.blocks.load_state_dict(parts["encoder"])
             self.pipeline = wiring.build_pipeline(
-                self.model, delta, wiring.optimizer_spec(cfg), devices, cfg, cluster=self.cluster, round_=round_,
+                self.model,
+                delta,
+                wiring.optimizer_spec(cfg),
+                devices,
+                cfg,
+                cluster=self.cluster,
                 actor_prefix=actor_prefix(self.run_key, self.cluster) if cfg.runtime.backend == "ray" else "",
             )
         else:
@@ -89,7 +98,9 @@ class ClusterSession:
         moved = bool(getattr(self.pipeline, "moved_blocks", False))
         self.pipeline.load_encoder_state_dict(parts["encoder"])
         if not cfg.head_on_server and self.local_head is None:
-            self.local_head = LocalHead(self.model.head, wiring.optimizer_spec(cfg), resolve_precision(cfg.runtime.precision))
+            self.local_head = LocalHead(
+                self.model.head, wiring.optimizer_spec(cfg), resolve_precision(cfg.runtime.precision)
+            )
         restored = 0
         if cfg.federation.optimizer_state == "reset":
             self.pipeline.reset_optimizers()
@@ -153,7 +164,9 @@ class ClusterSession:
         return True
 
 
-def _partition(task, cfg: ClusterConfig, run_key: str, cluster: int, num_partitions: int, state: RecordDict | None) -> list[int]:
+def _partition(
+    task, cfg: ClusterConfig, run_key: str, cluster: int, num_partitions: int, state: RecordDict | None
+) -> list[int]:
     """Cluster n's example indices; kept in ``Context.state`` so another CU process of the same run reuses
     them instead of partitioning again (flwr-datasets' import and partitioning cost seconds)."""
     if state is not None and STATE_PARTITION in state.config_records:
@@ -162,13 +175,15 @@ def _partition(task, cfg: ClusterConfig, run_key: str, cluster: int, num_partiti
             return [int(i) for i in record["indices"]]
     indices = wiring.client_partition(task, cfg, cluster, num_partitions)
     if state is not None:
-        state.config_records[STATE_PARTITION] = ConfigRecord({"session": run_key, "cluster": cluster,
-                                                              "indices": [int(i) for i in indices]})
+        state.config_records[STATE_PARTITION] = ConfigRecord(
+            {"session": run_key, "cluster": cluster, "indices": [int(i) for i in indices]}
+        )
     return indices
 
 
-def session_for(run_key: str, cluster: int, num_partitions: int, cfg: ClusterConfig,
-                state: RecordDict | None = None) -> ClusterSession:
+def session_for(
+    run_key: str, cluster: int, num_partitions: int, cfg: ClusterConfig, state: RecordDict | None = None
+) -> ClusterSession:
     """This process's session of (run, cluster), built on first use (same task/model config)."""
     key = (run_key, cluster)
     session = _SESSIONS.get(key)

@@ -28,16 +28,39 @@ class DecoderService:
         self.secret = secret
 
     @classmethod
-    def start(cls, head: nn.Module, optimizer: torch.optim.Optimizer, *, enabled: bool, announce_host: str,
-              bind: str, port: int, fp16: bool, max_message_mb: int, hidden_size: int,
-              lr_factor_of: Callable[[int, int], float], precision: str, joint: bool) -> DecoderService:
+    def start(
+        cls,
+        head: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        enabled: bool,
+        announce_host: str,
+        bind: str,
+        port: int,
+        fp16: bool,
+        max_message_mb: int,
+        hidden_size: int,
+        lr_factor_of: Callable[[int, int], float],
+        precision: str,
+        joint: bool,
+    ) -> DecoderService:
         """Start serving ``head`` (when ``enabled``); ``lr_factor_of(round, seq)`` is the decoder's LR factor."""
         secret = secrets.token_hex(16)
         if not enabled:
             return cls(None, announce_host, secret)
-        host = DecoderHost(head, optimizer, secret=secret, bind=bind, port=port, fp16=fp16,
-                           max_message_mb=max_message_mb, hidden_size=hidden_size, lr_schedule=lr_factor_of,
-                           precision=precision, joint=joint)
+        host = DecoderHost(
+            head,
+            optimizer,
+            secret=secret,
+            bind=bind,
+            port=port,
+            fp16=fp16,
+            max_message_mb=max_message_mb,
+            hidden_size=hidden_size,
+            lr_schedule=lr_factor_of,
+            precision=precision,
+            joint=joint,
+        )
         host.start()
         return cls(host, announce_host, secret)
 

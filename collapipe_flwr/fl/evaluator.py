@@ -38,8 +38,9 @@ class Evaluator:
         model.eval()
         try:
             with torch.no_grad(), autocast(self.precision):
-                metrics = self.task.evaluate(model, max_examples=ev.max_examples, batch_size=ev.batch_size,
-                                             beam_size=ev.beam_size)
+                metrics = self.task.evaluate(
+                    model, max_examples=ev.max_examples, batch_size=ev.batch_size, beam_size=ev.beam_size
+                )
         finally:
             model.train()
         return dict(metrics)

@@ -52,7 +52,10 @@ class GlobalModel:
 
     def parts(self) -> Parts:
         """A detached copy of the global parts."""
-        modules: list[tuple[str, torch.nn.Module]] = [("embedding", self.model.embedding), ("encoder", self.model.blocks)]
+        modules: list[tuple[str, torch.nn.Module]] = [
+            ("embedding", self.model.embedding),
+            ("encoder", self.model.blocks),
+        ]
         if self.travels_with_head:
             modules.append(("head", self.model.head))
         return {part: {k: v.detach().clone() for k, v in mod.state_dict().items()} for part, mod in modules}

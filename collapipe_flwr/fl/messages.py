@@ -25,7 +25,7 @@ from collapipe_flwr.errors import CollaPipeError
 
 # ----------------------------------------------------------------------------- message types
 TRAIN = MessageType.TRAIN
-HELLO_ACTION = "hello"      # client_app: @app.query(HELLO_ACTION)
+HELLO_ACTION = "hello"  # client_app: @app.query(HELLO_ACTION)
 RELEASE_ACTION = "release"  # client_app: @app.query(RELEASE_ACTION)
 HELLO = f"{MessageType.QUERY}.{HELLO_ACTION}"
 RELEASE = f"{MessageType.QUERY}.{RELEASE_ACTION}"
@@ -62,7 +62,9 @@ def unpack_weights(record: ArrayRecord) -> dict[str, dict[str, torch.Tensor]]:
     for name, tensor in record.to_torch_state_dict().items():
         part, _, rest = name.partition(".")
         if part not in PARTS or not rest:
-            raise CollaPipeError(f"weight {name!r} in a message does not start with one of {PARTS}; the CU and server versions differ")
+            raise CollaPipeError(
+                f"weight {name!r} in a message does not start with one of {PARTS}; the CU and server versions differ"
+            )
         parts.setdefault(part, {})[rest] = tensor
     return parts
 
@@ -90,7 +92,7 @@ class TrainInstructions:
         return ConfigRecord({"json": json.dumps(payload)})
 
     @classmethod
-    def from_record(cls, record: ConfigRecord) -> "TrainInstructions":
+    def from_record(cls, record: ConfigRecord) -> TrainInstructions:
         try:
             payload = json.loads(str(record["json"]))
             return cls(
@@ -102,7 +104,9 @@ class TrainInstructions:
                 dataplane_secret=str(payload.get("dataplane_secret", "")),
             )
         except (KeyError, TypeError, ValueError) as err:
-            raise CollaPipeError(f"malformed train instructions ({err}); the server and CU run different versions") from None
+            raise CollaPipeError(
+                f"malformed train instructions ({err}); the server and CU run different versions"
+            ) from None
 
 
 def train_content(weights: ArrayRecord, instructions: TrainInstructions) -> RecordDict:
@@ -129,7 +133,6 @@ def read_reply(msg: Message) -> tuple[ArrayRecord, dict]:
     return content.array_records[WEIGHTS], dict(content.metric_records[METRICS])
 
 
-
 def run_config_record(run_config: dict) -> ConfigRecord:
     """A JSON mapping as a ConfigRecord: the CU's part of the resolved run config in a hello message (a CU
     needs no copy of ``conf/``), the number of devices in a release message."""
@@ -143,4 +146,6 @@ def read_run_config(msg: Message) -> dict:
     try:
         return dict(json.loads(str(record["json"])))
     except (KeyError, TypeError, ValueError) as err:
-        raise CollaPipeError(f"malformed run config in the hello message ({err}); the server and CU run different versions") from None
+        raise CollaPipeError(
+            f"malformed run config in the hello message ({err}); the server and CU run different versions"
+        ) from None

@@ -15,8 +15,12 @@ import torch
 from collapipe_flwr.errors import CollaPipeError
 
 
-def check_reply(parts: dict[str, dict[str, torch.Tensor]], metrics: dict, expected: dict[str, dict[str, torch.Tensor]],
-                max_examples: int) -> None:
+def check_reply(
+    parts: dict[str, dict[str, torch.Tensor]],
+    metrics: dict,
+    expected: dict[str, dict[str, torch.Tensor]],
+    max_examples: int,
+) -> None:
     """Raise :class:`CollaPipeError` naming the first thing wrong with a CU's reply."""
     if set(parts) != set(expected):
         raise CollaPipeError(f"the reply carries parts {sorted(parts)} but this method expects {sorted(expected)}")
@@ -30,12 +34,23 @@ def check_reply(parts: dict[str, dict[str, torch.Tensor]], metrics: dict, expect
         for name, ref in reference.items():
             value = got[name]
             if tuple(value.shape) != tuple(ref.shape) or value.dtype != ref.dtype:
-                raise CollaPipeError(f"the reply's {part}.{name} is {value.dtype} {tuple(value.shape)}, expected "
-                                     f"{ref.dtype} {tuple(ref.shape)}")
+                raise CollaPipeError(
+                    f"the reply's {part}.{name} is {value.dtype} {tuple(value.shape)}, expected "
+                    f"{ref.dtype} {tuple(ref.shape)}"
+                )
             if torch.is_floating_point(value) and not bool(torch.isfinite(value).all()):
-                raise CollaPipeError(f"the reply's {part}.{name} holds NaN or infinite values; the CU's training diverged")
+                raise CollaPipeError(
+                    f"the reply's {part}.{name} holds NaN or infinite values; the CU's training diverged"
+                )
     n = metrics.get("num-examples")
-    if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(float(n)) or n != int(n) \
-            or not 1 <= int(n) <= max_examples:
-        raise CollaPipeError(f"the reply's num-examples={n!r} is not an integer in 1..{max_examples} "
-                             "(local_steps x batch size); it cannot weight the average")
+    if (
+        isinstance(n, bool)
+        or not isinstance(n, (int, float))
+        or not math.isfinite(float(n))
+        or n != int(n)
+        or not 1 <= int(n) <= max_examples
+    ):
+        raise CollaPipeError(
+            f"the reply's num-examples={n!r} is not an integer in 1..{max_examples} "
+            "(local_steps x batch size); it cannot weight the average"
+        )

@@ -23,7 +23,7 @@ class RoundRecord:
     started_at: float = field(default_factory=time.time)
     plan: RoundPlan | None = None
     selected: list[int] = field(default_factory=list)
-    train_loss: float | None = None          # None: no CU returned a valid result
+    train_loss: float | None = None  # None: no CU returned a valid result
     clients: dict[str, dict[str, Any]] | None = None
     failures: list[dict[str, Any]] = field(default_factory=list)
     val: dict[str, float] = field(default_factory=dict)

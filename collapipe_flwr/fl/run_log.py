@@ -55,7 +55,9 @@ class RunLog:
         folder = self.folder / "weights"
         folder.mkdir(exist_ok=True)
         for cluster, parts, metrics in results:
-            torch.save({"parts": parts, "num_examples": int(metrics["num-examples"])}, folder / f"round{t}_cluster{cluster}.pt")
+            torch.save(
+                {"parts": parts, "num_examples": int(metrics["num-examples"])}, folder / f"round{t}_cluster{cluster}.pt"
+            )
         torch.save({"parts": aggregate}, folder / f"round{t}_global.pt")
 
     def write_summary(self, summary: dict) -> None:

@@ -26,12 +26,15 @@ from collapipe_flwr.model_store import save_model
 def config_from_flower(run_config: dict) -> RunConfig:
     """The one validated RunConfig from Flower's run config (``overrides``, ``data-dir``, ``output-dir``)."""
     overrides = split_overrides(str(run_config.get("overrides", "") or ""))
-    top = {"data_dir": str(run_config.get("data-dir", "") or ""), "output_dir": str(run_config.get("output-dir", "") or "")}
+    top = {
+        "data_dir": str(run_config.get("data-dir", "") or ""),
+        "output_dir": str(run_config.get("output-dir", "") or ""),
+    }
     return load_run_config(overrides, **top)
 
 
 def run_folder(cfg: RunConfig) -> Path:
-    name = cfg.run_name or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.method.name}-{cfg.task.get('name', 'task')}"
+    name = cfg.run_name or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.method.name}-{cfg.task.name}"
     return Path(cfg.output_dir).expanduser().resolve() / name
 
 
@@ -59,9 +62,15 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
             evaluate_fn=strategy.evaluate,
         )
         summary = strategy.summary_record(result)
-        model_dir = save_model(folder, cfg.to_dict(), server.model.embedding, server.model.blocks, server.model.head,
-                               info={"saved_by": "flwr run", "rounds": cfg.federation.num_rounds,
-                                     "val": summary.get("final_val", {})}, task=server.task)
+        model_dir = save_model(
+            folder,
+            cfg.to_dict(),
+            server.model.embedding,
+            server.model.blocks,
+            server.model.head,
+            info={"saved_by": "flwr run", "rounds": cfg.federation.num_rounds, "val": summary.get("final_val", {})},
+            task=server.task,
+        )
         summary["model_dir"] = str(model_dir)
         summary["wall_s"] = round(time.time() - t_start, 1)
         run_log.write_summary(summary)
@@ -70,7 +79,8 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
         shown = "n/a" if value is None else (f"{value:.2f}" if metric == "bleu" else f"{value:.4f}")
         progress.console.print(
             f"[bold]done[/bold]: validation {metric} {shown} after {cfg.federation.num_rounds} rounds in "
-            f"{summary['wall_s']:.0f} s | run folder {folder} | evaluate: python -m collapipe_flwr.evaluate {folder}")
+            f"{summary['wall_s']:.0f} s | run folder {folder} | evaluate: python -m collapipe_flwr.evaluate {folder}"
+        )
         released = strategy.release_clusters(grid)
         log(INFO, "CollaPipe: %d device actor(s) released on the CUs", released)
         return folder

@@ -29,7 +29,6 @@ from collapipe_flwr.fl.round_planner import RoundPlanner
 from collapipe_flwr.fl.server_optimizer import ServerOptimizer
 from collapipe_flwr.models.split import SplitModel
 from collapipe_flwr.precision import resolve_precision
-from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.state import StateSampler
 from collapipe_flwr.system.workload import Workload, measure_workload
 from collapipe_flwr.tasks.base import Task
@@ -68,27 +67,53 @@ class ServerState:
         torch.manual_seed(cfg.seed)
         task = wiring.build_task(cfg)
         model = wiring.build_model(task, cfg)
-        network = NetworkSpec.from_config(cfg.network, cfg.federation.num_clusters)
+        network = cfg.network
         hidden, mask = sample_hidden(task, model, cfg)
         workload = measure_workload(
-            model.blocks, hidden, mask, batch_size=wiring.batch_size(cfg),
-            steps_per_round=cfg.federation.local_steps, embedding=model.embedding, head=model.head,
+            model.blocks,
+            hidden,
+            mask,
+            batch_size=wiring.batch_size(cfg),
+            steps_per_round=cfg.federation.local_steps,
+            embedding=model.embedding,
+            head=model.head,
         )
         policy = make_planner(cfg.method, cfg.scheduler, network, workload, cfg.seed)
         planner = RoundPlanner(network, StateSampler(network, cfg.seed), policy, cfg.scheduler.name)
         precision = resolve_precision(cfg.runtime.precision)
         dp = cfg.dataplane
         decoder = DecoderService.start(
-            model.head, wiring.optimizer_spec(cfg).build(model.head.parameters()),
-            enabled=cfg.method.head_on_server, announce_host=dp.host, bind=dp.bind, port=dp.port, fp16=dp.fp16,
-            max_message_mb=dp.max_message_mb, hidden_size=int(hidden.shape[-1]), lr_factor_of=decoder_lr_factor(cfg),
-            precision=precision, joint=cfg.federation.decoder_update == "joint",
+            model.head,
+            wiring.optimizer_spec(cfg).build(model.head.parameters()),
+            enabled=cfg.method.head_on_server,
+            announce_host=dp.host,
+            bind=dp.bind,
+            port=dp.port,
+            fp16=dp.fp16,
+            max_message_mb=dp.max_message_mb,
+            hidden_size=int(hidden.shape[-1]),
+            lr_factor_of=decoder_lr_factor(cfg),
+            precision=precision,
+            joint=cfg.federation.decoder_update == "joint",
         )
         fed = cfg.federation
-        server_optimizer = ServerOptimizer(fed.server_optimizer, lr=fed.server_lr, momentum=fed.server_momentum,
-                                           beta_2=fed.server_beta_2, tau=fed.server_tau)
-        return cls(cfg, task, model, workload, GlobalModel(model, cfg.method, server_optimizer), planner, decoder,
-                   Evaluator(task, cfg.eval, precision, decoder))
+        server_optimizer = ServerOptimizer(
+            fed.server_optimizer,
+            lr=fed.server_lr,
+            momentum=fed.server_momentum,
+            beta_2=fed.server_beta_2,
+            tau=fed.server_tau,
+        )
+        return cls(
+            cfg,
+            task,
+            model,
+            workload,
+            GlobalModel(model, cfg.method, server_optimizer),
+            planner,
+            decoder,
+            Evaluator(task, cfg.eval, precision, decoder),
+        )
 
     @property
     def max_examples_per_round(self) -> int:

@@ -27,6 +27,7 @@ from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
 from collapipe_flwr.errors import CollaPipeError, ConfigError
+from collapipe_flwr.fl.global_model import ClusterResult
 from collapipe_flwr.fl.messages import (
     DEVICE_ACTORS_RELEASED,
     HELLO,
@@ -45,7 +46,6 @@ from collapipe_flwr.fl.messages import (
     train_content,
     unpack_weights,
 )
-from collapipe_flwr.fl.global_model import ClusterResult
 from collapipe_flwr.fl.progress import RoundProgress
 from collapipe_flwr.fl.reply_checks import check_reply
 from collapipe_flwr.fl.round_record import RoundRecord
@@ -91,7 +91,9 @@ class CollaPipeStrategy(Strategy):
         replies = list(grid.send_and_receive(msgs, timeout=timeout_s))
         for reply in replies:
             if reply.has_error():
-                raise CollaPipeError(f"SuperNode {reply.metadata.src_node_id} failed to say hello: {reply.error.reason}")
+                raise CollaPipeError(
+                    f"SuperNode {reply.metadata.src_node_id} failed to say hello: {reply.error.reason}"
+                )
             info = reply.content.metric_records[HELLO_REPLY]
             pid, nparts = int(info[PARTITION_ID]), int(info[NUM_PARTITIONS])
             if nparts != n_expected:
@@ -105,7 +107,10 @@ class CollaPipeStrategy(Strategy):
             self.examples_of_cluster[pid] = int(info[NUM_EXAMPLES])
         missing = sorted(set(range(n_expected)) - set(self.node_of_cluster))
         if missing:
-            raise ConfigError(f"no SuperNode has partition-id={missing[0]}; give each of the {n_expected} SuperNodes one id in 0..{n_expected - 1}")
+            raise ConfigError(
+                f"no SuperNode has partition-id={missing[0]}; give each of the {n_expected} SuperNodes one id in "
+                f"0..{n_expected - 1}"
+            )
         log(INFO, "CollaPipe clusters: %s", {n: self.examples_of_cluster[n] for n in sorted(self.node_of_cluster)})
 
     def release_clusters(self, grid: Grid, timeout_s: float = 60.0) -> int:
@@ -115,17 +120,26 @@ class CollaPipeStrategy(Strategy):
         msgs = []
         for cluster, node in sorted(self.node_of_cluster.items()):
             content = {RELEASE_NUM_DEVICES: len(self.server.planner.devices_of(cluster))}
-            msgs.append(Message(RecordDict({RUN_CONFIG: run_config_record(content)}), dst_node_id=node, message_type=RELEASE))
+            msgs.append(
+                Message(RecordDict({RUN_CONFIG: run_config_record(content)}), dst_node_id=node, message_type=RELEASE)
+            )
         released = 0
         for reply in grid.send_and_receive(msgs, timeout=timeout_s):
             if reply.has_error():
-                log(WARNING, "SuperNode %s could not release its devices: %s", reply.metadata.src_node_id, reply.error.reason)
+                log(
+                    WARNING,
+                    "SuperNode %s could not release its devices: %s",
+                    reply.metadata.src_node_id,
+                    reply.error.reason,
+                )
                 continue
             released += int(reply.content.metric_records[RELEASE_REPLY][DEVICE_ACTORS_RELEASED])
         return released
 
     # ------------------------------------------------------------------ train
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         record = RoundRecord(server_round, self.cfg.method.name, self.server.planner.policy_name)
         self.record = record
         if not self.node_of_cluster:
@@ -146,7 +160,9 @@ class CollaPipeStrategy(Strategy):
             self.progress.round_started(server_round, record.selected)
         return messages
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         t0 = time.time()
         record = self.record
         assert record is not None and record.round == server_round, "aggregate_train without configure_train"
@@ -157,8 +173,9 @@ class CollaPipeStrategy(Strategy):
             try:
                 weights, metrics = read_reply(reply)
                 parts = unpack_weights(weights)
-                check_reply(parts, metrics, self.server.global_model.for_cluster(cluster),
-                            self.server.max_examples_per_round)
+                check_reply(
+                    parts, metrics, self.server.global_model.for_cluster(cluster), self.server.max_examples_per_round
+                )
             except CollaPipeError as err:
                 record.fail(cluster, str(err))
                 log(WARNING, "round %s: cluster %s refused: %s (aggregating the other CUs)", server_round, cluster, err)
@@ -187,7 +204,9 @@ class CollaPipeStrategy(Strategy):
         return self.server.global_model.array_record(), agg
 
     # ------------------------------------------------------------------ evaluation (server side)
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         return []  # the server evaluates the full model itself (evaluate_fn)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -198,8 +217,11 @@ class CollaPipeStrategy(Strategy):
         last round) + the round's JSON line (without val_* fields when the round is not evaluated)."""
         t0 = time.time()
         every = self.cfg.eval.every
-        due = (server_round == 0 and self.cfg.eval.at_start) or (server_round > 0 and server_round % every == 0) \
+        due = (
+            (server_round == 0 and self.cfg.eval.at_start)
+            or (server_round > 0 and server_round % every == 0)
             or server_round >= self.cfg.federation.num_rounds
+        )
         metrics = self.server.evaluate() if due else {}
         if server_round == 0:
             self.run_log.append_round({"round": 0, **{f"val_{k}": v for k, v in metrics.items()}})
@@ -225,7 +247,7 @@ class CollaPipeStrategy(Strategy):
         return {
             "method": self.cfg.method.name,
             "scheduler": self.server.planner.policy_name,
-            "task": self.cfg.task.get("name"),
+            "task": self.cfg.task.name,
             "num_rounds": self.cfg.federation.num_rounds,
             "final_val": final,
             "rounds_file": str(self.run_log.rounds_path),
@@ -234,4 +256,3 @@ class CollaPipeStrategy(Strategy):
     def summary(self) -> None:
         log(INFO, "\t├── CollaPipe method=%s scheduler=%s", self.cfg.method.name, self.server.planner.policy_name)
         log(INFO, "\t└── clusters N=%s, rounds T=%s", self.cfg.federation.num_clusters, self.cfg.federation.num_rounds)
-

@@ -45,7 +45,10 @@ class BertEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if input_ids.shape[1] > self.max_len:
-            raise ConfigError(f"sequence length {input_ids.shape[1]} exceeds the model's max_len={self.max_len}; raise model.max_len or truncate the data")
+            raise ConfigError(
+                f"sequence length {input_ids.shape[1]} exceeds the model's max_len={self.max_len}; raise "
+                "model.max_len or truncate the data"
+            )
         return self.embeddings(input_ids=input_ids)
 
 
@@ -54,7 +57,11 @@ class BertBlock(nn.Module):
 
     def __init__(self, config: BertConfig, index: int) -> None:
         super().__init__()
-        self.hidden_size, self.ffn_size, self.num_heads = config.hidden_size, config.intermediate_size, config.num_attention_heads
+        self.hidden_size, self.ffn_size, self.num_heads = (
+            config.hidden_size,
+            config.intermediate_size,
+            config.num_attention_heads,
+        )
         self.layer = BertLayer(config, layer_idx=index)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -76,7 +83,9 @@ class TokenClassificationHead(nn.Module):
     def loss_terms(self, hidden, attention_mask, batch: Mapping[str, torch.Tensor]):
         logits = self.logits(hidden)
         labels = batch["labels"]
-        loss_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum")
+        loss_sum = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+        )
         return loss_sum, (labels != -100).sum()
 
     def predict(self, hidden, attention_mask, batch=None) -> torch.Tensor:
@@ -144,17 +153,30 @@ class SequenceClassificationHead(nn.Module):
 
 
 def bert_config(vocab_size, hidden, n_heads, d_ff, layers, dropout, max_len) -> BertConfig:
-    for name, value in (("vocab_size", vocab_size), ("hidden", hidden), ("n_heads", n_heads), ("d_ff", d_ff),
-                        ("layers", layers), ("max_len", max_len)):
+    for name, value in (
+        ("vocab_size", vocab_size),
+        ("hidden", hidden),
+        ("n_heads", n_heads),
+        ("d_ff", d_ff),
+        ("layers", layers),
+        ("max_len", max_len),
+    ):
         if int(value) < 1:
             raise ConfigError(f"model.{name}={value} must be >= 1")
     if hidden % n_heads:
-        raise ConfigError(f"model.hidden={hidden} is not divisible by model.n_heads={n_heads}; pick n_heads dividing hidden")
+        raise ConfigError(
+            f"model.hidden={hidden} is not divisible by model.n_heads={n_heads}; pick n_heads dividing hidden"
+        )
     if not 0.0 <= dropout < 1.0:
         raise ConfigError(f"model.dropout={dropout} must be in [0, 1)")
     config = BertConfig(
-        vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=n_heads,
-        intermediate_size=d_ff, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=n_heads,
+        intermediate_size=d_ff,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
         max_position_embeddings=max_len,
     )
     config._attn_implementation = "sdpa"
@@ -175,16 +197,26 @@ def build_bert(
 ) -> SplitModel:
     """BERT split into embedding / L BertLayers / task head; optional bert-base-chinese weights."""
     if head not in HEADS:
-        raise ConfigError(f"model head {head!r} is not one of {', '.join(HEADS)}; use token or token_crf (NER) or sequence (classification)")
+        raise ConfigError(
+            f"model head {head!r} is not one of {', '.join(HEADS)}; use token or token_crf (NER) or sequence "
+            "(classification)"
+        )
     if int(num_labels) < 2:
         raise ConfigError(f"num_labels={num_labels} must be >= 2")
     config = bert_config(vocab_size, hidden, n_heads, d_ff, layers, dropout, max_len)
-    model = _init_weights(SplitModel(
-        embedding=BertEmbedding(config),
-        blocks=nn.ModuleList(BertBlock(config, l) for l in range(layers)),
-        head={"token": TokenClassificationHead, "token_crf": CRFTokenClassificationHead, "sequence": SequenceClassificationHead}[head](config, num_labels),
-        family="bert",
-    ), config.initializer_range)
+    model = _init_weights(
+        SplitModel(
+            embedding=BertEmbedding(config),
+            blocks=nn.ModuleList(BertBlock(config, l) for l in range(layers)),
+            head={
+                "token": TokenClassificationHead,
+                "token_crf": CRFTokenClassificationHead,
+                "sequence": SequenceClassificationHead,
+            }[head](config, num_labels),
+            family="bert",
+        ),
+        config.initializer_range,
+    )
     if pretrained_dir:
         load_pretrained(model, pretrained_dir)
     return model
@@ -214,13 +246,19 @@ def read_checkpoint(pretrained_dir: str | Path) -> dict[str, torch.Tensor]:
     """The state dict in a local Hugging Face BERT folder, with old ``gamma``/``beta`` names renamed."""
     folder = Path(pretrained_dir).expanduser()
     if not folder.is_dir():
-        raise ConfigError(f"pretrained_dir {folder} is not a folder; point model.pretrained_dir at a local bert-base-chinese download or leave it empty")
+        raise ConfigError(
+            f"pretrained_dir {folder} is not a folder; point model.pretrained_dir at a local bert-base-chinese "
+            "download or leave it empty"
+        )
     for name in WEIGHT_FILES:
         path = folder / name
         if path.is_file():
             break
     else:
-        raise ConfigError(f"pretrained_dir {folder} holds neither {' nor '.join(WEIGHT_FILES)}; download bert-base-chinese there or leave model.pretrained_dir empty")
+        raise ConfigError(
+            f"pretrained_dir {folder} holds neither {' nor '.join(WEIGHT_FILES)}; download bert-base-chinese there or "
+            "leave model.pretrained_dir empty"
+        )
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -239,11 +277,13 @@ def read_checkpoint(pretrained_dir: str | Path) -> dict[str, torch.Tensor]:
 
 def _strip_prefix(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if any(k.startswith("bert.") for k in state):
-        return {k[len("bert."):]: v for k, v in state.items() if k.startswith("bert.")}
+        return {k[len("bert.") :]: v for k, v in state.items() if k.startswith("bert.")}
     return dict(state)
 
 
-def pretrained_mapping(model: SplitModel, state: Mapping[str, torch.Tensor]) -> dict[str, tuple[nn.Module, str, torch.Tensor]]:
+def pretrained_mapping(
+    model: SplitModel, state: Mapping[str, torch.Tensor]
+) -> dict[str, tuple[nn.Module, str, torch.Tensor]]:
     """checkpoint key -> (module of the split model, its own key, tensor) for every weight that maps."""
     state = _strip_prefix(state)
     mapping = {}
@@ -251,7 +291,7 @@ def pretrained_mapping(model: SplitModel, state: Mapping[str, torch.Tensor]) -> 
         if key.startswith("embeddings.") and not key.endswith(("position_ids", "token_type_ids")):
             mapping[key] = (model.embedding, key, value)
         elif key.startswith("encoder.layer."):
-            idx, _, rest = key[len("encoder.layer."):].partition(".")
+            idx, _, rest = key[len("encoder.layer.") :].partition(".")
             if int(idx) < len(model.blocks):
                 mapping[key] = (model.blocks, f"{idx}.layer.{rest}", value)
         elif key.startswith("pooler.") and isinstance(model.head, SequenceClassificationHead):
@@ -269,13 +309,16 @@ def load_pretrained(model: SplitModel, pretrained_dir: str | Path) -> None:
         missing = sorted(set(own) - have)
         if missing:
             raise ConfigError(
-                f"checkpoint in {pretrained_dir} has no weight for {missing[0]}; it needs at least {len(model.blocks)} encoder layers and BERT embeddings"
+                f"checkpoint in {pretrained_dir} has no weight for {missing[0]}; it needs at least "
+                f"{len(model.blocks)} encoder layers and BERT embeddings"
             )
     for ckpt_key, (module, key, value) in mapping.items():
         want = targets[id(module)][key]
         if tuple(want.shape) != tuple(value.shape):
             raise ConfigError(
-                f"checkpoint weight {ckpt_key} has shape {tuple(value.shape)} but the model expects {tuple(want.shape)}; set the model sizes (vocab, hidden, heads, d_ff, max_len) to the checkpoint's config.json"
+                f"checkpoint weight {ckpt_key} has shape {tuple(value.shape)} but the model expects "
+                f"{tuple(want.shape)}; set the model sizes (vocab, hidden, heads, d_ff, max_len) to the checkpoint's "
+                "config.json"
             )
     with torch.no_grad():
         for module, key, value in mapping.values():

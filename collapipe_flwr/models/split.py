@@ -58,12 +58,12 @@ class SplitModel:
         """(embedding, blocks, head)."""
         return self.embedding, self.blocks, self.head
 
-    def train(self, mode: bool = True) -> "SplitModel":
+    def train(self, mode: bool = True) -> SplitModel:
         for part in self.parts():
             part.train(mode)
         return self
 
-    def eval(self) -> "SplitModel":
+    def eval(self) -> SplitModel:
         return self.train(False)
 
     def parameters(self):
@@ -97,7 +97,8 @@ def validate_partition(
     K = len(caps) if num_devices is None and caps is not None else num_devices
     if K is not None and len(values) > K:
         raise PartitionError(
-            f"partition delta={values} names {len(values)} devices but the cluster has K={K} device profiles; give at most {K} entries"
+            f"partition delta={values} names {len(values)} devices but the cluster has K={K} device profiles; give at "
+            f"most {K} entries"
         )
     if L is not None and L < 1:
         raise PartitionError(f"the encoder has L={L} blocks; build a model with at least one encoder block")
@@ -107,20 +108,26 @@ def validate_partition(
     negative = [k for k, d in enumerate(values) if d < 0]
     if negative:
         k = negative[0]
-        raise PartitionError(f"partition delta={values} gives device {k} delta_{k}={values[k]} blocks; use 0 or more blocks per device")
+        raise PartitionError(
+            f"partition delta={values} gives device {k} delta_{k}={values[k]} blocks; use 0 or more blocks per device"
+        )
     total = sum(values)
     if L is None and total < 1:
         raise PartitionError(f"partition delta={values} assigns no block; give at least one device a block")
     if L is not None and total != L:
         change = "remove" if total > L else "add"
         raise PartitionError(
-            f"partition delta={values} assigns {total} blocks but the encoder has L={L}; {change} {abs(total - L)} block(s) so the entries sum to {L}"
+            f"partition delta={values} assigns {total} blocks but the encoder has L={L}; {change} {abs(total - L)} "
+            f"block(s) so the entries sum to {L}"
         )
     for k, (d, cap) in enumerate(zip(values, caps or [])):
         if d > cap:
-            where, shrink = (f"for {memory_note}", ", shrink the batch") if memory_note else ("in its memory budget", "")
+            where, shrink = (
+                (f"for {memory_note}", ", shrink the batch") if memory_note else ("in its memory budget", "")
+            )
             raise PartitionError(
-                f"device {k} can hold at most {cap} block(s) {where} but delta_{k}={d}; move {d - cap} block(s) to other devices{shrink} or raise its memory_bytes"
+                f"device {k} can hold at most {cap} block(s) {where} but delta_{k}={d}; move {d - cap} block(s) to "
+                f"other devices{shrink} or raise its memory_bytes"
             )
     return tuple(values)
 
@@ -139,7 +146,9 @@ def block_key(name: str) -> tuple[int, str]:
     """``"{l}.{param}"`` -> (l, param): the block number a state-dict key of a ModuleList of TEBs starts with."""
     head, _, rest = name.partition(".")
     if not head.isdigit() or not rest:
-        raise PartitionError(f"state dict key {name!r} does not start with a block number; use a ModuleList of blocks' state_dict()")
+        raise PartitionError(
+            f"state dict key {name!r} does not start with a block number; use a ModuleList of blocks' state_dict()"
+        )
     return int(head), rest
 
 
@@ -170,19 +179,26 @@ def concat_segments(segments: Sequence[Mapping[str, torch.Tensor]], delta: Seque
         pairs = [(segments[k], k, a, b) for k, a, b in bounds]
         for k, d in enumerate(delta):
             if d == 0 and len(segments[k]) > 0:
-                raise PartitionError(f"device {k} has delta_{k}=0 but sent a non-empty segment; send {{}} or give it blocks in delta")
+                raise PartitionError(
+                    f"device {k} has delta_{k}=0 but sent a non-empty segment; send {{}} or give it blocks in delta"
+                )
     elif len(segments) == len(bounds):
         pairs = [(seg, k, a, b) for seg, (k, a, b) in zip(segments, bounds)]
     else:
         raise PartitionError(
-            f"{len(segments)} segment state dicts for delta={list(delta)}; give one per device ({len(delta)}) or one per non-empty segment ({len(bounds)})"
+            f"{len(segments)} segment state dicts for delta={list(delta)}; give one per device ({len(delta)}) or one "
+            f"per non-empty segment ({len(bounds)})"
         )
     out: dict[str, torch.Tensor] = {}
     for seg, k, a, b in pairs:
         held = {block_key(name)[0] for name in seg}
         if any(j >= b - a for j in held):
-            raise PartitionError(f"device {k} sent block {max(held)} but holds delta_{k}={b - a} blocks; its segment and delta disagree")
+            raise PartitionError(
+                f"device {k} sent block {max(held)} but holds delta_{k}={b - a} blocks; its segment and delta disagree"
+            )
         if len(held) != b - a:
-            raise PartitionError(f"device {k} sent {len(held)} block(s) but delta_{k}={b - a}; its segment and delta disagree")
+            raise PartitionError(
+                f"device {k} sent {len(held)} block(s) but delta_{k}={b - a}; its segment and delta disagree"
+            )
         out.update(renumber_blocks(seg, a))
     return out

@@ -43,7 +43,7 @@ class TokenEmbedding(nn.Module):
         self.d_model = d_model
         self.max_len = max_len
         self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
-        nn.init.normal_(self.tokens.weight, mean=0.0, std=d_model ** -0.5)
+        nn.init.normal_(self.tokens.weight, mean=0.0, std=d_model**-0.5)
         with torch.no_grad():
             self.tokens.weight[pad_id].zero_()
         self.register_buffer("positions", sinusoidal_positions(max_len, d_model), persistent=False)
@@ -53,7 +53,10 @@ class TokenEmbedding(nn.Module):
         """Embed ``input_ids`` [B,T] at positions start .. start+T-1 (start > 0: incremental decoding)."""
         end = start + input_ids.shape[1]
         if end > self.max_len:
-            raise ConfigError(f"sequence length {end} exceeds the model's max_len={self.max_len}; raise model.max_len or truncate the data")
+            raise ConfigError(
+                f"sequence length {end} exceeds the model's max_len={self.max_len}; raise model.max_len or truncate "
+                "the data"
+            )
         x = self.tokens(input_ids) * math.sqrt(self.d_model)
         return self.dropout(x + self.positions[start:end].to(x.dtype))
 
@@ -86,8 +89,17 @@ class TranslationHead(nn.Module):
     """Server side: encoder LayerNorm, target embedding, decoder stack, generator (ServerHead)."""
 
     def __init__(
-        self, tgt_vocab: int, d_model: int, n_heads: int, d_ff: int, dec_layers: int, dropout: float, max_len: int, pad_id: int,
-        label_smoothing: float = 0.0, tie_embeddings: bool = False,
+        self,
+        tgt_vocab: int,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dec_layers: int,
+        dropout: float,
+        max_len: int,
+        pad_id: int,
+        label_smoothing: float = 0.0,
+        tie_embeddings: bool = False,
     ) -> None:
         super().__init__()
         self.pad_id = pad_id
@@ -100,9 +112,7 @@ class TranslationHead(nn.Module):
         if tie_embeddings:  # Press & Wolf (2017): the generator shares the target embedding matrix
             self.generator.weight = self.tgt_embedding.tokens.weight
 
-    def logits(
-        self, memory: torch.Tensor, memory_mask: torch.Tensor, decoder_input_ids: torch.Tensor
-    ) -> torch.Tensor:
+    def logits(self, memory: torch.Tensor, memory_mask: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
         """Teacher-forced logits [B,T',V] for targets ``decoder_input_ids`` (BOS + target)."""
         T = decoder_input_ids.shape[1]
         tgt = self.tgt_embedding(decoder_input_ids)
@@ -127,11 +137,17 @@ class TranslationHead(nn.Module):
         labels = batch["labels"]
         smoothing = self.label_smoothing if self.training else 0.0
         loss_sum = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum", label_smoothing=smoothing
+            logits.reshape(-1, logits.shape[-1]),
+            labels.reshape(-1),
+            ignore_index=-100,
+            reduction="sum",
+            label_smoothing=smoothing,
         )
         return loss_sum, (labels != -100).sum()
 
-    def predict(self, hidden: torch.Tensor, attention_mask: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def predict(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor, batch: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor:
         """Teacher-forced argmax next tokens [B,T']."""
         return self.logits(hidden, attention_mask, batch["decoder_input_ids"]).argmax(-1)
 
@@ -146,7 +162,9 @@ class TranslationHead(nn.Module):
         logp[:, bos_id] = -math.inf
         return logp
 
-    def _incremental_logits(self, memory: torch.Tensor, memory_pad: torch.Tensor, token: torch.Tensor, cache: list) -> torch.Tensor:
+    def _incremental_logits(
+        self, memory: torch.Tensor, memory_pad: torch.Tensor, token: torch.Tensor, cache: list
+    ) -> torch.Tensor:
         """Logits [B,V] of the next token after appending ``token`` [B] at the next position (the number of
         tokens already in ``cache``).
 
@@ -178,7 +196,11 @@ class TranslationHead(nn.Module):
         done = torch.zeros(B, dtype=torch.bool, device=memory.device)
         incremental = not self.training
         if incremental:
-            normed, pad_mask, cache = self.memory_norm(memory), padding_mask(memory_mask), [None] * len(self.decoder.layers)
+            normed, pad_mask, cache = (
+                self.memory_norm(memory),
+                padding_mask(memory_mask),
+                [None] * len(self.decoder.layers),
+            )
         for _ in range(max_len):
             if incremental:
                 logits = self._incremental_logits(normed, pad_mask, prefix[:, -1], cache)
@@ -208,7 +230,9 @@ class TranslationHead(nn.Module):
         if beam_size < 1:
             raise ConfigError(f"beam_size={beam_size} must be >= 1")
         return [
-            self._beam_one(memory[i : i + 1], memory_mask[i : i + 1], max_len, bos_id, eos_id, beam_size, length_penalty)
+            self._beam_one(
+                memory[i : i + 1], memory_mask[i : i + 1], max_len, bos_id, eos_id, beam_size, length_penalty
+            )
             for i in range(memory.shape[0])
         ]
 
@@ -271,17 +295,29 @@ def build_transformer(
     tie_embeddings: bool = False,
 ) -> SplitModel:
     """The translation model (paper: 6 + 6 blocks), random init, sizes from the arguments."""
-    for name, value in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab), ("d_model", d_model), ("n_heads", n_heads),
-                        ("d_ff", d_ff), ("enc_layers", enc_layers), ("dec_layers", dec_layers), ("max_len", max_len)):
+    for name, value in (
+        ("src_vocab", src_vocab),
+        ("tgt_vocab", tgt_vocab),
+        ("d_model", d_model),
+        ("n_heads", n_heads),
+        ("d_ff", d_ff),
+        ("enc_layers", enc_layers),
+        ("dec_layers", dec_layers),
+        ("max_len", max_len),
+    ):
         if int(value) < 1:
             raise ConfigError(f"model.{name}={value} must be >= 1")
     if d_model % n_heads:
-        raise ConfigError(f"model.d_model={d_model} is not divisible by model.n_heads={n_heads}; pick n_heads dividing d_model")
+        raise ConfigError(
+            f"model.d_model={d_model} is not divisible by model.n_heads={n_heads}; pick n_heads dividing d_model"
+        )
     if not 0.0 <= dropout < 1.0:
         raise ConfigError(f"model.dropout={dropout} must be in [0, 1)")
     if not 0.0 <= label_smoothing < 1.0:
         raise ConfigError(f"task.label_smoothing={label_smoothing} must be in [0, 1)")
     embedding = TokenEmbedding(src_vocab, d_model, max_len, dropout, pad_id)
     blocks = nn.ModuleList(EncoderBlock(d_model, n_heads, d_ff, dropout) for _ in range(enc_layers))
-    head = TranslationHead(tgt_vocab, d_model, n_heads, d_ff, dec_layers, dropout, max_len, pad_id, label_smoothing, tie_embeddings)
+    head = TranslationHead(
+        tgt_vocab, d_model, n_heads, d_ff, dec_layers, dropout, max_len, pad_id, label_smoothing, tie_embeddings
+    )
     return SplitModel(embedding=embedding, blocks=blocks, head=head, family="transformer")

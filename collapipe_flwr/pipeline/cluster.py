@@ -89,7 +89,9 @@ class ClusterPipeline:
         if backend not in BACKENDS:
             raise ConfigError(f"runtime.backend={backend!r} must be one of {', '.join(BACKENDS)}")
         if emulate and not devices:
-            raise ConfigError("runtime.emulate=true needs device profiles; give the network preset's devices or set emulate=false")
+            raise ConfigError(
+                "runtime.emulate=true needs device profiles; give the network preset's devices or set emulate=false"
+            )
         self.embedding = embedding
         self.optimizer_spec = optimizer
         self.embedding_optimizer = optimizer.build(embedding.parameters())
@@ -109,9 +111,18 @@ class ClusterPipeline:
         self._bounds = segment_bounds(self.delta)
         self.moved_blocks = False  # whether the last partition change moved blocks between devices
         self._stages: Stages = open_stages(
-            backend, optimizer, precision=precision, num_devices=len(self.devices) if self.devices else len(self.delta),
-            segments=len(self._bounds), address=self.ray_address, num_cpus=self.actor_num_cpus, threads=actor_threads,
-            timeout_s=self.timeout_s, name=name, prefix=actor_prefix, detached=detached,
+            backend,
+            optimizer,
+            precision=precision,
+            num_devices=len(self.devices) if self.devices else len(self.delta),
+            segments=len(self._bounds),
+            address=self.ray_address,
+            num_cpus=self.actor_num_cpus,
+            threads=actor_threads,
+            timeout_s=self.timeout_s,
+            name=name,
+            prefix=actor_prefix,
+            detached=detached,
         )
         if not self._adopt(self.delta):
             self._place(self.delta, blocks=blocks)
@@ -174,8 +185,13 @@ class ClusterPipeline:
             state.update(renumber_blocks(self._stages.call_device(k, "get_optimizer_state"), a))
         return weights, state
 
-    def _place(self, delta, weights: dict | None = None, optimizer_state: dict | None = None,
-               blocks: nn.ModuleList | None = None) -> None:
+    def _place(
+        self,
+        delta,
+        weights: dict | None = None,
+        optimizer_state: dict | None = None,
+        blocks: nn.ModuleList | None = None,
+    ) -> None:
         self.delta = self._check_delta(delta)
         self._bounds = segment_bounds(self.delta)
         slowdown = self._slowdowns(self._bounds)
@@ -273,8 +289,13 @@ class ClusterPipeline:
         device_compute = [st.get(h, s) for s, h in enumerate(steps)]
         t_end = time.perf_counter()
         timings = StepTimings(
-            embed=t_embed, forward=t_fwd - t0, head=t_head - t_fwd, backward=t_bwd - t_head, update=t_end - t_bwd,
-            total=t_end - t0, device_compute={int(k): float(c) for (k, _, _), c in zip(self._bounds, device_compute)},
+            embed=t_embed,
+            forward=t_fwd - t0,
+            head=t_head - t_fwd,
+            backward=t_bwd - t_head,
+            update=t_end - t_bwd,
+            total=t_end - t0,
+            device_compute={int(k): float(c) for (k, _, _), c in zip(self._bounds, device_compute)},
         )
         count = int((batch["labels"] != -100).sum()) if "labels" in batch else b
         return StepResult(loss=float(loss), count=count, timings=timings)
@@ -296,7 +317,8 @@ class ClusterPipeline:
         if missing or extra:
             what = f"lacks {missing[0]}" if missing else f"has unexpected {extra[0]}"
             raise ConfigError(
-                f"encoder state dict {what} ({len(missing)} missing, {len(extra)} unexpected); it must come from an encoder with the same model config (L={self.num_blocks})"
+                f"encoder state dict {what} ({len(missing)} missing, {len(extra)} unexpected); it must come from an "
+                f"encoder with the same model config (L={self.num_blocks})"
             )
         self._stages.new_step()
         handles = []
@@ -323,7 +345,10 @@ class ClusterPipeline:
             self.embedding.load_state_dict(state, strict=True)
         except RuntimeError as err:
             first = str(err).strip().splitlines()[0]
-            raise ConfigError(f"embedding state dict does not fit the CU's embedding ({first}); it must come from the same model config") from None
+            raise ConfigError(
+                f"embedding state dict does not fit the CU's embedding ({first}); it must come from the same model "
+                "config"
+            ) from None
 
     def traces(self) -> list[list[tuple[str, int, float, float]]]:
         """Per stage, the last step's (F|B, micro-batch, wall start, wall end) calls (schedule plots)."""
@@ -338,9 +363,8 @@ class ClusterPipeline:
             self._stages.shutdown()
             self._stages = None  # type: ignore[assignment]  # shut down: every later call fails
 
-    def __enter__(self) -> "ClusterPipeline":
+    def __enter__(self) -> ClusterPipeline:
         return self
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
-

@@ -21,7 +21,6 @@ from collapipe_flwr.errors import ConfigError, DeviceFailure
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.stage import Stage
 
-
 START_TIMEOUT_S = 120.0
 NAMESPACE = "collapipe"
 # (device index k, segment or None = keep what the device holds, optimizer state, slowdown, first block index)
@@ -101,8 +100,16 @@ def open_stages(
         return LocalStages([], optimizer, precision=precision)
     if backend == "ray":
         return RayStages(
-            [], optimizer, address=address, num_cpus=num_cpus, threads=threads or default_actor_threads(segments),
-            timeout_s=timeout_s, name=name, prefix=prefix, detached=detached, precision=precision,
+            [],
+            optimizer,
+            address=address,
+            num_cpus=num_cpus,
+            threads=threads or default_actor_threads(segments),
+            timeout_s=timeout_s,
+            name=name,
+            prefix=prefix,
+            detached=detached,
+            precision=precision,
             num_devices=num_devices,
         )
     raise ConfigError(f"runtime.backend={backend!r} must be one of {', '.join(BACKENDS)}")
@@ -130,8 +137,15 @@ class LocalStages:
         with ``free_others`` a device outside ``specs`` drops its blocks."""
         for k, segment, state, slowdown, offset in specs:
             if k not in self.devices:
-                self.devices[k] = Stage(k, segment, self.optimizer, optimizer_state=state, slowdown=slowdown,
-                                        offset=offset, precision=self.precision)
+                self.devices[k] = Stage(
+                    k,
+                    segment,
+                    self.optimizer,
+                    optimizer_state=state,
+                    slowdown=slowdown,
+                    offset=offset,
+                    precision=self.precision,
+                )
             elif segment is not None:
                 self.devices[k].load_segment(segment, state, slowdown, offset)
         self.device_indices = [spec[0] for spec in specs]
@@ -278,8 +292,15 @@ class RayStages:
                     if self.detached:
                         options["lifetime"] = "detached"
                 self.devices[k] = cls.options(**options).remote(
-                    self.threads, k, segment if segment is not None else torch.nn.ModuleList(), self.optimizer,
-                    optimizer_state=state, slowdown=slowdown, offset=offset, precision=self.precision)
+                    self.threads,
+                    k,
+                    segment if segment is not None else torch.nn.ModuleList(),
+                    self.optimizer,
+                    optimizer_state=state,
+                    slowdown=slowdown,
+                    offset=offset,
+                    precision=self.precision,
+                )
                 started.append(k)
             if segment is not None:
                 loads.append((k, self.devices[k].load_segment.remote(segment, state, slowdown, offset)))
@@ -330,7 +351,8 @@ class RayStages:
             return self._ray.get(ref, timeout=self.timeout_s)
         except (self._ray.exceptions.GetTimeoutError, self._ray.exceptions.RayActorError):
             raise DeviceFailure(
-                f"{self.where}device {k} gave no answer (its Ray actor is gone or stuck); re-plan the cluster without it"
+                f"{self.where}device {k} gave no answer (its Ray actor is gone or stuck); re-plan the cluster without "
+                "it"
             ) from None
 
     def pids(self) -> dict[int, int]:
@@ -366,17 +388,20 @@ class RayStages:
         except ray.exceptions.GetTimeoutError:
             stage = self._stuck_stage(stage)
             raise DeviceFailure(
-                f"{self.where}device {self.device_indices[stage]} gave no answer within device_timeout_s={self.timeout_s:g}s; check that device or raise runtime.device_timeout_s"
+                f"{self.where}device {self.device_indices[stage]} gave no answer within "
+                f"device_timeout_s={self.timeout_s:g}s; check that device or raise runtime.device_timeout_s"
             ) from None
         except ray.exceptions.RayActorError as err:
             raise DeviceFailure(
-                f"{self.where}device {self._dead_device(err, stage)} died during the step (its Ray actor is gone); re-plan the cluster without it"
+                f"{self.where}device {self._dead_device(err, stage)} died during the step (its Ray actor is gone); "
+                "re-plan the cluster without it"
             ) from None
         except ray.exceptions.RayTaskError as err:
             cause = getattr(err, "cause", None)
             if isinstance(cause, ray.exceptions.RayActorError):
                 raise DeviceFailure(
-                    f"{self.where}device {self._dead_device(cause, stage)} died during the step (its Ray actor is gone); re-plan the cluster without it"
+                    f"{self.where}device {self._dead_device(cause, stage)} died during the step (its Ray actor is "
+                    "gone); re-plan the cluster without it"
                 ) from None
             raise err.as_instanceof_cause() from None
 

@@ -56,11 +56,16 @@ def head_step(
         (loss_sum / denom).backward()
     loss = float(sum(float(s.detach()) for s in sums) / float(total))
     grads = [z.grad if z.grad is not None else torch.zeros_like(z) for z in leaves]
-    if not math.isfinite(loss) or not all(bool(torch.isfinite(g).all()) for g in grads) or not all(
-            p.grad is None or bool(torch.isfinite(p.grad).all()) for p in head.parameters()):
+    if (
+        not math.isfinite(loss)
+        or not all(bool(torch.isfinite(g).all()) for g in grads)
+        or not all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in head.parameters())
+    ):
         head.zero_grad(set_to_none=True)
-        raise ValueError(f"the step's loss or gradients are not finite (loss {loss}); the head was not updated, "
-                         "check the activations this CU sends (too large, NaN) and its learning rate")
+        raise ValueError(
+            f"the step's loss or gradients are not finite (loss {loss}); the head was not updated, "
+            "check the activations this CU sends (too large, NaN) and its learning rate"
+        )
     if optimizer is not None:
         optimizer.step()
     if terms is not None:

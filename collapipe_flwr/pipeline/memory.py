@@ -79,7 +79,7 @@ class SavedTensorMeter:
     def _unpack(t: torch.Tensor) -> torch.Tensor:
         return t
 
-    def __enter__(self) -> "SavedTensorMeter":
+    def __enter__(self) -> SavedTensorMeter:
         self._hooks.__enter__()
         return self
 
@@ -132,7 +132,9 @@ def module_block_memory_bytes(block: nn.Module, batch: int, seq_len: int, optimi
     n = sum(p.numel() for p in params)
     dtype_bytes = params[0].element_size() if params else 4
     if all(hasattr(block, a) for a in ("hidden_size", "ffn_size", "num_heads")):
-        return block_memory_bytes(block.hidden_size, block.ffn_size, block.num_heads, batch, seq_len, optimizer, dtype_bytes, params=n)
+        return block_memory_bytes(
+            block.hidden_size, block.ffn_size, block.num_heads, batch, seq_len, optimizer, dtype_bytes, params=n
+        )
     return n * dtype_bytes * (1 + OPTIMIZER_SLOTS.get(optimizer, 2))
 
 

@@ -16,7 +16,9 @@ def batch_size(batch: dict[str, torch.Tensor]) -> int:
     """b: the number of samples in ``batch`` (dim 0 of every tensor)."""
     sizes = {int(t.shape[0]) for t in batch.values()}
     if len(sizes) != 1:
-        raise ConfigError(f"batch tensors disagree on the batch size: {sorted(sizes)}; every tensor needs the batch on dim 0")
+        raise ConfigError(
+            f"batch tensors disagree on the batch size: {sorted(sizes)}; every tensor needs the batch on dim 0"
+        )
     return sizes.pop()
 
 

@@ -43,7 +43,7 @@ class OptimizerSpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "OptimizerSpec":
+    def from_dict(cls, d: dict) -> OptimizerSpec:
         d = dict(d)
         if "betas" in d:
             d["betas"] = tuple(float(x) for x in d["betas"])

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from collapipe_flwr.precision import PRECISIONS
 from collapipe_flwr.spec_parsing import require, typed
 
 BACKENDS = ("ray", "local")
-from collapipe_flwr.precision import PRECISIONS
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,9 @@ class RuntimeSpec:
     prestart_devices: bool = True
 
     def __post_init__(self) -> None:
-        require(self.precision in PRECISIONS, f"runtime.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}")
+        require(
+            self.precision in PRECISIONS, f"runtime.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}"
+        )
         require(self.backend in BACKENDS, f"runtime.backend={self.backend!r} must be one of {', '.join(BACKENDS)}")
         require(self.actor_num_cpus >= 0, "runtime.actor_num_cpus must be >= 0")
         require(self.device_timeout_s > 0, "runtime.device_timeout_s must be > 0")

@@ -151,8 +151,10 @@ class Stage:
     def get_optimizer_state(self) -> dict[str, dict]:
         """Optimizer state per local parameter name (for moving blocks between devices)."""
         names = {id(p): n for n, p in self.segment.named_parameters()}
-        return {names[id(p)]: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}
-                for p, s in self.optimizer.state.items()}
+        return {
+            names[id(p)]: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}
+            for p, s in self.optimizer.state.items()
+        }
 
     def load_optimizer_state(self, state: dict[str, dict]) -> None:
         for name, p in self.segment.named_parameters():

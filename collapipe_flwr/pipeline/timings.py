@@ -33,4 +33,3 @@ class StepTimings:
     def phases(self) -> dict[str, float]:
         """{phase: seconds} for the six phases, in ``PHASES`` order (the ``seconds-step-*`` metrics)."""
         return {name: float(getattr(self, name)) for name in PHASES}
-

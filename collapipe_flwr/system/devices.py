@@ -26,7 +26,9 @@ class DeviceProfile:
         for name in ("f_hz", "flops_per_cycle", "memory_bytes", "d2d_power_w"):
             value = getattr(self, name)
             if not value > 0:
-                raise ConfigError(f"device profile {name}={value!r} must be > 0; fix the device profile in the network preset")
+                raise ConfigError(
+                    f"device profile {name}={value!r} must be > 0; fix the device profile in the network preset"
+                )
 
     @property
     def flops_per_second(self) -> float:
@@ -37,5 +39,5 @@ class DeviceProfile:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "DeviceProfile":
+    def from_dict(cls, data: dict) -> DeviceProfile:
         return cls(**{k: float(data[k]) for k in ("f_hz", "flops_per_cycle", "memory_bytes", "d2d_power_w")})

@@ -9,8 +9,10 @@ Units: Hz, W, J, bytes, dB for gains, dBm/Hz for the noise PSD. See docs/system_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -24,13 +26,26 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "uplink": ("mean_gain_db", "fading", "interference_w", "power_max_w", "energy_max_j"),
     "d2d": ("bandwidth_hz", "gain_db", "interference_w", "fading", "latency_s"),
     "device": (
-        "f_hz", "flops_per_cycle", "memory_bytes", "d2d_power_w", "d2d_power_max_w", "energy_max_j",
-        "availability", "effective_capacitance",
+        "f_hz",
+        "flops_per_cycle",
+        "memory_bytes",
+        "d2d_power_w",
+        "d2d_power_max_w",
+        "energy_max_j",
+        "availability",
+        "effective_capacitance",
     ),
     "cu": ("memory_bytes",),
 }
-_TOP = ("name", "seed", "num_channels", "devices_per_cluster", "channel_bandwidth_hz", "noise_psd_dbm_per_hz",
-        *_SECTIONS)
+_TOP = (
+    "name",
+    "seed",
+    "num_channels",
+    "devices_per_cluster",
+    "channel_bandwidth_hz",
+    "noise_psd_dbm_per_hz",
+    *_SECTIONS,
+)
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,11 @@ class NetworkSpec:
     effective_capacitance: float
     cu_memory_bytes: float = 3e9
     d2d_latency_s: float = 0.0
+    # the conf/network mapping this spec was drawn from (to_raw): the same mapping draws the same network
+    source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def to_raw(self) -> dict[str, Any]:
+        return dict(self.source)
 
     @property
     def num_clusters(self) -> int:
@@ -94,14 +114,16 @@ class NetworkSpec:
         return float(db_to_linear(self.d2d_gain_db))
 
     @classmethod
-    def from_config(cls, network: Mapping[str, Any], num_clusters: int) -> "NetworkSpec":
+    def from_config(cls, network: Mapping[str, Any], num_clusters: int) -> NetworkSpec:
         """Build the spec from a ``conf/network/*.yaml`` mapping; a bad key is a one-line ConfigError."""
         if not isinstance(network, Mapping):
             raise ConfigError("network config must be a mapping; pick network=<preset> (see conf/network/)")
         _check_keys("network", network, _TOP)
         for section, keys in _SECTIONS.items():
             if not isinstance(network.get(section), Mapping):
-                raise ConfigError(f"network.{section} is missing or not a mapping; copy it from conf/network/paper_table2.yaml")
+                raise ConfigError(
+                    f"network.{section} is missing or not a mapping; copy it from conf/network/paper_table2.yaml"
+                )
             _check_keys(f"network.{section}", network[section], keys)
         if isinstance(num_clusters, bool) or not isinstance(num_clusters, int) or num_clusters < 1:
             raise ConfigError(f"federation.num_clusters={num_clusters!r} must be an integer >= 1")
@@ -120,7 +142,8 @@ class NetworkSpec:
         p_k_max = _number(dev, "d2d_power_max_w", "network.device.d2d_power_max_w", positive=True)
         if p_k.max() > p_k_max:
             raise ConfigError(
-                f"network.device.d2d_power_w reaches {p_k.max():.4g} W above d2d_power_max_w={p_k_max:.4g} W (P_k^max); lower it"
+                f"network.device.d2d_power_w reaches {p_k.max():.4g} W above d2d_power_max_w={p_k_max:.4g} W "
+                "(P_k^max); lower it"
             )
         devices = tuple(
             tuple(
@@ -153,9 +176,12 @@ class NetworkSpec:
             device_power_max_w=p_k_max,
             device_energy_max_j=_number(dev, "energy_max_j", "network.device.energy_max_j", positive=True),
             availability=availability,
-            effective_capacitance=_number(dev, "effective_capacitance", "network.device.effective_capacitance", positive=True),
+            effective_capacitance=_number(
+                dev, "effective_capacitance", "network.device.effective_capacitance", positive=True
+            ),
             cu_memory_bytes=_number(cu, "memory_bytes", "network.cu.memory_bytes", positive=True),
             d2d_latency_s=_number(dd, "latency_s", "network.d2d.latency_s", nonneg=True) if "latency_s" in dd else 0.0,
+            source=copy.deepcopy(dict(network)),
         )
 
 
@@ -203,7 +229,9 @@ def _range(mapping: Mapping, name: str, key: str) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _draw(rng: np.random.Generator, mapping: Mapping, name: str, key: str, count: int, positive: bool = False) -> np.ndarray:
+def _draw(
+    rng: np.random.Generator, mapping: Mapping, name: str, key: str, count: int, positive: bool = False
+) -> np.ndarray:
     lo, hi = _range(mapping, name, key)
     if positive and not lo > 0:
         raise ConfigError(f"{key}={mapping[name]!r} must be > 0")

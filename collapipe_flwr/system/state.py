@@ -22,10 +22,10 @@ class RoundState:
     """The state the BS and the CUs see at the start of round t (lists so it serialises as JSON)."""
 
     round: int
-    uplink_gain: tuple[tuple[float, ...], ...]        # [N][J], linear power gain h_{n,j}(t)
-    uplink_interference_w: tuple[float, ...]          # [J], I_j(t) in W
-    d2d_gain: tuple[tuple[float, ...], ...]           # [N][K], linear power gain of device k's D2D link
-    availability: tuple[tuple[float, ...], ...]       # [N][K], f_k(t) / f_k in (0, 1]
+    uplink_gain: tuple[tuple[float, ...], ...]  # [N][J], linear power gain h_{n,j}(t)
+    uplink_interference_w: tuple[float, ...]  # [J], I_j(t) in W
+    d2d_gain: tuple[tuple[float, ...], ...]  # [N][K], linear power gain of device k's D2D link
+    availability: tuple[tuple[float, ...], ...]  # [N][K], f_k(t) / f_k in (0, 1]
 
     def gain_matrix(self) -> np.ndarray:
         return np.asarray(self.uplink_gain, dtype=float)
@@ -43,7 +43,7 @@ class RoundState:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RoundState":
+    def from_dict(cls, d: dict) -> RoundState:
         return cls(
             round=int(d["round"]),
             uplink_gain=tuple(tuple(float(x) for x in r) for r in d["uplink_gain"]),

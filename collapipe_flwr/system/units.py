@@ -17,7 +17,3 @@ def db_to_linear(db):
 def dbm_to_watt(dbm):
     """Power in dBm -> W: 10^((dBm - 30)/10). Also turns dBm/Hz into W/Hz."""
     return np.power(10.0, (np.asarray(dbm, dtype=float) - 30.0) / 10.0)
-
-
-def bytes_to_bits(num_bytes):
-    return 8.0 * np.asarray(num_bytes, dtype=float)

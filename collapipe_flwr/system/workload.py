@@ -98,11 +98,13 @@ class Workload:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Workload":
+    def from_dict(cls, d: dict) -> Workload:
         return cls(**{k: (tuple(float(x) for x in v) if isinstance(v, list) else v) for k, v in d.items()})
 
     @classmethod
-    def paper_preset(cls, num_blocks: int = 12, batch_size: int = 64, seq_len: int = 128, hidden: int = 768) -> "Workload":
+    def paper_preset(
+        cls, num_blocks: int = 12, batch_size: int = 64, seq_len: int = 128, hidden: int = 768
+    ) -> Workload:
         """Table II: o_l = o'_l = 2e6 FLOPs (read per sample), b = 64, on a BERT-base-shaped encoder
         (L = 12, H = 768, T = 128, 4 bytes per value; the paper gives no sizes, these are BERT-base's)."""
         per_block_params = 12 * hidden * hidden + 13 * hidden  # 4 H^2 attention + 8 H^2 FFN (+ biases, LN)
@@ -183,7 +185,7 @@ def measure_workload(
         blk.train(False)  # no dropout noise in the probe; the FLOPs are the same
         inp = x.clone().requires_grad_(True)
         with FlopCounterMode(display=False, custom_mapping=extra) as counter:
-            out, saved_total = _saved_bytes(lambda: blk(inp, attention_mask))
+            out, saved_total = _saved_bytes(lambda blk=blk, inp=inp: blk(inp, attention_mask))
         fwd.append(counter.get_total_flops() / B)
         saved.append(saved_total / B)
         with FlopCounterMode(display=False, custom_mapping=extra) as counter:

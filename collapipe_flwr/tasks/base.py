@@ -13,21 +13,19 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from collapipe_flwr.errors import ConfigError, DataFormatError
-from collapipe_flwr.pipeline.optim import OptimizerSpec
-from collapipe_flwr.tasks import model_config
 from collapipe_flwr.tasks.batching import batch_order
-from collapipe_flwr.tasks.partition import SCHEMES, partition_indices
+from collapipe_flwr.tasks.partition import partition_indices
+
+if TYPE_CHECKING:  # spec.py imports the registry, which imports this module
+    from collapipe_flwr.tasks.spec import ModelSpec, TaskSpec
 
 CACHE_ENV = "COLLAPIPE_CACHE_DIR"
 SPLITS = ("train", "val", "test")
-COMMON_KEYS = {
-    "name", "batch_size", "max_len", "partition", "alpha", "cache_dir", "hf_dataset", "bucket", "default_model",
-}
 
 
 def resolve_cache_dir(value: str | os.PathLike | None) -> Path:
@@ -37,82 +35,55 @@ def resolve_cache_dir(value: str | os.PathLike | None) -> Path:
 
 
 class Task(ABC):
-    """One of the paper's tasks on real files, configured by conf/task/<name>.yaml and conf/model/<name>.yaml."""
+    """One of the paper's tasks on real files, configured by conf/task/<name>.yaml and conf/model/<name>.yaml
+    (parsed once into ``spec`` and ``model_spec`` by :mod:`collapipe_flwr.tasks.spec`)."""
 
     name: ClassVar[str]
     metric_name: ClassVar[str]  # "bleu" | "f1" | "accuracy"
     model_family: ClassVar[str]  # "transformer" | "bert"
-    task_keys: ClassVar[frozenset[str]] = frozenset()
+    task_keys: ClassVar[frozenset[str]] = frozenset()  # the keys of TaskSpec.options this task accepts
 
     def __init__(
         self,
-        task_cfg: Mapping[str, Any],
-        model_cfg: Mapping[str, Any],
+        task: TaskSpec,
+        model: ModelSpec,
         data_dir: Path | str,
         seed: int,
         cache_dir: Path | None = None,
     ) -> None:
-        type(self).validate(task_cfg, model_cfg)
-        self.cfg = dict(task_cfg)
-        self.model_cfg = dict(model_cfg)
+        if task.name != self.name or model.family != self.model_family:
+            raise ConfigError(
+                f"task {self.name} needs task.name={self.name} and a {self.model_family} model, "
+                f"got task.name={task.name} and model.family={model.family}"
+            )
+        self.spec = task
+        self.model_spec = model
         self.data_dir = Path(data_dir)
         self.seed = int(seed)
-        self.cache_dir = resolve_cache_dir(cache_dir or self.cfg.get("cache_dir"))
+        self.cache_dir = resolve_cache_dir(cache_dir or task.cache_dir)
         self._examples: dict[str, tuple] = {}
         self._features: dict[str, list[dict]] = {}
 
     # ---- configuration -------------------------------------------------------------------------
-    @classmethod
-    def validate(cls, task_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> None:
-        """Check the task and model sections; one-line ConfigError naming the key."""
-        if not isinstance(task_cfg, Mapping):
-            raise ConfigError("config group task is missing; add task=<name> (see conf/task)")
-        allowed = COMMON_KEYS | set(cls.task_keys)
-        unknown = sorted(set(task_cfg) - allowed)
-        if unknown:
-            raise ConfigError(f"unknown config key task.{unknown[0]}; valid keys of task {cls.name} are {', '.join(sorted(allowed))}")
-        for key in ("batch_size", "max_len"):
-            value = task_cfg.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (4 if key == "max_len" else 1):
-                raise ConfigError(f"task.{key}={value!r} must be an integer >= {4 if key == 'max_len' else 1}")
-        scheme = task_cfg.get("partition", "iid")
-        if scheme not in SCHEMES:
-            raise ConfigError(f"task.partition={scheme!r} is not one of {', '.join(SCHEMES)}")
-        alpha = task_cfg.get("alpha", 0.5)
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-            raise ConfigError(f"task.alpha={alpha!r} must be a number > 0 (Dirichlet concentration)")
-        bucket = task_cfg.get("bucket", 0)
-        if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
-            raise ConfigError(f"task.bucket={bucket!r} must be an integer >= 0 (0 = no length bucketing)")
-        hf = task_cfg.get("hf_dataset") or {}
-        if not isinstance(hf, Mapping):
-            raise ConfigError("task.hf_dataset must be a mapping {enabled, id, ...}")
-        model_config.validate_model_config(model_cfg, cls.model_family, cls.name)
-        if model_cfg["max_len"] < task_cfg["max_len"] + 1:
-            raise ConfigError(
-                f"model.max_len={model_cfg['max_len']} is shorter than task.max_len={task_cfg['max_len']} + 1; raise model.max_len"
-            )
-        cls.validate_task(task_cfg, model_cfg)
+    @classmethod  # noqa: B027 - an optional hook, a no-op unless a task overrides it
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
+        """Check the task-specific keys (file names, tokenizer settings); one-line ConfigError naming the key.
+        Unknown keys are already refused by :func:`~collapipe_flwr.tasks.spec.parse_task`. An optional hook:
+        the base accepts every option."""
 
-    @classmethod
-    def validate_task(cls, task_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> None:
-        """Task-specific checks (file names, tokenizer settings)."""
+    @property
+    def options(self) -> Mapping[str, Any]:
+        """The task-specific keys of the task config (``task_keys``)."""
+        return self.spec.options
 
     @property
     def batch_size(self) -> int:
         """b of the paper (Table II: 64)."""
-        return int(self.cfg["batch_size"])
+        return self.spec.batch_size
 
     @property
     def max_len(self) -> int:
-        return int(self.cfg["max_len"])
-
-    def optimizer_spec(self) -> OptimizerSpec:
-        return model_config.optimizer_spec(self.model_cfg)
-
-    def schedule(self) -> dict:
-        """model.schedule (warm-up + decay, see tasks/lr_schedule.py)."""
-        return dict(self.model_cfg.get("schedule") or {})
+        return self.spec.max_len
 
     # ---- data ----------------------------------------------------------------------------------
     def train_examples(self) -> tuple:
@@ -127,9 +98,8 @@ class Task(ABC):
 
     def _split_examples(self, split: str) -> tuple:
         if split not in self._examples:
-            hf = self.cfg.get("hf_dataset") or {}
-            if hf.get("enabled"):
-                self._examples[split] = tuple(self.read_hf_split(split, hf))
+            if self.spec.hf_enabled:
+                self._examples[split] = tuple(self.read_hf_split(split, self.spec.hf_dataset))
             else:
                 self._examples[split] = tuple(self.read_split(split))
             if not self._examples[split]:
@@ -174,10 +144,12 @@ class Task(ABC):
     # ---- federation ----------------------------------------------------------------------------
     def partition(self, num_partitions: int, partition_id: int) -> list[int]:
         """Indices into train_examples() that CU ``partition_id`` of N reads (D_n); seeded by the task seed."""
-        scheme = self.cfg.get("partition", "iid")
+        scheme = self.spec.partition
         labels = self.partition_labels() if scheme == "dirichlet" else None
         if scheme == "dirichlet" and labels is None:
-            raise ConfigError(f"task.partition=dirichlet needs sentence labels; task {self.name} has none, use partition=iid")
+            raise ConfigError(
+                f"task.partition=dirichlet needs sentence labels; task {self.name} has none, use partition=iid"
+            )
         return partition_indices(
             len(self.train_examples()),
             num_partitions,
@@ -185,7 +157,7 @@ class Task(ABC):
             seed=self.seed,
             scheme=scheme,
             labels=labels,
-            alpha=float(self.cfg.get("alpha", 0.5)),
+            alpha=self.spec.alpha,
         )
 
     def batches(
@@ -202,8 +174,7 @@ class Task(ABC):
         bad = [i for i in indices if not 0 <= int(i) < len(feats)]
         if bad:
             raise ConfigError(f"example index {bad[0]} is out of range for the {len(feats)} {split} examples")
-        bucket = int(self.cfg.get("bucket", 0) or 0)
-        order = batch_order(indices, batch_size, seed, shuffle, drop_last, self.lengths(split), bucket)
+        order = batch_order(indices, batch_size, seed, shuffle, drop_last, self.lengths(split), self.spec.bucket)
         for batch in order:
             yield self.collate([feats[i] for i in batch])
 

@@ -31,7 +31,9 @@ def _load(path: str, size: int, mtime_ns: int):
         try:
             tok = BertTokenizerFast.from_pretrained(folder, local_files_only=True, do_lower_case=True)
         except (OSError, ValueError) as err:
-            raise DataFormatError(f"cannot read {path} as a BERT vocab.txt ({err}); expected one WordPiece token a line") from None
+            raise DataFormatError(
+                f"cannot read {path} as a BERT vocab.txt ({err}); expected one WordPiece token a line"
+            ) from None
     for special in ("[PAD]", "[UNK]", "[CLS]", "[SEP]"):
         if tok.convert_tokens_to_ids(special) in (None, tok.unk_token_id) and special != "[UNK]":
             raise DataFormatError(f"{path} has no {special} token; expected the bert-base-chinese vocab.txt")

@@ -31,7 +31,13 @@ def settings_key(kind: str, vocab_size: int, min_frequency: int, lowercase: bool
         raise ConfigError(f"task.tokenizer.kind={kind!r} is not one of {', '.join(MODELS)}")
     if not isinstance(vocab_size, int) or vocab_size <= len(SPECIALS) + 1:
         raise ConfigError(f"tokenizer vocab size {vocab_size!r} must be an integer > {len(SPECIALS) + 1}")
-    return {"kind": kind, "vocab_size": vocab_size, "min_frequency": int(min_frequency), "lowercase": bool(lowercase), "v": 1}
+    return {
+        "kind": kind,
+        "vocab_size": vocab_size,
+        "min_frequency": int(min_frequency),
+        "lowercase": bool(lowercase),
+        "v": 1,
+    }
 
 
 def train_tokenizer(lines: Sequence[str], kind: str, vocab_size: int, min_frequency: int = 2, lowercase: bool = False):
@@ -41,10 +47,14 @@ def train_tokenizer(lines: Sequence[str], kind: str, vocab_size: int, min_freque
     settings_key(kind, vocab_size, min_frequency, lowercase)
     if kind == "bpe":
         tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIALS), show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIALS), show_progress=False
+        )
     else:
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIALS), show_progress=False)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIALS), show_progress=False
+        )
     norms = [normalizers.NFKC()] + ([normalizers.Lowercase()] if lowercase else [])
     tok.normalizer = normalizers.Sequence(norms)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
@@ -73,7 +83,10 @@ def cached_tokenizer(cache_dir: Path, tag: str, source: Path, lines: Sequence[st
         tok.save(tmp)
         os.replace(tmp, path)
     except OSError as err:
-        raise ConfigError(f"cannot write the tokenizer cache {path}: {err.strerror}; set task.cache_dir or COLLAPIPE_CACHE_DIR to a writable folder") from None
+        raise ConfigError(
+            f"cannot write the tokenizer cache {path}: {err.strerror}; "
+            "set task.cache_dir or COLLAPIPE_CACHE_DIR to a writable folder"
+        ) from None
     return tok
 
 

@@ -24,8 +24,21 @@ from collapipe_flwr.tasks.metrics import classification_scores
 
 SEPARATOR = "_!_"
 CLASS_NAMES = (
-    "news_story", "news_culture", "news_entertainment", "news_sports", "news_finance", "news_house", "news_car",
-    "news_edu", "news_tech", "news_military", "news_travel", "news_world", "stock", "news_agriculture", "news_game",
+    "news_story",
+    "news_culture",
+    "news_entertainment",
+    "news_sports",
+    "news_finance",
+    "news_house",
+    "news_car",
+    "news_edu",
+    "news_tech",
+    "news_military",
+    "news_travel",
+    "news_world",
+    "stock",
+    "news_agriculture",
+    "news_game",
 )
 TOUTIAO_CODES = (100, 101, 102, 103, 104, 106, 107, 108, 109, 110, 112, 113, 114, 115, 116)
 
@@ -44,11 +57,14 @@ def read_titles(path, num_labels: int = len(CLASS_NAMES)) -> tuple[Title, ...]:
             continue
         text, sep, label = line.rpartition(SEPARATOR)
         if not sep:
-            raise DataFormatError(f"{path}:{number}: no '{SEPARATOR}' separator; expected 'title{SEPARATOR}labelid', got {line[:60]!r}")
+            raise DataFormatError(
+                f"{path}:{number}: no '{SEPARATOR}' separator; expected 'title{SEPARATOR}labelid', got {line[:60]!r}"
+            )
         label = label.strip()
         if not label.isdigit() or not 0 <= int(label) < num_labels:
             raise DataFormatError(
-                f"{path}:{number}: unknown label id {label!r}; expected an integer 0..{num_labels - 1} after '{SEPARATOR}'"
+                f"{path}:{number}: unknown label id {label!r}; "
+                f"expected an integer 0..{num_labels - 1} after '{SEPARATOR}'"
             )
         if not text.strip():
             raise DataFormatError(f"{path}:{number}: empty title; expected 'title{SEPARATOR}labelid'")
@@ -63,28 +79,28 @@ class ClassificationTask(Task):
     task_keys = frozenset({"train_file", "val_file", "test_file", "extra_train_files", "vocab_file", "num_labels"})
 
     @classmethod
-    def validate_task(cls, task_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> None:
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
         for key in ("train_file", "val_file", "vocab_file"):
-            if not task_cfg.get(key):
+            if not options.get(key):
                 raise ConfigError(f"task.{key} is empty; name the file (relative to data_dir)")
-        n = task_cfg.get("num_labels", len(CLASS_NAMES))
+        n = options.get("num_labels", len(CLASS_NAMES))
         if isinstance(n, bool) or not isinstance(n, int) or n < 2:
             raise ConfigError(f"task.num_labels={n!r} must be an integer >= 2")
-        extra = task_cfg.get("extra_train_files", [])
+        extra = options.get("extra_train_files", [])
         if not isinstance(extra, (list, tuple)):
             raise ConfigError("task.extra_train_files must be a list of file names")
 
     @property
     def num_labels(self) -> int:
-        return int(self.cfg.get("num_labels", len(CLASS_NAMES)))
+        return int(self.options.get("num_labels", len(CLASS_NAMES)))
 
     def read_split(self, split: str) -> Sequence[Title]:
-        name = self.cfg.get(f"{split}_file") or ""
+        name = self.options.get(f"{split}_file") or ""
         if split == "test" and not name:
             raise DataFormatError("no test split configured; pass task.test_file=<file> explicitly")
         titles = list(read_titles(resolve_file(self.data_dir, name, f"Toutiao {split}"), self.num_labels))
         if split == "train":
-            for extra in self.cfg.get("extra_train_files") or []:
+            for extra in self.options.get("extra_train_files") or []:
                 titles.extend(read_titles(resolve_file(self.data_dir, extra, "Toutiao extra train"), self.num_labels))
         return titles
 
@@ -94,13 +110,15 @@ class ClassificationTask(Task):
         import datasets
 
         name = {"train": "train", "val": "validation", "test": "test"}[split]
-        rows = datasets.load_dataset(hf.get("id", "clue/clue"), hf.get("subset", "tnews"), split=hf.get(f"{split}_split", name))
+        rows = datasets.load_dataset(
+            hf.get("id", "clue/clue"), hf.get("subset", "tnews"), split=hf.get(f"{split}_split", name)
+        )
         names = rows.features["label"].names
         code_to_id = {code: i for i, code in enumerate(TOUTIAO_CODES)}
         return [Title(r["sentence"], code_to_id[int(names[r["label"]])]) for r in rows if r["label"] >= 0]
 
     def tokenizer(self):
-        return bert_tokenizer(self.data_dir, self.cfg["vocab_file"])
+        return bert_tokenizer(self.data_dir, self.options["vocab_file"])
 
     def encode(self, examples: Sequence[Title]) -> list[dict]:
         enc = self.tokenizer()([t.text for t in examples], truncation=True, max_length=self.max_len)
@@ -122,7 +140,7 @@ class ClassificationTask(Task):
 
     def build_model(self, seed: int):
         torch.manual_seed(seed)
-        return model_config.build_bert_model(self.model_cfg, len(self.tokenizer()), "sequence", self.num_labels)
+        return model_config.build_bert_model(self.model_spec, len(self.tokenizer()), "sequence", self.num_labels)
 
     def predict_batch(self, model, hidden, batch, indices, beam_size):
         return model.head.predict(hidden, batch["attention_mask"], batch).tolist()

@@ -48,20 +48,8 @@ def _read_lines(path: str, size: int, mtime_ns: int) -> tuple[str, ...]:
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise DataFormatError(f"{path}:{line}: not valid UTF-8; the datasets are plain UTF-8 text") from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
+    text = text.removeprefix("\ufeff")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return tuple(line.rstrip("\r") for line in lines)
-
-
-def file_digest(paths: list[Path]) -> str:
-    """A short content hash of ``paths`` (for cache keys of things trained on them)."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(str(Path(path).name).encode())
-        digest.update(Path(path).read_bytes())
-    return digest.hexdigest()[:16]

@@ -1,43 +1,61 @@
-"""Learning-rate warm-up and decay, as a multiplier of the optimizer's lr (model.schedule).
+"""Learning-rate warm-up and decay, as a multiplier of the optimizer's lr (``model.lr_schedule``).
 
 ``warmup_steps`` w: linear ramp lr * s / w for step s < w. ``decay``:
 - ``none``: constant lr after warm-up;
 - ``inverse_sqrt``: lr * sqrt(w / s) after warm-up (Vaswani et al.'s shape);
 - ``linear``: lr * (1 - s / total_steps) after warm-up, to 0 at ``total_steps``;
 - ``cosine``: lr * 0.5 (1 + cos(pi s / total_steps)) after warm-up.
-Pure function of the step, so every holder of a segment (CU, devices, server) applies the same factor.
+``min_factor`` floors the multiplier. Pure function of the step, so every holder of a segment (CU,
+devices, server) applies the same factor. ("Schedule" alone means the GPipe clock, pipeline/schedule.py.)
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.spec_parsing import require, typed
 
 DECAYS = ("none", "inverse_sqrt", "linear", "cosine")
+SECTION = "model.lr_schedule"
 
 
-def validate_schedule(schedule: Mapping[str, Any]) -> None:
-    unknown = sorted(set(schedule) - {"warmup_steps", "decay", "total_steps", "min_factor"})
-    if unknown:
-        raise ConfigError(f"unknown config key model.schedule.{unknown[0]}; valid keys are decay, min_factor, total_steps, warmup_steps")
-    warmup = schedule.get("warmup_steps", 0)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ConfigError(f"model.schedule.warmup_steps={warmup!r} must be an integer >= 0")
-    decay = schedule.get("decay", "none")
-    if decay not in DECAYS:
-        raise ConfigError(f"model.schedule.decay={decay!r} is not one of {', '.join(DECAYS)}")
-    total = schedule.get("total_steps", 0)
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-        raise ConfigError(f"model.schedule.total_steps={total!r} must be an integer >= 0 (0 = set by the trainer)")
-    floor = schedule.get("min_factor", 0.0)
-    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor <= 1:
-        raise ConfigError(f"model.schedule.min_factor={floor!r} must be in [0, 1]")
+@dataclass(frozen=True)
+class LrScheduleSpec:
+    """``model.lr_schedule``: warm-up steps w, decay shape, total steps (0 = set by the trainer), floor."""
+
+    warmup_steps: int = 0
+    decay: str = "none"
+    total_steps: int = 0
+    min_factor: float = 0.0
+
+    def __post_init__(self) -> None:
+        require(self.warmup_steps >= 0, f"{SECTION}.warmup_steps={self.warmup_steps!r} must be an integer >= 0")
+        require(self.decay in DECAYS, f"{SECTION}.decay={self.decay!r} is not one of {', '.join(DECAYS)}")
+        require(
+            self.total_steps >= 0,
+            f"{SECTION}.total_steps={self.total_steps!r} must be an integer >= 0 (0 = set by the trainer)",
+        )
+        require(0 <= self.min_factor <= 1, f"{SECTION}.min_factor={self.min_factor!r} must be in [0, 1]")
+
+    def factor(self, step: int, default_total_steps: int = 0) -> float:
+        """Multiplier of the base lr at optimizer step ``step`` (0-based); ``total_steps`` 0 means the
+        trainer's ``default_total_steps``."""
+        return lr_factor(step, self.warmup_steps, self.decay, self.total_steps or default_total_steps, self.min_factor)
+
+    def to_raw(self) -> dict[str, Any]:
+        return asdict(self)
 
 
-def lr_factor(step: int, warmup_steps: int = 0, decay: str = "none", total_steps: int = 0, min_factor: float = 0.0) -> float:
+def parse_lr_schedule(raw: Any) -> LrScheduleSpec:
+    """The ``model.lr_schedule`` mapping (absent = constant lr) as an LrScheduleSpec; one-line ConfigError."""
+    return typed(SECTION, LrScheduleSpec, raw)
+
+
+def lr_factor(
+    step: int, warmup_steps: int = 0, decay: str = "none", total_steps: int = 0, min_factor: float = 0.0
+) -> float:
     """Multiplier of the base lr at optimizer step ``step`` (0-based)."""
     s = step + 1
     if warmup_steps and s < warmup_steps:

@@ -49,3 +49,8 @@ def classification_scores(gold: Sequence[int], predicted: Sequence[int]) -> dict
     accuracy = sum(int(g == p) for g, p in zip(gold, predicted)) / len(gold)
     macro = f1_score(list(gold), list(predicted), average="macro", zero_division=0)
     return {"accuracy": float(accuracy), "macro_f1": float(macro)}
+
+
+def format_metric(name: str, value: float) -> str:
+    """How a task metric is printed: ``bleu: 23.10`` / ``f1: 0.6100`` / ``accuracy: 0.7200``."""
+    return f"{name}: {value:.2f}" if name == "bleu" else f"{name}: {value:.4f}"

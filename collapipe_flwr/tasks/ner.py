@@ -87,23 +87,28 @@ class NerTask(Task):
     task_keys = frozenset({"train_file", "val_file", "test_file", "extra_train_files", "vocab_file", "crf"})
 
     @classmethod
-    def validate_task(cls, task_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> None:
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
         for key in ("train_file", "val_file", "vocab_file"):
-            if not task_cfg.get(key):
+            if not options.get(key):
                 raise ConfigError(f"task.{key} is empty; name the file (relative to data_dir)")
-        extra = task_cfg.get("extra_train_files", [])
+        extra = options.get("extra_train_files", [])
         if not isinstance(extra, (list, tuple)):
-            raise ConfigError("task.extra_train_files must be a list of file names (e.g. [chinese_ner/supplementary_msra/msra_bio.txt])")
-        if not isinstance(task_cfg.get("crf", False), bool):
-            raise ConfigError(f"task.crf={task_cfg.get('crf')!r} must be true (CRF over the tags) or false (per-token softmax)")
+            raise ConfigError(
+                "task.extra_train_files must be a list of file names "
+                "(e.g. [chinese_ner/supplementary_msra/msra_bio.txt])"
+            )
+        if not isinstance(options.get("crf", False), bool):
+            raise ConfigError(
+                f"task.crf={options.get('crf')!r} must be true (CRF over the tags) or false (per-token softmax)"
+            )
 
     def read_split(self, split: str) -> Sequence[TaggedSentence]:
-        name = self.cfg.get(f"{split}_file") or ""
+        name = self.options.get(f"{split}_file") or ""
         if split == "test" and not name:
             raise DataFormatError("no test split configured; pass task.test_file=<file> explicitly")
         sentences = list(read_bio(resolve_file(self.data_dir, name, f"NER {split}")))
         if split == "train":
-            for extra in self.cfg.get("extra_train_files") or []:
+            for extra in self.options.get("extra_train_files") or []:
                 sentences.extend(read_bio(resolve_file(self.data_dir, extra, "NER extra train")))
         return sentences
 
@@ -117,7 +122,7 @@ class NerTask(Task):
         return [TaggedSentence(tuple(r["tokens"]), tuple(names[t] for t in r["ner_tags"])) for r in rows]
 
     def tokenizer(self):
-        return bert_tokenizer(self.data_dir, self.cfg["vocab_file"])
+        return bert_tokenizer(self.data_dir, self.options["vocab_file"])
 
     def encode(self, examples: Sequence[TaggedSentence]) -> list[dict]:
         tok = self.tokenizer()
@@ -125,7 +130,8 @@ class NerTask(Task):
         out = []
         for i, sentence in enumerate(examples):
             words = enc.word_ids(i)
-            out.append({"input_ids": enc["input_ids"][i], "labels": align_labels(words, sentence.tags), "word_ids": words})
+            labels = align_labels(words, sentence.tags)
+            out.append({"input_ids": enc["input_ids"][i], "labels": labels, "word_ids": words})
         return out
 
     def lengths(self, split: str) -> list[int]:
@@ -141,8 +147,8 @@ class NerTask(Task):
 
     def build_model(self, seed: int):
         torch.manual_seed(seed)
-        head = "token_crf" if self.cfg.get("crf", False) else "token"
-        return model_config.build_bert_model(self.model_cfg, len(self.tokenizer()), head, len(LABELS))
+        head = "token_crf" if self.options.get("crf", False) else "token"
+        return model_config.build_bert_model(self.model_spec, len(self.tokenizer()), head, len(LABELS))
 
     def predict_batch(self, model, hidden, batch, indices, beam_size):
         tags = model.head.predict(hidden, batch["attention_mask"], batch)

@@ -11,13 +11,16 @@ import importlib
 import pkgutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.tasks.base import Task
 
+if TYPE_CHECKING:  # spec.py imports this module (parse_task looks up the task's class)
+    from collapipe_flwr.tasks.spec import ModelSpec, TaskSpec
+
 _PACKAGE = "collapipe_flwr.tasks"
-_NOT_TASKS = {"base", "registry", "train_central"}
+_NOT_TASKS = {"base", "registry", "spec"}
 
 
 class _TaskRegistry(Mapping):
@@ -55,23 +58,16 @@ class _TaskRegistry(Mapping):
 TASKS: Mapping[str, type[Task]] = _TaskRegistry()
 
 
-def task_class(task_cfg: Mapping[str, Any]) -> type[Task]:
-    if not isinstance(task_cfg, Mapping) or not task_cfg.get("name"):
+def task_class(name: Any) -> type[Task]:
+    """The Task class of ``task.name``; a one-line ConfigError when none has that name."""
+    if not name:
         raise ConfigError("task.name is missing; pick task=<translation|ner|classification>")
-    name = task_cfg["name"]
     try:
         return TASKS[name]
     except KeyError:
         raise ConfigError(f"task.name={name!r} is not a known task; pick one of {', '.join(TASKS)}") from None
 
 
-def validate_task_config(task_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> None:
-    """Check the task and model config sections (one-line ConfigError naming the key)."""
-    task_class(task_cfg).validate(task_cfg, model_cfg)
-
-
-def build_task(
-    task_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any], data_dir: Path, seed: int, cache_dir: Path | None = None
-) -> Task:
+def build_task(task: TaskSpec, model: ModelSpec, data_dir: Path, seed: int, cache_dir: Path | None = None) -> Task:
     """The configured task over the files in ``data_dir`` (nothing is read until first used)."""
-    return task_class(task_cfg)(task_cfg, model_cfg, data_dir, seed, cache_dir)
+    return task_class(task.name)(task, model, data_dir, seed, cache_dir)

@@ -49,7 +49,9 @@ def read_parallel(src_path, tgt_path) -> tuple[SentencePair, ...]:
         s, t = " ".join(s.split()), " ".join(t.split())
         if not s or not t:
             empty = src_path if not s else tgt_path
-            raise DataFormatError(f"{empty}:{number}: empty line; each line must hold one sentence aligned with the other file")
+            raise DataFormatError(
+                f"{empty}:{number}: empty line; each line must hold one sentence aligned with the other file"
+            )
         pairs.append(SentencePair(s, t))
     return tuple(pairs)
 
@@ -59,34 +61,56 @@ class TranslationTask(Task):
     metric_name = "bleu"
     model_family = "transformer"
     task_keys = frozenset(
-        {"train_src", "train_tgt", "val_src", "val_tgt", "test_src", "test_tgt", "tokenizer", "bleu_tokenize", "decode_extra_len", "label_smoothing"}
+        {
+            "train_src",
+            "train_tgt",
+            "val_src",
+            "val_tgt",
+            "test_src",
+            "test_tgt",
+            "tokenizer",
+            "bleu_tokenize",
+            "decode_extra_len",
+            "label_smoothing",
+        }
     )
 
     @classmethod
-    def validate_task(cls, task_cfg: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> None:
+    def validate_options(cls, options: Mapping[str, Any]) -> None:
         for key in ("train_src", "train_tgt", "val_src", "val_tgt"):
-            if not task_cfg.get(key):
+            if not options.get(key):
                 raise ConfigError(f"task.{key} is empty; name the Multi30K file (relative to data_dir)")
-        smoothing = task_cfg.get("label_smoothing", 0.0)
+        smoothing = options.get("label_smoothing", 0.0)
         if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
-            raise ConfigError(f"task.label_smoothing={smoothing!r} must be a number in [0, 1) (0.1 is usual; 0 = plain cross-entropy)")
-        tok = task_cfg.get("tokenizer") or {}
+            raise ConfigError(
+                f"task.label_smoothing={smoothing!r} must be a number in [0, 1) (0.1 is usual; 0 = plain cross-entropy)"
+            )
+        tok = options.get("tokenizer") or {}
         if not isinstance(tok, Mapping):
             raise ConfigError("task.tokenizer must be a mapping {kind, src_vocab_size, tgt_vocab_size, min_frequency}")
         unknown = sorted(set(tok) - {"kind", "src_vocab_size", "tgt_vocab_size", "min_frequency", "lowercase"})
         if unknown:
-            raise ConfigError(f"unknown config key task.tokenizer.{unknown[0]}; valid keys are kind, lowercase, min_frequency, src_vocab_size, tgt_vocab_size")
+            raise ConfigError(
+                f"unknown config key task.tokenizer.{unknown[0]}; "
+                "valid keys are kind, lowercase, min_frequency, src_vocab_size, tgt_vocab_size"
+            )
         for side in ("src", "tgt"):
             bpe_tokenizer.settings_key(
-                tok.get("kind", "bpe"), tok.get(f"{side}_vocab_size", 8000), tok.get("min_frequency", 2), tok.get("lowercase", False)
+                tok.get("kind", "bpe"),
+                tok.get(f"{side}_vocab_size", 8000),
+                tok.get("min_frequency", 2),
+                tok.get("lowercase", False),
             )
 
     # ---- data ----------------------------------------------------------------------------------
     def _files(self, split: str):
-        src, tgt = self.cfg.get(f"{split}_src") or "", self.cfg.get(f"{split}_tgt") or ""
+        src, tgt = self.options.get(f"{split}_src") or "", self.options.get(f"{split}_tgt") or ""
         if split == "test" and not (src and tgt):
             raise DataFormatError("no test split configured; pass task.test_src=<file> task.test_tgt=<file> explicitly")
-        return resolve_file(self.data_dir, src, f"translation {split} source"), resolve_file(self.data_dir, tgt, f"translation {split} target")
+        return (
+            resolve_file(self.data_dir, src, f"translation {split} source"),
+            resolve_file(self.data_dir, tgt, f"translation {split} target"),
+        )
 
     def read_split(self, split: str) -> Sequence[SentencePair]:
         return read_parallel(*self._files(split))
@@ -97,7 +121,7 @@ class TranslationTask(Task):
 
         name = {"train": "train", "val": "validation", "test": "test"}[split]
         rows = datasets.load_dataset(hf.get("id", "bentrevett/multi30k"), split=hf.get(f"{split}_split", name))
-        lower = bool((self.cfg.get("tokenizer") or {}).get("lowercase", False))
+        lower = bool((self.options.get("tokenizer") or {}).get("lowercase", False))
         pairs = []
         for row in rows:
             s, t = " ".join(row[hf.get("src", "en")].split()), " ".join(row[hf.get("tgt", "de")].split())
@@ -108,23 +132,31 @@ class TranslationTask(Task):
     def tokenizers(self):
         """(source tokenizer, target tokenizer), trained on the training split and cached on disk."""
         if not hasattr(self, "_tokenizers"):
-            settings = self.cfg.get("tokenizer") or {}
+            settings = self.options.get("tokenizer") or {}
             pairs = self.train_examples()
-            hf = (self.cfg.get("hf_dataset") or {}).get("enabled")
+            hf = self.spec.hf_enabled
             out = []
             for side, key in (("src", "train_src"), ("tgt", "train_tgt")):
                 lines = [getattr(p, side) for p in pairs]
                 if hf:
                     tok = bpe_tokenizer.train_tokenizer(
-                        lines, settings.get("kind", "bpe"), settings.get(f"{side}_vocab_size", 8000),
-                        settings.get("min_frequency", 2), settings.get("lowercase", False),
+                        lines,
+                        settings.get("kind", "bpe"),
+                        settings.get(f"{side}_vocab_size", 8000),
+                        settings.get("min_frequency", 2),
+                        settings.get("lowercase", False),
                     )
                 else:
-                    source = resolve_file(self.data_dir, self.cfg[key], f"translation train {side}")
+                    source = resolve_file(self.data_dir, self.options[key], f"translation train {side}")
                     tok = bpe_tokenizer.cached_tokenizer(
-                        self.cache_dir, f"multi30k-{side}", source, lines,
-                        kind=settings.get("kind", "bpe"), vocab_size=settings.get(f"{side}_vocab_size", 8000),
-                        min_frequency=settings.get("min_frequency", 2), lowercase=settings.get("lowercase", False),
+                        self.cache_dir,
+                        f"multi30k-{side}",
+                        source,
+                        lines,
+                        kind=settings.get("kind", "bpe"),
+                        vocab_size=settings.get(f"{side}_vocab_size", 8000),
+                        min_frequency=settings.get("min_frequency", 2),
+                        lowercase=settings.get("lowercase", False),
                     )
                 out.append(tok)
             self._tokenizers = tuple(out)
@@ -135,10 +167,7 @@ class TranslationTask(Task):
         keep = self.max_len - 1  # room for EOS / BOS
         src = src_tok.encode_batch([p.src for p in examples], add_special_tokens=False)
         tgt = tgt_tok.encode_batch([p.tgt for p in examples], add_special_tokens=False)
-        return [
-            {"src": s.ids[:keep] + [bpe_tokenizer.EOS_ID], "tgt": t.ids[:keep]}
-            for s, t in zip(src, tgt)
-        ]
+        return [{"src": s.ids[:keep] + [bpe_tokenizer.EOS_ID], "tgt": t.ids[:keep]} for s, t in zip(src, tgt)]
 
     def lengths(self, split: str) -> list[int]:
         return [len(f["src"]) + len(f["tgt"]) for f in self.features(split)]
@@ -157,16 +186,20 @@ class TranslationTask(Task):
         src_tok, tgt_tok = self.tokenizers()
         torch.manual_seed(seed)
         return model_config.build_translation_model(
-            self.model_cfg, src_tok.get_vocab_size(), tgt_tok.get_vocab_size(), bpe_tokenizer.PAD_ID,
-            label_smoothing=float(self.cfg.get("label_smoothing", 0.0)),
+            self.model_spec,
+            src_tok.get_vocab_size(),
+            tgt_tok.get_vocab_size(),
+            bpe_tokenizer.PAD_ID,
+            label_smoothing=float(self.options.get("label_smoothing", 0.0)),
         )
 
     def predict_batch(self, model, hidden, batch, indices, beam_size):
-        extra = int(self.cfg.get("decode_extra_len", 10))
+        extra = int(self.options.get("decode_extra_len", 10))
         steps = min(self.max_len, int(batch["attention_mask"].sum(1).max()) + extra)
+        bos, eos = bpe_tokenizer.BOS_ID, bpe_tokenizer.EOS_ID
         if beam_size <= 1:
-            return model.head.greedy_decode(hidden, batch["attention_mask"], steps, bpe_tokenizer.BOS_ID, bpe_tokenizer.EOS_ID)
-        return model.head.beam_decode(hidden, batch["attention_mask"], steps, bpe_tokenizer.BOS_ID, bpe_tokenizer.EOS_ID, beam_size)
+            return model.head.greedy_decode(hidden, batch["attention_mask"], steps, bos, eos)
+        return model.head.beam_decode(hidden, batch["attention_mask"], steps, bos, eos, beam_size)
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return bpe_tokenizer.decode(self.tokenizers()[1], ids)
@@ -175,24 +208,7 @@ class TranslationTask(Task):
         examples = self.examples(split)
         hyps = [self.detokenize(ids) for ids in predictions]
         refs = [examples[i].tgt for i in indices]
-        return {"bleu": corpus_bleu(hyps, refs, tokenize=self.cfg.get("bleu_tokenize", "13a"))}
-
-    def translate(self, model, sentences: Sequence[str], beam_size: int = 1) -> list[str]:
-        """Translate raw source sentences (same preprocessing as the training files)."""
-        feats = self.encode([SentencePair(s, "x") for s in sentences])
-        batch = self.collate(feats)
-        parts = (model.embedding, model.blocks, model.head)
-        modes = [p.training for p in parts]
-        try:
-            for p in parts:
-                p.eval()
-            with torch.no_grad():
-                hidden = model.encode(batch["input_ids"], batch["attention_mask"])
-                ids = self.predict_batch(model, hidden, batch, list(range(len(sentences))), beam_size)
-        finally:
-            for p, mode in zip(parts, modes):
-                p.train(mode)
-        return [self.detokenize(x) for x in ids]
+        return {"bleu": corpus_bleu(hyps, refs, tokenize=self.options.get("bleu_tokenize", "13a"))}
 
 
 TASK = TranslationTask

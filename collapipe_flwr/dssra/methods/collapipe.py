@@ -13,8 +13,9 @@ from collapipe_flwr.system.workload import Workload
 
 
 @register_method("collapipe", "collapipe_no_ss")
-def collapipe_planner(method: MethodSpec, scheduler: SchedulerSpec, network: NetworkSpec, workload: Workload,
-                      seed: int) -> Policy:
+def collapipe_planner(
+    method: MethodSpec, scheduler: SchedulerSpec, network: NetworkSpec, workload: Workload, seed: int
+) -> Policy:
     """DSSRA's plan: S, m, delta by Sub-1, or, with ``method.segment_scheduling: false``, equal blocks over
     all K devices with m = ``method.fixed_m``; channels and power from the scheduling policy."""
     bits = method_uplink_bits(method, workload)

@@ -13,8 +13,9 @@ from collapipe_flwr.system.workload import Workload
 
 
 @register_method("pipeline")
-def pipeline_planner(method: MethodSpec, scheduler: SchedulerSpec, network: NetworkSpec, workload: Workload,
-                     seed: int) -> Policy:
+def pipeline_planner(
+    method: MethodSpec, scheduler: SchedulerSpec, network: NetworkSpec, workload: Workload, seed: int
+) -> Policy:
     """Equal blocks over all K devices, m = ``method.fixed_m`` (never Sub-1); the CU sends only z_enc of
     every step (``aggregate: false``)."""
     bits = method_uplink_bits(method, workload)

@@ -90,8 +90,9 @@ def titanic_segments(model: ClusterModel, V: float, drift_by_S, idle: bool) -> S
 
 
 @register_method("titanic")
-def titanic_planner(method: MethodSpec, scheduler: SchedulerSpec, network: NetworkSpec, workload: Workload,
-                    seed: int) -> Policy:
+def titanic_planner(
+    method: MethodSpec, scheduler: SchedulerSpec, network: NetworkSpec, workload: Workload, seed: int
+) -> Policy:
     """TITANIC's segments (titanic_segments) at m = 1; channels from the scheduling policy, each CU at the
     largest C6/C8'-feasible power (no power optimisation)."""
     bits = method_uplink_bits(method, workload)

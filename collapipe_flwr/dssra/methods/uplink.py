@@ -19,6 +19,7 @@ def method_uplink_bits(method: MethodSpec, workload: Workload) -> float:
         if not method.head_on_server:
             nbytes += workload.head_bytes
     if nbytes <= 0:
-        raise ConfigError(f"method {method.name} uploads nothing (head_on_server and aggregate both false); "
-                          "set one of them to true")
+        raise ConfigError(
+            f"method {method.name} uploads nothing (head_on_server and aggregate both false); set one of them to true"
+        )
     return 8.0 * nbytes

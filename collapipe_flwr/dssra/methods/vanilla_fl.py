@@ -37,8 +37,9 @@ def best_device_segments(model: ClusterModel, V: float, drift_by_S, idle: bool) 
 
 
 @register_method("vanilla_fl")
-def vanilla_fl_planner(method: MethodSpec, scheduler: SchedulerSpec, network: NetworkSpec, workload: Workload,
-                       seed: int) -> Policy:
+def vanilla_fl_planner(
+    method: MethodSpec, scheduler: SchedulerSpec, network: NetworkSpec, workload: Workload, seed: int
+) -> Policy:
     """delta = L on the best device (best_device_segments), no D2D; power from the scheduling policy."""
     bits = method_uplink_bits(method, workload)
     shape = PlanShape(method=method.name, segments=best_device_segments, uplink_bits=bits, d2d=False)

@@ -28,30 +28,49 @@ def check_step(req: StepRequest, hidden_size: int, fp16: bool) -> None:
     if req.wire_dtype != want:
         raise DataPlaneError(
             f"encoder outputs arrive as {req.wire_dtype} but the decoder host expects {want}; "
-            f"set dataplane.fp16={fp16} on the CU too (and send float32 activations)")
+            f"set dataplane.fp16={fp16} on the CU too (and send float32 activations)"
+        )
     keys = set(req.micro_batches[0])
     for i, (z, mb) in enumerate(zip(req.z_enc, req.micro_batches)):
         if z.dim() != 3 or z.shape[2] != hidden_size:
             raise DataPlaneError(
                 f"encoder output z/{i} has shape {list(z.shape)} but the decoder needs [B, T, {hidden_size}]; "
-                f"the CU's encoder hidden size must equal the server head's")
+                f"the CU's encoder hidden size must equal the server head's"
+            )
         if z.shape[0] == 0 or z.shape[1] == 0:
-            raise DataPlaneError(f"encoder output z/{i} has shape {list(z.shape)}; empty micro-batches cannot be trained, drop them on the CU")
+            raise DataPlaneError(
+                f"encoder output z/{i} has shape {list(z.shape)}; empty micro-batches cannot be trained, drop them on "
+                "the CU"
+            )
         if not all_finite(z):
             hint = " (float16 on the wire cannot be the cause: values are scaled)" if fp16 else ""
-            raise DataPlaneError(f"encoder output z/{i} holds NaN or Inf{hint}; the CU's encoder diverged: lower the learning rate or check the data")
+            raise DataPlaneError(
+                f"encoder output z/{i} holds NaN or Inf{hint}; the CU's encoder diverged: lower the learning rate or "
+                "check the data"
+            )
         if set(mb) != keys:
-            raise DataPlaneError(f"micro-batch {i} has fields {sorted(mb)} but micro-batch 0 has {sorted(keys)}; send the same fields for every micro-batch")
+            raise DataPlaneError(
+                f"micro-batch {i} has fields {sorted(mb)} but micro-batch 0 has {sorted(keys)}; send the same fields "
+                "for every micro-batch"
+            )
         mask = mb.get("attention_mask")
         if mask is None:
-            raise DataPlaneError(f"micro-batch {i} has no attention_mask; every micro-batch must send its attention_mask [B, T]")
+            raise DataPlaneError(
+                f"micro-batch {i} has no attention_mask; every micro-batch must send its attention_mask [B, T]"
+            )
         if list(mask.shape) != list(z.shape[:2]):
             raise DataPlaneError(
-                f"micro-batch {i}: attention_mask has shape {list(mask.shape)} but its encoder output has [B, T] = {list(z.shape[:2])}; they must agree")
+                f"micro-batch {i}: attention_mask has shape {list(mask.shape)} but its encoder output has [B, T] = "
+                f"{list(z.shape[:2])}; they must agree"
+            )
         for key, value in mb.items():
             if value.dim() == 0 or value.shape[0] != z.shape[0]:
                 raise DataPlaneError(
-                    f"micro-batch {i}: field {key!r} has shape {list(value.shape)} but the encoder output has B={z.shape[0]} rows; every field needs the batch on dim 0")
+                    f"micro-batch {i}: field {key!r} has shape {list(value.shape)} but the encoder output has "
+                    f"B={z.shape[0]} rows; every field needs the batch on dim 0"
+                )
             if value.dtype not in _LABEL_DTYPES:
                 raise DataPlaneError(
-                    f"micro-batch {i}: field {key!r} has dtype {str(value.dtype).removeprefix('torch.')}; masks, labels and token ids must be integer tensors")
+                    f"micro-batch {i}: field {key!r} has dtype {str(value.dtype).removeprefix('torch.')}; masks, "
+                    "labels and token ids must be integer tensors"
+                )

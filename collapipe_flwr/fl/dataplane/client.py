@@ -55,10 +55,20 @@ class _Stream:
 class DecoderClient:
     """Remote head for cluster ``cluster`` in round ``round`` at ``address`` (host:port)."""
 
-    def __init__(self, address: str, secret: str, round: int, cluster: int, fp16: bool = False,  # noqa: A002
-                 timeout_s: float = 120, max_message_mb: int = 256) -> None:
+    def __init__(
+        self,
+        address: str,
+        secret: str,
+        round: int,
+        cluster: int,
+        fp16: bool = False,  # noqa: A002
+        timeout_s: float = 120,
+        max_message_mb: int = 256,
+    ) -> None:
         if not address:
-            raise DataPlaneError("no data-plane address given; the train message must carry the server's dataplane address")
+            raise DataPlaneError(
+                "no data-plane address given; the train message must carry the server's dataplane address"
+            )
         if not timeout_s > 0:
             raise DataPlaneError(f"timeout_s={timeout_s} must be > 0; set dataplane.timeout_s")
         self.address = address
@@ -78,9 +88,13 @@ class DecoderClient:
         self.bytes_in = 0
         self.steps = 0
 
-    def __call__(self, z_enc: list[torch.Tensor], micro_batches: list[dict[str, torch.Tensor]]) -> tuple[float, list[torch.Tensor]]:
+    def __call__(
+        self, z_enc: list[torch.Tensor], micro_batches: list[dict[str, torch.Tensor]]
+    ) -> tuple[float, list[torch.Tensor]]:
         if len(z_enc) != len(micro_batches):
-            raise DataPlaneError(f"{len(z_enc)} encoder outputs for {len(micro_batches)} micro-batches; send one z_enc per micro-batch")
+            raise DataPlaneError(
+                f"{len(z_enc)} encoder outputs for {len(micro_batches)} micro-batches; send one z_enc per micro-batch"
+            )
         with self._lock:
             if self._closed:
                 raise DataPlaneError("this DecoderClient is closed; open a new one for the next round")
@@ -89,8 +103,10 @@ class DecoderClient:
             frame = encode_step_request(self._secret, self.round, self.cluster, seq, z_enc, micro_batches, self.fp16)
             if len(frame) > self.max_message_bytes:
                 raise DataPlaneError(
-                    f"step request of {len(frame) / MB:.1f} MiB exceeds dataplane.max_message_mb={self.max_message_bytes // MB}; "
-                    f"raise it on server and CUs, use more micro-batches, or set dataplane.fp16")
+                    f"step request of {len(frame) / MB:.1f} MiB exceeds "
+                    f"dataplane.max_message_mb={self.max_message_bytes // MB}; "
+                    f"raise it on server and CUs, use more micro-batches, or set dataplane.fp16"
+                )
             if self._stream is None:
                 self._stream = _Stream(self._call)
             stream = self._stream
@@ -101,7 +117,8 @@ class DecoderClient:
                 self._drop_stream()
                 raise DataPlaneError(
                     f"no reply from the decoder host at {self.address} within timeout_s={self.timeout_s:g}; "
-                    f"check the server or raise dataplane.timeout_s") from None
+                    f"check the server or raise dataplane.timeout_s"
+                ) from None
             if isinstance(item, BaseException):
                 self._drop_stream()
                 raise _as_dataplane_error(item, self.address) from None
@@ -132,7 +149,7 @@ class DecoderClient:
                 self._stream = None
             self._channel.close()
 
-    def __enter__(self) -> "DecoderClient":
+    def __enter__(self) -> DecoderClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -156,12 +173,23 @@ def _as_dataplane_error(err: BaseException, address: str) -> DataPlaneError:
         code = err.code()
         details = " ".join(str(err.details() or "").split())
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "concurrent" in details.lower():
-            return DataPlaneError(f"the decoder host at {address} already serves its maximum number of CU streams ({details}); raise its max_streams")
+            return DataPlaneError(
+                f"the decoder host at {address} already serves its maximum number of CU streams ({details}); raise "
+                "its max_streams"
+            )
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            return DataPlaneError(f"the decoder host at {address} refused an oversized step ({details}); raise dataplane.max_message_mb on the server or use more micro-batches / fp16")
+            return DataPlaneError(
+                f"the decoder host at {address} refused an oversized step ({details}); raise dataplane.max_message_mb "
+                "on the server or use more micro-batches / fp16"
+            )
         if code == grpc.StatusCode.UNAVAILABLE:
-            return DataPlaneError(f"cannot reach the decoder host at {address} ({details}); check dataplane.host / port and that the server is running")
+            return DataPlaneError(
+                f"cannot reach the decoder host at {address} ({details}); check dataplane.host / port and that the "
+                "server is running"
+            )
         if code == grpc.StatusCode.CANCELLED:
-            return DataPlaneError(f"the decoder host at {address} cancelled the stream ({details}); the round was probably closed")
+            return DataPlaneError(
+                f"the decoder host at {address} cancelled the stream ({details}); the round was probably closed"
+            )
         return DataPlaneError(f"data-plane call to {address} failed with {code.name}: {details}")
     return DataPlaneError(f"data-plane call to {address} failed: {err.__class__.__name__}: {err}")

@@ -76,7 +76,9 @@ class JointSteps:
                 return None
             gather = self._gathers.setdefault(key, _Gather())
             if cluster in gather.requests or gather.running or gather.results is not None:
-                raise DataPlaneError(f"step {request.seq} of cluster {cluster} arrived twice or too late for its joint step")
+                raise DataPlaneError(
+                    f"step {request.seq} of cluster {cluster} arrived twice or too late for its joint step"
+                )
             gather.requests[cluster] = request
             deadline = time.monotonic() + self._timeout_s
             leader = False

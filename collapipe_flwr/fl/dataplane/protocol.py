@@ -53,8 +53,15 @@ def _int_field(meta: dict, key: str) -> int:
     return value
 
 
-def encode_step_request(secret: str, round_: int, cluster: int, seq: int, z_enc: Sequence[torch.Tensor],
-                        micro_batches: Sequence[dict[str, torch.Tensor]], fp16: bool) -> bytes:
+def encode_step_request(
+    secret: str,
+    round_: int,
+    cluster: int,
+    seq: int,
+    z_enc: Sequence[torch.Tensor],
+    micro_batches: Sequence[dict[str, torch.Tensor]],
+    fp16: bool,
+) -> bytes:
     """Frame for one step: z_enc as float16 with a power-of-two scale when ``fp16`` (else as given)."""
     tensors = []
     for i, z in enumerate(z_enc):
@@ -68,10 +75,18 @@ def encode_step_request(secret: str, round_: int, cluster: int, seq: int, z_enc:
             if key in LOCAL_ONLY_KEYS:
                 continue
             if "/" in key:
-                raise DataPlaneError(f"micro-batch key {key!r} contains '/', which the data plane reserves; rename the batch field")
+                raise DataPlaneError(
+                    f"micro-batch key {key!r} contains '/', which the data plane reserves; rename the batch field"
+                )
             tensors.append((f"mb/{i}/{key}", value, 1.0))
-    meta = {"kind": "step", "secret": secret, "round": int(round_), "cluster": int(cluster), "seq": int(seq),
-            "m": len(z_enc)}
+    meta = {
+        "kind": "step",
+        "secret": secret,
+        "round": int(round_),
+        "cluster": int(cluster),
+        "seq": int(seq),
+        "m": len(z_enc),
+    }
     return encode_frame(meta, tensors)
 
 
@@ -79,7 +94,9 @@ def peek_step_header(data: bytes) -> tuple[str, int, int, int, int]:
     """(secret, round, cluster, seq, m) from a step request header, without decoding any tensor bytes."""
     meta = decode_header(data)
     if meta.get("kind") != "step":
-        raise DataPlaneError(f"frame kind {meta.get('kind')!r} is not a step request; the sender is not a data-plane client")
+        raise DataPlaneError(
+            f"frame kind {meta.get('kind')!r} is not a step request; the sender is not a data-plane client"
+        )
     secret = meta.get("secret")
     if not isinstance(secret, str):
         raise DataPlaneError("step request carries no secret; pass the run's data-plane secret to the client")
@@ -106,13 +123,17 @@ def decode_step_request(data: bytes) -> StepRequest:
             if parts[2] in mbs[index]:
                 raise DataPlaneError(f"step request holds {wt.name!r} twice; send each micro-batch field once")
             if wt.scale != 1.0:
-                raise DataPlaneError(f"micro-batch field {wt.name!r} carries a wire scale; only activations may be scaled")
+                raise DataPlaneError(
+                    f"micro-batch field {wt.name!r} carries a wire scale; only activations may be scaled"
+                )
             mbs[index][parts[2]] = wt.tensor
         else:
             raise DataPlaneError(f"step request holds a tensor named {wt.name!r}; expected z/<i> or mb/<i>/<key>")
     missing = [i for i, w in enumerate(z) if w is None]
     if missing:
-        raise DataPlaneError(f"step request has m={m} but no encoder output for micro-batch(es) {missing}; send z/0..z/{m - 1}")
+        raise DataPlaneError(
+            f"step request has m={m} but no encoder output for micro-batch(es) {missing}; send z/0..z/{m - 1}"
+        )
     dtypes = {str(w.tensor.dtype).removeprefix("torch.") for w in z}
     if len(dtypes) != 1:
         raise DataPlaneError(f"encoder outputs arrive with mixed dtypes {sorted(dtypes)}; send them all in one dtype")
@@ -144,12 +165,17 @@ def decode_reply(data: bytes, expected_seq: int, m: int) -> StepReply:
     if kind != "reply":
         raise DataPlaneError(f"decoder host answered a frame of kind {kind!r}; server and CU run different versions")
     if meta.get("seq") != expected_seq:
-        raise DataPlaneError(f"decoder host answered step {meta.get('seq')!r} while step {expected_seq} was waiting; the stream is out of order")
+        raise DataPlaneError(
+            f"decoder host answered step {meta.get('seq')!r} while step {expected_seq} was waiting; the stream is out "
+            "of order"
+        )
     loss = meta.get("loss")
     if not isinstance(loss, (int, float)) or isinstance(loss, bool):
         raise DataPlaneError(f"decoder host sent loss {loss!r}; expected a number")
     if [t.name for t in tensors] != [f"grad/{i}" for i in range(m)]:
-        raise DataPlaneError(f"decoder host sent {len(tensors)} gradients for {m} micro-batches; server and CU disagree on the step")
+        raise DataPlaneError(
+            f"decoder host sent {len(tensors)} gradients for {m} micro-batches; server and CU disagree on the step"
+        )
     return StepReply(int(expected_seq), float(loss), [t.value(torch.float32) for t in tensors])
 
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hmac
-from collections.abc import Callable
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
@@ -40,7 +40,13 @@ from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.checks import check_step
 from collapipe_flwr.fl.dataplane.joint import JointSteps
 from collapipe_flwr.fl.dataplane.protocol import (
-    METHOD, SERVICE, decode_step_request, encode_error, encode_step_reply, peek_step_header)
+    METHOD,
+    SERVICE,
+    decode_step_request,
+    encode_error,
+    encode_step_reply,
+    peek_step_header,
+)
 from collapipe_flwr.fl.dataplane.stats import ClusterCounters
 from collapipe_flwr.fl.dataplane.transport import channel_options, format_address
 from collapipe_flwr.pipeline.head import head_step
@@ -61,11 +67,25 @@ class DecoderHost:
     :meth:`close_round` cancels the round's streams, and :meth:`stop` cancels all.
     """
 
-    def __init__(self, head: nn.Module, optimizer: torch.optim.Optimizer | None, secret: str, bind: str = "0.0.0.0",
-                 port: int = 0, fp16: bool = False, max_message_mb: int = 256, *, hidden_size: int,
-                 advertise_host: str | None = None, max_streams: int = 32, lock_timeout_s: float = 120.0,
-                 keep_order: int = 100_000, lr_schedule: Callable[[int, int], float] | None = None,
-                 precision: str = "fp32", joint: bool = False) -> None:
+    def __init__(
+        self,
+        head: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        secret: str,
+        bind: str = "0.0.0.0",
+        port: int = 0,
+        fp16: bool = False,
+        max_message_mb: int = 256,
+        *,
+        hidden_size: int,
+        advertise_host: str | None = None,
+        max_streams: int = 32,
+        lock_timeout_s: float = 120.0,
+        keep_order: int = 100_000,
+        lr_schedule: Callable[[int, int], float] | None = None,
+        precision: str = "fp32",
+        joint: bool = False,
+    ) -> None:
         if not secret:
             raise DataPlaneError("the data-plane secret is empty; give DecoderHost a per-run random secret")
         if not 0 <= int(port) < 65536:
@@ -86,8 +106,8 @@ class DecoderHost:
         self._advertise = advertise_host or ("127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind)
         self._max_streams = int(max_streams)
         self._lock_timeout_s = float(lock_timeout_s)
-        self._lock = threading.Lock()          # guards the head, the optimizer and the round state
-        self._state_lock = threading.Lock()    # guards counters and the stream registry
+        self._lock = threading.Lock()  # guards the head, the optimizer and the round state
+        self._state_lock = threading.Lock()  # guards counters and the stream registry
         self._round: int | None = None
         self._clusters: frozenset[int] = frozenset()
         self._closed_rounds: set[int] = set()
@@ -111,14 +131,18 @@ class DecoderHost:
             maximum_concurrent_rpcs=self._max_streams,
         )
         handler = grpc.method_handlers_generic_handler(
-            SERVICE, {METHOD: grpc.stream_stream_rpc_method_handler(self._serve_stream)})
+            SERVICE, {METHOD: grpc.stream_stream_rpc_method_handler(self._serve_stream)}
+        )
         server.add_generic_rpc_handlers((handler,))
         try:
             port = server.add_insecure_port(format_address(self._bind, self._port))
         except RuntimeError:
             port = 0
         if not port:
-            raise DataPlaneError(f"cannot bind the data plane to {format_address(self._bind, self._port)}; choose a free dataplane.port or another dataplane.bind")
+            raise DataPlaneError(
+                f"cannot bind the data plane to {format_address(self._bind, self._port)}; choose a free "
+                "dataplane.port or another dataplane.bind"
+            )
         server.start()
         self._server, self._bound_port = server, port
         log.info("decoder data plane listening on %s", self.address)
@@ -144,7 +168,7 @@ class DecoderHost:
             self._server.stop(grace_s).wait(grace_s + 5.0)
             self._server = None
 
-    def __enter__(self) -> "DecoderHost":
+    def __enter__(self) -> DecoderHost:
         self.start()
         return self
 
@@ -185,8 +209,10 @@ class DecoderHost:
     def stats(self) -> dict:
         """{"clusters": {n: counters}, "unattributed": counters for frames without a valid header}."""
         with self._state_lock:
-            return {"clusters": {n: c.to_dict() for n, c in sorted(self._counters.items())},
-                    "unattributed": self._unattributed.to_dict()}
+            return {
+                "clusters": {n: c.to_dict() for n, c in sorted(self._counters.items())},
+                "unattributed": self._unattributed.to_dict(),
+            }
 
     @property
     def served_order(self) -> list[tuple[int, int, int]]:
@@ -219,7 +245,9 @@ class DecoderHost:
             secret, round_, cluster, seq, _m = peek_step_header(frame)
             if not hmac.compare_digest(secret.encode("utf-8"), self._secret):
                 cluster = round_ = None
-                raise DataPlaneError("wrong data-plane secret; the CU must use the secret from this run's train message")
+                raise DataPlaneError(
+                    "wrong data-plane secret; the CU must use the secret from this run's train message"
+                )
             self._check_round(round_, cluster)
             req = decode_step_request(frame)
             check_step(req, self.hidden_size, self.fp16)
@@ -228,11 +256,20 @@ class DecoderHost:
             if joint is not None:
                 loss, grads = joint
                 reply = encode_step_reply(seq, loss, grads, self.fp16)
-                self._count(cluster, frame, reply, served=True, wait=time.perf_counter() - t_wait,
-                            total=time.perf_counter() - t0)
+                self._count(
+                    cluster,
+                    frame,
+                    reply,
+                    served=True,
+                    wait=time.perf_counter() - t_wait,
+                    total=time.perf_counter() - t0,
+                )
                 return reply, round_
             if not self._lock.acquire(timeout=self._lock_timeout_s):
-                raise DataPlaneError(f"the decoder stayed busy for {self._lock_timeout_s:g} s (other CUs' steps); retry, or give the server more time")
+                raise DataPlaneError(
+                    f"the decoder stayed busy for {self._lock_timeout_s:g} s (other CUs' steps); retry, or give the "
+                    "server more time"
+                )
             try:
                 t_locked = time.perf_counter()
                 self._check_round(round_, cluster)
@@ -243,8 +280,15 @@ class DecoderHost:
             finally:
                 self._lock.release()
             reply = encode_step_reply(seq, loss, grads, self.fp16)
-            self._count(cluster, frame, reply, served=True, head=t_done - t_locked, wait=t_locked - t_wait,
-                        total=time.perf_counter() - t0)
+            self._count(
+                cluster,
+                frame,
+                reply,
+                served=True,
+                head=t_done - t_locked,
+                wait=t_locked - t_wait,
+                total=time.perf_counter() - t0,
+            )
             return reply, round_
         except DataPlaneError as err:
             reply = encode_error(seq, str(err))
@@ -261,15 +305,22 @@ class DecoderHost:
         if self._round != round_:
             state = "is closed" if round_ in self._closed_rounds else "is not open"
             now = f"round {self._round} is open" if self._round is not None else "no round is open"
-            raise DataPlaneError(f"round {round_} {state} on the decoder host ({now}); the CU must use the current round's train message")
+            raise DataPlaneError(
+                f"round {round_} {state} on the decoder host ({now}); the CU must use the current round's train message"
+            )
         if cluster not in self._clusters:
-            raise DataPlaneError(f"cluster {cluster} is not selected in round {round_} (selected: {sorted(self._clusters)}); only the round's chosen CUs may send steps")
+            raise DataPlaneError(
+                f"cluster {cluster} is not selected in round {round_} (selected: {sorted(self._clusters)}); only the "
+                "round's chosen CUs may send steps"
+            )
 
     def _run_joint(self, reqs) -> dict[int, tuple[float, list[torch.Tensor]]]:
         """One head step on all clusters' micro-batches of one step (under the lock); per cluster its own
         mean loss and dL/dz_enc rescaled from the joint mean (x C / C_n)."""
         if not self._lock.acquire(timeout=self._lock_timeout_s):
-            raise DataPlaneError(f"the decoder stayed busy for {self._lock_timeout_s:g} s; retry, or give the server more time")
+            raise DataPlaneError(
+                f"the decoder stayed busy for {self._lock_timeout_s:g} s; retry, or give the server more time"
+            )
         try:
             for req in reqs:
                 self._check_round(req.round, req.cluster)
@@ -282,10 +333,13 @@ class DecoderHost:
             out, i = {}, 0
             for req in reqs:
                 m = len(req.z_enc)
-                own = terms[i:i + m]
+                own = terms[i : i + m]
                 count = sum(c for _, c in own)
                 scale = total / count if count else 0.0
-                out[int(req.cluster)] = (sum(l for l, _ in own) / max(count, 1e-12), [g * scale for g in grads[i:i + m]])
+                out[int(req.cluster)] = (
+                    sum(l for l, _ in own) / max(count, 1e-12),
+                    [g * scale for g in grads[i : i + m]],
+                )
                 i += m
                 with self._state_lock:
                     self._order.append((req.round, req.cluster, req.seq))

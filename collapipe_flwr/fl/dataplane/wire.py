@@ -14,8 +14,8 @@ fp16 on the wire: :func:`to_wire_fp16` casts a float tensor to float16 after mul
 of two ``scale`` chosen so that the largest magnitude lands near 2**14. That keeps large activations
 from overflowing to inf and small gradients (the loss is divided by the whole batch's target count, so
 dL/dz_enc is often ~1e-6) from flushing to zero. The scale is exact (a power of two), so decoding
-divides it out without extra rounding; the only error is float16's rounding: at most 2**-11 of a value's magnitude, and at
-most 2**-25 / scale (< 2**-38 * max|t|) for values in float16's subnormal range.
+divides it out without extra rounding; the only error is float16's rounding: at most 2**-11 of a value's
+magnitude, and at most 2**-25 / scale (< 2**-38 * max|t|) for values in float16's subnormal range.
 """
 
 from __future__ import annotations
@@ -112,7 +112,10 @@ def encode_frame(meta: dict, tensors: Sequence[tuple[str, torch.Tensor, float]])
     for name, tensor, scale in tensors:
         dtype_name = DTYPE_NAMES.get(tensor.dtype)
         if dtype_name is None:
-            raise DataPlaneError(f"tensor {name!r} has dtype {tensor.dtype} which the data plane does not carry; cast it to one of {', '.join(DTYPES)}")
+            raise DataPlaneError(
+                f"tensor {name!r} has dtype {tensor.dtype} which the data plane does not carry; cast it to one of "
+                f"{', '.join(DTYPES)}"
+            )
         flat = tensor.detach().cpu().contiguous().reshape(-1)
         raw = flat.view(torch.uint8).numpy() if flat.numel() else b""
         nbytes = flat.numel() * flat.element_size()
@@ -144,7 +147,10 @@ def decode_frame(data: bytes | bytearray | memoryview) -> tuple[dict, list[WireT
         offset += _padded(count * _ITEMSIZE[dtype])
     payload_len = len(view) - start
     if payload_len != offset:
-        raise DataPlaneError(f"frame payload has {payload_len} bytes but its header describes {offset}; the sender's frame is corrupt or truncated")
+        raise DataPlaneError(
+            f"frame payload has {payload_len} bytes but its header describes {offset}; the sender's frame is corrupt "
+            "or truncated"
+        )
     buffer = bytearray(view[start:])
     out = []
     for name, dtype, shape, scale, off, count in layout:
@@ -163,18 +169,30 @@ def decode_header(data: bytes | bytearray | memoryview) -> dict:
     """
     view = memoryview(data)
     if len(view) < _PREFIX.size:
-        raise DataPlaneError(f"frame of {len(view)} bytes is shorter than the {_PREFIX.size}-byte prefix; the sender is not a data-plane client")
+        raise DataPlaneError(
+            f"frame of {len(view)} bytes is shorter than the {_PREFIX.size}-byte prefix; the sender is not a "
+            "data-plane client"
+        )
     magic, version, header_len = _PREFIX.unpack_from(view, 0)
     if magic != MAGIC:
-        raise DataPlaneError("frame does not start with the data-plane magic bytes; the sender is not a data-plane client")
+        raise DataPlaneError(
+            "frame does not start with the data-plane magic bytes; the sender is not a data-plane client"
+        )
     if version != VERSION:
-        raise DataPlaneError(f"frame has wire version {version} but this side speaks {VERSION}; run the same collapipe-flwr version on server and CUs")
+        raise DataPlaneError(
+            f"frame has wire version {version} but this side speaks {VERSION}; run the same collapipe-flwr version on "
+            "server and CUs"
+        )
     if header_len > MAX_HEADER_BYTES or _PREFIX.size + header_len > len(view):
-        raise DataPlaneError(f"frame header length {header_len} does not fit the {len(view)}-byte frame; the frame is corrupt")
+        raise DataPlaneError(
+            f"frame header length {header_len} does not fit the {len(view)}-byte frame; the frame is corrupt"
+        )
     try:
-        meta = json.loads(bytes(view[_PREFIX.size:_PREFIX.size + header_len]).decode("utf-8"))
+        meta = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + header_len]).decode("utf-8"))
     except (ValueError, RecursionError) as err:  # bad UTF-8 / JSON, absurd ints, absurd nesting
-        raise DataPlaneError(f"frame header is not valid JSON ({err.__class__.__name__}); the frame is corrupt") from None
+        raise DataPlaneError(
+            f"frame header is not valid JSON ({err.__class__.__name__}); the frame is corrupt"
+        ) from None
     if not isinstance(meta, dict) or not isinstance(meta.get("tensors", None), list):
         raise DataPlaneError("frame header must be a JSON object with a 'tensors' list; the frame is corrupt")
     meta["_header_len"] = header_len
@@ -188,10 +206,17 @@ def _tensor_spec(spec) -> tuple[str, torch.dtype, list[int], float]:
     if not isinstance(name, str) or not name:
         raise DataPlaneError("a tensor entry in the frame header has no name; the frame is corrupt")
     if dtype_name not in DTYPES:
-        raise DataPlaneError(f"tensor {name!r} has dtype {dtype_name!r}; the data plane accepts only {', '.join(DTYPES)}")
-    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
-            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in shape)):
-        raise DataPlaneError(f"tensor {name!r} has shape {shape!r}; a shape is a list of at most {MAX_DIMS} non-negative ints")
+        raise DataPlaneError(
+            f"tensor {name!r} has dtype {dtype_name!r}; the data plane accepts only {', '.join(DTYPES)}"
+        )
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_DIMS
+        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in shape)
+    ):
+        raise DataPlaneError(
+            f"tensor {name!r} has shape {shape!r}; a shape is a list of at most {MAX_DIMS} non-negative ints"
+        )
     if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale) or scale <= 0:
         raise DataPlaneError(f"tensor {name!r} has wire scale {scale!r}; it must be a finite positive number")
     if math.prod(shape) > 2**40:

@@ -1,12 +1,12 @@
 """Central reference training: one task, the plain (unsplit, unfederated) model, a wall-clock budget.
 
-    python -m collapipe_flwr.tasks.train_central task=<translation|ner|classification> [hydra overrides]
+    python -m collapipe_flwr.train_central task=<translation|ner|classification> [hydra overrides]
         [--minutes 15] [--max-steps N] [--train-examples N] [--threads 1] [--precision auto|fp32|bf16] [--test]
         [--save DIR] [--json FILE]
 
 The step is the paper's local update with the whole model in one process: embedding -> L TEBs ->
 head.loss_terms -> loss = sum / count, one optimizer (model.optimizer) with the warm-up + decay of
-model.schedule. Training stops when the budget minus the (measured) evaluation time is used up; then the
+model.lr_schedule. Training stops when the budget minus the (measured) evaluation time is used up; then the
 validation split is evaluated and the task metric is printed as the LAST line of stdout
 (``bleu: 23.10``, ``f1: 0.6100``, ``accuracy: 0.7200``). Progress goes to stderr. ``--test`` also
 evaluates the test files named in the task config (never used while tuning). ``--precision bf16`` runs
@@ -30,31 +30,44 @@ from pathlib import Path
 
 import torch
 
-from collapipe_flwr.config import compose, resolve_data_dir
-from collapipe_flwr.errors import CollaPipeError, ConfigError, exit_on_user_error
+from collapipe_flwr import wiring
+from collapipe_flwr.config import EvalSpec, load_run_config
+from collapipe_flwr.errors import ConfigError, exit_on_user_error
 from collapipe_flwr.model_store import save_model
+from collapipe_flwr.models.split import SplitModel
+from collapipe_flwr.pipeline.optim import scale_lr
 from collapipe_flwr.precision import PRECISIONS, autocast, resolve_precision
-from collapipe_flwr.tasks.lr_schedule import lr_factor
-from collapipe_flwr.tasks.registry import build_task
-
-ROOT = Path(__file__).resolve().parent.parent.parent
-_SECTIONS = ("task", "model", "eval")
+from collapipe_flwr.tasks.base import Task
+from collapipe_flwr.tasks.metrics import format_metric
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m collapipe_flwr.tasks.train_central", description=__doc__.split("\n\n")[0])
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. task=ner model=bert_small task.batch_size=32")
-    parser.add_argument("--minutes", type=float, default=15.0, help="wall-clock budget for training + final evaluation")
-    parser.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0 = budget only)")
-    parser.add_argument("--train-examples", type=int, default=0, help="train on the first N training examples (0 = all)")
-    parser.add_argument(
-        "--threads", type=int, default=1,
-        help="torch threads (default 1: on a shared 2-core machine 2 threads ran NER ~9x slower per step; 0 = torch's default)",
+    parser = argparse.ArgumentParser(
+        prog="python -m collapipe_flwr.train_central", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "--precision", choices=PRECISIONS, default=None,
+        "overrides", nargs="*", help="Hydra overrides, e.g. task=ner model=bert_small task.batch_size=32"
+    )
+    parser.add_argument("--minutes", type=float, default=15.0, help="wall-clock budget for training + final evaluation")
+    parser.add_argument(
+        "--max-steps", type=int, default=0, help="stop after this many optimizer steps (0 = budget only)"
+    )
+    parser.add_argument(
+        "--train-examples", type=int, default=0, help="train on the first N training examples (0 = all)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a shared 2-core machine 2 threads ran NER ~9x slower per step; 0 = torch's "
+        "default)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=None,
         help="bf16: autocast the forward passes to bfloat16 (mixed precision); auto: bf16 only where native "
-             "(default: the config's runtime.precision, else auto)",
+        "(default: the config's runtime.precision, else auto)",
     )
     parser.add_argument("--test", action="store_true", help="also evaluate the test split named in the task config")
     parser.add_argument("--save", default="", help="write the trained model to DIR/model/ (safetensors + model.json)")
@@ -63,42 +76,38 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
-def compose_central(overrides: Sequence[str]) -> dict:
-    """The composed config (seed, data_dir, task, model, eval); without ``model=`` the task's
-    ``default_model`` (the rule lives in :func:`collapipe_flwr.config.compose`)."""
-    return compose(list(overrides))
-
-
-def data_dir_of(cfg: dict) -> Path:
-    """data_dir / $COLLAPIPE_DATA_DIR, else the checkout's ../shared/data when it exists."""
-    try:
-        return resolve_data_dir(cfg.get("data_dir"))
-    except ConfigError:
-        fallback = ROOT.parent / "shared" / "data"
-        if fallback.is_dir():
-            print(f"data_dir not set; using {fallback}", file=sys.stderr)
-            return fallback
-        raise
-
-
 def _progress(quiet: bool):
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
-        console=Console(stderr=True), disable=quiet, transient=False,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=Console(stderr=True),
+        disable=quiet,
+        transient=False,
     )
 
 
-def train(task, model, minutes: float, max_steps: int, indices: list[int], seed: int, eval_cfg: dict, quiet: bool,
-          precision: str = "fp32") -> dict:
+def train(
+    task: Task,
+    model: SplitModel,
+    minutes: float,
+    max_steps: int,
+    indices: list[int],
+    seed: int,
+    eval_cfg: EvalSpec,
+    quiet: bool,
+    precision: str = "fp32",
+) -> dict:
     """Train until the budget (minus the evaluation it must leave room for) or ``max_steps`` is used."""
     params = [p for part in (model.embedding, model.blocks, model.head) for p in part.parameters()]
-    optimizer = task.optimizer_spec().build(params)
+    optimizer = task.model_spec.optimizer.build(params)
     base_lrs = [g["lr"] for g in optimizer.param_groups]
-    schedule = task.schedule()
+    schedule = task.model_spec.lr_schedule
     budget = minutes * 60.0
     start = time.monotonic()
     reserve = _eval_reserve_guess(task, eval_cfg)
@@ -117,10 +126,9 @@ def train(task, model, minutes: float, max_steps: int, indices: list[int], seed:
                 if (max_steps and step >= max_steps) or elapsed >= train_budget:
                     done = True
                     break
-                total = schedule.get("total_steps") or max(step + 1, int(round((step + 1) * train_budget / max(elapsed, 1e-3))))
-                factor = lr_factor(step, schedule.get("warmup_steps", 0), schedule.get("decay", "none"), total, schedule.get("min_factor", 0.0))
-                for group, lr in zip(optimizer.param_groups, base_lrs):
-                    group["lr"] = lr * factor
+                expected_steps = max(step + 1, round((step + 1) * train_budget / max(elapsed, 1e-3)))
+                factor = schedule.factor(step, expected_steps)
+                scale_lr(optimizer, base_lrs, factor)
                 optimizer.zero_grad(set_to_none=True)
                 with autocast(precision):
                     loss_sum, count = model.loss_terms(batch)
@@ -130,8 +138,11 @@ def train(task, model, minutes: float, max_steps: int, indices: list[int], seed:
                 losses.append(float(loss.detach()))
                 step += 1
                 if step % 20 == 0:
-                    history.append({"step": step, "epoch": epoch, "seconds": round(elapsed, 1), "loss": sum(losses[-20:]) / 20})
-                status = f"epoch {epoch} step {step} loss {sum(losses[-20:]) / len(losses[-20:]):.3f} lr {base_lrs[0] * factor:.2e}"
+                    history.append(
+                        {"step": step, "epoch": epoch, "seconds": round(elapsed, 1), "loss": sum(losses[-20:]) / 20}
+                    )
+                recent = sum(losses[-20:]) / len(losses[-20:])
+                status = f"epoch {epoch} step {step} loss {recent:.3f} lr {base_lrs[0] * factor:.2e}"
                 progress.update(bar, completed=min(budget, elapsed), status=status)
                 if not quiet and not progress.console.is_terminal and elapsed - last_note >= 30:
                     last_note = elapsed
@@ -144,34 +155,35 @@ def train(task, model, minutes: float, max_steps: int, indices: list[int], seed:
                         part.train()
                     progress.console.print(f"midway: {probe} (reserving {reserve:.0f}s for the final evaluation)")
             epoch += 1
-    return {"steps": step, "epochs_started": epoch, "train_seconds": time.monotonic() - start, "first_loss": losses[0] if losses else math.nan,
-            "last_loss": sum(losses[-20:]) / max(1, len(losses[-20:])), "history": history}
+    return {
+        "steps": step,
+        "epochs_started": epoch,
+        "train_seconds": time.monotonic() - start,
+        "first_loss": losses[0] if losses else math.nan,
+        "last_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+        "history": history,
+    }
 
 
-def _eval_reserve_guess(task, eval_cfg: dict) -> float:
+def _eval_reserve_guess(task: Task, eval_cfg: EvalSpec) -> float:
     """Seconds kept for the final evaluation before it is measured midway (a tenth of a minute per 100 examples)."""
     n = len(task.val_examples())
-    if eval_cfg.get("max_examples"):
-        n = min(n, int(eval_cfg["max_examples"]))
+    if eval_cfg.max_examples:
+        n = min(n, eval_cfg.max_examples)
     return 6.0 * n / 100.0
 
 
-def _measure_eval(task, model, eval_cfg: dict) -> tuple[float, dict]:
+def _measure_eval(task: Task, model: SplitModel, eval_cfg: EvalSpec) -> tuple[float, dict]:
     """Time the evaluation of a validation slice; return (seconds the full evaluation needs, slice metrics)."""
     n = len(task.val_examples())
-    if eval_cfg.get("max_examples"):
-        n = min(n, int(eval_cfg["max_examples"]))
+    if eval_cfg.max_examples:
+        n = min(n, eval_cfg.max_examples)
     probe_n = min(n, 128)
     t0 = time.monotonic()
-    metrics = task.evaluate(model, max_examples=probe_n, batch_size=int(eval_cfg.get("batch_size", 64)), beam_size=int(eval_cfg.get("beam_size", 1)))
+    metrics = task.evaluate(model, max_examples=probe_n, batch_size=eval_cfg.batch_size, beam_size=eval_cfg.beam_size)
     seconds = time.monotonic() - t0
     shown = {k: round(v, 4) for k, v in metrics.items() if k != "examples"}
     return 1.8 * seconds * n / probe_n + 10.0, shown
-
-
-def format_metric(name: str, value: float) -> str:
-    """The last line: ``bleu: 23.10`` / ``f1: 0.6100`` / ``accuracy: 0.7200``."""
-    return f"{name}: {value:.2f}" if name == "bleu" else f"{name}: {value:.4f}"
 
 
 @exit_on_user_error
@@ -181,13 +193,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
         raise ConfigError(f"--minutes={args.minutes} must be > 0")
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = compose_central(args.overrides)
-    seed = int(cfg.get("seed", 0))
-    eval_cfg = dict(cfg.get("eval") or {})
-    requested = args.precision or str((cfg.get("runtime") or {}).get("precision") or "auto")
+    cfg = load_run_config(args.overrides)  # the same one config path as flwr run and the sweep
+    seed, eval_cfg = cfg.seed, cfg.eval
+    requested = args.precision or cfg.runtime.precision
     args.precision = resolve_precision(requested, "cpu")
-    data_dir = data_dir_of(cfg)
-    task = build_task(cfg["task"], cfg["model"], data_dir, seed)
+    data_dir = cfg.resolved_data_dir()
+    task = wiring.build_task(cfg)
     torch.manual_seed(seed)
     model = task.build_model(seed)
     n_train = len(task.train_examples())
@@ -195,41 +206,62 @@ def main(argv: Sequence[str] | None = None) -> dict:
     task.features("train")
     task.features("val")
     num_params = sum(p.numel() for part in (model.embedding, model.blocks, model.head) for p in part.parameters())
-    print(f"task {task.name}: {len(indices)} train / {len(task.val_examples())} val examples, model "
-          f"{cfg['model'].get('family')} with {num_params / 1e6:.2f}M parameters, b={task.batch_size}, "
-          f"budget {args.minutes:g} min, {torch.get_num_threads()} threads, precision {args.precision}"
-          + (f" ({requested})" if requested != args.precision else ""), file=sys.stderr)
+    print(
+        f"task {task.name}: {len(indices)} train / {len(task.val_examples())} val examples, model "
+        f"{task.model_spec.family} with {num_params / 1e6:.2f}M parameters, b={task.batch_size}, "
+        f"budget {args.minutes:g} min, {torch.get_num_threads()} threads, precision {args.precision}"
+        + (f" ({requested})" if requested != args.precision else ""),
+        file=sys.stderr,
+    )
     t0 = time.monotonic()
     summary = train(task, model, args.minutes, args.max_steps, indices, seed, eval_cfg, args.quiet, args.precision)
     with autocast(args.precision):
         metrics = task.evaluate(
-            model, max_examples=int(eval_cfg.get("max_examples", 0)), batch_size=int(eval_cfg.get("batch_size", 64)),
-            beam_size=int(eval_cfg.get("beam_size", 1)),
+            model, max_examples=eval_cfg.max_examples, batch_size=eval_cfg.batch_size, beam_size=eval_cfg.beam_size
         )
     summary.update(eval_seconds=time.monotonic() - t0 - summary["train_seconds"], total_seconds=time.monotonic() - t0)
     summary["val"] = metrics
     if args.test:
         with autocast(args.precision):
-            summary["test"] = task.evaluate(model, batch_size=int(eval_cfg.get("batch_size", 64)), beam_size=int(eval_cfg.get("beam_size", 1)), split="test")
+            summary["test"] = task.evaluate(
+                model, batch_size=eval_cfg.batch_size, beam_size=eval_cfg.beam_size, split="test"
+            )
         print("test " + ", ".join(f"{k}={v:.4f}" for k, v in summary["test"].items()), file=sys.stderr)
     if args.save:
-        info = {"saved_by": "train_central", "steps": summary["steps"],
-                "train_seconds": round(summary["train_seconds"], 1), "precision": args.precision,
-                "val": metrics, **({"test": summary["test"]} if args.test else {})}
-        saved_cfg = {**cfg, "data_dir": str(data_dir)}
+        info = {
+            "saved_by": "train_central",
+            "steps": summary["steps"],
+            "train_seconds": round(summary["train_seconds"], 1),
+            "precision": args.precision,
+            "val": metrics,
+            **({"test": summary["test"]} if args.test else {}),
+        }
+        saved_cfg = {**cfg.to_dict(), "data_dir": str(data_dir)}
         folder = save_model(args.save, saved_cfg, model.embedding, model.blocks, model.head, info, task=task)
         print(f"saved the model to {folder}", file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(json.dumps({"task": cfg["task"], "model": cfg["model"], "seed": seed, "minutes": args.minutes,
-                                               "precision": args.precision, "threads": torch.get_num_threads(), **summary}, indent=2))
-    print(f"trained {summary['steps']} steps ({summary['train_seconds']:.0f}s), evaluated in {summary['eval_seconds']:.0f}s; val "
-          + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), file=sys.stderr)
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "task": cfg.task.to_raw(),
+                    "model": cfg.model.to_raw(),
+                    "seed": seed,
+                    "minutes": args.minutes,
+                    "precision": args.precision,
+                    "threads": torch.get_num_threads(),
+                    **summary,
+                },
+                indent=2,
+            )
+        )
+    print(
+        f"trained {summary['steps']} steps ({summary['train_seconds']:.0f}s), evaluated in "
+        f"{summary['eval_seconds']:.0f}s; val " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
+        file=sys.stderr,
+    )
     print(format_metric(task.metric_name, metrics[task.metric_name]), flush=True)
     return summary
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except CollaPipeError:  # pragma: no cover - exit_on_user_error already handles it
-        raise SystemExit(2)
+    main()

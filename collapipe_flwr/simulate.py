@@ -1,6 +1,11 @@
 """Run the optimizer alone for T rounds per policy and plot cumulative modelled delay (paper Fig. 11).
 
-    python -m collapipe_flwr.dssra.simulate --rounds T --out DIR [--network paper_table2] [--clusters 3]
+    python -m collapipe_flwr.simulate --rounds T --out DIR [--network paper_table2] [--clusters 3]
+        [--scheduler dssra] [--V V] [hydra overrides, e.g. network.num_channels=4]
+
+The network, scheduler and seed come from the same config path as ``flwr run`` (``config.load_run_config``;
+the flags are shorthands for the overrides ``network=``, ``federation.num_clusters=``, ``scheduler=``,
+``scheduler.V=``, ``seed=``).
 
 No training: the workload is counted on a generic encoder (torch TransformerEncoderLayer, sizes from the
 flags) and ``loss_only`` gets a proxy loss: cluster n's loss is L_n(u) = 1 + c_n exp(-u / 10) + noise,
@@ -12,24 +17,30 @@ DIR/cumulative_delay.png; prints `cumulative_delay_s_<policy>: value` lines.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
+import matplotlib
 import numpy as np
-import yaml
+import torch
+from torch import nn
 
-from collapipe_flwr.config import CONF_DIR
+from collapipe_flwr.config import load_run_config
+from collapipe_flwr.dssra.policies import make_policy
+from collapipe_flwr.dssra.specs import SchedulerSpec
 from collapipe_flwr.errors import ConfigError, exit_on_user_error
+from collapipe_flwr.system.network import NetworkSpec
+from collapipe_flwr.system.state import StateSampler
+from collapipe_flwr.system.workload import Workload, measure_workload
 
 POLICY_ORDER = ("dssra", "uniform", "random", "loss_only", "delay_only")
 
 
-def generic_workload(d_model: int, heads: int, d_ff: int, layers: int, seq_len: int, batch_size: int, steps: int):
+def generic_workload(
+    d_model: int, heads: int, d_ff: int, layers: int, seq_len: int, batch_size: int, steps: int
+) -> Workload:
     """Workload counted on ``layers`` torch TransformerEncoderLayers (probe batch of 2, b = batch_size)."""
-    import torch
-    from torch import nn
-
-    from collapipe_flwr.system.workload import measure_workload
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -42,27 +53,19 @@ def generic_workload(d_model: int, heads: int, d_ff: int, layers: int, seq_len: 
     torch.manual_seed(0)
     blocks = nn.ModuleList([Block() for _ in range(layers)])
     hidden = torch.randn(2, seq_len, d_model)
-    return measure_workload(blocks, hidden, torch.ones(2, seq_len, dtype=torch.long), batch_size=batch_size, steps_per_round=steps)
+    return measure_workload(
+        blocks, hidden, torch.ones(2, seq_len, dtype=torch.long), batch_size=batch_size, steps_per_round=steps
+    )
 
 
-def load_yaml(group: str, name: str) -> dict:
-    path = CONF_DIR / group / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"no {group} preset {name!r} in {path.parent}; pick one of "
-                          f"{', '.join(sorted(p.stem for p in path.parent.glob('*.yaml')))}")
-    return yaml.safe_load(path.read_text())
-
-
-def run(policy_name: str, rounds: int, spec, workload, scheduler: dict, seed: int) -> dict:
+def run(
+    policy_name: str, rounds: int, spec: NetworkSpec, workload: Workload, scheduler: SchedulerSpec, seed: int
+) -> dict:
     """Cumulative modelled delay and mean Gamma of one policy over ``rounds`` rounds (same states for all)."""
-    from collapipe_flwr.dssra.policies import make_policy
-    from collapipe_flwr.dssra.specs import parse_scheduler
-    from collapipe_flwr.system.state import StateSampler
-
-    sched = dict(scheduler, name=policy_name)
+    sched = dataclasses.replace(scheduler, name=policy_name)
     if policy_name == "uniform":
-        sched["segment_scheduling"] = False
-    policy = make_policy(parse_scheduler(sched), spec, workload, seed)
+        sched = dataclasses.replace(sched, segment_scheduling=False)
+    policy = make_policy(sched, spec, workload, seed)
     sampler = StateSampler(spec, seed)
     rng = np.random.default_rng([seed, 77])
     difficulty = rng.uniform(1.0, 3.0, spec.num_clusters)
@@ -72,20 +75,24 @@ def run(policy_name: str, rounds: int, spec, workload, scheduler: dict, seed: in
         plan = policy.plan(t, sampler.sample(t))
         for c in plan.selected:
             trained[c.cluster] += 1
-        losses = {c.cluster: float(1.0 + difficulty[c.cluster] * np.exp(-trained[c.cluster] / 10) + rng.normal(0, 0.02))
-                  for c in plan.selected}
+        losses = {
+            c.cluster: float(1.0 + difficulty[c.cluster] * np.exp(-trained[c.cluster] / 10) + rng.normal(0, 0.02))
+            for c in plan.selected
+        }
         policy.observe(plan, losses)
         delays.append(plan.modelled["round_delay_s"])
         gammas.append(plan.modelled["gamma_mean"])
-    return {"cumulative_s": np.cumsum(delays).tolist(), "gamma_mean": float(np.mean(gammas)),
-            "delay_mean_s": float(np.mean(delays))}
+    return {
+        "cumulative_s": np.cumsum(delays).tolist(),
+        "gamma_mean": float(np.mean(gammas)),
+        "delay_mean_s": float(np.mean(delays)),
+    }
 
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    from collapipe_flwr.system.network import NetworkSpec
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m collapipe_flwr.simulate", description=__doc__.splitlines()[0])
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml (network.*, scheduler.*)")
     ap.add_argument("--rounds", type=int, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--network", default="paper_table2")
@@ -101,40 +108,53 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--steps", type=int, default=1, help="local steps per round")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     if args.rounds < 1:
         raise ConfigError(f"--rounds={args.rounds} must be >= 1")
     policies = [p for p in args.policies.split(",") if p]
     unknown = [p for p in policies if p not in POLICY_ORDER]
     if unknown:
         raise ConfigError(f"--policies names unknown policy {unknown[0]!r}; choose from {', '.join(POLICY_ORDER)}")
-    spec = NetworkSpec.from_config(load_yaml("network", args.network), args.clusters)
-    scheduler = load_yaml("scheduler", args.scheduler)
+    shorthand = [
+        f"network={args.network}",
+        f"federation.num_clusters={args.clusters}",
+        f"scheduler={args.scheduler}",
+        f"seed={args.seed}",
+    ]
     if args.V is not None:
-        scheduler["V"] = args.V
-    workload = generic_workload(args.d_model, args.heads, args.d_ff, args.layers, args.seq_len, args.batch_size, args.steps)
-    results = {p: run(p, args.rounds, spec, workload, scheduler, args.seed) for p in policies}
+        shorthand.append(f"scheduler.V={args.V}")
+    cfg = load_run_config([*shorthand, *args.overrides])
+    spec, scheduler = cfg.network, cfg.scheduler
+    workload = generic_workload(
+        args.d_model, args.heads, args.d_ff, args.layers, args.seq_len, args.batch_size, args.steps
+    )
+    results = {p: run(p, args.rounds, spec, workload, scheduler, cfg.seed) for p in policies}
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "cumulative_delay.csv", "w") as fh:
         fh.write("round," + ",".join(policies) + "\n")
         for t in range(args.rounds):
             fh.write(f"{t + 1}," + ",".join(f"{results[p]['cumulative_s'][t]:.6f}" for p in policies) + "\n")
-    summary = {"rounds": args.rounds, "network": args.network, "clusters": args.clusters, "V": scheduler["V"],
-               "workload": workload.to_dict(),
-               "policies": {p: {k: v for k, v in r.items() if k != "cumulative_s"} | {"cumulative_s": r["cumulative_s"][-1]}
-                            for p, r in results.items()}}
+    summary = {
+        "rounds": args.rounds,
+        "network": args.network,
+        "clusters": args.clusters,
+        "V": scheduler.V,
+        "workload": workload.to_dict(),
+        "policies": {
+            p: {k: v for k, v in r.items() if k != "cumulative_s"} | {"cumulative_s": r["cumulative_s"][-1]}
+            for p, r in results.items()
+        },
+    }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after choosing the headless backend
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for p in policies:
         ax.plot(range(1, args.rounds + 1), results[p]["cumulative_s"], label=p)
     ax.set_xlabel("communication round t")
     ax.set_ylabel("cumulative modelled delay (s)")
-    ax.set_title(f"{args.network}, N={args.clusters}, V={scheduler['V']}")
+    ax.set_title(f"{args.network}, N={args.clusters}, V={scheduler.V}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(args.out / "cumulative_delay.png", dpi=120)
