@@ -2,7 +2,7 @@
 # Regenerates results/: the paper's default setting (N = 3 clusters, K = 6 devices, J = 4 channels,
 # Table II preset) with the small model sizes, for the classification and translation tasks.
 # Every run trains through the same Flower simulation path as `flwr run .` (one `flwr run` per job).
-# Usage: COLLAPIPE_DATA_DIR=../shared/data bash results/reproduce.sh [SWEEP_ROOT] [TASK ...]
+# Usage: COLLAPIPE_DATA_DIR=/path/to/data bash results/reproduce.sh [SWEEP_ROOT] [TASK ...]
 # Takes about an hour per task on a 2-core CPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
