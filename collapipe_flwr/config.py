@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -364,7 +364,7 @@ def with_task_default_model(overrides: list[str], composed: Mapping[str, Any]) -
 _RENAMED = {"model.schedule": "model.lr_schedule"}
 
 
-def _refuse_renamed_keys(overrides: list[str]) -> None:
+def _refuse_renamed_keys(overrides: Sequence[str]) -> None:
     """An override of a renamed key says its new name (Hydra alone would only say it cannot override it)."""
     for item in overrides:
         key = item.split("=", 1)[0].lstrip("+~")
@@ -373,7 +373,7 @@ def _refuse_renamed_keys(overrides: list[str]) -> None:
                 raise ConfigError(f"{old} was renamed to {new}; write {new + key[len(old) :]}=... instead of {item!r}")
 
 
-def compose(overrides: list[str] | str = (), config_dir: Path | None = None) -> dict:
+def compose(overrides: Sequence[str] | str = (), config_dir: Path | None = None) -> dict:
     """Compose ``conf/config.yaml`` with Hydra overrides, return a plain resolved mapping. Without a
     ``model=`` override the model is the task's ``default_model``."""
     if isinstance(overrides, str):
@@ -406,7 +406,7 @@ def _compose_once(overrides: list[str], config_dir: Path | None = None) -> dict:
     return _to_plain(composed)
 
 
-def load_run_config(overrides: list[str] | str = (), **top_level: Any) -> RunConfig:
+def load_run_config(overrides: Sequence[str] | str = (), **top_level: Any) -> RunConfig:
     """Compose + validate. ``top_level`` (e.g. ``data_dir=...``) wins over the composed values."""
     data = compose(overrides)
     for key, value in top_level.items():

@@ -40,7 +40,7 @@ _RUN_HINT = "pass a run folder written by train_central --save or by a federated
 
 
 # ----------------------------------------------------------------------------- writing
-def _atomic(path: Path, write: Callable[[str], None]) -> None:
+def _atomic(path: Path, write: Callable[[str], object]) -> None:
     """Write ``path`` through ``write(tmp_name)`` into a temp file of the same folder, then rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -128,7 +128,7 @@ def describe_tokenizer(task, target: Path) -> dict:
             "trained_on": {},
         }
         for side, tok in zip(("src", "tgt"), task.tokenizers()):
-            _atomic(folder / f"{side}.json", lambda tmp, tok=tok: tok.save(tmp))
+            _atomic(folder / f"{side}.json", tok.save)
             out[f"{side}_vocab_size"] = int(tok.get_vocab_size())
             out["files"][side] = f"{TOKENIZER_DIR}/{side}.json"
             name = task.options.get(f"train_{side}") or ""

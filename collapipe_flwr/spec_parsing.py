@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from collapipe_flwr.errors import ConfigError
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 _SCALARS: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
 
@@ -64,7 +67,7 @@ def typed(section: str, cls: type[T], raw: Any) -> T:
     """Build dataclass ``cls`` from mapping ``raw``: unknown keys and wrong scalar types are one-line
     ConfigErrors; absent keys take the dataclass defaults; ``__post_init__`` checks ranges."""
     raw = mapping(section, raw)
-    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    known = {f.name: f for f in dataclasses.fields(cls)}
     check_keys(section, raw, set(known))
     kwargs = {}
     for name, f in known.items():

@@ -52,6 +52,8 @@ def main(cfg: DictConfig) -> None:
         message = f"cannot resolve the config: {str(err).splitlines()[0]}; fix the ${{...}} interpolation"
         status = failed_status(job_dir, message, {}, overrides=overrides)
     else:
+        if not isinstance(config, dict):  # unreachable: @hydra.main gives a DictConfig, which converts to a dict
+            raise TypeError(f"the composed config is a {type(config).__name__}, not a mapping")
         status = run_job(config, overrides, job_dir, choices)
     if status["ok"]:
         print(f"run ok: {status['run_dir']}")

@@ -83,23 +83,24 @@ def round_energy(record: Mapping) -> dict | None:
 
 def round_peak_bytes(record: Mapping) -> float | None:
     """The largest per-device peak memory any CU reported this round."""
-    peaks = [
+    measured = [
         _num(b) for client in (record.get("clients") or {}).values() for b in (client.get("device-peak-bytes") or [])
     ]
-    peaks = [p for p in peaks if p is not None]
+    peaks = [p for p in measured if p is not None]
     return max(peaks) if peaks else None
 
 
 def round_train_seconds(record: Mapping) -> float | None:
     """Measured: the slowest CU's ``seconds-train`` this round (the round waits for it)."""
-    values = [_num(c.get("seconds-train")) for c in (record.get("clients") or {}).values()]
-    values = [v for v in values if v is not None]
+    measured = [_num(c.get("seconds-train")) for c in (record.get("clients") or {}).values()]
+    values = [v for v in measured if v is not None]
     return max(values) if values else None
 
 
 def cumulative(values: Sequence[float | None]) -> list[float | None]:
     """Running sums; None from the first missing value on (a gap would understate the total)."""
-    out, total = [], 0.0
+    out: list[float | None] = []
+    total: float | None = 0.0
     for value in values:
         if value is None or total is None:
             total = None
@@ -110,10 +111,11 @@ def cumulative(values: Sequence[float | None]) -> list[float | None]:
 
 
 def _sum(values: Iterable[float | None]) -> float | None:
-    values = list(values)
-    if not values or any(v is None for v in values):
+    given = list(values)
+    present = [v for v in given if v is not None]
+    if not given or len(present) < len(given):
         return None
-    return float(sum(values))
+    return float(sum(present))
 
 
 def series(rounds: Iterable[Mapping]) -> dict[str, list]:
@@ -140,7 +142,8 @@ def series(rounds: Iterable[Mapping]) -> dict[str, list]:
 
 def plan_shape(rounds: Iterable[Mapping]) -> dict:
     """S and m the run used: the distinct values, the most common (S, m) pair and the last round's deltas."""
-    pairs, last_deltas = [], []
+    pairs: list[tuple[int, int]] = []
+    last_deltas: list[tuple[int, ...]] = []
     for record in train_rounds(rounds):
         entries = [entry for entry, _ in selected_clusters(record)] or [
             c for c in ((record.get("plan") or {}).get("clusters") or []) if c.get("selected")

@@ -159,7 +159,7 @@ def write_status(job_dir: Path, status: dict) -> Path:
     return path
 
 
-def failed_status(job_dir: Path, error: str, labels: Mapping[str, Any] | None = None, **extra: Any) -> dict:
+def failed_status(job_dir: Path | str, error: str, labels: Mapping[str, Any] | None = None, **extra: Any) -> dict:
     """status.json of a job that could not run (e.g. a config error found before launching)."""
     status = {"ok": False, "error": error, "labels": dict(labels or {}), "run_dir": None, **extra}
     write_status(Path(job_dir), status)

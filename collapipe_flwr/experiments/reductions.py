@@ -41,13 +41,14 @@ PAPER_COMPARISONS = (
 )
 
 
-def delay_reduction(delays_a: Sequence[float], delays_b: Sequence[float]) -> float | None:
+def delay_reduction(delays_a: Sequence[float | None], delays_b: Sequence[float | None]) -> float | None:
     """1 - sum(a) / sum(b) over the first min(len(a), len(b)) rounds; None when undefined."""
     n = min(len(delays_a), len(delays_b))
     if n == 0:
         return None
-    a, b = list(delays_a[:n]), list(delays_b[:n])
-    if any(v is None for v in a + b):
+    a = [v for v in delays_a[:n] if v is not None]
+    b = [v for v in delays_b[:n] if v is not None]
+    if len(a) < n or len(b) < n:  # a round without a delay
         return None
     total_b = float(sum(b))
     if total_b <= 0:
@@ -60,10 +61,10 @@ def mean_series(many: Sequence[Sequence[float | None]]) -> list[float | None]:
     if not many:
         return []
     n = min(len(s) for s in many)
-    out = []
+    out: list[float | None] = []
     for t in range(n):
-        values = [s[t] for s in many]
-        out.append(None if any(v is None for v in values) else sum(values) / len(values))
+        values = [v for v in (s[t] for s in many) if v is not None]
+        out.append(None if len(values) < len(many) else sum(values) / len(values))
     return out
 
 

@@ -110,15 +110,17 @@ def train_round(
     session = session_for(run_key, identity.partition_id, identity.num_partitions, cfg, state)
     plan = instructions.plan
     devices = [DeviceProfile.from_dict(d) for d in instructions.devices]
-    head = None
+    head: DecoderClient | LocalHead | None = None
     try:
         prepared = session.prepare(instructions.round, unpack_weights(weights_record), plan.delta, devices, state)
-        pipeline = session.pipeline
+        pipeline = session.live_pipeline()
         t_setup = time.time()
         if cfg.head_on_server:
             head = decoder_client(cfg, instructions, identity.partition_id)
         else:
             head = session.local_head
+            if head is None:
+                raise RuntimeError(f"cluster {identity.partition_id}: no local head though head_on_server=false")
         t_built = time.time()
         lr_schedule = wiring.lr_schedule(cfg)
         losses = []

@@ -25,15 +25,19 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from collapipe_flwr import wiring
 from collapipe_flwr.config import ClusterConfig, resolve_data_dir
+from collapipe_flwr.models.split import SplitModel
+from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.executors import release
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.precision import resolve_precision
+from collapipe_flwr.system.devices import DeviceProfile
+from collapipe_flwr.tasks.base import Task
 
 STATE_ARRAYS = "collapipe.cu-optimizer"  # Context.state ArrayRecord: flattened optimizer moments
 STATE_INFO = "collapipe.cu-info"  # Context.state ConfigRecord: {"session": run key, "round": t}
 STATE_PARTITION = "collapipe.cu-partition"  # Context.state ConfigRecord: this cluster's example indices
 
-_TASKS: dict[str, object] = {}
+_TASKS: dict[str, Task] = {}
 _SESSIONS: dict[tuple[str, int], ClusterSession] = {}
 
 
@@ -45,7 +49,7 @@ def task_key(cfg: ClusterConfig) -> str:
     )
 
 
-def cached_task(cfg: ClusterConfig):
+def cached_task(cfg: ClusterConfig) -> Task:
     """The task for ``cfg``, reused while the task/model config, data dir, seed and cache dir stay the same
     (one entry: a new run's config replaces the last one's)."""
     key = task_key(cfg)
@@ -66,15 +70,22 @@ class ClusterSession:
     run_key: str
     cluster: int
     cfg: ClusterConfig
-    task: object
+    task: Task
     examples: list[int]
-    model: object
-    pipeline: object | None = None
+    model: SplitModel
+    pipeline: ClusterPipeline | None = None
     local_head: LocalHead | None = None
     last_round: int = 0
 
     # -- per round ----------------------------------------------------------------------------------
-    def prepare(self, round_: int, parts: dict, delta, devices, state: RecordDict | None) -> dict:
+    def prepare(
+        self,
+        round_: int,
+        parts: dict[str, dict[str, torch.Tensor]],
+        delta: tuple[int, ...],
+        devices: list[DeviceProfile],
+        state: RecordDict | None,
+    ) -> dict[str, int]:
         """Load the global weights in place, (re)partition, set the optimizer state for round ``round_``.
         Returns what happened: {"pipeline-reused", "blocks-moved", "optimizer-restored"} as 0/1."""
         cfg = self.cfg
@@ -84,7 +95,7 @@ class ClusterSession:
         reused = self.pipeline is not None
         if self.pipeline is None:
             self.model.blocks.load_state_dict(parts["encoder"])
-            self.pipeline = wiring.build_pipeline(
+            pipeline = self.pipeline = wiring.build_pipeline(
                 self.model,
                 delta,
                 wiring.optimizer_spec(cfg),
@@ -94,16 +105,17 @@ class ClusterSession:
                 actor_prefix=actor_prefix(self.run_key, self.cluster) if cfg.runtime.backend == "ray" else "",
             )
         else:
-            self.pipeline.repartition(delta)
-        moved = bool(getattr(self.pipeline, "moved_blocks", False))
-        self.pipeline.load_encoder_state_dict(parts["encoder"])
+            pipeline = self.pipeline
+            pipeline.repartition(delta)
+        moved = bool(getattr(pipeline, "moved_blocks", False))
+        pipeline.load_encoder_state_dict(parts["encoder"])
         if not cfg.head_on_server and self.local_head is None:
             self.local_head = LocalHead(
                 self.model.head, wiring.optimizer_spec(cfg), resolve_precision(cfg.runtime.precision)
             )
         restored = 0
         if cfg.federation.optimizer_state == "reset":
-            self.pipeline.reset_optimizers()
+            pipeline.reset_optimizers()
             if self.local_head is not None:
                 self.local_head.reset_optimizer()
         elif self.last_round != round_ - 1 or not reused:
@@ -118,6 +130,12 @@ class ClusterSession:
         state.array_records[STATE_ARRAYS] = ArrayRecord(torch_state_dict=self._optimizer_tensors())
         state.config_records[STATE_INFO] = ConfigRecord({"session": self.run_key, "round": int(round_)})
 
+    def live_pipeline(self) -> ClusterPipeline:
+        """The device pipeline that :meth:`prepare` built (or reused) for this round."""
+        if self.pipeline is None:
+            raise RuntimeError(f"cluster {self.cluster} of run {self.run_key} has no pipeline; call prepare() first")
+        return self.pipeline
+
     def close(self, release_devices: bool = True) -> None:
         if self.pipeline is not None and release_devices:
             self.pipeline.shutdown()
@@ -125,20 +143,21 @@ class ClusterSession:
 
     # -- optimizer state in Context.state ------------------------------------------------------------
     def _optimizers(self) -> dict[str, tuple[torch.optim.Optimizer, torch.nn.Module]]:
-        out = {"embedding": (self.pipeline.embedding_optimizer, self.model.embedding)}
+        out = {"embedding": (self.live_pipeline().embedding_optimizer, self.model.embedding)}
         if self.local_head is not None and self.local_head.optimizer is not None:
             out["head"] = (self.local_head.optimizer, self.model.head)
         return out
 
     def _optimizer_tensors(self) -> dict[str, torch.Tensor]:
-        flat = {}
+        flat: dict[str, torch.Tensor] = {}
         for part, (optimizer, module) in self._optimizers().items():
             names = {id(p): n for n, p in module.named_parameters()}
             for p, st in optimizer.state.items():
                 for key, value in st.items():
                     flat[f"{part}|{names[id(p)]}|{key}"] = torch.as_tensor(value).detach().clone()
-        if self.pipeline.backend == "local":
-            for name, st in self.pipeline.encoder_optimizer_state().items():
+        pipeline = self.live_pipeline()
+        if pipeline.backend == "local":
+            for name, st in pipeline.encoder_optimizer_state().items():
                 for key, value in st.items():
                     flat[f"encoder|{name}|{key}"] = torch.as_tensor(value).detach().clone()
         return flat
@@ -159,20 +178,22 @@ class ClusterSession:
             for pname, st in grouped.get(part, {}).items():
                 if pname in params:
                     optimizer.state[params[pname]] = {k: v.clone() for k, v in st.items()}
-        if "encoder" in grouped and self.pipeline.backend == "local":
-            self.pipeline.load_encoder_optimizer_state(grouped["encoder"])
+        pipeline = self.live_pipeline()
+        if "encoder" in grouped and pipeline.backend == "local":
+            pipeline.load_encoder_optimizer_state(grouped["encoder"])
         return True
 
 
 def _partition(
-    task, cfg: ClusterConfig, run_key: str, cluster: int, num_partitions: int, state: RecordDict | None
+    task: Task, cfg: ClusterConfig, run_key: str, cluster: int, num_partitions: int, state: RecordDict | None
 ) -> list[int]:
     """Cluster n's example indices; kept in ``Context.state`` so another CU process of the same run reuses
     them instead of partitioning again (flwr-datasets' import and partitioning cost seconds)."""
     if state is not None and STATE_PARTITION in state.config_records:
         record = state.config_records[STATE_PARTITION]
-        if str(record.get("session")) == run_key and int(record.get("cluster", -1)) == cluster:
-            return [int(i) for i in record["indices"]]
+        indices = record.get("indices")
+        if str(record.get("session")) == run_key and record.get("cluster", -1) == cluster and isinstance(indices, list):
+            return [int(i) for i in indices]
     indices = wiring.client_partition(task, cfg, cluster, num_partitions)
     if state is not None:
         state.config_records[STATE_PARTITION] = ConfigRecord(

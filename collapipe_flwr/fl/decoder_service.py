@@ -14,9 +14,9 @@ import threading
 from collections.abc import Callable, Iterator
 
 import torch
-from torch import nn
 
 from collapipe_flwr.fl.dataplane import DecoderHost
+from collapipe_flwr.models.split import TaskHead
 
 
 class DecoderService:
@@ -30,7 +30,7 @@ class DecoderService:
     @classmethod
     def start(
         cls,
-        head: nn.Module,
+        head: TaskHead,
         optimizer: torch.optim.Optimizer,
         *,
         enabled: bool,

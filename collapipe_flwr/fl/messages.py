@@ -133,6 +133,14 @@ def read_reply(msg: Message) -> tuple[ArrayRecord, dict]:
     return content.array_records[WEIGHTS], dict(content.metric_records[METRICS])
 
 
+def metric_int(record: MetricRecord, key: str, sender: int) -> int:
+    """``record[key]`` of a reply from node ``sender`` as an int (a scalar metric, not a list)."""
+    value = record[key]
+    if not isinstance(value, (int, float)):
+        raise CollaPipeError(f"reply from node {sender} has {key}={value!r}; expected a number")
+    return int(value)
+
+
 def run_config_record(run_config: dict) -> ConfigRecord:
     """A JSON mapping as a ConfigRecord: the CU's part of the resolved run config in a hello message (a CU
     needs no copy of ``conf/``), the number of devices in a release message."""

@@ -34,5 +34,5 @@ class RoundPlanner:
         if self.last_plan is not None:
             self.policy.observe(self.last_plan, losses)
 
-    def devices_of(self, cluster: int) -> tuple[DeviceProfile, ...]:
+    def devices_of(self, cluster: int) -> list[DeviceProfile]:
         return self.network.devices_of(cluster)

@@ -67,7 +67,7 @@ class RunLog:
 def read_rounds(folder: str | Path) -> list[dict]:
     """All round records of a run folder (skips a truncated last line)."""
     path = Path(folder) / "rounds.jsonl"
-    records = []
+    records: list[dict] = []
     if not path.is_file():
         return records
     for line in path.read_text(encoding="utf-8").splitlines():

@@ -233,7 +233,7 @@ class ServerOptimizer:
                 ttl=float(DEFAULT_TTL),
                 message_type=MessageType.TRAIN,
             )
-            train_msg = Message(instruction, metadata=metadata)
+            train_msg = Message(instruction, metadata=metadata)  # type: ignore[call-overload]  # flwr: internal kwarg
             content = RecordDict(
                 {
                     strategy.arrayrecord_key: _to_arrayrecord(state, keys, dtypes),
@@ -271,6 +271,7 @@ class ServerOptimizer:
             if all(torch.equal(values[0], v) for v in values[1:]):
                 out[key] = values[0].to(dtype=dtype, copy=True)
                 continue
-            mean = sum(v.to(torch.float64) * (w / total) for v, w in zip(values, weights, strict=True))
+            zero = torch.zeros((), dtype=torch.float64)  # sum's start (a tensor, so the sum is one: 0 + x == x)
+            mean = sum((v.to(torch.float64) * (w / total) for v, w in zip(values, weights, strict=True)), zero)
             out[key] = torch.round(mean).to(dtype)
         return {k: out[k] for k in current}

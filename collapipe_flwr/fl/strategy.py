@@ -40,6 +40,7 @@ from collapipe_flwr.fl.messages import (
     RELEASE_REPLY,
     RUN_CONFIG,
     TRAIN,
+    metric_int,
     pack_weights,
     read_reply,
     run_config_record,
@@ -94,8 +95,8 @@ class CollaPipeStrategy(Strategy):
                 raise CollaPipeError(
                     f"SuperNode {reply.metadata.src_node_id} failed to say hello: {reply.error.reason}"
                 )
-            info = reply.content.metric_records[HELLO_REPLY]
-            pid, nparts = int(info[PARTITION_ID]), int(info[NUM_PARTITIONS])
+            info, sender = reply.content.metric_records[HELLO_REPLY], reply.metadata.src_node_id
+            pid, nparts = metric_int(info, PARTITION_ID, sender), metric_int(info, NUM_PARTITIONS, sender)
             if nparts != n_expected:
                 raise ConfigError(
                     f"SuperNode {reply.metadata.src_node_id} has num-partitions={nparts} but federation.num_clusters="
@@ -104,7 +105,7 @@ class CollaPipeStrategy(Strategy):
             if pid in self.node_of_cluster:
                 raise ConfigError(f"two SuperNodes claim partition-id={pid}; give each SuperNode its own partition-id")
             self.node_of_cluster[pid] = reply.metadata.src_node_id
-            self.examples_of_cluster[pid] = int(info[NUM_EXAMPLES])
+            self.examples_of_cluster[pid] = metric_int(info, NUM_EXAMPLES, sender)
         missing = sorted(set(range(n_expected)) - set(self.node_of_cluster))
         if missing:
             raise ConfigError(
@@ -133,7 +134,9 @@ class CollaPipeStrategy(Strategy):
                     reply.error.reason,
                 )
                 continue
-            released += int(reply.content.metric_records[RELEASE_REPLY][DEVICE_ACTORS_RELEASED])
+            released += metric_int(
+                reply.content.metric_records[RELEASE_REPLY], DEVICE_ACTORS_RELEASED, reply.metadata.src_node_id
+            )
         return released
 
     # ------------------------------------------------------------------ train

@@ -2,10 +2,11 @@
 
 from collapipe_flwr.models.split import (
     SplitModel,
+    TaskHead,
     concat_segments,
     renumber_blocks,
     segment_bounds,
     validate_partition,
 )
 
-__all__ = ["SplitModel", "concat_segments", "renumber_blocks", "segment_bounds", "validate_partition"]
+__all__ = ["SplitModel", "TaskHead", "concat_segments", "renumber_blocks", "segment_bounds", "validate_partition"]

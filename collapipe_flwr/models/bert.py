@@ -25,7 +25,7 @@ from transformers.models.bert.modeling_bert import BertEmbeddings, BertLayer, Be
 
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.models.crf import LinearChainCRF, pack_left
-from collapipe_flwr.models.split import SplitModel
+from collapipe_flwr.models.split import SplitModel, TaskHead
 
 HEADS = ("token", "token_crf", "sequence")
 
@@ -69,7 +69,7 @@ class BertBlock(nn.Module):
         return out[0] if isinstance(out, tuple) else out
 
 
-class TokenClassificationHead(nn.Module):
+class TokenClassificationHead(TaskHead):
     """NER head: dropout + Linear(H, num_labels) per token; loss summed over labels != -100."""
 
     def __init__(self, config: BertConfig, num_labels: int) -> None:
@@ -130,7 +130,7 @@ class CRFTokenClassificationHead(TokenClassificationHead):
         return out
 
 
-class SequenceClassificationHead(nn.Module):
+class SequenceClassificationHead(TaskHead):
     """Classification head: BertPooler (tanh(W h_[CLS])) + dropout + Linear(H, num_labels)."""
 
     def __init__(self, config: BertConfig, num_labels: int) -> None:

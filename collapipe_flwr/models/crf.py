@@ -86,7 +86,7 @@ class LinearChainCRF(nn.Module):
         score = score + self.end[None, :]
         lengths = mask.sum(1).tolist()
         pointers = torch.stack(back, dim=1).tolist() if back else [[] for _ in range(B)]  # [B][T-1][C]
-        paths = []
+        paths: list[list[int]] = []
         for b, tag in enumerate(score.argmax(1).tolist()):
             n = int(lengths[b])
             if n == 0:

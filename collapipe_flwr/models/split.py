@@ -24,13 +24,24 @@ FAMILIES = ("transformer", "bert")
 V = TypeVar("V")
 
 
+class TaskHead(nn.Module):
+    """The server-side part (decoder + generator, or a task head). Loss scaling is explicit
+    (docs/contracts.md): per batch it returns the SUM of its per-target losses and the target count."""
+
+    def loss_terms(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor, batch: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum of per-target losses, number of targets) of z_enc ``hidden`` for ``batch``."""
+        raise NotImplementedError
+
+
 @dataclass
 class SplitModel:
     """embedding (CU) -> blocks (L TEBs, devices) -> head (server), see docs/contracts.md."""
 
     embedding: nn.Module
     blocks: nn.ModuleList
-    head: nn.Module
+    head: TaskHead
     family: str
 
     def __post_init__(self) -> None:

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.models.split import SplitModel
+from collapipe_flwr.models.split import SplitModel, TaskHead
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
@@ -37,6 +37,8 @@ class TokenEmbedding(nn.Module):
     Token vectors start as N(0, 1/d) so that, after the sqrt(d) scale, tokens and the sinusoidal positions
     have the same (unit) scale; torch's default N(0, 1) would make the tokens sqrt(d) times larger and
     drown the positions."""
+
+    positions: torch.Tensor  # [max_len, d_model] sinusoidal table, a non-persistent buffer
 
     def __init__(self, vocab_size: int, d_model: int, max_len: int, dropout: float, pad_id: int) -> None:
         super().__init__()
@@ -85,7 +87,7 @@ def causal_mask(T: int, device=None) -> torch.Tensor:
     return torch.triu(torch.ones(T, T, dtype=torch.bool, device=device), diagonal=1)
 
 
-class TranslationHead(nn.Module):
+class TranslationHead(TaskHead):
     """Server side: encoder LayerNorm, target embedding, decoder stack, generator (ServerHead)."""
 
     def __init__(
@@ -181,7 +183,10 @@ class TranslationHead(nn.Module):
             h = layer.norm2(x)
             x = x + layer.multihead_attn(h, memory, memory, key_padding_mask=memory_pad, need_weights=False)[0]
             x = x + layer.linear2(layer.activation(layer.linear1(layer.norm3(x))))
-        return self.generator(self.decoder.norm(x))[:, 0]
+        norm = self.decoder.norm
+        if norm is None:  # unreachable: __init__ builds the decoder with its final LayerNorm
+            raise ValueError("incremental decoding needs the decoder's final LayerNorm")
+        return self.generator(norm(x))[:, 0]
 
     @torch.no_grad()
     def greedy_decode(

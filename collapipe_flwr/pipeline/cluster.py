@@ -18,6 +18,7 @@ import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -144,8 +145,18 @@ class ClusterPipeline:
         K = len(self.devices) if self.devices is not None else None
         return validate_partition(delta, self.num_blocks, self._static_caps(), num_devices=K)
 
-    def _slowdowns(self, bounds) -> dict[int, float]:
-        return emulation_slowdowns(self.devices, [k for k, _, _ in bounds]) if self.emulate else {}
+    def _slowdowns(self, bounds: Sequence[tuple[int, int, int]]) -> dict[int, float]:
+        if not self.emulate:
+            return {}
+        if self.devices is None:  # unreachable: __init__ refuses emulate without device profiles
+            raise ConfigError(f"{self.name}: runtime.emulate=true needs device profiles")
+        return emulation_slowdowns(self.devices, [k for k, _, _ in bounds])
+
+    def _block(self) -> nn.Module:
+        """One TEB of the encoder: the template of new segments and of memory estimates."""
+        if self._template is None:  # unreachable: __init__'s delta check refuses an encoder without blocks
+            raise PartitionError(f"{self.name}: the encoder has L=0 blocks; build a model with at least one block")
+        return self._template
 
     def _holders(self) -> dict[int, tuple[int, int]]:
         """{device k: (a, b)} of the live devices that hold blocks a..b-1, when together they hold the
@@ -200,7 +211,8 @@ class ClusterPipeline:
             if blocks is not None:
                 segment = copy.deepcopy(nn.ModuleList(blocks[a:b]))
             else:
-                segment = nn.ModuleList(copy.deepcopy(self._template) for _ in range(b - a))
+                template = self._block()
+                segment = nn.ModuleList(copy.deepcopy(template) for _ in range(b - a))
                 segment.load_state_dict(renumber_blocks(weights or {}, -a, range(a, b)), strict=True)
             specs.append((k, segment, renumber_blocks(optimizer_state or {}, -a, range(a, b)), slowdown.get(k, 1.0), a))
         self._stages.place(specs)
@@ -228,7 +240,7 @@ class ClusterPipeline:
         """Constraint C7 with activations: delta_k blocks at the whole batch must fit gamma_k^max."""
         if not self.devices:
             return
-        per_block = module_block_memory_bytes(self._template, batch_size_b, seq_len, self.optimizer_spec.name)
+        per_block = module_block_memory_bytes(self._block(), batch_size_b, seq_len, self.optimizer_spec.name)
         caps = max_blocks_per_device([d.memory_bytes for d in self.devices], per_block)
         note = f"a batch of {batch_size_b}x{seq_len} tokens (~{per_block / 2**20:.1f} MiB per block)"
         validate_partition(self.delta, self.num_blocks, caps, memory_note=note)
@@ -250,8 +262,8 @@ class ClusterPipeline:
             st.get(h, s)
 
         mask_refs = [st.put(mb["attention_mask"]) for mb in micro]
-        embedded: list[torch.Tensor] = [None] * m  # type: ignore[list-item]
-        handles: dict[tuple[int, int], object] = {}
+        embedded: dict[int, torch.Tensor] = {}  # micro-batch i -> its embedding output (kept for backward)
+        handles: dict[tuple[int, int], Any] = {}  # (i, k) -> stage k's output handle (a value or an ObjectRef)
         t_embed = 0.0
         for cycle in forward_cycles(m, S):
             for i, k in cycle:
@@ -272,7 +284,7 @@ class ClusterPipeline:
         if len(grads) != m:
             raise ValueError(f"the head returned {len(grads)} gradients for {m} micro-batches")
 
-        ghandles: dict[tuple[int, int], object] = {}
+        ghandles: dict[tuple[int, int], Any] = {}
         for cycle in backward_cycles(m, S):
             for i, k in cycle:
                 g = grads[i] if k == S - 1 else ghandles[(i, k + 1)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -21,11 +21,30 @@ from collapipe_flwr.errors import ConfigError, DeviceFailure
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.stage import Stage
 
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
 START_TIMEOUT_S = 120.0
 NAMESPACE = "collapipe"
 # (device index k, segment or None = keep what the device holds, optimizer state, slowdown, first block index)
 StageSpec = tuple[int, "nn.ModuleList | None", "dict | None", float, int]
 BACKENDS = ("local", "ray")
+
+
+class RemoteMethod(Protocol):
+    """One method of a Ray actor handle: ``.remote(*args)`` starts it and answers an ObjectRef."""
+
+    def remote(self, *args: Any) -> Any: ...
+
+
+class DeviceActor(Protocol):
+    """The Ray actor handle of a :class:`StageActor` as :class:`RayStages` uses it (Ray types a handle's
+    methods dynamically, so this names the ones called here; ``getattr(handle, m).remote`` reaches the rest)."""
+
+    load_segment: RemoteMethod
+    layout: RemoteMethod
+    ping: RemoteMethod
+    _actor_id: Any
 
 
 class Stages(Protocol):
@@ -137,9 +156,9 @@ class LocalStages:
         with ``free_others`` a device outside ``specs`` drops its blocks."""
         for k, segment, state, slowdown, offset in specs:
             if k not in self.devices:
-                self.devices[k] = Stage(
+                self.devices[k] = Stage(  # a new device with no segment starts idle, as on Ray
                     k,
-                    segment,
+                    segment if segment is not None else nn.ModuleList(),
                     self.optimizer,
                     optimizer_state=state,
                     slowdown=slowdown,
@@ -214,7 +233,7 @@ def ensure_ray(address: str | None = None) -> None:
     import ray
 
     if not ray.is_initialized():
-        kwargs = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": True}
+        kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": True}
         if address:
             kwargs["address"] = address
         ray.init(**kwargs)
@@ -259,8 +278,8 @@ class RayStages:
         self.prefix = prefix
         self.detached = bool(detached)
         self.precision = precision
-        self.devices: dict[int, object] = {}
-        self._submitted: list[tuple[object, int]] = []
+        self.devices: dict[int, DeviceActor] = {}
+        self._submitted: list[tuple[Any, int]] = []  # (ObjectRef, stage)
         self.num_devices = max(num_devices, 1 + max((spec[0] for spec in specs), default=0))
         self._discover()
         self.place(specs)
@@ -273,7 +292,8 @@ class RayStages:
         for k in range(self.num_devices):
             if k not in self.devices:
                 try:
-                    self.devices[k] = self._ray.get_actor(actor_name(self.prefix, k), namespace=NAMESPACE)
+                    actor = self._ray.get_actor(actor_name(self.prefix, k), namespace=NAMESPACE)
+                    self.devices[k] = cast(DeviceActor, actor)
                 except ValueError:
                     pass
 
@@ -286,7 +306,7 @@ class RayStages:
         started, loads = [], []
         for k, segment, state, slowdown, offset in specs:
             if k not in self.devices:
-                options = {"num_cpus": self.num_cpus, "max_restarts": 0}
+                options: dict[str, Any] = {"num_cpus": self.num_cpus, "max_restarts": 0}
                 if self.prefix:
                     options.update(name=actor_name(self.prefix, k), namespace=NAMESPACE, get_if_exists=True)
                     if self.detached:
@@ -420,13 +440,13 @@ class RayStages:
 
     def kill(self, stage: int) -> None:
         """Kill one device's actor (fault-injection for tests and demos)."""
-        self._ray.kill(self.actors[stage], no_restart=True)
+        self._ray.kill(cast("ActorHandle", self.actors[stage]), no_restart=True)
 
     def shutdown(self) -> None:
         """Kill every device actor of this pipeline (named ones included)."""
         for actor in getattr(self, "devices", {}).values():
             try:
-                self._ray.kill(actor, no_restart=True)
+                self._ray.kill(cast("ActorHandle", actor), no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.devices = {}

@@ -15,14 +15,14 @@ import math
 from collections.abc import Sequence
 
 import torch
-from torch import nn
 
+from collapipe_flwr.models.split import TaskHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.precision import autocast
 
 
 def head_step(
-    head: nn.Module,
+    head: TaskHead,
     optimizer: torch.optim.Optimizer | None,
     z_enc: Sequence[torch.Tensor],
     micro_batches: Sequence[dict[str, torch.Tensor]],
@@ -76,7 +76,7 @@ def head_step(
 class LocalHead:
     """A :data:`HeadFn` that trains the head in this process (``head(z_list, mbs) -> (loss, grads)``)."""
 
-    def __init__(self, head: nn.Module, optimizer: OptimizerSpec | None, precision: str = "fp32") -> None:
+    def __init__(self, head: TaskHead, optimizer: OptimizerSpec | None, precision: str = "fp32") -> None:
         self.head = head
         self.precision = precision
         self.spec = optimizer

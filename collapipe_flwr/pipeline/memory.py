@@ -13,13 +13,30 @@ is for the whole batch b (b_hat * m tokens), whatever m is.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 # Optimizer state tensors per parameter element: Adam/AdamW keep exp_avg and exp_avg_sq.
 OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2, "sgd": 1, "sgd_plain": 0}
+
+
+class HasOptimizerState(Protocol):
+    """An optimizer as far as its memory goes: ``state`` = {parameter: {slot name: value}}."""
+
+    @property
+    def state(self) -> Mapping[Any, Mapping[str, Any]]: ...
+
+
+@runtime_checkable
+class SizedBlock(Protocol):
+    """A TEB that names its sizes (hidden H, FFN F, h heads), as the blocks of ``collapipe_flwr.models`` do."""
+
+    hidden_size: int
+    ffn_size: int
+    num_heads: int
 
 
 def param_bytes(modules: Iterable[nn.Module] | nn.Module) -> int:
@@ -35,7 +52,7 @@ def param_bytes(modules: Iterable[nn.Module] | nn.Module) -> int:
     return total
 
 
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+def optimizer_state_bytes(optimizer: HasOptimizerState | None) -> int:
     """Bytes of the optimizer's state tensors (Adam: exp_avg, exp_avg_sq, step)."""
     if optimizer is None:
         return 0
@@ -131,7 +148,7 @@ def module_block_memory_bytes(block: nn.Module, batch: int, seq_len: int, optimi
     params = list(block.parameters())
     n = sum(p.numel() for p in params)
     dtype_bytes = params[0].element_size() if params else 4
-    if all(hasattr(block, a) for a in ("hidden_size", "ffn_size", "num_heads")):
+    if isinstance(block, SizedBlock):  # has hidden_size, ffn_size and num_heads
         return block_memory_bytes(
             block.hidden_size, block.ffn_size, block.num_heads, batch, seq_len, optimizer, dtype_bytes, params=n
         )

@@ -29,12 +29,17 @@ class OptimizerSpec:
         if not self.lr > 0:
             raise ConfigError(f"optimizer lr={self.lr!r} must be > 0; set optimizer.lr")
 
+    def _betas(self) -> tuple[float, float]:
+        """(beta1, beta2) as a tuple (a config may give a list)."""
+        beta1, beta2 = self.betas
+        return beta1, beta2
+
     def build(self, params) -> torch.optim.Optimizer:
         params = [p for p in params if p.requires_grad]
         if self.name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, betas=tuple(self.betas), weight_decay=self.weight_decay)
+            return torch.optim.Adam(params, lr=self.lr, betas=self._betas(), weight_decay=self.weight_decay)
         if self.name == "adamw":
-            return torch.optim.AdamW(params, lr=self.lr, betas=tuple(self.betas), weight_decay=self.weight_decay)
+            return torch.optim.AdamW(params, lr=self.lr, betas=self._betas(), weight_decay=self.weight_decay)
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
     def to_dict(self) -> dict:

@@ -37,7 +37,7 @@ def pipeline_delay(stage_chunk_s, S: int, m: int) -> float:
     return float((S + m - 1) * chunks.max())
 
 
-def compute_energy(kappa, delta, b_hat, flops_per_sample_block, flops_per_cycle, f_hz, m: int):
+def compute_energy(kappa, delta, b_hat, flops_per_sample_block, flops_per_cycle, f_hz, m: float | np.ndarray):
     """m * kappa * (delta b_hat (o_l + o'_l) / phi_k) * f_k^2: dynamic CPU energy of eq. (16) (J)."""
     cycles = np.asarray(delta, dtype=float) * b_hat * flops_per_sample_block / np.asarray(flops_per_cycle, dtype=float)
     return m * kappa * cycles * np.asarray(f_hz, dtype=float) ** 2

@@ -13,7 +13,10 @@ own sdpa formulas (forward 4 B h T_q T_k d; backward as flash attention, with th
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -21,6 +24,8 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from collapipe_flwr.errors import ConfigError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -98,8 +103,9 @@ class Workload:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> Workload:
-        return cls(**{k: (tuple(float(x) for x in v) if isinstance(v, list) else v) for k, v in d.items()})
+    def from_dict(cls, d: dict[str, Any]) -> Workload:
+        kwargs: dict[str, Any] = {k: (tuple(float(x) for x in v) if isinstance(v, list) else v) for k, v in d.items()}
+        return cls(**kwargs)
 
     @classmethod
     def paper_preset(
@@ -127,9 +133,9 @@ def _sdpa_cpu_backward(grad_out, query, key, value, *args, **kwargs) -> int:
     return flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
 
 
-def _extra_flop_formulas() -> dict:
+def _extra_flop_formulas() -> dict[Any, Callable[..., int]]:
     aten = torch.ops.aten
-    extra = {}
+    extra: dict[Any, Callable[..., int]] = {}
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
         extra[aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_cpu_forward
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
@@ -137,7 +143,7 @@ def _extra_flop_formulas() -> dict:
     return extra
 
 
-def _saved_bytes(fn) -> tuple[object, float]:
+def _saved_bytes(fn: Callable[[], T]) -> tuple[T, float]:
     """Run ``fn()`` and add up the bytes autograd saves for backward (each storage counted once)."""
     seen: set[int] = set()
     total = 0
@@ -185,7 +191,7 @@ def measure_workload(
         blk.train(False)  # no dropout noise in the probe; the FLOPs are the same
         inp = x.clone().requires_grad_(True)
         with FlopCounterMode(display=False, custom_mapping=extra) as counter:
-            out, saved_total = _saved_bytes(lambda blk=blk, inp=inp: blk(inp, attention_mask))
+            out, saved_total = _saved_bytes(functools.partial(blk, inp, attention_mask))
         fwd.append(counter.get_total_flops() / B)
         saved.append(saved_total / B)
         with FlopCounterMode(display=False, custom_mapping=extra) as counter:
@@ -197,7 +203,9 @@ def measure_workload(
         x = out.detach()
     for blk, mode in zip(blocks, was_training):
         blk.train(mode)
-    extra = float(sum(p.numel() for p in embedding.parameters()) * bytes_per_param) if embedding is not None else 0.0
+    embedding_bytes = (
+        float(sum(p.numel() for p in embedding.parameters()) * bytes_per_param) if embedding is not None else 0.0
+    )
     return Workload(
         forward_flops=tuple(fwd),
         backward_flops=tuple(bwd),
@@ -206,6 +214,6 @@ def measure_workload(
         saved_bytes=tuple(saved),
         batch_size=int(batch_size or B),
         steps_per_round=int(steps_per_round),
-        extra_upload_bytes=extra,
+        extra_upload_bytes=embedding_bytes,
         head_bytes=float(sum(p.numel() for p in head.parameters()) * bytes_per_param) if head is not None else 0.0,
     )

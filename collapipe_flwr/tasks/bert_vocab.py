@@ -23,7 +23,7 @@ def bert_tokenizer(data_dir: Path | str, vocab_file: str):
 
 @lru_cache(maxsize=4)
 def _load(path: str, size: int, mtime_ns: int):
-    from transformers import BertTokenizerFast
+    from transformers import BertTokenizerFast  # type: ignore[attr-defined]  # transformers 5: a lazy alias
 
     with tempfile.TemporaryDirectory() as folder:
         # from_pretrained reads a folder; give it one that holds only this vocab.txt (no network access).

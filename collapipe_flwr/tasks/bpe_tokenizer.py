@@ -45,6 +45,7 @@ def train_tokenizer(lines: Sequence[str], kind: str, vocab_size: int, min_freque
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     settings_key(kind, vocab_size, min_frequency, lowercase)
+    trainer: trainers.Trainer
     if kind == "bpe":
         tok = Tokenizer(models.BPE(unk_token="[UNK]"))
         trainer = trainers.BpeTrainer(

@@ -36,7 +36,9 @@ class TaggedSentence:
 
 def read_bio(path) -> tuple[TaggedSentence, ...]:
     """Sentences of a ``char<SPACE>tag`` file; one-line DataFormatError naming file:line on a bad line."""
-    sentences, chars, tags = [], [], []
+    sentences: list[TaggedSentence] = []
+    chars: list[str] = []
+    tags: list[str] = []
     for number, line in enumerate(text_lines(path), start=1):
         if not line.strip():
             if chars:

@@ -104,4 +104,6 @@ class JointSteps:
                 self._gathers.pop(key, None)
             if gather.error is not None:
                 raise gather.error
+            if gather.results is None:  # unreachable: the step's runner sets results or error before notifying
+                raise DataPlaneError(f"cluster {cluster}'s joint step ended without results")
             return gather.results[cluster]

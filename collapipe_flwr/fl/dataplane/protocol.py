@@ -115,11 +115,11 @@ def decode_step_request(data: bytes) -> StepRequest:
     for wt in tensors:
         parts = wt.name.split("/")
         index = _index(parts[1], m, wt.name) if len(parts) >= 2 else None
-        if parts[0] == "z" and len(parts) == 2:
+        if index is not None and parts[0] == "z" and len(parts) == 2:
             if z[index] is not None:
                 raise DataPlaneError(f"step request holds {wt.name!r} twice; send each encoder output once")
             z[index] = wt
-        elif parts[0] == "mb" and len(parts) == 3 and parts[2]:
+        elif index is not None and parts[0] == "mb" and len(parts) == 3 and parts[2]:
             if parts[2] in mbs[index]:
                 raise DataPlaneError(f"step request holds {wt.name!r} twice; send each micro-batch field once")
             if wt.scale != 1.0:
@@ -134,10 +134,11 @@ def decode_step_request(data: bytes) -> StepRequest:
         raise DataPlaneError(
             f"step request has m={m} but no encoder output for micro-batch(es) {missing}; send z/0..z/{m - 1}"
         )
-    dtypes = {str(w.tensor.dtype).removeprefix("torch.") for w in z}
+    outputs = [w for w in z if w is not None]
+    dtypes = {str(w.tensor.dtype).removeprefix("torch.") for w in outputs}
     if len(dtypes) != 1:
         raise DataPlaneError(f"encoder outputs arrive with mixed dtypes {sorted(dtypes)}; send them all in one dtype")
-    values = [w.value(torch.float32) if w.tensor.is_floating_point() else w.tensor for w in z]
+    values = [w.value(torch.float32) if w.tensor.is_floating_point() else w.tensor for w in outputs]
     return StepRequest(secret, round_, cluster, seq, values, mbs, dtypes.pop())
 
 

@@ -34,7 +34,6 @@ from concurrent import futures
 
 import grpc
 import torch
-from torch import nn
 
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.checks import check_step
@@ -49,6 +48,7 @@ from collapipe_flwr.fl.dataplane.protocol import (
 )
 from collapipe_flwr.fl.dataplane.stats import ClusterCounters
 from collapipe_flwr.fl.dataplane.transport import channel_options, format_address
+from collapipe_flwr.models.split import TaskHead
 from collapipe_flwr.pipeline.head import head_step
 from collapipe_flwr.pipeline.optim import scale_lr
 from collapipe_flwr.precision import autocast
@@ -69,7 +69,7 @@ class DecoderHost:
 
     def __init__(
         self,
-        head: nn.Module,
+        head: TaskHead,
         optimizer: torch.optim.Optimizer | None,
         secret: str,
         bind: str = "0.0.0.0",
@@ -124,7 +124,7 @@ class DecoderHost:
     def start(self) -> int:
         """Start serving; returns the bound port (a free one when ``port=0``)."""
         if self._server is not None:
-            return self._bound_port
+            return self.port
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._max_streams + 2, thread_name_prefix="decoder-host"),
             options=channel_options(self.max_message_mb),

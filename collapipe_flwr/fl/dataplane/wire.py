@@ -108,7 +108,9 @@ def to_wire_fp16(t: torch.Tensor) -> tuple[torch.Tensor, float]:
 
 def encode_frame(meta: dict, tensors: Sequence[tuple[str, torch.Tensor, float]]) -> bytes:
     """One frame holding ``meta`` (JSON-safe dict without a "tensors" key) and ``(name, tensor, scale)``."""
-    entries, pieces, offset = [], [], 0
+    entries: list[dict] = []
+    pieces: list[bytes] = []
+    offset = 0
     for name, tensor, scale in tensors:
         dtype_name = DTYPE_NAMES.get(tensor.dtype)
         if dtype_name is None:
@@ -120,7 +122,7 @@ def encode_frame(meta: dict, tensors: Sequence[tuple[str, torch.Tensor, float]])
         raw = flat.view(torch.uint8).numpy() if flat.numel() else b""
         nbytes = flat.numel() * flat.element_size()
         entries.append({"name": name, "dtype": dtype_name, "shape": list(tensor.shape), "scale": float(scale)})
-        pieces.append(raw)
+        pieces.append(raw)  # type: ignore[arg-type]  # an ndarray is a Buffer; numpy says so for Python >= 3.12 only
         pad = _padded(nbytes) - nbytes
         if pad:
             pieces.append(b"\0" * pad)
