@@ -66,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def federated(args, base: list[str]) -> dict:
-    b = int(load_run_config(base).task["batch_size"])
+    b = load_run_config(base).task.batch_size
     steps_total = args.examples // b  # CU steps over all clusters
     rounds = max(1, math.ceil(steps_total / (args.clusters * args.local_steps)))
     cfg = load_run_config(
@@ -173,7 +173,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     base = [f"task={args.task}", *args.overrides]
     if not args.examples:
-        args.examples = 400 * int(load_run_config(base).task["batch_size"])
+        args.examples = 400 * load_run_config(base).task.batch_size
     out = {"task": args.task, "examples": args.examples, "args": vars(args)}
     if not args.skip_federated:
         out["federated"] = federated(args, base)

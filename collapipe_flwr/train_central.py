@@ -107,7 +107,7 @@ def train(
     params = [p for part in (model.embedding, model.blocks, model.head) for p in part.parameters()]
     optimizer = task.model_spec.optimizer.build(params)
     base_lrs = [g["lr"] for g in optimizer.param_groups]
-    schedule = task.model_spec.lr_schedule
+    lr_schedule = task.model_spec.lr_schedule
     budget = minutes * 60.0
     start = time.monotonic()
     reserve = _eval_reserve_guess(task, eval_cfg)
@@ -127,7 +127,7 @@ def train(
                     done = True
                     break
                 expected_steps = max(step + 1, round((step + 1) * train_budget / max(elapsed, 1e-3)))
-                factor = schedule.factor(step, expected_steps)
+                factor = lr_schedule.factor(step, expected_steps)
                 scale_lr(optimizer, base_lrs, factor)
                 optimizer.zero_grad(set_to_none=True)
                 with autocast(precision):

@@ -123,11 +123,11 @@ def lr_schedule(cfg: AnyConfig) -> Callable[[int], float]:
     """model.lr_schedule on the federated path: ``factor(global_step)`` with global step
     (t - 1) * local_steps + i of round t's i-th local step, and total_steps = T * local_steps unless set.
     The same factor scales the CU's embedding, every device segment and the server's decoder."""
-    schedule = cfg.model.lr_schedule
+    lr_schedule = cfg.model.lr_schedule
     total = cfg.federation.num_rounds * cfg.federation.local_steps
 
     def factor(step: int) -> float:
-        return schedule.factor(step, total)
+        return lr_schedule.factor(step, total)
 
     return factor
 

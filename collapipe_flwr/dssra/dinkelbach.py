@@ -125,10 +125,6 @@ def curvature_bound(interference, interference_noise) -> np.ndarray:
     return (2 * k / 3) * np.exp(-(2 * k + 9) / (2 * k)) / Ip
 
 
-def _rho(x, I, Ip):
-    return np.log1p(x) / (I + Ip * x)
-
-
 def _rho_prime(x, I, Ip):
     D = I + Ip * x
     return 1.0 / ((1 + x) * D) - np.log1p(x) * Ip / D**2

@@ -34,29 +34,8 @@ class SegmentPlan:
     objective: float
 
 
-def min_stage_time(compute: np.ndarray, d2d: np.ndarray, cap: np.ndarray, L: int) -> np.ndarray:
-    """For one m: the smallest max-chunk time T*(S) for S = 1..K (inf where no partition exists)."""
-    K = len(compute)
-    deltas = np.arange(1, L + 1)
-    cand = deltas[None, :] * compute[:, None] + d2d[:, None]  # [K, L] chunk time with delta blocks
-    cand = np.where(deltas[None, :] <= cap[:, None], cand, np.inf)
-    values = np.unique(cand[np.isfinite(cand)])  # candidate T, ascending
-    out = np.full(K, np.inf)
-    if values.size == 0:
-        return out
-    room = (cand[None, :, :] <= values[:, None, None]).sum(axis=2)  # [C, K] u_k(T)
-    room = -np.sort(-room, axis=1)  # most room first
-    total = np.cumsum(room, axis=1)  # [C, S] room of the best S devices
-    ok = (room >= 1) & (total >= L)
-    ok &= (np.arange(1, K + 1) <= L)[None, :]
-    any_ok = ok.any(axis=0)
-    first = np.argmax(ok, axis=0)
-    out[any_ok] = values[first[any_ok]]
-    return out
-
-
 def partition_for(compute: np.ndarray, d2d: np.ndarray, cap: np.ndarray, L: int, S: int, T: float) -> tuple[int, ...]:
-    """A delta on exactly S devices with every chunk <= T (T feasible for S, see min_stage_time)."""
+    """A delta on exactly S devices with every chunk <= T (T feasible for S, see min_stage_times)."""
     K = len(compute)
     room = np.array([int(((np.arange(1, cap[k] + 1) * compute[k] + d2d[k]) <= T).sum()) for k in range(K)])
     order = sorted(range(K), key=lambda k: (-room[k], k))[:S]

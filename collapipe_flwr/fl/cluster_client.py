@@ -24,6 +24,7 @@ from flwr.app import RecordDict
 
 from collapipe_flwr import wiring
 from collapipe_flwr.config import DATA_DIR_ENV, ClusterConfig, build_cluster_config
+from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.cluster_session import cached_task, drop_session, session_for
 from collapipe_flwr.fl.dataplane import DecoderClient
 from collapipe_flwr.fl.messages import (
@@ -48,8 +49,6 @@ class ClusterIdentity:
 
     @classmethod
     def from_node_config(cls, node_config) -> ClusterIdentity:
-        from collapipe_flwr.errors import ConfigError
-
         try:
             pid = int(node_config["partition-id"])
             nparts = int(node_config["num-partitions"])

@@ -20,6 +20,8 @@ from collapipe_flwr.config import RunConfig, load_run_config, split_overrides
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.fl.progress import RoundProgress
 from collapipe_flwr.fl.run_log import RunLog
+from collapipe_flwr.fl.server_state import ServerState
+from collapipe_flwr.fl.strategy import CollaPipeStrategy
 from collapipe_flwr.model_store import save_model
 
 
@@ -40,9 +42,6 @@ def run_folder(cfg: RunConfig) -> Path:
 
 def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | None:
     """Run the whole federation; returns the run folder. A user error is logged as one line, exit 2."""
-    from collapipe_flwr.fl.server_state import ServerState
-    from collapipe_flwr.fl.strategy import CollaPipeStrategy
-
     server = strategy = None
     t_start = time.time()
     try:

@@ -1,6 +1,6 @@
 """Toutiao 15-class news-title classification with BERT (paper Section VI.A, task iii).
 
-File format (../shared/data/README.md): ``title_!_labelid`` a line, label ids 0..14 (BertWithPretrained's
+File format (docs/data.md): ``title_!_labelid`` a line, label ids 0..14 (BertWithPretrained's
 ``label_map`` of the original codes 100..116). Titles are tokenised by BertTokenizerFast over the
 bert-base-chinese vocab and cut at max_len tokens ([CLS] ... [SEP]). Batches: ``labels`` [B].
 Metrics: accuracy and macro-F1. Partitions may be label-skewed (Dirichlet over ``labels``).

@@ -1,4 +1,4 @@
-"""Finding and reading the dataset files (../shared/data/README.md) with one-line errors.
+"""Finding and reading the dataset files (docs/data.md) with one-line errors.
 
 Files are read once per (path, size, mtime) through a pure cache: the same file read twice gives the
 same tuple of lines, and an edited file is read again. Nothing here keeps mutable module state.
@@ -21,8 +21,7 @@ def resolve_file(data_dir: Path | str, name: str, what: str) -> Path:
         path = Path(data_dir) / path
     if not path.is_file():
         raise DataFormatError(
-            f"{what} file {path} does not exist; check data_dir and the task's file names "
-            "(see ../shared/data/README.md)"
+            f"{what} file {path} does not exist; check data_dir and the task's file names (see docs/data.md)"
         )
     return path
 

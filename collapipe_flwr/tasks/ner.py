@@ -1,6 +1,6 @@
 """People's Daily Chinese NER with BERT token classification (paper Section VI.A, task ii).
 
-File format (../shared/data/README.md): ``char<SPACE>tag`` a line, a blank line ends a sentence; 7 BIO
+File format (docs/data.md): ``char<SPACE>tag`` a line, a blank line ends a sentence; 7 BIO
 tags over PER/LOC/ORG with BertWithPretrained's ids. Tokenisation is character-level: the characters of a
 sentence go to BertTokenizerFast with ``is_split_into_words=True``; each character's tag sits on its first
 token, [CLS]/[SEP]/padding get -100. Sentences longer than max_len - 2 characters are cut (upstream

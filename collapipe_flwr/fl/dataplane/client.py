@@ -21,6 +21,7 @@ import torch
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_reply, encode_step_request
 from collapipe_flwr.fl.dataplane.transport import MB, channel_options
+from collapipe_flwr.fl.dataplane.wire import decode_header
 
 _END = object()
 
@@ -158,8 +159,6 @@ class DecoderClient:
 
 def _is_protocol_error(frame: bytes) -> bool:
     """True unless ``frame`` is a well-formed error frame (a refusal leaves the stream usable)."""
-    from collapipe_flwr.fl.dataplane.wire import decode_header
-
     try:
         return decode_header(frame).get("kind") != "error"
     except DataPlaneError:
