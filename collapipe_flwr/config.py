@@ -114,9 +114,13 @@ class DataPlaneSpec:
     fp16: bool = False
     max_message_mb: int = 256
     timeout_s: float = 120.0
+    # the decoder refuses a step whose |z_enc| exceeds this (finite but huge activations would turn its loss
+    # NaN); 0 = no limit. Encoder outputs after LayerNorm are O(10).
+    max_abs_activation: float = 1e4
 
     def __post_init__(self) -> None:
         require(0 <= self.port < 65536, f"dataplane.port={self.port} must be in 0..65535 (0 = any free port)")
+        require(self.max_abs_activation >= 0, "dataplane.max_abs_activation must be >= 0 (0 = no limit)")
         require(self.max_message_mb >= 1, "dataplane.max_message_mb must be >= 1")
         require(self.timeout_s > 0, "dataplane.timeout_s must be > 0")
 
@@ -155,6 +159,8 @@ class RunConfig:
     dataplane: DataPlaneSpec
     eval: EvalSpec
     save_client_weights: bool = False
+    checkpoint: bool = True  # save the server's state after every round (fl/checkpoint.py)
+    resume: bool = False  # continue the run in output_dir/run_name from its last checkpoint
 
     def resolved_data_dir(self) -> Path:
         """``data_dir`` if set, else $COLLAPIPE_DATA_DIR; a one-line error when neither names a folder."""
@@ -177,6 +183,8 @@ class RunConfig:
             "dataplane": dataclasses.asdict(self.dataplane),
             "eval": dataclasses.asdict(self.eval),
             "save_client_weights": self.save_client_weights,
+            "checkpoint": self.checkpoint,
+            "resume": self.resume,
         }
 
     @classmethod
@@ -285,6 +293,8 @@ _TOP_KEYS = {
     "dataplane",
     "eval",
     "save_client_weights",
+    "checkpoint",
+    "resume",
 }
 
 
@@ -318,6 +328,8 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         dataplane=typed("dataplane", DataPlaneSpec, data.get("dataplane")),
         eval=typed("eval", EvalSpec, data.get("eval")),
         save_client_weights=_bool("save_client_weights", data.get("save_client_weights", False)),
+        checkpoint=_bool("checkpoint", data.get("checkpoint", True)),
+        resume=_bool("resume", data.get("resume", False)),
     )
 
 

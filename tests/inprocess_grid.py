@@ -26,10 +26,11 @@ _HANDLERS = {
 class InProcessGrid:
     """``get_node_ids`` / ``send_and_receive`` over N in-process CUs (node ids 101, 102, ...)."""
 
-    def __init__(self, num_clusters: int, data_dir: str) -> None:
+    def __init__(self, num_clusters: int, data_dir: str, run_id: int = RUN_ID) -> None:
+        self.run_id = run_id
         self.contexts = {
             101 + n: Context(
-                run_id=RUN_ID,
+                run_id=run_id,
                 node_id=101 + n,
                 node_config={"partition-id": n, "num-partitions": num_clusters, "data-dir": str(data_dir)},
                 state=RecordDict(),
@@ -39,7 +40,7 @@ class InProcessGrid:
         }
         self._ids = itertools.count(1)
         # what Flower's ServerApp process sets before it creates messages
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 1
 
     def get_node_ids(self) -> list[int]:
         return sorted(self.contexts)
@@ -48,7 +49,7 @@ class InProcessGrid:
         replies = []
         for msg in sorted(messages, key=lambda m: m.metadata.dst_node_id):
             msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
-            msg.metadata.__dict__["_run_id"] = RUN_ID
+            msg.metadata.__dict__["_run_id"] = self.run_id
             handler = _HANDLERS[msg.metadata.message_type]
             replies.append(handler(msg, self.contexts[msg.metadata.dst_node_id]))
         return replies

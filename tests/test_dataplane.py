@@ -136,9 +136,12 @@ class Served:
         return DecoderClient(self.host.address, **kw)
 
 
+MAX_LEN, MAX_ABS = 16, 1e4  # the served decoder's positions and activation limit (make_step: t = 7, |z| ~ 10)
+
+
 @pytest.fixture
 def served():
-    s = Served(TokenHead())
+    s = Served(TokenHead(), max_len=MAX_LEN, max_abs_activation=MAX_ABS)
     yield s
     s.host.stop(grace_s=0)
 
@@ -286,6 +289,14 @@ def _inf(z, mbs):
     return z, mbs
 
 
+def _longer_than_max_len(z, mbs):
+    """200,000 positions in the original report; 40 > max_len = 16 is the same refusal, cheaper."""
+    pad = 40 - z[0].shape[1]
+    z = [torch.cat([t, torch.zeros(t.shape[0], pad, t.shape[2])], dim=1) for t in z]
+    mbs = [{k: torch.cat([v, torch.zeros(v.shape[0], pad, dtype=v.dtype)], dim=1) for k, v in mb.items()} for mb in mbs]
+    return z, mbs
+
+
 def _drop_mask(z, mbs):
     return z, [{k: v for k, v in mb.items() if k != "attention_mask"} for mb in mbs]
 
@@ -303,6 +314,8 @@ MALFORMED = {
     "z sent as fp16": ({"fp16": True}, None, "float16 but the decoder host expects float32"),
     "labels dtype float": ({}, _with("labels", lambda t: t.float()), "integer"),
     "nan": ({}, _nan, "NaN or Inf"),
+    "huge but finite z": ({}, lambda z, mbs: ([t * 0 + 3e38 for t in z], mbs), "max_abs_activation"),
+    "sequence longer than max_len": ({}, _longer_than_max_len, "max_len=16"),
     "inf": ({}, _inf, "NaN or Inf"),
     "label out of range": ({}, _with("labels", lambda t: torch.where(t >= 0, t + 100, t)), "could not run"),
     "no targets": ({}, _with("labels", lambda t: torch.full_like(t, -100)), "no targets"),

@@ -22,6 +22,7 @@ class _CountingServer:
             eval=EvalSpec(every=every),
             federation=SimpleNamespace(num_rounds=rounds),
             method=SimpleNamespace(name="collapipe"),
+            checkpoint=False,
         )
         self.calls = 0
 

@@ -79,6 +79,9 @@ def test_malformed_lines_name_file_and_line(tmp_path):
     bad.write_text("好标题_!_x\n", encoding="utf-8")
     with pytest.raises(DataFormatError, match="unknown label id 'x'"):
         read_titles(bad)
+    bad.write_bytes("好标题_!_3\n".encode() + b"\x00" * 100_000 + b"_!_4\n")  # 100 kB of NUL bytes
+    with pytest.raises(DataFormatError, match=r"t\.txt:2: control character '\\x00' \(binary data"):
+        read_titles(bad)
 
 
 def test_registry_and_config_validation():

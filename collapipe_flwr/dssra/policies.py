@@ -305,6 +305,20 @@ class Policy:
             return float(sum(self.Y[c.cluster] * (c.S + c.power_w) for c in clusters))
         return float(np.dot(self.Y, gammas))
 
+    # ------------------------------------------------------------------ state (checkpoints)
+    def state_dict(self) -> dict:
+        """What changes from round to round: the queues Y_n, the last losses, the random generator."""
+        return {"Y": self.Y.tolist(), "last_loss": dict(self.last_loss), "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict` (the selector shares ``rng``, so it continues too)."""
+        Y = np.asarray(state["Y"], dtype=float)
+        if Y.shape != self.Y.shape:
+            raise ConfigError(f"the saved queues Y_n are for {Y.size} clusters, this run has {self.Y.size}")
+        self.Y = Y
+        self.last_loss = {int(n): float(v) for n, v in state["last_loss"].items()}
+        self.rng.bit_generator.state = state["rng"]
+
     # ------------------------------------------------------------------ feedback
     def observe(self, plan: RoundPlan, losses: dict[int, float]) -> None:
         """Y_n(t+1) = max(Y_n + Gamma_n^t - Gamma^max, 0) (eq. 29); remember the reported losses."""

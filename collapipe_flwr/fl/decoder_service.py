@@ -43,6 +43,8 @@ class DecoderService:
         lr_factor_of: Callable[[int, int], float],
         precision: str,
         joint: bool,
+        max_len: int = 0,
+        max_abs_activation: float = 0.0,
     ) -> DecoderService:
         """Start serving ``head`` (when ``enabled``); ``lr_factor_of(round, seq)`` is the decoder's LR factor."""
         secret = secrets.token_hex(16)
@@ -60,6 +62,8 @@ class DecoderService:
             lr_schedule=lr_factor_of,
             precision=precision,
             joint=joint,
+            max_len=max_len,
+            max_abs_activation=max_abs_activation,
         )
         host.start()
         return cls(host, announce_host, secret)

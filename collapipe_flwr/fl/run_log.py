@@ -2,16 +2,69 @@
 
 Every method writes the same record (loss, task metric, modelled delay split into compute / D2D /
 uplink, modelled energy, measured seconds per phase, per-device memory, the plan), so runs compare
-like with like. Records are appended and flushed per round: a crash loses at most the current round.
+like with like. Records are appended and flushed per round: a crash loses at most the current round, and a
+line torn by a crash never merges with the next record. config.json and summary.json are replaced
+atomically (temporary file + ``os.replace``): a reader sees the old file or the new one, never a part. A
+folder that already holds a run is refused unless the run is resumed; an I/O error (disk full, no
+permission) is a one-line error naming the file.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from collapipe_flwr.errors import CollaPipeError, ConfigError
+
+RUN_FILES = ("config.json", "rounds.jsonl", "summary.json", "checkpoint.pt")
+
+
+@contextmanager
+def _io(path: Path, doing: str) -> Iterator[None]:
+    """OSError -> one-line CollaPipeError naming the file and what to do."""
+    try:
+        yield
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise CollaPipeError(
+            f"cannot {doing} {path}: {reason}; free disk space or set output-dir to a folder you can write"
+        ) from None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one step (temporary file in the same folder + ``os.replace``)."""
+    with _io(path, "write"):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def first_difference(old: Any, new: Any, path: str = "") -> str | None:
+    """The dotted key where two config mappings first differ (None when equal)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new)):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in old or key not in new:
+                return where
+            found = first_difference(old[key], new[key], where)
+            if found:
+                return found
+        return None
+    return None if old == new else (path or "<root>")
 
 
 def _json_safe(value: Any) -> Any:
@@ -30,38 +83,75 @@ def _json_safe(value: Any) -> Any:
 
 
 class RunLog:
-    """Append-only JSON-lines log of one run."""
+    """Append-only JSON-lines log of one run in ``folder`` (refused when the folder holds a run already,
+    unless ``resume``)."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, resume: bool = False) -> None:
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
         self.rounds_path = self.folder / "rounds.jsonl"
         self._t0 = time.time()
+        present = [name for name in RUN_FILES if (self.folder / name).exists()]
+        if present and not resume:
+            raise ConfigError(
+                f"run folder {self.folder} already holds a run ({', '.join(present)}); pick another run_name, "
+                "or add resume=true to continue it from its last complete round"
+            )
+        with _io(self.folder, "create the run folder"):
+            self.folder.mkdir(parents=True, exist_ok=True)
 
-    def write_config(self, config: dict) -> None:
-        (self.folder / "config.json").write_text(json.dumps(_json_safe(config), indent=2, sort_keys=True))
+    def write_config(self, config: dict, resume: bool = False) -> None:
+        """config.json; when resuming, the config must be the run's own (``resume`` aside)."""
+        path = self.folder / "config.json"
+        if resume and path.is_file():
+            with _io(path, "read"):
+                saved = json.loads(path.read_text(encoding="utf-8"))
+            new = json.loads(json.dumps(_json_safe(config)))
+            key = first_difference({**saved, "resume": None}, {**new, "resume": None})
+            if key is not None:
+                raise ConfigError(
+                    f"cannot resume {self.folder}: {key} differs from the run's config.json; resume with the same "
+                    "overrides (plus resume=true), or start a new run_name"
+                )
+            return
+        write_atomic(path, json.dumps(_json_safe(config), indent=2, sort_keys=True))
+
+    def keep_rounds_through(self, t: int) -> int:
+        """Resuming after round t: drop later and torn records from rounds.jsonl; returns how many stay."""
+        kept = [r for r in read_rounds(self.folder) if int(r.get("round", -1)) <= t]
+        write_atomic(self.rounds_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        return len(kept)
 
     def append_round(self, record: dict) -> None:
         record = dict(record)
         record.setdefault("elapsed_s", round(time.time() - self._t0, 3))
-        with self.rounds_path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(_json_safe(record), sort_keys=True) + "\n")
-            fh.flush()
+        line = json.dumps(_json_safe(record), sort_keys=True) + "\n"
+        with _io(self.rounds_path, "append to"):
+            with self.rounds_path.open("a+b") as fh:
+                fh.seek(0, os.SEEK_END)
+                if fh.tell() > 0:
+                    fh.seek(-1, os.SEEK_END)
+                    if fh.read(1) != b"\n":  # a line torn by a crash: end it, readers skip it
+                        line = "\n" + line
+                fh.write(line.encode("utf-8"))
+                fh.flush()
+                os.fsync(fh.fileno())
 
     def save_weights(self, t: int, results: list, aggregate: dict) -> None:
         """weights/round<t>_cluster<n>.pt per returned CU (+ its num-examples) and round<t>_global.pt."""
         import torch
 
         folder = self.folder / "weights"
-        folder.mkdir(exist_ok=True)
-        for cluster, parts, metrics in results:
-            torch.save(
-                {"parts": parts, "num_examples": int(metrics["num-examples"])}, folder / f"round{t}_cluster{cluster}.pt"
-            )
-        torch.save({"parts": aggregate}, folder / f"round{t}_global.pt")
+        with _io(folder, "write weights to"):
+            folder.mkdir(exist_ok=True)
+            for cluster, parts, metrics in results:
+                torch.save(
+                    {"parts": parts, "num_examples": int(metrics["num-examples"])},
+                    folder / f"round{t}_cluster{cluster}.pt",
+                )
+            torch.save({"parts": aggregate}, folder / f"round{t}_global.pt")
 
     def write_summary(self, summary: dict) -> None:
-        (self.folder / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, sort_keys=True))
+        write_atomic(self.folder / "summary.json", json.dumps(_json_safe(summary), indent=2, sort_keys=True))
 
 
 def read_rounds(folder: str | Path) -> list[dict]:

@@ -17,7 +17,8 @@ from pathlib import Path
 from flwr.common import log
 
 from collapipe_flwr.config import RunConfig, load_run_config, split_overrides
-from collapipe_flwr.errors import CollaPipeError
+from collapipe_flwr.errors import CollaPipeError, ConfigError
+from collapipe_flwr.fl.checkpoint import load_checkpoint, restore
 from collapipe_flwr.fl.progress import RoundProgress
 from collapipe_flwr.fl.run_log import RunLog
 from collapipe_flwr.fl.server_state import ServerState
@@ -36,6 +37,8 @@ def config_from_flower(run_config: dict) -> RunConfig:
 
 
 def run_folder(cfg: RunConfig) -> Path:
+    if cfg.resume and not cfg.run_name:
+        raise ConfigError("resume=true needs the run_name of the run to continue (run_name=<name>)")
     name = cfg.run_name or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.method.name}-{cfg.task.name}"
     return Path(cfg.output_dir).expanduser().resolve() / name
 
@@ -47,16 +50,23 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
     try:
         cfg = cfg or config_from_flower(run_config)
         folder = run_folder(cfg)
-        run_log = RunLog(folder)
-        run_log.write_config(cfg.to_dict())
+        run_log = RunLog(folder, resume=cfg.resume)
+        run_log.write_config(cfg.to_dict(), resume=cfg.resume)
         log(INFO, "CollaPipe run folder: %s", folder)
         server = ServerState.build(cfg)
+        done = 0
+        if cfg.resume:
+            done = restore(server, load_checkpoint(folder))
+            run_log.keep_rounds_through(done)
+            log(INFO, "CollaPipe: resuming %s after round %d of %d", folder, done, cfg.federation.num_rounds)
+        if done >= cfg.federation.num_rounds:
+            raise ConfigError(f"{folder} finished all {done} rounds already; raise federation.num_rounds to go on")
         progress = RoundProgress(cfg.federation.num_rounds, server.task.metric_name)
-        strategy = CollaPipeStrategy(server, run_log, progress)
+        strategy = CollaPipeStrategy(server, run_log, progress, round_offset=done)
         result = strategy.start(
             grid,
             initial_arrays=server.global_model.array_record(),
-            num_rounds=cfg.federation.num_rounds,
+            num_rounds=cfg.federation.num_rounds - done,
             timeout=cfg.federation.round_timeout_s,
             evaluate_fn=strategy.evaluate,
         )

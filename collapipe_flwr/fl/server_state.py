@@ -95,6 +95,8 @@ class ServerState:
             lr_factor_of=decoder_lr_factor(cfg),
             precision=precision,
             joint=cfg.federation.decoder_update == "joint",
+            max_len=cfg.model.max_len,
+            max_abs_activation=dp.max_abs_activation,
         )
         fed = cfg.federation
         server_optimizer = ServerOptimizer(

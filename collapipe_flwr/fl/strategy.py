@@ -27,6 +27,7 @@ from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
 from collapipe_flwr.errors import CollaPipeError, ConfigError
+from collapipe_flwr.fl.checkpoint import save_checkpoint
 from collapipe_flwr.fl.global_model import ClusterResult
 from collapipe_flwr.fl.messages import (
     DEVICE_ACTORS_RELEASED,
@@ -62,7 +63,9 @@ class CollaPipeStrategy(Strategy):
     from ``configure_train`` to ``evaluate`` and rounds.jsonl.
     """
 
-    def __init__(self, server: ServerState, run_log: RunLog, progress: RoundProgress | None = None) -> None:
+    def __init__(
+        self, server: ServerState, run_log: RunLog, progress: RoundProgress | None = None, round_offset: int = 0
+    ) -> None:
         self.server = server
         self.cfg = server.cfg
         self.run_log = run_log
@@ -70,6 +73,7 @@ class CollaPipeStrategy(Strategy):
         self.node_of_cluster: dict[int, int] = {}
         self.examples_of_cluster: dict[int, int] = {}
         self.record: RoundRecord | None = None  # the round in flight: configure_train -> evaluate
+        self.round_offset = round_offset  # rounds completed before this process (a resumed run)
 
     # ------------------------------------------------------------------ discovery
     def discover_clusters(self, grid: Grid, timeout_s: float = 120.0) -> None:
@@ -143,32 +147,34 @@ class CollaPipeStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        record = RoundRecord(server_round, self.cfg.method.name, self.server.planner.policy_name)
+        t = server_round + self.round_offset  # Flower counts the rounds of this process from 1
+        record = RoundRecord(t, self.cfg.method.name, self.server.planner.policy_name)
         self.record = record
         if not self.node_of_cluster:
             self.discover_clusters(grid)
         t0 = time.time()
-        plan = self.server.planner.plan(server_round)
+        plan = self.server.planner.plan(t)
         record.plan = plan
         record.measured_s["plan_s"] = time.time() - t0
         record.selected = [c.cluster for c in plan.selected]
-        self.server.decoder.open_round(server_round, record.selected)
+        self.server.decoder.open_round(t, record.selected)
         messages = []
         for cplan in plan.selected:
             weights = pack_weights(self.server.global_model.for_cluster(cplan.cluster))
-            instructions = self.server.instructions_for(server_round, cplan)
+            instructions = self.server.instructions_for(t, cplan)
             node = self.node_of_cluster[cplan.cluster]
             messages.append(Message(train_content(weights, instructions), dst_node_id=node, message_type=TRAIN))
         if self.progress is not None:
-            self.progress.round_started(server_round, record.selected)
+            self.progress.round_started(t, record.selected)
         return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        t = server_round + self.round_offset
         t0 = time.time()
         record = self.record
-        assert record is not None and record.round == server_round, "aggregate_train without configure_train"
+        assert record is not None and record.round == t, "aggregate_train without configure_train"
         cluster_of_node = {v: k for k, v in self.node_of_cluster.items()}
         results: list[ClusterResult] = []
         for reply in replies:
@@ -181,21 +187,21 @@ class CollaPipeStrategy(Strategy):
                 )
             except CollaPipeError as err:
                 record.fail(cluster, str(err))
-                log(WARNING, "round %s: cluster %s refused: %s (aggregating the other CUs)", server_round, cluster, err)
+                log(WARNING, "round %s: cluster %s refused: %s (aggregating the other CUs)", t, cluster, err)
                 continue
             results.append((cluster, parts, metrics))
         answered = {f["cluster"] for f in record.failures} | {c for c, _, _ in results}
         for cluster in sorted(set(record.selected) - answered):
             record.fail(cluster, "no reply within federation.round_timeout_s")
-            log(WARNING, "round %s: cluster %s sent no reply within the round's timeout", server_round, cluster)
+            log(WARNING, "round %s: cluster %s sent no reply within the round's timeout", t, cluster)
         self.server.decoder.close_round()
         record.measured_s["wait_clients_s"] = t0 - record.started_at - record.measured_s.get("plan_s", 0.0)
         if not results:
-            log(WARNING, "round %s: no CU returned a result; the global model is unchanged", server_round)
+            log(WARNING, "round %s: no CU returned a result; the global model is unchanged", t)
             return None, None
-        self.server.absorb_results(server_round, results)
+        self.server.absorb_results(t, results)
         if self.cfg.save_client_weights:
-            self.run_log.save_weights(server_round, results, self.server.global_model.parts())
+            self.run_log.save_weights(t, results, self.server.global_model.parts())
         record.measured_s["aggregate_s"] = time.time() - t0
         # what a round costs beyond the CUs' training loops (messages, weight loads, set-up, aggregation)
         train_s = max(float(m.get("seconds-train", 0.0)) for _, _, m in results)
@@ -218,27 +224,28 @@ class CollaPipeStrategy(Strategy):
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         """Centralised evaluation on the validation split (after round 0, every ``eval.every`` rounds and the
         last round) + the round's JSON line (without val_* fields when the round is not evaluated)."""
+        if server_round == 0 and self.round_offset:  # a resumed run: round 0 was evaluated by the first process
+            return None
+        t = server_round + self.round_offset
         t0 = time.time()
         every = self.cfg.eval.every
-        due = (
-            (server_round == 0 and self.cfg.eval.at_start)
-            or (server_round > 0 and server_round % every == 0)
-            or server_round >= self.cfg.federation.num_rounds
-        )
+        due = (t == 0 and self.cfg.eval.at_start) or (t > 0 and t % every == 0) or t >= self.cfg.federation.num_rounds
         metrics = self.server.evaluate() if due else {}
-        if server_round == 0:
+        if t == 0:
             self.run_log.append_round({"round": 0, **{f"val_{k}": v for k, v in metrics.items()}})
             return MetricRecord({k: float(v) for k, v in metrics.items()})
         record = self.record
-        if record is None or record.round != server_round:  # a round whose training was never configured
-            record = RoundRecord(server_round, self.cfg.method.name, self.server.planner.policy_name, started_at=t0)
+        if record is None or record.round != t:  # a round whose training was never configured
+            record = RoundRecord(t, self.cfg.method.name, self.server.planner.policy_name, started_at=t0)
         record.val = dict(metrics)
         record.measured_s["evaluate_s"] = time.time() - t0
         record.measured_s["round_s"] = time.time() - record.started_at
         line = record.to_json()
         self.run_log.append_round(line)
+        if self.cfg.checkpoint:  # after the record: a resumed run never repeats a logged round
+            save_checkpoint(self.run_log.folder, self.server, t)
         if self.progress is not None:
-            self.progress.round_finished(server_round, line)
+            self.progress.round_finished(t, line)
         return MetricRecord({k: float(v) for k, v in metrics.items()}) if metrics else None
 
     def summary_record(self, result) -> dict:

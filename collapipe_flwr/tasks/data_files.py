@@ -6,10 +6,14 @@ same tuple of lines, and an edited file is read again. Nothing here keeps mutabl
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 
 from collapipe_flwr.errors import DataFormatError
+
+# control characters no text line holds (tab, LF and CR are fine): a file with them is binary or corrupt
+_BINARY = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def resolve_file(data_dir: Path | str, name: str, what: str) -> Path:
@@ -48,6 +52,13 @@ def _read_lines(path: str, size: int, mtime_ns: int) -> tuple[str, ...]:
         line = raw[: err.start].count(b"\n") + 1
         raise DataFormatError(f"{path}:{line}: not valid UTF-8; the datasets are plain UTF-8 text") from None
     text = text.removeprefix("\ufeff")
+    binary = _BINARY.search(text)
+    if binary is not None:
+        line = text.count("\n", 0, binary.start()) + 1
+        raise DataFormatError(
+            f"{path}:{line}: control character {binary.group()!r} (binary data, e.g. NUL bytes); the datasets are "
+            "plain text: restore the file from its source (docs/data.md)"
+        )
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

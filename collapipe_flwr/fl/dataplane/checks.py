@@ -21,9 +21,12 @@ def expected_wire_dtype(fp16: bool) -> str:
     return "float16" if fp16 else "float32"
 
 
-def check_step(req: StepRequest, hidden_size: int, fp16: bool) -> None:
+def check_step(req: StepRequest, hidden_size: int, fp16: bool, max_len: int = 0, max_abs: float = 0.0) -> None:
     """z_enc[i] is [B_i, T_i, H] with H = ``hidden_size``, finite, in the agreed wire dtype; every
-    micro-batch has an ``attention_mask`` [B_i, T_i] and every field has B_i rows; fields are integer."""
+    micro-batch has an ``attention_mask`` [B_i, T_i] and every field has B_i rows; fields are integer.
+    With ``max_len`` > 0 no sequence (T_i, or a field's second dim) is longer than the model's positions;
+    with ``max_abs`` > 0 no activation is larger in magnitude (a finite but huge z_enc would overflow the
+    decoder's loss)."""
     want = expected_wire_dtype(fp16)
     if req.wire_dtype != want:
         raise DataPlaneError(
@@ -42,11 +45,22 @@ def check_step(req: StepRequest, hidden_size: int, fp16: bool) -> None:
                 f"encoder output z/{i} has shape {list(z.shape)}; empty micro-batches cannot be trained, drop them on "
                 "the CU"
             )
+        if max_len and z.shape[1] > max_len:
+            raise DataPlaneError(
+                f"encoder output z/{i} has T={z.shape[1]} positions but the model has max_len={max_len}; the CU must "
+                "cut sequences at task.max_len"
+            )
         if not all_finite(z):
             hint = " (float16 on the wire cannot be the cause: values are scaled)" if fp16 else ""
             raise DataPlaneError(
                 f"encoder output z/{i} holds NaN or Inf{hint}; the CU's encoder diverged: lower the learning rate or "
                 "check the data"
+            )
+        peak = float(z.abs().max()) if max_abs and z.numel() else 0.0
+        if peak > max_abs > 0:
+            raise DataPlaneError(
+                f"encoder output z/{i} has |value| {peak:.3g} > dataplane.max_abs_activation={max_abs:g}; the CU's "
+                "encoder diverged (lower the learning rate), or raise the limit"
             )
         if set(mb) != keys:
             raise DataPlaneError(
@@ -68,6 +82,11 @@ def check_step(req: StepRequest, hidden_size: int, fp16: bool) -> None:
                 raise DataPlaneError(
                     f"micro-batch {i}: field {key!r} has shape {list(value.shape)} but the encoder output has "
                     f"B={z.shape[0]} rows; every field needs the batch on dim 0"
+                )
+            if max_len and value.dim() >= 2 and value.shape[1] > max_len:
+                raise DataPlaneError(
+                    f"micro-batch {i}: field {key!r} has {value.shape[1]} positions but the model has "
+                    f"max_len={max_len}; the CU must cut sequences at task.max_len"
                 )
             if value.dtype not in _LABEL_DTYPES:
                 raise DataPlaneError(

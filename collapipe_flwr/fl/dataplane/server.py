@@ -85,6 +85,8 @@ class DecoderHost:
         lr_schedule: Callable[[int, int], float] | None = None,
         precision: str = "fp32",
         joint: bool = False,
+        max_len: int = 0,
+        max_abs_activation: float = 0.0,
     ) -> None:
         if not secret:
             raise DataPlaneError("the data-plane secret is empty; give DecoderHost a per-run random secret")
@@ -98,6 +100,8 @@ class DecoderHost:
         self._lr_schedule = lr_schedule  # (round t, step seq 1..) -> factor of the decoder's base lr
         self._base_lrs = [g["lr"] for g in optimizer.param_groups] if optimizer is not None else []
         self.hidden_size = int(hidden_size)
+        self.max_len = int(max_len)  # longest sequence a step may carry (the model's positions; 0 = no limit)
+        self.max_abs_activation = float(max_abs_activation)  # largest |z_enc| accepted (0 = no limit)
         self.fp16 = bool(fp16)
         self.max_message_mb = int(max_message_mb)
         self._secret = secret.encode("utf-8")
@@ -250,7 +254,7 @@ class DecoderHost:
                 )
             self._check_round(round_, cluster)
             req = decode_step_request(frame)
-            check_step(req, self.hidden_size, self.fp16)
+            check_step(req, self.hidden_size, self.fp16, self.max_len, self.max_abs_activation)
             t_wait = time.perf_counter()
             joint = self._joint.submit(req) if self._joint is not None else None
             if joint is not None:

@@ -1,0 +1,113 @@
+"""A killed run resumes from its last complete round and continues as if it had never stopped; a run folder
+that exists is refused unless ``resume=true``; run files are written atomically.
+
+The whole server and the real CU handlers run in this process (``tests/inprocess_grid.py``). The reference is
+an uninterrupted run of the same seed; the killed run stops when round 3's train messages are sent (as if
+the server process died), and a new server process (a new Flower run) resumes it from ``checkpoint.pt``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from collapipe_flwr.fl.checkpoint import CHECKPOINT_FILE
+from collapipe_flwr.fl.messages import TRAIN
+from collapipe_flwr.fl.server_main import run_server
+from tests.inprocess_grid import InProcessGrid
+
+# optimizer_state=reset: every CU round starts from the server's weights alone, so the server's checkpoint is
+# everything the next round depends on; dropout 0: no CU-side random state either (see fl/checkpoint.py)
+BASE = (
+    "task=translation model=transformer_tiny federation=tiny network=small federation.num_rounds=4 "
+    "federation.local_steps=2 federation.optimizer_state=reset federation.server_optimizer=fedadam "
+    "runtime.backend=local runtime.precision=fp32 task.batch_size=8 eval.max_examples=16 eval.every=1 "
+    "model.dropout=0.0"
+)
+
+
+class _ServerKilled(Exception):
+    pass
+
+
+class _DyingGrid(InProcessGrid):
+    """Delivers messages until round ``die_at``'s train messages, then dies like a killed server."""
+
+    def __init__(self, *args, die_at: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.die_at, self.trains = die_at, 0
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == TRAIN:
+            self.trains += 1
+            if self.trains == self.die_at:
+                raise _ServerKilled
+        return super().send_and_receive(messages, timeout)
+
+
+def _rounds(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
+
+
+def _run(data_dir, out, name: str, grid, extra: str = ""):
+    overrides = f"{BASE} run_name={name} {extra}".strip()
+    return run_server(grid, {"overrides": overrides, "data-dir": str(data_dir), "output-dir": str(out)})
+
+
+def test_resumed_run_continues_exactly_like_an_uninterrupted_one(data_dir, tmp_path):
+    reference = _rounds(_run(data_dir, tmp_path, "whole", InProcessGrid(2, str(data_dir), run_id=11)))
+
+    with pytest.raises(_ServerKilled):
+        _run(data_dir, tmp_path, "killed", _DyingGrid(2, str(data_dir), run_id=12, die_at=3))
+    folder = tmp_path / "killed"
+    assert [r["round"] for r in _rounds(folder)] == [0, 1, 2]  # rounds 1 and 2 complete, round 3 never was
+    assert (folder / CHECKPOINT_FILE).is_file() and not (folder / "summary.json").exists()
+
+    resumed_folder = _run(data_dir, tmp_path, "killed", InProcessGrid(2, str(data_dir), run_id=13), "resume=true")
+    resumed = _rounds(resumed_folder)
+    assert [r["round"] for r in resumed] == [0, 1, 2, 3, 4]
+    for got, want in zip(resumed[3:], reference[3:], strict=True):
+        assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-6, abs=1e-9)
+        for cluster in want["clients"]:
+            assert got["clients"][cluster]["train-losses"] == pytest.approx(
+                want["clients"][cluster]["train-losses"], rel=1e-6, abs=1e-9
+            )
+        assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-6, abs=1e-9)
+        assert got["plan"] == want["plan"]  # the policy's queues and generator were restored too
+    summary = json.loads((resumed_folder / "summary.json").read_text())
+    assert summary["final_val"]["loss"] == pytest.approx(reference[-1]["val_loss"], rel=1e-6)
+
+
+def test_existing_run_folder_is_refused_unless_resumed(data_dir, tmp_path, capsys):
+    _run(data_dir, tmp_path, "once", InProcessGrid(2, str(data_dir), run_id=21), "federation.num_rounds=1")
+    before = (tmp_path / "once" / "rounds.jsonl").read_text()
+    with pytest.raises(SystemExit) as exit_info:
+        _run(data_dir, tmp_path, "once", InProcessGrid(2, str(data_dir), run_id=22), "federation.num_rounds=1")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: run folder") and "resume=true" in err
+    assert (tmp_path / "once" / "rounds.jsonl").read_text() == before  # nothing appended, nothing lost
+
+
+def test_resume_with_a_different_config_is_refused(data_dir, tmp_path, capsys):
+    with pytest.raises(_ServerKilled):
+        _run(data_dir, tmp_path, "r", _DyingGrid(2, str(data_dir), run_id=31, die_at=2))
+    with pytest.raises(SystemExit):
+        _run(
+            data_dir, tmp_path, "r", InProcessGrid(2, str(data_dir), run_id=32), "resume=true federation.local_steps=3"
+        )
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "federation.local_steps" in err and "resume" in err
+
+
+def test_torn_last_record_does_not_merge_with_the_next(tmp_path):
+    from collapipe_flwr.fl.run_log import RunLog, read_rounds
+
+    log = RunLog(tmp_path / "run")
+    log.append_round({"round": 1})
+    with (tmp_path / "run" / "rounds.jsonl").open("a") as fh:
+        fh.write('{"round": 2, "train_lo')  # the writer died mid-line
+    log.append_round({"round": 3})
+    assert [r["round"] for r in read_rounds(tmp_path / "run")] == [1, 3]
