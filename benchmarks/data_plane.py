@@ -34,6 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost  # noqa: E402
+from collapipe_flwr.fl.dataplane.auth import cluster_key  # noqa: E402
 
 B, T, H = 64, 32, 256
 
@@ -71,7 +72,7 @@ def bench_data_plane(steps: int, fp16: bool) -> tuple[float, float, int, float]:
     mbs = [{"input_ids": torch.ones(B, T, dtype=torch.long), "attention_mask": torch.ones(B, T, dtype=torch.long)}]
     times = []
     try:
-        with DecoderClient(host.address, "bench-secret", 1, 0, fp16=fp16) as client:
+        with DecoderClient(host.address, cluster_key("bench-secret", 1, 0), 1, 0, fp16=fp16) as client:
             for _ in range(10):
                 client(z, mbs)
             cpu0 = _cpu_seconds()

@@ -109,7 +109,7 @@ class DataPlaneSpec:
     """The per-step channel between CUs and the server's decoder."""
 
     host: str = "127.0.0.1"
-    bind: str = "0.0.0.0"
+    bind: str = ""  # "" = the announced host only; "0.0.0.0" listens on every interface
     port: int = 0
     fp16: bool = False
     max_message_mb: int = 256

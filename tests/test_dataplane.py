@@ -19,6 +19,7 @@ from torch import nn
 
 from collapipe_flwr.errors import CollaPipeError, DataPlaneError
 from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost
+from collapipe_flwr.fl.dataplane.auth import call_metadata, cluster_key
 from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_step_request, encode_step_request
 from collapipe_flwr.fl.dataplane.wire import DTYPES, decode_frame, decode_header, encode_frame, to_wire_fp16
 from collapipe_flwr.pipeline.head import head_step
@@ -130,10 +131,23 @@ class Served:
         )
         self.host.start()
         self.host.open_round(1, [0, 1])
+        self._clients: dict[tuple[int, int], list[DecoderClient]] = {}
 
     def client(self, cluster: int = 0, **kw) -> DecoderClient:
-        kw = {"secret": SECRET, "round": 1, "cluster": cluster, "timeout_s": 30, **kw}
-        return DecoderClient(self.host.address, **kw)
+        """A CU's client with its own key; a fresh client of the same (round, cluster) continues its step ids."""
+        round_ = kw.get("round", 1)
+        earlier = self._clients.setdefault((round_, cluster), [])
+        kw = {
+            "secret": cluster_key(SECRET, round_, cluster),
+            "round": round_,
+            "cluster": cluster,
+            "timeout_s": 30,
+            "start_seq": max((c._seq for c in earlier), default=0),
+            **kw,
+        }
+        client = DecoderClient(self.host.address, **kw)
+        earlier.append(client)
+        return client
 
 
 MAX_LEN, MAX_ABS = 16, 1e4  # the served decoder's positions and activation limit (make_step: t = 7, |z| ~ 10)
@@ -302,7 +316,8 @@ def _drop_mask(z, mbs):
 
 
 MALFORMED = {
-    "wrong secret": ({"secret": "not-the-secret"}, None, "secret"),
+    "wrong key": ({"secret": "not-the-key"}, None, "no valid data-plane key"),
+    "key of another cluster": ({"secret": cluster_key(SECRET, 1, 1)}, None, "no valid data-plane key"),
     "unknown round": ({"round": 7}, None, "round 7 is not open"),
     "cluster not in round": ({"cluster": 5}, None, "cluster 5 is not selected"),
     "hidden size": ({}, lambda z, mbs: ([t[..., : H - 1] for t in z], mbs), f"\\[B, T, {H}\\]"),
@@ -414,14 +429,17 @@ def test_busy_decoder_and_too_many_streams_are_refused():
 # ---------------------------------------------------------------------------------------------------
 # broken peers, timeouts, raw frames
 # ---------------------------------------------------------------------------------------------------
-def _raw_stream(address: str):
+def _raw_stream(address: str, round_: int = 1, cluster: int = 0, key: str | None = None):
+    """A bare gRPC stream of cluster n in round t (with that CU's key in its metadata unless ``key`` is given)."""
     channel = grpc.insecure_channel(address)
-    return channel, channel.stream_stream(FULL_METHOD, request_serializer=None, response_deserializer=None)
+    raw = channel.stream_stream(FULL_METHOD, request_serializer=None, response_deserializer=None)
+    metadata = call_metadata(round_, cluster, cluster_key(SECRET, round_, cluster) if key is None else key)
+    return channel, lambda requests, **kw: raw(requests, metadata=metadata, **kw)
 
 
 def test_server_survives_client_disconnect_mid_stream(served):
     z, mbs = make_step(12)
-    frame = encode_step_request(SECRET, 1, 0, 1, z, mbs, fp16=False)
+    frame = encode_step_request(cluster_key(SECRET, 1, 0), 1, 0, 1, z, mbs, fp16=False)
     hold = threading.Event()
 
     def requests():
@@ -542,7 +560,7 @@ def test_pipeline_with_remote_decoder_equals_local_decoder():
     local = LocalHead(local_model.head, spec)
     g = torch.Generator().manual_seed(1)
     try:
-        with DecoderClient(host.address, SECRET, 1, 0) as remote:
+        with DecoderClient(host.address, cluster_key(SECRET, 1, 0), 1, 0) as remote:
             for _ in range(3):
                 mask = torch.ones(6, 9, dtype=torch.long)
                 mask[:, -2:] = 0
@@ -564,3 +582,69 @@ def test_pipeline_with_remote_decoder_equals_local_decoder():
         remote_pipe.shutdown()
         local_pipe.shutdown()
         host.stop(grace_s=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# who may use the data plane: per-CU keys checked before any frame is read, replays refused
+# ---------------------------------------------------------------------------------------------------
+def test_a_real_cu_is_served_while_32_unauthenticated_streams_are_open(served):
+    idle = threading.Event()
+
+    def never_send():
+        idle.wait(20)
+        yield b""
+
+    opened = []
+    for _ in range(32):
+        channel, call = _raw_stream(served.host.address, key="stolen-or-guessed")
+        opened.append((channel, call(never_send())))
+    try:
+        for _, responses in opened:  # every one is refused when it starts, before a frame is read
+            with pytest.raises(grpc.RpcError) as info:
+                next(responses)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with served.client(0) as real:
+            real(*make_step(50))
+    finally:
+        idle.set()
+        for channel, _ in opened:
+            channel.close()
+    stats = served.host.stats()
+    assert stats["clusters"][0]["steps"] == 1 and stats["unattributed"]["refused"] == 32
+
+
+def test_a_cu_cannot_send_steps_as_another_cluster(served):
+    z, mbs = make_step(51)
+    # its own (valid) stream, but a frame claiming cluster 1 with cluster 0's key
+    forged = encode_step_request(cluster_key(SECRET, 1, 0), 1, 1, 1, z, mbs, fp16=False)
+    channel, call = _raw_stream(served.host.address, 1, 0)
+    replies = list(call(iter([forged]), timeout=10))
+    channel.close()
+    meta, _ = decode_frame(replies[0])
+    assert meta["kind"] == "error" and "wrong data-plane key" in meta["message"]
+    # a frame for cluster 1 with cluster 1's key, sent on cluster 0's stream
+    other = encode_step_request(cluster_key(SECRET, 1, 1), 1, 1, 1, z, mbs, fp16=False)
+    channel, call = _raw_stream(served.host.address, 1, 0)
+    replies = list(call(iter([other]), timeout=10))
+    channel.close()
+    assert "on the stream of round 1, cluster 0" in decode_frame(replies[0])[0]["message"]
+    assert served.host.stats()["clusters"].get(1, {"steps": 0})["steps"] == 0
+
+
+def test_replayed_and_reordered_steps_are_refused(served):
+    z, mbs = make_step(52)
+    frame = encode_step_request(cluster_key(SECRET, 1, 0), 1, 0, 5, z, mbs, fp16=False)
+    channel, call = _raw_stream(served.host.address, 1, 0)
+    first = list(call(iter([frame]), timeout=10))
+    channel.close()
+    assert decode_frame(first[0])[0]["kind"] == "reply"
+    before_replay = snapshot(served.head, served.optimizer)
+    for step_id in (5, 3):  # the same frame again (captured and replayed), then an older step id
+        again = encode_step_request(cluster_key(SECRET, 1, 0), 1, 0, step_id, z, mbs, fp16=False)
+        channel, call = _raw_stream(served.host.address, 1, 0)
+        replies = list(call(iter([again]), timeout=10))
+        channel.close()
+        meta = decode_frame(replies[0])[0]
+        assert meta["kind"] == "error" and "replayed or reordered" in meta["message"]
+    assert_same_state(before_replay, snapshot(served.head, served.optimizer))  # one frame = one step, not two
+    assert served.host.stats()["clusters"][0]["steps"] == 1

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.client import DecoderClient
 from collapipe_flwr.fl.dataplane.joint import JointSteps
 from collapipe_flwr.fl.dataplane.server import DecoderHost
@@ -66,7 +67,7 @@ def test_joint_update_equals_one_step_on_all_clusters(tmp_path):
     answers: dict[int, list] = {0: [], 1: []}
 
     def cu(c: int) -> None:
-        client = DecoderClient(host.address, "s", round=1, cluster=c, timeout_s=30)
+        client = DecoderClient(host.address, cluster_key("s", 1, c), round=1, cluster=c, timeout_s=30)
         try:
             for step in data[c]:
                 answers[c].append(client([z for z, _ in step], [mb for _, mb in step]))

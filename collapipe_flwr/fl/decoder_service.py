@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from collapipe_flwr.fl.dataplane import DecoderHost
+from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.models.split import TaskHead
 
 
@@ -67,6 +68,10 @@ class DecoderService:
         )
         host.start()
         return cls(host, announce_host, secret)
+
+    def key_for(self, t: int, cluster: int) -> str:
+        """The data-plane key only CU n gets, in its round-t train message (fl/dataplane/auth.py)."""
+        return cluster_key(self.secret, t, cluster)
 
     @property
     def address(self) -> str:

@@ -87,7 +87,7 @@ class ServerState:
             wiring.optimizer_spec(cfg).build(model.head.parameters()),
             enabled=cfg.method.head_on_server,
             announce_host=dp.host,
-            bind=dp.bind,
+            bind=dp.bind or dp.host,
             port=dp.port,
             fp16=dp.fp16,
             max_message_mb=dp.max_message_mb,
@@ -130,7 +130,7 @@ class ServerState:
             cluster_config=self.cfg.cluster_config().to_dict(),
             devices=[d.to_dict() for d in self.planner.devices_of(plan.cluster)],
             dataplane_address=self.decoder.address,
-            dataplane_secret=self.decoder.secret,
+            dataplane_secret=self.decoder.key_for(t, plan.cluster),
         )
 
     def absorb_results(self, t: int, results: list[ClusterResult]) -> None:

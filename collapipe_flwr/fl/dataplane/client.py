@@ -19,6 +19,7 @@ import grpc
 import torch
 
 from collapipe_flwr.errors import DataPlaneError
+from collapipe_flwr.fl.dataplane.auth import call_metadata
 from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_reply, encode_step_request
 from collapipe_flwr.fl.dataplane.transport import MB, channel_options
 from collapipe_flwr.fl.dataplane.wire import decode_header
@@ -29,10 +30,10 @@ _END = object()
 class _Stream:
     """One open bidirectional stream: an outgoing queue and a reader thread filling an incoming queue."""
 
-    def __init__(self, call) -> None:
+    def __init__(self, call, metadata: tuple[tuple[str, str], ...]) -> None:
         self.outgoing: queue.Queue = queue.Queue()
         self.incoming: queue.Queue = queue.Queue()
-        self.responses = call(iter(self.outgoing.get, _END))
+        self.responses = call(iter(self.outgoing.get, _END), metadata=metadata)
         self.reader = threading.Thread(target=self._read, name="decoder-client-reader", daemon=True)
         self.reader.start()
 
@@ -65,6 +66,7 @@ class DecoderClient:
         fp16: bool = False,  # noqa: A002
         timeout_s: float = 120,
         max_message_mb: int = 256,
+        start_seq: int = 0,
     ) -> None:
         if not address:
             raise DataPlaneError(
@@ -79,7 +81,7 @@ class DecoderClient:
         self.timeout_s = float(timeout_s)
         self.max_message_bytes = int(max_message_mb) * MB
         self._secret = secret
-        self._seq = 0
+        self._seq = int(start_seq)  # step ids continue from here (a client reopened mid-round passes its last)
         self._channel = grpc.insecure_channel(address, options=channel_options(max_message_mb))
         self._call = self._channel.stream_stream(FULL_METHOD, request_serializer=None, response_deserializer=None)
         self._stream: _Stream | None = None
@@ -109,7 +111,7 @@ class DecoderClient:
                     f"raise it on server and CUs, use more micro-batches, or set dataplane.fp16"
                 )
             if self._stream is None:
-                self._stream = _Stream(self._call)
+                self._stream = _Stream(self._call, call_metadata(self.round, self.cluster, self._secret))
             stream = self._stream
             stream.outgoing.put(frame)
             try:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hmac
 import logging
 import threading
 import time
@@ -36,6 +35,7 @@ import grpc
 import torch
 
 from collapipe_flwr.errors import DataPlaneError
+from collapipe_flwr.fl.dataplane.auth import KeyInterceptor, identity_of, key_matches
 from collapipe_flwr.fl.dataplane.checks import check_step
 from collapipe_flwr.fl.dataplane.joint import JointSteps
 from collapipe_flwr.fl.dataplane.protocol import (
@@ -123,6 +123,7 @@ class DecoderHost:
         self._bound_port: int | None = None
         # decoder_update: joint (Algorithm 1 line 14, one update on all clusters' step) instead of per CU
         self._joint = JointSteps(self._run_joint, timeout_s=lock_timeout_s) if joint else None
+        self._last_seq: dict[tuple[int, int], int] = {}  # highest step id claimed per (round, cluster)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> int:
@@ -133,6 +134,7 @@ class DecoderHost:
             futures.ThreadPoolExecutor(max_workers=self._max_streams + 2, thread_name_prefix="decoder-host"),
             options=channel_options(self.max_message_mb),
             maximum_concurrent_rpcs=self._max_streams,
+            interceptors=(KeyInterceptor(self._secret, on_refused=self._count_unauthenticated),),
         )
         handler = grpc.method_handlers_generic_handler(
             SERVICE, {METHOD: grpc.stream_stream_rpc_method_handler(self._serve_stream)}
@@ -227,9 +229,11 @@ class DecoderHost:
     # -- serving -----------------------------------------------------------------------------------
     def _serve_stream(self, request_iterator, context):
         registered: int | None = None
+        who = identity_of(context.invocation_metadata())  # (t, n, key), checked by KeyInterceptor
+        stream = (who[0], who[1]) if who is not None else None
         try:
             for frame in request_iterator:
-                reply, round_ = self._serve_frame(frame)
+                reply, round_ = self._serve_frame(frame, stream)
                 if registered is None and round_ is not None:
                     registered = round_
                     with self._state_lock:
@@ -242,17 +246,24 @@ class DecoderHost:
                 with self._state_lock:
                     self._streams.get(registered, set()).discard(context)
 
-    def _serve_frame(self, frame: bytes) -> tuple[bytes, int | None]:
+    def _serve_frame(self, frame: bytes, stream: tuple[int, int] | None = None) -> tuple[bytes, int | None]:
         t0 = time.perf_counter()
         seq = cluster = round_ = None
         try:
             secret, round_, cluster, seq, _m = peek_step_header(frame)
-            if not hmac.compare_digest(secret.encode("utf-8"), self._secret):
+            if not key_matches(self._secret, round_, cluster, secret):
                 cluster = round_ = None
                 raise DataPlaneError(
-                    "wrong data-plane secret; the CU must use the secret from this run's train message"
+                    "wrong data-plane key for this round and cluster; the CU must use the key from its own train "
+                    "message"
+                )
+            if stream is not None and (round_, cluster) != stream:
+                raise DataPlaneError(
+                    f"a step of round {round_}, cluster {cluster} on the stream of round {stream[0]}, cluster "
+                    f"{stream[1]}; a CU sends only its own steps"
                 )
             self._check_round(round_, cluster)
+            self._claim_seq(round_, cluster, seq)
             req = decode_step_request(frame)
             check_step(req, self.hidden_size, self.fp16, self.max_len, self.max_abs_activation)
             t_wait = time.perf_counter()
@@ -304,6 +315,21 @@ class DecoderHost:
             reply = encode_error(seq, f"internal error in the decoder host: {err.__class__.__name__}: {err}")
             self._count(cluster, frame, reply, served=False, total=time.perf_counter() - t0)
             return reply, None
+
+    def _claim_seq(self, round_: int, cluster: int, seq: int) -> None:
+        """Step ids increase strictly per (round, cluster): a replayed or reordered frame is refused."""
+        with self._state_lock:
+            last = self._last_seq.get((round_, cluster), 0)
+            if seq <= last:
+                raise DataPlaneError(
+                    f"step id {seq} of cluster {cluster} in round {round_} is not above the last one ({last}): a "
+                    "replayed or reordered frame; a CU numbers its steps 1, 2, ... within a round"
+                )
+            self._last_seq[(round_, cluster)] = seq
+
+    def _count_unauthenticated(self) -> None:
+        with self._state_lock:
+            self._unattributed.refused += 1
 
     def _check_round(self, round_: int, cluster: int) -> None:
         if self._round != round_:

@@ -1,0 +1,73 @@
+"""Who may use the data plane: a key per (round t, cluster n), checked before any request body is read.
+
+The server keeps one random run secret and never sends it. CU n gets, in its own round-t train message,
+``cluster_key(secret, t, n)`` = HMAC-SHA256(secret, "t:n"): a CU knows only its own key, so it cannot send
+steps as another cluster or into another round. The key travels twice:
+- in the stream's call metadata (``x-collapipe-round``, ``x-collapipe-cluster``, ``x-collapipe-key``),
+  which :class:`KeyInterceptor` checks when the call starts: a caller without a valid key is refused
+  (UNAUTHENTICATED) before a single frame is read, so floods of large unauthenticated frames never reach
+  memory and idle unauthenticated streams never hold a worker;
+- in every frame's header, which the host checks again against the frame's own (t, n) and the stream's.
+Step ids (the frame's ``seq``) must increase strictly per (t, n): a replayed or reordered frame is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable, Sequence
+
+import grpc
+
+ROUND_KEY = "x-collapipe-round"
+CLUSTER_KEY = "x-collapipe-cluster"
+KEY_KEY = "x-collapipe-key"
+
+
+def cluster_key(run_secret: str | bytes, round_: int, cluster: int) -> str:
+    """The data-plane key of cluster n in round t (hex HMAC-SHA256 of the run secret)."""
+    secret = run_secret.encode("utf-8") if isinstance(run_secret, str) else run_secret
+    return hmac.new(secret, f"{int(round_)}:{int(cluster)}".encode(), hashlib.sha256).hexdigest()
+
+
+def key_matches(run_secret: str | bytes, round_: int, cluster: int, key: str) -> bool:
+    """Constant-time check of a presented key."""
+    return hmac.compare_digest(cluster_key(run_secret, round_, cluster).encode(), str(key).encode())
+
+
+def call_metadata(round_: int, cluster: int, key: str) -> tuple[tuple[str, str], ...]:
+    """What a CU's stream carries as metadata."""
+    return ((ROUND_KEY, str(int(round_))), (CLUSTER_KEY, str(int(cluster))), (KEY_KEY, str(key)))
+
+
+def identity_of(metadata: Sequence[tuple[str, str | bytes]] | None) -> tuple[int, int, str] | None:
+    """(t, n, key) from call metadata, or None when any of them is missing or not an integer."""
+    values = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in (metadata or ())}
+    try:
+        return int(values[ROUND_KEY]), int(values[CLUSTER_KEY]), str(values[KEY_KEY])
+    except (KeyError, ValueError):
+        return None
+
+
+class KeyInterceptor(grpc.ServerInterceptor):
+    """Refuse a call whose metadata carries no valid (round, cluster, key) before its handler runs."""
+
+    def __init__(self, run_secret: str | bytes, on_refused: Callable[[], None] | None = None) -> None:
+        self._secret = run_secret
+        self._on_refused = on_refused
+
+        def refuse(request_iterator, context):
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "no valid data-plane key in the call metadata; use the key from this round's train message",
+            )
+
+        self._refusal = grpc.stream_stream_rpc_method_handler(refuse)
+
+    def intercept_service(self, continuation, handler_call_details):
+        who = identity_of(handler_call_details.invocation_metadata)
+        if who is not None and key_matches(self._secret, *who):
+            return continuation(handler_call_details)
+        if self._on_refused is not None:
+            self._on_refused()
+        return self._refusal
