@@ -117,8 +117,14 @@ class DataPlaneSpec:
     # the decoder refuses a step whose |z_enc| exceeds this (finite but huge activations would turn its loss
     # NaN); 0 = no limit. Encoder outputs after LayerNorm are O(10).
     max_abs_activation: float = 1e4
+    # TLS for the data plane (PEM files on the server, e.g. the ones given to the SuperLink's --ssl-* flags):
+    # the CUs get the CA (or the certificate) in their train message. "" = plaintext (loopback, tests).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
 
     def __post_init__(self) -> None:
+        require(bool(self.tls_cert) == bool(self.tls_key), "dataplane.tls_cert and dataplane.tls_key go together")
         require(0 <= self.port < 65536, f"dataplane.port={self.port} must be in 0..65535 (0 = any free port)")
         require(self.max_abs_activation >= 0, "dataplane.max_abs_activation must be >= 0 (0 = no limit)")
         require(self.max_message_mb >= 1, "dataplane.max_message_mb must be >= 1")

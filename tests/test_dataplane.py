@@ -24,6 +24,7 @@ from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_step_reques
 from collapipe_flwr.fl.dataplane.wire import DTYPES, decode_frame, decode_header, encode_frame, to_wire_fp16
 from collapipe_flwr.pipeline.head import head_step
 from collapipe_flwr.pipeline.microbatch import split_batch
+from tests.tls_certs import self_signed
 
 H, C, SECRET = 16, 5, "run-secret-1234"
 
@@ -648,3 +649,24 @@ def test_replayed_and_reordered_steps_are_refused(served):
         assert meta["kind"] == "error" and "replayed or reordered" in meta["message"]
     assert_same_state(before_replay, snapshot(served.head, served.optimizer))  # one frame = one step, not two
     assert served.host.stats()["clusters"][0]["steps"] == 1
+
+
+def test_tls_round_trip_on_loopback(tmp_path):
+    cert, key = self_signed(tmp_path)
+    s = Served(TokenHead(), tls=(cert.read_bytes(), key.read_bytes()))
+    try:
+        z, mbs = make_step(60)
+        with s.client(0, root_certificate=cert.read_text()) as secure:
+            loss, _ = secure(z, mbs)
+        ref_loss, _ = head_step(s.ref_head, s.ref_optimizer, z, mbs)
+        assert abs(loss - ref_loss) <= 1e-6
+        with s.client(1, timeout_s=10) as plaintext:  # a CU without TLS cannot talk to a TLS host
+            with pytest.raises(DataPlaneError):
+                plaintext(*make_step(61))
+        other, _ = self_signed(tmp_path / "other")
+        with s.client(1, timeout_s=10, root_certificate=other.read_text()) as untrusted:  # nor one trusting another
+            with pytest.raises(DataPlaneError):
+                untrusted(*make_step(62))
+        assert s.host.stats()["clusters"][0]["steps"] == 1 and 1 not in s.host.stats()["clusters"]
+    finally:
+        s.host.stop(grace_s=0)

@@ -111,3 +111,24 @@ def test_torn_last_record_does_not_merge_with_the_next(tmp_path):
         fh.write('{"round": 2, "train_lo')  # the writer died mid-line
     log.append_round({"round": 3})
     assert [r["round"] for r in read_rounds(tmp_path / "run")] == [1, 3]
+
+
+def test_a_full_disk_is_a_one_line_error_and_keeps_the_old_file(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    from collapipe_flwr.errors import CollaPipeError
+    from collapipe_flwr.fl.run_log import RunLog
+
+    log = RunLog(tmp_path / "run")
+    log.write_summary({"final_val": {"bleu": 1.0}})
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkstemp", no_space)
+    with pytest.raises(CollaPipeError) as info:
+        log.write_summary({"final_val": {"bleu": 2.0}})
+    message = str(info.value)
+    assert "summary.json" in message and "No space left on device" in message and "\n" not in message
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"final_val": {"bleu": 1.0}}

@@ -82,6 +82,7 @@ def decoder_client(cfg: ClusterConfig, instructions: TrainInstructions, cluster:
         fp16=cfg.dataplane.fp16,
         timeout_s=cfg.dataplane.timeout_s,
         max_message_mb=cfg.dataplane.max_message_mb,
+        root_certificate=instructions.dataplane_root_certificate,
     )
 
 

@@ -12,21 +12,49 @@ import contextlib
 import secrets
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.dataplane import DecoderHost
 from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.models.split import TaskHead
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """The data plane's TLS material (PEM files): the server certificate and key, and optionally the CA that
+    signed the certificate (CUs are told to trust the CA, else the certificate itself)."""
+
+    cert: str
+    key: str
+    ca: str = ""
+
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        """(certificate, key, what CUs trust); a one-line error naming a file that cannot be read."""
+        out = []
+        for what, path in (
+            ("dataplane.tls_cert", self.cert),
+            ("dataplane.tls_key", self.key),
+            ("dataplane.tls_ca", self.ca or self.cert),
+        ):
+            try:
+                out.append(Path(path).expanduser().read_bytes())
+            except OSError as err:
+                raise ConfigError(f"cannot read {what}={path!r}: {err.strerror}; give a PEM file") from None
+        return out[0], out[1], out[2]
+
+
 class DecoderService:
     """The data-plane host of the head (or nothing), its secret and the address CUs are told."""
 
-    def __init__(self, host: DecoderHost | None, announce_host: str, secret: str) -> None:
+    def __init__(self, host: DecoderHost | None, announce_host: str, secret: str, root_certificate: str = "") -> None:
         self.host = host
         self.announce_host = announce_host
         self.secret = secret
+        self.root_certificate = root_certificate  # what CUs trust for TLS ("" = plaintext)
 
     @classmethod
     def start(
@@ -46,11 +74,13 @@ class DecoderService:
         joint: bool,
         max_len: int = 0,
         max_abs_activation: float = 0.0,
+        tls: TlsFiles | None = None,
     ) -> DecoderService:
         """Start serving ``head`` (when ``enabled``); ``lr_factor_of(round, seq)`` is the decoder's LR factor."""
         secret = secrets.token_hex(16)
         if not enabled:
             return cls(None, announce_host, secret)
+        pems = tls.read() if tls is not None else None
         host = DecoderHost(
             head,
             optimizer,
@@ -65,9 +95,10 @@ class DecoderService:
             joint=joint,
             max_len=max_len,
             max_abs_activation=max_abs_activation,
+            tls=(pems[0], pems[1]) if pems is not None else None,
         )
         host.start()
-        return cls(host, announce_host, secret)
+        return cls(host, announce_host, secret, pems[2].decode("utf-8") if pems is not None else "")
 
     def key_for(self, t: int, cluster: int) -> str:
         """The data-plane key only CU n gets, in its round-t train message (fl/dataplane/auth.py)."""

@@ -78,7 +78,8 @@ class TrainInstructions:
     cluster_config: dict  # ClusterConfig.to_dict(): the part of the run config a CU uses
     devices: list[dict]
     dataplane_address: str = ""
-    dataplane_secret: str = ""
+    dataplane_secret: str = ""  # this CU's own data-plane key for this round (fl/dataplane/auth.py)
+    dataplane_root_certificate: str = ""  # PEM the CU trusts for the data plane's TLS ("" = plaintext)
 
     def to_record(self) -> ConfigRecord:
         payload = {
@@ -88,6 +89,7 @@ class TrainInstructions:
             "devices": self.devices,
             "dataplane_address": self.dataplane_address,
             "dataplane_secret": self.dataplane_secret,
+            "dataplane_root_certificate": self.dataplane_root_certificate,
         }
         return ConfigRecord({"json": json.dumps(payload)})
 
@@ -102,6 +104,7 @@ class TrainInstructions:
                 devices=list(payload["devices"]),
                 dataplane_address=str(payload.get("dataplane_address", "")),
                 dataplane_secret=str(payload.get("dataplane_secret", "")),
+                dataplane_root_certificate=str(payload.get("dataplane_root_certificate", "")),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CollaPipeError(

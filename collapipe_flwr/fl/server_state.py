@@ -21,7 +21,7 @@ from collapipe_flwr import wiring
 from collapipe_flwr.config import RunConfig
 from collapipe_flwr.dssra.methods import make_planner
 from collapipe_flwr.dssra.plan import ClusterPlan
-from collapipe_flwr.fl.decoder_service import DecoderService
+from collapipe_flwr.fl.decoder_service import DecoderService, TlsFiles
 from collapipe_flwr.fl.evaluator import Evaluator
 from collapipe_flwr.fl.global_model import ClusterResult, GlobalModel
 from collapipe_flwr.fl.messages import TrainInstructions
@@ -97,6 +97,7 @@ class ServerState:
             joint=cfg.federation.decoder_update == "joint",
             max_len=cfg.model.max_len,
             max_abs_activation=dp.max_abs_activation,
+            tls=TlsFiles(dp.tls_cert, dp.tls_key, dp.tls_ca) if dp.tls_cert else None,
         )
         fed = cfg.federation
         server_optimizer = ServerOptimizer(
@@ -131,6 +132,7 @@ class ServerState:
             devices=[d.to_dict() for d in self.planner.devices_of(plan.cluster)],
             dataplane_address=self.decoder.address,
             dataplane_secret=self.decoder.key_for(t, plan.cluster),
+            dataplane_root_certificate=self.decoder.root_certificate,
         )
 
     def absorb_results(self, t: int, results: list[ClusterResult]) -> None:

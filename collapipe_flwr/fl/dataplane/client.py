@@ -67,6 +67,7 @@ class DecoderClient:
         timeout_s: float = 120,
         max_message_mb: int = 256,
         start_seq: int = 0,
+        root_certificate: str = "",
     ) -> None:
         if not address:
             raise DataPlaneError(
@@ -82,7 +83,11 @@ class DecoderClient:
         self.max_message_bytes = int(max_message_mb) * MB
         self._secret = secret
         self._seq = int(start_seq)  # step ids continue from here (a client reopened mid-round passes its last)
-        self._channel = grpc.insecure_channel(address, options=channel_options(max_message_mb))
+        if root_certificate:  # TLS: trust the server certificate (or its CA) the train message carried
+            credentials = grpc.ssl_channel_credentials(root_certificates=root_certificate.encode("utf-8"))
+            self._channel = grpc.secure_channel(address, credentials, options=channel_options(max_message_mb))
+        else:
+            self._channel = grpc.insecure_channel(address, options=channel_options(max_message_mb))
         self._call = self._channel.stream_stream(FULL_METHOD, request_serializer=None, response_deserializer=None)
         self._stream: _Stream | None = None
         self._lock = threading.Lock()

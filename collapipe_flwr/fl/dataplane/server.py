@@ -87,6 +87,7 @@ class DecoderHost:
         joint: bool = False,
         max_len: int = 0,
         max_abs_activation: float = 0.0,
+        tls: tuple[bytes, bytes] | None = None,
     ) -> None:
         if not secret:
             raise DataPlaneError("the data-plane secret is empty; give DecoderHost a per-run random secret")
@@ -106,6 +107,7 @@ class DecoderHost:
         self.max_message_mb = int(max_message_mb)
         self._secret = secret.encode("utf-8")
         self._bind = bind
+        self._tls = tls  # (certificate PEM, private key PEM): serve over TLS; None: plaintext
         self._port = int(port)
         self._advertise = advertise_host or ("127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind)
         self._max_streams = int(max_streams)
@@ -141,7 +143,12 @@ class DecoderHost:
         )
         server.add_generic_rpc_handlers((handler,))
         try:
-            port = server.add_insecure_port(format_address(self._bind, self._port))
+            address = format_address(self._bind, self._port)
+            if self._tls is None:
+                port = server.add_insecure_port(address)
+            else:
+                cert, key = self._tls
+                port = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
         except RuntimeError:
             port = 0
         if not port:
