@@ -614,38 +614,35 @@ def test_a_real_cu_is_served_while_32_unauthenticated_streams_are_open(served):
     assert stats["clusters"][0]["steps"] == 1 and stats["unattributed"]["refused"] == 32
 
 
+def _exchange(address: str, frame: bytes, round_: int = 1, cluster: int = 0) -> dict:
+    """Send one raw frame on a fresh stream of cluster n in round t; the reply's header."""
+    channel, call = _raw_stream(address, round_, cluster)
+    try:
+        return decode_frame(list(call(iter([frame]), timeout=10))[0])[0]
+    finally:
+        channel.close()
+
+
 def test_a_cu_cannot_send_steps_as_another_cluster(served):
     z, mbs = make_step(51)
     # its own (valid) stream, but a frame claiming cluster 1 with cluster 0's key
     forged = encode_step_request(cluster_key(SECRET, 1, 0), 1, 1, 1, z, mbs, fp16=False)
-    channel, call = _raw_stream(served.host.address, 1, 0)
-    replies = list(call(iter([forged]), timeout=10))
-    channel.close()
-    meta, _ = decode_frame(replies[0])
+    meta = _exchange(served.host.address, forged, 1, 0)
     assert meta["kind"] == "error" and "wrong data-plane key" in meta["message"]
     # a frame for cluster 1 with cluster 1's key, sent on cluster 0's stream
     other = encode_step_request(cluster_key(SECRET, 1, 1), 1, 1, 1, z, mbs, fp16=False)
-    channel, call = _raw_stream(served.host.address, 1, 0)
-    replies = list(call(iter([other]), timeout=10))
-    channel.close()
-    assert "on the stream of round 1, cluster 0" in decode_frame(replies[0])[0]["message"]
+    assert "on the stream of round 1, cluster 0" in _exchange(served.host.address, other, 1, 0)["message"]
     assert served.host.stats()["clusters"].get(1, {"steps": 0})["steps"] == 0
 
 
 def test_replayed_and_reordered_steps_are_refused(served):
     z, mbs = make_step(52)
     frame = encode_step_request(cluster_key(SECRET, 1, 0), 1, 0, 5, z, mbs, fp16=False)
-    channel, call = _raw_stream(served.host.address, 1, 0)
-    first = list(call(iter([frame]), timeout=10))
-    channel.close()
-    assert decode_frame(first[0])[0]["kind"] == "reply"
+    assert _exchange(served.host.address, frame)["kind"] == "reply"
     before_replay = snapshot(served.head, served.optimizer)
     for step_id in (5, 3):  # the same frame again (captured and replayed), then an older step id
         again = encode_step_request(cluster_key(SECRET, 1, 0), 1, 0, step_id, z, mbs, fp16=False)
-        channel, call = _raw_stream(served.host.address, 1, 0)
-        replies = list(call(iter([again]), timeout=10))
-        channel.close()
-        meta = decode_frame(replies[0])[0]
+        meta = _exchange(served.host.address, again)
         assert meta["kind"] == "error" and "replayed or reordered" in meta["message"]
     assert_same_state(before_replay, snapshot(served.head, served.optimizer))  # one frame = one step, not two
     assert served.host.stats()["clusters"][0]["steps"] == 1

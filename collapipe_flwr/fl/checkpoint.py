@@ -19,17 +19,16 @@ pickle: load only checkpoints your own runs wrote.
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from collapipe_flwr.errors import CollaPipeError, ConfigError
+from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.fl.run_log import replace_atomically
 from collapipe_flwr.fl.server_state import ServerState
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -86,22 +85,8 @@ def restore(server: ServerState, payload: dict[str, Any]) -> int:
 def save_checkpoint(folder: str | Path, server: ServerState, t: int) -> Path:
     """Write round t's checkpoint atomically (temporary file + ``os.replace``)."""
     path = checkpoint_path(folder)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                torch.save(capture(server, t), fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as err:
-        raise CollaPipeError(
-            f"cannot write the checkpoint {path}: {err.strerror}; free disk space or set output-dir to a writable "
-            "folder"
-        ) from None
+    state = capture(server, t)
+    replace_atomically(path, lambda fh: torch.save(state, fh))
     return path
 
 

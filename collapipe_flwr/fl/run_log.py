@@ -16,10 +16,10 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 
@@ -38,19 +38,25 @@ def _io(path: Path, doing: str) -> Iterator[None]:
         ) from None
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one step (temporary file in the same folder + ``os.replace``)."""
+def replace_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Replace ``path`` in one step: ``write`` fills a temporary file in the same folder, which is synced and
+    moved over ``path`` with ``os.replace`` (a reader sees the old file or the new one, never a part)."""
     with _io(path, "write"):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) atomically."""
+    replace_atomically(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
 def first_difference(old: Any, new: Any, path: str = "") -> str | None:
