@@ -1,8 +1,11 @@
 """The ServerApp's body: compose + validate the config once, build the server state, run T rounds.
 
 Run config keys (``[tool.flwr.app.config]``, overridable with ``flwr run . --run-config``):
-- ``overrides``: Hydra overrides of ``conf/config.yaml`` as one string
-  (``"task=ner model=bert_tiny federation.num_rounds=2"``);
+- the flat keys of :data:`collapipe_flwr.fl.run_config.FLAT_KEYS` (``num-server-rounds``, ``task``,
+  ``model``, ``method``, ``scheduler``, ``num-clusters``, ``local-steps``, ``precision``, ``run-name``,
+  ``resume``) for the settings changed most;
+- ``overrides``: any other Hydra override of ``conf/config.yaml`` as one string
+  (``"scheduler.V=10 dataplane.fp16=true"``);
 - ``data-dir``: the dataset folder (else ``$COLLAPIPE_DATA_DIR``);
 - ``output-dir``: where the run folder is created (relative paths: from where ``flwr run`` started).
 """
@@ -16,10 +19,11 @@ from pathlib import Path
 
 from flwr.common import log
 
-from collapipe_flwr.config import RunConfig, load_run_config, split_overrides
+from collapipe_flwr.config import RunConfig, load_run_config
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl.checkpoint import load_checkpoint, restore
 from collapipe_flwr.fl.progress import RoundProgress
+from collapipe_flwr.fl.run_config import hydra_overrides
 from collapipe_flwr.fl.run_log import RunLog
 from collapipe_flwr.fl.server_state import ServerState
 from collapipe_flwr.fl.strategy import CollaPipeStrategy
@@ -28,7 +32,7 @@ from collapipe_flwr.model_store import save_model
 
 def config_from_flower(run_config: dict) -> RunConfig:
     """The one validated RunConfig from Flower's run config (``overrides``, ``data-dir``, ``output-dir``)."""
-    overrides = split_overrides(str(run_config.get("overrides", "") or ""))
+    overrides = hydra_overrides(run_config)
     top = {
         "data_dir": str(run_config.get("data-dir", "") or ""),
         "output_dir": str(run_config.get("output-dir", "") or ""),
