@@ -41,7 +41,7 @@ from typing import Any
 from collapipe_flwr.dssra.specs import MethodSpec, SchedulerSpec, parse_method, parse_scheduler
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.pipeline.runtime_spec import RuntimeSpec, parse_runtime
-from collapipe_flwr.spec_parsing import check_keys, mapping, require, typed
+from collapipe_flwr.spec_parsing import check_keys, mapping, require, scalar, typed
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.tasks.spec import ModelSpec, TaskSpec, parse_model, parse_task
 
@@ -51,12 +51,6 @@ DATA_DIR_ENV = "COLLAPIPE_DATA_DIR"
 OPTIMIZER_STATES = ("keep", "reset")
 SERVER_OPTIMIZERS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
 DECODER_UPDATES = ("per_cu", "joint")
-
-
-def _bool(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"config key {key}={value!r} must be true or false")
-    return value
 
 
 @dataclass(frozen=True)
@@ -262,7 +256,7 @@ def build_cluster_config(data: Mapping[str, Any]) -> ClusterConfig:
         federation=typed("federation", FederationSpec, data.get("federation")),
         runtime=parse_runtime(data.get("runtime")),
         dataplane=typed("dataplane", DataPlaneSpec, data.get("dataplane")),
-        head_on_server=_bool("head_on_server", data.get("head_on_server", True)),
+        head_on_server=scalar("", "head_on_server", data.get("head_on_server", True), bool),
     )
 
 
@@ -333,9 +327,9 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         runtime=parse_runtime(data.get("runtime")),
         dataplane=typed("dataplane", DataPlaneSpec, data.get("dataplane")),
         eval=typed("eval", EvalSpec, data.get("eval")),
-        save_client_weights=_bool("save_client_weights", data.get("save_client_weights", False)),
-        checkpoint=_bool("checkpoint", data.get("checkpoint", True)),
-        resume=_bool("resume", data.get("resume", False)),
+        save_client_weights=scalar("", "save_client_weights", data.get("save_client_weights", False), bool),
+        checkpoint=scalar("", "checkpoint", data.get("checkpoint", True), bool),
+        resume=scalar("", "resume", data.get("resume", False), bool),
     )
 
 

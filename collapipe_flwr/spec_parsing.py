@@ -49,7 +49,7 @@ def check_keys(section: str, raw: Mapping[str, Any], known: tuple[str, ...] | se
 
 def scalar(section: str, name: str, value: Any, want: type) -> Any:
     """``value`` checked against ``want`` (bool, int, float or str); ints are accepted as floats."""
-    key = f"{section}.{name}"
+    key = f"{section}.{name}" if section else name
     if want is bool and not isinstance(value, bool):
         raise ConfigError(f"config key {key}={value!r} must be true or false")
     if want is int and (isinstance(value, bool) or not isinstance(value, int)):

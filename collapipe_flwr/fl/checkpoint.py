@@ -52,7 +52,7 @@ def capture(server: ServerState, t: int) -> dict[str, Any]:
             "head": model.head.state_dict(),
         },
         "cluster_parts": server.global_model.cluster_parts,
-        "server_optimizer": pickle.dumps(server.global_model.server_optimizer),
+        "server_optimizer": server.global_model.server_optimizer,
         "decoder_optimizer": host.optimizer.state_dict() if host is not None and host.optimizer is not None else None,
         "policy": server.planner.policy.state_dict(),
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
@@ -70,7 +70,7 @@ def restore(server: ServerState, payload: dict[str, Any]) -> int:
     model.blocks.load_state_dict(payload["model"]["encoder"])
     model.head.load_state_dict(payload["model"]["head"])
     server.global_model.cluster_parts = dict(payload["cluster_parts"])
-    server.global_model.server_optimizer = pickle.loads(payload["server_optimizer"])
+    server.global_model.server_optimizer = payload["server_optimizer"]
     host = server.decoder.host
     if payload["decoder_optimizer"] is not None and host is not None and host.optimizer is not None:
         host.optimizer.load_state_dict(payload["decoder_optimizer"])

@@ -26,9 +26,6 @@ class Evaluator:
         self.decoder = decoder
 
     def evaluate(self, models: list[SplitModel]) -> dict[str, float]:
-        if len(models) == 1:
-            with self.decoder.head_locked():
-                return self._score(models[0])
         with self.decoder.head_locked():
             scores = [self._score(model) for model in models]
         return {k: sum(s[k] for s in scores) / len(scores) for k in scores[0]}

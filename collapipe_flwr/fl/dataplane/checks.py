@@ -8,11 +8,13 @@ state.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.protocol import StepRequest
-from collapipe_flwr.fl.dataplane.wire import all_finite
+from collapipe_flwr.fl.dataplane.wire import peak_magnitude
 
 _LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 
@@ -50,13 +52,13 @@ def check_step(req: StepRequest, hidden_size: int, fp16: bool, max_len: int = 0,
                 f"encoder output z/{i} has T={z.shape[1]} positions but the model has max_len={max_len}; the CU must "
                 "cut sequences at task.max_len"
             )
-        if not all_finite(z):
+        peak = peak_magnitude(z)  # one pass: inf for NaN / Inf, else max |z|
+        if not math.isfinite(peak):
             hint = " (float16 on the wire cannot be the cause: values are scaled)" if fp16 else ""
             raise DataPlaneError(
                 f"encoder output z/{i} holds NaN or Inf{hint}; the CU's encoder diverged: lower the learning rate or "
                 "check the data"
             )
-        peak = float(z.abs().max()) if max_abs and z.numel() else 0.0
         if peak > max_abs > 0:
             raise DataPlaneError(
                 f"encoder output z/{i} has |value| {peak:.3g} > dataplane.max_abs_activation={max_abs:g}; the CU's "

@@ -85,6 +85,16 @@ def all_finite(t: torch.Tensor) -> bool:
     return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
+def peak_magnitude(t: torch.Tensor) -> float:
+    """max |t| from the same single aminmax pass as :func:`all_finite`; inf when t holds NaN or Inf."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return 0.0
+    lo, hi = (float(x) for x in torch.aminmax(t))
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return math.inf
+    return max(-lo, hi)
+
+
 def fp16_scale(t: torch.Tensor) -> float:
     """A power of two s such that max|s * t| lies in [2**13, 2**14) (1.0 for zero or non-finite t)."""
     if t.numel() == 0:
