@@ -1,27 +1,31 @@
-"""Shared fixtures: the real dataset folder (../shared/data or $COLLAPIPE_DATA_DIR), one torch thread."""
+"""Shared fixtures: the real dataset folder (absolute; found as the package finds it: $COLLAPIPE_DATA_DIR,
+else ./data as `python -m collapipe_flwr.data prepare` writes it), one torch thread."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
+from collapipe_flwr.config import resolve_data_dir
+from collapipe_flwr.errors import ConfigError
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _data_dir() -> Path | None:
-    value = os.environ.get("COLLAPIPE_DATA_DIR") or str(ROOT.parent / "shared" / "data")
-    path = Path(value)
-    return path if path.is_dir() else None
+    try:
+        return resolve_data_dir(None)  # absolute, so subprocesses started elsewhere find it too
+    except ConfigError:
+        return None
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     path = _data_dir()
     if path is None:
-        pytest.skip("real datasets not found: set COLLAPIPE_DATA_DIR to the shared data folder")
+        pytest.skip("real datasets not found: run `python -m collapipe_flwr.data prepare` or set COLLAPIPE_DATA_DIR")
     return path
 
 

@@ -54,10 +54,13 @@ def test_overrides_string_is_split_shell_style():
 
 
 def test_missing_data_dir_says_how_to_fix(monkeypatch, tmp_path):
+    import collapipe_flwr.config as config_module
+
     monkeypatch.delenv("COLLAPIPE_DATA_DIR", raising=False)
+    monkeypatch.setattr(config_module, "default_data_dirs", lambda cwd=None: [tmp_path / "data"])
     with pytest.raises(ConfigError) as err:
         resolve_data_dir("")
-    assert "COLLAPIPE_DATA_DIR" in _one_line(err)
+    assert "COLLAPIPE_DATA_DIR" in _one_line(err) and "collapipe_flwr.data prepare" in _one_line(err)
     with pytest.raises(ConfigError) as err:
         resolve_data_dir(tmp_path / "nope")
     assert "does not exist" in _one_line(err)
@@ -67,3 +70,12 @@ def test_a_task_without_a_model_gets_the_tasks_default_model():
     assert compose(["task=ner"])["model"]["name"] == compose(["task=ner"])["task"]["default_model"] == "bert_small"
     assert compose(["task=classification", "model=bert_tiny"])["model"]["name"] == "bert_tiny"
     assert compose([])["model"]["name"] == "transformer_small"
+
+
+def test_data_dir_defaults_to_data_in_the_working_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv("COLLAPIPE_DATA_DIR", raising=False)
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert resolve_data_dir("") == (tmp_path / "data").resolve()
+    monkeypatch.setenv("COLLAPIPE_DATA_DIR", str(tmp_path))  # the variable wins over the default
+    assert resolve_data_dir("") == tmp_path.resolve()
