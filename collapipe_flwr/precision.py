@@ -25,7 +25,11 @@ _warned: set[str] = set()
 
 
 def _cpu_flags() -> set[str] | None:
-    """The CPU feature flags of the first ``flags`` line of /proc/cpuinfo, None when there is none."""
+    """The CPU feature flags of the first ``flags`` line of /proc/cpuinfo, None when there is none.
+
+    Read directly on purpose: psutil (used for processes, collapipe_flwr.experiments.processes) has no
+    CPU-flag API, and torch only answers through a private op (:func:`_mkldnn_bf16`, the fallback).
+    """
     try:
         text = CPUINFO.read_text(errors="replace")
     except OSError:

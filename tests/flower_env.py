@@ -1,18 +1,19 @@
 """Running Flower's CLI from tests: a private FLWR_HOME, offline settings, and every process stopped.
 
 ``flwr run .`` starts a detached local SuperLink that outlives the command (docs/architecture.md); it is found by
-its ``--database`` path inside our private FLWR_HOME and killed by pid.
+its ``--database`` path inside our private FLWR_HOME and killed by pid, with its descendants
+(collapipe_flwr.experiments.processes).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from collapipe_flwr.experiments import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,40 +46,14 @@ def local_simulation_config(num_supernodes: int) -> str:
     )
 
 
-def pids_matching(text: str) -> list[int]:
-    """Pids of processes whose command line contains ``text``."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline and int(proc.name) != os.getpid():
-            pids.append(int(proc.name))
-    return pids
-
-
-def stop_pids(pids: list[int], grace_s: float = 10.0) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.time() + grace_s
-    while time.time() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
-        time.sleep(0.2)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+# Processes are found and stopped by pid with the launcher's own helpers (psutil), never by a broad name.
+pids_matching = processes.pids_with_text
+stop_pids = processes.stop_pids
 
 
 def stop_local_superlink(flwr_home: Path) -> None:
     """Stop the detached local SuperLink (and its simulation children) that `flwr run` started."""
-    stop_pids(pids_matching(str(flwr_home)))
+    processes.stop_processes_mentioning(str(flwr_home))
 
 
 def free_port() -> int:

@@ -2,8 +2,12 @@
 
 ``flwr run`` starts a detached local SuperLink that outlives the command; it is recognised by its
 ``--database`` path inside the job's private FLWR_HOME. Its simulation children (the ServerApp /
-ClientApp processes, Ray's GCS, raylet and workers) are found through the parent links in /proc,
+ClientApp processes, Ray's GCS, raylet and workers) are found through their parent pids (psutil),
 collected *before* anything is killed so that re-parented children are not lost.
+
+Signals go through :class:`psutil.Process` objects taken when the pids are collected, so a pid that
+was reused by an unrelated process in the meantime is left alone. Zombies count as dead: their
+parent (often init, or a Ray process) reaps them; nothing here reaps a child it did not wait for.
 """
 
 from __future__ import annotations
@@ -11,47 +15,38 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
-PROC = Path("/proc")
+import psutil
 
-
-def _cmdline(pid: int) -> str:
-    try:
-        return (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)  # ZombieProcess is a NoSuchProcess; named for clarity
 
 
-def _parent(pid: int) -> int | None:
-    """The parent pid from /proc/<pid>/stat (the field after the ``(comm)`` that may hold spaces)."""
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    try:
-        return int(stat.rsplit(")", 1)[1].split()[1])
-    except (IndexError, ValueError):
-        return None
-
-
-def _all_pids() -> list[int]:
-    return [int(p.name) for p in PROC.iterdir() if p.name.isdigit()] if PROC.is_dir() else []
+def _cmdline(info: dict) -> str:
+    """The command line from a ``process_iter`` info dict ("" when hidden: AccessDenied gives None)."""
+    return " ".join(info.get("cmdline") or [])
 
 
 def pids_with_text(text: str) -> list[int]:
     """Pids (other than this process) whose command line contains ``text``."""
     me = os.getpid()
-    return [pid for pid in _all_pids() if pid != me and text in _cmdline(pid)]
+    return [
+        proc.info["pid"]
+        for proc in psutil.process_iter(["pid", "cmdline"])
+        if proc.info["pid"] != me and text in _cmdline(proc.info)
+    ]
 
 
 def descendants(roots: list[int]) -> list[int]:
-    """Every live process below ``roots`` (children, grandchildren, ...), roots excluded."""
+    """Every live process below ``roots`` (children, grandchildren, ...), roots excluded.
+
+    One snapshot of the whole process table's parent links is taken first, so a child whose parent
+    dies while we walk is still found below it.
+    """
     children: dict[int, list[int]] = {}
-    for pid in _all_pids():
-        parent = _parent(pid)
+    for proc in psutil.process_iter(["pid", "ppid"]):
+        parent = proc.info["ppid"]
         if parent is not None:
-            children.setdefault(parent, []).append(pid)
+            children.setdefault(parent, []).append(proc.info["pid"])
     found, todo = [], list(roots)
     seen = set(roots)
     while todo:
@@ -63,31 +58,55 @@ def descendants(roots: list[int]) -> list[int]:
     return found
 
 
-def alive(pid: int) -> bool:
+def _running(proc: psutil.Process) -> bool:
+    """Whether ``proc`` (the very process, not a reuse of its pid) is still running; zombies are dead."""
     try:
-        state = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except _GONE:
         return False
-    return state != "Z"
+    except psutil.AccessDenied:
+        return True
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` names a process that has not exited (a zombie counts as dead)."""
+    try:
+        return _running(psutil.Process(pid))
+    except _GONE:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def _signal(proc: psutil.Process, sig: int) -> None:
+    try:
+        proc.send_signal(sig)  # psutil checks first that the pid was not reused
+    except (*_GONE, psutil.AccessDenied):
+        pass
 
 
 def stop_pids(pids: list[int], grace_s: float = 10.0) -> list[int]:
-    """SIGTERM each pid, wait up to ``grace_s``, then SIGKILL the ones left. Returns the pids signalled."""
+    """SIGTERM each pid, wait up to ``grace_s``, then SIGKILL the ones left. Returns the pids signalled.
+
+    This process is never signalled. Waiting polls :func:`alive`'s test instead of ``psutil.wait_procs``,
+    which would reap our own children (taking their exit status from a ``subprocess.Popen``) and would
+    wait the whole grace for a zombie that is not ours.
+    """
     pids = [p for p in dict.fromkeys(pids) if p != os.getpid()]
+    procs = []
     for pid in pids:
         try:
-            os.kill(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
+            procs.append(psutil.Process(pid))
+        except (*_GONE, psutil.AccessDenied):
             pass
+    for proc in procs:
+        _signal(proc, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
+    while time.monotonic() < deadline and any(_running(p) for p in procs):
         time.sleep(0.2)
-    for pid in pids:
-        if alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    for proc in procs:
+        if _running(proc):
+            _signal(proc, signal.SIGKILL)
     return pids
 
 
