@@ -25,7 +25,16 @@ from collapipe_flwr.config import build_run_config, compose, split_overrides
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.experiments import aggregate, processes, reductions
 from collapipe_flwr.experiments.job import JobSpec, build_job, forwarded_overrides, override_key, run_timeout_s
-from collapipe_flwr.experiments.launch import error_line, launch, run_config_toml
+from collapipe_flwr.experiments.launch import (
+    MAX_UNIX_SOCKET_PATH,
+    RAY_SOCKET_SUFFIX,
+    TEMP_PREFIX,
+    error_line,
+    launch,
+    private_temp_dir,
+    private_temp_env,
+    run_config_toml,
+)
 from collapipe_flwr.experiments.report import main as report_main
 from collapipe_flwr.experiments.report import write_report
 
@@ -429,6 +438,14 @@ FAKE_FLWR = textwrap.dedent('''\
     link = subprocess.Popen([*sleeper, "--database", home + "/local-superlink/state.db"],
                             start_new_session=True)
     Path(os.environ["PIDFILE"]).write_text(str(link.pid))
+    if os.environ.get("ENVFILE"):  # what Ray would see, and a stray 'raylet' naming its session folder
+        keys = ("FLWR_HOME", "RAY_TMPDIR", "TMPDIR")
+        Path(os.environ["ENVFILE"]).write_text(json.dumps({{k: os.environ.get(k) for k in keys}}))
+        session = Path(os.environ["RAY_TMPDIR"], "ray", "session_fake")
+        (session / "sockets").mkdir(parents=True)
+        (session / "logs.txt").write_text("ray session")
+        raylet = subprocess.Popen([*sleeper, "--session_dir=" + str(session)], start_new_session=True)
+        Path(os.environ["PIDFILE"] + ".raylet").write_text(str(raylet.pid))
     mode = os.environ.get("FAKE_MODE", "ok")
     print("federation:", args[args.index("--federation-config") + 1], flush=True)
     print("overrides:", conf["overrides"], flush=True)
@@ -479,6 +496,43 @@ def test_launch_writes_status_and_stops_the_detached_superlink(tmp_path, fake_fl
     while time.time() < deadline and processes.alive(superlink):
         time.sleep(0.1)
     assert not processes.alive(superlink), "the detached SuperLink was left running"
+
+
+def test_launch_keeps_ray_files_in_a_private_temp_folder_and_removes_it(tmp_path, fake_flwr, monkeypatch):
+    pidfile, envfile = tmp_path / "superlink.pid", tmp_path / "env.json"
+    monkeypatch.setenv("PIDFILE", str(pidfile))
+    monkeypatch.setenv("ENVFILE", str(envfile))
+    monkeypatch.setenv("FAKE_MODE", "ok")
+    job = JobSpec(
+        job_dir=tmp_path / "job",
+        overrides=("run_name=run",),
+        num_supernodes=2,
+        data_dir=str(tmp_path),
+        timeout_s=60.0,
+        labels=labels(),
+    )
+    status = launch(job, echo=None, flwr_exe=str(fake_flwr))
+    assert status["ok"], status
+    seen = json.loads(envfile.read_text())
+    scratch = Path(seen["RAY_TMPDIR"])
+    assert seen["TMPDIR"] == str(scratch) and Path(seen["FLWR_HOME"]).parent == scratch
+    assert scratch.name.startswith(TEMP_PREFIX) and len(str(scratch)) + RAY_SOCKET_SUFFIX <= MAX_UNIX_SOCKET_PATH
+    assert not scratch.exists(), "the private temp folder (Ray's session folders) was left behind"
+    for pid in (int(pidfile.read_text()), int(Path(str(pidfile) + ".raylet").read_text())):
+        deadline = time.time() + 5
+        while time.time() < deadline and processes.alive(pid):
+            time.sleep(0.1)
+        assert not processes.alive(pid), "a process of the run was left running"
+
+
+def test_private_temp_env_names_one_short_folder(tmp_path):
+    folder = private_temp_dir()
+    try:
+        assert private_temp_env(folder) == {"RAY_TMPDIR": str(folder), "TMPDIR": str(folder)}
+    finally:
+        folder.rmdir()
+    with pytest.raises(ValueError, match="too long"):
+        private_temp_env(tmp_path / ("x" * 60))
 
 
 def test_descendants_and_stop_tree(tmp_path):

@@ -13,8 +13,16 @@ flwr's inline parser cannot carry a double quote inside a value. ``--federation-
 the local SuperLink's simulation config (flwr/superlink/servicer/control/control_handlers.py: CopyFrom
 then MergeFrom), so ``num-supernodes`` = federation.num_clusters works with a ``:local:`` connection.
 
+Ray's files (``<temp>/ray/session_*``: logs, sockets, spilled objects) go to the job's private temp
+folder too: the launched command gets ``RAY_TMPDIR`` and ``TMPDIR`` pointing there (:func:`private_temp_env`),
+every process on the way to ``ray.init`` inherits them (flwr CLI -> detached SuperLink -> SuperExec ->
+simulation process, whose Flower Ray backend starts the head node), and Ray 2.55's
+``ray._common.utils.get_default_system_temp_dir`` reads ``RAY_TMPDIR`` first (then ``TMPDIR`` on Linux)
+when no ``_temp_dir`` is given. The folder holds the job's FLWR_HOME as well and is deleted afterwards.
+
 The log is streamed to the console and tee'd to ``<job>/flwr.log``; the detached SuperLink and all its
-children are stopped by pid afterwards, also on failure, timeout or Ctrl-C. The outcome is written to
+children (and any process whose command line names the private temp folder, e.g. Ray's raylet and GCS)
+are stopped by pid afterwards, also on failure, timeout or Ctrl-C. The outcome is written to
 ``<job>/status.json`` and returned; a failed job never raises (the sweep goes on).
 """
 
@@ -88,6 +96,41 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+# Ray's longest unix socket below its temp folder: /ray/session_<date>_<time>_<us>_<pid>/sockets/plasma_store.N;
+# Ray refuses socket paths over 107 bytes (ray._private.utils.validate_socket_filepath), so the folder stays short.
+MAX_UNIX_SOCKET_PATH = 107
+RAY_SOCKET_SUFFIX = len("/ray/session_2026-01-31_23-59-59_999999_4194304/sockets/plasma_store.99")
+TEMP_PREFIX = "cp-"
+
+
+def private_temp_dir(prefix: str = TEMP_PREFIX) -> Path:
+    """A new private folder for one run's temporary files, short enough for Ray's unix sockets.
+
+    Made under the system temp folder (TMPDIR), or under /tmp when that path is too long. The caller
+    deletes it (``shutil.rmtree``) once the run's processes are stopped.
+    """
+    for base in dict.fromkeys((tempfile.gettempdir(), "/tmp")):
+        if len(os.fsencode(os.path.join(base, prefix + "x" * 8))) + RAY_SOCKET_SUFFIX <= MAX_UNIX_SOCKET_PATH:
+            return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    raise OSError("no temp folder short enough for Ray's unix sockets; set TMPDIR to a short path such as /tmp")
+
+
+def private_temp_env(base_dir: Path | str) -> dict[str, str]:
+    """Environment variables that send a launched run's temporary files, Ray's session folders included,
+    into ``base_dir`` (which the caller creates and deletes): ``RAY_TMPDIR`` (read first by Ray for its
+    default temp folder, ``<RAY_TMPDIR>/ray``) and ``TMPDIR`` (Python's tempfile and most other tools).
+
+    Merge it into the environment of the launched command: ``env.update(private_temp_env(folder))``.
+    """
+    path = os.path.abspath(base_dir)
+    if len(os.fsencode(path)) + RAY_SOCKET_SUFFIX > MAX_UNIX_SOCKET_PATH:
+        raise ValueError(
+            f"temp folder {path!r} is too long for Ray's unix sockets (at most "
+            f"{MAX_UNIX_SOCKET_PATH - RAY_SOCKET_SUFFIX} bytes); use private_temp_dir()"
+        )
+    return {"RAY_TMPDIR": path, "TMPDIR": path}
 
 
 def flower_env(
@@ -191,9 +234,12 @@ def launch(
     job.job_dir.mkdir(parents=True, exist_ok=True)
     run_config_file = job.job_dir / RUN_CONFIG_FILE
     run_config_file.write_text(run_config_toml(job))
-    flwr_home = Path(tempfile.mkdtemp(prefix="collapipe-flwr-home-"))
+    scratch = private_temp_dir()  # the job's FLWR_HOME, Ray's session folders and other temp files
+    flwr_home = scratch / "flwr-home"
+    flwr_home.mkdir()
     (flwr_home / "config.toml").write_text(LOCAL_CONNECTION_TOML)
     env = flower_env(os.environ if base_env is None else base_env, flwr_home, job.data_dir, free_port(), free_port())
+    env.update(private_temp_env(scratch))
     cmd = flower_command(flwr_exe or flwr_executable(), project_root, run_config_file, job.num_supernodes)
     log_path = job.job_dir / LOG_FILE
     status: dict[str, Any] = {
@@ -241,13 +287,14 @@ def launch(
         if proc is not None and proc.poll() is None:  # timed out or interrupted: the CLI and what it started
             processes.stop_tree([proc.pid], grace_s=5.0)
         processes.stop_processes_mentioning(str(flwr_home), grace_s=10.0)  # the detached SuperLink + children
+        processes.stop_processes_mentioning(str(scratch) + os.sep, grace_s=5.0)  # strays, e.g. Ray's raylet / GCS
         if pump is not None:  # EOF once every process holding the pipe is gone
             pump.join(timeout=5.0)
         log.close()
         superlink_log = flwr_home / "local-superlink" / "superlink.log"
         if superlink_log.is_file():
             shutil.copyfile(superlink_log, job.job_dir / SUPERLINK_LOG_FILE)
-        shutil.rmtree(flwr_home, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
         status["wall_s"] = round(time.monotonic() - t0, 3)
         status["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         status.update(judge(status, job, interrupted))
