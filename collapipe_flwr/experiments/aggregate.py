@@ -10,75 +10,26 @@ Definitions (paper symbols; the records are described in collapipe_flwr/fl/strat
 - modelled energy of round t: sum over selected CUs of sum_k E_k (device_energy_j) + p_n tau_n^Up
   (cu_energy_j), eq. (16) and the CU's uplink energy.
 - per-device memory: the largest ``device-peak-bytes`` any device of any CU reported.
+
+Reading a record's metric, selected CUs, delay split and energy is shared with the run's own plots
+(collapipe_flwr/fl/round_values.py).
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
-METRICS = ("bleu", "f1", "accuracy")
+from collapipe_flwr.fl.round_values import metric_name, round_delay_split, round_energy, selected_clusters
+from collapipe_flwr.fl.round_values import number as _num
+
 LABEL_KEYS = ("method", "scheduler", "V", "task", "model", "network", "federation")
 MIB = 1024.0 * 1024.0
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 def train_rounds(rounds: Iterable[Mapping]) -> list[Mapping]:
     """The records of training rounds t >= 1, by round (round 0 holds only the initial evaluation)."""
     return sorted((r for r in rounds if int(r.get("round", 0)) >= 1), key=lambda r: int(r["round"]))
-
-
-def metric_name(rounds: Iterable[Mapping]) -> str | None:
-    """The task metric the run logs (bleu | f1 | accuracy), or None."""
-    for record in rounds:
-        for name in METRICS:
-            if f"val_{name}" in record:
-                return name
-    return None
-
-
-def selected_clusters(record: Mapping) -> list[tuple[Mapping, Mapping]]:
-    """(plan entry, modelled entry) of the CUs that trained this round (plan and modelled are in cluster order)."""
-    modelled = (record.get("modelled") or {}).get("clusters") or []
-    plan = (record.get("plan") or {}).get("clusters") or []
-    pairs = []
-    for i, row in enumerate(modelled):
-        entry = plan[i] if i < len(plan) else {}
-        chosen = entry.get("selected") if "selected" in entry else (_num(row.get("delay_s")) or 0.0) > 0
-        if chosen:
-            pairs.append((entry, row))
-    return pairs
-
-
-def round_delay_split(record: Mapping) -> dict | None:
-    """{delay, compute, d2d, uplink} (s) of a round, the split taken from the bottleneck CU; None if unmodelled."""
-    pairs = selected_clusters(record)
-    total = _num((record.get("modelled") or {}).get("round_delay_s"))
-    if not pairs:
-        return None if total is None else {"delay": total, "compute": None, "d2d": None, "uplink": None}
-    _, row = max(pairs, key=lambda pair: _num(pair[1].get("delay_s")) or 0.0)
-    parts = {k: _num(row.get(f"{k}_s")) for k in ("compute", "d2d", "uplink")}
-    if total is None:
-        total = _num(row.get("delay_s"))
-    return {"delay": total, **parts}
-
-
-def round_energy(record: Mapping) -> dict | None:
-    """{device, cu, total} modelled energy (J) of the round's selected CUs; None if unmodelled."""
-    pairs = selected_clusters(record)
-    if not pairs:
-        return None
-    device = sum(sum(_num(e) or 0.0 for e in (row.get("device_energy_j") or [])) for _, row in pairs)
-    cu = sum(_num(row.get("cu_energy_j")) or 0.0 for _, row in pairs)
-    return {"device": device, "cu": cu, "total": device + cu}
 
 
 def round_peak_bytes(record: Mapping) -> float | None:

@@ -1,5 +1,6 @@
-"""PNG figures of a report (matplotlib, Agg backend). Each function takes plain per-run data and a
-path, and returns ``(path, "")`` when it drew the figure or ``(None, note)`` saying why it skipped it.
+"""PNG figures of a report (matplotlib, Agg canvas). Each function takes plain per-run data and a path, and
+returns ``(path, "")`` when it drew the figure or ``(None, note)`` saying why it skipped it. The drawing
+helpers (figure, round axis, atomic PNG save) are the run plots' own (collapipe_flwr/fl/run_plots.py).
 
 ``runs`` items are dicts: {legend: str, labels: {...}, series: aggregate.series(...), shape:
 aggregate.plan_shape(...), uniform: bool, ok: bool, final_metric: float | None, metric: str | None}.
@@ -11,13 +12,12 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from collapipe_flwr.experiments.aggregate import cumulative
+from collapipe_flwr.fl.run_plots import new_figure, round_axis, save_figure
 
-from collapipe_flwr.experiments.aggregate import cumulative  # noqa: E402
+REPORT_DPI = 120
 
 
 def _by_task(runs: Sequence[Mapping]) -> dict[str, list[Mapping]]:
@@ -25,19 +25,6 @@ def _by_task(runs: Sequence[Mapping]) -> dict[str, list[Mapping]]:
     for run in runs:
         groups[str(run["labels"].get("task") or "task")].append(run)
     return dict(sorted(groups.items()))
-
-
-def _axes(n: int, ncols: int = 1):
-    fig, axes = plt.subplots(n, ncols, figsize=(6.4 * ncols, 3.6 * n), squeeze=False)
-    return fig, axes
-
-
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def _plot_lines(ax, runs, key: str, transform=None) -> int:
@@ -51,8 +38,7 @@ def _plot_lines(ax, runs, key: str, transform=None) -> int:
             drawn += 1
     if drawn:
         ax.legend(fontsize=7)
-    ax.set_xlabel("round t")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    round_axis(ax)
     return drawn
 
 
@@ -61,12 +47,12 @@ def train_loss(runs: Sequence[Mapping], path: Path) -> tuple[Path | None, str]:
     groups = _by_task(runs)
     if not any(any(v is not None for v in r["series"]["train_loss"]) for r in runs):
         return None, "Fig. 6 skipped: no run logged a training loss"
-    fig, axes = _axes(len(groups))
+    fig, axes = new_figure(len(groups))
     for ax, (task, group) in zip(axes[:, 0], groups.items()):
         _plot_lines(ax, group, "train_loss")
         ax.set_title(f"training loss ({task})")
         ax.set_ylabel("train loss")
-    return _save(fig, path), ""
+    return save_figure(fig, path, dpi=REPORT_DPI), ""
 
 
 def compute_time(runs: Sequence[Mapping], path: Path) -> tuple[Path | None, str]:
@@ -74,7 +60,7 @@ def compute_time(runs: Sequence[Mapping], path: Path) -> tuple[Path | None, str]
     if not any(any(v is not None for v in r["series"]["compute"]) for r in runs):
         return None, "Figs. 7-8 skipped: no run logged a modelled computation delay"
     groups = _by_task(runs)
-    fig, axes = _axes(len(groups), 2)
+    fig, axes = new_figure(len(groups), 2)
     for row, (task, group) in zip(axes, groups.items()):
         _plot_lines(row[0], group, "compute", cumulative)
         row[0].set_title(f"modelled on-device computation, cumulative ({task})")
@@ -82,7 +68,7 @@ def compute_time(runs: Sequence[Mapping], path: Path) -> tuple[Path | None, str]
         _plot_lines(row[1], group, "measured_train_s", cumulative)
         row[1].set_title(f"measured CU training wall-clock, cumulative ({task})")
         row[1].set_ylabel("seconds (measured)")
-    return _save(fig, path), ""
+    return save_figure(fig, path, dpi=REPORT_DPI), ""
 
 
 def total_delay(runs: Sequence[Mapping], path: Path) -> tuple[Path | None, str]:
@@ -90,12 +76,12 @@ def total_delay(runs: Sequence[Mapping], path: Path) -> tuple[Path | None, str]:
     if not any(any(v is not None for v in r["series"]["delay"]) for r in runs):
         return None, "Fig. 11 skipped: no run logged a modelled round delay"
     groups = _by_task(runs)
-    fig, axes = _axes(len(groups))
+    fig, axes = new_figure(len(groups))
     for ax, (task, group) in zip(axes[:, 0], groups.items()):
         _plot_lines(ax, group, "delay", cumulative)
         ax.set_title(f"cumulative total delay ({task})")
         ax.set_ylabel("seconds (modelled)")
-    return _save(fig, path), ""
+    return save_figure(fig, path, dpi=REPORT_DPI), ""
 
 
 def grid_points(runs: Sequence[Mapping], value_key: str) -> dict[str, dict[tuple[int, int], float]]:
@@ -119,7 +105,7 @@ def _plot_grid(points_by_task: dict, path: Path, title: str, ylabel: str, skip_n
     varied = {task: pts for task, pts in points_by_task.items() if len(pts) >= 2}
     if not varied:
         return None, skip_note
-    fig, axes = _axes(len(varied))
+    fig, axes = new_figure(len(varied))
     for ax, (task, pts) in zip(axes[:, 0], varied.items()):
         for S in sorted({k[0] for k in pts}):
             ms = sorted(m for (s, m) in pts if s == S)
@@ -129,7 +115,7 @@ def _plot_grid(points_by_task: dict, path: Path, title: str, ylabel: str, skip_n
         ax.set_ylabel(ylabel)
         ax.set_title(f"{title} ({task})")
         ax.legend(fontsize=7)
-    return _save(fig, path), ""
+    return save_figure(fig, path, dpi=REPORT_DPI), ""
 
 
 def delay_grid(runs: Sequence[Mapping], path: Path) -> tuple[Path | None, str]:
