@@ -52,6 +52,7 @@ DEFAULT_DATA_DIR_NAME = "data"  # ./data, made by `python -m collapipe_flwr.data
 OPTIMIZER_STATES = ("keep", "reset")
 SERVER_OPTIMIZERS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
 DECODER_UPDATES = ("per_cu", "joint")
+FLOWER_LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,8 @@ class RunConfig:
     save_client_weights: bool = False
     checkpoint: bool = True  # save the server's state after every round (fl/checkpoint.py)
     resume: bool = False  # continue the run in output_dir/run_name from its last checkpoint
+    flower_log: str = "warning"  # Flower's own ServerApp log lines: "info" shows its round banners and dump
+    tensorboard: bool = False  # also log each round's scalars to <run folder>/tensorboard (needs tensorboard)
 
     def resolved_data_dir(self) -> Path:
         """``data_dir`` if set, else $COLLAPIPE_DATA_DIR; a one-line error when neither names a folder."""
@@ -185,6 +188,8 @@ class RunConfig:
             "eval": dataclasses.asdict(self.eval),
             "save_client_weights": self.save_client_weights,
             "checkpoint": self.checkpoint,
+            "flower_log": self.flower_log,
+            "tensorboard": self.tensorboard,
             "resume": self.resume,
         }
 
@@ -309,6 +314,8 @@ _TOP_KEYS = {
     "eval",
     "save_client_weights",
     "checkpoint",
+    "flower_log",
+    "tensorboard",
     "resume",
 }
 
@@ -345,7 +352,16 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         save_client_weights=scalar("", "save_client_weights", data.get("save_client_weights", False), bool),
         checkpoint=scalar("", "checkpoint", data.get("checkpoint", True), bool),
         resume=scalar("", "resume", data.get("resume", False), bool),
+        flower_log=_choice("flower_log", data.get("flower_log", "warning"), FLOWER_LOG_LEVELS),
+        tensorboard=scalar("", "tensorboard", data.get("tensorboard", False), bool),
     )
+
+
+def _choice(key: str, value: object, choices: tuple[str, ...]) -> str:
+    text = str(value).lower()
+    if text not in choices:
+        raise ConfigError(f"{key}={value!r} must be one of {', '.join(choices)}")
+    return text
 
 
 def _to_plain(data: Any) -> Any:

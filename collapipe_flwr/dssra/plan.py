@@ -52,6 +52,12 @@ class RoundPlan:
     def selected(self) -> tuple[ClusterPlan, ...]:
         return tuple(c for c in self.clusters if c.selected)
 
+    @property
+    def left_out(self) -> dict[int, str]:
+        """{n: why CU n sits this round out} for every CU without a channel."""
+        reasons = self.modelled.get("left_out") or {}
+        return {c.cluster: str(reasons.get(str(c.cluster), "not selected")) for c in self.clusters if not c.selected}
+
     def to_dict(self) -> dict:
         return {"round": self.round, "clusters": [c.to_dict() for c in self.clusters], "modelled": self.modelled}
 

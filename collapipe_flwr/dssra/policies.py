@@ -24,7 +24,7 @@ from collapipe_flwr.dssra.dinkelbach import c11_power_floor, dinkelbach_sca_powe
 from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
 from collapipe_flwr.dssra.power import LN2, max_energy_power
 from collapipe_flwr.dssra.segments import SegmentPlan, fixed_segments, solve_segments, uniform_delta
-from collapipe_flwr.dssra.selectors import SELECTORS, ChannelProblem
+from collapipe_flwr.dssra.selectors import SELECTORS, ChannelProblem, sit_out_reason
 from collapipe_flwr.dssra.specs import SchedulerSpec
 from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
 from collapipe_flwr.system import pipeline_model
@@ -225,14 +225,25 @@ class Policy:
         uplink = np.where(feasible, bits * LN2 / (bandwidth * np.log1p(slope * p_safe)), np.inf)
         drift = w_gamma[:, None] / (p_safe * gain + interf[None, :]) + w_lin[:, None] * p_safe
         cost = np.where(feasible, V * (pipe[:, None] + uplink) + drift, np.inf)
-        channel = self.selector.select(ChannelProblem(cost, virtual, pipe, slope, feasible, self.last_loss))
+        problem = ChannelProblem(cost, virtual, pipe, slope, feasible, self.last_loss)
+        channel = self.selector.select(problem)
         if not any(c is not None for c in channel):
             raise InfeasiblePlanError(
                 f"C8 (CU energy) violated in every cluster in round {t}: no CU can upload {bits / 8e6:.4g} MB within "
                 f"E_n^max={spec.cu_energy_max_j:g} J on any channel; raise network.uplink.energy_max_j or shrink the "
                 "model"
             )
-        return {"channel": channel, "power": power, "uplink": uplink, "cost": cost, "virtual": virtual}
+        left_out = {
+            n: sit_out_reason(problem, channel, n, self.selector.uses_queues) for n in range(N) if channel[n] is None
+        }
+        return {
+            "channel": channel,
+            "power": power,
+            "uplink": uplink,
+            "cost": cost,
+            "virtual": virtual,
+            "left_out": left_out,
+        }
 
     def _bcd_objective(self, segs, sub2: dict, radio: dict) -> float:
         """sum_{n selected} [V (tau^pipe + tau^Up) + power drift] + sum_{n idle} sit-out drift + sum_n drift(S_n),
@@ -297,6 +308,8 @@ class Policy:
             "gamma_mean": float(np.mean(gammas)),
             "clusters": rows,
         }
+        if sub2.get("left_out"):  # only when a CU sits out: why (dssra/selectors.py: sit_out_reason)
+            modelled["left_out"] = {str(n): reason for n, reason in sorted(sub2["left_out"].items())}
         return RoundPlan(round=int(t), clusters=tuple(clusters), modelled=modelled)
 
     def _drift_total(self, clusters, gammas) -> float:

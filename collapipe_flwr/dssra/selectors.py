@@ -29,7 +29,7 @@ import numpy as np
 
 from collapipe_flwr.dssra.channels import match_channels
 
-__all__ = ["SELECTORS", "ChannelProblem", "ChannelSelector", "register_selector"]
+__all__ = ["SELECTORS", "ChannelProblem", "ChannelSelector", "register_selector", "sit_out_reason"]
 
 
 @dataclass(frozen=True)
@@ -159,3 +159,29 @@ class DelayOnlySelector(GreedySelector):
 
     def order(self, problem: ChannelProblem, candidates: list[int]) -> list[int]:
         return sorted(candidates, key=lambda n: (problem.pipeline_s[n], n))
+
+
+def sit_out_reason(problem: ChannelProblem, channel: list[int | None], n: int, uses_queues: bool) -> str:
+    """Why CU n got no channel this round (``channel[n] is None``), in one line for the run's output.
+
+    In the order they can apply: no feasible channel (C8, the CU's upload energy E_n^max, cannot be met at
+    any power); every channel went to another CU (J channels, more CUs than that wanting one); for the
+    drift-plus-penalty matching, the sit-out (virtual channel) cost beat every free channel's cost
+    V (tau_n^pipe + tau_{n,j}^Up) + power drift; else the baseline's ranking left it out.
+    """
+    if channel[n] is not None:
+        return ""
+    feasible = np.asarray(problem.feasible[n], dtype=bool)
+    if not feasible.any():
+        return "no channel meets its upload energy limit E_n^max (C8) at any power"
+    used = {j for j in channel if j is not None}
+    free = [j for j in range(len(feasible)) if feasible[j] and j not in used]
+    if not free:
+        return f"all {len(used)} usable channels went to other CUs"
+    if uses_queues:
+        best = min(float(problem.cost[n, j]) for j in free)
+        return (
+            f"sitting out costs less in the drift-plus-penalty objective ({float(problem.virtual[n]):.4g} < "
+            f"{best:.4g} on its best free channel)"
+        )
+    return "ranked below the CUs the policy served first"

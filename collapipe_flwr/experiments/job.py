@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +94,17 @@ class JobSpec:
     timeout_s: float
     labels: dict = field(default_factory=dict)
     run_name: str = RUN_SUBDIR
+    output_dir: Path | None = None  # the run-config output-dir; None = job_dir (a sweep job's folder)
 
     @property
     def run_dir(self) -> Path:
         """Where the ServerApp writes config.json, rounds.jsonl, summary.json (output-dir / run_name)."""
-        return self.job_dir / self.run_name
+        return (self.output_dir or self.job_dir) / self.run_name
+
+    def with_timeout(self, timeout_s: float) -> JobSpec:
+        if not timeout_s > 0:
+            raise ConfigError(f"timeout {timeout_s!r} must be > 0 seconds")
+        return replace(self, timeout_s=float(timeout_s))
 
     @property
     def overrides_text(self) -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -40,7 +41,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol
 
 from collapipe_flwr.config import CONF_DIR
 from collapipe_flwr.experiments import processes
@@ -68,7 +69,7 @@ def run_config_toml(job: JobSpec) -> str:
     return (
         f"overrides = {toml_string(job.overrides_text)}\n"
         f"data-dir = {toml_string(job.data_dir)}\n"
-        f"output-dir = {toml_string(str(job.job_dir))}\n"
+        f"output-dir = {toml_string(str(job.output_dir or job.job_dir))}\n"
     )
 
 
@@ -145,6 +146,9 @@ def flower_env(
         FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
         PYTHONUNBUFFERED="1",
         RAY_DEDUP_LOGS="0",
+        # Ray's future behaviour now (num_gpus=0 actors keep the visible devices), which also ends its
+        # FutureWarning on every ray.init (ray/_private/worker.py)
+        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
         COLLAPIPE_DATA_DIR=data_dir,
     )
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
@@ -209,7 +213,15 @@ def failed_status(job_dir: Path | str, error: str, labels: Mapping[str, Any] | N
     return status
 
 
-def _pump(stream, sinks: list[TextIO]) -> None:
+class LineSink(Protocol):
+    """Where the streamed log goes: a text file, the console, or a filter in front of it."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+def _pump(stream, sinks: list[LineSink]) -> None:
     for line in iter(stream.readline, ""):
         for sink in sinks:
             try:
@@ -223,7 +235,7 @@ def _pump(stream, sinks: list[TextIO]) -> None:
 def launch(
     job: JobSpec,
     project_root: Path = PROJECT_ROOT,
-    echo: TextIO | None = sys.stdout,
+    echo: LineSink | None = sys.stdout,
     base_env: Mapping[str, str] | None = None,
     flwr_exe: str | None = None,
 ) -> dict:
@@ -258,8 +270,10 @@ def launch(
     interrupted = False
     log = log_path.open("w", encoding="utf-8")
     try:
-        log.write("$ " + " ".join(cmd) + "\n")
-        log.flush()
+        shown = "$ " + shlex.join([f"FLWR_HOME={flwr_home}", *cmd]) + "\n"  # Flower's own command, visible
+        for sink in [log] + ([echo] if echo else []):
+            sink.write(shown)
+            sink.flush()
         proc = subprocess.Popen(
             cmd,
             cwd=project_root,

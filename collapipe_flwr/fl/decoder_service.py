@@ -108,6 +108,12 @@ class DecoderService:
     def address(self) -> str:
         return "" if self.host is None else f"{self.announce_host}:{self.host.port}"
 
+    def steps_served(self) -> dict[int, int]:
+        """{cluster n: decoder steps served over the data plane so far in the run} ({} without one)."""
+        if self.host is None:
+            return {}
+        return {int(n): int(c["steps"]) for n, c in self.host.stats()["clusters"].items()}
+
     def open_round(self, t: int, clusters: list[int]) -> None:
         if self.host is not None:
             self.host.open_round(t, clusters)

@@ -12,12 +12,17 @@ Run config keys (``[tool.flwr.app.config]``, overridable with ``flwr run . --run
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 import time
-from logging import ERROR, INFO
+from collections.abc import Iterator
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 
 from flwr.common import log
+from rich.console import Console
+from rich.markup import escape
 
 from collapipe_flwr.config import RunConfig, load_run_config
 from collapipe_flwr.errors import CollaPipeError, ConfigError
@@ -25,9 +30,13 @@ from collapipe_flwr.fl.checkpoint import load_checkpoint, restore
 from collapipe_flwr.fl.progress import RoundProgress
 from collapipe_flwr.fl.run_config import hydra_overrides
 from collapipe_flwr.fl.run_log import RunLog
+from collapipe_flwr.fl.run_plots import TensorBoardLog, write_run_plots
 from collapipe_flwr.fl.server_state import ServerState
 from collapipe_flwr.fl.strategy import CollaPipeStrategy
 from collapipe_flwr.model_store import save_model
+
+FLOWER_LOGGER_NAME = "flwr"
+TENSORBOARD_SUBDIR = "tensorboard"  # the logger every Flower component logs through
 
 
 def config_from_flower(run_config: dict) -> RunConfig:
@@ -49,31 +58,40 @@ def run_folder(cfg: RunConfig) -> Path:
 
 def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | None:
     """Run the whole federation; returns the run folder. A user error is logged as one line, exit 2."""
-    server = strategy = None
+    server = strategy = progress = tensorboard = None
     t_start = time.time()
     try:
         cfg = cfg or config_from_flower(run_config)
         folder = run_folder(cfg)
         run_log = RunLog(folder, resume=cfg.resume)
         run_log.write_config(cfg.to_dict(), resume=cfg.resume)
-        log(INFO, "CollaPipe run folder: %s", folder)
+        console = Console(stderr=True, highlight=False, soft_wrap=True)
+        console.print(escape(start_line(cfg, folder)))
         server = ServerState.build(cfg)
         done = 0
         if cfg.resume:
             done = restore(server, load_checkpoint(folder))
             run_log.keep_rounds_through(done)
-            log(INFO, "CollaPipe: resuming %s after round %d of %d", folder, done, cfg.federation.num_rounds)
+            console.print(f"resuming {folder} after round {done} of {cfg.federation.num_rounds}")
         if done >= cfg.federation.num_rounds:
             raise ConfigError(f"{folder} finished all {done} rounds already; raise federation.num_rounds to go on")
-        progress = RoundProgress(cfg.federation.num_rounds, server.task.metric_name)
-        strategy = CollaPipeStrategy(server, run_log, progress, round_offset=done)
-        result = strategy.start(
-            grid,
-            initial_arrays=server.global_model.array_record(),
-            num_rounds=cfg.federation.num_rounds - done,
-            timeout=cfg.federation.round_timeout_s,
-            evaluate_fn=strategy.evaluate,
+        progress = RoundProgress(
+            cfg.federation.num_rounds,
+            server.task.metric_name,
+            console=console,
+            steps_per_round=cfg.federation.local_steps,
         )
+        tensorboard = TensorBoardLog(folder / TENSORBOARD_SUBDIR) if cfg.tensorboard else None
+        listeners = [tensorboard.add_round] if tensorboard is not None else []
+        strategy = CollaPipeStrategy(server, run_log, progress, round_offset=done, round_listeners=listeners)
+        with flower_log_level(cfg.flower_log):
+            result = strategy.start(
+                grid,
+                initial_arrays=server.global_model.array_record(),
+                num_rounds=cfg.federation.num_rounds - done,
+                timeout=cfg.federation.round_timeout_s,
+                evaluate_fn=strategy.evaluate,
+            )
         summary = strategy.summary_record(result)
         model_dir = save_model(
             folder,
@@ -85,22 +103,74 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
             task=server.task,
         )
         summary["model_dir"] = str(model_dir)
+        summary["plots"] = [str(p) for p in draw_plots(folder, server.task.metric_name)]
         summary["wall_s"] = round(time.time() - t_start, 1)
         run_log.write_summary(summary)
-        metric = server.task.metric_name
-        value = summary.get("final_val", {}).get(metric)
-        shown = "n/a" if value is None else (f"{value:.2f}" if metric == "bleu" else f"{value:.4f}")
-        progress.console.print(
-            f"[bold]done[/bold]: validation {metric} {shown} after {cfg.federation.num_rounds} rounds in "
-            f"{summary['wall_s']:.0f} s | run folder {folder} | evaluate: python -m collapipe_flwr.evaluate {folder}"
-        )
         released = strategy.release_clusters(grid)
         log(INFO, "CollaPipe: %d device actor(s) released on the CUs", released)
+        for line in summary_lines(summary, folder, server.task.metric_name):
+            console.print(escape(line))
         return folder
     except CollaPipeError as err:
         log(ERROR, "error: %s", err)
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     finally:
+        if progress is not None:
+            progress.close()
+        if tensorboard is not None:
+            tensorboard.close()
         if server is not None:
             server.shutdown()
+
+
+def draw_plots(folder: Path, metric: str) -> list[Path]:
+    """The run's PNGs (fl/run_plots.py); a figure that cannot be written is a warning, not a failed run."""
+    try:
+        return write_run_plots(folder, metric=metric)
+    except CollaPipeError as err:
+        log(WARNING, "the run's plots were not drawn: %s", err)
+        return []
+
+
+def start_line(cfg: RunConfig, folder: Path) -> str:
+    """What runs and where it writes, the first line of a run."""
+    f = cfg.federation
+    return (
+        f"CollaPipe: {cfg.task.name} / {cfg.model.name}, method {cfg.method.name} (scheduler "
+        f"{cfg.scheduler.name}), {f.num_clusters} CUs x {f.num_rounds} rounds x {f.local_steps} local steps; "
+        f"run folder {folder}"
+    )
+
+
+def summary_lines(summary: dict, folder: Path, metric: str) -> list[str]:
+    """The end of a run: final metrics, modelled and measured time, and where everything is."""
+    final = summary.get("final_val") or {}
+    value = final.get(metric)
+    shown = "n/a" if value is None else (f"{value:.2f}" if metric == "bleu" else f"{value:.4f}")
+    others = ", ".join(f"{k} {v:.4g}" for k, v in sorted(final.items()) if k not in (metric, "examples"))
+    lines = [
+        f"done: validation {metric} {shown}"
+        + (f" ({others})" if others else "")
+        + f" after {summary.get('num_rounds')} rounds",
+        f"time: {summary.get('wall_s', 0):.0f} s wall, {summary.get('measured_round_s', 0):.0f} s in rounds; "
+        f"modelled delay of the plans {summary.get('modelled_delay_s', 0):.1f} s (sum of eq. 26 over the rounds)",
+        f"run folder: {folder} (config.json, rounds.jsonl, summary.json, model/)",
+    ]
+    plots = summary.get("plots") or []
+    if plots:
+        lines.append(f"plots: {Path(plots[0]).parent}/ ({', '.join(Path(p).name for p in plots)})")
+    lines.append(f"evaluate again: python -m collapipe_flwr.evaluate {folder}")
+    return lines
+
+
+@contextlib.contextmanager
+def flower_log_level(level: str) -> Iterator[None]:
+    """Flower's logger at ``level`` while the strategy runs (its round banners and final dump are INFO)."""
+    logger = logging.getLogger(FLOWER_LOGGER_NAME)
+    before = logger.level
+    logger.setLevel(level.upper())
+    try:
+        yield
+    finally:
+        logger.setLevel(before)

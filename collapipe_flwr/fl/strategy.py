@@ -18,7 +18,7 @@ whole model (the head included) and needs no data plane.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -64,7 +64,12 @@ class CollaPipeStrategy(Strategy):
     """
 
     def __init__(
-        self, server: ServerState, run_log: RunLog, progress: RoundProgress | None = None, round_offset: int = 0
+        self,
+        server: ServerState,
+        run_log: RunLog,
+        progress: RoundProgress | None = None,
+        round_offset: int = 0,
+        round_listeners: Sequence[Callable[[dict], None]] = (),
     ) -> None:
         self.server = server
         self.cfg = server.cfg
@@ -74,6 +79,9 @@ class CollaPipeStrategy(Strategy):
         self.examples_of_cluster: dict[int, int] = {}
         self.record: RoundRecord | None = None  # the round in flight: configure_train -> evaluate
         self.round_offset = round_offset  # rounds completed before this process (a resumed run)
+        self.round_listeners = list(round_listeners)  # each gets every rounds.jsonl record (e.g. TensorBoard)
+        # sums over this process's rounds: modelled round delay (eq. 26) and measured round wall time
+        self.totals = {"modelled_delay_s": 0.0, "measured_round_s": 0.0}
 
     # ------------------------------------------------------------------ discovery
     def discover_clusters(self, grid: Grid, timeout_s: float = 120.0) -> None:
@@ -165,7 +173,8 @@ class CollaPipeStrategy(Strategy):
             node = self.node_of_cluster[cplan.cluster]
             messages.append(Message(train_content(weights, instructions), dst_node_id=node, message_type=TRAIN))
         if self.progress is not None:
-            self.progress.round_started(t, record.selected)
+            steps_of = self.server.decoder.steps_served if self.server.decoder.host is not None else None
+            self.progress.round_started(t, record.selected, plan.left_out, steps_of)
         return messages
 
     def aggregate_train(
@@ -241,11 +250,15 @@ class CollaPipeStrategy(Strategy):
         record.measured_s["evaluate_s"] = time.time() - t0
         record.measured_s["round_s"] = time.time() - record.started_at
         line = record.to_json()
+        self.totals["modelled_delay_s"] += float(line["modelled"].get("round_delay_s", 0.0) or 0.0)
+        self.totals["measured_round_s"] += float(record.measured_s["round_s"])
         self.run_log.append_round(line)
         if self.cfg.checkpoint:  # after the record: a resumed run never repeats a logged round
             save_checkpoint(self.run_log.folder, self.server, t)
         if self.progress is not None:
             self.progress.round_finished(t, line)
+        for listener in self.round_listeners:
+            listener(line)
         return MetricRecord({k: float(v) for k, v in metrics.items()}) if metrics else None
 
     def summary_record(self, result) -> dict:
@@ -261,6 +274,7 @@ class CollaPipeStrategy(Strategy):
             "num_rounds": self.cfg.federation.num_rounds,
             "final_val": final,
             "rounds_file": str(self.run_log.rounds_path),
+            **{k: round(v, 3) for k, v in self.totals.items()},
         }
 
     def summary(self) -> None:

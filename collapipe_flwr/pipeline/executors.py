@@ -233,6 +233,9 @@ def ensure_ray(address: str | None = None) -> None:
     import ray
 
     if not ray.is_initialized():
+        # Ray's announced default (num_gpus=0 actors keep the visible devices) chosen explicitly: no
+        # FutureWarning on every start (ray/_private/worker.py); a value the user set is kept.
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
         kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": True}
         if address:
             kwargs["address"] = address

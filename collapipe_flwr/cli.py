@@ -1,0 +1,186 @@
+"""``collapipe run``: Flower's ``flwr run . --stream`` in one command, with nothing to export.
+
+It runs Flower's own command, printed before it starts, and does around it what every user would otherwise
+do by hand:
+
+- validates the run config once (the same flat keys and ``overrides`` as ``flwr run . --run-config``,
+  parsed by Flower's own parser) and refuses a bad one with one line and exit code 2 before anything starts;
+- finds the data folder (the ``data-dir`` key, ``$COLLAPIPE_DATA_DIR``, else ``./data``: config.resolve_data_dir)
+  and fixes the run folder (``output-dir``/``run-name``, a fresh name when none is given), and says both in
+  its first line;
+- gives the run a private FLWR_HOME and free local SuperLink ports, so two runs on one machine never meet,
+  and one simulated SuperNode per cluster (``num-supernodes`` follows ``num-clusters``);
+- streams the log to the console and to ``<run folder>/flwr.log`` (a few known Flower lines that do not
+  apply here are left off the console only: :data:`QUIET_LINES`; ``--verbose`` shows them);
+- stops the local SuperLink and every process it started, by pid, when the run ends, fails, times out
+  or is interrupted;
+- exits 0 only when the run wrote its summary.json (``flwr run`` itself exits 0 when the ServerApp fails),
+  1 when the run failed (with its one-line reason), 2 for a bad config.
+
+The sweep jobs of ``python -m collapipe_flwr.experiments`` go through the same launcher
+(:mod:`collapipe_flwr.experiments.launch`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from collapipe_flwr.errors import CollaPipeError, ConfigError
+
+# Flower lines that do not apply to a collapipe run (it sets num-supernodes itself); kept in flwr.log.
+QUIET_LINES = (
+    "Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.",
+    "To change federation size, use the following command:",
+    "flwr federation simulation-config",
+)
+DEFAULT_OUTPUT_DIR = "runs"
+
+
+class ConsoleEcho:
+    """A write-only stream for the launcher's log pump: every line to ``out`` except :data:`QUIET_LINES`."""
+
+    def __init__(self, out: TextIO, verbose: bool = False) -> None:
+        self.out = out
+        self.verbose = verbose
+
+    def write(self, line: str) -> int:
+        if self.verbose or not any(quiet in line for quiet in QUIET_LINES):
+            self.out.write(line)
+        return len(line)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def parse_run_config(args: Sequence[str]) -> dict[str, Any]:
+    """``--run-config`` arguments exactly as ``flwr run`` reads them ("k=v ..." strings or one TOML file),
+    restricted to the app's keys (``[tool.flwr.app.config]``)."""
+    from flwr.common.config import parse_config_args
+
+    from collapipe_flwr.fl.run_config import FLAT_KEYS, OTHER_KEYS
+
+    try:
+        parsed = dict(parse_config_args(list(args))) if args else {}
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"cannot read --run-config: {str(err).splitlines()[0]}") from None
+    known = set(FLAT_KEYS) | set(OTHER_KEYS)
+    unknown = sorted(set(parsed) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown run-config key {unknown[0]!r}; use one of {', '.join(sorted(known))} "
+            '(any other setting goes inside overrides="...")'
+        )
+    return parsed
+
+
+def plan_launch(run_config: Mapping[str, Any], cwd: Path | None = None):
+    """The validated config and the sweep-style job that runs it (run folder and data folder absolute)."""
+    from collapipe_flwr.config import load_run_config, resolve_data_dir
+    from collapipe_flwr.experiments.job import JobSpec, labels_of, override_key, run_timeout_s
+    from collapipe_flwr.fl.run_config import hydra_overrides
+    from collapipe_flwr.fl.server_main import run_folder
+
+    cwd = cwd or Path.cwd()
+    overrides = hydra_overrides(run_config)
+    output_dir = Path(str(run_config.get("output-dir") or DEFAULT_OUTPUT_DIR)).expanduser()
+    output_dir = output_dir if output_dir.is_absolute() else cwd / output_dir
+    cfg = load_run_config(overrides, data_dir=str(run_config.get("data-dir") or ""), output_dir=str(output_dir))
+    data_dir = resolve_data_dir(cfg.data_dir)
+    folder = run_folder(cfg)
+    forwarded = [o for o in overrides if override_key(o) != "run_name"] + [f"run_name={folder.name}"]
+    job = JobSpec(
+        job_dir=folder,
+        overrides=tuple(forwarded),
+        num_supernodes=cfg.federation.num_clusters,
+        data_dir=str(data_dir),
+        timeout_s=run_timeout_s(cfg),
+        labels=labels_of(cfg.to_dict()),
+        run_name=folder.name,
+        output_dir=folder.parent,
+    )
+    return cfg, job
+
+
+def keep_old_logs(folder: Path, names: Sequence[str]) -> None:
+    """A resumed run keeps the logs of the attempts before it: ``flwr.log`` -> ``flwr.1.log``, ..."""
+    for name in names:
+        path = folder / name
+        if path.is_file():
+            n = 1
+            while (folder / f"{path.stem}.{n}{path.suffix}").exists():
+                n += 1
+            path.rename(folder / f"{path.stem}.{n}{path.suffix}")
+
+
+def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    from collapipe_flwr.experiments.launch import LOG_FILE, STATUS_FILE, SUPERLINK_LOG_FILE, launch
+
+    t0 = time.monotonic()
+    try:
+        cfg, job = plan_launch(parse_run_config(args.run_config))
+        if args.timeout:
+            job = job.with_timeout(float(args.timeout))
+    except CollaPipeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if cfg.resume:
+        keep_old_logs(job.job_dir, (LOG_FILE, STATUS_FILE, SUPERLINK_LOG_FILE))
+    f = cfg.federation
+    out.write(
+        f"collapipe: {cfg.task.name} / {cfg.model.name}, method {cfg.method.name} ({cfg.scheduler.name}), "
+        f"{f.num_clusters} CUs x {f.num_rounds} rounds x {f.local_steps} steps; data {job.data_dir}\n"
+        f"collapipe: run folder {job.run_dir} (log: {job.job_dir / LOG_FILE}); "
+        f"stops by itself after {job.timeout_s:.0f} s\n"
+    )
+    out.flush()
+    try:
+        status = launch(job, echo=ConsoleEcho(out, args.verbose))
+    except KeyboardInterrupt:
+        print("error: interrupted; the run's processes were stopped", file=sys.stderr)
+        return 130
+    took = time.monotonic() - t0
+    if status["ok"]:
+        out.write(f"collapipe: finished in {took:.0f} s; results in {job.run_dir}\n")
+        return 0
+    print(f"error: {status['error']} (log: {job.job_dir / LOG_FILE})", file=sys.stderr)
+    return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="collapipe", description="CollaPipe on Flower: run a simulation.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser(
+        "run",
+        help="run `flwr run . --stream` with a private Flower home, free ports and clean-up",
+        description=(
+            "Run the ServerApp and one simulated SuperNode per cluster on this machine through Flower's "
+            "`flwr run`, with nothing to export."
+        ),
+    )
+    run_p.add_argument(
+        "--run-config",
+        action="append",
+        default=[],
+        metavar="'KEY=VALUE ...'",
+        help="as for flwr run: num-server-rounds, task, model, method, scheduler, num-clusters, local-steps, "
+        "precision, run-name, resume, overrides, data-dir, output-dir (repeatable, or one .toml file)",
+    )
+    run_p.add_argument("--timeout", type=float, default=0.0, help="stop the run after this many seconds")
+    run_p.add_argument("--verbose", action="store_true", help="also show the Flower lines left off by default")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return run(args)
+    return 2  # unreachable: argparse requires a command
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""What a person watching a run reads: why a CU sits out, steps per CU during a round, the end summary."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+from collapipe_flwr.dssra.selectors import ChannelProblem, sit_out_reason
+from collapipe_flwr.fl.progress import RoundProgress
+from collapipe_flwr.fl.server_main import summary_lines
+
+
+def _problem(cost, virtual, feasible=None) -> ChannelProblem:
+    cost = np.asarray(cost, dtype=float)
+    feasible = np.isfinite(cost) if feasible is None else np.asarray(feasible, dtype=bool)
+    n, j = cost.shape
+    return ChannelProblem(cost, np.asarray(virtual, float), np.zeros(n), np.ones((n, j)), feasible, {})
+
+
+def test_sit_out_reasons_name_the_cause():
+    inf = np.inf
+    # CU 1 has no feasible channel at all (C8)
+    p = _problem([[1.0, 2.0], [inf, inf]], [5.0, 5.0])
+    assert "E_n^max" in sit_out_reason(p, [0, None], 1, uses_queues=True)
+    # one channel, two CUs: CU 1 lost it to CU 0
+    p = _problem([[1.0], [2.0]], [5.0, 5.0])
+    assert sit_out_reason(p, [0, None], 1, uses_queues=True) == "all 1 usable channels went to other CUs"
+    # a free channel exists but the sit-out (virtual channel) cost 0.5 beats its cost 3.0
+    p = _problem([[1.0, 2.0], [4.0, 3.0]], [5.0, 0.5])
+    reason = sit_out_reason(p, [0, None], 1, uses_queues=True)
+    assert "sitting out costs less" in reason and "0.5 < 3" in reason
+    # a baseline without queues that left a free channel unused: its ranking decided
+    assert "ranked below" in sit_out_reason(p, [0, None], 1, uses_queues=False)
+    assert sit_out_reason(p, [0, 1], 1, uses_queues=True) == ""
+
+
+def _console() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=60, soft_wrap=True, highlight=False, color_system=None), out
+
+
+def test_round_start_says_who_sits_out_and_why_on_one_line():
+    console, out = _console()
+    progress = RoundProgress(3, "bleu", console=console, interval_s=0)
+    progress.round_started(2, [1], {0: "all 1 usable channels went to other CUs [sic]"})
+    lines = out.getvalue().splitlines()
+    assert lines == ["round 2/3 training CUs [1]; CU 0 sits out: all 1 usable channels went to other CUs [sic]"]
+
+
+def test_progress_lines_count_the_steps_of_this_round_per_cu():
+    console, out = _console()
+    served = {0: 40, 1: 40}  # steps served in earlier rounds: not this round's progress
+    lock = threading.Lock()
+
+    def steps_of():
+        with lock:
+            return dict(served)
+
+    progress = RoundProgress(5, "bleu", console=console, interval_s=0.05, steps_per_round=40)
+    progress.round_started(2, [0, 1], None, steps_of)
+    with lock:
+        served.update({0: 52, 1: 47})
+    deadline = time.time() + 5
+    while "CU 0 12/40 steps, CU 1 7/40 steps" not in out.getvalue() and time.time() < deadline:
+        time.sleep(0.02)
+    progress.round_finished(2, {"train_loss": 1.5, "failures": [{"cluster": 1, "error": "no reply"}]})
+    text = out.getvalue()
+    assert "round 2/5: CU 0 12/40 steps, CU 1 7/40 steps" in text
+    assert text.splitlines()[-1] == "round 2/5 done | train loss 1.5000 | failed: CU 1: no reply"
+    n_lines = len(text.splitlines())
+    time.sleep(0.2)  # the ticker stopped with the round
+    assert len(out.getvalue().splitlines()) == n_lines
+
+
+def test_summary_lines_say_metric_times_folder_and_plots(tmp_path: Path):
+    summary = {
+        "final_val": {"bleu": 13.174, "loss": 3.2, "examples": 1014.0},
+        "num_rounds": 5,
+        "wall_s": 276.4,
+        "measured_round_s": 250.2,
+        "modelled_delay_s": 540.25,
+        "plots": [str(tmp_path / "plots" / "loss.png"), str(tmp_path / "plots" / "metric.png")],
+    }
+    lines = summary_lines(summary, tmp_path, "bleu")
+    assert lines[0] == "done: validation bleu 13.17 (loss 3.2) after 5 rounds"
+    assert lines[1].startswith("time: 276 s wall, 250 s in rounds; modelled delay of the plans 540.2 s")
+    assert lines[2].startswith(f"run folder: {tmp_path} ")
+    assert lines[3] == f"plots: {tmp_path / 'plots'}/ (loss.png, metric.png)"
+    assert lines[-1] == f"evaluate again: python -m collapipe_flwr.evaluate {tmp_path}"
