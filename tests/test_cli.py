@@ -15,7 +15,7 @@ from collapipe_flwr.errors import ConfigError
 
 
 def test_run_config_is_read_like_flwr_run_and_unknown_keys_are_refused(tmp_path):
-    parsed = parse_run_config(["num-server-rounds=3 task='ner'", "overrides=\"scheduler.V=10 seed=2\""])
+    parsed = parse_run_config(["num-server-rounds=3 task='ner'", 'overrides="scheduler.V=10 seed=2"'])
     assert parsed == {"num-server-rounds": 3, "task": "ner", "overrides": "scheduler.V=10 seed=2"}
     toml = tmp_path / "rc.toml"
     toml.write_text('num-clusters = 3\nmethod = "vanilla_fl"\n')
