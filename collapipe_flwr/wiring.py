@@ -110,6 +110,7 @@ def build_pipeline(
         ray_address=rt.ray_address or None,
         emulate=rt.emulate,
         actor_num_cpus=rt.actor_num_cpus,
+        device_resource=rt.device_resource,
         timeout_s=rt.device_timeout_s,
         name=f"cluster{cluster}",
         actor_prefix=actor_prefix,

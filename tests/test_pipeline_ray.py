@@ -5,6 +5,8 @@ pipelines where they can."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -17,13 +19,20 @@ from collapipe_flwr.system.devices import DeviceProfile
 
 ray = pytest.importorskip("ray")
 ADAM = OptimizerSpec(name="adam", lr=1e-3)
+DEVICE_RESOURCES = {"edge_box_0": 1.0, "edge_box_1": 1.0}
 
 
 @pytest.fixture(scope="module")
 def ray_session():
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+        ray.init(
+            num_cpus=2,
+            resources=dict(DEVICE_RESOURCES),  # as a device box offers them: ray start --resources '{...}'
+            include_dashboard=False,
+            logging_level="WARNING",
+            log_to_driver=False,
+        )
     yield
     if started:
         ray.shutdown()
@@ -117,3 +126,21 @@ def test_slow_device_times_out_and_is_named(ray_session):
     ) as pipe:
         with pytest.raises(DeviceFailure, match=r"^device 0 gave no answer within device_timeout_s=1s"):
             pipe.train_step(batch(), 2, LocalHead(model.head, ADAM))
+
+
+def test_device_resource_pins_each_device_actor_to_the_box_offering_it(ray_session):
+    if any(ray.cluster_resources().get(name) != 1.0 for name in DEVICE_RESOURCES):
+        pytest.skip("Ray was started elsewhere without the custom device resources")
+    model = bert()
+    with ClusterPipeline(
+        model.embedding, model.blocks, (2, 2), ADAM, backend="ray", actor_threads=1, device_resource="edge_box_{k}"
+    ) as pipe:
+        loss = pipe.train_step(batch(), 2, LocalHead(model.head, ADAM)).loss
+        held = ray.available_resources()
+        # each device actor holds the whole unit of its own box's resource while it lives
+        assert all(held.get(name, 0.0) == 0.0 for name in DEVICE_RESOURCES), held
+    assert loss == loss  # a finite step ran on the pinned actors
+    deadline = time.time() + 30
+    while time.time() < deadline and ray.available_resources().get("edge_box_1", 0.0) != 1.0:
+        time.sleep(0.2)
+    assert ray.available_resources().get("edge_box_1", 0.0) == 1.0  # released with the pipeline

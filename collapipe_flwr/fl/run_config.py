@@ -29,6 +29,7 @@ FLAT_KEYS: dict[str, str] = {
     "precision": "runtime.precision",
     "run-name": "run_name",
     "resume": "resume",
+    "preset": "preset",
 }
 OTHER_KEYS = ("overrides", "data-dir", "output-dir")
 

@@ -107,6 +107,7 @@ def open_stages(
     segments: int = 1,
     address: str | None = None,
     num_cpus: float = 0.0,
+    device_resource: str = "",
     threads: int | None = None,
     timeout_s: float = 300.0,
     name: str = "",
@@ -123,6 +124,7 @@ def open_stages(
             optimizer,
             address=address,
             num_cpus=num_cpus,
+            device_resource=device_resource,
             threads=threads or default_actor_threads(segments),
             timeout_s=timeout_s,
             name=name,
@@ -242,6 +244,12 @@ def ensure_ray(address: str | None = None) -> None:
         ray.init(**kwargs)
 
 
+def device_resources(pattern: str, k: int) -> dict[str, Any]:
+    """Ray actor options that pin device k's actor to the node offering the custom resource
+    ``pattern.format(k=k)`` (runtime.device_resource); {} = Ray's default scheduling."""
+    return {"resources": {pattern.format(k=k): 1.0}} if pattern else {}
+
+
 class RayStages:
     """One Ray actor per device holding its segment and optimizer (``num_cpus=actor_num_cpus``).
 
@@ -261,6 +269,7 @@ class RayStages:
         *,
         address: str | None = None,
         num_cpus: float = 0.0,
+        device_resource: str = "",
         threads: int = 1,
         timeout_s: float = 300.0,
         name: str = "",
@@ -277,6 +286,7 @@ class RayStages:
         self.timeout_s = float(timeout_s)
         self.where = f"{name}: " if name else ""
         self.num_cpus = float(num_cpus)
+        self.device_resource = device_resource
         self.threads = int(threads)
         self.prefix = prefix
         self.detached = bool(detached)
@@ -310,6 +320,7 @@ class RayStages:
         for k, segment, state, slowdown, offset in specs:
             if k not in self.devices:
                 options: dict[str, Any] = {"num_cpus": self.num_cpus, "max_restarts": 0}
+                options.update(device_resources(self.device_resource, k))
                 if self.prefix:
                     options.update(name=actor_name(self.prefix, k), namespace=NAMESPACE, get_if_exists=True)
                     if self.detached:
@@ -343,7 +354,8 @@ class RayStages:
                 self.shutdown()
                 raise DeviceFailure(
                     f"{self.where}device {k}'s Ray actor did not start within {start_timeout:g}s; "
-                    "check the Ray cluster has room for it (runtime.actor_num_cpus) and that the device is up"
+                    "check the Ray cluster has room for it (runtime.actor_num_cpus) and that the device is up (with "
+                    "runtime.device_resource, that a node offers its resource)"
                 ) from None
             except ray.exceptions.RayActorError:
                 self.shutdown()

@@ -19,6 +19,9 @@ class RuntimeSpec:
     actor_num_cpus: Ray CPUs per device actor (0 lets actors schedule inside a Flower simulation);
     device_timeout_s: the longest wait for one device's step; torch_threads: torch threads per process;
     precision: ``auto`` (bf16 autocast where the hardware has native bf16) | ``fp32`` | ``bf16``;
+    device_resource: a Ray custom resource that pins device k's actor to device k's box, ``{k}`` replaced by
+    k (e.g. ``device_{k}``: start device k's box with ``ray start --address CU:6379 --resources
+    '{"device_0": 1}'``); "" leaves placement to Ray's scheduler (one machine, a simulation);
     prestart_devices: start every device actor of a cluster with its first round (idle ones hold no
     blocks), so a later plan that adds a device pays no process start-up inside its round."""
 
@@ -30,6 +33,7 @@ class RuntimeSpec:
     torch_threads: int = 1
     precision: str = "auto"
     prestart_devices: bool = True
+    device_resource: str = ""
 
     def __post_init__(self) -> None:
         require(
@@ -39,6 +43,10 @@ class RuntimeSpec:
         require(self.actor_num_cpus >= 0, "runtime.actor_num_cpus must be >= 0")
         require(self.device_timeout_s > 0, "runtime.device_timeout_s must be > 0")
         require(self.torch_threads >= 1, "runtime.torch_threads must be >= 1")
+        require(
+            not self.device_resource or "{k}" in self.device_resource,
+            f"runtime.device_resource={self.device_resource!r} must contain {{k}} (the device index), e.g. device_{{k}}",
+        )
 
     def to_raw(self) -> dict[str, Any]:
         return asdict(self)
