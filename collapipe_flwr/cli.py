@@ -37,6 +37,7 @@ QUIET_LINES = (
     "Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.",
     "To change federation size, use the following command:",
     "flwr federation simulation-config",
+    "Manually terminating ClientAppActor",  # Flower stopping its simulation workers at the end of every run
 )
 DEFAULT_OUTPUT_DIR = "runs"
 
@@ -134,8 +135,9 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     out.write(
         f"collapipe: {cfg.task.name} / {cfg.model.name}, method {cfg.method.name} ({cfg.scheduler.name}), "
         f"{f.num_clusters} CUs x {f.num_rounds} rounds x {f.local_steps} steps; data {job.data_dir}\n"
-        f"collapipe: run folder {job.run_dir} (log: {job.job_dir / LOG_FILE}); "
-        f"stops by itself after {job.timeout_s:.0f} s\n"
+        f"collapipe: run folder {job.run_dir} (log: {job.job_dir / LOG_FILE})"
+        + (f"; stops after {job.timeout_s:.0f} s" if args.timeout else "")
+        + "\n"
     )
     out.flush()
     try:

@@ -45,7 +45,8 @@ class RuntimeSpec:
         require(self.torch_threads >= 1, "runtime.torch_threads must be >= 1")
         require(
             not self.device_resource or "{k}" in self.device_resource,
-            f"runtime.device_resource={self.device_resource!r} must contain {{k}} (the device index), e.g. device_{{k}}",
+            f"runtime.device_resource={self.device_resource!r} must contain {{k}} (the device index), "
+            "e.g. device_{k}",
         )
 
     def to_raw(self) -> dict[str, Any]:
