@@ -390,7 +390,7 @@ def test_run_config_toml_round_trips_awkward_overrides(tmp_path):
     assert split_overrides(parsed["overrides"]) == list(overrides)  # what the ServerApp will compose
 
 
-def test_build_job_validates_once_and_sizes_the_federation(tmp_path):
+def test_build_job_validates_once_and_sizes_the_federation(monkeypatch, tmp_path):
     config = compose(["federation=tiny", "federation.num_clusters=3", "network=small"])
     job = build_job(
         config,
@@ -407,6 +407,9 @@ def test_build_job_validates_once_and_sizes_the_federation(tmp_path):
     bad = compose(["method.fixed_m=0"])
     with pytest.raises(ConfigError, match="fixed_m"):
         build_job(bad, [], tmp_path / "k", environ={"COLLAPIPE_DATA_DIR": str(tmp_path)})
+    import collapipe_flwr.config as config_module
+
+    monkeypatch.setattr(config_module, "default_data_dirs", lambda cwd=None: [tmp_path / "no-data-here"])
     with pytest.raises(ConfigError, match="no data directory"):
         build_job(config, [], tmp_path / "k", environ={})
     cfg = build_run_config(config)
