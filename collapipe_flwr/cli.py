@@ -11,7 +11,7 @@ do by hand:
 - gives the run a private FLWR_HOME and free local SuperLink ports, so two runs on one machine never meet,
   and one simulated SuperNode per cluster (``num-supernodes`` follows ``num-clusters``);
 - streams the log to the console and to ``<run folder>/flwr.log`` (a few known Flower lines that do not
-  apply here are left off the console only: :data:`QUIET_LINES`; ``--verbose`` shows them);
+  apply here are left off the console only: ``launch.QUIET_LINES``; ``--verbose`` shows them);
 - stops the local SuperLink and every process it started, by pid, when the run ends, fails, times out
   or is interrupted;
 - exits 0 only when the run wrote its summary.json (``flwr run`` itself exits 0 when the ServerApp fails),
@@ -32,30 +32,7 @@ from typing import Any, TextIO
 
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 
-# Flower lines that do not apply to a collapipe run (it sets num-supernodes itself); kept in flwr.log.
-QUIET_LINES = (
-    "Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.",
-    "To change federation size, use the following command:",
-    "flwr federation simulation-config",
-    "Manually terminating ClientAppActor",  # Flower stopping its simulation workers at the end of every run
-)
 DEFAULT_OUTPUT_DIR = "runs"
-
-
-class ConsoleEcho:
-    """A write-only stream for the launcher's log pump: every line to ``out`` except :data:`QUIET_LINES`."""
-
-    def __init__(self, out: TextIO, verbose: bool = False) -> None:
-        self.out = out
-        self.verbose = verbose
-
-    def write(self, line: str) -> int:
-        if self.verbose or not any(quiet in line for quiet in QUIET_LINES):
-            self.out.write(line)
-        return len(line)
-
-    def flush(self) -> None:
-        self.out.flush()
 
 
 def parse_run_config(args: Sequence[str]) -> dict[str, Any]:
@@ -119,7 +96,7 @@ def keep_old_logs(folder: Path, names: Sequence[str]) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    from collapipe_flwr.experiments.launch import LOG_FILE, STATUS_FILE, SUPERLINK_LOG_FILE, launch
+    from collapipe_flwr.experiments.launch import LOG_FILE, STATUS_FILE, SUPERLINK_LOG_FILE, ConsoleEcho, launch
 
     t0 = time.monotonic()
     try:

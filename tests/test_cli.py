@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from collapipe_flwr.cli import ConsoleEcho, keep_old_logs, parse_run_config, plan_launch
+from collapipe_flwr.cli import keep_old_logs, parse_run_config, plan_launch
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.experiments.launch import ConsoleEcho
 
 
 def test_run_config_is_read_like_flwr_run_and_unknown_keys_are_refused(tmp_path):

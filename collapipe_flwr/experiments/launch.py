@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from collapipe_flwr.config import CONF_DIR
 from collapipe_flwr.experiments import processes
@@ -213,6 +213,35 @@ def failed_status(job_dir: Path | str, error: str, labels: Mapping[str, Any] | N
     return status
 
 
+# Flower lines that do not apply to a collapipe run (it sets num-supernodes itself); kept in flwr.log.
+QUIET_LINES = (
+    "Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.",
+    "To change federation size, use the following command:",
+    "flwr federation simulation-config",
+    "Manually terminating ClientAppActor",  # Flower stopping its simulation workers at the end of every run
+)
+
+
+class ConsoleEcho:
+    """A write-only stream for the launcher's log pump: every line to ``out`` (default: the current
+    ``sys.stdout``) except :data:`QUIET_LINES`, unless ``verbose``."""
+
+    def __init__(self, out: TextIO | None = None, verbose: bool = False) -> None:
+        self.out = out
+        self.verbose = verbose
+
+    def write(self, line: str) -> int:
+        if self.verbose or not any(quiet in line for quiet in QUIET_LINES):
+            (self.out or sys.stdout).write(line)
+        return len(line)
+
+    def flush(self) -> None:
+        (self.out or sys.stdout).flush()
+
+
+CONSOLE = ConsoleEcho()  # the default echo of a launch: this process's stdout, Flower's known noise left off
+
+
 class LineSink(Protocol):
     """Where the streamed log goes: a text file, the console, or a filter in front of it."""
 
@@ -235,7 +264,7 @@ def _pump(stream, sinks: list[LineSink]) -> None:
 def launch(
     job: JobSpec,
     project_root: Path = PROJECT_ROOT,
-    echo: LineSink | None = sys.stdout,
+    echo: LineSink | None = CONSOLE,
     base_env: Mapping[str, str] | None = None,
     flwr_exe: str | None = None,
 ) -> dict:
