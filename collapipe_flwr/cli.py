@@ -95,7 +95,8 @@ def keep_old_logs(folder: Path, names: Sequence[str]) -> None:
             path.rename(folder / f"{path.stem}.{n}{path.suffix}")
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None = None) -> int:
+    """``collapipe run``; ``flwr_exe`` replaces the flwr CLI (tests use a stand-in)."""
     from collapipe_flwr.experiments.launch import LOG_FILE, STATUS_FILE, SUPERLINK_LOG_FILE, ConsoleEcho, launch
 
     t0 = time.monotonic()
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     )
     out.flush()
     try:
-        status = launch(job, echo=ConsoleEcho(out, args.verbose))
+        status = launch(job, echo=ConsoleEcho(out, args.verbose), flwr_exe=flwr_exe)
     except KeyboardInterrupt:
         print("error: interrupted; the run's processes were stopped", file=sys.stderr)
         return 130

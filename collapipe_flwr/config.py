@@ -108,8 +108,13 @@ class DataPlaneSpec:
     bind: str = ""  # "" = the announced host only; "0.0.0.0" listens on every interface
     port: int = 0
     fp16: bool = False
-    max_message_mb: int = 256
+    # largest step frame either end accepts; 0 = sized from the task (fl/dataplane/transport.step_message_mb:
+    # b x max_len tokens of z_enc and labels, with room to spare), so a flood cannot park big frames in memory
+    max_message_mb: int = 0
     timeout_s: float = 120.0
+    # an authenticated stream that sends no step for this long is cancelled (its CU reopens one on its next
+    # step), so streams left open by a stuck or hostile CU do not hold the server's workers
+    idle_timeout_s: float = 30.0
     # the decoder refuses a step whose |z_enc| exceeds this (finite but huge activations would turn its loss
     # NaN); 0 = no limit. Encoder outputs after LayerNorm are O(10).
     max_abs_activation: float = 1e4
@@ -123,7 +128,8 @@ class DataPlaneSpec:
         require(bool(self.tls_cert) == bool(self.tls_key), "dataplane.tls_cert and dataplane.tls_key go together")
         require(0 <= self.port < 65536, f"dataplane.port={self.port} must be in 0..65535 (0 = any free port)")
         require(self.max_abs_activation >= 0, "dataplane.max_abs_activation must be >= 0 (0 = no limit)")
-        require(self.max_message_mb >= 1, "dataplane.max_message_mb must be >= 1")
+        require(self.max_message_mb >= 0, "dataplane.max_message_mb must be >= 0 (0 = sized from the task)")
+        require(self.idle_timeout_s > 0, "dataplane.idle_timeout_s must be > 0")
         require(self.timeout_s > 0, "dataplane.timeout_s must be > 0")
 
 

@@ -667,3 +667,105 @@ def test_tls_round_trip_on_loopback(tmp_path):
         assert s.host.stats()["clusters"][0]["steps"] == 1 and 1 not in s.host.stats()["clusters"]
     finally:
         s.host.stop(grace_s=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# limits: the message cap sized from the task, idle streams reaped, memory bounded under floods
+# ---------------------------------------------------------------------------------------------------
+def test_message_cap_is_sized_from_the_task_by_hand():
+    from collapipe_flwr.fl.dataplane.transport import resolve_message_mb, step_message_mb
+
+    # b = 64 sequences of max_len = 128 tokens, H = 512 fp32 values + 8 int64 fields a token, + 1 MiB,
+    # doubled: 2 * (64 * 128 * (2048 + 64) + 2**20) bytes = 35 MiB exactly
+    assert step_message_mb(64, 128, 512, fp16=False) == 35
+    # fp16 wire: 2 * (64 * 128 * (1024 + 64) + 2**20) = 19,431,424 bytes -> 18.53 MiB, rounded up
+    assert step_message_mb(64, 128, 512, fp16=True) == 19
+    assert resolve_message_mb(7, 64, 128, 512, False) == 7  # a configured cap wins
+    assert resolve_message_mb(0, 64, 128, 512, False) == 35
+
+
+def test_an_idle_stream_is_cancelled_and_the_cu_reopens_on_its_next_step():
+    s = Served(TokenHead(), max_len=MAX_LEN, idle_timeout_s=0.5)
+    try:
+        with s.client(0) as cu:
+            cu(*make_step(60))
+            deadline = time.time() + 10
+            while s.host.idle_cancelled == 0 and time.time() < deadline:
+                time.sleep(0.1)
+            assert s.host.idle_cancelled >= 1  # the reaper ended the stream the CU left idle
+            cu(*make_step(61))  # served on a fresh stream
+        assert s.host.stats()["clusters"][0]["steps"] == 2
+    finally:
+        s.host.stop(grace_s=0)
+
+
+FLOOD = """
+import sys, threading, grpc
+address, size, n, key = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+codes = []
+def one():
+    big = bytes(size)
+    channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", size + 1024)])
+    call = channel.stream_stream("/collapipe.dataplane.Decoder/Step", request_serializer=None,
+                                 response_deserializer=None)
+    try:
+        list(call(iter([big]), metadata=(("x-collapipe-round", "1"), ("x-collapipe-cluster", "0"),
+                                           ("x-collapipe-key", key)), timeout=60))
+        codes.append("OK")
+    except grpc.RpcError as err:
+        codes.append(err.code().name)
+    channel.close()
+threads = [threading.Thread(target=one) for _ in range(n)]
+[t.start() for t in threads]; [t.join() for t in threads]
+print(" ".join(sorted(codes)))
+"""
+
+
+@pytest.mark.parametrize(
+    ("who", "refused_as"), [("stranger", "UNAUTHENTICATED"), ("cluster 0 itself", "RESOURCE_EXHAUSTED")]
+)
+def test_server_memory_stays_bounded_under_a_flood_of_250mb_frames(who, refused_as):
+    """A stranger is refused on its metadata; a CU with a valid key is refused by the task-sized cap."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD as method
+
+    s = Served(TokenHead(), max_len=MAX_LEN, max_message_mb=4)  # the size step_message_mb gives a small task
+    me = psutil.Process()
+    peak, stop = [me.memory_info().rss], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak.append(me.memory_info().rss)
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        flood = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                FLOOD.replace("/collapipe.dataplane.Decoder/Step", method),
+                s.host.address,
+                str(250 * 2**20),
+                "8",
+                "guessed" if who == "stranger" else cluster_key(SECRET, 1, 0),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        with s.client(0) as real:  # a real CU is served after the flood
+            real(*make_step(62))
+    finally:
+        stop.set()
+        sampler.join()
+        s.host.stop(grace_s=0)
+    assert flood.returncode == 0, flood.stderr[-2000:]
+    assert flood.stdout.split() == [refused_as] * 8, flood.stdout  # every flood frame refused
+    grown_mb = (max(peak) - peak[0]) / 2**20
+    assert grown_mb < 100, f"the server grew by {grown_mb:.0f} MB under 8 x 250 MB frames from {who}"

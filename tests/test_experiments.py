@@ -456,8 +456,11 @@ FAKE_FLWR = textwrap.dedent('''\
         time.sleep(600)
     if mode == "ok":
         run = Path(conf["output-dir"]) / "run"
-        run.mkdir(parents=True)
+        run.mkdir(parents=True, exist_ok=True)
         (run / "summary.json").write_text("{{}}")
+        sys.exit(0)
+    if mode == "server_failed":  # flwr run's own exit code is 0 when the ServerApp fails
+        print("error: cannot write runs/x/config.json: Read-only file system; set output-dir", flush=True)
         sys.exit(0)
     print("error: C7 (memory) violated in cluster 0; add devices", flush=True)
     sys.exit(2)
@@ -472,7 +475,7 @@ def fake_flwr(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("mode", ["ok", "fail", "hang"])
+@pytest.mark.parametrize("mode", ["ok", "fail", "hang", "server_failed"])
 def test_launch_writes_status_and_stops_the_detached_superlink(tmp_path, fake_flwr, monkeypatch, mode):
     pidfile = tmp_path / "superlink.pid"
     monkeypatch.setenv("PIDFILE", str(pidfile))
@@ -494,6 +497,8 @@ def test_launch_writes_status_and_stops_the_detached_superlink(tmp_path, fake_fl
         assert saved["error"] == "C7 (memory) violated in cluster 0; add devices" and saved["returncode"] == 2
     if mode == "hang":
         assert saved["timed_out"] is True and "timed out" in saved["error"]
+    if mode == "server_failed":
+        assert saved["returncode"] == 0 and saved["error"].startswith("cannot write runs/x/config.json")
     superlink = int(pidfile.read_text())
     deadline = time.time() + 5
     while time.time() < deadline and processes.alive(superlink):
@@ -632,3 +637,20 @@ def test_two_run_multirun_of_the_tiny_config_end_to_end(tmp_path, data_dir):
     assert (out / "results.md").read_text().count("| dssra |") + (out / "results.md").read_text().count(
         "| random |"
     ) >= 2
+
+
+def test_collapipe_run_exits_1_when_the_server_failed_though_flwr_run_exited_0(
+    tmp_path, fake_flwr, monkeypatch, data_dir, capsys
+):
+    from collapipe_flwr import cli
+
+    monkeypatch.setenv("PIDFILE", str(tmp_path / "superlink.pid"))
+    monkeypatch.setenv("FAKE_MODE", "server_failed")
+    args = cli.build_parser().parse_args(
+        ["run", "--run-config", f"output-dir='{tmp_path}' data-dir='{data_dir}' run-name='r'"]
+    )
+    assert cli.run(args, flwr_exe=str(fake_flwr)) == 1
+    assert capsys.readouterr().err.startswith("error: cannot write runs/x/config.json: Read-only file system")
+    monkeypatch.setenv("FAKE_MODE", "ok")
+    args.run_config = [f"output-dir='{tmp_path}' data-dir='{data_dir}' run-name='run'"]
+    assert cli.run(args, flwr_exe=str(fake_flwr)) == 0

@@ -27,6 +27,7 @@ from collapipe_flwr.config import DATA_DIR_ENV, ClusterConfig, build_cluster_con
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.cluster_session import cached_task, drop_session, session_for
 from collapipe_flwr.fl.dataplane import DecoderClient
+from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
 from collapipe_flwr.fl.messages import (
     NUM_EXAMPLES,
     NUM_PARTITIONS,
@@ -81,7 +82,9 @@ def decoder_client(cfg: ClusterConfig, instructions: TrainInstructions, cluster:
         cluster=cluster,
         fp16=cfg.dataplane.fp16,
         timeout_s=cfg.dataplane.timeout_s,
-        max_message_mb=cfg.dataplane.max_message_mb,
+        max_message_mb=resolve_message_mb(
+            cfg.dataplane.max_message_mb, cfg.task.batch_size, cfg.model.max_len, cfg.model.width, cfg.dataplane.fp16
+        ),
         root_certificate=instructions.dataplane_root_certificate,
     )
 

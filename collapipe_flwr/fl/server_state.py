@@ -21,6 +21,7 @@ from collapipe_flwr import wiring
 from collapipe_flwr.config import RunConfig
 from collapipe_flwr.dssra.methods import make_planner
 from collapipe_flwr.dssra.plan import ClusterPlan
+from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
 from collapipe_flwr.fl.decoder_service import DecoderService, TlsFiles
 from collapipe_flwr.fl.evaluator import Evaluator
 from collapipe_flwr.fl.global_model import ClusterResult, GlobalModel
@@ -90,7 +91,10 @@ class ServerState:
             bind=dp.bind or dp.host,
             port=dp.port,
             fp16=dp.fp16,
-            max_message_mb=dp.max_message_mb,
+            max_message_mb=resolve_message_mb(
+                dp.max_message_mb, cfg.task.batch_size, cfg.model.max_len, cfg.model.width, dp.fp16
+            ),
+            idle_timeout_s=dp.idle_timeout_s,
             hidden_size=int(hidden.shape[-1]),
             lr_factor_of=decoder_lr_factor(cfg),
             precision=precision,

@@ -47,6 +47,10 @@ class _Stream:
         except Exception as err:  # pragma: no cover - defensive: never leave the caller waiting
             self.incoming.put(err)
 
+    def ended(self) -> bool:
+        """The server ended this stream (e.g. cancelled it for idling) before the next step was sent."""
+        return not self.reader.is_alive()
+
     def close(self, cancel: bool) -> None:
         self.outgoing.put(_END)
         if cancel:
@@ -115,6 +119,8 @@ class DecoderClient:
                     f"dataplane.max_message_mb={self.max_message_bytes // MB}; "
                     f"raise it on server and CUs, use more micro-batches, or set dataplane.fp16"
                 )
+            if self._stream is not None and self._stream.ended():  # closed while idle: open a fresh one
+                self._drop_stream()
             if self._stream is None:
                 self._stream = _Stream(self._call, call_metadata(self.round, self.cluster, self._secret))
             stream = self._stream

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -62,9 +63,11 @@ class DecoderHost:
     ``hidden_size`` is H, the encoder width every z_enc must have. ``advertise_host`` is the host part
     of :attr:`address` (default: ``bind``, or 127.0.0.1 when binding every interface). ``max_streams``
     bounds the concurrent CU streams (one worker thread each; more are refused). ``lock_timeout_s``
-    bounds how long a request waits for the decoder behind other CUs' steps. An idle stream waits for
-    its CU's next request without a deadline: keepalive pings end it when the CU's machine vanishes,
-    :meth:`close_round` cancels the round's streams, and :meth:`stop` cancels all.
+    bounds how long a request waits for the decoder behind other CUs' steps. A stream that sends no request
+    for ``idle_timeout_s`` after its last reply (or after it opened) is cancelled by a reaper thread (the
+    CU's client opens a fresh one on its next step), so streams held open by a stuck or hostile CU do not
+    keep worker threads; keepalive pings end a stream whose CU's machine vanished, :meth:`close_round`
+    cancels the round's streams, and :meth:`stop` cancels all.
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class DecoderHost:
         max_len: int = 0,
         max_abs_activation: float = 0.0,
         tls: tuple[bytes, bytes] | None = None,
+        idle_timeout_s: float = 30.0,
     ) -> None:
         if not secret:
             raise DataPlaneError("the data-plane secret is empty; give DecoderHost a per-run random secret")
@@ -126,6 +130,15 @@ class DecoderHost:
         # decoder_update: joint (Algorithm 1 line 14, one update on all clusters' step) instead of per CU
         self._joint = JointSteps(self._run_joint, timeout_s=lock_timeout_s) if joint else None
         self._last_seq: dict[tuple[int, int], int] = {}  # highest step id claimed per (round, cluster)
+        if not idle_timeout_s > 0:
+            raise DataPlaneError(f"idle_timeout_s={idle_timeout_s} must be > 0")
+        self._idle_timeout_s = float(idle_timeout_s)
+        self._idle_since: dict[
+            grpc.ServicerContext, float
+        ] = {}  # open stream's context -> when it last went idle (inf: busy)
+        self._reaper_stop = threading.Event()
+        self._reaper: threading.Thread | None = None
+        self.idle_cancelled = 0  # streams cancelled for idling (a counter for tests and logs)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> int:
@@ -158,6 +171,9 @@ class DecoderHost:
             )
         server.start()
         self._server, self._bound_port = server, port
+        self._reaper_stop.clear()
+        self._reaper = threading.Thread(target=self._reap_idle_streams, name="decoder-host-reaper", daemon=True)
+        self._reaper.start()
         log.info("decoder data plane listening on %s", self.address)
         return port
 
@@ -180,6 +196,10 @@ class DecoderHost:
         if self._server is not None:
             self._server.stop(grace_s).wait(grace_s + 5.0)
             self._server = None
+        self._reaper_stop.set()
+        if self._reaper is not None:
+            self._reaper.join(timeout=5.0)
+            self._reaper = None
 
     def __enter__(self) -> DecoderHost:
         self.start()
@@ -238,20 +258,41 @@ class DecoderHost:
         registered: int | None = None
         who = identity_of(context.invocation_metadata())  # (t, n, key), checked by KeyInterceptor
         stream = (who[0], who[1]) if who is not None else None
+        self._mark_idle(context)
         try:
             for frame in request_iterator:
+                self._mark_idle(context, busy=True)
                 reply, round_ = self._serve_frame(frame, stream)
                 if registered is None and round_ is not None:
                     registered = round_
                     with self._state_lock:
                         self._streams[round_].add(context)
+                self._mark_idle(context)
                 yield reply
         except Exception as err:  # the CU went away (cancel, disconnect, deadline) or the host stopped
             log.debug("data-plane stream ended: %s", err)
         finally:
-            if registered is not None:
-                with self._state_lock:
+            with self._state_lock:
+                self._idle_since.pop(context, None)
+                if registered is not None:
                     self._streams.get(registered, set()).discard(context)
+
+    def _mark_idle(self, context, busy: bool = False) -> None:
+        with self._state_lock:
+            self._idle_since[context] = math.inf if busy else time.monotonic()
+
+    def _reap_idle_streams(self) -> None:
+        """Cancel every stream idle for longer than ``idle_timeout_s`` (runs until :meth:`stop`)."""
+        period = min(1.0, self._idle_timeout_s / 4)
+        while not self._reaper_stop.wait(period):
+            now = time.monotonic()
+            with self._state_lock:
+                stale = [c for c, since in self._idle_since.items() if now - since > self._idle_timeout_s]
+                for context in stale:
+                    self._idle_since.pop(context, None)
+            for context in stale:
+                self.idle_cancelled += 1
+                context.cancel()
 
     def _serve_frame(self, frame: bytes, stream: tuple[int, int] | None = None) -> tuple[bytes, int | None]:
         t0 = time.perf_counter()

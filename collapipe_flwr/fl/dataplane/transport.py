@@ -5,6 +5,27 @@ from __future__ import annotations
 MB = 1 << 20
 
 
+# Integer fields a step may carry per token besides z_enc (attention mask, labels, decoder inputs, ...):
+# a generous bound, the tasks send at most four.
+FIELDS_PER_TOKEN = 8
+FRAME_OVERHEAD = 1 * MB  # header and per-tensor records
+
+
+def step_message_mb(batch_size: int, max_len: int, hidden_size: int, fp16: bool) -> int:
+    """The largest step frame a CU of this task can send, in MB, doubled for headroom: b sequences of at most
+    ``max_len`` tokens, each with its z_enc row (H values, 2 bytes on the fp16 wire, else 4) and up to
+    :data:`FIELDS_PER_TOKEN` int64 fields. Both ends use it as gRPC's message cap when
+    ``dataplane.max_message_mb`` is 0, so no frame larger than the task can produce is ever buffered."""
+    per_token = int(hidden_size) * (2 if fp16 else 4) + FIELDS_PER_TOKEN * 8
+    largest = int(batch_size) * int(max_len) * per_token + FRAME_OVERHEAD
+    return max(1, -(-2 * largest // MB))
+
+
+def resolve_message_mb(configured: int, batch_size: int, max_len: int, hidden_size: int, fp16: bool) -> int:
+    """dataplane.max_message_mb when set (> 0), else :func:`step_message_mb` of the task (both ends agree)."""
+    return int(configured) if configured else step_message_mb(batch_size, max_len, hidden_size, fp16)
+
+
 def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
     """Message size limits, a large HTTP/2 window and keepalive pings (a silent peer is noticed within
     ~40 s). The window (lookahead) lets a whole activation go out without waiting for flow-control
@@ -12,6 +33,9 @@ def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
     limit = int(max_message_mb) * MB
     return [
         ("grpc.http2.lookahead_bytes", min(limit, 16 * MB)),
+        # a fixed window (no bandwidth-delay probing that grows it): what a peer can push before its frame
+        # is read, and refused when oversized, stays within min(cap, 16 MB) per stream
+        ("grpc.http2.bdp_probe", 0),
         ("grpc.max_send_message_length", limit),
         ("grpc.max_receive_message_length", limit),
         ("grpc.keepalive_time_ms", 20_000),
