@@ -34,7 +34,11 @@ class DataPlaneError(CollaPipeError):
 
 
 class DeviceFailure(CollaPipeError):
-    """A device actor died or timed out during a step."""
+    """A device actor died or timed out during a step; ``device`` is its index k in the cluster when known."""
+
+    def __init__(self, message: str, device: int | None = None) -> None:
+        super().__init__(message)
+        self.device = device
 
 
 def exit_on_user_error(func):

@@ -47,6 +47,9 @@ class RoundPlan:
     round: int
     clusters: tuple[ClusterPlan, ...]
     modelled: dict = field(default_factory=dict)
+    # {n: Sub-1's inputs for cluster n} (dssra/replan.py: sub1_inputs), sent to CU n so it can re-plan over
+    # the devices it has left when one fails mid-round; not part of the record
+    replan_inputs: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def selected(self) -> tuple[ClusterPlan, ...]:

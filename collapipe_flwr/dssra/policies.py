@@ -23,6 +23,7 @@ from collapipe_flwr.dssra.cluster_model import ClusterModel
 from collapipe_flwr.dssra.dinkelbach import c11_power_floor, dinkelbach_sca_power
 from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
 from collapipe_flwr.dssra.power import LN2, max_energy_power
+from collapipe_flwr.dssra.replan import sub1_inputs
 from collapipe_flwr.dssra.segments import SegmentPlan, fixed_segments, solve_segments, uniform_delta
 from collapipe_flwr.dssra.selectors import SELECTORS, ChannelProblem, sit_out_reason
 from collapipe_flwr.dssra.specs import SchedulerSpec
@@ -310,7 +311,15 @@ class Policy:
         }
         if sub2.get("left_out"):  # only when a CU sits out: why (dssra/selectors.py: sit_out_reason)
             modelled["left_out"] = {str(n): reason for n, reason in sorted(sub2["left_out"].items())}
-        return RoundPlan(round=int(t), clusters=tuple(clusters), modelled=modelled)
+        solves_m = self.shape.segments is None and self.sched.segment_scheduling
+        replan = {
+            n: sub1_inputs(
+                models[n], self.sched.V, self._segment_drift(n, models[n].K), self.m_values if solves_m else [segs[n].m]
+            )
+            for n in range(N)
+            if clusters[n].selected
+        }
+        return RoundPlan(round=int(t), clusters=tuple(clusters), modelled=modelled, replan_inputs=replan)
 
     def _drift_total(self, clusters, gammas) -> float:
         """sum_n Y_n Gamma_n (drift = gamma) or sum_n Y_n (S_n + p_n) (drift = paper) of the chosen plan."""

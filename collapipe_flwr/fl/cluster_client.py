@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -24,7 +25,8 @@ from flwr.app import RecordDict
 
 from collapipe_flwr import wiring
 from collapipe_flwr.config import DATA_DIR_ENV, ClusterConfig, build_cluster_config
-from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.dssra.replan import replan_without
+from collapipe_flwr.errors import ConfigError, DeviceFailure, InfeasiblePlanError
 from collapipe_flwr.fl.cluster_session import cached_task, drop_session, session_for
 from collapipe_flwr.fl.dataplane import DecoderClient
 from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
@@ -38,6 +40,8 @@ from collapipe_flwr.fl.messages import (
 )
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.system.devices import DeviceProfile
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,57 @@ def decoder_client(cfg: ClusterConfig, instructions: TrainInstructions, cluster:
     )
 
 
+def _train_steps(
+    session, cfg: ClusterConfig, instructions: TrainInstructions, head, m: int, num_devices: int, cluster: int
+):
+    """The round's local steps from its first batch: (losses, examples, seconds per phase, compute per device)."""
+    pipeline = session.live_pipeline()
+    lr_schedule = wiring.lr_schedule(cfg)
+    losses: list[float] = []
+    step_seconds: dict[str, float] = {}
+    device_compute = [0.0] * num_devices
+    n_examples = 0
+    seed = wiring.round_seed(cfg, instructions.round, cluster)
+    for i, batch in enumerate(wiring.train_batches(session.task, cfg, session.examples, seed=seed)):
+        factor = lr_schedule(wiring.global_step(cfg, instructions.round, i))
+        if isinstance(head, LocalHead):
+            head.lr_factor = factor
+        result = pipeline.train_step(batch, m, head, lr_factor=factor)
+        losses.append(float(result.loss))
+        n_examples += int(next(iter(batch.values())).shape[0])
+        for phase, sec in result.timings.phases().items():
+            step_seconds[phase] = step_seconds.get(phase, 0.0) + sec
+        for dev, sec in result.timings.device_compute.items():  # {device index k: compute seconds this step}
+            device_compute[int(dev)] += float(sec)
+    return losses, n_examples, step_seconds, device_compute
+
+
+def _replan_after(
+    failure: DeviceFailure, session, parts: dict, instructions: TrainInstructions, lost: list[int], cluster: int
+) -> int:
+    """Device ``failure.device`` is gone: Sub-1 over the devices left (the server's inputs for this round),
+    the round's starting weights back on the new partition; returns the new m. Re-raises when the failed
+    device is unknown, no inputs came with the round, or no partition fits the devices left."""
+    if failure.device is None or not instructions.replan or failure.device in lost or session.pipeline is None:
+        raise failure
+    lost.append(int(failure.device))
+    try:
+        replanned = replan_without(instructions.replan, lost)
+    except InfeasiblePlanError as err:
+        raise DeviceFailure(f"{failure}; no re-plan over the devices left: {err}", device=failure.device) from None
+    log.warning(
+        "cluster %s round %s: %s; re-planned over the devices left: S=%s m=%s delta=%s",
+        cluster,
+        instructions.round,
+        failure,
+        replanned.S,
+        replanned.m,
+        list(replanned.delta),
+    )
+    session.recover(parts, replanned.delta, lost)
+    return replanned.m
+
+
 def run_key_of(cfg: ClusterConfig, run_id: int | None) -> str:
     """Which run a message belongs to: Flower's run id, else (direct calls, tests) a digest of the config."""
     if run_id is not None:
@@ -113,10 +168,16 @@ def train_round(
     session = session_for(run_key, identity.partition_id, identity.num_partitions, cfg, state)
     plan = instructions.plan
     devices = [DeviceProfile.from_dict(d) for d in instructions.devices]
+    parts = unpack_weights(weights_record)
     head: DecoderClient | LocalHead | None = None
+    lost: list[int] = []  # devices that failed this round; the CU re-plans over the others (dssra/replan.py)
+    m = plan.m
     try:
-        prepared = session.prepare(instructions.round, unpack_weights(weights_record), plan.delta, devices, state)
-        pipeline = session.live_pipeline()
+        try:
+            prepared = session.prepare(instructions.round, parts, plan.delta, devices, state)
+        except DeviceFailure as failure:  # a device lost since the last round: re-plan before the first step
+            m = _replan_after(failure, session, parts, instructions, lost, identity.partition_id)
+            prepared = {"pipeline-reused": 1, "blocks-moved": 1, "optimizer-restored": 0}
         t_setup = time.time()
         if cfg.head_on_server:
             head = decoder_client(cfg, instructions, identity.partition_id)
@@ -125,24 +186,14 @@ def train_round(
             if head is None:
                 raise RuntimeError(f"cluster {identity.partition_id}: no local head though head_on_server=false")
         t_built = time.time()
-        lr_schedule = wiring.lr_schedule(cfg)
-        losses = []
-        step_seconds: dict[str, float] = {}
-        device_compute = [0.0] * len(devices)
-        n_examples = 0
-        seed = wiring.round_seed(cfg, instructions.round, identity.partition_id)
-        for i, batch in enumerate(wiring.train_batches(session.task, cfg, session.examples, seed=seed)):
-            factor = lr_schedule(wiring.global_step(cfg, instructions.round, i))
-            if isinstance(head, LocalHead):
-                head.lr_factor = factor
-            result = pipeline.train_step(batch, plan.m, head, lr_factor=factor)
-            losses.append(float(result.loss))
-            n_examples += int(next(iter(batch.values())).shape[0])
-            for phase, sec in result.timings.phases().items():
-                step_seconds[phase] = step_seconds.get(phase, 0.0) + sec
-            for dev, sec in result.timings.device_compute.items():  # {device index k: compute seconds this step}
-                device_compute[int(dev)] += float(sec)
+        while True:
+            try:
+                run = _train_steps(session, cfg, instructions, head, m, len(devices), identity.partition_id)
+                break
+            except DeviceFailure as failure:
+                m = _replan_after(failure, session, parts, instructions, lost, identity.partition_id)
         t_trained = time.time()
+        pipeline = session.live_pipeline()
         reply_parts = {"embedding": pipeline.embedding_state_dict(), "encoder": pipeline.encoder_state_dict()}
         if not cfg.head_on_server:
             reply_parts["head"] = {k: v.detach().clone() for k, v in session.model.head.state_dict().items()}
@@ -150,12 +201,14 @@ def train_round(
         pids = pipeline.pids()
         session.finish(instructions.round, state)
     except BaseException:
-        # a failed round (device lost, data plane refused) leaves no half-trained state behind
+        # a failed round (no device left to re-plan on, data plane refused) leaves no half-trained state behind
         drop_session(run_key, identity.partition_id, len(devices))
         raise
     finally:
         if head is not None and hasattr(head, "close") and not isinstance(head, LocalHead):
             head.close()
+    losses, n_examples, step_seconds, device_compute = run
+    lr_schedule = wiring.lr_schedule(cfg)
     device_peak = [0.0] * len(devices)  # per device k of the cluster; 0 for devices the plan left idle
     for report in memory:
         device_peak[int(report["device"])] = float(report["peak_bytes"])
@@ -176,6 +229,12 @@ def train_round(
         "device-compute-seconds": device_compute,
         **prepared,
         "device-pids": [int(pids[k]) for k in sorted(pids)],
+        # devices lost mid-round and the partition the CU finished on (only when a device failed)
+        **(
+            {"lost-devices": list(lost), "replanned-delta": list(session.live_pipeline().delta), "replanned-m": m}
+            if lost
+            else {}
+        ),
         **{f"seconds-step-{k}": v for k, v in step_seconds.items()},
     }
     return pack_weights(reply_parts), metrics

@@ -122,6 +122,16 @@ class ClusterSession:
             restored = int(self._restore(state))
         return {"pipeline-reused": int(reused), "blocks-moved": int(moved), "optimizer-restored": restored}
 
+    def recover(self, parts: dict[str, dict[str, torch.Tensor]], delta: tuple[int, ...], lost: list[int]) -> None:
+        """After device failures mid-round: back to the round's starting weights (``parts``) with ``delta``
+        (0 on every ``lost`` device) on the devices left, fresh optimizer state everywhere."""
+        self.model.embedding.load_state_dict(parts["embedding"])
+        if "head" in parts:
+            self.model.head.load_state_dict(parts["head"])
+        self.live_pipeline().recover(delta, parts["encoder"], lost)
+        if self.local_head is not None:
+            self.local_head.reset_optimizer()
+
     def finish(self, round_: int, state: RecordDict | None) -> None:
         """After a round: remember it, and copy the CU-held optimizer state into ``Context.state``."""
         self.last_round = round_

@@ -80,6 +80,7 @@ class TrainInstructions:
     dataplane_address: str = ""
     dataplane_secret: str = ""  # this CU's own data-plane key for this round (fl/dataplane/auth.py)
     dataplane_root_certificate: str = ""  # PEM the CU trusts for the data plane's TLS ("" = plaintext)
+    replan: dict | None = None  # Sub-1's inputs for this cluster (dssra/replan.py), for a device lost mid-round
 
     def to_record(self) -> ConfigRecord:
         payload = {
@@ -90,6 +91,7 @@ class TrainInstructions:
             "dataplane_address": self.dataplane_address,
             "dataplane_secret": self.dataplane_secret,
             "dataplane_root_certificate": self.dataplane_root_certificate,
+            "replan": self.replan,
         }
         return ConfigRecord({"json": json.dumps(payload)})
 
@@ -105,6 +107,7 @@ class TrainInstructions:
                 dataplane_address=str(payload.get("dataplane_address", "")),
                 dataplane_secret=str(payload.get("dataplane_secret", "")),
                 dataplane_root_certificate=str(payload.get("dataplane_root_certificate", "")),
+                replan=payload.get("replan"),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CollaPipeError(

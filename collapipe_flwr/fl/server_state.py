@@ -127,7 +127,7 @@ class ServerState:
         """The most examples a CU can train on in one round (local_steps x b): bounds its FedAvg weight."""
         return self.cfg.federation.local_steps * wiring.batch_size(self.cfg)
 
-    def instructions_for(self, t: int, plan: ClusterPlan) -> TrainInstructions:
+    def instructions_for(self, t: int, plan: ClusterPlan, replan: dict | None = None) -> TrainInstructions:
         """What CU n needs for round t besides the weights: its plan, devices and the data-plane address."""
         return TrainInstructions(
             round=t,
@@ -137,6 +137,7 @@ class ServerState:
             dataplane_address=self.decoder.address,
             dataplane_secret=self.decoder.key_for(t, plan.cluster),
             dataplane_root_certificate=self.decoder.root_certificate,
+            replan=replan,
         )
 
     def absorb_results(self, t: int, results: list[ClusterResult]) -> None:

@@ -169,7 +169,7 @@ class CollaPipeStrategy(Strategy):
         messages = []
         for cplan in plan.selected:
             weights = pack_weights(self.server.global_model.for_cluster(cplan.cluster))
-            instructions = self.server.instructions_for(t, cplan)
+            instructions = self.server.instructions_for(t, cplan, plan.replan_inputs.get(cplan.cluster))
             node = self.node_of_cluster[cplan.cluster]
             messages.append(Message(train_content(weights, instructions), dst_node_id=node, message_type=TRAIN))
         if self.progress is not None:

@@ -227,6 +227,18 @@ class ClusterPipeline:
         if not self._adopt(delta):
             raise PartitionError(f"{self.name}: the devices no longer hold the whole encoder; rebuild the pipeline")
 
+    def recover(self, delta: Sequence[int], encoder_state: dict[str, torch.Tensor], lost: Sequence[int]) -> None:
+        """After device failures: forget the ``lost`` devices and place ``delta`` (0 on every lost device) on
+        the others from ``encoder_state`` (the round's starting theta^enc), with fresh optimizer state."""
+        delta = tuple(int(x) for x in delta)
+        if any(delta[k] for k in lost):
+            raise PartitionError(f"{self.name}: the re-plan {list(delta)} puts blocks on lost device(s) {list(lost)}")
+        for k in lost:
+            self._stages.forget(k)
+        self._place(delta, weights=encoder_state)
+        self.moved_blocks = True
+        self.reset_optimizers()
+
     def reset_optimizers(self) -> None:
         """Fresh optimizer state for the embedding and every segment (``federation.optimizer_state: reset``)."""
         self.embedding_optimizer = self.optimizer_spec.build(self.embedding.parameters())

@@ -79,6 +79,9 @@ class Stages(Protocol):
     def pids(self) -> dict[int, int]:
         """{device k: OS pid of the process holding it}."""
 
+    def forget(self, k: int) -> None:
+        """Drop device k (it failed): stop it if it still runs; later placements never use it."""
+
     def shutdown(self) -> None:
         """Stop every device of this cluster."""
 
@@ -201,6 +204,9 @@ class LocalStages:
 
     def pids(self) -> dict[int, int]:
         return {k: os.getpid() for k in self.devices}
+
+    def forget(self, k: int) -> None:
+        self.devices.pop(k, None)
 
     def shutdown(self) -> None:
         self.stages = []
@@ -355,12 +361,14 @@ class RayStages:
                 raise DeviceFailure(
                     f"{self.where}device {k}'s Ray actor did not start within {start_timeout:g}s; "
                     "check the Ray cluster has room for it (runtime.actor_num_cpus) and that the device is up (with "
-                    "runtime.device_resource, that a node offers its resource)"
+                    "runtime.device_resource, that a node offers its resource)",
+                    device=k,
                 ) from None
             except ray.exceptions.RayActorError:
                 self.shutdown()
                 raise DeviceFailure(
-                    f"{self.where}device {k}'s Ray actor failed to start; see the Ray worker log for the cause"
+                    f"{self.where}device {k}'s Ray actor failed to start; see the Ray worker log for the cause",
+                    device=k,
                 ) from None
 
     def start_idle(self, devices: Sequence[int]) -> None:
@@ -387,8 +395,18 @@ class RayStages:
         except (self._ray.exceptions.GetTimeoutError, self._ray.exceptions.RayActorError):
             raise DeviceFailure(
                 f"{self.where}device {k} gave no answer (its Ray actor is gone or stuck); re-plan the cluster without "
-                "it"
+                "it",
+                device=k,
             ) from None
+
+    def forget(self, k: int) -> None:
+        """Drop device k's actor (it failed): killed if Ray still reaches it, never used again."""
+        actor = self.devices.pop(k, None)
+        if actor is not None:
+            try:
+                self._ray.kill(cast(Any, actor), no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone: nothing to stop
+                pass
 
     def pids(self) -> dict[int, int]:
         """{device k: the OS pid of its actor process} (tests check actors are reused across rounds)."""
@@ -424,19 +442,24 @@ class RayStages:
             stage = self._stuck_stage(stage)
             raise DeviceFailure(
                 f"{self.where}device {self.device_indices[stage]} gave no answer within "
-                f"device_timeout_s={self.timeout_s:g}s; check that device or raise runtime.device_timeout_s"
+                f"device_timeout_s={self.timeout_s:g}s; check that device or raise runtime.device_timeout_s",
+                device=self.device_indices[stage],
             ) from None
         except ray.exceptions.RayActorError as err:
+            dead = self._dead_device(err, stage)
             raise DeviceFailure(
-                f"{self.where}device {self._dead_device(err, stage)} died during the step (its Ray actor is gone); "
-                "re-plan the cluster without it"
+                f"{self.where}device {dead} died during the step (its Ray actor is gone); re-plan the cluster "
+                "without it",
+                device=dead,
             ) from None
         except ray.exceptions.RayTaskError as err:
             cause = getattr(err, "cause", None)
             if isinstance(cause, ray.exceptions.RayActorError):
+                dead = self._dead_device(cause, stage)
                 raise DeviceFailure(
-                    f"{self.where}device {self._dead_device(cause, stage)} died during the step (its Ray actor is "
-                    "gone); re-plan the cluster without it"
+                    f"{self.where}device {dead} died during the step (its Ray actor is gone); re-plan the cluster "
+                    "without it",
+                    device=dead,
                 ) from None
             raise err.as_instanceof_cause() from None
 
