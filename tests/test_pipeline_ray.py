@@ -5,6 +5,8 @@ pipelines where they can."""
 
 from __future__ import annotations
 
+import math
+import os
 import time
 
 import pytest
@@ -26,6 +28,7 @@ DEVICE_RESOURCES = {"edge_box_0": 1.0, "edge_box_1": 1.0}
 def ray_session():
     started = not ray.is_initialized()
     if started:
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as pipeline.executors.ensure_ray does
         ray.init(
             num_cpus=2,
             resources=dict(DEVICE_RESOURCES),  # as a device box offers them: ray start --resources '{...}'
@@ -144,3 +147,22 @@ def test_device_resource_pins_each_device_actor_to_the_box_offering_it(ray_sessi
     while time.time() < deadline and ray.available_resources().get("edge_box_1", 0.0) != 1.0:
         time.sleep(0.2)
     assert ray.available_resources().get("edge_box_1", 0.0) == 1.0  # released with the pipeline
+
+
+def test_a_killed_device_actor_is_named_and_the_pipeline_recovers_without_it(ray_session):
+    model = bert()
+    start = {k: v.clone() for k, v in model.blocks.state_dict().items()}
+    with ClusterPipeline(model.embedding, model.blocks, (2, 1, 1), ADAM, backend="ray", actor_threads=1) as pipe:
+        head = LocalHead(model.head, ADAM)
+        pipe.train_step(batch(), 2, head)
+        ray.kill(pipe._stages.devices[1], no_restart=True)
+        with pytest.raises(DeviceFailure) as failure:
+            pipe.train_step(batch(), 2, head)
+        assert failure.value.device == 1
+        pipe.recover((3, 0, 1), start, [1])
+        assert pipe.delta == (3, 0, 1) and 1 not in pipe._stages.devices
+        assert torch.equal(
+            pipe.encoder_state_dict()["0.layer.attention.self.query.weight"],
+            start["0.layer.attention.self.query.weight"],
+        )
+        assert math.isfinite(pipe.train_step(batch(), 2, head).loss)
