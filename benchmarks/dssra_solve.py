@@ -50,11 +50,17 @@ class _CountSolves:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sizes", nargs="+", default=[], metavar="N,K,J", help="instead of the three default sizes")
+    ap.add_argument("--drifts", nargs="+", default=["gamma", "paper"], choices=("gamma", "paper"))
     args = ap.parse_args()
+    try:
+        sizes = [tuple(int(x) for x in size.split(",")) for size in args.sizes] or list(SIZES)
+    except ValueError:
+        ap.error("--sizes takes N,K,J triples, e.g. --sizes 100,10,50 1000,10,200")
     workload = generic_workload(128, 4, 512, 6, 32, 64, 1)
-    for drift in ("gamma", "paper"):
+    for drift in args.drifts:
         suffix = "" if drift == "gamma" else "_drift_paper"
-        for N, K, J in SIZES:
+        for N, K, J in sizes:
             cfg = load_run_config(
                 [
                     "network=paper_table2",

@@ -1,0 +1,189 @@
+"""Every benchmark in one command, one table: each figure with its target, whether it is met, and the
+command that measures it alone.
+
+    python benchmarks/run_all.py            # about 3-5 minutes on 2 idle cores
+    python benchmarks/run_all.py --quick    # fewer steps and rounds (a smoke check of the table)
+
+Runs ``pipeline_overhead.py`` (S = 2, m = 4), ``data_plane.py`` (no Flower comparison) and
+``dssra_solve.py`` (the target sizes) as subprocesses, reads their ``name: value`` lines and prints the
+machine it ran on and a Markdown table. Figures that no benchmark measures yet are listed as such, so the
+table says plainly what is missing. Ratios are taken within one run (this machine may be shared); the
+1-minute load average before and after is printed so a busy run can be recognised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+Figures = dict[str, float]
+
+
+@dataclass(frozen=True)
+class Row:
+    figure: str
+    value: Callable[[Figures], float | None]
+    unit: str
+    target: float | None  # None: no target, reported for context
+    command: str
+    lower_is_better: bool = True
+
+    def cells(self, figures: Figures) -> list[str]:
+        try:
+            value = self.value(figures)
+        except (KeyError, ZeroDivisionError):
+            value = None
+        if value is None:
+            return [self.figure, "not measured", self._target(), "-", f"`{self.command}`"]
+        met = "-" if self.target is None else ("yes" if (value <= self.target) == self.lower_is_better else "no")
+        return [self.figure, f"{value:.3g} {self.unit}".strip(), self._target(), met, f"`{self.command}`"]
+
+    def _target(self) -> str:
+        if self.target is None:
+            return "-"
+        return f"{'<=' if self.lower_is_better else '>='} {self.target:g} {self.unit}".strip()
+
+
+def parse_figures(text: str) -> Figures:
+    """``name: number`` lines of a benchmark's stdout (other lines ignored)."""
+    out: Figures = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if not sep:
+            continue
+        try:
+            out[name.strip()] = float(value.strip().split()[0])
+        except (ValueError, IndexError):
+            continue
+    return out
+
+
+def run_benchmark(script: str, args: list[str], timeout_s: float) -> tuple[Figures, str]:
+    """The figures of one benchmark, and '' or why it gave none (failed, timed out)."""
+    cmd = [sys.executable, str(HERE / script), *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=HERE.parent)
+    except subprocess.TimeoutExpired:
+        return {}, f"{script} ran past {timeout_s:.0f} s"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return parse_figures(proc.stdout), f"{script} failed: {last}"
+    return parse_figures(proc.stdout), ""
+
+
+def rows(dp_args: str, pipe_args: str, dssra_args: str) -> list[Row]:
+    big, huge = "N100_K10_J50", "N1000_K10_J200"
+    return [
+        Row(
+            "pipeline step, S = 2, m = 4, vs the plain model",
+            lambda f: f["step_ratio_S2_m4"],
+            "x",
+            0.75,
+            f"python benchmarks/pipeline_overhead.py {pipe_args}",
+        ),
+        Row(
+            "pipeline peak memory per device, S = 2, vs the plain model",
+            lambda f: f["mem_ratio_S2"],
+            "x",
+            None,
+            f"python benchmarks/pipeline_overhead.py {pipe_args}",
+        ),
+        Row(
+            "data plane, one 64 x 32 x 256 fp32 exchange",
+            lambda f: f["data_plane_ms_median"],
+            "ms",
+            3.0,
+            f"python benchmarks/data_plane.py {dp_args}",
+        ),
+        Row(
+            "data plane, the same exchange with fp16 on the wire",
+            lambda f: f["data_plane_fp16_ms_median"],
+            "ms",
+            None,
+            f"python benchmarks/data_plane.py {dp_args}",
+        ),
+        Row(
+            "data plane exchange / plain BERT-small step (32 x 64)",
+            lambda f: f["data_plane_ms_median"] / (1000 * f["plain_step_s"]),
+            "",
+            0.05,
+            "both of the above",
+        ),
+        Row(
+            "DSSRA solve, (N, K, J) = (100, 10, 50), one round",
+            lambda f: f[f"solve_ms_{big}"],
+            "ms",
+            200.0,
+            f"python benchmarks/dssra_solve.py {dssra_args}",
+        ),
+        Row(
+            "DSSRA solve, (N, K, J) = (1000, 10, 200), one round",
+            lambda f: f[f"solve_ms_{huge}"],
+            "ms",
+            3000.0,
+            f"python benchmarks/dssra_solve.py {dssra_args}",
+        ),
+        Row("wall-clock per round vs N (3 -> 30)", lambda f: None, "", None, "no benchmark yet (issue 16)"),
+        Row("server memory vs N", lambda f: None, "", None, "no benchmark yet (issue 16)"),
+        Row("GPU: server decoder step, bert_base, b = 64, vs CPU", lambda f: None, "x", 20.0, "needs a GPU", False),
+        Row("GPU: federated round, 2 CUs, S = 2, vs CPU", lambda f: None, "x", 5.0, "needs a GPU", False),
+    ]
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{model}, {cores} cores, {gpu}, Python {platform.python_version()}, torch {torch.__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer steps and rounds: a check of the table, not figures")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds each benchmark may take")
+    args = ap.parse_args(argv)
+    pipe = "--segments 2 --micro-batches 4" + (" --steps 2 --warmup 1" if args.quick else "")
+    dp = "--skip-flower --steps " + ("20" if args.quick else "200")
+    dssra = "--sizes 100,10,50 1000,10,200 --drifts gamma --rounds " + ("1" if args.quick else "2")
+    load_before = os.getloadavg()[0]
+    started = time.monotonic()
+    figures: Figures = {}
+    problems = []
+    for script, extra in (("pipeline_overhead.py", pipe), ("data_plane.py", dp), ("dssra_solve.py", dssra)):
+        found, problem = run_benchmark(script, extra.split(), args.timeout)
+        figures.update(found)
+        if problem:
+            problems.append(problem)
+    print(f"machine: {machine()}")
+    print(f"load average (1 min): {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+    print(f"took: {time.monotonic() - started:.0f} s{' (--quick)' if args.quick else ''}\n")
+    table = [["figure", "value", "target", "met", "command"]] + [r.cells(figures) for r in rows(dp, pipe, dssra)]
+    widths = [max(len(row[i]) for row in table) for i in range(5)]
+    for i, row in enumerate(table):
+        print("| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for problem in problems:
+        print(f"\nerror: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
