@@ -44,12 +44,16 @@ class Row:
         if value is None:
             return [self.figure, "not measured", self._target(), "-", f"`{self.command}`"]
         met = "-" if self.target is None else ("yes" if (value <= self.target) == self.lower_is_better else "no")
-        return [self.figure, f"{value:.3g} {self.unit}".strip(), self._target(), met, f"`{self.command}`"]
+        return [self.figure, f"{_number(value)} {self.unit}".strip(), self._target(), met, f"`{self.command}`"]
 
     def _target(self) -> str:
         if self.target is None:
             return "-"
         return f"{'<=' if self.lower_is_better else '>='} {self.target:g} {self.unit}".strip()
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def parse_figures(text: str) -> Figures:
