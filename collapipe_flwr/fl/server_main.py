@@ -35,8 +35,8 @@ from collapipe_flwr.fl.server_state import ServerState
 from collapipe_flwr.fl.strategy import CollaPipeStrategy
 from collapipe_flwr.model_store import save_model
 
-FLOWER_LOGGER_NAME = "flwr"
-TENSORBOARD_SUBDIR = "tensorboard"  # the logger every Flower component logs through
+FLOWER_LOGGER_NAME = "flwr"  # the logger every Flower component logs through
+TENSORBOARD_SUBDIR = "tensorboard"  # <run folder>/tensorboard: the scalars of tensorboard=true
 
 
 def config_from_flower(run_config: dict) -> RunConfig:
