@@ -97,7 +97,8 @@ class CollaPipeStrategy(Strategy):
         if len(node_ids) < n_expected:
             raise ConfigError(
                 f"federation.num_clusters={n_expected} but only {len(node_ids)} SuperNodes connected within "
-                f"{timeout_s:.0f}s; start more SuperNodes or set num-supernodes in .flwr/config.toml"
+                f"{timeout_s:.0f}s; start more SuperNodes, or in simulation use `collapipe run` (it sets "
+                "num-supernodes to num-clusters) or set num-supernodes in $FLWR_HOME/config.toml"
             )
         content = RecordDict({RUN_CONFIG: run_config_record(self.cfg.cluster_config().to_dict())})
         msgs = [Message(content, dst_node_id=n, message_type=HELLO) for n in node_ids]
