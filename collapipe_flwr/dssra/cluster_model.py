@@ -22,6 +22,10 @@ from collapipe_flwr.system.workload import Workload
 ENERGY_RTOL = 1e-12
 
 
+# The fields of ClusterModel that hold one entry per device k (the rest are scalars of the cluster).
+PER_DEVICE_FIELDS = ("flops_per_second", "flops_per_cycle", "f_hz", "d2d_rate", "d2d_power", "memory_cap")
+
+
 @dataclass(frozen=True)
 class ClusterModel:
     """Cluster n in round t: everything Sub-1 needs, per device k (arrays of length K)."""

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from collapipe_flwr.dssra.cluster_model import ClusterModel
+from collapipe_flwr.dssra.cluster_model import PER_DEVICE_FIELDS, ClusterModel
 from collapipe_flwr.dssra.segments import SegmentPlan, solve_segments
 from collapipe_flwr.errors import InfeasiblePlanError
 
-_ARRAYS = tuple(f.name for f in dataclasses.fields(ClusterModel) if f.type in ("np.ndarray",))
+_ARRAYS = PER_DEVICE_FIELDS
 
 
 def sub1_inputs(model: ClusterModel, V: float, drift_by_S: Iterable[float], m_values: Iterable[int]) -> dict:

@@ -233,15 +233,18 @@ def _memory_figure(records: Sequence[Mapping], path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
-def write_run_plots(run_dir: Path, *, metric: str | None = None) -> list[Path]:
+def write_run_plots(
+    run_dir: Path, *, metric: str | None = None, records: Sequence[Mapping] | None = None
+) -> list[Path]:
     """Draw the run's figures into ``<run_dir>/plots/`` (see the module docstring); returns the PNGs written.
 
     ``metric``: the task metric's name (``val_<metric>``); by default the one the records hold. A figure
-    without data is skipped; a run folder without records gives ``[]``. An I/O error is a one-line
+    without data is skipped; a run folder without records gives ``[]``. ``records``: the run's rounds when
+    the caller has read them already (else read from ``<run_dir>/rounds.jsonl``). An I/O error is a one-line
     :class:`~collapipe_flwr.errors.CollaPipeError`.
     """
     run_dir = Path(run_dir)
-    records = load_rounds(run_dir)
+    records = load_rounds(run_dir) if records is None else records
     if not records:
         return []
     folder = run_dir / PLOTS_SUBDIR

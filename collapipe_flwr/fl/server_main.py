@@ -30,7 +30,7 @@ from collapipe_flwr.fl.checkpoint import load_checkpoint, restore
 from collapipe_flwr.fl.progress import RoundProgress
 from collapipe_flwr.fl.run_config import hydra_overrides
 from collapipe_flwr.fl.run_log import RunLog
-from collapipe_flwr.fl.run_plots import TensorBoardLog, write_run_plots
+from collapipe_flwr.fl.run_plots import TensorBoardLog, load_rounds, write_run_plots
 from collapipe_flwr.fl.server_state import ServerState
 from collapipe_flwr.fl.strategy import CollaPipeStrategy
 from collapipe_flwr.model_store import save_model
@@ -103,7 +103,9 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
             task=server.task,
         )
         summary["model_dir"] = str(model_dir)
-        summary["plots"] = [str(p) for p in draw_plots(folder, server.task.metric_name)]
+        records = load_rounds(folder)
+        summary.update(round_totals(records))
+        summary["plots"] = [str(p) for p in draw_plots(folder, server.task.metric_name, records)]
         summary["wall_s"] = round(time.time() - t_start, 1)
         run_log.write_summary(summary)
         released = strategy.release_clusters(grid)
@@ -124,10 +126,22 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
             server.shutdown()
 
 
-def draw_plots(folder: Path, metric: str) -> list[Path]:
+def round_totals(records: list[dict]) -> dict[str, float]:
+    """Sums over the run's trained rounds (all of them, a resumed run's earlier ones too): the modelled
+    round delay tau(t) of eq. 26 and the measured wall time of each round."""
+    trained = [r for r in records if r.get("round", 0) >= 1]
+    return {
+        "modelled_delay_s": round(
+            sum(float((r.get("modelled") or {}).get("round_delay_s") or 0.0) for r in trained), 3
+        ),
+        "measured_round_s": round(sum(float((r.get("measured_s") or {}).get("round_s") or 0.0) for r in trained), 3),
+    }
+
+
+def draw_plots(folder: Path, metric: str, records: list[dict]) -> list[Path]:
     """The run's PNGs (fl/run_plots.py); a figure that cannot be written is a warning, not a failed run."""
     try:
-        return write_run_plots(folder, metric=metric)
+        return write_run_plots(folder, metric=metric, records=records)
     except CollaPipeError as err:
         log(WARNING, "the run's plots were not drawn: %s", err)
         return []

@@ -80,8 +80,6 @@ class CollaPipeStrategy(Strategy):
         self.record: RoundRecord | None = None  # the round in flight: configure_train -> evaluate
         self.round_offset = round_offset  # rounds completed before this process (a resumed run)
         self.round_listeners = list(round_listeners)  # each gets every rounds.jsonl record (e.g. TensorBoard)
-        # sums over this process's rounds: modelled round delay (eq. 26) and measured round wall time
-        self.totals = {"modelled_delay_s": 0.0, "measured_round_s": 0.0}
 
     # ------------------------------------------------------------------ discovery
     def discover_clusters(self, grid: Grid, timeout_s: float = 120.0) -> None:
@@ -251,8 +249,6 @@ class CollaPipeStrategy(Strategy):
         record.measured_s["evaluate_s"] = time.time() - t0
         record.measured_s["round_s"] = time.time() - record.started_at
         line = record.to_json()
-        self.totals["modelled_delay_s"] += float(line["modelled"].get("round_delay_s", 0.0) or 0.0)
-        self.totals["measured_round_s"] += float(record.measured_s["round_s"])
         self.run_log.append_round(line)
         if self.cfg.checkpoint:  # after the record: a resumed run never repeats a logged round
             save_checkpoint(self.run_log.folder, self.server, t)
@@ -275,7 +271,6 @@ class CollaPipeStrategy(Strategy):
             "num_rounds": self.cfg.federation.num_rounds,
             "final_val": final,
             "rounds_file": str(self.run_log.rounds_path),
-            **{k: round(v, 3) for k, v in self.totals.items()},
         }
 
     def summary(self) -> None:

@@ -9,8 +9,9 @@
 Wiring (one host per run, one client per CU per round)::
 
     host = DecoderHost(head, head_optimizer, secret, bind=cfg.dataplane.bind, port=cfg.dataplane.port,
-                       fp16=cfg.dataplane.fp16, max_message_mb=cfg.dataplane.max_message_mb,
-                       hidden_size=H)
+                       fp16=cfg.dataplane.fp16, hidden_size=H,
+                       max_message_mb=resolve_message_mb(cfg.dataplane.max_message_mb, b, max_len, H, fp16),
+                       idle_timeout_s=cfg.dataplane.idle_timeout_s)
     host.start()                          # then announce f"{cfg.dataplane.host}:{host.port}" + secret
     host.open_round(t, selected_clusters) # before sending the round's train messages
     ...                                   # CUs: with DecoderClient(address, secret, t, n, ...) as head:
@@ -18,8 +19,10 @@ Wiring (one host per run, one client per CU per round)::
     with host.lock: evaluate(head)        # use the head outside the data plane only under its lock
     host.stop()
 
-Threat model: the secret authenticates requests on a trusted network; the channel is not encrypted
-(TLS is a later addition: grpc.ssl_server_credentials on the host, grpc.secure_channel on the client).
+Threat model: each CU holds its own key per round (:mod:`.auth`), checked from the stream's metadata
+before any frame is read; frames larger than the task can produce are refused by gRPC's cap
+(:func:`.transport.step_message_mb`); idle streams are reaped; with ``dataplane.tls_*`` the channel is
+TLS (grpc.ssl_server_credentials on the host, grpc.secure_channel on the client).
 """
 
 from collapipe_flwr.fl.dataplane.client import DecoderClient
