@@ -168,7 +168,7 @@ def test_modelled_delay_equals_the_formulas_by_hand(method):
                 / (spec.d2d_interference_w + spec.d2d_bandwidth_hz * N0)
             )
             d2d = b_hat * 2 * 8 * max(w.boundary_bytes) / r_dd + spec.d2d_latency_s if method != "vanilla_fl" else 0.0
-            chunks.append(comp + d2d)
+            chunks.append(comp + spec.per_microbatch_s + d2d)  # c0: per-micro-batch cost of a stage
         pipe = w.steps_per_round * (c.S + c.m - 1) * max(chunks)  # eq. (15) as read
         assert row["pipeline_s"] == pytest.approx(pipe, rel=1e-9)
         if not c.selected:

@@ -45,6 +45,7 @@ class ClusterModel:
     energy_max: float  # E_k^max
     kappa: float
     d2d_latency_s: float = 0.0  # fixed hand-over latency of one micro-batch transfer (see docs/system_model.md)
+    per_microbatch_s: float = 0.0  # c0: fixed on-device time per chunk besides its FLOPs (docs/system_model.md)
 
     @classmethod
     def build(cls, spec: NetworkSpec, state: RoundState, workload: Workload, n: int) -> ClusterModel:
@@ -73,6 +74,7 @@ class ClusterModel:
             energy_max=spec.device_energy_max_j,
             kappa=spec.effective_capacitance,
             d2d_latency_s=spec.d2d_latency_s,
+            per_microbatch_s=spec.per_microbatch_s,
         )
 
     @property
@@ -94,6 +96,13 @@ class ClusterModel:
         (S + m - 1) / m falls with m; with it the best m is interior, as the paper's Fig. 4 shows."""
         b_hat = self._b_hat(m)[..., None]
         return channel.transfer_delay(b_hat * self.activation_bits, self.d2d_rate) + self.d2d_latency_s
+
+    def chunk_fixed(self, m) -> np.ndarray:
+        """The part of a chunk that does not scale with delta_k: c0 + tau_k^dd (s); m scalar -> [K], [M] -> [M, K].
+
+        c0 (network.device.per_microbatch_s) is paid once per micro-batch per stage, so a round spends
+        steps * (S + m - 1) * c0 on it along the critical path: this is what makes Sub-1's best m interior."""
+        return self.d2d_delay(m) + self.per_microbatch_s
 
     def device_energy(self, delta, m) -> np.ndarray:
         """E_k^pipe of a whole round (eqs. 14, 16): steps * m * (compute + D2D energy per chunk); 0 if unused."""
@@ -136,7 +145,7 @@ class ClusterModel:
         delta = np.asarray(delta, dtype=int)
         used = delta > 0
         S = int(used.sum())
-        comp = delta * self.compute_per_block(m)
+        comp = delta * self.compute_per_block(m) + self.per_microbatch_s
         d2d = self.d2d_delay(m)
         chunk = np.where(used, comp + d2d, -np.inf)
         k_star = int(np.argmax(chunk))
