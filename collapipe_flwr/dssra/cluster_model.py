@@ -158,6 +158,52 @@ class ClusterModel:
             "device_energy_j": [float(e) for e in self.device_energy(delta, m)],
         }
 
+    # ---------------------------------------------------------------- data parallel (the paper's VanillaFL)
+    def data_parallel_energy(self, users) -> np.ndarray:
+        """E_k of a round when the devices ``users`` each train all L blocks on ceil(b / D) samples (eq. 16
+        with delta_k = L, one micro-batch, no D2D); 0 for the others."""
+        users = np.asarray(users, dtype=bool)
+        share = math.ceil(self.batch_size / max(int(users.sum()), 1))
+        comp = pipeline_model.compute_energy(
+            self.kappa, self.num_blocks, share, self.flops_per_sample_block, self.flops_per_cycle, self.f_hz, 1
+        )
+        return np.where(users, self.steps * comp, 0.0)
+
+    def data_users(self) -> np.ndarray:
+        """The devices that can be VanillaFL data users: each holds the whole encoder (C7) and trains it on
+        its share ceil(b / D) within E_k^max (C9'). Dropping a device that fails C9' grows the others' shares,
+        so this repeats until the set is stable."""
+        users = (self.memory_cap >= self.num_blocks) & (self.f_hz > 0)
+        while users.any():
+            ok = self.data_parallel_energy(users) <= self.energy_max * (1 + ENERGY_RTOL)
+            if ok[users].all():
+                break
+            users &= ok
+        return users
+
+    def evaluate_data_parallel(self, users) -> dict:
+        """Delay split and energy when ``users`` train the whole model in parallel, each on ceil(b / D) of
+        the batch (standard FL inside the cluster, no partition, no pipeline, no D2D): one chunk per device,
+        ``steps * max_k (L ceil(b/D) (o_l + o'_l) / (phi_k f_k) + c0)``."""
+        users = np.asarray(users, dtype=bool)
+        D = int(users.sum())
+        share = math.ceil(self.batch_size / max(D, 1))
+        comp = (
+            pipeline_model.chunk_compute_delay(
+                self.num_blocks, share, self.flops_per_sample_block, self.flops_per_second
+            )
+            + self.per_microbatch_s
+        )
+        slowest = float(np.max(np.where(users, comp, -np.inf))) if D else 0.0
+        return {
+            "S": 1,
+            "data_users": D,
+            "pipeline_s": float(self.steps * slowest),
+            "compute_s": float(self.steps * slowest),
+            "d2d_s": 0.0,
+            "device_energy_j": [float(e) for e in self.data_parallel_energy(users)],
+        }
+
     def infeasible(self, m_values) -> InfeasiblePlanError:
         """The error naming why no partition exists (C7 memory or C9 energy) for this cluster."""
         L = self.num_blocks
