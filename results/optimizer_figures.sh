@@ -16,3 +16,5 @@ python -m collapipe_flwr.simulate --rounds 150 --out results/selection --network
 for task in translation classification ner; do
   python results/fig7_8_methods.py --task $task --rounds 50 --seeds 0 1 2 --out results/fig7_8/$task
 done
+# Fig. 11 over 3 seeds: DSSRA vs loss-only / delay-only / random with CU selection (N = 10 > J = 4)
+python results/fig11_policies.py --rounds 150 --seeds 0 1 2 --out results/fig11
