@@ -53,6 +53,7 @@ OPTIMIZER_STATES = ("keep", "reset")
 SERVER_OPTIMIZERS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
 DECODER_UPDATES = ("per_cu", "joint")
 FLOWER_LOG_LEVELS = ("debug", "info", "warning", "error")
+EMBEDDING_MODES = ("trained", "frozen")
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,15 @@ class FederationSpec:
     # Algorithm 1 line 14: per_cu = one decoder update per CU step in arrival order | joint = one update
     # per step on the concatenated activations of all participating clusters (a barrier on the data plane).
     decoder_update: str = "per_cu"
+    # The CU's embedding: trained (CUs train it and upload it with the encoder; FedAvg averages it) | frozen
+    # (it keeps its initial values, so a CU uploads only z_enc and theta_enc, exactly eq. 11's terms).
+    embedding: str = "trained"
 
     def __post_init__(self) -> None:
+        require(
+            self.embedding in EMBEDDING_MODES,
+            f"federation.embedding={self.embedding!r} must be one of {', '.join(EMBEDDING_MODES)}",
+        )
         require(self.num_clusters >= 1, f"federation.num_clusters={self.num_clusters} must be >= 1")
         require(
             self.optimizer_state in OPTIMIZER_STATES,

@@ -60,7 +60,7 @@ def task_workload(task_name: str, overrides: list[str]) -> Workload:
         mask,
         batch_size=wiring.batch_size(cfg),
         steps_per_round=1,
-        embedding=model.embedding,
+        embedding=model.embedding if cfg.federation.embedding == "trained" else None,
         head=model.head,
     )
 

@@ -12,9 +12,10 @@ from collapipe_flwr.fl.messages import unpack_weights
 from collapipe_flwr.fl.server_state import ServerState
 
 
-def _one_round(data_dir, method: str):
+def _one_round(data_dir, method: str, *extra: str):
     cfg = load_run_config(
         [
+            *extra,
             f"method={method}",
             "task=classification",
             "model=bert_tiny",
@@ -106,4 +107,30 @@ def test_titanic_runs_one_micro_batch_at_full_power(data_dir):
     for c in plan.selected:
         assert c.m == 1
     assert results and all(m["steps"] == 2 for _, _, m in results)
+    assert "accuracy" in scores
+
+
+@pytest.mark.parametrize("method", ["collapipe", "pipeline"])
+def test_a_frozen_embedding_is_neither_trained_nor_uploaded(data_dir, method):
+    """federation.embedding=frozen: the CUs return only the encoder (eq. 11: z_enc + theta_enc), the global
+    embedding keeps its initial values, the encoder still trains, and the modelled uplink drops exactly the
+    embedding's bytes (counted by hand on the model)."""
+    cfg, server, plan, before, results, scores = _one_round(data_dir, method, "federation.embedding=frozen")
+    assert results and all(set(parts) == {"encoder"} for _, parts, _ in results)
+    for name, value in server.model.embedding.state_dict().items():
+        assert torch.equal(value, before["embedding"][name])
+    changed = [n for n, v in server.model.blocks.state_dict().items() if not torch.equal(v, before["encoder"][n])]
+    assert changed or method == "pipeline"  # pipeline keeps each cluster's encoder apart from the global one
+    assert server.workload.extra_upload_bytes == 0.0
+    trained = ServerState.build(
+        load_run_config(
+            ["task=classification", "model=bert_tiny", "federation=tiny", "network=small", "task.batch_size=8"],
+            data_dir=str(data_dir),
+        )
+    )
+    try:
+        embedding_bytes = sum(p.numel() * p.element_size() for p in trained.model.embedding.parameters())
+        assert trained.workload.extra_upload_bytes == embedding_bytes
+    finally:
+        trained.shutdown()
     assert "accuracy" in scores

@@ -194,7 +194,9 @@ def train_round(
                 m = _replan_after(failure, session, parts, instructions, lost, identity.partition_id)
         t_trained = time.time()
         pipeline = session.live_pipeline()
-        reply_parts = {"embedding": pipeline.embedding_state_dict(), "encoder": pipeline.encoder_state_dict()}
+        reply_parts = {"encoder": pipeline.encoder_state_dict()}
+        if cfg.federation.embedding == "trained":  # a frozen embedding is not uploaded (eq. 11)
+            reply_parts["embedding"] = pipeline.embedding_state_dict()
         if not cfg.head_on_server:
             reply_parts["head"] = {k: v.detach().clone() for k, v in session.model.head.state_dict().items()}
         memory = pipeline.memory_report()

@@ -228,7 +228,10 @@ def session_for(
     task = cached_task(cfg)
     wiring.check_partitions(cfg, num_partitions)
     examples = _partition(task, cfg, run_key, cluster, num_partitions, state)
-    session = ClusterSession(run_key, cluster, cfg, task, examples, wiring.build_model(task, cfg))
+    model = wiring.build_model(task, cfg)
+    if cfg.federation.embedding == "frozen":  # kept at the global values the CU downloads, never trained
+        model.embedding.requires_grad_(False)
+    session = ClusterSession(run_key, cluster, cfg, task, examples, model)
     _SESSIONS[key] = session
     return session
 

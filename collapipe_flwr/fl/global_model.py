@@ -39,10 +39,14 @@ def unflatten_parts(flat: dict[str, torch.Tensor]) -> Parts:
 class GlobalModel:
     """The aggregated parts of ``model`` (embedding, encoder, and the head when the CU trains it)."""
 
-    def __init__(self, model: SplitModel, method: MethodSpec, server_optimizer: ServerOptimizer) -> None:
+    def __init__(
+        self, model: SplitModel, method: MethodSpec, server_optimizer: ServerOptimizer, embedding_trained: bool = True
+    ) -> None:
         self.model = model
         self.method = method
         self.server_optimizer = server_optimizer
+        # federation.embedding: frozen -> CUs download the embedding but never return it (eq. 11: z_enc + theta_enc)
+        self.embedding_trained = bool(embedding_trained)
         self.cluster_parts: dict[int, Parts] = {}  # method.aggregate = false: cluster n's own parts
 
     @property
@@ -60,11 +64,26 @@ class GlobalModel:
             modules.append(("head", self.model.head))
         return {part: {k: v.detach().clone() for k, v in mod.state_dict().items()} for part, mod in modules}
 
+    def returned_parts(self) -> Parts:
+        """The global parts a CU trains and sends back: :meth:`parts` without a frozen embedding."""
+        parts = self.parts()
+        if not self.embedding_trained:
+            parts.pop("embedding")
+        return parts
+
     def for_cluster(self, cluster: int) -> Parts:
-        """What CU n downloads: the global parts, or without aggregation its own parts from its last round."""
+        """What CU n downloads: the global parts, or without aggregation its own parts from its last round
+        (over the global ones, for a part it does not return)."""
         if cluster in self.cluster_parts:
-            return copy.deepcopy(self.cluster_parts[cluster])
+            return {**self.parts(), **copy.deepcopy(self.cluster_parts[cluster])}
         return self.parts()
+
+    def expected_reply(self, cluster: int) -> Parts:
+        """The parts (names, shapes, dtypes) CU n's reply must carry."""
+        parts = self.for_cluster(cluster)
+        if not self.embedding_trained:
+            parts.pop("embedding")
+        return parts
 
     def array_record(self) -> ArrayRecord:
         return pack_weights(self.parts())
@@ -76,7 +95,7 @@ class GlobalModel:
                 self.cluster_parts[cluster] = parts
             return
         modules = {"embedding": self.model.embedding, "encoder": self.model.blocks, "head": self.model.head}
-        current = flatten_parts(self.parts())
+        current = flatten_parts(self.returned_parts())
         updates = [(flatten_parts(parts), float(metrics[NUM_EXAMPLES])) for _, parts, metrics in results]
         for part, state in unflatten_parts(self.server_optimizer.step(t, current, updates)).items():
             modules[part].load_state_dict(state)
@@ -91,7 +110,8 @@ class GlobalModel:
             model = copy.copy(self.model)
             model.embedding = copy.deepcopy(self.model.embedding)
             model.blocks = copy.deepcopy(self.model.blocks)
-            model.embedding.load_state_dict(self.cluster_parts[cluster]["embedding"])
+            if "embedding" in self.cluster_parts[cluster]:  # absent when the embedding is frozen
+                model.embedding.load_state_dict(self.cluster_parts[cluster]["embedding"])
             model.blocks.load_state_dict(self.cluster_parts[cluster]["encoder"])
             models.append(model)
         return models

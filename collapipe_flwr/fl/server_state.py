@@ -77,7 +77,7 @@ class ServerState:
             mask,
             batch_size=wiring.batch_size(cfg),
             steps_per_round=cfg.federation.local_steps,
-            embedding=model.embedding,
+            embedding=model.embedding if cfg.federation.embedding == "trained" else None,  # uploaded or not
             head=model.head,
         )
         policy = make_planner(cfg.method, cfg.scheduler, network, workload, cfg.seed)
@@ -122,7 +122,7 @@ class ServerState:
             task,
             model,
             workload,
-            GlobalModel(model, cfg.method, server_optimizer),
+            GlobalModel(model, cfg.method, server_optimizer, embedding_trained=cfg.federation.embedding == "trained"),
             planner,
             decoder,
             Evaluator(task, cfg.eval, precision, decoder, device),

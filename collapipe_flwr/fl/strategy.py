@@ -191,7 +191,7 @@ class CollaPipeStrategy(Strategy):
                 weights, metrics = read_reply(reply)
                 parts = unpack_weights(weights)
                 check_reply(
-                    parts, metrics, self.server.global_model.for_cluster(cluster), self.server.max_examples_per_round
+                    parts, metrics, self.server.global_model.expected_reply(cluster), self.server.max_examples_per_round
                 )
             except CollaPipeError as err:
                 record.fail(cluster, str(err))

@@ -312,7 +312,8 @@ class ClusterPipeline:
                 ghandles[(i, k)] = st.submit(k, "backward", i, g)
         for i in reversed(range(m)):
             grad_in = st.get(ghandles[(i, 0)], 0)
-            embedded[i].backward(grad_in.to(embedded[i].device))
+            if embedded[i].requires_grad:  # a frozen embedding (federation.embedding: frozen) has nothing to learn
+                embedded[i].backward(grad_in.to(embedded[i].device))
         t_bwd = time.perf_counter()
 
         steps = [st.submit(s, "step", float(lr_factor)) for s in range(S)]

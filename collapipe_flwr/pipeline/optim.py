@@ -15,6 +15,27 @@ from collapipe_flwr.errors import ConfigError
 _NAMES = ("adam", "adamw", "sgd")
 
 
+class NoOptimizer:
+    """The optimizer of a module with nothing to train (a device the plan leaves idle, a frozen embedding):
+    torch's optimizers refuse an empty parameter list."""
+
+    def __init__(self) -> None:
+        self.param_groups: list = []
+        self.state: dict = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {"state": {}, "param_groups": []}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class OptimizerSpec:
     name: str = "adam"
@@ -35,7 +56,10 @@ class OptimizerSpec:
         return beta1, beta2
 
     def build(self, params) -> torch.optim.Optimizer:
+        """The optimizer over the trainable ``params`` (a :class:`NoOptimizer` when there are none)."""
         params = [p for p in params if p.requires_grad]
+        if not params:
+            return NoOptimizer()  # type: ignore[return-value]  # the optimizer interface the callers use
         if self.name == "adam":
             return torch.optim.Adam(params, lr=self.lr, betas=self._betas(), weight_decay=self.weight_decay)
         if self.name == "adamw":

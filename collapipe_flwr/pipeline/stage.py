@@ -29,19 +29,6 @@ from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.precision import autocast, resolve_precision
 
 
-class _NoOptimizer:
-    """The optimizer of a device that holds no blocks (the plan leaves it idle)."""
-
-    param_groups: list = []
-    state: dict = {}
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        pass
-
-    def step(self) -> None:
-        pass
-
-
 class Stage:
     """Device k's segment: forward / backward per micro-batch, step, weights, memory report."""
 
@@ -88,8 +75,7 @@ class Stage:
 
     def reset_optimizer(self) -> None:
         """Fresh optimizer state (``federation.optimizer_state: reset``); none for an idle (empty) device."""
-        params = [p for p in self.segment.parameters() if p.requires_grad]
-        self.optimizer = self.optimizer_spec.build(params) if params else _NoOptimizer()
+        self.optimizer = self.optimizer_spec.build(self.segment.parameters())
         self._base_lrs = [group["lr"] for group in self.optimizer.param_groups]
 
     # -- the step ---------------------------------------------------------------------------------
