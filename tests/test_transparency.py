@@ -13,6 +13,7 @@ pipeline really applied, through its public API only. Everything runs in float64
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -190,6 +191,7 @@ def ray_session():
     ray = pytest.importorskip("ray")
     started = not ray.is_initialized()
     if started:
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as pipeline.executors.ensure_ray does
         ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     yield ray
     if started:
