@@ -164,7 +164,7 @@ def test_cu_energy_too_tight_names_c8(workload):
         ({"name": "greedy"}, "scheduler.name"),
         ({"V": -1}, "scheduler.V"),
         ({"drift": "x"}, "scheduler.drift"),
-        ({"fixed_m": 0}, "scheduler.fixed_m"),
+        ({"fixed_m": -1}, "scheduler.fixed_m"),
         ({"extra": 1}, "scheduler.extra"),
         ({"convergence": {"gamma_max": 0}}, "gamma_max"),
         ({"convergence": {"zeta": 1}}, "zeta"),

@@ -67,7 +67,7 @@ def test_scheduler_defaults_and_forced_segment_scheduling():
     [
         ({"name": "x"}, r"method.name='x' is not one of collapipe, collapipe_no_ss, pipeline, titanic, vanilla_fl"),
         ({"zeta": 1}, r"method.zeta"),
-        ({"fixed_m": 0}, r"method.fixed_m"),
+        ({"fixed_m": -1}, r"method.fixed_m"),
         ({"aggregate": "yes"}, r"method.aggregate"),
         ({"fixed_m": 2.0}, r"method.fixed_m"),
     ],

@@ -404,7 +404,7 @@ def test_build_job_validates_once_and_sizes_the_federation(monkeypatch, tmp_path
     assert job.timeout_s == 2 * 600.0 + 600.0  # T * round_timeout_s + margin (federation=tiny)
     assert job.run_dir == (tmp_path / "j" / "run").resolve()
     assert job.labels["model"] == "transformer_small" and job.labels["federation"] == "tiny"
-    bad = compose(["method.fixed_m=0"])
+    bad = compose(["method.fixed_m=-1"])
     with pytest.raises(ConfigError, match="fixed_m"):
         build_job(bad, [], tmp_path / "k", environ={"COLLAPIPE_DATA_DIR": str(tmp_path)})
     import collapipe_flwr.config as config_module
@@ -580,18 +580,18 @@ def _entry(args, cwd):
 
 
 def test_entry_point_bad_config_is_one_line_and_a_sweep_goes_on(tmp_path):
-    single = _entry(["method.fixed_m=0", f"hydra.run.dir={tmp_path / 'single'}"], tmp_path)
+    single = _entry(["method.fixed_m=-1", f"hydra.run.dir={tmp_path / 'single'}"], tmp_path)
     assert single.returncode == 2, single.stderr[-2000:]
-    assert single.stderr.strip().splitlines()[-1] == "error: method.fixed_m=0 must be >= 1"
+    assert single.stderr.strip().splitlines()[-1] == "error: method.fixed_m=-1 must be >= 0 (0: m chosen by Sub-1)"
     assert json.loads((tmp_path / "single" / "status.json").read_text())["ok"] is False
-    sweep = _entry(["-m", "method.fixed_m=0,-1", f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
+    sweep = _entry(["-m", "method.fixed_m=-2,-1", f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     statuses = [json.loads((tmp_path / "sweep" / str(i) / "status.json").read_text()) for i in (0, 1)]
     assert [s["ok"] for s in statuses] == [False, False]
     assert "fixed_m=-1" in statuses[1]["error"]
     out = write_report(tmp_path / "sweep")
     assert len(list(csv.DictReader((out / "results.csv").open()))) == 2
-    assert "Sweep: `python -m collapipe_flwr.experiments -m method.fixed_m=0,-1`" in (out / "results.md").read_text()
+    assert "Sweep: `python -m collapipe_flwr.experiments -m method.fixed_m=-2,-1`" in (out / "results.md").read_text()
 
 
 def test_entry_point_gives_a_task_its_default_model(tmp_path):

@@ -188,12 +188,45 @@ def test_vanilla_fl_data_users_are_every_device_that_holds_the_model():
         assert c.delta.count(WORKLOAD.num_blocks) == 1 and c.S == 1 and c.m == 1
 
 
+def pipeline_delay_by_hand(spec, state, n: int, delta, m: int) -> float:
+    """Eq. (15) as read: steps (S + m - 1) max_k (delta_k b_hat (o + o') / (phi_k f_k) + c0 + tau_k^dd)."""
+    w, N0 = WORKLOAD, spec.noise_psd_w_hz
+    b_hat = math.ceil(w.batch_size / m)
+    chunks = []
+    for k, dev in enumerate(spec.devices_of(n)):
+        if delta[k] == 0:
+            continue
+        f = dev.f_hz * state.availability[n][k]
+        comp = delta[k] * b_hat * (w.forward_flops[0] + w.backward_flops[0]) / (dev.flops_per_cycle * f)
+        r_dd = spec.d2d_bandwidth_hz * math.log2(
+            1 + dev.d2d_power_w * state.d2d_gain[n][k] / (spec.d2d_interference_w + spec.d2d_bandwidth_hz * N0)
+        )
+        d2d = b_hat * 2 * 8 * max(w.boundary_bytes) / r_dd + spec.d2d_latency_s
+        chunks.append(comp + spec.per_microbatch_s + d2d)  # c0: per-micro-batch cost of a stage
+    S = sum(1 for x in delta if x)
+    return w.steps_per_round * (S + m - 1) * max(chunks)
+
+
+def test_collapipe_without_ss_keeps_the_uniform_split_and_picks_the_best_m():
+    """Only segment scheduling is removed: delta is uniform, m minimises eq. (15) over 1..b (queues empty in
+    round 0, so Sub-1's objective is V tau^pipe), checked against every m by hand."""
+    pl, spec = planner("collapipe_no_ss", clusters=3)
+    state = StateSampler(spec, 2).sample(0)
+    plan = pl.plan(0, state)
+    for c in plan.clusters:
+        assert c.delta == (2, 2, 1)
+        by_m = {
+            m: pipeline_delay_by_hand(spec, state, c.cluster, c.delta, m) for m in range(1, WORKLOAD.batch_size + 1)
+        }
+        assert by_m[c.m] == pytest.approx(min(by_m.values()), rel=1e-12)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_modelled_delay_equals_the_formulas_by_hand(method):
     pl, spec = planner(method, clusters=3)
     state = StateSampler(spec, 3).sample(3)
     plan = pl.plan(3, state)
-    w, N0 = WORKLOAD, spec.noise_psd_w_hz
+    N0 = spec.noise_psd_w_hz
     delays = []
     for c, row in zip(plan.clusters, plan.modelled["clusters"]):
         if method == "vanilla_fl":
@@ -201,22 +234,7 @@ def test_modelled_delay_equals_the_formulas_by_hand(method):
             assert row["pipeline_s"] == pytest.approx(pipe, rel=1e-9) and row["d2d_s"] == 0.0
             delays += [pipe + row["uplink_s"]] if c.selected else []
             continue
-        b_hat = math.ceil(w.batch_size / c.m)
-        chunks = []
-        for k, dev in enumerate(spec.devices_of(c.cluster)):
-            if c.delta[k] == 0:
-                continue
-            f = dev.f_hz * state.availability[c.cluster][k]
-            comp = c.delta[k] * b_hat * (w.forward_flops[0] + w.backward_flops[0]) / (dev.flops_per_cycle * f)
-            r_dd = spec.d2d_bandwidth_hz * math.log2(
-                1
-                + dev.d2d_power_w
-                * state.d2d_gain[c.cluster][k]
-                / (spec.d2d_interference_w + spec.d2d_bandwidth_hz * N0)
-            )
-            d2d = b_hat * 2 * 8 * max(w.boundary_bytes) / r_dd + spec.d2d_latency_s if method != "vanilla_fl" else 0.0
-            chunks.append(comp + spec.per_microbatch_s + d2d)  # c0: per-micro-batch cost of a stage
-        pipe = w.steps_per_round * (c.S + c.m - 1) * max(chunks)  # eq. (15) as read
+        pipe = pipeline_delay_by_hand(spec, state, c.cluster, c.delta, c.m)  # eq. (15) as read
         assert row["pipeline_s"] == pytest.approx(pipe, rel=1e-9)
         if not c.selected:
             continue

@@ -24,7 +24,13 @@ from collapipe_flwr.dssra.dinkelbach import c11_power_floor, dinkelbach_sca_powe
 from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
 from collapipe_flwr.dssra.power import LN2, max_energy_power
 from collapipe_flwr.dssra.replan import sub1_inputs
-from collapipe_flwr.dssra.segments import SegmentPlan, fixed_segments, solve_segments, uniform_delta
+from collapipe_flwr.dssra.segments import (
+    SegmentPlan,
+    best_m_segments,
+    fixed_segments,
+    solve_segments,
+    uniform_delta,
+)
 from collapipe_flwr.dssra.selectors import SELECTORS, ChannelProblem, sit_out_reason
 from collapipe_flwr.dssra.specs import SchedulerSpec
 from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
@@ -121,7 +127,10 @@ class Policy:
             return self.shape.segments(model, self.sched.V, drift, idle)
         if self.sched.segment_scheduling:
             return solve_segments(model, self.sched.V, drift, self.m_values, idle=idle)
-        return fixed_segments(model, self.sched.V, drift, uniform_delta(model.K, model.num_blocks), self.sched.fixed_m)
+        delta = uniform_delta(model.K, model.num_blocks)
+        if self.sched.fixed_m:
+            return fixed_segments(model, self.sched.V, drift, delta, self.sched.fixed_m)
+        return best_m_segments(model, self.sched.V, drift, delta, self.m_values)
 
     # ------------------------------------------------------------------ the plan
     def plan(self, t: int, state: RoundState) -> RoundPlan:

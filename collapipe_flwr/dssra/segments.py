@@ -102,6 +102,25 @@ def uniform_delta(K: int, L: int) -> tuple[int, ...]:
     return tuple(base + (1 if k < extra else 0) for k in range(K))
 
 
+def best_m_segments(model: ClusterModel, V: float, drift_by_S, delta, m_values) -> SegmentPlan:
+    """A given partition (CollaPipe without segment scheduling: equal blocks) with the m in ``m_values`` that
+    minimises Sub-1's objective V tau^pipe + drift among the m that meet C7 and C9'."""
+    best: SegmentPlan | None = None
+    error: InfeasiblePlanError | None = None
+    for m in m_values:
+        try:
+            plan = fixed_segments(model, V, drift_by_S, delta, m)
+        except InfeasiblePlanError as err:
+            error = err
+            continue
+        if best is None or plan.objective < best.objective:
+            best = plan
+    if best is None:
+        assert error is not None, "m_values is empty"
+        raise error
+    return best
+
+
 def fixed_segments(model: ClusterModel, V: float, drift_by_S, delta, m: int) -> SegmentPlan:
     """A given partition and m (uniform / random policies), checked against C7 and C9'."""
     delta = np.asarray(delta, dtype=int)

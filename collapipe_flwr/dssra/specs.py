@@ -35,7 +35,8 @@ class MethodSpec:
     """How a training method differs from CollaPipe: only the plan and the aggregation.
 
     name: a registered method (collapipe_flwr/dssra/methods/).  segment_scheduling: Sub-1 chooses delta, S, m
-    (else equal blocks over all K devices with m = fixed_m).  head_on_server: split learning against the
+    (else equal blocks over all K devices with m = fixed_m; fixed_m = 0: Sub-1 still chooses m for that
+    split, only the segment scheduling is off).  head_on_server: split learning against the
     server's head (the CU uploads z_enc every step).  aggregate: FedAvg of the encoder and embedding.
     """
 
@@ -49,7 +50,7 @@ class MethodSpec:
         require(
             self.name in METHODS, f"method.name={self.name!r} is not one of {', '.join(METHODS)}; pick method=<name>"
         )
-        require(self.fixed_m >= 1, f"method.fixed_m={self.fixed_m} must be >= 1")
+        require(self.fixed_m >= 0, f"method.fixed_m={self.fixed_m} must be >= 0 (0: m chosen by Sub-1)")
 
     def to_raw(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,7 +144,7 @@ def parse_scheduler(raw: Any) -> SchedulerSpec:
         name=str(name),
         V=_num(raw, "V", "scheduler", positive=True),
         segment_scheduling=seg,
-        fixed_m=_int(raw, "fixed_m", 4, 1),
+        fixed_m=_int(raw, "fixed_m", 4, 0),
         max_m=_int(raw, "max_m", 0, 0),
         drift=str(drift),
         bcd_max_iters=_int(raw, "bcd_max_iters", 5, 1),
