@@ -35,7 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from collapipe_flwr.models.bert import build_bert  # noqa: E402
 from collapipe_flwr.pipeline.cluster import ClusterPipeline  # noqa: E402
-from collapipe_flwr.pipeline.executors import default_actor_threads, usable_cores  # noqa: E402
+from collapipe_flwr.pipeline.executors import (  # noqa: E402
+    core_sets,
+    default_actor_threads,
+    usable_cores,
+    usable_cores_list,
+)
 from collapipe_flwr.pipeline.head import LocalHead  # noqa: E402
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes  # noqa: E402
 from collapipe_flwr.pipeline.optim import OptimizerSpec  # noqa: E402
@@ -115,13 +120,17 @@ class PlainTrainer:
         return seconds
 
 
-def pipeline_figures(batch, S: int, ms, warmup: int, steps: int, threads: int | None, plain: PlainTrainer):
+def pipeline_figures(
+    batch, S: int, ms, warmup: int, steps: int, threads: int | None, plain: PlainTrainer, pin: str = "false"
+):
     """Per m: (median pipelined step s, median plain step s measured in alternation with it), and the
     largest per-device peak bytes. Alternating the two keeps the ratio fair when other jobs load the CPU."""
     model = make_model()
     head = LocalHead(model.head, SPEC)
     medians = {}
-    with ClusterPipeline(model.embedding, model.blocks, DELTAS[S], SPEC, backend="ray", actor_threads=threads) as pipe:
+    with ClusterPipeline(
+        model.embedding, model.blocks, DELTAS[S], SPEC, backend="ray", actor_threads=threads, pin_threads=pin
+    ) as pipe:
         for m in ms:
             piped, plain_times = [], []
             for i in range(warmup + steps):
@@ -141,8 +150,14 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--segments", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--S", "--segments", dest="segments", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--m", "--micro-batches", dest="micro_batches", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument(
+        "--pin",
+        choices=["auto", "true", "false"],
+        default="auto",
+        help="runtime.pin_threads: each device actor on its own cores (auto: when there are >= S cores)",
+    )
     parser.add_argument(
         "--actor-threads",
         type=int,
@@ -158,6 +173,7 @@ def main() -> None:
     ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     batch = make_batch(args.batch, args.seq_len)
     print(f"cores: {cores}")
+    print(f"pin_threads: {args.pin}")
     print(f"load_avg_1min: {os.getloadavg()[0]:.2f}")
     plain_1, _, _ = plain_model_figures(batch, args.warmup, args.steps, threads=1)
     plain_n, plain_peak, plain_enc_peak = plain_model_figures(batch, args.warmup, args.steps, threads=cores)
@@ -170,9 +186,13 @@ def main() -> None:
     plain = PlainTrainer(plain_threads)
     all_plain = []
     for S in args.segments:
-        threads = args.actor_threads or default_actor_threads(S)
-        medians, peak = pipeline_figures(batch, S, args.micro_batches, args.warmup, args.steps, threads, plain)
+        sets = core_sets(usable_cores_list(), S, args.pin)
+        threads = args.actor_threads or (len(sets[0]) if sets else default_actor_threads(S))
+        medians, peak = pipeline_figures(
+            batch, S, args.micro_batches, args.warmup, args.steps, args.actor_threads, plain, args.pin
+        )
         print(f"actor_threads_S{S}: {threads}")
+        print(f"actor_cores_S{S}: {' '.join(','.join(map(str, c)) for c in sets) if sets else 'any'}")
         for m, (seconds, plain_s) in medians.items():
             all_plain.append(plain_s)
             print(f"step_s_S{S}_m{m}: {seconds:.4f}")

@@ -117,6 +117,7 @@ def build_pipeline(
         detached=bool(actor_prefix),
         precision=resolve_precision(rt.precision),
         prestart=rt.prestart_devices,
+        pin_threads=rt.pin_threads,
     )
 
 

@@ -60,8 +60,10 @@ class ClusterPipeline:
     threads per actor, default ``executors.default_actor_threads(S)`` = ``max(1, (usable cores - 1) // S)``),
     ``name`` (prefix of error messages), ``actor_prefix`` / ``detached`` (named, detached Ray actors that
     later rounds and other processes of the CU find again), ``precision``, ``prestart`` (start every
-    device's actor now, so a later plan that uses it pays no start-up). Everything backend-specific goes
-    through the :class:`~collapipe_flwr.pipeline.executors.Stages` executor.
+    device's actor now, so a later plan that uses it pays no start-up), ``pin_threads``
+    (runtime.pin_threads: ``auto | true | false``, each device actor on its own cores,
+    ``executors.core_sets``). Everything backend-specific goes through the
+    :class:`~collapipe_flwr.pipeline.executors.Stages` executor.
 
     ``blocks`` are copied into the stages (the caller's modules are not trained); the ``embedding`` is
     the CU's own module and is trained in place. Read the encoder back with :meth:`encoder_state_dict`.
@@ -87,6 +89,7 @@ class ClusterPipeline:
         detached: bool = False,
         precision: str = "fp32",
         prestart: bool = False,
+        pin_threads: str = "false",
     ) -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"runtime.backend={backend!r} must be one of {', '.join(BACKENDS)}")
@@ -126,6 +129,7 @@ class ClusterPipeline:
             name=name,
             prefix=actor_prefix,
             detached=detached,
+            pin=pin_threads,
         )
         if not self._adopt(self.delta):
             self._place(self.delta, blocks=blocks)

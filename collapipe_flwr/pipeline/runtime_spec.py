@@ -9,6 +9,7 @@ from collapipe_flwr.precision import PRECISIONS
 from collapipe_flwr.spec_parsing import require, typed
 
 BACKENDS = ("ray", "local")
+PIN_MODES = ("auto", "true", "false")
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,9 @@ class RuntimeSpec:
     k (e.g. ``device_{k}``: start device k's box with ``ray start --address CU:6379 --resources
     '{"device_0": 1}'``); "" leaves placement to Ray's scheduler (one machine, a simulation);
     prestart_devices: start every device actor of a cluster with its first round (idle ones hold no
-    blocks), so a later plan that adds a device pays no process start-up inside its round."""
+    blocks), so a later plan that adds a device pays no process start-up inside its round;
+    pin_threads: ``auto`` (each device actor of a CU on its own cores when the CU's host has at least S;
+    see ``executors.core_sets``) | ``true`` (also with fewer cores, round-robin) | ``false`` (no pinning)."""
 
     backend: str = "ray"
     ray_address: str = ""
@@ -34,8 +37,10 @@ class RuntimeSpec:
     precision: str = "auto"
     prestart_devices: bool = True
     device_resource: str = ""
+    pin_threads: str = "auto"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "pin_threads", str(self.pin_threads).lower())  # YAML reads true/false as bools
         require(
             self.precision in PRECISIONS, f"runtime.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}"
         )
@@ -43,6 +48,10 @@ class RuntimeSpec:
         require(self.actor_num_cpus >= 0, "runtime.actor_num_cpus must be >= 0")
         require(self.device_timeout_s > 0, "runtime.device_timeout_s must be > 0")
         require(self.torch_threads >= 1, "runtime.torch_threads must be >= 1")
+        require(
+            self.pin_threads in PIN_MODES,
+            f"runtime.pin_threads={self.pin_threads!r} must be one of {', '.join(PIN_MODES)}",
+        )
         require(
             not self.device_resource or "{k}" in self.device_resource,
             f"runtime.device_resource={self.device_resource!r} must contain {{k}} (the device index), "
