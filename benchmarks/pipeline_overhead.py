@@ -5,19 +5,23 @@ tokens, token-classification head, Adam. Prints one ``name: value`` per line:
 
 - ``plain_step_s``: median seconds of one training step of the whole model in this process, with the
   faster of 1 torch thread and all cores (both timed first and printed);
-- ``step_ratio_S{S}_m{m}``: median pipelined step seconds / median plain step seconds, S in 1,2,3
-  (balanced delta), m in 1,2,4, Ray backend, --steps steps after --warmup warm-up steps; pipelined and
-  plain steps alternate, so both see the same background load (the machine may be shared);
+- ``step_ratio_S{S}_m{m}``: median pipelined step seconds / median plain step seconds, S in --S (default
+  1 2 3, balanced delta), m in --m (default 1 2 4 8), Ray backend, --steps steps after --warmup warm-up
+  steps; pipelined and plain steps alternate, so both see the same background load (the machine may be
+  shared); ``step_ratio_fastest_S{S}_m{m}``: the same with the fastest step of each (less sensitive to
+  bursts of load from other jobs);
 - ``mem_ratio_S{S}``: max over devices of (params + Adam state + peak saved activations) / the same
   count for the plain model (embedding + encoder + head, whole batch), both measured with
   ``SavedTensorMeter`` / ``memory_report``; ``mem_ratio_encoder_S{S}`` compares with the plain
   encoder alone (a stricter view: the CU keeps the embedding, the server the head).
 
-Threads: the plain model is timed with 1 thread and with all cores; each device actor uses
-``max(1, (cores - 1) // S)`` (``default_actor_threads``; ``--actor-threads`` overrides); the CU process
-keeps all cores for the embedding and the head, which run while the actors wait.
+Threads: the plain model is timed with 1 thread and with all cores; each device actor is pinned to its
+own cores with ``--pin auto|true`` (runtime.pin_threads, default false: ``executors.core_sets``) with as many torch
+threads, else uses ``max(1, (cores - 1) // S)`` (``default_actor_threads``; ``--actor-threads`` overrides);
+the CU process keeps all cores for the embedding and the head, which run while the actors wait.
 
-Run: ``python benchmarks/pipeline_overhead.py`` (2-3 minutes on 2 idle cores; far longer when they are shared).
+Run: ``python benchmarks/pipeline_overhead.py [--S 1 2 3] [--m 1 2 4 8] [--pin auto|true|false]`` (4-5 minutes
+on 2 idle cores; far longer when they are shared).
 """
 
 from __future__ import annotations
@@ -139,7 +143,7 @@ def pipeline_figures(
                 if i >= warmup:
                     piped.append(result.timings.total)
                     plain_times.append(plain_s)
-            medians[m] = (statistics.median(piped), statistics.median(plain_times))
+            medians[m] = (statistics.median(piped), statistics.median(plain_times), min(piped), min(plain_times))
         peak = max(r["peak_bytes"] for r in pipe.memory_report())
     return medians, peak
 
@@ -155,8 +159,8 @@ def main() -> None:
     parser.add_argument(
         "--pin",
         choices=["auto", "true", "false"],
-        default="auto",
-        help="runtime.pin_threads: each device actor on its own cores (auto: when there are >= S cores)",
+        default="false",
+        help="runtime.pin_threads (default false, as conf/): each device actor on its own cores (auto: >= S cores)",
     )
     parser.add_argument(
         "--actor-threads",
@@ -193,11 +197,12 @@ def main() -> None:
         )
         print(f"actor_threads_S{S}: {threads}")
         print(f"actor_cores_S{S}: {' '.join(','.join(map(str, c)) for c in sets) if sets else 'any'}")
-        for m, (seconds, plain_s) in medians.items():
+        for m, (seconds, plain_s, fastest, plain_fastest) in medians.items():
             all_plain.append(plain_s)
             print(f"step_s_S{S}_m{m}: {seconds:.4f}")
             print(f"plain_step_s_paired_S{S}_m{m}: {plain_s:.4f}")
             print(f"step_ratio_S{S}_m{m}: {seconds / plain_s:.3f}")
+            print(f"step_ratio_fastest_S{S}_m{m}: {fastest / plain_fastest:.3f}")
         print(f"mem_ratio_S{S}: {peak / plain_peak:.3f}")
         print(f"mem_ratio_encoder_S{S}: {peak / plain_enc_peak:.3f}")
     print(f"plain_step_s: {statistics.median(all_plain):.4f}")

@@ -51,4 +51,4 @@ def test_a_bad_mode_names_the_key():
 def test_yaml_booleans_are_read_as_modes():
     assert parse_runtime({"pin_threads": True}).pin_threads == "true"
     assert parse_runtime({"pin_threads": False}).pin_threads == "false"
-    assert parse_runtime({}).pin_threads == "auto"
+    assert parse_runtime({}).pin_threads == "false"  # off unless asked: CUs sharing a host pin blind to each other

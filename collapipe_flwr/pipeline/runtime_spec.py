@@ -26,7 +26,9 @@ class RuntimeSpec:
     prestart_devices: start every device actor of a cluster with its first round (idle ones hold no
     blocks), so a later plan that adds a device pays no process start-up inside its round;
     pin_threads: ``auto`` (each device actor of a CU on its own cores when the CU's host has at least S;
-    see ``executors.core_sets``) | ``true`` (also with fewer cores, round-robin) | ``false`` (no pinning)."""
+    see ``executors.core_sets``) | ``true`` (also with fewer cores, round-robin) | ``false`` (no pinning,
+    the default: a CU pins without seeing other CUs' actors, so CUs sharing a host, as in the simulation,
+    could stack their actors on the same cores)."""
 
     backend: str = "ray"
     ray_address: str = ""
@@ -37,7 +39,7 @@ class RuntimeSpec:
     precision: str = "auto"
     prestart_devices: bool = True
     device_resource: str = ""
-    pin_threads: str = "auto"
+    pin_threads: str = "false"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pin_threads", str(self.pin_threads).lower())  # YAML reads true/false as bools
