@@ -92,14 +92,14 @@ def _figure(name: str) -> Callable[[Figures], float]:
 
 
 def pipeline_rows(pipe_args: str) -> list[Row]:
-    """S = 2, m = 4 against its target, then every other (S, m) of the grid for context."""
+    """S = 2, m = 4 (medians) against its target, then the whole (S, m) grid for context, as the ratio of
+    the fastest steps (a burst of load from another job on a shared machine moves a median of 5 far more)."""
     command = f"python benchmarks/pipeline_overhead.py {pipe_args}"
     out = [Row("pipeline step, S = 2, m = 4, vs the plain model", _figure("step_ratio_S2_m4"), "x", 0.75, command)]
     for S in PIPE_S:
         for m in PIPE_M:
-            if (S, m) != (2, 4):
-                name = f"pipeline step, S = {S}, m = {m}, vs the plain model"
-                out.append(Row(name, _figure(f"step_ratio_S{S}_m{m}"), "x", None, command))
+            name = f"pipeline step, S = {S}, m = {m}, vs the plain model, fastest steps"
+            out.append(Row(name, _figure(f"step_ratio_fastest_S{S}_m{m}"), "x", None, command))
     return out
 
 
