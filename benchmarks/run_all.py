@@ -5,8 +5,9 @@ command that measures it alone.
     python benchmarks/run_all.py --quick    # fewer steps and rounds (a smoke check of the table)
 
 Runs ``pipeline_overhead.py`` (S = 1, 2, 3 x m = 1, 2, 4, 8), ``pipeline_1f1b_memory.py`` (S = 2, 3,
-m = 8), ``data_plane.py`` (no Flower comparison) and
-``dssra_solve.py`` (the target sizes) as subprocesses, reads their ``name: value`` lines and prints the
+m = 8), ``data_plane.py`` (no Flower comparison), ``dssra_solve.py`` (the target sizes) and
+``gpu_speedup.py`` (GPU vs CPU; only ``cuda_available: 0`` on a machine without CUDA) as subprocesses,
+reads their ``name: value`` lines and prints the
 machine it ran on and a Markdown table. Figures that no benchmark measures yet are listed as such, so the
 table says plainly what is missing. Ratios are taken within one run (this machine may be shared); the
 1-minute load average before and after is printed so a busy run can be recognised.
@@ -169,8 +170,22 @@ def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "") -> l
         ),
         Row("wall-clock per round vs N (3 -> 30)", lambda f: None, "", None, "no benchmark yet (issue 16)"),
         Row("server memory vs N", lambda f: None, "", None, "no benchmark yet (issue 16)"),
-        Row("GPU: server decoder step, bert_base, b = 64, vs CPU", lambda f: None, "x", 20.0, "needs a GPU", False),
-        Row("GPU: federated round, 2 CUs, S = 2, vs CPU", lambda f: None, "x", 5.0, "needs a GPU", False),
+        Row(
+            "GPU: server decoder step, bert_base, b = 64, vs CPU",
+            lambda f: f.get("decoder_step_gpu_speedup"),
+            "x",
+            20.0,
+            "python benchmarks/gpu_speedup.py --round (needs a CUDA GPU)",
+            False,
+        ),
+        Row(
+            "GPU: federated round, 2 CUs, S = 2, vs CPU",
+            lambda f: f.get("round_gpu_speedup"),
+            "x",
+            5.0,
+            "python benchmarks/gpu_speedup.py --round (needs a CUDA GPU)",
+            False,
+        ),
     ]
 
 
@@ -203,12 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     figures: Figures = {}
     problems = []
-    benchmarks = (
+    gpu = "" if args.quick else "--round"
+    benchmarks = [
         ("pipeline_overhead.py", pipe),
         ("pipeline_1f1b_memory.py", mem),
         ("data_plane.py", dp),
         ("dssra_solve.py", dssra),
-    )
+        ("gpu_speedup.py", gpu),
+    ]
     for script, extra in benchmarks:
         found, problem = run_benchmark(script, extra.split(), args.timeout)
         figures.update(found)

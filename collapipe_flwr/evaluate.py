@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import yaml
 
+from collapipe_flwr.accelerator import DEVICES, resolve_device
 from collapipe_flwr.errors import ConfigError, exit_on_user_error
 from collapipe_flwr.model_store import load_model, model_dir_of, read_meta
 from collapipe_flwr.precision import PRECISIONS, autocast, resolve_precision
@@ -44,6 +45,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, help="batch size (default: eval.batch_size, else 64)")
     parser.add_argument("--beam-size", type=int, help="translation beam (1 = greedy; default: eval.beam_size)")
     parser.add_argument("--precision", choices=PRECISIONS, help="default: the saved runtime.precision, else auto")
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        help="cpu, cuda or auto (cuda when a GPU is visible); default: the saved runtime.server_device / "
+        "runtime.device, else cpu",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
     parser.add_argument("--json", default="", help="write the metrics and settings to this JSON file")
     return parser.parse_intermixed_args(argv)
@@ -87,11 +94,22 @@ def eval_settings(args: argparse.Namespace, eval_cfg: Mapping[str, Any]) -> dict
     return chosen
 
 
-def evaluate_model(task, model, split: str, precision: str, max_examples: int, batch_size: int, beam_size: int) -> dict:
-    """The server's validation call on ``split`` with the model in eval mode."""
+def evaluate_model(
+    task,
+    model,
+    split: str,
+    precision: str,
+    max_examples: int,
+    batch_size: int,
+    beam_size: int,
+    device: torch.device | None = None,
+) -> dict:
+    """The server's validation call on ``split`` with the model in eval mode (moved to ``device`` if given)."""
+    device = device if device is not None else torch.device("cpu")
     for part in model.parts():
+        part.to(device)
         part.eval()
-    with torch.no_grad(), autocast(precision):
+    with torch.no_grad(), autocast(precision, device.type):
         metrics = task.evaluate(
             model, max_examples=max_examples, batch_size=batch_size, beam_size=beam_size, split=split
         )
@@ -108,22 +126,27 @@ def main(argv: Sequence[str] | None = None) -> dict:
     saved = meta["config"]
     check_split(parse_task({**saved["task"], **changes}), args.split)
     settings = eval_settings(args, saved.get("eval") or {})
-    requested = args.precision or str((saved.get("runtime") or {}).get("precision") or "auto")
-    precision = resolve_precision(requested, "cpu")
+    runtime = saved.get("runtime") or {}
+    device = resolve_device(
+        args.device or str(runtime.get("server_device") or runtime.get("device") or "cpu"), "--device"
+    )
+    requested = args.precision or str(runtime.get("precision") or "auto")
+    precision = resolve_precision(requested, device.type)
     cfg, task, model = load_model(args.folder, data_dir=args.data_dir or None, task_overrides=changes)
     shown = " ".join(f"{k}={v}" for k, v in settings.items())
     print(
         f"evaluating {cfg['task']['name']} / {cfg['model'].get('name')} from {args.folder} on {args.split}: {shown}, "
-        f"precision {precision}, {torch.get_num_threads()} threads",
+        f"device {device}, precision {precision}, {torch.get_num_threads()} threads",
         file=sys.stderr,
     )
-    metrics = evaluate_model(task, model, args.split, precision, **settings)
+    metrics = evaluate_model(task, model, args.split, precision, **settings, device=device)
     print(f"{args.split} " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), file=sys.stderr)
     if args.json:
         record = {
             "folder": str(args.folder),
             "split": args.split,
             "precision": precision,
+            "device": str(device),
             "threads": torch.get_num_threads(),
             **settings,
             "metrics": metrics,

@@ -10,8 +10,9 @@ the flags are shorthands for the overrides ``network=``, ``federation.num_cluste
 No training: the workload is counted on a generic encoder (torch TransformerEncoderLayer, sizes from the
 flags) and ``loss_only`` gets a proxy loss: cluster n's loss is L_n(u) = 1 + c_n exp(-u / 10) + noise,
 u = how many rounds n has trained so far, c_n in [1, 3] (a harder dataset decays from higher), so a
-cluster that trains less keeps a higher loss. Writes DIR/cumulative_delay.csv, DIR/summary.json and
-DIR/cumulative_delay.png; prints `cumulative_delay_s_<policy>: value` lines.
+cluster that trains less keeps a higher loss. Writes DIR/cumulative_delay.csv, DIR/summary.json,
+DIR/cumulative_delay.png and DIR/convergence_term.png (running mean of Gamma, eq. 28); prints
+`cumulative_delay_s_<policy>`, `mean_gamma_<policy>` and `worst_cluster_gamma_<policy>` lines.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def run(
     rng = np.random.default_rng([seed, 77])
     difficulty = rng.uniform(1.0, 3.0, spec.num_clusters)
     trained = np.zeros(spec.num_clusters)
-    delays, gammas = [], []
+    delays, gammas, per_cluster = [], [], []
     for t in range(rounds):
         plan = policy.plan(t, sampler.sample(t))
         for c in plan.selected:
@@ -82,9 +83,13 @@ def run(
         policy.observe(plan, losses)
         delays.append(plan.modelled["round_delay_s"])
         gammas.append(plan.modelled["gamma_mean"])
+        per_cluster.append([row["gamma"] for row in plan.modelled["clusters"]])
     return {
         "cumulative_s": np.cumsum(delays).tolist(),
+        "gamma_running_mean": (np.cumsum(gammas) / np.arange(1, rounds + 1)).tolist(),
         "gamma_mean": float(np.mean(gammas)),
+        # C10 is per cluster: the worst cluster's time-average Gamma_n
+        "gamma_worst_cluster": float(np.max(np.mean(per_cluster, axis=0))),
         "delay_mean_s": float(np.mean(delays)),
     }
 
@@ -141,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         "V": scheduler.V,
         "workload": workload.to_dict(),
         "policies": {
-            p: {k: v for k, v in r.items() if k != "cumulative_s"} | {"cumulative_s": r["cumulative_s"][-1]}
+            p: {k: v for k, v in r.items() if k not in ("cumulative_s", "gamma_running_mean")}
+            | {"cumulative_s": r["cumulative_s"][-1]}
             for p, r in results.items()
         },
     }
@@ -158,8 +164,20 @@ def main(argv: list[str] | None = None) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(args.out / "cumulative_delay.png", dpi=120)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for p in policies:
+        ax.plot(range(1, args.rounds + 1), results[p]["gamma_running_mean"], label=p)
+    ax.axhline(scheduler.gamma_max, ls="--", c="grey", label="Gamma^max")
+    ax.set_xlabel("communication round t")
+    ax.set_ylabel("running mean of Gamma over clusters (eq. 28)")
+    ax.set_title(f"{args.network}, N={args.clusters}, V={scheduler.V}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out / "convergence_term.png", dpi=120)
     for p in policies:
         print(f"cumulative_delay_s_{p}: {results[p]['cumulative_s'][-1]:.3f}")
+        print(f"mean_gamma_{p}: {results[p]['gamma_mean']:.5g}")
+        print(f"worst_cluster_gamma_{p}: {results[p]['gamma_worst_cluster']:.5g}")
 
 
 if __name__ == "__main__":

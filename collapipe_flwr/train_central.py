@@ -1,8 +1,8 @@
 """Central reference training: one task, the plain (unsplit, unfederated) model, a wall-clock budget.
 
     python -m collapipe_flwr.train_central task=<translation|ner|classification> [hydra overrides]
-        [--minutes 15] [--max-steps N] [--train-examples N] [--threads 1] [--precision auto|fp32|bf16] [--test]
-        [--save DIR] [--json FILE]
+        [--minutes 15] [--max-steps N] [--train-examples N] [--threads 1] [--precision auto|fp32|bf16]
+        [--device cpu|cuda|auto] [--test] [--save DIR] [--json FILE]
 
 The step is the paper's local update with the whole model in one process: embedding -> L TEBs ->
 head.loss_terms -> loss = sum / count, one optimizer (model.optimizer) with the warm-up + decay of
@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from collapipe_flwr import wiring
+from collapipe_flwr.accelerator import DEVICES, batch_to, resolve_device
 from collapipe_flwr.config import EvalSpec, load_run_config
 from collapipe_flwr.errors import ConfigError, exit_on_user_error
 from collapipe_flwr.model_store import save_model
@@ -69,6 +70,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="bf16: autocast the forward passes to bfloat16 (mixed precision); auto: bf16 only where native "
         "(default: the config's runtime.precision, else auto)",
     )
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=None,
+        help="where the model trains: cpu, cuda, or auto (cuda when a GPU is visible); default: the config's "
+        "runtime.device",
+    )
     parser.add_argument("--test", action="store_true", help="also evaluate the test split named in the task config")
     parser.add_argument("--save", default="", help="write the trained model to DIR/model/ (safetensors + model.json)")
     parser.add_argument("--json", default="", help="write the final metrics and settings to this JSON file")
@@ -102,8 +110,11 @@ def train(
     eval_cfg: EvalSpec,
     quiet: bool,
     precision: str = "fp32",
+    device: torch.device | None = None,
 ) -> dict:
-    """Train until the budget (minus the evaluation it must leave room for) or ``max_steps`` is used."""
+    """Train until the budget (minus the evaluation it must leave room for) or ``max_steps`` is used, on
+    ``device`` (the model's parts must be there already; batches are moved)."""
+    device = device if device is not None else torch.device("cpu")
     params = [p for part in (model.embedding, model.blocks, model.head) for p in part.parameters()]
     optimizer = task.model_spec.optimizer.build(params)
     base_lrs = [g["lr"] for g in optimizer.param_groups]
@@ -120,7 +131,8 @@ def train(
         bar = progress.add_task(f"train {task.name}", total=budget, status="")
         done = False
         while not done:
-            for batch in task.batches(indices, task.batch_size, seed=seed + epoch):
+            for cpu_batch in task.batches(indices, task.batch_size, seed=seed + epoch):
+                batch = batch_to(cpu_batch, device)
                 elapsed = time.monotonic() - start
                 train_budget = max(1.0, budget - reserve)
                 if (max_steps and step >= max_steps) or elapsed >= train_budget:
@@ -130,7 +142,7 @@ def train(
                 factor = lr_schedule.factor(step, expected_steps)
                 scale_lr(optimizer, base_lrs, factor)
                 optimizer.zero_grad(set_to_none=True)
-                with autocast(precision):
+                with autocast(precision, device.type):
                     loss_sum, count = model.loss_terms(batch)
                 loss = loss_sum / count
                 loss.backward()
@@ -149,7 +161,7 @@ def train(
                     progress.console.print(f"{elapsed:6.0f}s {status}")
                 if not probed and not max_steps and elapsed >= 0.5 * train_budget:
                     probed = True
-                    with autocast(precision):
+                    with autocast(precision, device.type):
                         reserve, probe = _measure_eval(task, model, eval_cfg)
                     for part in (model.embedding, model.blocks, model.head):
                         part.train()
@@ -195,12 +207,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     cfg = load_run_config(args.overrides)  # the same one config path as flwr run and the sweep
     seed, eval_cfg = cfg.seed, cfg.eval
+    device = resolve_device(args.device or cfg.runtime.device, "--device")
     requested = args.precision or cfg.runtime.precision
-    args.precision = resolve_precision(requested, "cpu")
+    args.precision = resolve_precision(requested, device.type)
     data_dir = cfg.resolved_data_dir()
     task = wiring.build_task(cfg)
     torch.manual_seed(seed)
     model = task.build_model(seed)
+    for part in (model.embedding, model.blocks, model.head):
+        part.to(device)
     n_train = len(task.train_examples())
     indices = list(range(n_train if not args.train_examples else min(n_train, args.train_examples)))
     task.features("train")
@@ -209,20 +224,22 @@ def main(argv: Sequence[str] | None = None) -> dict:
     print(
         f"task {task.name}: {len(indices)} train / {len(task.val_examples())} val examples, model "
         f"{task.model_spec.family} with {num_params / 1e6:.2f}M parameters, b={task.batch_size}, "
-        f"budget {args.minutes:g} min, {torch.get_num_threads()} threads, precision {args.precision}"
+        f"budget {args.minutes:g} min, {torch.get_num_threads()} threads, device {device}, precision {args.precision}"
         + (f" ({requested})" if requested != args.precision else ""),
         file=sys.stderr,
     )
     t0 = time.monotonic()
-    summary = train(task, model, args.minutes, args.max_steps, indices, seed, eval_cfg, args.quiet, args.precision)
-    with autocast(args.precision):
+    summary = train(
+        task, model, args.minutes, args.max_steps, indices, seed, eval_cfg, args.quiet, args.precision, device
+    )
+    with autocast(args.precision, device.type):
         metrics = task.evaluate(
             model, max_examples=eval_cfg.max_examples, batch_size=eval_cfg.batch_size, beam_size=eval_cfg.beam_size
         )
     summary.update(eval_seconds=time.monotonic() - t0 - summary["train_seconds"], total_seconds=time.monotonic() - t0)
     summary["val"] = metrics
     if args.test:
-        with autocast(args.precision):
+        with autocast(args.precision, device.type):
             summary["test"] = task.evaluate(
                 model, batch_size=eval_cfg.batch_size, beam_size=eval_cfg.beam_size, split="test"
             )
@@ -248,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                     "seed": seed,
                     "minutes": args.minutes,
                     "precision": args.precision,
+                    "device": str(device),
                     "threads": torch.get_num_threads(),
                     **summary,
                 },

@@ -20,7 +20,6 @@ from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.models.split import SplitModel
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.optim import OptimizerSpec
-from collapipe_flwr.precision import resolve_precision
 from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.tasks.base import Task
 from collapipe_flwr.tasks.registry import build_task as _build_task
@@ -115,7 +114,9 @@ def build_pipeline(
         name=f"cluster{cluster}",
         actor_prefix=actor_prefix,
         detached=bool(actor_prefix),
-        precision=resolve_precision(rt.precision),
+        precision=rt.precision,  # resolved by the embedding and by each stage for its own device
+        device=rt.device,
+        actor_num_gpus=rt.actor_num_gpus,
         prestart=rt.prestart_devices,
         pin_threads=rt.pin_threads,
     )

@@ -162,3 +162,71 @@ def test_c11_floor_formula_by_hand():
     assert c11_power_floor(1.0, scale_c, h, I, 0.5) == 0.0  # already met at p = 0
     assert c11_power_floor(0.0, scale_c, h, I, 0.5) == 0.5  # unreachable: as close as C6/C8' allow
     assert c11_power_floor(0.021, scale_c, h, I, 0.5) == 0.5  # needs p > cap
+
+
+def selection_brute_force(policy, spec, state) -> float:
+    """min over every injection of CUs into the J channels (N > J: the rest sit out) of the decomposed P3:
+    sum_sel [V (tau_n^pipe + tau_{n,j}^Up) + Y_n s C / (P h_{n,j} + I_j)] + sum_idle [Y_n s C / mean_j I_j]
+    + sum_n Y_n s phi^2 S_n^2 / L, each cluster's segments solved for its status (Sub-1 is exact, see
+    test_dssra_bruteforce) and the uplink written out (eqs. 10-11) at P_n^max (C8 loose, drift = gamma)."""
+    from collapipe_flwr.dssra.cluster_model import ClusterModel
+    from collapipe_flwr.dssra.segments import solve_segments
+
+    N, J, V = spec.num_clusters, spec.num_channels, policy.sched.V
+    conv = policy.conv
+    s, C, phi, L = conv.scale, conv.interference_c, conv.grad_bound, conv.num_blocks
+    interf = np.asarray(state.uplink_interference_w, dtype=float)
+    sel_cost, idle_cost = np.zeros((N, J)), np.zeros(N)
+    for n in range(N):
+        model = ClusterModel.build(spec, state, policy.workload, n)
+        drift = policy.Y[n] * s * phi**2 * np.arange(model.K + 1) ** 2 / L
+        busy = solve_segments(model, V, drift, policy.m_values)  # V tau^pipe + segment drift
+        idle = solve_segments(model, V, drift, policy.m_values, idle=True)  # segment drift alone
+        idle_cost[n] = idle.objective + policy.Y[n] * s * C / interf.mean()
+        for j in range(J):
+            B, h = spec.channel_bandwidth_hz[j], state.uplink_gain[n][j]
+            P = spec.cu_power_max_w
+            up = policy.uplink_bits / (B * math.log2(1 + P * h / (interf[j] + B * spec.noise_psd_w_hz)))
+            sel_cost[n, j] = busy.objective + V * up + policy.Y[n] * s * C / (P * h + interf[j])
+    best = math.inf
+    for cus in itertools.combinations(range(N), min(N, J)):
+        for chans in itertools.permutations(range(J), len(cus)):
+            value = sum(sel_cost[n, j] for n, j in zip(cus, chans)) + sum(
+                idle_cost[n] for n in range(N) if n not in cus
+            )
+            best = min(best, value)
+    return best
+
+
+@pytest.mark.parametrize("N", [5, 6])
+def test_cu_selection_with_more_cus_than_channels_equals_brute_force(N):
+    """N > J = 4 on conf/network/selection.yaml: DSSRA's plan (Hungarian with N - J sit-out columns inside
+    block coordinate descent) reaches the brute-force optimum over all CU-to-channel injections, with empty
+    queues and with random positive queues Y_n; J CUs train, on distinct channels."""
+    from collapipe_flwr.dssra.policies import make_policy
+    from collapipe_flwr.dssra.specs import parse_scheduler
+    from collapipe_flwr.system.network import NetworkSpec
+    from collapipe_flwr.system.state import StateSampler
+    from collapipe_flwr.system.workload import Workload
+    from tests.conf_files import conf_group
+
+    spec = NetworkSpec.from_config(conf_group("network", "selection"), N)
+    workload = Workload(
+        forward_flops=(1e8,) * 4,
+        backward_flops=(2e8,) * 4,
+        boundary_bytes=(2e4,) * 5,
+        param_bytes=(1e5,) * 4,
+        saved_bytes=(1e4,) * 4,
+        batch_size=8,
+    )
+    rng = np.random.default_rng(N)
+    for t in range(4):
+        sched = parse_scheduler(conf_group("scheduler", "dssra", V=float(rng.choice([0.01, 1.0]))))
+        policy = make_policy(sched, spec, workload, 0)
+        policy.Y = np.zeros(N) if t == 0 else rng.uniform(0, 20, N)
+        state = StateSampler(spec, t).sample(t)
+        plan = policy.plan(t, state)
+        chosen = [c.channel for c in plan.clusters if c.selected]
+        assert len(chosen) == len(set(chosen)) == spec.num_channels  # C3-C5: J of the N CUs train
+        assert all(c.power_w == pytest.approx(spec.cu_power_max_w) for c in plan.clusters if c.selected)
+        assert plan.modelled["bcd_objective"][-1] == pytest.approx(selection_brute_force(policy, spec, state), rel=1e-9)

@@ -146,6 +146,48 @@ def test_titanic_splits_in_proportion_to_capability():
     assert plan.delta == (0, 3, 3)
 
 
+def vanilla_delay_by_hand(spec, state, n: int) -> float:
+    """The paper's VanillaFL: every device that holds all L blocks (C7) and trains them on its share
+    ceil(b / D) within E_k^max (eq. 16, C9') trains in parallel; the slowest sets the round."""
+    w = WORKLOAD
+    L, flops = w.num_blocks, w.forward_flops[0] + w.backward_flops[0]
+    devices = spec.devices_of(n)
+    f = [d.f_hz * a for d, a in zip(devices, state.availability[n])]
+    users = [k for k, d in enumerate(devices) if d.memory_bytes // w.block_memory_bytes() >= L and f[k] > 0]
+    while True:
+        share = math.ceil(w.batch_size / len(users))
+        energy = {
+            k: w.steps_per_round
+            * spec.effective_capacitance
+            * L
+            * share
+            * flops
+            / devices[k].flops_per_cycle
+            * f[k] ** 2
+            for k in users
+        }
+        keep = [k for k in users if energy[k] <= spec.device_energy_max_j]
+        if keep == users:
+            break
+        users = keep
+    share = math.ceil(w.batch_size / len(users))
+    chunk = [L * share * flops / (devices[k].flops_per_cycle * f[k]) + spec.per_microbatch_s for k in users]
+    return w.steps_per_round * max(chunk)
+
+
+def test_vanilla_fl_data_users_are_every_device_that_holds_the_model():
+    pl, spec = planner("vanilla_fl", clusters=3)
+    state = StateSampler(spec, 1).sample(1)
+    plan = pl.plan(1, state)
+    for c, row in zip(plan.clusters, plan.modelled["clusters"]):
+        assert row["data_users"] == sum(
+            d.memory_bytes // WORKLOAD.block_memory_bytes() >= WORKLOAD.num_blocks for d in spec.devices_of(c.cluster)
+        )
+        assert row["pipeline_s"] == pytest.approx(vanilla_delay_by_hand(spec, state, c.cluster), rel=1e-9)
+        # the CU still executes the whole model on its fastest data user (delta = L there, S = m = 1)
+        assert c.delta.count(WORKLOAD.num_blocks) == 1 and c.S == 1 and c.m == 1
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_modelled_delay_equals_the_formulas_by_hand(method):
     pl, spec = planner(method, clusters=3)
@@ -154,6 +196,11 @@ def test_modelled_delay_equals_the_formulas_by_hand(method):
     w, N0 = WORKLOAD, spec.noise_psd_w_hz
     delays = []
     for c, row in zip(plan.clusters, plan.modelled["clusters"]):
+        if method == "vanilla_fl":
+            pipe = vanilla_delay_by_hand(spec, state, c.cluster)
+            assert row["pipeline_s"] == pytest.approx(pipe, rel=1e-9) and row["d2d_s"] == 0.0
+            delays += [pipe + row["uplink_s"]] if c.selected else []
+            continue
         b_hat = math.ceil(w.batch_size / c.m)
         chunks = []
         for k, dev in enumerate(spec.devices_of(c.cluster)):
@@ -168,7 +215,7 @@ def test_modelled_delay_equals_the_formulas_by_hand(method):
                 / (spec.d2d_interference_w + spec.d2d_bandwidth_hz * N0)
             )
             d2d = b_hat * 2 * 8 * max(w.boundary_bytes) / r_dd + spec.d2d_latency_s if method != "vanilla_fl" else 0.0
-            chunks.append(comp + d2d)
+            chunks.append(comp + spec.per_microbatch_s + d2d)  # c0: per-micro-batch cost of a stage
         pipe = w.steps_per_round * (c.S + c.m - 1) * max(chunks)  # eq. (15) as read
         assert row["pipeline_s"] == pytest.approx(pipe, rel=1e-9)
         if not c.selected:

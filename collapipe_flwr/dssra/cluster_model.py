@@ -45,6 +45,7 @@ class ClusterModel:
     energy_max: float  # E_k^max
     kappa: float
     d2d_latency_s: float = 0.0  # fixed hand-over latency of one micro-batch transfer (see docs/system_model.md)
+    per_microbatch_s: float = 0.0  # c0: fixed on-device time per chunk besides its FLOPs (docs/system_model.md)
 
     @classmethod
     def build(cls, spec: NetworkSpec, state: RoundState, workload: Workload, n: int) -> ClusterModel:
@@ -73,6 +74,7 @@ class ClusterModel:
             energy_max=spec.device_energy_max_j,
             kappa=spec.effective_capacitance,
             d2d_latency_s=spec.d2d_latency_s,
+            per_microbatch_s=spec.per_microbatch_s,
         )
 
     @property
@@ -94,6 +96,13 @@ class ClusterModel:
         (S + m - 1) / m falls with m; with it the best m is interior, as the paper's Fig. 4 shows."""
         b_hat = self._b_hat(m)[..., None]
         return channel.transfer_delay(b_hat * self.activation_bits, self.d2d_rate) + self.d2d_latency_s
+
+    def chunk_fixed(self, m) -> np.ndarray:
+        """The part of a chunk that does not scale with delta_k: c0 + tau_k^dd (s); m scalar -> [K], [M] -> [M, K].
+
+        c0 (network.device.per_microbatch_s) is paid once per micro-batch per stage, so a round spends
+        steps * (S + m - 1) * c0 on it along the critical path: this is what makes Sub-1's best m interior."""
+        return self.d2d_delay(m) + self.per_microbatch_s
 
     def device_energy(self, delta, m) -> np.ndarray:
         """E_k^pipe of a whole round (eqs. 14, 16): steps * m * (compute + D2D energy per chunk); 0 if unused."""
@@ -136,7 +145,7 @@ class ClusterModel:
         delta = np.asarray(delta, dtype=int)
         used = delta > 0
         S = int(used.sum())
-        comp = delta * self.compute_per_block(m)
+        comp = delta * self.compute_per_block(m) + self.per_microbatch_s
         d2d = self.d2d_delay(m)
         chunk = np.where(used, comp + d2d, -np.inf)
         k_star = int(np.argmax(chunk))
@@ -147,6 +156,52 @@ class ClusterModel:
             "compute_s": float(clocks * comp[k_star]),
             "d2d_s": float(clocks * d2d[k_star]),
             "device_energy_j": [float(e) for e in self.device_energy(delta, m)],
+        }
+
+    # ---------------------------------------------------------------- data parallel (the paper's VanillaFL)
+    def data_parallel_energy(self, users) -> np.ndarray:
+        """E_k of a round when the devices ``users`` each train all L blocks on ceil(b / D) samples (eq. 16
+        with delta_k = L, one micro-batch, no D2D); 0 for the others."""
+        users = np.asarray(users, dtype=bool)
+        share = math.ceil(self.batch_size / max(int(users.sum()), 1))
+        comp = pipeline_model.compute_energy(
+            self.kappa, self.num_blocks, share, self.flops_per_sample_block, self.flops_per_cycle, self.f_hz, 1
+        )
+        return np.where(users, self.steps * comp, 0.0)
+
+    def data_users(self) -> np.ndarray:
+        """The devices that can be VanillaFL data users: each holds the whole encoder (C7) and trains it on
+        its share ceil(b / D) within E_k^max (C9'). Dropping a device that fails C9' grows the others' shares,
+        so this repeats until the set is stable."""
+        users = (self.memory_cap >= self.num_blocks) & (self.f_hz > 0)
+        while users.any():
+            ok = self.data_parallel_energy(users) <= self.energy_max * (1 + ENERGY_RTOL)
+            if ok[users].all():
+                break
+            users &= ok
+        return users
+
+    def evaluate_data_parallel(self, users) -> dict:
+        """Delay split and energy when ``users`` train the whole model in parallel, each on ceil(b / D) of
+        the batch (standard FL inside the cluster, no partition, no pipeline, no D2D): one chunk per device,
+        ``steps * max_k (L ceil(b/D) (o_l + o'_l) / (phi_k f_k) + c0)``."""
+        users = np.asarray(users, dtype=bool)
+        D = int(users.sum())
+        share = math.ceil(self.batch_size / max(D, 1))
+        comp = (
+            pipeline_model.chunk_compute_delay(
+                self.num_blocks, share, self.flops_per_sample_block, self.flops_per_second
+            )
+            + self.per_microbatch_s
+        )
+        slowest = float(np.max(np.where(users, comp, -np.inf))) if D else 0.0
+        return {
+            "S": 1,
+            "data_users": D,
+            "pipeline_s": float(self.steps * slowest),
+            "compute_s": float(self.steps * slowest),
+            "d2d_s": 0.0,
+            "device_energy_j": [float(e) for e in self.data_parallel_energy(users)],
         }
 
     def infeasible(self, m_values) -> InfeasiblePlanError:

@@ -56,6 +56,8 @@ class PlanShape:
     uplink_bits: bits a selected CU sends per round (default Workload.uplink_bits()).
     d2d: False = one device, no activation hand-over (tau^dd = 0, no D2D energy).
     optimise_power: False = each CU sends at the largest C6/C8'-feasible power.
+    evaluate: the modelled delay split and energy of a cluster's plan, when they do not follow from its
+    (delta, m) by eqs. 13-16 (VanillaFL's data-parallel devices); default ``ClusterModel.evaluate``.
     """
 
     method: str = "collapipe"
@@ -63,6 +65,7 @@ class PlanShape:
     uplink_bits: float | None = None
     d2d: bool = True
     optimise_power: bool = True
+    evaluate: Callable[[ClusterModel, SegmentPlan], dict] | None = None
 
 
 class Policy:
@@ -269,7 +272,7 @@ class Policy:
         clusters, rows, gammas, delays = [], [], [], []
         for n in range(N):
             seg, j = segs[n], channel[n]
-            ev = models[n].evaluate(seg.delta, seg.m)
+            ev = self.shape.evaluate(models[n], seg) if self.shape.evaluate else models[n].evaluate(seg.delta, seg.m)
             selected = j is not None
             p = float(power[n, j]) if selected else 0.0
             up = float(uplink[n, j]) if selected else 0.0
@@ -293,6 +296,7 @@ class Policy:
                     "cu_energy_j": p * up,
                     "gamma": gamma,
                     "Y": float(self.Y[n]),
+                    **({"data_users": ev["data_users"]} if "data_users" in ev else {}),
                 }
             )
         objective = self.sched.V * (max(delays) if delays else 0.0) + self._drift_total(clusters, gammas)

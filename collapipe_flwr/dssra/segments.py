@@ -4,7 +4,8 @@
     s.t. C1 (sum delta_k = L, delta_k, m integers), C2 (S = #{delta_k > 0}), C7 (memory), C9' (energy)
 
 with tau^pipe = steps (S + m - 1) max_{k: delta_k > 0} (delta_k c_k(m) + d_k(m)) (eq. 15 as read in
-system/pipeline_model.py) and drift(S) the queue term (Y_n S in the paper's P2, Y_n Gamma_n(S) here).
+system/pipeline_model.py; d_k(m) = c0 + tau_k^dd(m), ClusterModel.chunk_fixed) and drift(S) the queue
+term (Y_n S in the paper's P2, Y_n Gamma_n(S) here).
 
 Exactness without a MILP: for fixed m, a stage-time bound T admits a partition on S devices iff the S
 devices with the most room u_k(T) = #{delta in 1..cap_k(m): delta c_k + d_k <= T} all have u_k >= 1 and
@@ -73,7 +74,7 @@ def solve_segments(model: ClusterModel, V: float, drift_by_S, m_values, idle: bo
     L, K = model.num_blocks, model.K
     m_arr = np.asarray(list(m_values), dtype=int)
     drift = np.asarray(drift_by_S, dtype=float)[1 : K + 1]
-    compute, d2d, cap = model.compute_per_block(m_arr), model.d2d_delay(m_arr), model.block_cap(m_arr)
+    compute, d2d, cap = model.compute_per_block(m_arr), model.chunk_fixed(m_arr), model.block_cap(m_arr)
     T = min_stage_times(compute, d2d, cap, L)  # [M, K]
     S_idx = np.arange(1, K + 1)
     pipe = model.steps * (S_idx[None, :] + m_arr[:, None] - 1) * T

@@ -5,7 +5,7 @@ ports for the local SuperLink (``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT`` / ``FLWR_L
 read by flwr 1.41's CLI) so concurrent runs on one machine never share a SuperLink, offline settings
 (``FLWR_DISABLE_UPDATE_CHECK``, ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION``), and
 
-    flwr run <project root> --stream --run-config <job>/run_config.toml \
+    flwr run <the app's files, staged> --stream --run-config <job>/run_config.toml \
         --federation-config "num-supernodes=N client-resources-num-cpus=1 client-resources-num-gpus=0.0"
 
 The run config goes through a TOML file (same keys as ``--run-config 'overrides="..." ...'``) because
@@ -24,6 +24,10 @@ The log is streamed to the console and tee'd to ``<job>/flwr.log``; the detached
 children (and any process whose command line names the private temp folder, e.g. Ray's raylet and GCS)
 are stopped by pid afterwards, also on failure, timeout or Ctrl-C. The outcome is written to
 ``<job>/status.json`` and returned; a failed job never raises (the sweep goes on).
+
+``flwr run`` is pointed at a copy of the app's own files in the private folder (:mod:`.app_files`): the FAB it
+builds is byte-identical to the one built from the project root, without Flower walking a project-local
+virtual environment first. The command still runs in the project root.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from typing import Any, Protocol, TextIO
 
 from collapipe_flwr.config import CONF_DIR
 from collapipe_flwr.experiments import processes
+from collapipe_flwr.experiments.app_files import fab_include_patterns, stage_app
 from collapipe_flwr.experiments.job import TIMEOUT_ENV, JobSpec
 
 PROJECT_ROOT = CONF_DIR.parent
@@ -281,7 +286,10 @@ def launch(
     (flwr_home / "config.toml").write_text(LOCAL_CONNECTION_TOML)
     env = flower_env(os.environ if base_env is None else base_env, flwr_home, job.data_dir, free_port(), free_port())
     env.update(private_temp_env(scratch))
-    cmd = flower_command(flwr_exe or flwr_executable(), project_root, run_config_file, job.num_supernodes)
+    # Flower builds the FAB from a folder holding only the app's files (app_files.py: the same FAB, built in a
+    # fraction of a second instead of walking a project-local .venv)
+    app_dir = stage_app(project_root, scratch / "app") if fab_include_patterns(project_root) else project_root
+    cmd = flower_command(flwr_exe or flwr_executable(), app_dir, run_config_file, job.num_supernodes)
     log_path = job.job_dir / LOG_FILE
     status: dict[str, Any] = {
         "ok": False,

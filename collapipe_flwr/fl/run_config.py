@@ -27,6 +27,7 @@ FLAT_KEYS: dict[str, str] = {
     "method": "method",
     "scheduler": "scheduler",
     "precision": "runtime.precision",
+    "device": "runtime.device",
     "run-name": "run_name",
     "resume": "resume",
     "preset": "preset",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from collapipe_flwr import wiring
+from collapipe_flwr.accelerator import resolve_device
 from collapipe_flwr.config import RunConfig
 from collapipe_flwr.dssra.methods import make_planner
 from collapipe_flwr.dssra.plan import ClusterPlan
@@ -81,7 +82,12 @@ class ServerState:
         )
         policy = make_planner(cfg.method, cfg.scheduler, network, workload, cfg.seed)
         planner = RoundPlanner(network, StateSampler(network, cfg.seed), policy, cfg.scheduler.name)
-        precision = resolve_precision(cfg.runtime.precision)
+        # the decoder / head and the evaluation compute on runtime.server_device (collapipe_flwr/accelerator.py);
+        # a head the CUs train (head_on_server: false) is only averaged here and stays on the CPU
+        device = resolve_device(cfg.runtime.head_device, "runtime.server_device")
+        if cfg.method.head_on_server:
+            model.head.to(device)
+        precision = resolve_precision(cfg.runtime.precision, device.type)
         dp = cfg.dataplane
         decoder = DecoderService.start(
             model.head,
@@ -119,7 +125,7 @@ class ServerState:
             GlobalModel(model, cfg.method, server_optimizer),
             planner,
             decoder,
-            Evaluator(task, cfg.eval, precision, decoder),
+            Evaluator(task, cfg.eval, precision, decoder, device),
         )
 
     @property

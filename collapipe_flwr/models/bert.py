@@ -121,7 +121,7 @@ class CRFTokenClassificationHead(TokenClassificationHead):
         else:
             keep = attention_mask.bool().clone()
             keep[:, 0] = False
-            keep[torch.arange(keep.shape[0]), attention_mask.sum(1) - 1] = False
+            keep[torch.arange(keep.shape[0], device=keep.device), attention_mask.sum(1) - 1] = False
         emissions, mask, source = pack_left(self.logits(hidden), keep)
         out = torch.zeros(keep.shape, dtype=torch.long, device=hidden.device)
         for row, path in enumerate(self.crf.viterbi(emissions, mask)):

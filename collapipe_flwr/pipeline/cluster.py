@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from collapipe_flwr.accelerator import to_host
 from collapipe_flwr.errors import ConfigError, PartitionError
 from collapipe_flwr.models.split import concat_segments, renumber_blocks, segment_bounds, validate_partition
 from collapipe_flwr.pipeline.executors import BACKENDS, Stages, open_stages
@@ -31,7 +32,7 @@ from collapipe_flwr.pipeline.microbatch import batch_size, split_batch
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles
 from collapipe_flwr.pipeline.timings import StepTimings
-from collapipe_flwr.precision import autocast
+from collapipe_flwr.precision import autocast, resolve_precision
 from collapipe_flwr.system.devices import DeviceProfile
 
 HeadFn = Callable[[list[torch.Tensor], list[dict]], tuple[float, list[torch.Tensor]]]
@@ -59,7 +60,9 @@ class ClusterPipeline:
     (runtime.actor_num_cpus, 0 so actors schedule inside a Flower simulation), ``actor_threads`` (torch
     threads per actor, default ``executors.default_actor_threads(S)`` = ``max(1, (usable cores - 1) // S)``),
     ``name`` (prefix of error messages), ``actor_prefix`` / ``detached`` (named, detached Ray actors that
-    later rounds and other processes of the CU find again), ``precision``, ``prestart`` (start every
+    later rounds and other processes of the CU find again), ``precision``, ``device`` / ``actor_num_gpus``
+    (runtime.device / runtime.actor_num_gpus: where the stages compute, collapipe_flwr/accelerator.py; the
+    embedding stays on the CU's CPU), ``prestart`` (start every
     device's actor now, so a later plan that uses it pays no start-up), ``pin_threads``
     (runtime.pin_threads: ``auto | true | false``, each device actor on its own cores,
     ``executors.core_sets``). Everything backend-specific goes through the
@@ -88,6 +91,8 @@ class ClusterPipeline:
         actor_prefix: str = "",
         detached: bool = False,
         precision: str = "fp32",
+        device: str = "cpu",
+        actor_num_gpus: float = 0.0,
         prestart: bool = False,
         pin_threads: str = "false",
     ) -> None:
@@ -108,7 +113,7 @@ class ClusterPipeline:
         self.timeout_s = float(timeout_s)
         self.name = name
         self.actor_num_cpus = float(actor_num_cpus)
-        self.precision = precision
+        self.precision = resolve_precision(precision, "cpu")  # the CU's embedding runs on the CU's CPU
         self.num_blocks = len(blocks)
         self._encoder_keys = list(blocks.state_dict())
         self._template = copy.deepcopy(blocks[0]) if len(blocks) else None
@@ -118,7 +123,9 @@ class ClusterPipeline:
         self._stages: Stages = open_stages(
             backend,
             optimizer,
-            precision=precision,
+            precision=precision,  # each stage resolves it for its own device
+            device=device,
+            num_gpus=actor_num_gpus,
             num_devices=len(self.devices) if self.devices else len(self.delta),
             segments=len(self._bounds),
             address=self.ray_address,
@@ -294,7 +301,7 @@ class ClusterPipeline:
                 else:
                     x = handles[(i, k - 1)]
                 handles[(i, k)] = st.submit(k, "forward", i, x, mask_refs[i])
-        z_enc = [st.get(handles[(i, S - 1)], S - 1) for i in range(m)]
+        z_enc = [to_host(st.get(handles[(i, S - 1)], S - 1)) for i in range(m)]  # the head is across a wire
         t_fwd = time.perf_counter()
 
         loss, grads = head(z_enc, micro)
@@ -309,7 +316,7 @@ class ClusterPipeline:
                 ghandles[(i, k)] = st.submit(k, "backward", i, g)
         for i in reversed(range(m)):
             grad_in = st.get(ghandles[(i, 0)], 0)
-            embedded[i].backward(grad_in)
+            embedded[i].backward(grad_in.to(embedded[i].device))
         t_bwd = time.perf_counter()
 
         steps = [st.submit(s, "step", float(lr_factor)) for s in range(S)]

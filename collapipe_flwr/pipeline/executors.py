@@ -143,6 +143,8 @@ def open_stages(
     optimizer: OptimizerSpec,
     *,
     precision: str = "fp32",
+    device: str = "cpu",
+    num_gpus: float = 0.0,
     num_devices: int = 0,
     segments: int = 1,
     address: str | None = None,
@@ -157,9 +159,11 @@ def open_stages(
 ) -> Stages:
     """The (empty) stages of one cluster on ``backend``; the Ray-only options are ignored locally.
     ``threads`` (torch threads per actor) defaults to ``default_actor_threads(segments)``, or to the size
-    of the actor's core set when ``pin`` (runtime.pin_threads) pins it (:func:`core_sets`)."""
+    of the actor's core set when ``pin`` (runtime.pin_threads) pins it (:func:`core_sets`); ``device``
+    (runtime.device) is resolved by each stage in its own process, ``num_gpus`` (runtime.actor_num_gpus) is
+    the GPU fraction Ray reserves per actor when that device is not cpu."""
     if backend == "local":
-        return LocalStages([], optimizer, precision=precision)
+        return LocalStages([], optimizer, precision=precision, device=device)
     if backend == "ray":
         return RayStages(
             [],
@@ -175,6 +179,8 @@ def open_stages(
             prefix=prefix,
             detached=detached,
             precision=precision,
+            device=device,
+            num_gpus=num_gpus,
             num_devices=num_devices,
         )
     raise ConfigError(f"runtime.backend={backend!r} must be one of {', '.join(BACKENDS)}")
@@ -191,9 +197,12 @@ class LocalStages:
 
     backend = "local"
 
-    def __init__(self, specs: Sequence[StageSpec], optimizer: OptimizerSpec, precision: str = "fp32") -> None:
+    def __init__(
+        self, specs: Sequence[StageSpec], optimizer: OptimizerSpec, precision: str = "fp32", device: str = "cpu"
+    ) -> None:
         self.optimizer = optimizer
         self.precision = precision
+        self.device = device
         self.devices: dict[int, Stage] = {}
         self.place(specs)
 
@@ -210,6 +219,7 @@ class LocalStages:
                     slowdown=slowdown,
                     offset=offset,
                     precision=self.precision,
+                    device=self.device,
                 )
             elif segment is not None:
                 self.devices[k].load_segment(segment, state, slowdown, offset)
@@ -309,6 +319,15 @@ def ensure_ray(address: str | None = None) -> None:
         ray.init(**kwargs)
 
 
+def creation_error(err: BaseException) -> str:
+    """The last ``...Error: message`` line of a Ray actor's creation failure ("" when there is none): e.g. a
+    ConfigError raised in the actor's constructor (runtime.device=cuda on a box without a GPU)."""
+    for line in reversed(str(err).splitlines()):
+        if "Error: " in line:
+            return line.strip()
+    return ""
+
+
 def device_resources(pattern: str, k: int) -> dict[str, Any]:
     """Ray actor options that pin device k's actor to the node offering the custom resource
     ``pattern.format(k=k)`` (runtime.device_resource); {} = Ray's default scheduling."""
@@ -343,6 +362,8 @@ class RayStages:
         prefix: str = "",
         detached: bool = False,
         precision: str = "fp32",
+        device: str = "cpu",
+        num_gpus: float = 0.0,
         num_devices: int = 0,
     ) -> None:
         import ray
@@ -361,6 +382,8 @@ class RayStages:
         self.prefix = prefix
         self.detached = bool(detached)
         self.precision = precision
+        self.device = device
+        self.num_gpus = float(num_gpus) if device != "cpu" else 0.0
         self.devices: dict[int, DeviceActor] = {}
         self._submitted: list[tuple[Any, int]] = []  # (ObjectRef, stage)
         self.num_devices = max(num_devices, 1 + max((spec[0] for spec in specs), default=0))
@@ -391,6 +414,8 @@ class RayStages:
         for k, segment, state, slowdown, offset in specs:
             if k not in self.devices:
                 options: dict[str, Any] = {"num_cpus": self.num_cpus, "max_restarts": 0}
+                if self.num_gpus:
+                    options["num_gpus"] = self.num_gpus
                 options.update(device_resources(self.device_resource, k))
                 if self.prefix:
                     options.update(name=actor_name(self.prefix, k), namespace=NAMESPACE, get_if_exists=True)
@@ -405,6 +430,8 @@ class RayStages:
                     slowdown=slowdown,
                     offset=offset,
                     precision=self.precision,
+                    device=self.device,
+                    host_io=True,
                 )
                 started.append(k)
             if segment is not None:
@@ -429,10 +456,12 @@ class RayStages:
                     "runtime.device_resource, that a node offers its resource)",
                     device=k,
                 ) from None
-            except ray.exceptions.RayActorError:
+            except ray.exceptions.RayActorError as err:
                 self.shutdown()
+                cause = creation_error(err)
                 raise DeviceFailure(
-                    f"{self.where}device {k}'s Ray actor failed to start; see the Ray worker log for the cause",
+                    f"{self.where}device {k}'s Ray actor failed to start"
+                    + (f": {cause}" if cause else "; see the Ray worker log for the cause"),
                     device=k,
                 ) from None
         if pin and self.actors and self.pin_mode != "false":

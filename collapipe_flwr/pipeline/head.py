@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from collapipe_flwr.accelerator import batch_to, module_device
 from collapipe_flwr.models.split import TaskHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.precision import autocast
@@ -37,12 +38,17 @@ def head_step(
 
     The step is refused (ValueError, the head's weights and optimizer state untouched) unless the loss and
     every gradient are finite: one bad batch must not poison a decoder that every CU shares.
+
+    The head computes on its own device (``runtime.server_device``): inputs are moved there and each
+    gradient is returned on the device its ``z_enc[i]`` came from.
     """
     if len(z_enc) != len(micro_batches):
         raise ValueError(f"{len(z_enc)} encoder outputs for {len(micro_batches)} micro-batches")
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
-    leaves = [z.detach().requires_grad_(True) for z in z_enc]
+    device = module_device(head)
+    leaves = [z.detach().to(device).requires_grad_(True) for z in z_enc]
+    micro_batches = [batch_to(mb, device) for mb in micro_batches]
     sums, counts = [], []
     for z, mb in zip(leaves, micro_batches):
         loss_sum, count = head.loss_terms(z, mb["attention_mask"], mb)
@@ -55,7 +61,7 @@ def head_step(
     for loss_sum in sums:
         (loss_sum / denom).backward()
     loss = float(sum(float(s.detach()) for s in sums) / float(total))
-    grads = [z.grad if z.grad is not None else torch.zeros_like(z) for z in leaves]
+    grads = [(z.grad if z.grad is not None else torch.zeros_like(z)).to(src.device) for z, src in zip(leaves, z_enc)]
     if (
         not math.isfinite(loss)
         or not all(bool(torch.isfinite(g).all()) for g in grads)
@@ -91,7 +97,7 @@ class LocalHead:
         self.head.train()
         if self.optimizer is not None:
             scale_lr(self.optimizer, self._base_lrs, self.lr_factor)
-        with autocast(self.precision):
+        with autocast(self.precision, module_device(self.head).type):
             return head_step(self.head, self.optimizer, z_enc, micro_batches)
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from collapipe_flwr.accelerator import DEVICES
 from collapipe_flwr.precision import PRECISIONS
 from collapipe_flwr.spec_parsing import require, typed
 
@@ -25,6 +26,11 @@ class RuntimeSpec:
     '{"device_0": 1}'``); "" leaves placement to Ray's scheduler (one machine, a simulation);
     prestart_devices: start every device actor of a cluster with its first round (idle ones hold no
     blocks), so a later plan that adds a device pays no process start-up inside its round;
+    device: where each device stage computes, ``cpu`` | ``cuda`` | ``auto`` (cuda where the stage's process
+    sees a GPU), resolved inside the stage's process (collapipe_flwr/accelerator.py);
+    server_device: the same for the server's decoder / head and evaluation ("" = ``device``);
+    actor_num_gpus: the GPU fraction Ray reserves per device actor when its device is a GPU (0.25: four
+    stages share one GPU); 0 reserves none (every actor uses the first GPU it sees);
     pin_threads: ``auto`` (each device actor of a CU on its own cores when the CU's host has at least S;
     see ``executors.core_sets``) | ``true`` (also with fewer cores, round-robin) | ``false`` (no pinning,
     the default: a CU pins without seeing other CUs' actors, so CUs sharing a host, as in the simulation,
@@ -39,6 +45,9 @@ class RuntimeSpec:
     precision: str = "auto"
     prestart_devices: bool = True
     device_resource: str = ""
+    device: str = "cpu"
+    server_device: str = ""
+    actor_num_gpus: float = 0.0
     pin_threads: str = "false"
 
     def __post_init__(self) -> None:
@@ -48,6 +57,16 @@ class RuntimeSpec:
         )
         require(self.backend in BACKENDS, f"runtime.backend={self.backend!r} must be one of {', '.join(BACKENDS)}")
         require(self.actor_num_cpus >= 0, "runtime.actor_num_cpus must be >= 0")
+        require(self.device in DEVICES, f"runtime.device={self.device!r} must be one of {', '.join(DEVICES)}")
+        require(
+            self.server_device in ("", *DEVICES),
+            f"runtime.server_device={self.server_device!r} must be one of {', '.join(DEVICES)} "
+            "(or empty: runtime.device)",
+        )
+        require(
+            0 <= self.actor_num_gpus <= 1,
+            f"runtime.actor_num_gpus={self.actor_num_gpus} must be in [0, 1] (a GPU fraction per device actor)",
+        )
         require(self.device_timeout_s > 0, "runtime.device_timeout_s must be > 0")
         require(self.torch_threads >= 1, "runtime.torch_threads must be >= 1")
         require(
@@ -59,6 +78,11 @@ class RuntimeSpec:
             f"runtime.device_resource={self.device_resource!r} must contain {{k}} (the device index), "
             "e.g. device_{k}",
         )
+
+    @property
+    def head_device(self) -> str:
+        """The server's decoder / head device setting (``server_device``, else ``device``)."""
+        return self.server_device or self.device
 
     def to_raw(self) -> dict[str, Any]:
         return asdict(self)

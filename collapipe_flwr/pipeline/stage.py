@@ -8,6 +8,12 @@ micro-batches; ``step`` applies one optimizer update (GPipe's synchronous update
 Emulation (optional): after each forward/backward the stage sleeps ``(slowdown - 1) x`` its compute
 time, so a device with relative throughput phi_k f_k / max_j(phi_j f_j) = 1 / slowdown takes
 ``slowdown`` times as long as the fastest device would (eq. (15)'s delta_k (b_hat o_l + o'_l) / (phi_k f_k)).
+
+Accelerator (``runtime.device``): the stage resolves ``device`` (auto | cpu | cuda) and ``precision`` in its
+own process, holds its segment and optimizer state there, and moves each incoming activation / gradient
+onto it. With ``host_io`` (a Ray actor: what it returns crosses a process) its outputs go back as CPU
+tensors; in-process stages hand device tensors straight to the next stage. Weights and optimizer state
+leave as CPU tensors (aggregation, checkpoints, moving blocks between devices).
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ import time
 import torch
 from torch import nn
 
+from collapipe_flwr.accelerator import resolve_device, to_host
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
-from collapipe_flwr.precision import autocast
+from collapipe_flwr.precision import autocast, resolve_precision
 
 
 class _NoOptimizer:
@@ -47,10 +54,14 @@ class Stage:
         slowdown: float = 1.0,
         offset: int = 0,
         precision: str = "fp32",
+        device: str = "cpu",
+        host_io: bool = False,
     ) -> None:
         self.device_index = device_index
         self.optimizer_spec = optimizer
-        self.precision = precision
+        self.device = resolve_device(device)
+        self.host_io = bool(host_io)
+        self.precision = resolve_precision(precision, self.device.type)
         self.load_segment(segment, optimizer_state, slowdown, offset)
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
         self._live_activation_bytes = 0
@@ -61,7 +72,7 @@ class Stage:
     def load_segment(self, segment: nn.ModuleList, optimizer_state: dict | None, slowdown: float, offset: int) -> int:
         """Hold ``segment`` (blocks ``offset .. offset + len - 1`` of the encoder) from now on: used when the
         CU moves blocks between live devices (a new delta), so the actor process is never restarted."""
-        self.segment = segment
+        self.segment = segment.to(self.device)
         self.segment.train()
         self.offset = int(offset)
         self.reset_optimizer()
@@ -94,10 +105,11 @@ class Stage:
     def forward(self, mb_index: int, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """z^{s+1} = segment(z^s) for micro-batch ``mb_index``; keeps the graph for :meth:`backward`."""
         start = time.perf_counter()
-        leaf = x.detach().requires_grad_(True)
+        leaf = x.detach().to(self.device).requires_grad_(True)
+        attention_mask = attention_mask.to(self.device)
         with SavedTensorMeter(exclude=self.segment.parameters()) as meter:
             hidden = leaf
-            with autocast(self.precision):
+            with autocast(self.precision, self.device.type):
                 for block in self.segment:
                     hidden = block(hidden, attention_mask)
             hidden = hidden.to(leaf.dtype)  # stages exchange the input's dtype whatever the compute precision
@@ -105,7 +117,7 @@ class Stage:
         self._live_activation_bytes += meter.bytes
         self.peak_activation_bytes = max(self.peak_activation_bytes, self._live_activation_bytes)
         self._account(start, "F", mb_index)
-        return hidden.detach()
+        return self._out(hidden.detach())
 
     def backward(self, mb_index: int, grad_out: torch.Tensor) -> torch.Tensor:
         """dL/dz^s from dL/dz^{s+1} for micro-batch ``mb_index``; accumulates the segment's gradients."""
@@ -113,11 +125,14 @@ class Stage:
         if mb_index not in self._pending:
             raise RuntimeError(f"device {self.device_index}: backward of micro-batch {mb_index} without its forward")
         leaf, out, saved = self._pending.pop(mb_index)
-        torch.autograd.backward(out, grad_out)
+        torch.autograd.backward(out, grad_out.to(self.device))
         self._live_activation_bytes -= saved
         grad_in = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         self._account(start, "B", mb_index)
-        return grad_in
+        return self._out(grad_in)
+
+    def _out(self, tensor: torch.Tensor) -> torch.Tensor:
+        return to_host(tensor) if self.host_io else tensor
 
     def step(self, lr_factor: float = 1.0) -> float:
         """One optimizer update of theta^s with the gradients of all m micro-batches at ``lr_factor`` times
@@ -128,6 +143,8 @@ class Stage:
         return self.compute_seconds
 
     def _account(self, start: float, kind: str, mb_index: int) -> None:
+        if self.device.type == "cuda":  # the kernels queued so far are this call's compute time
+            torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
         if self.slowdown > 1.0:
             time.sleep((self.slowdown - 1.0) * elapsed)
@@ -143,7 +160,7 @@ class Stage:
     # -- state ------------------------------------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
         """theta^s with local block numbers ``"{j}.{param}"`` (see ``models.split.concat_segments``)."""
-        return {k: v.detach().clone() for k, v in self.segment.state_dict().items()}
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.segment.state_dict().items()}
 
     def set_weights(self, state: dict[str, torch.Tensor]) -> None:
         self.segment.load_state_dict(state, strict=True)
@@ -152,14 +169,19 @@ class Stage:
         """Optimizer state per local parameter name (for moving blocks between devices)."""
         names = {id(p): n for n, p in self.segment.named_parameters()}
         return {
-            names[id(p)]: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}
+            names[id(p)]: {k: (v.to("cpu", copy=True) if torch.is_tensor(v) else v) for k, v in s.items()}
             for p, s in self.optimizer.state.items()
         }
 
     def load_optimizer_state(self, state: dict[str, dict]) -> None:
         for name, p in self.segment.named_parameters():
             if name in state:
-                self.optimizer.state[p] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in state[name].items()}
+                # as torch.optim.Optimizer.load_state_dict does: state on the parameter's device, except the
+                # step counter, which non-capturable optimizers keep on the CPU
+                self.optimizer.state[p] = {
+                    k: (v.to(v.device if k == "step" else p.device, copy=True) if torch.is_tensor(v) else v)
+                    for k, v in state[name].items()
+                }
 
     def memory_report(self) -> dict:
         params = param_bytes(self.segment)

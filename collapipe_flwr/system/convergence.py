@@ -55,3 +55,16 @@ class ConvergenceParams:
 def queue_update(Y, gamma, gamma_max):
     """Y_n(t+1) = max(Y_n(t) + Gamma_n^t - Gamma^max, 0) (eq. 29)."""
     return np.maximum(np.asarray(Y, dtype=float) + np.asarray(gamma, dtype=float) - gamma_max, 0.0)
+
+
+def fair_share_gamma(params: ConvergenceParams, S: int, power_w: float, gain: float, interference_w: float, J: int):
+    """Gamma of eq. (28) averaged over the N clusters when the J channels are shared out equally:
+    (J'/N) Gamma(S, p, h, I) + (1 - J'/N) Gamma(S, 0, h, I), J' = min(J, N); an idle CU sends nothing (p = 0).
+
+    The reading of Gamma^max used by conf/scheduler/*.yaml (docs/system_model.md): Gamma^max = 1.07 x this
+    at S = 1, p = P_n^max and the mean channel, so a plan that pipelines over more devices (S > 1), a bad fade or
+    a CU left out too often pushes Gamma_n above Gamma^max and its queue Y_n grows (C10 binds)."""
+    share = min(J, params.num_clusters) / params.num_clusters
+    sent = params.gamma(S, power_w, gain, interference_w)
+    idle = params.gamma(S, 0.0, gain, interference_w)
+    return float(share * sent + (1 - share) * idle)

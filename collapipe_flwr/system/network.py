@@ -34,6 +34,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
         "energy_max_j",
         "availability",
         "effective_capacitance",
+        "per_microbatch_s",
     ),
     "cu": ("memory_bytes",),
 }
@@ -60,6 +61,8 @@ class NetworkSpec:
     cu_power_max_w = P_n^max (C6), cu_energy_max_j = E_n^max (C8), device_energy_max_j = E_k^max (C9).
     availability: (lo, hi) of the per-round fraction of f_k a device gives to training, f_k(t).
     effective_capacitance: kappa of the CMOS energy model kappa * cycles * f^2 (eq. 16).
+    per_microbatch_s: c0, the fixed time one stage spends per micro-batch besides its FLOPs (launch and
+    hand-off of one chunk, measured by benchmarks/microbatch_cost.py); added to every chunk of eq. (15).
     """
 
     name: str
@@ -82,6 +85,7 @@ class NetworkSpec:
     effective_capacitance: float
     cu_memory_bytes: float = 3e9
     d2d_latency_s: float = 0.0
+    per_microbatch_s: float = 0.0
     # the conf/network mapping this spec was drawn from (to_raw): the same mapping draws the same network
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -181,6 +185,11 @@ class NetworkSpec:
             ),
             cu_memory_bytes=_number(cu, "memory_bytes", "network.cu.memory_bytes", positive=True),
             d2d_latency_s=_number(dd, "latency_s", "network.d2d.latency_s", nonneg=True) if "latency_s" in dd else 0.0,
+            per_microbatch_s=(
+                _number(dev, "per_microbatch_s", "network.device.per_microbatch_s", nonneg=True)
+                if "per_microbatch_s" in dev
+                else 0.0
+            ),
             source=copy.deepcopy(dict(network)),
         )
 

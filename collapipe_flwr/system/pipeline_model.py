@@ -2,8 +2,9 @@
 
 Reading chosen (docs/system_model.md explains why):
 * one chunk of stage k = forward + backward of one micro-batch on its delta_k blocks plus its D2D
-  hand-off: ``chunk_k = delta_k * b_hat * (o_l + o'_l) / (phi_k f_k(t)) + tau_k^dd`` with o_l, o'_l the
-  per-sample forward/backward FLOPs of one TEB and b_hat = ceil(b/m) the largest micro-batch;
+  hand-off: ``chunk_k = delta_k * b_hat * (o_l + o'_l) / (phi_k f_k(t)) + c0 + tau_k^dd`` with o_l, o'_l the
+  per-sample forward/backward FLOPs of one TEB, b_hat = ceil(b/m) the largest micro-batch and c0 the fixed
+  per-micro-batch cost of a stage (network.device.per_microbatch_s; 0 gives eq. 15 as printed);
 * a GPipe round of S stages and m micro-batches lasts (S + m - 1) clocks of the slowest chunk
   (eq. 15). Every selected device hands its output on over D2D (the last one to its CU, which relays
   z_enc to the server), so no hop is subtracted and the delay does not depend on the device order,

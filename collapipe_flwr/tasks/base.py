@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from collapipe_flwr.accelerator import batch_to, module_device
 from collapipe_flwr.errors import ConfigError, DataFormatError
 from collapipe_flwr.tasks.batching import batch_order
 from collapipe_flwr.tasks.partition import partition_indices
@@ -199,7 +200,7 @@ class Task(ABC):
             feats = self.features(split)
             for start in range(0, len(indices), batch_size):
                 chunk = indices[start : start + batch_size]
-                batch = self.collate([feats[i] for i in chunk])
+                batch = batch_to(self.collate([feats[i] for i in chunk]), module_device(model.embedding))
                 hidden = model.encode(batch["input_ids"], batch["attention_mask"])
                 s, c = model.head.loss_terms(hidden, batch["attention_mask"], batch)
                 loss_sum += float(s)

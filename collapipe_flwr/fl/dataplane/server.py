@@ -35,6 +35,7 @@ from concurrent import futures
 import grpc
 import torch
 
+from collapipe_flwr.accelerator import module_device
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.auth import KeyInterceptor, identity_of, key_matches
 from collapipe_flwr.fl.dataplane.checks import check_step
@@ -431,7 +432,7 @@ class DecoderHost:
         if self._lr_schedule is not None and self.optimizer is not None:
             scale_lr(self.optimizer, self._base_lrs, self._lr_schedule(req.round, req.seq))
         try:
-            with autocast(self.precision):
+            with autocast(self.precision, module_device(self.head).type):
                 return head_step(self.head, self.optimizer, req.z_enc, req.micro_batches, terms)
         except DataPlaneError:
             raise

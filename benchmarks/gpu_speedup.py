@@ -1,0 +1,112 @@
+"""GPU against CPU on this machine (issue 16): the server's decoder / head step, and a whole federated round.
+
+Prints ``name: value`` lines:
+- cuda_available: 1 or 0. Without CUDA nothing else is measured (the figures stay open; the CPU path is
+  what every other benchmark measures).
+- decoder_step_cpu_ms / decoder_step_gpu_ms / decoder_step_gpu_speedup: one ``head_step`` (forward, loss,
+  backward, optimizer step) of the server's head for ``--overrides`` (default ``task=classification
+  model=bert_base``) on a real training batch of b = task.batch_size with z_enc drawn at random; median over
+  ``--steps`` steps after one warm-up, the GPU timed with ``torch.cuda.synchronize``.
+- round_cpu_s / round_gpu_s / round_gpu_speedup (with ``--round``): the mean measured round time
+  (``measured_s.round_s`` of its rounds.jsonl) of ``collapipe run`` with ``preset='smoke'`` and
+  2 CUs, all stages and the server on the CPU, then on the one GPU (``device='cuda'``, stages sharing it
+  through ``runtime.actor_num_gpus=0.25``).
+
+Run: ``python benchmarks/gpu_speedup.py [--round] [--overrides "task=translation model=transformer_small"]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from collapipe_flwr import wiring  # noqa: E402
+from collapipe_flwr.config import load_run_config  # noqa: E402
+from collapipe_flwr.pipeline.head import head_step  # noqa: E402
+
+
+def decoder_step_ms(overrides: list[str], device: str, steps: int) -> float:
+    """Median ms of one head_step on ``device`` (model sizes and b from the config)."""
+    cfg = load_run_config(overrides)
+    task = wiring.build_task(cfg)
+    torch.manual_seed(0)
+    model = wiring.build_model(task, cfg)
+    head = model.head.to(device)
+    optimizer = wiring.optimizer_spec(cfg).build(head.parameters())
+    b = wiring.batch_size(cfg)
+    batch = next(iter(task.batches(list(range(b)), b, seed=0, shuffle=False)))
+    z = torch.randn(*batch["input_ids"].shape, cfg.model.width)
+    times = []
+    for i in range(steps + 1):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        head_step(head, optimizer, [z], [batch])
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if i:  # the first step warms up (allocator, kernels)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def round_seconds(device: str, workdir: Path) -> float:
+    """Mean measured round time of a smoke ``collapipe run`` with every role on ``device``."""
+    out = workdir / f"run-{device}"
+    overrides = "runtime.actor_num_gpus=0.25" if device == "cuda" else ""
+    cmd = [
+        sys.executable,
+        "-m",
+        "collapipe_flwr",
+        "run",
+        "--run-config",
+        f"preset='smoke' num-clusters=2 device='{device}' output-dir='{out}' run-name='r'",
+    ]
+    if overrides:
+        cmd += ["--run-config", f"overrides='{overrides}'"]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+    rounds = [json.loads(line) for line in (out / "r" / "rounds.jsonl").read_text().splitlines() if line.strip()]
+    measured = [r["measured_s"]["round_s"] for r in rounds if r.get("measured_s", {}).get("round_s")]
+    return sum(measured) / len(measured)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--overrides", default="task=classification model=bert_base")
+    parser.add_argument("--steps", type=int, default=3, help="timed decoder steps per device (after one warm-up)")
+    parser.add_argument("--round", action="store_true", help="also time a whole smoke federated round per device")
+    args = parser.parse_args()
+    has_cuda = torch.cuda.is_available()
+    print(f"cuda_available: {int(has_cuda)}")
+    if not has_cuda:
+        print("# no CUDA GPU visible: the GPU figures are not measured on this machine", file=sys.stderr)
+        return
+    torch.set_num_threads(2)
+    overrides = args.overrides.split()
+    cpu = decoder_step_ms(overrides, "cpu", args.steps)
+    gpu = decoder_step_ms(overrides, "cuda", max(args.steps, 10))
+    print(f"decoder_step_cpu_ms: {cpu:.2f}")
+    print(f"decoder_step_gpu_ms: {gpu:.3f}")
+    print(f"decoder_step_gpu_speedup: {cpu / gpu:.2f}")
+    if args.round:
+        with tempfile.TemporaryDirectory(prefix="cp-gpu-") as tmp:
+            cpu_s = round_seconds("cpu", Path(tmp))
+            gpu_s = round_seconds("cuda", Path(tmp))
+        print(f"round_cpu_s: {cpu_s:.2f}")
+        print(f"round_gpu_s: {gpu_s:.2f}")
+        print(f"round_gpu_speedup: {cpu_s / gpu_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Where a role's tensors compute: ``runtime.device`` (``auto`` | ``cpu`` | ``cuda``), resolved in the process
+that does the work.
+
+Roles and their keys (conf/config.yaml):
+
+* each device stage (a Ray actor or an in-process stage): ``runtime.device``, resolved *inside* the actor,
+  so a CU box without a GPU can drive device boxes that have one; with ``runtime.actor_num_gpus`` > 0 Ray
+  gives each actor that fraction of a GPU (several stages can share one GPU);
+* the server's decoder / task head and the server's evaluation: ``runtime.server_device`` ("" = the same
+  as ``runtime.device``);
+* ``train_central`` and ``evaluate``: ``--device``.
+
+The CU's embedding stays on the CU's CPU (a control unit is a small edge box). Activations cross between
+stages (through Ray's object store) and over the data plane as CPU tensors; inside one process they stay
+on the device. CPU stays the default on a machine without CUDA: ``auto`` resolves to ``cpu`` there and
+nothing moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from collapipe_flwr.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(name: str, key: str = "runtime.device") -> torch.device:
+    """``auto`` -> cuda when this process sees a CUDA GPU, else cpu; ``cuda`` without one is a ConfigError."""
+    if name not in DEVICES:
+        raise ConfigError(f"{key}={name!r} must be one of {', '.join(DEVICES)}")
+    if name == "cpu":
+        return torch.device("cpu")
+    available = torch.cuda.is_available()
+    if name == "auto" and not available:
+        return torch.device("cpu")
+    if not available:
+        raise ConfigError(
+            f"{key}=cuda but this process sees no CUDA GPU (torch {torch.__version__}, "
+            f"CUDA build: {torch.version.cuda or 'none'}); use {key}=auto or cpu, or install a CUDA build of torch"
+        )
+    return torch.device("cuda", torch.cuda.current_device())  # indexed, so it compares equal to a parameter's
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """The device of ``module``'s first parameter (cpu for a module without parameters)."""
+    for param in module.parameters():
+        return param.device
+    return torch.device("cpu")
+
+
+def batch_to(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    """``batch`` with every tensor on ``device`` (non-tensor values kept); no copy when already there."""
+    non_blocking = device.type == "cuda"
+    return {k: (v.to(device, non_blocking=non_blocking) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the CPU (what crosses a process boundary); the same tensor when it is there already."""
+    return tensor if tensor.device.type == "cpu" else tensor.to("cpu")

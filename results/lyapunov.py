@@ -1,0 +1,146 @@
+"""Lyapunov control at work (eqs. 28-29, C10): Y_n over rounds and the V trade-off, optimizer only.
+
+    python results/lyapunov.py [--rounds 200] [--out results/lyapunov] [hydra overrides ...]
+
+Drives the DSSRA policy (``scheduler=dssra``, the default config: network ``small``, N = 2 CUs, the
+transformer_small encoder counted on generic blocks, b = 64, one pipelined batch a round as in Algorithm 1:
+``federation.local_steps=1`` unless overridden)
+over ``--rounds`` rounds of the system model's random channels (``StateSampler``), once per V in
+{0.01, 1, 10, 100}, with the same channel draws for every V. No training.
+
+Writes OUT/queues.png (Y_n over rounds, one panel per V), OUT/v_tradeoff.png (mean modelled round delay
+vs the worst cluster's time-average Gamma_n, the quantity C10 bounds, one point per V, Gamma^max dashed),
+OUT/lyapunov.csv (round, V, n, S_n, m_n, Gamma_n, Y_n, delay) and prints ``name: value`` lines: per V
+the mean delay, mean Gamma, the worst cluster's mean Gamma_n, the share of rounds in which some Y_n > 0
+(C10 binding) and the largest Y_n.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from collapipe_flwr.config import load_run_config  # noqa: E402
+from collapipe_flwr.dssra.policies import make_policy  # noqa: E402
+from collapipe_flwr.simulate import generic_workload  # noqa: E402
+from collapipe_flwr.system.state import StateSampler  # noqa: E402
+
+V_VALUES = (0.01, 1.0, 10.0, 100.0)
+
+
+def config_workload(cfg):
+    """The configured encoder (sizes, L, b, max_len, local steps) counted on generic Transformer blocks."""
+    sizes = cfg.model.sizes
+    layers = sizes.get("enc_layers", sizes.get("layers"))
+    return generic_workload(
+        cfg.model.width,
+        sizes["n_heads"],
+        sizes["d_ff"],
+        layers,
+        cfg.task.max_len,
+        cfg.task.batch_size,
+        cfg.federation.local_steps,
+    )
+
+
+def drive(cfg, workload, V: float, rounds: int) -> list[dict]:
+    """One row per (round, cluster): the plan's S, m, Gamma_n, the queue Y_n it was planned with, the delay."""
+    sched = dataclasses.replace(cfg.scheduler, V=V)
+    policy = make_policy(sched, cfg.network, workload, cfg.seed)
+    sampler = StateSampler(cfg.network, cfg.seed)
+    rows = []
+    for t in range(rounds):
+        plan = policy.plan(t, sampler.sample(t))
+        for c, mod in zip(plan.clusters, plan.modelled["clusters"]):
+            rows.append(
+                {
+                    "round": t,
+                    "V": V,
+                    "n": c.cluster,
+                    "S": c.S,
+                    "m": c.m,
+                    "gamma": mod["gamma"],
+                    "Y": mod["Y"],
+                    "delay": plan.modelled["round_delay_s"],
+                }
+            )
+        policy.observe(plan, {})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml")
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "lyapunov")
+    args = ap.parse_args(argv)
+    cfg = load_run_config(["scheduler=dssra", "federation.local_steps=1", *args.overrides])
+    workload = config_workload(cfg)
+    runs = {V: drive(cfg, workload, V, args.rounds) for V in V_VALUES}
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "lyapunov.csv", "w") as fh:
+        fh.write("round,V,n,S,m,gamma,Y,delay_s\n")
+        for rows in runs.values():
+            for r in rows:
+                fh.write(
+                    f"{r['round']},{r['V']:g},{r['n']},{r['S']},{r['m']},{r['gamma']:.6g},{r['Y']:.6g},"
+                    f"{r['delay']:.6g}\n"
+                )
+    gamma_max = cfg.scheduler.gamma_max
+    print(f"gamma_max: {gamma_max:g}")
+    print(f"rounds: {args.rounds}")
+    summary = {}
+    for V, rows in runs.items():
+        per_round = {}
+        for r in rows:
+            per_round.setdefault(r["round"], []).append(r)
+        delay = np.mean([rs[0]["delay"] for rs in per_round.values()])
+        gamma = np.mean([r["gamma"] for r in rows])
+        binding = np.mean([any(r["Y"] > 0 for r in rs) for rs in per_round.values()])
+        # C10 is per cluster: (1/T) sum_t Gamma_n^t <= Gamma^max; the worst cluster's time average
+        worst = max(np.mean([r["gamma"] for r in rows if r["n"] == n]) for n in {r["n"] for r in rows})
+        summary[V] = (delay, worst)
+        print(f"mean_delay_s_V{V:g}: {delay:.3f}")
+        print(f"mean_gamma_V{V:g}: {gamma:.5g}")
+        print(f"worst_cluster_mean_gamma_V{V:g}: {worst:.5g}")
+        print(f"mean_S_V{V:g}: {np.mean([r['S'] for r in rows]):.3f}")
+        print(f"share_rounds_Y_positive_V{V:g}: {binding:.3f}")
+        print(f"max_Y_V{V:g}: {max(r['Y'] for r in rows):.5g}")
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after choosing the headless backend
+
+    N = cfg.network.num_clusters
+    fig, axes = plt.subplots(1, len(V_VALUES), figsize=(3.2 * len(V_VALUES), 3), sharey=False)
+    for ax, (V, rows) in zip(axes, runs.items()):
+        for n in range(N):
+            ys = [r["Y"] for r in rows if r["n"] == n]
+            ax.plot(range(len(ys)), ys, label=f"Y_{n}")
+        ax.set_title(f"V = {V:g}")
+        ax.set_xlabel("round t")
+    axes[0].set_ylabel("virtual queue Y_n(t) (eq. 29)")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(args.out / "queues.png", dpi=120)
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for V, (delay, gamma) in summary.items():
+        ax.scatter(gamma, delay)
+        ax.annotate(f"V={V:g}", (gamma, delay), textcoords="offset points", xytext=(5, 5))
+    ax.axvline(gamma_max, ls="--", c="grey", label="Gamma^max")
+    ax.set_xlabel("worst cluster's time-average Gamma_n (C10, eq. 28)")
+    ax.set_ylabel("mean modelled round delay (s, eq. 26)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out / "v_tradeoff.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()

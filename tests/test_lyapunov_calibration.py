@@ -1,0 +1,80 @@
+"""The calibrated convergence constants (conf/scheduler/dssra.yaml) make C10 bind: eq. (28) and the queue
+of eq. (29) by hand on a hand-made sequence of rounds, the Gamma^max reading (fair_share_gamma) by hand, and
+the DSSRA policy in the default setting has Y_n > 0 in some rounds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from collapipe_flwr.config import load_run_config
+from collapipe_flwr.dssra.policies import make_policy
+from collapipe_flwr.simulate import generic_workload
+from collapipe_flwr.system.convergence import ConvergenceParams, fair_share_gamma, queue_update
+from collapipe_flwr.system.state import StateSampler
+from tests.conf_files import conf_group
+
+CONV = conf_group("scheduler", "dssra")["convergence"]
+N, L = 2, 3  # the default setting: federation small, transformer_small
+
+
+def gamma_by_hand(S: int, p: float, h: float, interference: float) -> float:
+    """Eq. (28) written out: beta eta^2 / (2N) (phi^2 S^2 / L + C / (p h + I) + phi^2)."""
+    beta, eta, phi, C = CONV["beta"], CONV["eta"], CONV["grad_bound"], CONV["interference_c"]
+    return beta * eta**2 / (2 * N) * (phi**2 * S**2 / L + C / (p * h + interference) + phi**2)
+
+
+def test_gamma_max_is_the_documented_reading():
+    """Gamma^max = 1.07 x Gamma at S = 1, p = P^max = 0.5 W, h = -0.1 dB, I = 0.07 W (both CUs on a channel)."""
+    h = 10 ** (-0.1 / 10)
+    expected = 1.07 * gamma_by_hand(1, 0.5, h, 0.07)
+    assert CONV["gamma_max"] == pytest.approx(expected, rel=0.01)
+    params = ConvergenceParams(**{k: CONV[k] for k in CONV}, num_clusters=N, num_blocks=L)
+    assert fair_share_gamma(params, 1, 0.5, h, 0.07, J=2) == pytest.approx(expected / 1.07, rel=1e-12)
+    # N = 10 CUs on J = 4 channels: 4 of 10 send, 6 sit out with p = 0 (the value the selection runs use)
+    share = ConvergenceParams(**{k: CONV[k] for k in CONV}, num_clusters=10, num_blocks=L)
+    by_hand = 0.4 * gamma_by_hand(1, 0.5, h, 0.07) * N / 10 + 0.6 * gamma_by_hand(1, 0.0, h, 0.07) * N / 10
+    assert fair_share_gamma(share, 1, 0.5, h, 0.07, J=4) == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_hand_made_rounds_make_the_queue_grow_and_c10_bind():
+    """A CU pipelining over S = 2 devices, then a deep fade, then good rounds at S = 1: Y grows above 0 and
+    drains again, exactly as Y(t+1) = max(Y(t) + Gamma(t) - Gamma^max, 0) by hand."""
+    h = 10 ** (-0.1 / 10)
+    rounds = [(2, 0.5, h, 0.07), (2, 0.5, h, 0.07), (1, 0.5, 0.01 * h, 0.07), (1, 0.5, h, 0.07), (1, 0.5, h, 0.07)]
+    params = ConvergenceParams(**{k: CONV[k] for k in CONV}, num_clusters=N, num_blocks=L)
+    gmax = CONV["gamma_max"]
+    Y_hand, Y_code, history = 0.0, np.zeros(1), []
+    for S, p, g, interference in rounds:
+        gamma = gamma_by_hand(S, p, g, interference)
+        assert params.gamma(S, p, g, interference) == pytest.approx(gamma, rel=1e-12)
+        Y_hand = max(Y_hand + gamma - gmax, 0.0)
+        Y_code = queue_update(Y_code, [gamma], gmax)
+        assert Y_code[0] == pytest.approx(Y_hand, rel=1e-12, abs=1e-15)
+        history.append(Y_hand)
+    # S = 2: Gamma = 0.0025 (900 * 4/3 + 63/(0.5 h + 0.07) + 900) ~ 5.88 > 3.5, so Y rises by ~2.38 a round
+    assert history[0] == pytest.approx(gamma_by_hand(2, 0.5, h, 0.07) - gmax) and history[0] > 2
+    assert history[1] > history[0] > 0  # C10 binds: the queue is positive and growing
+    assert history[2] > history[1]  # a deep fade (C / (p h + I) large) at S = 1 still exceeds Gamma^max
+    assert history[3] < history[2] and history[4] < history[3]  # good S = 1 rounds drain it
+    assert math.isclose(history[4], max(history[3] + gamma_by_hand(1, 0.5, h, 0.07) - gmax, 0.0))
+
+
+def test_default_setting_has_positive_queues_in_some_rounds():
+    """The DSSRA policy in the default setting (network small, N = 2, one batch a round) over 60 rounds of random
+    channels: some Y_n > 0 (before the calibration, Gamma never exceeded Gamma^max and Y_n stayed 0)."""
+    cfg = load_run_config(["scheduler=dssra", "federation.local_steps=1"])
+    sizes = cfg.model.sizes
+    workload = generic_workload(
+        cfg.model.width, sizes["n_heads"], sizes["d_ff"], sizes["enc_layers"], cfg.task.max_len, cfg.task.batch_size, 1
+    )
+    policy = make_policy(cfg.scheduler, cfg.network, workload, cfg.seed)
+    sampler = StateSampler(cfg.network, cfg.seed)
+    positive = 0
+    for t in range(60):
+        plan = policy.plan(t, sampler.sample(t))
+        positive += any(row["Y"] > 0 for row in plan.modelled["clusters"])
+        policy.observe(plan, {})
+    assert 0 < positive < 60, positive
