@@ -5,19 +5,23 @@ tokens, token-classification head, Adam. Prints one ``name: value`` per line:
 
 - ``plain_step_s``: median seconds of one training step of the whole model in this process, with the
   faster of 1 torch thread and all cores (both timed first and printed);
-- ``step_ratio_S{S}_m{m}``: median pipelined step seconds / median plain step seconds, S in 1,2,3
-  (balanced delta), m in 1,2,4, Ray backend, --steps steps after --warmup warm-up steps; pipelined and
-  plain steps alternate, so both see the same background load (the machine may be shared);
+- ``step_ratio_S{S}_m{m}``: median pipelined step seconds / median plain step seconds, S in --S (default
+  1 2 3, balanced delta), m in --m (default 1 2 4 8), Ray backend, --steps steps after --warmup warm-up
+  steps; pipelined and plain steps alternate, so both see the same background load (the machine may be
+  shared); ``step_ratio_fastest_S{S}_m{m}``: the same with the fastest step of each (less sensitive to
+  bursts of load from other jobs);
 - ``mem_ratio_S{S}``: max over devices of (params + Adam state + peak saved activations) / the same
   count for the plain model (embedding + encoder + head, whole batch), both measured with
   ``SavedTensorMeter`` / ``memory_report``; ``mem_ratio_encoder_S{S}`` compares with the plain
   encoder alone (a stricter view: the CU keeps the embedding, the server the head).
 
-Threads: the plain model is timed with 1 thread and with all cores; each device actor uses
-``max(1, (cores - 1) // S)`` (``default_actor_threads``; ``--actor-threads`` overrides); the CU process
-keeps all cores for the embedding and the head, which run while the actors wait.
+Threads: the plain model is timed with 1 thread and with all cores; each device actor is pinned to its
+own cores with ``--pin auto|true`` (runtime.pin_threads, default false: ``executors.core_sets``) with as many torch
+threads, else uses ``max(1, (cores - 1) // S)`` (``default_actor_threads``; ``--actor-threads`` overrides);
+the CU process keeps all cores for the embedding and the head, which run while the actors wait.
 
-Run: ``python benchmarks/pipeline_overhead.py`` (2-3 minutes on 2 idle cores; far longer when they are shared).
+Run: ``python benchmarks/pipeline_overhead.py [--S 1 2 3] [--m 1 2 4 8] [--pin auto|true|false]`` (4-5 minutes
+on 2 idle cores; far longer when they are shared).
 """
 
 from __future__ import annotations
@@ -35,7 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from collapipe_flwr.models.bert import build_bert  # noqa: E402
 from collapipe_flwr.pipeline.cluster import ClusterPipeline  # noqa: E402
-from collapipe_flwr.pipeline.executors import default_actor_threads, usable_cores  # noqa: E402
+from collapipe_flwr.pipeline.executors import (  # noqa: E402
+    core_sets,
+    default_actor_threads,
+    usable_cores,
+    usable_cores_list,
+)
 from collapipe_flwr.pipeline.head import LocalHead  # noqa: E402
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes  # noqa: E402
 from collapipe_flwr.pipeline.optim import OptimizerSpec  # noqa: E402
@@ -115,13 +124,17 @@ class PlainTrainer:
         return seconds
 
 
-def pipeline_figures(batch, S: int, ms, warmup: int, steps: int, threads: int | None, plain: PlainTrainer):
+def pipeline_figures(
+    batch, S: int, ms, warmup: int, steps: int, threads: int | None, plain: PlainTrainer, pin: str = "false"
+):
     """Per m: (median pipelined step s, median plain step s measured in alternation with it), and the
     largest per-device peak bytes. Alternating the two keeps the ratio fair when other jobs load the CPU."""
     model = make_model()
     head = LocalHead(model.head, SPEC)
     medians = {}
-    with ClusterPipeline(model.embedding, model.blocks, DELTAS[S], SPEC, backend="ray", actor_threads=threads) as pipe:
+    with ClusterPipeline(
+        model.embedding, model.blocks, DELTAS[S], SPEC, backend="ray", actor_threads=threads, pin_threads=pin
+    ) as pipe:
         for m in ms:
             piped, plain_times = [], []
             for i in range(warmup + steps):
@@ -130,7 +143,7 @@ def pipeline_figures(batch, S: int, ms, warmup: int, steps: int, threads: int | 
                 if i >= warmup:
                     piped.append(result.timings.total)
                     plain_times.append(plain_s)
-            medians[m] = (statistics.median(piped), statistics.median(plain_times))
+            medians[m] = (statistics.median(piped), statistics.median(plain_times), min(piped), min(plain_times))
         peak = max(r["peak_bytes"] for r in pipe.memory_report())
     return medians, peak
 
@@ -141,8 +154,14 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--segments", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--S", "--segments", dest="segments", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--m", "--micro-batches", dest="micro_batches", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument(
+        "--pin",
+        choices=["auto", "true", "false"],
+        default="false",
+        help="runtime.pin_threads (default false, as conf/): each device actor on its own cores (auto: >= S cores)",
+    )
     parser.add_argument(
         "--actor-threads",
         type=int,
@@ -158,6 +177,7 @@ def main() -> None:
     ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     batch = make_batch(args.batch, args.seq_len)
     print(f"cores: {cores}")
+    print(f"pin_threads: {args.pin}")
     print(f"load_avg_1min: {os.getloadavg()[0]:.2f}")
     plain_1, _, _ = plain_model_figures(batch, args.warmup, args.steps, threads=1)
     plain_n, plain_peak, plain_enc_peak = plain_model_figures(batch, args.warmup, args.steps, threads=cores)
@@ -170,14 +190,19 @@ def main() -> None:
     plain = PlainTrainer(plain_threads)
     all_plain = []
     for S in args.segments:
-        threads = args.actor_threads or default_actor_threads(S)
-        medians, peak = pipeline_figures(batch, S, args.micro_batches, args.warmup, args.steps, threads, plain)
+        sets = core_sets(usable_cores_list(), S, args.pin)
+        threads = args.actor_threads or (len(sets[0]) if sets else default_actor_threads(S))
+        medians, peak = pipeline_figures(
+            batch, S, args.micro_batches, args.warmup, args.steps, args.actor_threads, plain, args.pin
+        )
         print(f"actor_threads_S{S}: {threads}")
-        for m, (seconds, plain_s) in medians.items():
+        print(f"actor_cores_S{S}: {' '.join(','.join(map(str, c)) for c in sets) if sets else 'any'}")
+        for m, (seconds, plain_s, fastest, plain_fastest) in medians.items():
             all_plain.append(plain_s)
             print(f"step_s_S{S}_m{m}: {seconds:.4f}")
             print(f"plain_step_s_paired_S{S}_m{m}: {plain_s:.4f}")
             print(f"step_ratio_S{S}_m{m}: {seconds / plain_s:.3f}")
+            print(f"step_ratio_fastest_S{S}_m{m}: {fastest / plain_fastest:.3f}")
         print(f"mem_ratio_S{S}: {peak / plain_peak:.3f}")
         print(f"mem_ratio_encoder_S{S}: {peak / plain_enc_peak:.3f}")
     print(f"plain_step_s: {statistics.median(all_plain):.4f}")

@@ -1,12 +1,13 @@
 """Every benchmark in one command, one table: each figure with its target, whether it is met, and the
 command that measures it alone.
 
-    python benchmarks/run_all.py            # about 3-5 minutes on 2 idle cores
+    python benchmarks/run_all.py            # about 6-8 minutes on 2 idle cores
     python benchmarks/run_all.py --quick    # fewer steps and rounds (a smoke check of the table)
 
-Runs ``pipeline_overhead.py`` (S = 2, m = 4), ``data_plane.py`` (no Flower comparison),
-``dssra_solve.py`` (the target sizes) and ``gpu_speedup.py`` (GPU vs CPU; only ``cuda_available: 0`` on a
-machine without CUDA) as subprocesses, reads their ``name: value`` lines and prints the
+Runs ``pipeline_overhead.py`` (S = 1, 2, 3 x m = 1, 2, 4, 8), ``pipeline_1f1b_memory.py`` (S = 2, 3,
+m = 8), ``data_plane.py`` (no Flower comparison), ``dssra_solve.py`` (the target sizes) and
+``gpu_speedup.py`` (GPU vs CPU; only ``cuda_available: 0`` on a machine without CUDA) as subprocesses,
+reads their ``name: value`` lines and prints the
 machine it ran on and a Markdown table. Figures that no benchmark measures yet are listed as such, so the
 table says plainly what is missing. Ratios are taken within one run (this machine may be shared); the
 1-minute load average before and after is printed so a busy run can be recognised.
@@ -84,16 +85,47 @@ def run_benchmark(script: str, args: list[str], timeout_s: float) -> tuple[Figur
     return parse_figures(proc.stdout), ""
 
 
-def rows(dp_args: str, pipe_args: str, dssra_args: str) -> list[Row]:
-    big, huge = "N100_K10_J50", "N1000_K10_J200"
+PIPE_S, PIPE_M = (1, 2, 3), (1, 2, 4, 8)
+
+
+def _figure(name: str) -> Callable[[Figures], float]:
+    return lambda f: f[name]
+
+
+def pipeline_rows(pipe_args: str) -> list[Row]:
+    """S = 2, m = 4 (medians) against its target, then the whole (S, m) grid for context, as the ratio of
+    the fastest steps (a burst of load from another job on a shared machine moves a median of 5 far more)."""
+    command = f"python benchmarks/pipeline_overhead.py {pipe_args}"
+    out = [Row("pipeline step, S = 2, m = 4, vs the plain model", _figure("step_ratio_S2_m4"), "x", 0.75, command)]
+    for S in PIPE_S:
+        for m in PIPE_M:
+            name = f"pipeline step, S = {S}, m = {m}, vs the plain model, fastest steps"
+            out.append(Row(name, _figure(f"step_ratio_fastest_S{S}_m{m}"), "x", None, command))
+    return out
+
+
+def schedule_memory_rows(mem_args: str) -> list[Row]:
+    """Peak per-stage memory of 1F1B against GPipe, with the head called once per step (as collapipe's
+    data plane does) and once per micro-batch (what 1F1B would need)."""
+    command = f"python benchmarks/pipeline_1f1b_memory.py {mem_args}"
     return [
         Row(
-            "pipeline step, S = 2, m = 4, vs the plain model",
-            lambda f: f["step_ratio_S2_m4"],
+            f"1F1B peak memory per stage vs GPipe, S = {S}, m = 8, {how}",
+            _figure(f"peak_ratio_{order}_vs_gpipe_S{S}_m8"),
             "x",
-            0.75,
-            f"python benchmarks/pipeline_overhead.py {pipe_args}",
-        ),
+            None,
+            command,
+        )
+        for S in (2, 3)
+        for order, how in (("1f1b_head_once", "head once per step"), ("1f1b", "head per micro-batch"))
+    ]
+
+
+def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "") -> list[Row]:
+    big, huge = "N100_K10_J50", "N1000_K10_J200"
+    return [
+        *pipeline_rows(pipe_args),
+        *schedule_memory_rows(mem_args),
         Row(
             "pipeline peak memory per device, S = 2, vs the plain model",
             lambda f: f["mem_ratio_S2"],
@@ -178,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer steps and rounds: a check of the table, not figures")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds each benchmark may take")
     args = ap.parse_args(argv)
-    pipe = "--segments 2 --micro-batches 4" + (" --steps 2 --warmup 1" if args.quick else "")
+    pipe = "--S 1 2 3 --m 1 2 4 8" + (" --steps 2 --warmup 1" if args.quick else "")
+    mem = "--S 2 3 --m 8"
     dp = "--skip-flower --steps " + ("20" if args.quick else "200")
     dssra = "--sizes 100,10,50 1000,10,200 --drifts gamma --rounds " + ("1" if args.quick else "2")
     load_before = os.getloadavg()[0]
@@ -188,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = "" if args.quick else "--round"
     benchmarks = [
         ("pipeline_overhead.py", pipe),
+        ("pipeline_1f1b_memory.py", mem),
         ("data_plane.py", dp),
         ("dssra_solve.py", dssra),
         ("gpu_speedup.py", gpu),
@@ -200,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}")
     print(f"load average (1 min): {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     print(f"took: {time.monotonic() - started:.0f} s{' (--quick)' if args.quick else ''}\n")
-    table = [["figure", "value", "target", "met", "command"]] + [r.cells(figures) for r in rows(dp, pipe, dssra)]
+    table = [["figure", "value", "target", "met", "command"]] + [r.cells(figures) for r in rows(dp, pipe, dssra, mem)]
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     for i, row in enumerate(table):
         print("| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |")

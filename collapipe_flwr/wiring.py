@@ -118,6 +118,7 @@ def build_pipeline(
         device=rt.device,
         actor_num_gpus=rt.actor_num_gpus,
         prestart=rt.prestart_devices,
+        pin_threads=rt.pin_threads,
     )
 
 

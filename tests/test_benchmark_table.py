@@ -31,3 +31,15 @@ def test_rows_say_met_missed_and_not_measured():
     assert share[1] == "0.025" and share[3] == "yes"  # 2.5 ms of a 100 ms step
     missing = rows["DSSRA solve, (N, K, J) = (100, 10, 50), one round"].cells(figures)
     assert missing[1:4] == ["not measured", "<= 200 ms", "-"]
+
+
+def test_pipeline_grid_and_schedule_memory_rows_read_their_figures():
+    rows = {r.figure: r for r in run_all.rows("dp", "pipe", "dssra", "mem")}
+    grid = [f for f in rows if f.startswith("pipeline step, ")]
+    assert len(grid) == 13  # S = 2, m = 4 (medians, with its target), then S = 1, 2, 3 x m = 1, 2, 4, 8
+    figures = {"step_ratio_fastest_S3_m8": 0.91, "step_ratio_S3_m8": 5.0, "peak_ratio_1f1b_vs_gpipe_S2_m8": 0.62}
+    fastest = rows["pipeline step, S = 3, m = 8, vs the plain model, fastest steps"].cells(figures)
+    assert fastest[1:4] == ["0.91 x", "-", "-"]
+    assert rows["pipeline step, S = 1, m = 1, vs the plain model, fastest steps"].cells(figures)[1] == "not measured"
+    per_mb = rows["1F1B peak memory per stage vs GPipe, S = 2, m = 8, head per micro-batch"].cells(figures)
+    assert per_mb[1] == "0.62 x" and per_mb[4] == "`python benchmarks/pipeline_1f1b_memory.py mem`"

@@ -166,3 +166,34 @@ def test_a_killed_device_actor_is_named_and_the_pipeline_recovers_without_it(ray
             start["0.layer.attention.self.query.weight"],
         )
         assert math.isfinite(pipe.train_step(batch(), 2, head).loss)
+
+
+def test_pinned_device_actors_run_on_their_own_cores_and_train_as_the_plain_model(ray_session):
+    """runtime.pin_threads=true: each stage's actor process runs on its core set (read from outside by
+    pid), re-pinned when S changes; the weights after the steps equal the whole model trained in one process."""
+    import copy
+
+    from collapipe_flwr.pipeline.executors import core_sets, usable_cores_list
+
+    model = bert()
+    data = batch()
+    ref = copy.deepcopy(model)
+    ref_opt = ADAM.build(ref.parameters())
+    for _ in range(2):
+        ref_opt.zero_grad()
+        loss_sum, count = ref.loss_terms(data)
+        (loss_sum / count).backward()
+        ref_opt.step()
+    cores = usable_cores_list()
+    with ClusterPipeline(model.embedding, model.blocks, (2, 2), ADAM, backend="ray", pin_threads="true") as pipe:
+        head = LocalHead(model.head, ADAM)
+        pipe.train_step(data, 2, head)
+        pids = pipe.pids()
+        want = core_sets(cores, 2, "true")
+        assert [set(os.sched_getaffinity(pids[k])) for k in (0, 1)] == [set(c) for c in want]
+        pipe.repartition((4, 0))  # S = 1: device 0 alone, on the S = 1 core set
+        assert set(os.sched_getaffinity(pids[0])) == set(core_sets(cores, 1, "true")[0])
+        pipe.train_step(data, 4, head)
+        got = pipe.encoder_state_dict()
+    for name, w in ref.blocks.state_dict().items():
+        torch.testing.assert_close(got[name], w, rtol=1e-5, atol=1e-7)

@@ -63,8 +63,10 @@ class ClusterPipeline:
     later rounds and other processes of the CU find again), ``precision``, ``device`` / ``actor_num_gpus``
     (runtime.device / runtime.actor_num_gpus: where the stages compute, collapipe_flwr/accelerator.py; the
     embedding stays on the CU's CPU), ``prestart`` (start every
-    device's actor now, so a later plan that uses it pays no start-up). Everything backend-specific goes
-    through the :class:`~collapipe_flwr.pipeline.executors.Stages` executor.
+    device's actor now, so a later plan that uses it pays no start-up), ``pin_threads``
+    (runtime.pin_threads: ``auto | true | false``, each device actor on its own cores,
+    ``executors.core_sets``). Everything backend-specific goes through the
+    :class:`~collapipe_flwr.pipeline.executors.Stages` executor.
 
     ``blocks`` are copied into the stages (the caller's modules are not trained); the ``embedding`` is
     the CU's own module and is trained in place. Read the encoder back with :meth:`encoder_state_dict`.
@@ -92,6 +94,7 @@ class ClusterPipeline:
         device: str = "cpu",
         actor_num_gpus: float = 0.0,
         prestart: bool = False,
+        pin_threads: str = "false",
     ) -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"runtime.backend={backend!r} must be one of {', '.join(BACKENDS)}")
@@ -133,6 +136,7 @@ class ClusterPipeline:
             name=name,
             prefix=actor_prefix,
             detached=detached,
+            pin=pin_threads,
         )
         if not self._adopt(self.delta):
             self._place(self.delta, blocks=blocks)

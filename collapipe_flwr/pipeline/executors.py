@@ -19,6 +19,7 @@ from torch import nn
 
 from collapipe_flwr.errors import ConfigError, DeviceFailure
 from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.pipeline.runtime_spec import PIN_MODES
 from collapipe_flwr.pipeline.stage import Stage
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class DeviceActor(Protocol):
     load_segment: RemoteMethod
     layout: RemoteMethod
     ping: RemoteMethod
+    pin: RemoteMethod
     _actor_id: Any
 
 
@@ -94,11 +96,46 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def usable_cores_list() -> list[int]:
+    """The CPU core numbers this process may run on (all of them where affinity is not available)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
 def default_actor_threads(S: int) -> int:
     """Torch threads per device actor: the usable cores minus one for the CU process, shared by the S
     actors, at least 1. Oversubscribing cores hurts torch's OpenMP pool far more than leaving one idle
     (see benchmarks/pipeline_overhead.py and its ``--actor-threads`` option)."""
     return max(1, (usable_cores() - 1) // max(1, S))
+
+
+def core_sets(cores: Sequence[int], S: int, mode: str = "auto") -> list[tuple[int, ...]] | None:
+    """The CPU cores each of the S device actors of one host is pinned to (``runtime.pin_threads``), or None.
+
+    ``auto``: disjoint sets when there are at least S cores: the first core is left to the CU (which
+    embeds, calls the head and steps the embedding while the devices work) when there are more than S,
+    the rest split into S contiguous near-equal sets (the first sets one core larger when they do not
+    divide evenly); with fewer cores than stages nothing is pinned. ``true``: as ``auto``, and with fewer
+    cores than stages each actor still gets one core, round-robin (so two actors share it). ``false``:
+    None (the OS schedules every thread anywhere)."""
+    if mode not in PIN_MODES:
+        raise ConfigError(f"runtime.pin_threads={mode!r} must be one of {', '.join(PIN_MODES)}")
+    cores = sorted(cores)
+    C = len(cores)
+    if mode == "false" or S < 1 or C == 0 or (C < S and mode == "auto"):
+        return None
+    if C < S:
+        return [(cores[s % C],) for s in range(S)]
+    rest = cores[1:] if C > S else cores
+    size, extra = divmod(len(rest), S)
+    sets, a = [], 0
+    for s in range(S):
+        b = a + size + (1 if s < extra else 0)
+        sets.append(tuple(rest[a:b]))
+        a = b
+    return sets
 
 
 def open_stages(
@@ -118,9 +155,11 @@ def open_stages(
     name: str = "",
     prefix: str = "",
     detached: bool = False,
+    pin: str = "false",
 ) -> Stages:
     """The (empty) stages of one cluster on ``backend``; the Ray-only options are ignored locally.
-    ``threads`` (torch threads per actor) defaults to ``default_actor_threads(segments)``; ``device``
+    ``threads`` (torch threads per actor) defaults to ``default_actor_threads(segments)``, or to the size
+    of the actor's core set when ``pin`` (runtime.pin_threads) pins it (:func:`core_sets`); ``device``
     (runtime.device) is resolved by each stage in its own process, ``num_gpus`` (runtime.actor_num_gpus) is
     the GPU fraction Ray reserves per actor when that device is not cpu."""
     if backend == "local":
@@ -133,6 +172,8 @@ def open_stages(
             num_cpus=num_cpus,
             device_resource=device_resource,
             threads=threads or default_actor_threads(segments),
+            fixed_threads=threads is not None,
+            pin=pin,
             timeout_s=timeout_s,
             name=name,
             prefix=prefix,
@@ -224,11 +265,29 @@ class LocalStages:
 
 
 class StageActor(Stage):
-    """A :class:`Stage` inside a Ray actor, with its own torch thread count."""
+    """A :class:`Stage` inside a Ray actor, with its own torch thread count and (optionally) CPU cores."""
 
     def __init__(self, threads: int, *args, **kwargs) -> None:
+        self._all_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         torch.set_num_threads(max(1, int(threads)))
         super().__init__(*args, **kwargs)
+
+    def pin(self, cores: Sequence[int] | None, threads: int, node_id: str) -> list[int]:
+        """Run every thread of this process on ``cores`` (None, or a driver on another node: the cores
+        the actor started with) with ``threads`` torch threads; returns the cores it now runs on."""
+        import ray
+
+        if node_id != ray.get_runtime_context().get_node_id():
+            cores = None  # the CU's core numbers mean nothing on another host
+        target = set(cores) if cores else set(self._all_cores)
+        if target and hasattr(os, "sched_setaffinity"):
+            for tid in os.listdir("/proc/self/task"):  # torch's OpenMP threads already exist: pin each
+                try:
+                    os.sched_setaffinity(int(tid), target)
+                except OSError:  # a thread that ended meanwhile, or a core this container lacks
+                    pass
+        torch.set_num_threads(max(1, int(threads)))
+        return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
     def pid(self) -> int:
         return os.getpid()
@@ -296,6 +355,8 @@ class RayStages:
         num_cpus: float = 0.0,
         device_resource: str = "",
         threads: int = 1,
+        fixed_threads: bool = False,
+        pin: str = "false",
         timeout_s: float = 300.0,
         name: str = "",
         prefix: str = "",
@@ -315,6 +376,9 @@ class RayStages:
         self.num_cpus = float(num_cpus)
         self.device_resource = device_resource
         self.threads = int(threads)
+        self.fixed_threads = bool(fixed_threads)
+        self.pin_mode = pin
+        core_sets([], 1, pin)  # a bad mode fails here, before any actor starts
         self.prefix = prefix
         self.detached = bool(detached)
         self.precision = precision
@@ -339,10 +403,11 @@ class RayStages:
                 except ValueError:
                     pass
 
-    def place(self, specs: Sequence[StageSpec], free_others: bool = True) -> None:
+    def place(self, specs: Sequence[StageSpec], free_others: bool = True, pin: bool = True) -> None:
         """Make stage s = device specs[s].k: start the actors not yet alive, load a spec's segment (if not
         None) into its live actor; devices outside ``specs`` stay alive (a later plan may use them) and,
-        with ``free_others``, drop the blocks they held."""
+        with ``free_others``, drop the blocks they held; with ``pin``, give the S stages their cores
+        (:meth:`pin_stages`)."""
         ray = self._ray
         cls = _remote_stage_class()
         started, loads = [], []
@@ -399,6 +464,21 @@ class RayStages:
                     + (f": {cause}" if cause else "; see the Ray worker log for the cause"),
                     device=k,
                 ) from None
+        if pin and self.actors and self.pin_mode != "false":
+            self.pin_stages()
+
+    def pin_stages(self) -> dict[int, list[int]]:
+        """Pin stage s's actor to ``core_sets(this host's cores, S, runtime.pin_threads)[s]`` with as many
+        torch threads (unless ``threads`` was given), or unpin it; actors on another node (a deployment with
+        ``device_resource``) are left on their own cores. Returns {device k: the cores it runs on}."""
+        sets = None if self.device_resource else core_sets(usable_cores_list(), len(self.actors), self.pin_mode)
+        node = self._ray.get_runtime_context().get_node_id()
+        refs = []
+        for s, actor in enumerate(self.actors):
+            cores = sets[s] if sets else None
+            threads = self.threads if self.fixed_threads or not cores else len(cores)
+            refs.append((self.device_indices[s], actor.pin.remote(cores, threads, node)))
+        return {k: self._get_device(ref, k) for k, ref in refs}
 
     def start_idle(self, devices: Sequence[int]) -> None:
         """Start the actors of ``devices`` that are not alive yet, holding no blocks, so a later plan that
@@ -406,7 +486,7 @@ class RayStages:
         idle = [(k, torch.nn.ModuleList(), None, 1.0, 0) for k in devices if k not in self.devices]
         if idle:
             keep = (list(self.device_indices), list(self.actors))
-            self.place(idle, free_others=False)
+            self.place(idle, free_others=False, pin=False)
             self.device_indices, self.actors = keep
 
     def layout(self) -> dict[int, tuple[int, int]]:

@@ -10,6 +10,7 @@ from collapipe_flwr.precision import PRECISIONS
 from collapipe_flwr.spec_parsing import require, typed
 
 BACKENDS = ("ray", "local")
+PIN_MODES = ("auto", "true", "false")
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,11 @@ class RuntimeSpec:
     sees a GPU), resolved inside the stage's process (collapipe_flwr/accelerator.py);
     server_device: the same for the server's decoder / head and evaluation ("" = ``device``);
     actor_num_gpus: the GPU fraction Ray reserves per device actor when its device is a GPU (0.25: four
-    stages share one GPU); 0 reserves none (every actor uses the first GPU it sees)."""
+    stages share one GPU); 0 reserves none (every actor uses the first GPU it sees);
+    pin_threads: ``auto`` (each device actor of a CU on its own cores when the CU's host has at least S;
+    see ``executors.core_sets``) | ``true`` (also with fewer cores, round-robin) | ``false`` (no pinning,
+    the default: a CU pins without seeing other CUs' actors, so CUs sharing a host, as in the simulation,
+    could stack their actors on the same cores)."""
 
     backend: str = "ray"
     ray_address: str = ""
@@ -43,8 +48,10 @@ class RuntimeSpec:
     device: str = "cpu"
     server_device: str = ""
     actor_num_gpus: float = 0.0
+    pin_threads: str = "false"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "pin_threads", str(self.pin_threads).lower())  # YAML reads true/false as bools
         require(
             self.precision in PRECISIONS, f"runtime.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}"
         )
@@ -62,6 +69,10 @@ class RuntimeSpec:
         )
         require(self.device_timeout_s > 0, "runtime.device_timeout_s must be > 0")
         require(self.torch_threads >= 1, "runtime.torch_threads must be >= 1")
+        require(
+            self.pin_threads in PIN_MODES,
+            f"runtime.pin_threads={self.pin_threads!r} must be one of {', '.join(PIN_MODES)}",
+        )
         require(
             not self.device_resource or "{k}" in self.device_resource,
             f"runtime.device_resource={self.device_resource!r} must contain {{k}} (the device index), "
