@@ -5,6 +5,7 @@
 # J = 4 is 0.95 (1.07 x fair_share_gamma, docs/system_model.md); the default 3.5 is for N = 2, J = 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+python results/fig4_uniform_grid.py --out results/fig4
 python results/fig5_segments.py --out results/fig5
 python results/lyapunov.py --rounds 150 --out results/lyapunov/default
 python results/lyapunov.py --rounds 150 --out results/lyapunov/selection network=selection federation.num_clusters=10 \
