@@ -75,7 +75,8 @@ def run_method(method: str, task_name: str, workload: Workload, rounds: int, see
     rng = np.random.default_rng([seed, 77])
     difficulty = rng.uniform(1.0, 3.0, cfg.network.num_clusters)
     trained = np.zeros(cfg.network.num_clusters)
-    compute, on_device, delay, S, m = [], [], [], [], []
+    compute, on_device, delay, S, m, memory, users = [], [], [], [], [], [], []
+    block_bytes = workload.block_memory_bytes()  # gamma_0: one block's params, optimizer state, activations (C7)
     for t in range(rounds):
         plan = planner.plan(t, sampler.sample(t))
         rows = plan.modelled["clusters"]
@@ -83,6 +84,17 @@ def run_method(method: str, task_name: str, workload: Workload, rounds: int, see
         compute.append(max((rows[n]["compute_s"] for n in chosen), default=0.0))
         on_device.append(max((rows[n]["pipeline_s"] for n in chosen), default=0.0))
         delay.append(plan.modelled["round_delay_s"])
+        # Table III: the largest per-device memory (a data user holds the whole model) and the data users
+        memory.append(
+            max(
+                (block_bytes * (workload.num_blocks if "data_users" in rows[n] else max(plan.clusters[n].delta)))
+                for n in chosen
+            )
+            / 2**20
+            if chosen
+            else 0.0
+        )
+        users.append(sum(rows[n].get("data_users", 1) for n in chosen))
         S.append([c.S for c in plan.clusters])
         m.append([c.m for c in plan.clusters])
         for n in chosen:
@@ -91,7 +103,15 @@ def run_method(method: str, task_name: str, workload: Workload, rounds: int, see
             plan,
             {n: float(1.0 + difficulty[n] * np.exp(-trained[n] / 10) + rng.normal(0, 0.02)) for n in chosen},
         )
-    return {"compute_s": compute, "on_device_s": on_device, "round_delay_s": delay, "S": S, "m": m}
+    return {
+        "compute_s": compute,
+        "on_device_s": on_device,
+        "round_delay_s": delay,
+        "S": S,
+        "m": m,
+        "memory_mib": memory,
+        "data_users": users,
+    }
 
 
 def reduction(ours: float, theirs: float) -> float:
@@ -151,13 +171,22 @@ def main(argv: list[str] | None = None) -> None:
         else:
             paper = f"{PAPER[base]}%"
         lines.append(f"| {metric} | {base} | {mean:.2f}% +- {sd:.2f} | {paper if metric == 'compute_s' else '-'} |")
-    lines += ["", "| method | accumulated on-device compute (s), mean +- sd | mean S | mean m |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "| method | accumulated on-device compute (s), mean +- sd | mean S | mean m | largest per-device memory "
+        "(MiB, Table III) | data users per round (Table III) |",
+        "|---|---|---|---|---|---|",
+    ]
     for method in METHODS:
         mean, sd = mean_sd([totals[(method, s)]["compute_s"] for s in args.seeds])
         mS = np.mean([np.mean(runs[(method, s)]["S"]) for s in args.seeds])
         mm = np.mean([np.mean(runs[(method, s)]["m"]) for s in args.seeds])
-        lines.append(f"| {method} | {mean:.1f} +- {sd:.1f} | {mS:.2f} | {mm:.2f} |")
+        mem = np.mean([np.mean(runs[(method, s)]["memory_mib"]) for s in args.seeds])
+        du = np.mean([np.mean(runs[(method, s)]["data_users"]) for s in args.seeds])
+        lines.append(f"| {method} | {mean:.1f} +- {sd:.1f} | {mS:.2f} | {mm:.2f} | {mem:.0f} | {du:.1f} |")
         figures[f"accumulated_compute_s_{method}"] = mean
+        figures[f"device_memory_mib_{method}"] = float(mem)
+        figures[f"data_users_{method}"] = float(du)
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     (args.out / "summary.json").write_text(
         json.dumps({"task": args.task, "rounds": args.rounds, "seeds": args.seeds, "figures": figures}, indent=2)
