@@ -5,6 +5,9 @@ Prints ``name: value`` lines:
   same-size float32 gradient down) through DecoderHost / DecoderClient on loopback, with a trivial head
   (one scalar weight) so the channel is what is measured; median over --steps steps after a warm-up.
 - data_plane_fp16_ms_median: the same with float16 on the wire (scaled, see fl/dataplane/wire.py).
+- data_plane_int8_ms_median: the same with int8 and per-channel scales on the wire (dataplane.compression).
+- data_plane[_fp16|_int8]_head_ms: of each exchange, the time the host spent in head_step (the trivial
+  head's forward, backward and optimizer step), so exchange minus head is the channel's own cost.
 - flower_message_ms_median: a ServerApp sends the activation in an ArrayRecord to a ClientApp in a Flower
   simulation (Ray backend, one SuperNode) and gets a same-size ArrayRecord back; median per round trip.
 
@@ -60,11 +63,17 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def bench_data_plane(steps: int, fp16: bool) -> tuple[float, float, int, float]:
-    """(median ms, p90 ms, bytes per step both ways, process CPU ms per step: client + server)."""
+def bench_data_plane(steps: int, compression: str) -> tuple[float, float, int, float, float]:
+    """(median ms, p90 ms, bytes per step both ways, process CPU ms per step: client + server, head ms per
+    step on the host)."""
     head = TrivialHead()
     host = DecoderHost(
-        head, torch.optim.SGD(head.parameters(), lr=1e-3), "bench-secret", bind="127.0.0.1", fp16=fp16, hidden_size=H
+        head,
+        torch.optim.SGD(head.parameters(), lr=1e-3),
+        "bench-secret",
+        bind="127.0.0.1",
+        compression=compression,
+        hidden_size=H,
     )
     host.start()
     host.open_round(1, [0])
@@ -72,20 +81,22 @@ def bench_data_plane(steps: int, fp16: bool) -> tuple[float, float, int, float]:
     mbs = [{"input_ids": torch.ones(B, T, dtype=torch.long), "attention_mask": torch.ones(B, T, dtype=torch.long)}]
     times = []
     try:
-        with DecoderClient(host.address, cluster_key("bench-secret", 1, 0), 1, 0, fp16=fp16) as client:
+        with DecoderClient(host.address, cluster_key("bench-secret", 1, 0), 1, 0, compression=compression) as client:
             for _ in range(10):
                 client(z, mbs)
+            head0 = host.stats()["clusters"][0]["seconds_head"]
             cpu0 = _cpu_seconds()
             for _ in range(steps):
                 t0 = time.perf_counter()
                 _, grads = client(z, mbs)
                 times.append(time.perf_counter() - t0)
             cpu_ms = (_cpu_seconds() - cpu0) * 1e3 / steps
+            head_ms = (host.stats()["clusters"][0]["seconds_head"] - head0) * 1e3 / steps
             assert grads[0].shape == (B, T, H)
             bytes_per_step = (client.bytes_in + client.bytes_out) // client.steps
     finally:
         host.stop(grace_s=0)
-    return (*_summary(times), bytes_per_step, cpu_ms)
+    return (*_summary(times), bytes_per_step, cpu_ms, head_ms)
 
 
 def _flower_apps(steps: int, out_file: str):
@@ -156,16 +167,16 @@ def main() -> None:
     print(f"activation_shape: {B}x{T}x{H} float32 ({B * T * H * 4 / 2**20:.1f} MiB)")
     print(f"cpu_count: {os.cpu_count()}")
     print(f"load_average_1min_before: {os.getloadavg()[0]:.2f}")
-    median, p90, nbytes, cpu_ms = bench_data_plane(args.steps, fp16=False)
-    print(f"data_plane_ms_median: {median:.3f}")
-    print(f"data_plane_ms_p90: {p90:.3f}")
-    print(f"data_plane_cpu_ms_per_step: {cpu_ms:.3f}")
-    print(f"data_plane_bytes_per_step: {nbytes}")
-    median16, p90_16, nbytes16, cpu16 = bench_data_plane(args.steps, fp16=True)
-    print(f"data_plane_fp16_ms_median: {median16:.3f}")
-    print(f"data_plane_fp16_ms_p90: {p90_16:.3f}")
-    print(f"data_plane_fp16_cpu_ms_per_step: {cpu16:.3f}")
-    print(f"data_plane_fp16_bytes_per_step: {nbytes16}")
+    median = 0.0
+    for compression, prefix in (("none", "data_plane"), ("fp16", "data_plane_fp16"), ("int8", "data_plane_int8")):
+        med, p90, nbytes, cpu_ms, head_ms = bench_data_plane(args.steps, compression)
+        median = med if compression == "none" else median
+        print(f"{prefix}_ms_median: {med:.3f}")
+        print(f"{prefix}_ms_p90: {p90:.3f}")
+        print(f"{prefix}_head_ms: {head_ms:.3f}")
+        print(f"{prefix}_channel_ms: {med - head_ms:.3f}")
+        print(f"{prefix}_cpu_ms_per_step: {cpu_ms:.3f}")
+        print(f"{prefix}_bytes_per_step: {nbytes}")
     print(f"data_plane_steps: {args.steps}")
     if not args.skip_flower:
         fmedian, fp90 = bench_flower(args.flower_steps)

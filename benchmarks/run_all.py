@@ -148,6 +148,27 @@ def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "") -> l
             f"python benchmarks/data_plane.py {dp_args}",
         ),
         Row(
+            "data plane, the same exchange with int8 (per-channel) on the wire",
+            lambda f: f["data_plane_int8_ms_median"],
+            "ms",
+            3.0,
+            f"python benchmarks/data_plane.py {dp_args}",
+        ),
+        Row(
+            "data plane fp32 exchange less the host's head step (the channel alone)",
+            lambda f: f["data_plane_channel_ms"],
+            "ms",
+            3.0,
+            f"python benchmarks/data_plane.py {dp_args}",
+        ),
+        Row(
+            "data plane int8 exchange / plain BERT-small step (32 x 64)",
+            lambda f: f["data_plane_int8_ms_median"] / (1000 * f["plain_step_s"]),
+            "",
+            0.05,
+            "both of the above",
+        ),
+        Row(
             "data plane exchange / plain BERT-small step (32 x 64)",
             lambda f: f["data_plane_ms_median"] / (1000 * f["plain_step_s"]),
             "",

@@ -115,7 +115,9 @@ class DataPlaneSpec:
     host: str = "127.0.0.1"
     bind: str = ""  # "" = the announced host only; "0.0.0.0" listens on every interface
     port: int = 0
-    fp16: bool = False
+    fp16: bool = False  # the older switch: true = compression fp16
+    # what z_enc and dL/dz_enc travel as: none (float32) | fp16 (scaled float16) | int8 (per-channel scales)
+    compression: str = "none"
     # largest step frame either end accepts; 0 = sized from the task (fl/dataplane/transport.step_message_mb:
     # b x max_len tokens of z_enc and labels, with room to spare), so a flood cannot park big frames in memory
     max_message_mb: int = 0
@@ -139,6 +141,19 @@ class DataPlaneSpec:
         require(self.max_message_mb >= 0, "dataplane.max_message_mb must be >= 0 (0 = sized from the task)")
         require(self.idle_timeout_s > 0, "dataplane.idle_timeout_s must be > 0")
         require(self.timeout_s > 0, "dataplane.timeout_s must be > 0")
+        require(
+            self.compression in ("none", "fp16", "int8"),
+            f"dataplane.compression={self.compression!r} must be none, fp16 or int8",
+        )
+        require(
+            not self.fp16 or self.compression in ("none", "fp16"),
+            f"dataplane.fp16=true contradicts dataplane.compression={self.compression}; drop fp16 (use compression)",
+        )
+
+    @property
+    def wire(self) -> str:
+        """The effective wire compression: ``compression``, or fp16 when the older ``fp16`` switch is on."""
+        return "fp16" if self.fp16 else self.compression
 
 
 @dataclass(frozen=True)

@@ -84,10 +84,14 @@ def decoder_client(cfg: ClusterConfig, instructions: TrainInstructions, cluster:
         instructions.dataplane_secret,
         round=instructions.round,
         cluster=cluster,
-        fp16=cfg.dataplane.fp16,
+        compression=cfg.dataplane.wire,
         timeout_s=cfg.dataplane.timeout_s,
         max_message_mb=resolve_message_mb(
-            cfg.dataplane.max_message_mb, cfg.task.batch_size, cfg.model.max_len, cfg.model.width, cfg.dataplane.fp16
+            cfg.dataplane.max_message_mb,
+            cfg.task.batch_size,
+            cfg.model.max_len,
+            cfg.model.width,
+            cfg.dataplane.wire != "none",
         ),
         root_certificate=instructions.dataplane_root_certificate,
     )

@@ -96,9 +96,9 @@ class ServerState:
             announce_host=dp.host,
             bind=dp.bind or dp.host,
             port=dp.port,
-            fp16=dp.fp16,
+            compression=dp.wire,
             max_message_mb=resolve_message_mb(
-                dp.max_message_mb, cfg.task.batch_size, cfg.model.max_len, cfg.model.width, dp.fp16
+                dp.max_message_mb, cfg.task.batch_size, cfg.model.max_len, cfg.model.width, dp.wire != "none"
             ),
             idle_timeout_s=dp.idle_timeout_s,
             hidden_size=int(hidden.shape[-1]),

@@ -1,6 +1,7 @@
 """The per-step data plane between a CU and the server's decoder (paper Section III.B, Algorithm 1).
 
-- :mod:`.wire`: frame codec (JSON header + raw tensor bytes, optional scaled float16), no pickle.
+- :mod:`.wire`: frame codec (JSON header + raw tensor bytes; scaled float16 or per-channel int8 on the
+  wire), no pickle.
 - :mod:`.protocol`: step request / reply / error frames and the gRPC method name.
 - :mod:`.checks`: what a step request must satisfy before the decoder runs it.
 - :mod:`.server`: :class:`DecoderHost`, the gRPC server that runs ``head_step`` one update at a time.
@@ -9,8 +10,9 @@
 Wiring (one host per run, one client per CU per round)::
 
     host = DecoderHost(head, head_optimizer, secret, bind=cfg.dataplane.bind, port=cfg.dataplane.port,
-                       fp16=cfg.dataplane.fp16, hidden_size=H,
-                       max_message_mb=resolve_message_mb(cfg.dataplane.max_message_mb, b, max_len, H, fp16),
+                       compression=cfg.dataplane.wire, hidden_size=H,   # none | fp16 | int8
+                       max_message_mb=resolve_message_mb(cfg.dataplane.max_message_mb, b, max_len, H,
+                                                         cfg.dataplane.wire != "none"),
                        idle_timeout_s=cfg.dataplane.idle_timeout_s)
     host.start()                          # then announce f"{cfg.dataplane.host}:{host.port}" + secret
     host.open_round(t, selected_clusters) # before sending the round's train messages

@@ -13,27 +13,31 @@ import math
 import torch
 
 from collapipe_flwr.errors import DataPlaneError
-from collapipe_flwr.fl.dataplane.protocol import StepRequest
+from collapipe_flwr.fl.dataplane.protocol import StepRequest, wire_mode
 from collapipe_flwr.fl.dataplane.wire import peak_magnitude
 
 _LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 
 
-def expected_wire_dtype(fp16: bool) -> str:
-    return "float16" if fp16 else "float32"
+def expected_wire_dtype(fp16: bool, compression: str = "") -> str:
+    return {"none": "float32", "fp16": "float16", "int8": "int8"}[wire_mode(fp16, compression)]
 
 
-def check_step(req: StepRequest, hidden_size: int, fp16: bool, max_len: int = 0, max_abs: float = 0.0) -> None:
+def check_step(
+    req: StepRequest, hidden_size: int, fp16: bool, max_len: int = 0, max_abs: float = 0.0, compression: str = ""
+) -> None:
     """z_enc[i] is [B_i, T_i, H] with H = ``hidden_size``, finite, in the agreed wire dtype; every
     micro-batch has an ``attention_mask`` [B_i, T_i] and every field has B_i rows; fields are integer.
     With ``max_len`` > 0 no sequence (T_i, or a field's second dim) is longer than the model's positions;
     with ``max_abs`` > 0 no activation is larger in magnitude (a finite but huge z_enc would overflow the
     decoder's loss)."""
-    want = expected_wire_dtype(fp16)
+    mode = wire_mode(fp16, compression)
+    want = expected_wire_dtype(fp16, compression)
     if req.wire_dtype != want:
         raise DataPlaneError(
             f"encoder outputs arrive as {req.wire_dtype} but the decoder host expects {want}; "
-            f"set dataplane.fp16={fp16} on the CU too (and send float32 activations)"
+            f"set dataplane.compression={mode} (dataplane.fp16={mode == 'fp16'}) on the CU too (and send float32 "
+            "activations)"
         )
     keys = set(req.micro_batches[0])
     for i, (z, mb) in enumerate(zip(req.z_enc, req.micro_batches)):
@@ -54,7 +58,7 @@ def check_step(req: StepRequest, hidden_size: int, fp16: bool, max_len: int = 0,
             )
         peak = peak_magnitude(z)  # one pass: inf for NaN / Inf, else max |z|
         if not math.isfinite(peak):
-            hint = " (float16 on the wire cannot be the cause: values are scaled)" if fp16 else ""
+            hint = " (float16 on the wire cannot be the cause: values are scaled)" if mode == "fp16" else ""
             raise DataPlaneError(
                 f"encoder output z/{i} holds NaN or Inf{hint}; the CU's encoder diverged: lower the learning rate or "
                 "check the data"

@@ -20,7 +20,7 @@ import torch
 
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.auth import call_metadata
-from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_reply, encode_step_request
+from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_reply, encode_step_request, wire_mode
 from collapipe_flwr.fl.dataplane.transport import MB, channel_options
 from collapipe_flwr.fl.dataplane.wire import decode_header
 
@@ -72,6 +72,7 @@ class DecoderClient:
         max_message_mb: int = 256,
         start_seq: int = 0,
         root_certificate: str = "",
+        compression: str = "",
     ) -> None:
         if not address:
             raise DataPlaneError(
@@ -82,7 +83,8 @@ class DecoderClient:
         self.address = address
         self.round = int(round)
         self.cluster = int(cluster)
-        self.fp16 = bool(fp16)
+        self.compression = wire_mode(fp16, compression)  # "none" | "fp16" | "int8" ("" = from fp16)
+        self.fp16 = self.compression == "fp16"
         self.timeout_s = float(timeout_s)
         self.max_message_bytes = int(max_message_mb) * MB
         self._secret = secret
@@ -112,7 +114,9 @@ class DecoderClient:
                 raise DataPlaneError("this DecoderClient is closed; open a new one for the next round")
             self._seq += 1
             seq = self._seq
-            frame = encode_step_request(self._secret, self.round, self.cluster, seq, z_enc, micro_batches, self.fp16)
+            frame = encode_step_request(
+                self._secret, self.round, self.cluster, seq, z_enc, micro_batches, compression=self.compression
+            )
             if len(frame) > self.max_message_bytes:
                 raise DataPlaneError(
                     f"step request of {len(frame) / MB:.1f} MiB exceeds "

@@ -6,6 +6,9 @@ micro-batch, every tensor the head needs ("mb/i/<key>": attention_mask, labels, 
 sequence number. The server answers with a *step reply* (the step loss and dL/dz_enc[i] as "grad/i")
 or an *error* frame whose one-line message the client raises as :class:`DataPlaneError`.
 
+Wire compression (``dataplane.compression``): ``none`` sends float32, ``fp16`` scaled float16, ``int8``
+int8 values with per-channel float32 scales beside them ("zs/i" for "z/i", "gs/i" for "grad/i").
+
 All of it travels on one gRPC method, a bidirectional stream of raw frames (no protoc code generation):
 a CU opens one stream per round and sends its requests one after another on it.
 """
@@ -18,12 +21,40 @@ from dataclasses import dataclass
 import torch
 
 from collapipe_flwr.errors import DataPlaneError
-from collapipe_flwr.fl.dataplane.wire import WireTensor, decode_frame, decode_header, encode_frame, to_wire_fp16
+from collapipe_flwr.fl.dataplane.wire import (
+    WireTensor,
+    decode_frame,
+    decode_header,
+    encode_frame,
+    from_wire_int8,
+    to_wire_fp16,
+    to_wire_int8,
+)
 
 SERVICE = "collapipe.DecoderDataPlane"
 METHOD = "Step"
 FULL_METHOD = f"/{SERVICE}/{METHOD}"
 LOCAL_ONLY_KEYS = ("input_ids",)
+COMPRESSIONS = ("none", "fp16", "int8")
+
+
+def wire_mode(fp16: bool = False, compression: str = "") -> str:
+    """The wire compression: ``compression`` when given, else "fp16" or "none" from the older ``fp16`` flag."""
+    mode = compression or ("fp16" if fp16 else "none")
+    if mode not in COMPRESSIONS:
+        raise DataPlaneError(f"dataplane.compression={mode!r}; use one of {', '.join(COMPRESSIONS)}")
+    return mode
+
+
+def _float_tensors(prefix: str, scale_prefix: str, i: int, t: torch.Tensor, mode: str) -> list:
+    """(name, tensor, scale) records of one float tensor in the wire mode (int8 adds its scales)."""
+    if mode == "fp16" and t.is_floating_point():
+        half, scale = to_wire_fp16(t)
+        return [(f"{prefix}/{i}", half, scale)]
+    if mode == "int8" and t.is_floating_point():
+        q, scales = to_wire_int8(t)
+        return [(f"{prefix}/{i}", q, 1.0), (f"{scale_prefix}/{i}", scales, 1.0)]
+    return [(f"{prefix}/{i}", t.to(torch.float32) if prefix == "grad" else t, 1.0)]
 
 
 @dataclass
@@ -60,16 +91,15 @@ def encode_step_request(
     seq: int,
     z_enc: Sequence[torch.Tensor],
     micro_batches: Sequence[dict[str, torch.Tensor]],
-    fp16: bool,
+    fp16: bool = False,
+    compression: str = "",
 ) -> bytes:
-    """Frame for one step: z_enc as float16 with a power-of-two scale when ``fp16`` (else as given)."""
+    """Frame for one step: z_enc as float16 with a power-of-two scale when ``fp16``, as int8 with per-channel
+    scales when ``compression="int8"`` (else as given)."""
+    mode = wire_mode(fp16, compression)
     tensors = []
     for i, z in enumerate(z_enc):
-        if fp16 and z.is_floating_point():
-            half, scale = to_wire_fp16(z)
-            tensors.append((f"z/{i}", half, scale))
-        else:
-            tensors.append((f"z/{i}", z, 1.0))
+        tensors.extend(_float_tensors("z", "zs", i, z, mode))
     for i, mb in enumerate(micro_batches):
         for key, value in mb.items():
             if key in LOCAL_ONLY_KEYS:
@@ -111,6 +141,7 @@ def decode_step_request(data: bytes) -> StepRequest:
     secret, round_, cluster, seq, m = peek_step_header(data)
     meta, tensors = decode_frame(data)
     z: list[WireTensor | None] = [None] * m
+    zs: list[torch.Tensor | None] = [None] * m
     mbs: list[dict[str, torch.Tensor]] = [{} for _ in range(m)]
     for wt in tensors:
         parts = wt.name.split("/")
@@ -119,6 +150,10 @@ def decode_step_request(data: bytes) -> StepRequest:
             if z[index] is not None:
                 raise DataPlaneError(f"step request holds {wt.name!r} twice; send each encoder output once")
             z[index] = wt
+        elif index is not None and parts[0] == "zs" and len(parts) == 2:
+            if zs[index] is not None or wt.tensor.dtype != torch.float32:
+                raise DataPlaneError(f"step request holds {wt.name!r} twice or not as float32; send one scale vector")
+            zs[index] = wt.tensor
         elif index is not None and parts[0] == "mb" and len(parts) == 3 and parts[2]:
             if parts[2] in mbs[index]:
                 raise DataPlaneError(f"step request holds {wt.name!r} twice; send each micro-batch field once")
@@ -138,18 +173,27 @@ def decode_step_request(data: bytes) -> StepRequest:
     dtypes = {str(w.tensor.dtype).removeprefix("torch.") for w in outputs}
     if len(dtypes) != 1:
         raise DataPlaneError(f"encoder outputs arrive with mixed dtypes {sorted(dtypes)}; send them all in one dtype")
-    values = [w.value(torch.float32) if w.tensor.is_floating_point() else w.tensor for w in outputs]
-    return StepRequest(secret, round_, cluster, seq, values, mbs, dtypes.pop())
+    wire_dtype = dtypes.pop()
+    if wire_dtype == "int8":
+        if any(s is None for s in zs):
+            raise DataPlaneError("int8 encoder outputs need their per-channel scales zs/<i>; the frame is incomplete")
+        values = [from_wire_int8(w.tensor, s) for w, s in zip(outputs, zs) if s is not None]
+    else:
+        if any(s is not None for s in zs):
+            raise DataPlaneError(
+                f"step request carries int8 scales for {wire_dtype} encoder outputs; the frame is corrupt"
+            )
+        values = [w.value(torch.float32) if w.tensor.is_floating_point() else w.tensor for w in outputs]
+    return StepRequest(secret, round_, cluster, seq, values, mbs, wire_dtype)
 
 
-def encode_step_reply(seq: int, loss: float, grads: Sequence[torch.Tensor], fp16: bool) -> bytes:
+def encode_step_reply(
+    seq: int, loss: float, grads: Sequence[torch.Tensor], fp16: bool = False, compression: str = ""
+) -> bytes:
+    mode = wire_mode(fp16, compression)
     tensors = []
     for i, g in enumerate(grads):
-        if fp16:
-            half, scale = to_wire_fp16(g)
-            tensors.append((f"grad/{i}", half, scale))
-        else:
-            tensors.append((f"grad/{i}", g.to(torch.float32), 1.0))
+        tensors.extend(_float_tensors("grad", "gs", i, g, mode))
     return encode_frame({"kind": "reply", "seq": int(seq), "loss": float(loss)}, tensors)
 
 
@@ -173,11 +217,17 @@ def decode_reply(data: bytes, expected_seq: int, m: int) -> StepReply:
     loss = meta.get("loss")
     if not isinstance(loss, (int, float)) or isinstance(loss, bool):
         raise DataPlaneError(f"decoder host sent loss {loss!r}; expected a number")
-    if [t.name for t in tensors] != [f"grad/{i}" for i in range(m)]:
-        raise DataPlaneError(
-            f"decoder host sent {len(tensors)} gradients for {m} micro-batches; server and CU disagree on the step"
-        )
-    return StepReply(int(expected_seq), float(loss), [t.value(torch.float32) for t in tensors])
+    names = [t.name for t in tensors]
+    if names == [f"grad/{i}" for i in range(m)]:
+        return StepReply(int(expected_seq), float(loss), [t.value(torch.float32) for t in tensors])
+    if names == [n for i in range(m) for n in (f"grad/{i}", f"gs/{i}")] and all(
+        t.tensor.dtype == torch.int8 for t in tensors[::2]
+    ):
+        grads = [from_wire_int8(q.tensor, s.tensor) for q, s in zip(tensors[::2], tensors[1::2])]
+        return StepReply(int(expected_seq), float(loss), grads)
+    raise DataPlaneError(
+        f"decoder host sent {len(tensors)} gradient tensors for {m} micro-batches; server and CU disagree on the step"
+    )
 
 
 def _index(text: str, m: int, name: str) -> int:

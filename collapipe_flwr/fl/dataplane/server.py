@@ -47,6 +47,7 @@ from collapipe_flwr.fl.dataplane.protocol import (
     encode_error,
     encode_step_reply,
     peek_step_header,
+    wire_mode,
 )
 from collapipe_flwr.fl.dataplane.stats import ClusterCounters
 from collapipe_flwr.fl.dataplane.transport import channel_options, format_address
@@ -93,6 +94,7 @@ class DecoderHost:
         max_abs_activation: float = 0.0,
         tls: tuple[bytes, bytes] | None = None,
         idle_timeout_s: float = 30.0,
+        compression: str = "",
     ) -> None:
         if not secret:
             raise DataPlaneError("the data-plane secret is empty; give DecoderHost a per-run random secret")
@@ -108,7 +110,8 @@ class DecoderHost:
         self.hidden_size = int(hidden_size)
         self.max_len = int(max_len)  # longest sequence a step may carry (the model's positions; 0 = no limit)
         self.max_abs_activation = float(max_abs_activation)  # largest |z_enc| accepted (0 = no limit)
-        self.fp16 = bool(fp16)
+        self.compression = wire_mode(fp16, compression)  # "none" | "fp16" | "int8" ("" = from fp16)
+        self.fp16 = self.compression == "fp16"
         self.max_message_mb = int(max_message_mb)
         self._secret = secret.encode("utf-8")
         self._bind = bind
@@ -314,12 +317,12 @@ class DecoderHost:
             self._check_round(round_, cluster)
             self._claim_seq(round_, cluster, seq)
             req = decode_step_request(frame)
-            check_step(req, self.hidden_size, self.fp16, self.max_len, self.max_abs_activation)
+            check_step(req, self.hidden_size, False, self.max_len, self.max_abs_activation, self.compression)
             t_wait = time.perf_counter()
             joint = self._joint.submit(req) if self._joint is not None else None
             if joint is not None:
                 loss, grads = joint
-                reply = encode_step_reply(seq, loss, grads, self.fp16)
+                reply = encode_step_reply(seq, loss, grads, compression=self.compression)
                 self._count(
                     cluster,
                     frame,
@@ -343,7 +346,7 @@ class DecoderHost:
                     self._order.append((round_, cluster, seq))
             finally:
                 self._lock.release()
-            reply = encode_step_reply(seq, loss, grads, self.fp16)
+            reply = encode_step_reply(seq, loss, grads, compression=self.compression)
             self._count(
                 cluster,
                 frame,
