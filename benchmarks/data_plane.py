@@ -6,6 +6,8 @@ Prints ``name: value`` lines:
   (one scalar weight) so the channel is what is measured; median over --steps steps after a warm-up.
 - data_plane_fp16_ms_median: the same with float16 on the wire (scaled, see fl/dataplane/wire.py).
 - data_plane_int8_ms_median: the same with int8 and per-channel scales on the wire (dataplane.compression).
+- data_plane_shm_ms_median: the fp32 exchange through the same-host shortcut (dataplane.shared_memory: auto,
+  fl/dataplane/shm.py): the frames through /dev/shm, only a pointer frame over gRPC.
 - data_plane[_fp16|_int8]_head_ms: of each exchange, the time the host spent in head_step (the trivial
   head's forward, backward and optimizer step), so exchange minus head is the channel's own cost.
 - flower_message_ms_median: a ServerApp sends the activation in an ArrayRecord to a ClientApp in a Flower
@@ -63,9 +65,11 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def bench_data_plane(steps: int, compression: str) -> tuple[float, float, int, float, float]:
+def bench_data_plane(
+    steps: int, compression: str, shared_memory: str = "off"
+) -> tuple[float, float, int, float, float]:
     """(median ms, p90 ms, bytes per step both ways, process CPU ms per step: client + server, head ms per
-    step on the host)."""
+    step on the host); ``shared_memory="auto"`` takes the same-host shortcut (frames through /dev/shm)."""
     head = TrivialHead()
     host = DecoderHost(
         head,
@@ -81,7 +85,14 @@ def bench_data_plane(steps: int, compression: str) -> tuple[float, float, int, f
     mbs = [{"input_ids": torch.ones(B, T, dtype=torch.long), "attention_mask": torch.ones(B, T, dtype=torch.long)}]
     times = []
     try:
-        with DecoderClient(host.address, cluster_key("bench-secret", 1, 0), 1, 0, compression=compression) as client:
+        with DecoderClient(
+            host.address,
+            cluster_key("bench-secret", 1, 0),
+            1,
+            0,
+            compression=compression,
+            shared_memory=shared_memory,
+        ) as client:
             for _ in range(10):
                 client(z, mbs)
             head0 = host.stats()["clusters"][0]["seconds_head"]
@@ -168,9 +179,15 @@ def main() -> None:
     print(f"cpu_count: {os.cpu_count()}")
     print(f"load_average_1min_before: {os.getloadavg()[0]:.2f}")
     median = 0.0
-    for compression, prefix in (("none", "data_plane"), ("fp16", "data_plane_fp16"), ("int8", "data_plane_int8")):
-        med, p90, nbytes, cpu_ms, head_ms = bench_data_plane(args.steps, compression)
-        median = med if compression == "none" else median
+    modes = (
+        ("none", "off", "data_plane"),
+        ("fp16", "off", "data_plane_fp16"),
+        ("int8", "off", "data_plane_int8"),
+        ("none", "auto", "data_plane_shm"),
+    )
+    for compression, shared, prefix in modes:
+        med, p90, nbytes, cpu_ms, head_ms = bench_data_plane(args.steps, compression, shared)
+        median = med if prefix == "data_plane" else median
         print(f"{prefix}_ms_median: {med:.3f}")
         print(f"{prefix}_ms_p90: {p90:.3f}")
         print(f"{prefix}_head_ms: {head_ms:.3f}")

@@ -162,6 +162,13 @@ def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "") -> l
             f"python benchmarks/data_plane.py {dp_args}",
         ),
         Row(
+            "data plane, the fp32 exchange through shared memory (CU on the server's host)",
+            lambda f: f["data_plane_shm_ms_median"],
+            "ms",
+            3.0,
+            f"python benchmarks/data_plane.py {dp_args}",
+        ),
+        Row(
             "data plane int8 exchange / plain BERT-small step (32 x 64)",
             lambda f: f["data_plane_int8_ms_median"] / (1000 * f["plain_step_s"]),
             "",

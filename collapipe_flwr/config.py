@@ -133,9 +133,16 @@ class DataPlaneSpec:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    # same-host shortcut (fl/dataplane/shm.py): auto = a CU that reaches the host on a loopback address passes
+    # its frames through shared memory and only a pointer over gRPC (plaintext channels) | off = always inline
+    shared_memory: str = "auto"
 
     def __post_init__(self) -> None:
         require(bool(self.tls_cert) == bool(self.tls_key), "dataplane.tls_cert and dataplane.tls_key go together")
+        require(
+            self.shared_memory in ("auto", "off"),
+            f"dataplane.shared_memory={self.shared_memory!r} must be auto or off",
+        )
         require(0 <= self.port < 65536, f"dataplane.port={self.port} must be in 0..65535 (0 = any free port)")
         require(self.max_abs_activation >= 0, "dataplane.max_abs_activation must be >= 0 (0 = no limit)")
         require(self.max_message_mb >= 0, "dataplane.max_message_mb must be >= 0 (0 = sized from the task)")

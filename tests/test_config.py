@@ -31,7 +31,7 @@ def test_default_config_composes_and_validates(data_dir):
         ("runtime.backend=gpu", "runtime.backend"),
         ("+runtime.colour=red", "runtime.colour"),
         ("dataplane.port=70000", "dataplane.port"),
-        ("method.fixed_m=0", "method.fixed_m"),
+        ("method.fixed_m=-1", "method.fixed_m"),
         ("save_client_weights=maybe", "save_client_weights"),
     ],
 )

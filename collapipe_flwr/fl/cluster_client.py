@@ -94,6 +94,7 @@ def decoder_client(cfg: ClusterConfig, instructions: TrainInstructions, cluster:
             cfg.dataplane.wire != "none",
         ),
         root_certificate=instructions.dataplane_root_certificate,
+        shared_memory=cfg.dataplane.shared_memory,
     )
 
 

@@ -6,6 +6,8 @@
 - :mod:`.checks`: what a step request must satisfy before the decoder runs it.
 - :mod:`.server`: :class:`DecoderHost`, the gRPC server that runs ``head_step`` one update at a time.
 - :mod:`.client`: :class:`DecoderClient`, the CU's remote ``HeadFn``.
+- :mod:`.shm`: the same-host shortcut (``dataplane.shared_memory: auto``): a CU on the server's host puts
+  its frames in a shared-memory segment it owns and sends only a pointer on its authenticated stream.
 
 Wiring (one host per run, one client per CU per round)::
 

@@ -12,6 +12,7 @@ opened by the next step; every failure reaches the caller as :class:`DataPlaneEr
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 
@@ -21,10 +22,13 @@ import torch
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.auth import call_metadata
 from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_reply, encode_step_request, wire_mode
+from collapipe_flwr.fl.dataplane.shm import MODES as SHM_MODES
+from collapipe_flwr.fl.dataplane.shm import ClientSegment, is_loopback, read_pointer, shm_room_for
 from collapipe_flwr.fl.dataplane.transport import MB, channel_options
 from collapipe_flwr.fl.dataplane.wire import decode_header
 
 _END = object()
+log = logging.getLogger(__name__)
 
 
 class _Stream:
@@ -73,6 +77,7 @@ class DecoderClient:
         start_seq: int = 0,
         root_certificate: str = "",
         compression: str = "",
+        shared_memory: str = "off",
     ) -> None:
         if not address:
             raise DataPlaneError(
@@ -96,6 +101,12 @@ class DecoderClient:
             self._channel = grpc.insecure_channel(address, options=channel_options(max_message_mb))
         self._call = self._channel.stream_stream(FULL_METHOD, request_serializer=None, response_deserializer=None)
         self._stream: _Stream | None = None
+        # same-host shortcut (shm.py): frames through a shared-memory segment when the host is on a loopback
+        # address and the channel is plaintext (dataplane.shared_memory: auto)
+        if shared_memory not in SHM_MODES:
+            raise DataPlaneError(f"dataplane.shared_memory={shared_memory!r} must be one of {', '.join(SHM_MODES)}")
+        self._use_shm = shared_memory == "auto" and is_loopback(address) and not root_certificate
+        self._segment: ClientSegment | None = None
         self._lock = threading.Lock()
         self._closed = False
         self.bytes_out = 0
@@ -127,19 +138,16 @@ class DecoderClient:
                 self._drop_stream()
             if self._stream is None:
                 self._stream = _Stream(self._call, call_metadata(self.round, self.cluster, self._secret))
-            stream = self._stream
-            stream.outgoing.put(frame)
-            try:
-                item = stream.incoming.get(timeout=self.timeout_s)
-            except queue.Empty:
-                self._drop_stream()
-                raise DataPlaneError(
-                    f"no reply from the decoder host at {self.address} within timeout_s={self.timeout_s:g}; "
-                    f"check the server or raise dataplane.timeout_s"
-                ) from None
-            if isinstance(item, BaseException):
-                self._drop_stream()
-                raise _as_dataplane_error(item, self.address) from None
+            sent = self._pointer_to(frame)
+            item = self._exchange(sent or frame)
+            if sent is not None:
+                if _is_shm_refusal(item):  # the host cannot read this CU's segment: inline frames from now on
+                    self._stop_shm()
+                    item = self._exchange(frame)
+                else:
+                    pointer = read_pointer(item)
+                    if pointer is not None and self._segment is not None:
+                        item = self._segment.read(pointer[1])
             self.bytes_out += len(frame)
             self.bytes_in += len(item)
             try:
@@ -151,10 +159,56 @@ class DecoderClient:
             self.steps += 1
             return reply.loss, reply.grads
 
+    def _exchange(self, frame: bytes) -> bytes:
+        """Send one frame on the open stream and wait for the host's answer (bounded by timeout_s)."""
+        stream = self._stream
+        assert stream is not None, "the stream is opened before a frame is sent"
+        stream.outgoing.put(frame)
+        try:
+            item = stream.incoming.get(timeout=self.timeout_s)
+        except queue.Empty:
+            self._drop_stream()
+            raise DataPlaneError(
+                f"no reply from the decoder host at {self.address} within timeout_s={self.timeout_s:g}; "
+                f"check the server or raise dataplane.timeout_s"
+            ) from None
+        if isinstance(item, BaseException):
+            self._drop_stream()
+            raise _as_dataplane_error(item, self.address) from None
+        return item
+
+    def _pointer_to(self, frame: bytes) -> bytes | None:
+        """``frame`` written to this client's segment, as the pointer frame to send; None = send it inline
+        (shortcut off, or no segment can be made here, e.g. too little room in /dev/shm)."""
+        if not self._use_shm:
+            return None
+        try:
+            if self._segment is None or self._segment.size < len(frame):
+                self._close_segment()
+                size = 2 * len(frame)  # the reply (dL/dz_enc) is no larger than the request (z_enc + labels)
+                if not shm_room_for(size):
+                    raise OSError("not enough free space in /dev/shm")
+                self._segment = ClientSegment(size)
+            return self._segment.write(frame)
+        except (OSError, DataPlaneError) as err:
+            log.info("data plane: shared-memory shortcut off for this CU (%s); sending frames inline", err)
+            self._stop_shm()
+            return None
+
+    def _stop_shm(self) -> None:
+        self._use_shm = False
+        self._close_segment()
+
+    def _close_segment(self) -> None:
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
+
     def _drop_stream(self) -> None:
         if self._stream is not None:
             self._stream.close(cancel=True)
             self._stream = None
+        self._close_segment()
 
     def close(self) -> None:
         """End the stream (the server sees a clean end) and the channel."""
@@ -165,6 +219,7 @@ class DecoderClient:
             if self._stream is not None:
                 self._stream.close(cancel=False)
                 self._stream = None
+            self._close_segment()
             self._channel.close()
 
     def __enter__(self) -> DecoderClient:
@@ -172,6 +227,15 @@ class DecoderClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _is_shm_refusal(frame: bytes) -> bool:
+    """The host's error frame saying it cannot open this CU's segment (then the step was not claimed)."""
+    try:
+        meta = decode_header(frame)
+    except DataPlaneError:
+        return False
+    return meta.get("kind") == "error" and "shared-memory segment" in str(meta.get("message", ""))
 
 
 def _is_protocol_error(frame: bytes) -> bool:

@@ -49,6 +49,7 @@ from collapipe_flwr.fl.dataplane.protocol import (
     peek_step_header,
     wire_mode,
 )
+from collapipe_flwr.fl.dataplane.shm import HostSegments, read_pointer
 from collapipe_flwr.fl.dataplane.stats import ClusterCounters
 from collapipe_flwr.fl.dataplane.transport import channel_options, format_address
 from collapipe_flwr.models.split import TaskHead
@@ -263,10 +264,21 @@ class DecoderHost:
         who = identity_of(context.invocation_metadata())  # (t, n, key), checked by KeyInterceptor
         stream = (who[0], who[1]) if who is not None else None
         self._mark_idle(context)
+        segments = HostSegments()  # the CU's shared-memory segments (same-host shortcut, shm.py)
         try:
             for frame in request_iterator:
                 self._mark_idle(context, busy=True)
+                try:
+                    pointer = read_pointer(frame)
+                    if pointer is not None:
+                        frame = segments.read(*pointer)
+                except DataPlaneError as err:  # before the step is claimed: the CU may resend it inline
+                    self._mark_idle(context)
+                    yield encode_error(None, str(err))
+                    continue
                 reply, round_ = self._serve_frame(frame, stream)
+                if pointer is not None:
+                    reply = segments.reply(pointer[0], reply)
                 if registered is None and round_ is not None:
                     registered = round_
                     with self._state_lock:
@@ -276,6 +288,7 @@ class DecoderHost:
         except Exception as err:  # the CU went away (cancel, disconnect, deadline) or the host stopped
             log.debug("data-plane stream ended: %s", err)
         finally:
+            segments.close()
             with self._state_lock:
                 self._idle_since.pop(context, None)
                 if registered is not None:
