@@ -1,8 +1,8 @@
 """Every benchmark in one command, one table: each figure with its target, whether it is met, and the
 command that measures it alone.
 
-    python benchmarks/run_all.py            # about 3-5 minutes on 2 idle cores
-    python benchmarks/run_all.py --quick    # fewer steps and rounds (a smoke check of the table)
+    python benchmarks/run_all.py            # about 5-7 minutes on 2 idle cores (scaling.py: ~3 of them)
+    python benchmarks/run_all.py --quick    # fewer steps and rounds (a smoke check of the table), ~3 minutes
 
 Runs ``pipeline_overhead.py`` (S = 2, m = 4), ``data_plane.py`` (no Flower comparison),
 ``dssra_solve.py`` (the target sizes), ``scaling.py`` (round wall-clock, eq. (26) and server memory vs
@@ -89,7 +89,7 @@ def rows(dp_args: str, pipe_args: str, dssra_args: str, scale_args: str = "") ->
     big, huge = "N100_K10_J50", "N1000_K10_J200"
     quick = "--quick" in scale_args.split()
     lo, hi = (3, 10) if quick else (3, 30)
-    k_lo, k_hi = (2, 4) if quick else (2, 8)
+    k_lo, k_hi = (3, 6) if quick else (2, 8)
     return [
         Row(
             "pipeline step, S = 2, m = 4, vs the plain model",
