@@ -1,13 +1,14 @@
 """Every benchmark in one command, one table: each figure with its target, whether it is met, and the
 command that measures it alone.
 
-    python benchmarks/run_all.py            # about 6-8 minutes on 2 idle cores
-    python benchmarks/run_all.py --quick    # fewer steps and rounds (a smoke check of the table)
+    python benchmarks/run_all.py            # about 10 minutes on 2 idle cores (scaling.py: ~3 of them)
+    python benchmarks/run_all.py --quick    # fewer steps and rounds (a smoke check of the table), ~4 minutes
 
 Runs ``pipeline_overhead.py`` (S = 1, 2, 3 x m = 1, 2, 4, 8), ``pipeline_1f1b_memory.py`` (S = 2, 3,
-m = 8), ``data_plane.py`` (no Flower comparison), ``dssra_solve.py`` (the target sizes) and
-``gpu_speedup.py`` (GPU vs CPU; only ``cuda_available: 0`` on a machine without CUDA) as subprocesses,
-reads their ``name: value`` lines and prints the
+m = 8), ``data_plane.py`` (no Flower comparison), ``dssra_solve.py`` (the target sizes), ``scaling.py``
+(round wall-clock, eq. (26) and server memory vs N and K) and ``gpu_speedup.py`` (GPU vs CPU; only
+``cuda_available: 0`` on a machine without CUDA) as subprocesses, reads their ``name: value`` lines and
+prints the
 machine it ran on and a Markdown table. Figures that no benchmark measures yet are listed as such, so the
 table says plainly what is missing. Ratios are taken within one run (this machine may be shared); the
 1-minute load average before and after is printed so a busy run can be recognised.
@@ -121,8 +122,11 @@ def schedule_memory_rows(mem_args: str) -> list[Row]:
     ]
 
 
-def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "") -> list[Row]:
+def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "", scale_args: str = "") -> list[Row]:
     big, huge = "N100_K10_J50", "N1000_K10_J200"
+    quick = "--quick" in scale_args.split()
+    lo, hi = (3, 10) if quick else (3, 30)
+    k_lo, k_hi = (3, 6) if quick else (2, 8)
     return [
         *pipeline_rows(pipe_args),
         *schedule_memory_rows(mem_args),
@@ -196,8 +200,48 @@ def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "") -> l
             3000.0,
             f"python benchmarks/dssra_solve.py {dssra_args}",
         ),
-        Row("wall-clock per round vs N (3 -> 30)", lambda f: None, "", None, "no benchmark yet (issue 16)"),
-        Row("server memory vs N", lambda f: None, "", None, "no benchmark yet (issue 16)"),
+        Row(
+            f"wall-clock per round, N = {lo} CUs (K = 3, tiny model, 1 step)",
+            lambda f: f[f"round_wall_s_N{lo}"],
+            "s",
+            None,
+            f"python benchmarks/scaling.py {scale_args}",
+        ),
+        Row(
+            f"wall-clock per round, N = {hi} CUs",
+            lambda f: f[f"round_wall_s_N{hi}"],
+            "s",
+            None,
+            f"python benchmarks/scaling.py {scale_args}",
+        ),
+        Row(
+            f"wall-clock per round growth N = {lo} -> {hi}, per CU (1 = linear)",
+            lambda f: f["round_wall_growth_per_cu_ratio"],
+            "x",
+            1.0,
+            f"python benchmarks/scaling.py {scale_args}",
+        ),
+        Row(
+            f"modelled round delay eq. (26), N = {lo} -> {hi}",
+            lambda f: f[f"modelled_delay_s_N{hi}"] / f[f"modelled_delay_s_N{lo}"],
+            "x",
+            None,
+            f"python benchmarks/scaling.py {scale_args}",
+        ),
+        Row(
+            f"wall-clock per round, K = {k_lo} -> {k_hi} devices per cluster (N = 3)",
+            lambda f: f[f"round_wall_s_K{k_hi}"] / f[f"round_wall_s_K{k_lo}"],
+            "x",
+            None,
+            f"python benchmarks/scaling.py {scale_args}",
+        ),
+        Row(
+            f"server peak RSS, N = {hi} vs N = {lo} (fixed model; flat = 1)",
+            lambda f: f["server_rss_growth_ratio"],
+            "x",
+            1.1,
+            f"python benchmarks/scaling.py {scale_args}",
+        ),
         Row(
             "GPU: server decoder step, bert_base, b = 64, vs CPU",
             lambda f: f.get("decoder_step_gpu_speedup"),
@@ -247,12 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     figures: Figures = {}
     problems = []
     gpu = "" if args.quick else "--round"
+    scale = "--quick" if args.quick else ""
     benchmarks = [
         ("pipeline_overhead.py", pipe),
         ("pipeline_1f1b_memory.py", mem),
         ("data_plane.py", dp),
         ("dssra_solve.py", dssra),
         ("gpu_speedup.py", gpu),
+        ("scaling.py", scale),
     ]
     for script, extra in benchmarks:
         found, problem = run_benchmark(script, extra.split(), args.timeout)
@@ -262,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}")
     print(f"load average (1 min): {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     print(f"took: {time.monotonic() - started:.0f} s{' (--quick)' if args.quick else ''}\n")
-    table = [["figure", "value", "target", "met", "command"]] + [r.cells(figures) for r in rows(dp, pipe, dssra, mem)]
+    table = [["figure", "value", "target", "met", "command"]] + [
+        r.cells(figures) for r in rows(dp, pipe, dssra, mem, scale)
+    ]
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     for i, row in enumerate(table):
         print("| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |")

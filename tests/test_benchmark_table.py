@@ -43,3 +43,35 @@ def test_pipeline_grid_and_schedule_memory_rows_read_their_figures():
     assert rows["pipeline step, S = 1, m = 1, vs the plain model, fastest steps"].cells(figures)[1] == "not measured"
     per_mb = rows["1F1B peak memory per stage vs GPipe, S = 2, m = 8, head per micro-batch"].cells(figures)
     assert per_mb[1] == "0.62 x" and per_mb[4] == "`python benchmarks/pipeline_1f1b_memory.py mem`"
+
+
+def test_scaling_rows_judge_growth_in_n_and_server_memory():
+    rows = {r.figure: r for r in run_all.rows("dp", "pipe", "dssra", "mem", "")}
+    figures = {
+        "round_wall_s_N3": 2.0,
+        "round_wall_s_N30": 30.0,  # 15x for 10x the CUs: faster than linear
+        "round_wall_growth_per_cu_ratio": 1.5,
+        "modelled_delay_s_N3": 8.0,
+        "modelled_delay_s_N30": 10.0,
+        "round_wall_s_K2": 1.0,
+        "round_wall_s_K8": 1.6,
+        "server_rss_growth_ratio": 1.02,
+    }
+    growth = rows["wall-clock per round growth N = 3 -> 30, per CU (1 = linear)"].cells(figures)
+    assert growth[1:4] == ["1.5 x", "<= 1 x", "no"]
+    modelled = rows["modelled round delay eq. (26), N = 3 -> 30"].cells(figures)
+    assert modelled[1] == "1.25 x" and modelled[3] == "-"  # 10 / 8, no target
+    k = rows["wall-clock per round, K = 2 -> 8 devices per cluster (N = 3)"].cells(figures)
+    assert k[1] == "1.6 x"
+    rss = rows["server peak RSS, N = 30 vs N = 3 (fixed model; flat = 1)"].cells(figures)
+    assert rss[1:4] == ["1.02 x", "<= 1.1 x", "yes"]
+    assert rows["wall-clock per round, N = 30 CUs"].cells(figures)[1] == "30 s"
+
+
+def test_quick_scaling_rows_name_the_quick_sizes():
+    figures = {"round_wall_s_N10": 4.0}
+    names = [r.figure for r in run_all.rows("dp", "pipe", "dssra", "mem", "--quick")]
+    assert "wall-clock per round, N = 10 CUs" in names
+    row = next(r for r in run_all.rows("dp", "pipe", "dssra", "mem", "--quick") if r.figure.endswith("N = 10 CUs"))
+    assert row.cells(figures)[1] == "4 s"
+    assert "--quick" in row.command

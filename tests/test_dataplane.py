@@ -769,3 +769,19 @@ def test_server_memory_stays_bounded_under_a_flood_of_250mb_frames(who, refused_
     assert flood.stdout.split() == [refused_as] * 8, flood.stdout  # every flood frame refused
     grown_mb = (max(peak) - peak[0]) / 2**20
     assert grown_mb < 100, f"the server grew by {grown_mb:.0f} MB under 8 x 250 MB frames from {who}"
+
+
+def test_replay_guard_keeps_only_the_open_rounds_step_ids(served):
+    """Step ids are kept per (round, cluster) for the open round only: the host's state stays O(N) over T
+    rounds (benchmarks/scaling.py), and a replay within the open round is still refused."""
+    z, mbs = make_step(53)
+    for t in (1, 2, 3, 4):
+        served.host.open_round(t, [0, 1])
+        for n in (0, 1):
+            frame = encode_step_request(cluster_key(SECRET, t, n), t, n, 1, z, mbs, fp16=False)
+            assert _exchange(served.host.address, frame, t, n)["kind"] == "reply"
+    assert sorted(served.host._last_seq) == [(4, 0), (4, 1)]  # 2 entries after 4 rounds of 2 CUs, not 8
+    again = encode_step_request(cluster_key(SECRET, 4, 0), 4, 0, 1, z, mbs, fp16=False)
+    assert "replayed or reordered" in _exchange(served.host.address, again, 4, 0)["message"]
+    old = encode_step_request(cluster_key(SECRET, 3, 0), 3, 0, 2, z, mbs, fp16=False)
+    assert _exchange(served.host.address, old, 3, 0)["kind"] == "error"  # a closed round stays refused

@@ -221,6 +221,8 @@ class DecoderHost:
             self._round = int(round)
             self._clusters = frozenset(int(c) for c in clusters)
             self._closed_rounds.discard(self._round)
+        with self._state_lock:  # only the open round's step ids can be claimed: keep O(N), not O(N * T)
+            self._last_seq = {key: seq for key, seq in self._last_seq.items() if key[0] == self._round}
         if self._joint is not None:
             self._joint.open_round(round, clusters)
 
