@@ -5,7 +5,8 @@
 #   fig5/    Fig. 5: each heterogeneous cluster's optimal (S, m) and delay over m, beside the uniform split
 #   fig7_8/  Figs. 7-8 and Table III: on-device accumulated computation time, per-device memory and data users
 #            of every method, per task, 3 seeds, 50 rounds of Algorithm 1
-#   fig11/   Fig. 11: DSSRA vs loss-only / delay-only / random with CU selection (N = 10 > J = 4), 3 seeds
+#   fig11/   Fig. 11: DSSRA vs loss-only / delay-only / random with CU selection (N = 10 > J = 4), 3 seeds;
+#            uplink_share.txt: each policy's round delay split into tau^pipe and uplink (seed 0)
 #   lyapunov/default, lyapunov/selection: Y_n over rounds and the V trade-off (V = 0.01, 1, 10, 100)
 #   selection/: every policy's cumulative delay and convergence term on the selection network, seed 0
 # Gamma^max for N = 10, J = 4 is 0.95 (1.07 x fair_share_gamma, docs/system_model.md); the default 3.5 is for
@@ -24,6 +25,7 @@ for task in translation classification ner; do
   run results/fig7_8/$task python results/fig7_8_methods.py --task $task --rounds 50 --seeds 0 1 2 --out results/fig7_8/$task
 done
 run results/fig11 python results/fig11_policies.py --rounds 150 --seeds 0 1 2 --out results/fig11
+python results/fig11_uplink_share.py --rounds 150 --seeds 0 | tee results/fig11/uplink_share.txt
 run results/lyapunov/default python results/lyapunov.py --rounds 150 --out results/lyapunov/default
 run results/lyapunov/selection python results/lyapunov.py --rounds 150 --out results/lyapunov/selection \
   network=selection federation.num_clusters=10 scheduler.convergence.gamma_max=0.95
