@@ -39,14 +39,14 @@ def test_plan_fixes_folders_and_supernodes_from_the_config(tmp_path, data_dir):
 
 def test_a_bad_config_is_one_line_and_exit_2_before_flower_starts(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "collapipe_flwr", "run", "--run-config", "num-clusters=0 overrides='method.fixed_m=0'"],
+        [sys.executable, "-m", "collapipe_flwr", "run", "--run-config", "num-clusters=0 overrides='method.fixed_m=-1'"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines() == ["error: method.fixed_m=0 must be >= 1"]
+    assert proc.stderr.strip().splitlines() == ["error: method.fixed_m=-1 must be >= 0 (0: m chosen by Sub-1)"]
     assert "flwr run" not in proc.stdout and not (tmp_path / "runs").exists()
 
 
