@@ -4,7 +4,6 @@ CPU model. The CUDA tests skip cleanly where torch sees no GPU."""
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
@@ -17,25 +16,19 @@ from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.executors import LocalStages, creation_error
 from collapipe_flwr.pipeline.head import LocalHead, head_step
 from collapipe_flwr.pipeline.optim import OptimizerSpec
-from tests.test_transparency import make_batch, make_model, named_weights, reference_step
+from tests.test_transparency import (
+    make_batch,
+    make_model,
+    named_weights,
+    ray_session,  # noqa: F401  # the module's Ray fixture, used by name
+    reference_step,
+)
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 without_cuda = pytest.mark.skipif(HAS_CUDA, reason="checks the error on a machine without CUDA")
 SGD_UNIT = OptimizerSpec(name="sgd", lr=1.0)
 ADAM = OptimizerSpec(name="adam", lr=1e-2)
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as pipeline.executors.ensure_ray does
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 # -- resolution and errors (every machine) ----------------------------------------------------------------
