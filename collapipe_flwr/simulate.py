@@ -62,7 +62,9 @@ def generic_workload(
 def run(
     policy_name: str, rounds: int, spec: NetworkSpec, workload: Workload, scheduler: SchedulerSpec, seed: int
 ) -> dict:
-    """Cumulative modelled delay and mean Gamma of one policy over ``rounds`` rounds (same states for all)."""
+    """One policy over ``rounds`` rounds (same states for every policy): the cumulative modelled delay, Gamma, and
+    per round the number of selected CUs and the slowest selected CU's tau_n^pipe and uplink time (the two parts
+    of the round delay tau(t), eq. 26)."""
     sched = dataclasses.replace(scheduler, name=policy_name)
     if policy_name == "uniform":
         sched = dataclasses.replace(sched, segment_scheduling=False)
@@ -72,8 +74,14 @@ def run(
     difficulty = rng.uniform(1.0, 3.0, spec.num_clusters)
     trained = np.zeros(spec.num_clusters)
     delays, gammas, per_cluster = [], [], []
+    selected, bottleneck_pipeline, bottleneck_uplink = [], [], []
     for t in range(rounds):
         plan = policy.plan(t, sampler.sample(t))
+        selected.append(len(plan.selected))
+        rows = [r for r in plan.modelled["clusters"] if r["delay_s"] > 0]
+        worst = max(rows, key=lambda r: r["delay_s"]) if rows else {"pipeline_s": 0.0, "uplink_s": 0.0}
+        bottleneck_pipeline.append(float(worst["pipeline_s"]))
+        bottleneck_uplink.append(float(worst["uplink_s"]))
         for c in plan.selected:
             trained[c.cluster] += 1
         losses = {
@@ -91,6 +99,9 @@ def run(
         # C10 is per cluster: the worst cluster's time-average Gamma_n
         "gamma_worst_cluster": float(np.max(np.mean(per_cluster, axis=0))),
         "delay_mean_s": float(np.mean(delays)),
+        "selected": selected,
+        "bottleneck_pipeline_s": bottleneck_pipeline,
+        "bottleneck_uplink_s": bottleneck_uplink,
     }
 
 

@@ -48,9 +48,11 @@ MODELS = {"translation": "transformer_small", "classification": "bert_small", "n
 COMMON = ["federation=paper", "federation.local_steps=1", "network=paper_table2", "network.uplink.energy_max_j=1000"]
 
 
-def task_workload(task_name: str, overrides: list[str]) -> Workload:
-    """The workload the server would count for this task at start-up (one local step per round)."""
-    cfg = load_run_config([f"task={task_name}", f"model={MODELS[task_name]}", *COMMON, *overrides])
+def task_workload(task_name: str, overrides: list[str], model_name: str = "") -> Workload:
+    """The workload the server would count for this task at start-up (one local step per round); the model is
+    ``model_name`` (a conf/model/ preset), by default the task's small model."""
+    model_name = model_name or MODELS[task_name]
+    cfg = load_run_config([f"task={task_name}", f"model={model_name}", *COMMON, *overrides])
     task = wiring.build_task(cfg)
     model = wiring.build_model(task, cfg)
     hidden, mask = sample_hidden(task, model, cfg)
@@ -65,10 +67,12 @@ def task_workload(task_name: str, overrides: list[str]) -> Workload:
     )
 
 
-def run_method(method: str, task_name: str, workload: Workload, rounds: int, seed: int, overrides: list[str]) -> dict:
+def run_method(
+    method: str, task_name: str, model_name: str, workload: Workload, rounds: int, seed: int, overrides: list[str]
+) -> dict:
     """Per-round series of one method's plans: on-device compute, compute + D2D, and round delay (eq. 26)."""
     cfg = load_run_config(
-        [f"task={task_name}", f"model={MODELS[task_name]}", f"method={method}", f"seed={seed}", *COMMON, *overrides]
+        [f"task={task_name}", f"model={model_name}", f"method={method}", f"seed={seed}", *COMMON, *overrides]
     )
     planner = make_planner(cfg.method, cfg.scheduler, cfg.network, workload, seed)
     sampler = StateSampler(cfg.network, seed)
@@ -130,10 +134,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--model", default="", help="model preset (conf/model/); default: the task's small model")
     args = ap.parse_intermixed_args(argv)
-    workload = task_workload(args.task, args.overrides)
+    model_name = args.model or MODELS[args.task]
+    workload = task_workload(args.task, args.overrides, model_name)
     runs = {
-        (method, seed): run_method(method, args.task, workload, args.rounds, seed, args.overrides)
+        (method, seed): run_method(method, args.task, model_name, workload, args.rounds, seed, args.overrides)
         for method in METHODS
         for seed in args.seeds
     }
@@ -158,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
             figures[f"reduction_pct_{metric}_vs_{base}"] = mean
             rows.append((metric, base, mean, sd))
     lines = [
-        f"# Figs. 7-8 in the model: {args.task} ({MODELS[args.task]}), {args.rounds} rounds of one batch, "
+        f"# Figs. 7-8 in the model: {args.task} ({model_name}), {args.rounds} rounds of one batch, "
         f"seeds {', '.join(map(str, args.seeds))}",
         "",
         "| measure | CollaPipe vs | ours: reduction, mean +- sd over seeds | paper |",
@@ -202,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
         ax.plot(range(1, args.rounds + 1), series, label=method)
     ax.set_xlabel("communication round t")
     ax.set_ylabel("accumulated on-device computation time (s)")
-    ax.set_title(f"{args.task}: {MODELS[args.task]}, mean of {len(args.seeds)} seeds")
+    ax.set_title(f"{args.task}: {model_name}, mean of {len(args.seeds)} seeds")
     ax.legend()
     fig.tight_layout()
     fig.savefig(args.out / "accumulated.png", dpi=120)

@@ -4,7 +4,8 @@
 #   fig4/    Fig. 4: round delay over S x m with an even delta (the paper's Transformer, a Table II cluster)
 #   fig5/    Fig. 5: each heterogeneous cluster's optimal (S, m) and delay over m, beside the uniform split
 #   fig7_8/  Figs. 7-8 and Table III: on-device accumulated computation time, per-device memory and data users
-#            of every method, per task, 3 seeds, 50 rounds of Algorithm 1
+#            of every method, per task, 3 seeds, 50 rounds of Algorithm 1; <task>/ with the small models the
+#            training runs use, <task>_paper_size/ with the paper's Transformer and BERT-base
 #   fig11/   Fig. 11: DSSRA vs loss-only / delay-only / random with CU selection (N = 10 > J = 4), 3 seeds;
 #            uplink_share.txt: each policy's round delay split into tau^pipe and uplink (seed 0)
 #   lyapunov/default, lyapunov/selection: Y_n over rounds and the V trade-off (V = 0.01, 1, 10, 100)
@@ -21,8 +22,19 @@ run() {  # run OUT_DIR command...: the command's stdout also goes to OUT_DIR/fig
 }
 run results/fig4 python results/fig4_uniform_grid.py --out results/fig4
 run results/fig5 python results/fig5_segments.py --out results/fig5
-for task in translation classification ner; do
+for task in translation classification ner; do  # the small models the training runs use
   run results/fig7_8/$task python results/fig7_8_methods.py --task $task --rounds 50 --seeds 0 1 2 --out results/fig7_8/$task
+done
+# The paper's model sizes: Fig. 7's Transformer (L = 6, d_model 512) and Fig. 8's BERT-base (L = 12, hidden 768).
+# BERT-base gives every device 6 GB (classification) or 8 GB (NER, 160-token sentences): Table III has VanillaFL's
+# devices hold the whole model (~5-6 GB), which Table II's gamma_k^max = 1.5 GB forbids (C7), so the paper's
+# VanillaFL ran on larger devices.
+run results/fig7_8/translation_paper_size python results/fig7_8_methods.py --task translation --model transformer_paper \
+  --rounds 50 --seeds 0 1 2 --out results/fig7_8/translation_paper_size
+for task_memory in classification:6e9 ner:8e9; do
+  task=${task_memory%:*}
+  run results/fig7_8/${task}_paper_size python results/fig7_8_methods.py --task $task --model bert_base --rounds 50 \
+    --seeds 0 1 2 --out results/fig7_8/${task}_paper_size network.device.memory_bytes=${task_memory#*:}
 done
 run results/fig11 python results/fig11_policies.py --rounds 150 --seeds 0 1 2 --out results/fig11
 python results/fig11_uplink_share.py --rounds 150 --seeds 0 | tee results/fig11/uplink_share.txt

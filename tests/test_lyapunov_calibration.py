@@ -78,3 +78,18 @@ def test_default_setting_has_positive_queues_in_some_rounds():
         positive += any(row["Y"] > 0 for row in plan.modelled["clusters"])
         policy.observe(plan, {})
     assert 0 < positive < 60, positive
+
+
+def test_simulate_run_splits_each_round_delay_into_the_bottleneck_parts():
+    """simulate.run's per-round record: the slowest selected CU's tau^pipe + uplink is the round delay tau(t)
+    (eq. 26, read off the cumulative delay), and no more CUs than the J = 4 channels are selected (N = 10)."""
+    from collapipe_flwr.simulate import run
+
+    cfg = load_run_config(["network=selection", "federation.num_clusters=10", "scheduler.convergence.gamma_max=0.95"])
+    workload = generic_workload(64, 4, 128, 3, 16, 64, 1)
+    for policy in ("dssra", "delay_only"):
+        out = run(policy, 6, cfg.network, workload, cfg.scheduler, seed=0)
+        per_round = np.diff([0.0, *out["cumulative_s"]])
+        parts = np.add(out["bottleneck_pipeline_s"], out["bottleneck_uplink_s"])
+        assert parts == pytest.approx(per_round, rel=1e-9)
+        assert all(1 <= k <= 4 for k in out["selected"])

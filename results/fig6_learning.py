@@ -1,0 +1,276 @@
+"""Figs. 6, 9 and 10 from training runs: learning per method (three seeds) and over (S, m).
+
+    python results/fig6_learning.py ROOT --out results/training
+
+ROOT is the folder `bash results/training_runs.sh ROOT` filled: ``<task>/methods/seed<s>/`` (the five methods)
+and ``<task>/grid/`` (a uniform split over S devices with a fixed m, seed 0). Every run is read with the report's
+own reader (``collapipe_flwr.experiments.runs``) and per-round series (``aggregate.series``). Writes
+``OUT/learning.md`` (per task: final metric and training loss, mean +- sd over seeds, the paper's comparisons as
+paired per-seed gaps, and how far the learning of the gradient-exact methods differs), ``OUT/grid.md``
+(Figs. 9-10), ``OUT/runs.csv`` and PNGs, and prints ``name: value`` lines.
+
+The paper's statements these numbers are set beside (Section VI.C-D):
+- Fig. 6d: translation BLEU "improved by 19.5% compared to baselines";
+- Fig. 6c: classification accuracy "outperforms the PipeLine and TITANIC mechanisms by about 1.82% and 0.15%";
+- Figs. 6b/6e: NER "a faster reduction in training loss during the early stages of training";
+- Fig. 9: translation "the optimal configuration ... S = 2 and m = 2, under which the best learning performance
+  is achieved"; Fig. 10: NER "reducing the value of m improves convergence performance".
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from collapipe_flwr.experiments import aggregate  # noqa: E402
+from collapipe_flwr.experiments.aggregate import cumulative  # noqa: E402
+from collapipe_flwr.experiments.runs import RunData, load_runs  # noqa: E402
+
+TASKS = ("translation", "classification", "ner")
+METHODS = ("collapipe", "collapipe_no_ss", "vanilla_fl", "titanic", "pipeline")
+EXACT_PEERS = ("collapipe_no_ss", "titanic")  # same batch and gradient; only S, m and the devices differ
+CSV_KEYS = ("method", "seed", "S", "m", "rounds", "final_metric", "final_loss", "early_loss", "compute_s", "delay_s")
+CSV_KEYS += ("measured_s", "ok")
+EARLY_ROUNDS = 10  # "early stages of training" (Figs. 6b/6e): the mean training loss over rounds 1..10
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def fmt(values: list[float], digits: int = 3) -> str:
+    mean, sd = mean_sd(values)
+    return "-" if not values else f"{mean:.{digits}f} +- {sd:.{digits}f} (n={len(values)})"
+
+
+def run_summary(run: RunData) -> dict:
+    s = aggregate.series(run.rounds)
+    shape = aggregate.plan_shape(run.rounds)
+    losses = [v for v in s["train_loss"] if v is not None]
+    metrics = [(r, v) for r, v in zip(s["round"], s["metric"]) if v is not None]
+    return {
+        "run": run.name,
+        "ok": run.ok,
+        "task": run.labels.get("task"),
+        "method": run.labels.get("method"),
+        "seed": run.config.get("seed"),
+        "metric": aggregate.metric_name(run.rounds),
+        "rounds": len(s["round"]),
+        "final_metric": metrics[-1][1] if metrics else None,
+        "final_loss": losses[-1] if losses else None,
+        "early_loss": statistics.fmean(losses[:EARLY_ROUNDS]) if len(losses) >= EARLY_ROUNDS else None,
+        "loss": s["train_loss"],
+        "round": s["round"],
+        "delay_cum": cumulative(s["delay"]),
+        "compute_s": sum(v for v in s["compute"] if v is not None),
+        "delay_s": sum(v for v in s["delay"] if v is not None),
+        "measured_s": sum(v for v in s["measured_train_s"] if v is not None),
+        "S": shape.get("mean_S"),
+        "m": shape.get("mean_m"),
+    }
+
+
+def gather(root: Path, task: str, part: str) -> list[dict]:
+    folder = root / task / part
+    if not folder.is_dir():
+        return []
+    return [run_summary(r) for r in load_runs(folder)]
+
+
+def paired(by_method: dict, base: str, key: str) -> list[tuple[float, float]]:
+    """(CollaPipe's, ``base``'s) value of ``key`` per seed both finished, by seed (a paired comparison removes the
+    seed's data order and initialisation from the gap)."""
+    ours = {r["seed"]: r[key] for r in by_method.get("collapipe", []) if r[key] is not None}
+    theirs = {r["seed"]: r[key] for r in by_method.get(base, []) if r[key] is not None}
+    return [(ours[s], theirs[s]) for s in sorted(ours.keys() & theirs.keys())]
+
+
+def paired_gaps(by_method: dict, base: str, key: str) -> list[float]:
+    """CollaPipe minus ``base`` on ``key``, per seed both finished."""
+    return [a - b for a, b in paired(by_method, base, key)]
+
+
+def max_loss_difference(by_method: dict, peer: str) -> float | None:
+    """The largest |training loss of CollaPipe - of ``peer``| over rounds and seeds (same seed, same round)."""
+    diffs = []
+    for ours in by_method.get("collapipe", []):
+        for theirs in by_method.get(peer, []):
+            if theirs["seed"] != ours["seed"]:
+                continue
+            diffs += [abs(a - b) for a, b in zip(ours["loss"], theirs["loss"]) if a is not None and b is not None]
+    return max(diffs) if diffs else None
+
+
+def method_section(task: str, runs: list[dict], figures: dict) -> list[str]:
+    by_method: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        if r["ok"]:
+            by_method[r["method"]].append(r)
+    metric = next((r["metric"] for r in runs if r["metric"]), "metric")
+    lines = [
+        f"## {task}: learning per method (Fig. 6), metric = validation {metric}",
+        "",
+        f"| method | final {metric} | final train loss | mean train loss, rounds 1-{EARLY_ROUNDS} | mean S | mean m "
+        "| modelled on-device compute (s) | modelled delay (s) | measured CU training (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for method in METHODS:
+        group = by_method.get(method, [])
+        if not group:
+            lines.append(f"| {method} | not run | | | | | | | |")
+            continue
+
+        def vals(key, group=group):
+            return [r[key] for r in group if r[key] is not None]
+
+        lines.append(
+            f"| {method} | {fmt(vals('final_metric'), 4)} | {fmt(vals('final_loss'))} | {fmt(vals('early_loss'))} | "
+            f"{statistics.fmean(vals('S')):.2f} | {statistics.fmean(vals('m')):.2f} | "
+            f"{statistics.fmean(vals('compute_s')):.1f} | {statistics.fmean(vals('delay_s')):.1f} | "
+            f"{statistics.fmean(vals('measured_s')):.1f} |"
+        )
+        figures[f"{task}_final_metric_{method}"] = mean_sd(vals("final_metric"))[0]
+        figures[f"{task}_final_loss_{method}"] = mean_sd(vals("final_loss"))[0]
+    lines += [
+        "",
+        f"CollaPipe minus each baseline, paired by seed (mean +- sd over the seeds both finished; final {metric}, "
+        f"and the mean training loss over rounds 1-{EARLY_ROUNDS}, negative = CollaPipe's loss falls faster):",
+        "",
+        f"| CollaPipe vs | final {metric} gap | relative gap (% of baseline) | early-loss gap |",
+        "|---|---|---|---|",
+    ]
+    for base in METHODS[1:]:
+        gaps = paired_gaps(by_method, base, "final_metric")
+        rel = [100.0 * (a - b) / b for a, b in paired(by_method, base, "final_metric") if b]
+        early = paired_gaps(by_method, base, "early_loss")
+        lines.append(f"| {base} | {fmt(gaps, 4)} | {fmt(rel, 2)} | {fmt(early)} |")
+        figures[f"{task}_gap_{metric}_vs_{base}"] = mean_sd(gaps)[0]
+        figures[f"{task}_early_loss_gap_vs_{base}"] = mean_sd(early)[0]
+    lines += [
+        "",
+        "Methods whose pipeline computes CollaPipe's gradient for the same batch (only S, m and the devices "
+        "differ; dropout masks differ with them, so the curves are not bit-identical): the largest per-round "
+        "|training loss difference| from CollaPipe, same seed:",
+        "",
+    ]
+    for peer in EXACT_PEERS:
+        diff = max_loss_difference(by_method, peer)
+        lines.append(f"- {peer}: {'-' if diff is None else f'{diff:.2e}'}")
+        if diff is not None:
+            figures[f"{task}_max_loss_diff_{peer}"] = diff
+    failed = [r for r in runs if not r["ok"]]
+    lines += [f"- failed run: `{r['run']}`" for r in failed]
+    return lines + [""]
+
+
+def grid_section(task: str, runs: list[dict], figures: dict) -> list[str]:
+    ok = sorted((r for r in runs if r["ok"]), key=lambda r: (r["S"] or 0, r["m"] or 0))
+    if not ok:
+        return []
+    metric = next((r["metric"] for r in ok if r["metric"]), "metric")
+    ref = ok[0]
+    lines = [
+        f"## {task}: learning over (S, m) (Figs. 9-10), uniform split, seed 0, metric = validation {metric}",
+        "",
+        f"| S | m | final {metric} | final train loss | largest per-round |loss - loss at S={ref['S']:.0f}, "
+        f"m={ref['m']:.0f}| | modelled delay (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in ok:
+        diff = max(abs(a - b) for a, b in zip(r["loss"], ref["loss"]) if a is not None and b is not None)
+        lines.append(
+            f"| {r['S']:.0f} | {r['m']:.0f} | {r['final_metric']:.4f} | {r['final_loss']:.4f} | {diff:.2e} | "
+            f"{r['delay_s']:.1f} |"
+        )
+        figures[f"{task}_grid_S{r['S']:.0f}_m{r['m']:.0f}_{metric}"] = r["final_metric"]
+        figures[f"{task}_grid_S{r['S']:.0f}_m{r['m']:.0f}_max_loss_diff"] = diff
+    return lines + [""]
+
+
+def plot_methods(task: str, runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_t) = plt.subplots(1, 2, figsize=(11, 4))
+    for method in METHODS:
+        group = [r for r in runs if r["ok"] and r["method"] == method]
+        if not group:
+            continue
+        n = min(len(r["loss"]) for r in group)
+        losses = np.array([r["loss"][:n] for r in group], dtype=float)
+        rounds = np.array(group[0]["round"][:n])
+        mean, sd = losses.mean(axis=0), losses.std(axis=0)
+        (line,) = ax_r.plot(rounds, mean, label=f"{method} (n={len(group)})")
+        ax_r.fill_between(rounds, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
+        delay = np.array([[np.nan if v is None else v for v in r["delay_cum"][:n]] for r in group]).mean(axis=0)
+        ax_t.plot(delay, mean, label=method, color=line.get_color())
+    ax_r.set(xlabel="communication round t", ylabel="training loss (mean +- sd over seeds)", title=f"{task}: Fig. 6")
+    ax_t.set(xlabel="modelled cumulative delay sum_t tau(t) (s, eq. 26)", ylabel="training loss", title="over time")
+    ax_r.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_grid(task: str, runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for r in sorted((r for r in runs if r["ok"]), key=lambda r: (r["S"], r["m"])):
+        ax.plot(r["round"], r["loss"], label=f"S={r['S']:.0f}, m={r['m']:.0f}: {r['metric']} {r['final_metric']:.3f}")
+    ax.set(xlabel="communication round t", ylabel="training loss", title=f"{task}: Figs. 9-10 (seed 0)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("root", type=Path, help="the folder results/training_runs.sh wrote")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, float] = {}
+    learning = [f"# Learning per method (Fig. 6): training runs under `{args.root}`", ""]
+    grid = [f"# Learning over (S, m) (Figs. 9-10): training runs under `{args.root}`", ""]
+    csv = [",".join(("task", "part", *CSV_KEYS))]
+    for task in TASKS:
+        for part, section, plot, out in (
+            ("methods", method_section, plot_methods, learning),
+            ("grid", grid_section, plot_grid, grid),
+        ):
+            runs = gather(args.root, task, part)
+            if not runs:
+                continue
+            out += section(task, runs, figures)
+            if any(r["ok"] for r in runs):
+                plot(task, runs, args.out / f"{'fig6' if part == 'methods' else 'fig9_10'}_{task}.png")
+            for r in runs:
+                values = [task, part] + [r[k] for k in CSV_KEYS]
+                csv.append(",".join("" if v is None else str(v) for v in values))
+    (args.out / "learning.md").write_text("\n".join(learning) + "\n")
+    (args.out / "grid.md").write_text("\n".join(grid) + "\n")
+    (args.out / "runs.csv").write_text("\n".join(csv) + "\n")
+    for name, value in figures.items():
+        print(f"{name}: {value:.4g}")
+
+
+if __name__ == "__main__":
+    main()
