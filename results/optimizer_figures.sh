@@ -36,6 +36,11 @@ for task_memory in classification:6e9 ner:8e9; do
   run results/fig7_8/${task}_paper_size python results/fig7_8_methods.py --task $task --model bert_base --rounds 50 \
     --seeds 0 1 2 --out results/fig7_8/${task}_paper_size network.device.memory_bytes=${task_memory#*:}
 done
+# Sensitivity: the same Fig. 7 with a narrow device spread inside each cluster (f_k 0.6-0.8 GHz, phi_k 20-24
+# instead of Table II's 0.1-0.8 GHz and 10-24), results/README.md
+run results/fig7_8/translation_paper_size_narrow_devices python results/fig7_8_methods.py --task translation \
+  --model transformer_paper --rounds 50 --seeds 0 1 2 --out results/fig7_8/translation_paper_size_narrow_devices \
+  "network.device.f_hz=[6.0e+8,8.0e+8]" "network.device.flops_per_cycle=[20.0,24.0]"
 run results/fig11 python results/fig11_policies.py --rounds 150 --seeds 0 1 2 --out results/fig11
 python results/fig11_uplink_share.py --rounds 150 --seeds 0 | tee results/fig11/uplink_share.txt
 run results/lyapunov/default python results/lyapunov.py --rounds 150 --out results/lyapunov/default

@@ -7,8 +7,9 @@
 #   2. results/training_runs.sh: training through the same Flower simulation path as `flwr run .` (one
 #      `flwr run` per Hydra job): the five methods on the three tasks, seeds 0, 1, 2, and the (S, m) grids of
 #      Figs. 9-10 (about 2 minutes per job on 2 cores: close to 2 hours);
-#   3. results/fig6_learning.py: Figs. 6, 9-10 as tables (mean +- sd over seeds) and PNGs in results/training/,
-#      and each task's per-run report (python -m collapipe_flwr.experiments.report) in results/training/<task>/.
+#   3. results/fig6_learning.py: Figs. 6, 9-10 as tables (mean +- sd over seeds), runs.csv and PNGs in
+#      results/training/ (`python -m collapipe_flwr.experiments.report SWEEP_ROOT/<task>` gives any task's
+#      per-run report on top).
 # Usage: bash results/reproduce.sh [SWEEP_ROOT]   (data: ./data, or COLLAPIPE_DATA_DIR; docs/data.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,3 @@ bash results/optimizer_figures.sh
 bash results/training_runs.sh "$ROOT"
 mkdir -p results/training
 python results/fig6_learning.py "$ROOT" --out results/training | tee results/training/figures.txt
-for task in translation classification ner; do
-  python -m collapipe_flwr.experiments.report "$ROOT/$task" --out "results/training/$task"
-done
