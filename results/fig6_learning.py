@@ -2,8 +2,9 @@
 
     python results/fig6_learning.py ROOT --out results/training
 
-ROOT is the folder `bash results/training_runs.sh ROOT` filled: ``<task>/methods/seed<s>/`` (the five methods)
-and ``<task>/grid/`` (a uniform split over S devices with a fixed m, seed 0). Every run is read with the report's
+ROOT is the folder `bash results/training_runs.sh ROOT` filled: ``<task>/methods/seed<s>/`` (the five methods),
+``<task>/long/`` (longer runs, reported as ``<task>_long``) and ``<task>/grid/`` (a uniform split over S devices
+with a fixed m, seed 0). Every run is read with the report's
 own reader (``collapipe_flwr.experiments.runs``) and per-round series (``aggregate.series``). Writes
 ``OUT/learning.md`` (per task: final metric and training loss, mean +- sd over seeds, the paper's comparisons as
 paired per-seed gaps, and how far the learning of the gradient-exact methods differs), ``OUT/grid.md``
@@ -252,16 +253,18 @@ def main(argv: list[str] | None = None) -> None:
     grid = [f"# Learning over (S, m) (Figs. 9-10): training runs under `{args.root}`", ""]
     csv = [",".join(("task", "part", *CSV_KEYS))]
     for task in TASKS:
-        for part, section, plot, out in (
-            ("methods", method_section, plot_methods, learning),
-            ("grid", grid_section, plot_grid, grid),
+        for part, section, plot, out, figure in (
+            ("methods", method_section, plot_methods, learning, "fig6"),
+            ("long", method_section, plot_methods, learning, "fig6"),
+            ("grid", grid_section, plot_grid, grid, "fig9_10"),
         ):
             runs = gather(args.root, task, part)
             if not runs:
                 continue
-            out += section(task, runs, figures)
+            label = task if part != "long" else f"{task}_long"  # the long runs: their own section and keys
+            out += section(label, runs, figures)
             if any(r["ok"] for r in runs):
-                plot(task, runs, args.out / f"{'fig6' if part == 'methods' else 'fig9_10'}_{task}.png")
+                plot(label, runs, args.out / f"{figure}_{label}.png")
             for r in runs:
                 values = [task, part] + [r[k] for k in CSV_KEYS]
                 csv.append(",".join("" if v is None else str(v) for v in values))
