@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -564,6 +565,31 @@ def test_descendants_and_stop_tree(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_stop_pids_kills_a_process_that_ignores_sigterm_and_returns_once_it_is_gone():
+    """A process that traps SIGTERM is SIGKILLed after the grace, and stop_pids returns only when it has exited
+    (the deployment test's check right after stop_pids failed on a loaded machine when it did not wait)."""
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True);"
+            " time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert stubborn.stdout.readline().strip() == "ready"  # the handler is installed
+        started = time.monotonic()
+        assert processes.stop_pids([stubborn.pid], grace_s=0.5) == [stubborn.pid]
+        assert time.monotonic() - started >= 0.5  # SIGTERM was ignored for the whole grace
+        assert stubborn.poll() == -signal.SIGKILL  # already exited when stop_pids returned
+    finally:
+        if stubborn.poll() is None:
+            stubborn.kill()
+        stubborn.stdout.close()
 
 
 # --------------------------------------------------------------------------- Hydra entry point

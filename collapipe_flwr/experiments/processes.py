@@ -85,8 +85,10 @@ def _signal(proc: psutil.Process, sig: int) -> None:
         pass
 
 
-def stop_pids(pids: list[int], grace_s: float = 10.0) -> list[int]:
-    """SIGTERM each pid, wait up to ``grace_s``, then SIGKILL the ones left. Returns the pids signalled.
+def stop_pids(pids: list[int], grace_s: float = 10.0, kill_wait_s: float = 10.0) -> list[int]:
+    """SIGTERM each pid, wait up to ``grace_s``, then SIGKILL the ones left and wait up to ``kill_wait_s`` for
+    them to be gone (SIGKILL is delivered asynchronously: on a loaded machine a killed process can still be
+    running for a moment, and a caller that checks right after would see it). Returns the pids signalled.
 
     This process is never signalled. Waiting polls :func:`alive`'s test instead of ``psutil.wait_procs``,
     which would reap our own children (taking their exit status from a ``subprocess.Popen``) and would
@@ -104,9 +106,12 @@ def stop_pids(pids: list[int], grace_s: float = 10.0) -> list[int]:
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(_running(p) for p in procs):
         time.sleep(0.2)
-    for proc in procs:
-        if _running(proc):
-            _signal(proc, signal.SIGKILL)
+    killed = [proc for proc in procs if _running(proc)]
+    for proc in killed:
+        _signal(proc, signal.SIGKILL)
+    deadline = time.monotonic() + kill_wait_s
+    while time.monotonic() < deadline and any(_running(p) for p in killed):
+        time.sleep(0.05)
     return pids
 
 
