@@ -12,6 +12,8 @@ class ClusterPlan:
     selected: whether CU n got a channel (I_{n,j} = 1 for some j); unselected CUs sit the round out.
     channel: j, or None when not selected.  power_w: p_n (W).
     S: number of non-zero entries of delta.  m: micro-batches.  delta: delta_k per device, sum L.
+    data_users: D, the devices that each train the whole model on their own share of the batch (data
+    parallel, VanillaFL read the paper's way); 1 for every pipelined method (the CU's batch is one stream).
     """
 
     cluster: int
@@ -21,10 +23,17 @@ class ClusterPlan:
     S: int
     m: int
     delta: tuple[int, ...]
+    data_users: int = 1
+
+    def __post_init__(self) -> None:
+        if self.data_users < 1:
+            raise ValueError(f"cluster {self.cluster}: data_users={self.data_users} must be >= 1")
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["delta"] = list(self.delta)
+        if self.data_users == 1:  # the pipelined methods' plans (and their records) carry no such key
+            del d["data_users"]
         return d
 
     @classmethod
@@ -37,6 +46,7 @@ class ClusterPlan:
             S=int(d["S"]),
             m=int(d["m"]),
             delta=tuple(int(x) for x in d["delta"]),
+            data_users=int(d.get("data_users", 1)),
         )
 
 

@@ -292,7 +292,16 @@ class Policy:
             if selected:
                 delays.append(ev["pipeline_s"] + up)
             clusters.append(
-                ClusterPlan(cluster=n, selected=selected, channel=j, power_w=p, S=seg.S, m=seg.m, delta=seg.delta)
+                ClusterPlan(
+                    cluster=n,
+                    selected=selected,
+                    channel=j,
+                    power_w=p,
+                    S=seg.S,
+                    m=seg.m,
+                    delta=seg.delta,
+                    data_users=int(ev.get("data_users", 1)),
+                )
             )
             rows.append(
                 {

@@ -27,6 +27,7 @@ from collapipe_flwr import wiring
 from collapipe_flwr.config import DATA_DIR_ENV, ClusterConfig, build_cluster_config
 from collapipe_flwr.dssra.replan import replan_without
 from collapipe_flwr.errors import ConfigError, DeviceFailure, InfeasiblePlanError
+from collapipe_flwr.fl import data_parallel
 from collapipe_flwr.fl.cluster_session import cached_task, drop_session, session_for
 from collapipe_flwr.fl.dataplane import DecoderClient
 from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
@@ -99,9 +100,17 @@ def decoder_client(cfg: ClusterConfig, instructions: TrainInstructions, cluster:
 
 
 def _train_steps(
-    session, cfg: ClusterConfig, instructions: TrainInstructions, head, m: int, num_devices: int, cluster: int
+    session,
+    cfg: ClusterConfig,
+    instructions: TrainInstructions,
+    head,
+    m: int,
+    num_devices: int,
+    cluster: int,
+    select=None,
 ):
-    """The round's local steps from its first batch: (losses, examples, seconds per phase, compute per device)."""
+    """The round's local steps from its first batch: (losses, examples, seconds per phase, compute per device).
+    ``select`` (optional) maps each batch to the rows to train on (a data user's share, ``fl/data_parallel.py``)."""
     pipeline = session.live_pipeline()
     lr_schedule = wiring.lr_schedule(cfg)
     losses: list[float] = []
@@ -110,6 +119,10 @@ def _train_steps(
     n_examples = 0
     seed = wiring.round_seed(cfg, instructions.round, cluster)
     for i, batch in enumerate(wiring.train_batches(session.task, cfg, session.examples, seed=seed)):
+        if select is not None:
+            batch = select(batch)
+            if batch is None:  # this data user's share of a short batch is empty
+                continue
         factor = lr_schedule(wiring.global_step(cfg, instructions.round, i))
         if isinstance(head, LocalHead):
             head.lr_factor = factor
@@ -121,6 +134,27 @@ def _train_steps(
         for dev, sec in result.timings.device_compute.items():  # {device index k: compute seconds this step}
             device_compute[int(dev)] += float(sec)
     return losses, n_examples, step_seconds, device_compute
+
+
+def _train_round(
+    session, cfg: ClusterConfig, instructions: TrainInstructions, head, m: int, num_devices: int, cluster: int
+):
+    """The round's training: one stream of batches through the pipeline, or, when the plan names D > 1 data
+    users (VanillaFL read the paper's way), D users each on its share, averaged (``fl/data_parallel.py``)."""
+    users = data_parallel.active_users(instructions.plan.data_users, cfg.task.batch_size)
+    if users == 1:
+        return _train_steps(session, cfg, instructions, head, m, num_devices, cluster)
+    if not isinstance(head, LocalHead):
+        raise ConfigError(
+            f"cluster {cluster}: the plan names {users} data users, which train the whole model on the CU "
+            "(head_on_server: false); this method keeps the head on the server, so use a method with a local head"
+        )
+    return data_parallel.train_data_parallel(
+        session.live_pipeline(),
+        head,
+        users,
+        lambda select: _train_steps(session, cfg, instructions, head, m, num_devices, cluster, select),
+    )
 
 
 def _replan_after(
@@ -193,7 +227,7 @@ def train_round(
         t_built = time.time()
         while True:
             try:
-                run = _train_steps(session, cfg, instructions, head, m, len(devices), identity.partition_id)
+                run = _train_round(session, cfg, instructions, head, m, len(devices), identity.partition_id)
                 break
             except DeviceFailure as failure:
                 m = _replan_after(failure, session, parts, instructions, lost, identity.partition_id)

@@ -9,9 +9,9 @@ Modelled per round (``ClusterModel.evaluate_data_parallel``): delay ``steps * ma
 The CU uploads one model (the average of its users' models, which reach it over D2D; the paper's FL has
 "no additional D2D communication delay", so that hand-over is not counted).
 
-What the CU executes: the whole model on its fastest data user, on the cluster's whole batch. For one local
-step per round (Algorithm 1) and plain SGD this equals the D users' steps on equal shares followed by their
-average; with Adam and several local steps it is the single-device proxy (docs/baselines.md).
+What the CU executes: the plan names D (``ClusterPlan.data_users``); the CU trains D copies of the whole model,
+each on its share of every batch from the round's global model, and averages them
+(``collapipe_flwr/fl/data_parallel.py``), on the device the plan's delta names (the fastest data user).
 """
 
 from __future__ import annotations
