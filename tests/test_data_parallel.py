@@ -12,7 +12,7 @@ from collapipe_flwr import wiring
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.fl.cluster_client import ClusterIdentity, train_round
-from collapipe_flwr.fl.data_parallel import average, user_share
+from collapipe_flwr.fl.data_parallel import RunningMean, average, user_share
 from collapipe_flwr.fl.messages import unpack_weights
 from collapipe_flwr.fl.server_state import ServerState
 
@@ -134,6 +134,12 @@ def test_average_weighs_by_examples_and_keeps_non_float_leaves():
     assert out["beta"] == pytest.approx((0.5 + 2.0) / 3)
     with pytest.raises(ValueError, match="differ in their keys"):
         average([{"x": torch.zeros(1)}, {"y": torch.zeros(1)}], [1.0, 1.0])
+    half = average(
+        [{"h": torch.tensor([1.0], dtype=torch.bfloat16)}, {"h": torch.tensor([2.0], dtype=torch.bfloat16)}], [1, 1]
+    )
+    assert half["h"].dtype == torch.bfloat16 and half["h"].item() == 1.5  # summed in float32, returned in bf16
+    with pytest.raises(ValueError, match="no data user"):
+        RunningMean().mean()
 
 
 def test_user_share_splits_rows_and_is_empty_past_a_short_batch():

@@ -80,22 +80,74 @@ def restore(pipeline: ClusterPipeline, head: LocalHead, state: TrainingState) ->
         head.optimizer.load_state_dict(copy.deepcopy(state.head_optimizer))
 
 
+class RunningMean:
+    """The weighted mean of nested dicts of tensors (FedAvg), one tree at a time, so that the CU holds one sum
+    rather than all D users' states: floating tensors are summed in at least float32 and cast back to their
+    dtype; floats are averaged; integer tensors, lists and other leaves (Adam's hyperparameters, names) are
+    taken from the first tree."""
+
+    def __init__(self) -> None:
+        self._sum: Any = None
+        self._weight = 0.0
+
+    def add(self, tree: Any, weight: float) -> None:
+        self._sum = _scaled(tree, float(weight)) if self._sum is None else _accumulate(self._sum, tree, float(weight))
+        self._weight += float(weight)
+
+    def mean(self) -> Any:
+        if self._sum is None or not self._weight > 0:
+            raise ValueError("no data user's state (or only zero weights) to average")
+        return _divided(self._sum, self._weight)
+
+
+@dataclass
+class _Sum:
+    """A floating tensor's running weighted sum and the dtype to return it in."""
+
+    total: torch.Tensor
+    dtype: torch.dtype
+
+
+def _scaled(tree: Any, weight: float) -> Any:
+    if isinstance(tree, dict):
+        return {key: _scaled(value, weight) for key, value in tree.items()}
+    if torch.is_tensor(tree) and tree.is_floating_point():
+        return _Sum(tree.detach().to(torch.promote_types(tree.dtype, torch.float32)) * weight, tree.dtype)
+    if isinstance(tree, float):
+        return tree * weight
+    return tree
+
+
+def _accumulate(acc: Any, tree: Any, weight: float) -> Any:
+    if isinstance(acc, dict):
+        if not isinstance(tree, dict) or tree.keys() != acc.keys():
+            keys = sorted(tree) if isinstance(tree, dict) else type(tree).__name__
+            raise ValueError(f"data users' states differ in their keys: {sorted(acc)} vs {keys}")
+        return {key: _accumulate(acc[key], tree[key], weight) for key in acc}
+    if isinstance(acc, _Sum):
+        acc.total += tree.detach().to(acc.total.dtype) * weight
+        return acc
+    if isinstance(acc, float):
+        return acc + float(tree) * weight
+    return acc
+
+
+def _divided(acc: Any, weight: float) -> Any:
+    if isinstance(acc, dict):
+        return {key: _divided(value, weight) for key, value in acc.items()}
+    if isinstance(acc, _Sum):
+        return (acc.total / weight).to(acc.dtype)
+    if isinstance(acc, float):
+        return acc / weight
+    return acc
+
+
 def average(trees: Sequence[Any], weights: Sequence[float]) -> Any:
-    """The weighted mean of nested dicts of tensors (FedAvg): floating tensors are averaged in float64 and
-    cast back; integer tensors, lists and other leaves (hyperparameters, names) are taken from the first."""
-    first = trees[0]
-    if isinstance(first, dict):
-        for tree in trees[1:]:
-            if tree.keys() != first.keys():
-                raise ValueError(f"data users' states differ in their keys: {sorted(first)} vs {sorted(tree)}")
-        return {key: average([tree[key] for tree in trees], weights) for key in first}
-    if torch.is_tensor(first) and first.is_floating_point():
-        total = float(sum(weights))
-        acc = sum(tree.detach().to(torch.float64) * (w / total) for tree, w in zip(trees, weights))
-        return torch.as_tensor(acc).to(first.dtype)
-    if isinstance(first, float):
-        return sum(float(tree) * w for tree, w in zip(trees, weights)) / float(sum(weights))
-    return first
+    """The weighted mean of ``trees`` (``RunningMean`` over them)."""
+    running = RunningMean()
+    for tree, weight in zip(trees, weights):
+        running.add(tree, weight)
+    return running.mean()
 
 
 def user_share(batch: dict[str, torch.Tensor], user: int, users: int) -> dict[str, torch.Tensor] | None:
@@ -124,15 +176,15 @@ def train_data_parallel(pipeline: ClusterPipeline, head: LocalHead, users: int, 
     device compute summed.
     """
     start = snapshot(pipeline, head)
-    ends: list[TrainingState] = []
+    mean = RunningMean()
     runs: list[tuple] = []
     for d in range(users):
         if d:
             restore(pipeline, head, start)
         runs.append(train_user(functools.partial(user_share, user=d, users=users)))
-        ends.append(snapshot(pipeline, head))
+        mean.add(vars(snapshot(pipeline, head)), float(runs[-1][1]))
     examples = [float(run[1]) for run in runs]
-    restore(pipeline, head, TrainingState(**average([vars(end) for end in ends], examples)))
+    restore(pipeline, head, TrainingState(**mean.mean()))
     steps = min(len(run[0]) for run in runs)
     losses = [sum(run[0][i] * n for run, n in zip(runs, examples)) / sum(examples) for i in range(steps)]
     seconds: dict[str, float] = {}
