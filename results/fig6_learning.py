@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
 
 from collapipe_flwr.experiments import aggregate  # noqa: E402
 from collapipe_flwr.experiments.aggregate import cumulative  # noqa: E402
-from collapipe_flwr.experiments.runs import RunData, load_runs  # noqa: E402
+from collapipe_flwr.experiments.runs import RunData, find_run_paths, load_runs  # noqa: E402
 
 TASKS = ("translation", "classification", "ner")
 METHODS = ("collapipe", "collapipe_no_ss", "vanilla_fl", "titanic", "pipeline")
@@ -84,7 +84,7 @@ def run_summary(run: RunData) -> dict:
 
 def gather(root: Path, task: str, part: str) -> list[dict]:
     folder = root / task / part
-    if not folder.is_dir():
+    if not folder.is_dir() or not find_run_paths(folder):  # a part not run (yet)
         return []
     return [run_summary(r) for r in load_runs(folder)]
 
