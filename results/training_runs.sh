@@ -10,7 +10,7 @@
 #                  classification in Algorithm 1's one-batch round for 150 rounds, seed 0 (about 4 minutes a job).
 # Usage: bash results/training_runs.sh ROOT [PART ...]   (default parts: methods0 methods1 methods2 grid)
 # Then: python results/fig6_learning.py ROOT --out results/training   (tables and figures, mean +- sd over seeds)
-# Rounds: LEARN_ROUNDS rounds of LEARN_STEPS local steps (default 12 x 10 = 120 steps per CU; the multi-step
+# Rounds: LEARN_ROUNDS rounds of LEARN_STEPS local steps (default 12 x 10 = 120 steps per CU, the grid 6 x 10; the multi-step
 # round is federation.local_steps, docs/federated_training.md). Algorithm 1's round is one batch; on 2 CPU cores
 # a one-batch round costs about 1 s of which ~0.5 s is the round's own overhead, so 120 one-batch rounds for 55
 # jobs would take about 3 hours, and 20 one-batch rounds (the earlier setting) leave every model at its
@@ -27,17 +27,20 @@ LEARN_STEPS=${LEARN_STEPS:-10}
 # E_n^max = 10 J leaves no CU feasible with these encoders); runtime.backend=local (a cluster's K devices run in
 # the CU's process: the modelled delays do not depend on the backend, and Ray actors cost start-up on 2 cores).
 COMMON="federation=paper network=paper_table2 network.uplink.energy_max_j=1000 runtime.backend=local"
-# The learning runs' rounds: LEARN_ROUNDS x LEARN_STEPS local steps; the warm-up is 1/6 of the steps (the
-# model presets' warm-ups, 150 and 30 steps, are sized for runs of thousands of steps).
-LEARN="federation.num_rounds=$LEARN_ROUNDS federation.local_steps=$LEARN_STEPS eval.every=$((LEARN_ROUNDS / 3))"
-LEARN="$LEARN model.lr_schedule.warmup_steps=$((LEARN_ROUNDS * LEARN_STEPS / 6))"
-settings() {  # the evaluation of each task's runs
+# The learning runs' rounds: LEARN_ROUNDS x LEARN_STEPS local steps (the grid: GRID_ROUNDS x LEARN_STEPS); the
+# warm-up is 1/6 of the steps (the model presets' warm-ups, 150 and 30 steps, are sized for runs of thousands).
+GRID_ROUNDS=${GRID_ROUNDS:-6}
+learn() {  # learn ROUNDS: the rounds, steps, evaluation points and warm-up of a run
+  echo "federation.num_rounds=$1 federation.local_steps=$LEARN_STEPS eval.every=$(($1 / 3))" \
+    "model.lr_schedule.warmup_steps=$(($1 * LEARN_STEPS / 6))"
+}
+settings() {  # settings TASK ROUNDS: the rounds and evaluation of each task's runs
   case $1 in
-    classification) echo "$LEARN eval.max_examples=1000" ;;
-    translation) echo "$LEARN eval.max_examples=300" ;;
+    classification) echo "$(learn "$2") eval.max_examples=1000" ;;
+    translation) echo "$(learn "$2") eval.max_examples=300" ;;
     # NER's 160-token sentences: Table II's E_k^max = 5 J is a budget for Algorithm 1's one-batch round, and 10
     # local steps spend 10 x its energy, which C9 refuses on every device; NER keeps 5 J per local step.
-    ner) echo "$LEARN eval.max_examples=500 network.device.energy_max_j=$((5 * LEARN_STEPS))" ;;
+    ner) echo "$(learn "$2") eval.max_examples=500 network.device.energy_max_j=$((5 * LEARN_STEPS))" ;;
   esac
 }
 FAILED=0  # a failed sweep does not stop the others; the script exits 1 at the end
@@ -47,13 +50,13 @@ for part in ${PARTS[@]}; do
     methods[0-9]*)
       seed=${part#methods}
       for task in $METHOD_TASKS; do
-        sweep task=$task $COMMON $(settings $task) seed=$seed \
+        sweep task=$task $COMMON $(settings $task "$LEARN_ROUNDS") seed=$seed \
           method=collapipe,collapipe_no_ss,vanilla_fl,titanic,pipeline hydra.sweep.dir="$ROOT/$task/methods/seed$seed"
       done
       ;;
     grid)
       for task in translation ner; do
-        GRID="$COMMON $(settings $task) seed=0 method=collapipe_no_ss"
+        GRID="$COMMON $(settings $task "$GRID_ROUNDS") seed=0 method=collapipe_no_ss"
         sweep task=$task $GRID network.devices_per_cluster=1,3 method.fixed_m=1,4 hydra.sweep.dir="$ROOT/$task/grid/corners"
         sweep task=$task $GRID network.devices_per_cluster=2 method.fixed_m=2 hydra.sweep.dir="$ROOT/$task/grid/s2m2"
       done
