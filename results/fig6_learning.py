@@ -3,8 +3,9 @@
     python results/fig6_learning.py ROOT --out results/training
 
 ROOT is the folder `bash results/training_runs.sh ROOT` filled: ``<task>/methods/seed<s>/`` (the five methods),
-``<task>/long/`` (longer runs, reported as ``<task>_long``) and ``<task>/grid/`` (a uniform split over S devices
-with a fixed m, seed 0). Every run is read with the report's
+``<task>/long/`` (longer runs, reported as ``<task>_long``), ``<task>/grid/`` (a uniform split over S devices
+with a fixed m, seed 0) and ``<task>/repeat/`` (CollaPipe again with a methods run's config and seed: the noise
+floor of the same seed). Every run is read with the report's
 own reader (``collapipe_flwr.experiments.runs``) and per-round series (``aggregate.series``). Writes
 ``OUT/learning.md`` (per task: final metric and training loss, mean +- sd over seeds, the paper's comparisons as
 paired per-seed gaps, and how far the learning of the gradient-exact methods differs), ``OUT/grid.md``
@@ -175,6 +176,31 @@ def method_section(task: str, runs: list[dict], figures: dict) -> list[str]:
     return lines + [""]
 
 
+def repeat_section(task: str, methods: list[dict], repeats: list[dict], figures: dict) -> list[str]:
+    """The same-seed noise floor: CollaPipe's runs of ``<task>/repeat/`` against the methods part's CollaPipe run
+    of the same seed (same config; only thread timing differs, e.g. the order in which the server's shared decoder
+    takes the CUs' steps), the largest per-round |training loss difference| and the final metric's difference."""
+    ours = {r["seed"]: r for r in methods if r["ok"] and r["method"] == "collapipe"}
+    pairs = [(ours[r["seed"]], r) for r in repeats if r["ok"] and r["method"] == "collapipe" and r["seed"] in ours]
+    if not pairs:
+        return []
+    lines = [
+        f"### {task}: the same-seed noise floor (CollaPipe run again with the same config and seed)",
+        "",
+        "| seed | largest per-round |training loss difference| | final metric, first run | again | difference |",
+        "|---|---|---|---|---|",
+    ]
+    for first, again in pairs:
+        diff = max_loss_difference({"collapipe": [first], "again": [again]}, "again")
+        gap = first["final_metric"] - again["final_metric"]
+        lines.append(
+            f"| {first['seed']} | {diff:.2e} | {first['final_metric']:.4f} | {again['final_metric']:.4f} | {gap:+.4f} |"
+        )
+        figures[f"{task}_repeat_seed{first['seed']}_max_loss_diff"] = diff
+        figures[f"{task}_repeat_seed{first['seed']}_metric_diff"] = gap
+    return lines + [""]
+
+
 def grid_section(task: str, runs: list[dict], figures: dict) -> list[str]:
     ok = sorted((r for r in runs if r["ok"]), key=lambda r: (r["S"] or 0, r["m"] or 0))
     if not ok:
@@ -268,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
             for r in runs:
                 values = [task, part] + [r[k] for k in CSV_KEYS]
                 csv.append(",".join("" if v is None else str(v) for v in values))
+        learning += repeat_section(task, gather(args.root, task, "methods"), gather(args.root, task, "repeat"), figures)
     (args.out / "learning.md").write_text("\n".join(learning) + "\n")
     (args.out / "grid.md").write_text("\n".join(grid) + "\n")
     (args.out / "runs.csv").write_text("\n".join(csv) + "\n")

@@ -57,3 +57,15 @@ def test_mean_sd_of_one_value_has_no_spread(learning):
     assert learning.mean_sd([2.0]) == (2.0, 0.0)
     mean, sd = learning.mean_sd([1.0, 3.0])
     assert (mean, sd) == pytest.approx((2.0, 2**0.5))
+
+
+def test_repeat_section_pairs_collapipe_runs_of_the_same_seed(learning):
+    first = dict(run("collapipe", 0, 0.50, [3.0, 2.0]), ok=True)
+    other_seed = dict(run("collapipe", 1, 0.10, [9.0, 9.0]), ok=True)
+    again = dict(run("collapipe", 0, 0.45, [3.0, 2.5]), ok=True)
+    figures: dict = {}
+    lines = learning.repeat_section("translation", [first, other_seed], [again], figures)
+    assert figures["translation_repeat_seed0_max_loss_diff"] == pytest.approx(0.5)  # |2.0 - 2.5|, never seed 1
+    assert figures["translation_repeat_seed0_metric_diff"] == pytest.approx(0.05)
+    assert any(line.startswith("| 0 | 5.00e-01 | 0.5000 | 0.4500 | +0.0500 |") for line in lines)
+    assert learning.repeat_section("translation", [first], [], {}) == []
