@@ -4,11 +4,13 @@
 # with the small models and Algorithm 1's upload (federation=paper: frozen embedding, z_enc + theta_enc uploaded;
 # eq. 11). Parts, run in this order so that a cut-short run still has every task's methods at seed 0:
 #   methods SEED : the five methods (CollaPipe, w/o SS, VanillaFL, TITANIC, PipeLine) on the three tasks;
+#   repeat       : CollaPipe on translation at seed 0 a second time, the same-seed noise floor (what thread timing
+#                  alone changes: the order in which the server's shared decoder takes the CUs' steps);
 #   grid         : Figs. 9-10, translation and NER over (S, m) with a uniform split (S = K devices per cluster,
 #                  m fixed), seed 0;
 #   long         : (not in the default parts) Fig. 6c's comparison (CollaPipe vs PipeLine and TITANIC) on
 #                  classification in Algorithm 1's one-batch round for 150 rounds, seed 0 (about 4 minutes a job).
-# Usage: bash results/training_runs.sh ROOT [PART ...]   (default parts: methods0 methods1 methods2 grid)
+# Usage: bash results/training_runs.sh ROOT [PART ...]   (default parts: methods0 methods1 methods2 repeat grid)
 # Then: python results/fig6_learning.py ROOT --out results/training   (tables and figures, mean +- sd over seeds)
 # Rounds: LEARN_ROUNDS rounds of LEARN_STEPS local steps (default 12 x 10 = 120 steps per CU, the grid 6 x 10; the multi-step
 # round is federation.local_steps, docs/federated_training.md). Algorithm 1's round is one batch; on 2 CPU cores
@@ -19,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${1:-/tmp/collapipe-repro}"
 shift || true
-PARTS=("${@:-methods0 methods1 methods2 grid}")
+PARTS=("${@:-methods0 methods1 methods2 repeat grid}")
 METHOD_TASKS=${TASKS:-translation classification ner}  # TASKS="ner" runs the methods parts of one task
 LEARN_ROUNDS=${LEARN_ROUNDS:-12}
 LEARN_STEPS=${LEARN_STEPS:-10}
@@ -54,6 +56,10 @@ for part in ${PARTS[@]}; do
           method=collapipe,collapipe_no_ss,vanilla_fl,titanic,pipeline hydra.sweep.dir="$ROOT/$task/methods/seed$seed"
       done
       ;;
+    repeat)
+      sweep task=translation $COMMON $(settings translation "$LEARN_ROUNDS") seed=0 method=collapipe \
+        hydra.sweep.dir="$ROOT/translation/repeat"
+      ;;
     grid)
       for task in translation ner; do
         GRID="$COMMON $(settings $task "$GRID_ROUNDS") seed=0 method=collapipe_no_ss"
@@ -65,7 +71,7 @@ for part in ${PARTS[@]}; do
       sweep task=classification $COMMON federation.num_rounds=150 eval.every=50 eval.max_examples=1000 seed=0 \
         method=collapipe,titanic,pipeline hydra.sweep.dir="$ROOT/classification/long"
       ;;
-    *) echo "unknown part $part (methodsSEED | grid | long)" >&2; exit 2 ;;
+    *) echo "unknown part $part (methodsSEED | repeat | grid | long)" >&2; exit 2 ;;
   esac
 done
 exit $FAILED
