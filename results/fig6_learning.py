@@ -158,7 +158,8 @@ def method_section(task: str, runs: list[dict], figures: dict) -> list[str]:
         early = paired_gaps(by_method, base, "early_loss")
         lines.append(f"| {base} | {fmt(gaps, 4)} | {fmt(rel, 2)} | {fmt(early)} |")
         figures[f"{task}_gap_{metric}_vs_{base}"] = mean_sd(gaps)[0]
-        figures[f"{task}_early_loss_gap_vs_{base}"] = mean_sd(early)[0]
+        figures[f"{task}_relative_gap_pct_vs_{base}"], figures[f"{task}_relative_gap_pct_sd_vs_{base}"] = mean_sd(rel)
+        figures[f"{task}_early_loss_gap_vs_{base}"], figures[f"{task}_early_loss_gap_sd_vs_{base}"] = mean_sd(early)
     lines += [
         "",
         "Methods whose pipeline computes CollaPipe's gradient for the same batch (only S, m and the devices "
