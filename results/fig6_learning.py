@@ -280,12 +280,13 @@ def main(argv: list[str] | None = None) -> None:
     grid = [f"# Learning over (S, m) (Figs. 9-10): training runs under `{args.root}`", ""]
     csv = [",".join(("task", "part", *CSV_KEYS))]
     for task in TASKS:
+        gathered: dict[str, list[dict]] = {}
         for part, section, plot, out, figure in (
             ("methods", method_section, plot_methods, learning, "fig6"),
             ("long", method_section, plot_methods, learning, "fig6"),
             ("grid", grid_section, plot_grid, grid, "fig9_10"),
         ):
-            runs = gather(args.root, task, part)
+            runs = gathered[part] = gather(args.root, task, part)
             if not runs:
                 continue
             label = task if part != "long" else f"{task}_long"  # the long runs: their own section and keys
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
             for r in runs:
                 values = [task, part] + [r[k] for k in CSV_KEYS]
                 csv.append(",".join("" if v is None else str(v) for v in values))
-        learning += repeat_section(task, gather(args.root, task, "methods"), gather(args.root, task, "repeat"), figures)
+        learning += repeat_section(task, gathered["methods"], gather(args.root, task, "repeat"), figures)
     (args.out / "learning.md").write_text("\n".join(learning) + "\n")
     (args.out / "grid.md").write_text("\n".join(grid) + "\n")
     (args.out / "runs.csv").write_text("\n".join(csv) + "\n")
