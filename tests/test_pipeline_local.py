@@ -91,6 +91,22 @@ def test_repartition_carries_weights_and_optimizer_state():
     pipe.shutdown()
 
 
+def test_a_batch_shorter_than_m_is_still_the_plain_models_step():
+    """m is the plan's count for a full batch; an epoch's short last batch (here 2 samples, m = 4) runs in one-sample
+    micro-batches (torchgpipe's scatter), and both steps equal the plain model's (no CU round lost to it)."""
+    model, batch = make_model("transformer"), make_batch("transformer")
+    short = {k: v[:2] for k, v in batch.items()}
+    ref, ref_losses = plain_steps(model, [batch, short], ADAM)
+    work = copy.deepcopy(model)
+    with ClusterPipeline(work.embedding, work.blocks, (2, 4), ADAM) as pipe:
+        head = LocalHead(work.head, ADAM)
+        losses = [pipe.train_step(b, 4, head).loss for b in (batch, short)]
+        got = pipe.encoder_state_dict()
+    assert losses == pytest.approx(ref_losses, rel=1e-10)
+    for name, w in ref.blocks.state_dict().items():
+        torch.testing.assert_close(got[name], w, rtol=1e-7, atol=1e-10)
+
+
 def test_blocks_are_copied_and_state_dicts_round_trip():
     model = make_model("transformer")
     original = copy.deepcopy(model.blocks.state_dict())
@@ -220,8 +236,8 @@ def test_step_result_and_bad_arguments():
         assert set(result.timings.device_compute) == {0, 1}
         with pytest.raises(FrozenInstanceError):
             result.timings.total = 0.0  # type: ignore[misc]
-        with pytest.raises(ConfigError, match="m=5 micro-batches cannot split a batch of b=4"):
-            pipe.train_step(batch, 5, LocalHead(model.head, ADAM))
+        with pytest.raises(ConfigError, match="m=0 micro-batches: choose m >= 1"):
+            pipe.train_step(batch, 0, LocalHead(model.head, ADAM))
         with pytest.raises(ValueError, match="1 gradients for 2 micro-batches"):
             pipe.train_step(batch, 2, lambda z, mbs: (0.0, [torch.zeros_like(z[0])]))
         # a failed step leaves nothing behind: the next one still works

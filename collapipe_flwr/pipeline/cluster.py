@@ -1,7 +1,8 @@
 """The CU-side driver of one cluster: embedding on the CU, S segments on devices, GPipe over m micro-batches.
 
 One ``train_step`` (paper Section III.B steps 3-6, Fig. 2, Algorithm 1 lines 5-22):
-1. split the batch b into m micro-batches of b_hat = b/m (eq. (5));
+1. split the batch b into m micro-batches of b_hat = b/m (eq. (5)); a batch shorter than m (a partition's last
+   of an epoch) into one-sample micro-batches;
 2. forward in the GPipe clock order (``schedule.forward_cycles``): the CU embeds micro-batch i, device
    stages pass z^s along (stage k on micro-batch i while k+1 is on i-1);
 3. the head (``HeadFn``: the server's decoder over the data plane, or ``LocalHead``) gets z^enc of all m
@@ -277,6 +278,7 @@ class ClusterPipeline:
         t0 = time.perf_counter()
         b = batch_size(batch)
         micro = split_batch(batch, m)
+        m = len(micro)  # min(m, b): a short batch (an epoch's last) runs in fewer micro-batches
         self.check_memory(b, int(batch["input_ids"].shape[1]))
         st, S = self._stages, self.S
         self.embedding.train()

@@ -23,9 +23,15 @@ def batch_size(batch: dict[str, torch.Tensor]) -> int:
 
 
 def split_batch(batch: dict[str, torch.Tensor], m: int) -> list[dict[str, torch.Tensor]]:
-    """Cut ``batch`` into ``m`` micro-batches (views, no copy); m > b is an error naming both."""
+    """Cut ``batch`` into min(m, b) micro-batches (views, no copy); m < 1 is an error.
+
+    m is the plan's count for a full batch of b samples. A shorter batch (a partition's last of an epoch,
+    b' < m) runs as b' micro-batches of one sample, as torchgpipe's ``scatter`` (``tensor.chunk(m)``) gives
+    fewer chunks than asked: the step is still the plain model's step on that batch.
+    """
     b = batch_size(batch)
-    if not 1 <= m <= b:
-        raise ConfigError(f"m={m} micro-batches cannot split a batch of b={b} samples; choose 1 <= m <= {b}")
+    if m < 1:
+        raise ConfigError(f"m={m} micro-batches: choose m >= 1")
+    m = min(m, b)
     chunks = {k: torch.tensor_split(v, m, dim=0) for k, v in batch.items()}
     return [{k: chunks[k][i] for k in batch} for i in range(m)]
