@@ -80,6 +80,7 @@ def plan_launch(run_config: Mapping[str, Any], cwd: Path | None = None):
         labels=labels_of(cfg.to_dict()),
         run_name=folder.name,
         output_dir=folder.parent,
+        concurrent_cus=cfg.runtime.concurrent_cus,
     )
     return cfg, job
 

@@ -31,6 +31,7 @@ from collapipe_flwr.experiments.launch import (
     RAY_SOCKET_SUFFIX,
     TEMP_PREFIX,
     error_line,
+    flower_command,
     launch,
     private_temp_dir,
     private_temp_env,
@@ -417,6 +418,21 @@ def test_build_job_validates_once_and_sizes_the_federation(monkeypatch, tmp_path
     assert run_timeout_s(cfg, {"COLLAPIPE_RUN_TIMEOUT_S": "42"}) == 42.0
     with pytest.raises(ConfigError):
         run_timeout_s(cfg, {"COLLAPIPE_RUN_TIMEOUT_S": "soon"})
+
+
+def test_concurrent_cus_sets_rays_cpu_count_in_the_federation_config(tmp_path):
+    """runtime.concurrent_cus reaches flwr as init-args-num-cpus (Ray's CPU count; each SuperNode claims one CPU,
+    so that many CUs train at once); 0 leaves Ray its own count, and a negative count is refused at start-up."""
+    environ = {"COLLAPIPE_DATA_DIR": str(tmp_path)}
+    job = build_job(compose(["runtime.concurrent_cus=3"]), [], tmp_path / "j", environ=environ)
+    cmd = flower_command("flwr", tmp_path, tmp_path / "rc.toml", job.num_supernodes, job.concurrent_cus)
+    federation = cmd[cmd.index("--federation-config") + 1].split()
+    assert "init-args-num-cpus=3" in federation and "client-resources-num-cpus=1" in federation
+    default = build_job(compose([]), [], tmp_path / "k", environ=environ)
+    cmd = flower_command("flwr", tmp_path, tmp_path / "rc.toml", default.num_supernodes, default.concurrent_cus)
+    assert not any(part.startswith("init-args-num-cpus") for part in cmd)
+    with pytest.raises(ConfigError, match="runtime.concurrent_cus=-1 must be >= 0"):
+        build_job(compose(["runtime.concurrent_cus=-1"]), [], tmp_path / "m", environ=environ)
 
 
 def test_error_line_picks_the_telling_line():

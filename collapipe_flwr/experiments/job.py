@@ -95,6 +95,7 @@ class JobSpec:
     labels: dict = field(default_factory=dict)
     run_name: str = RUN_SUBDIR
     output_dir: Path | None = None  # the run-config output-dir; None = job_dir (a sweep job's folder)
+    concurrent_cus: int = 0  # runtime.concurrent_cus: Ray's CPU count in the simulation (0 = the cores)
 
     @property
     def run_dir(self) -> Path:
@@ -129,4 +130,5 @@ def build_job(
         data_dir=str(data_dir),
         timeout_s=run_timeout_s(cfg, environ),
         labels=labels_of(config, choices),
+        concurrent_cus=cfg.runtime.concurrent_cus,
     )

@@ -6,12 +6,15 @@ read by flwr 1.41's CLI) so concurrent runs on one machine never share a SuperLi
 (``FLWR_DISABLE_UPDATE_CHECK``, ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION``), and
 
     flwr run <the app's files, staged> --stream --run-config <job>/run_config.toml \
-        --federation-config "num-supernodes=N client-resources-num-cpus=1 client-resources-num-gpus=0.0"
+        --federation-config "num-supernodes=N client-resources-num-cpus=1 client-resources-num-gpus=0.0 \
+            [init-args-num-cpus=C]"
 
 The run config goes through a TOML file (same keys as ``--run-config 'overrides="..." ...'``) because
 flwr's inline parser cannot carry a double quote inside a value. ``--federation-config`` is merged into
 the local SuperLink's simulation config (flwr/superlink/servicer/control/control_handlers.py: CopyFrom
-then MergeFrom), so ``num-supernodes`` = federation.num_clusters works with a ``:local:`` connection.
+then MergeFrom), so ``num-supernodes`` = federation.num_clusters works with a ``:local:`` connection. Each
+SuperNode claims one Ray CPU, so Ray trains as many CUs at once as it has CPUs: the machine's cores, or
+C = runtime.concurrent_cus when set (Ray's logical CPU count; flwr's client-resources-num-cpus is an integer).
 
 Ray's files (``<temp>/ray/session_*``: logs, sockets, spilled objects) go to the job's private temp
 folder too: the launched command gets ``RAY_TMPDIR`` and ``TMPDIR`` pointing there (:func:`private_temp_env`),
@@ -78,8 +81,12 @@ def run_config_toml(job: JobSpec) -> str:
     )
 
 
-def flower_command(flwr_exe: str, project_root: Path, run_config_file: Path, num_supernodes: int) -> list[str]:
+def flower_command(
+    flwr_exe: str, project_root: Path, run_config_file: Path, num_supernodes: int, concurrent_cus: int = 0
+) -> list[str]:
     federation = f"num-supernodes={int(num_supernodes)} client-resources-num-cpus=1 client-resources-num-gpus=0.0"
+    if concurrent_cus:  # Ray's CPU count: each SuperNode claims one, so this many CUs train at once
+        federation += f" init-args-num-cpus={int(concurrent_cus)}"
     return [
         flwr_exe,
         "run",
@@ -289,7 +296,9 @@ def launch(
     # Flower builds the FAB from a folder holding only the app's files (app_files.py: the same FAB, built in a
     # fraction of a second instead of walking a project-local .venv)
     app_dir = stage_app(project_root, scratch / "app") if fab_include_patterns(project_root) else project_root
-    cmd = flower_command(flwr_exe or flwr_executable(), app_dir, run_config_file, job.num_supernodes)
+    cmd = flower_command(
+        flwr_exe or flwr_executable(), app_dir, run_config_file, job.num_supernodes, job.concurrent_cus
+    )
     log_path = job.job_dir / LOG_FILE
     status: dict[str, Any] = {
         "ok": False,

@@ -19,6 +19,10 @@ class RuntimeSpec:
     ray_address: an existing Ray cluster ("auto" or host:port), "" = a local Ray instance;
     emulate: slow each device actor in proportion to its profile (f_k, phi_k);
     actor_num_cpus: Ray CPUs per device actor (0 lets actors schedule inside a Flower simulation);
+    concurrent_cus: simulation only (``collapipe run`` and sweeps): how many CUs Flower's Ray backend trains at
+    once. Each SuperNode claims one Ray CPU, and this is the CPU count Ray is started with (Flower's
+    ``init-args-num-cpus``); 0 = the machine's cores (two of three CUs at a time on 2 cores). Set it to
+    federation.num_clusters to train every CU at once, as in a deployment (they then share the cores);
     device_timeout_s: the longest wait for one device's step; torch_threads: torch threads per process;
     precision: ``auto`` (bf16 autocast where the hardware has native bf16) | ``fp32`` | ``bf16``;
     device_resource: a Ray custom resource that pins device k's actor to device k's box, ``{k}`` replaced by
@@ -40,6 +44,7 @@ class RuntimeSpec:
     ray_address: str = ""
     emulate: bool = False
     actor_num_cpus: float = 0.0
+    concurrent_cus: int = 0
     device_timeout_s: float = 300.0
     torch_threads: int = 1
     precision: str = "auto"
@@ -57,6 +62,10 @@ class RuntimeSpec:
         )
         require(self.backend in BACKENDS, f"runtime.backend={self.backend!r} must be one of {', '.join(BACKENDS)}")
         require(self.actor_num_cpus >= 0, "runtime.actor_num_cpus must be >= 0")
+        require(
+            self.concurrent_cus >= 0,
+            f"runtime.concurrent_cus={self.concurrent_cus} must be >= 0 (0 = one CU per core)",
+        )
         require(self.device in DEVICES, f"runtime.device={self.device!r} must be one of {', '.join(DEVICES)}")
         require(
             self.server_device in ("", *DEVICES),
