@@ -7,7 +7,8 @@
 #            of every method, per task, 3 seeds, 50 rounds of Algorithm 1; <task>/ with the small models the
 #            training runs use, <task>_paper_size/ with the paper's Transformer and BERT-base
 #   fig11/   Fig. 11: DSSRA vs loss-only / delay-only / random with CU selection (N = 10 > J = 4), 3 seeds;
-#            uplink_share.txt: each policy's round delay split into tau^pipe and uplink (seed 0)
+#            uplink_share.txt: each policy's round delay split into tau^pipe and uplink (seed 0);
+#            bandwidth/: the margins with the uplink bandwidth B_n^U scaled x1-x1000, 3 seeds
 #   lyapunov/default, lyapunov/selection: Y_n over rounds and the V trade-off (V = 0.01, 1, 10, 100)
 #   selection/: every policy's cumulative delay and convergence term on the selection network, seed 0
 # Gamma^max for N = 10, J = 4 is 0.95 (1.07 x fair_share_gamma, docs/system_model.md); the default 3.5 is for
@@ -43,6 +44,8 @@ run results/fig7_8/translation_paper_size_narrow_devices python results/fig7_8_m
   "network.device.f_hz=[6.0e+8,8.0e+8]" "network.device.flops_per_cycle=[20.0,24.0]"
 run results/fig11 python results/fig11_policies.py --rounds 150 --seeds 0 1 2 --out results/fig11
 python results/fig11_uplink_share.py --rounds 150 --seeds 0 | tee results/fig11/uplink_share.txt
+# Sensitivity: the same Fig. 11 with B_n^U scaled x1-x1000 (the uplink's share of the round from 92% to 1%)
+run results/fig11/bandwidth python results/fig11_bandwidth.py --rounds 150 --seeds 0 1 2 --out results/fig11/bandwidth
 run results/lyapunov/default python results/lyapunov.py --rounds 150 --out results/lyapunov/default
 run results/lyapunov/selection python results/lyapunov.py --rounds 150 --out results/lyapunov/selection \
   network=selection federation.num_clusters=10 scheduler.convergence.gamma_max=0.95
