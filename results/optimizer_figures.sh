@@ -5,7 +5,8 @@
 #   fig5/    Fig. 5: each heterogeneous cluster's optimal (S, m) and delay over m, beside the uniform split
 #   fig7_8/  Figs. 7-8 and Table III: on-device accumulated computation time, per-device memory and data users
 #            of every method, per task, 3 seeds, 50 rounds of Algorithm 1; <task>/ with the small models the
-#            training runs use, <task>_paper_size/ with the paper's Transformer and BERT-base
+#            training runs use, <task>_paper_size/ with the paper's Transformer and BERT-base;
+#            device_spread_<task>_paper_size/: the margins as the device spread inside a cluster narrows
 #   fig11/   Fig. 11: DSSRA vs loss-only / delay-only / random with CU selection (N = 10 > J = 4), 3 seeds;
 #            uplink_share.txt: each policy's round delay split into tau^pipe and uplink (seed 0);
 #            bandwidth/: the margins with the uplink bandwidth B_n^U scaled x1-x1000, 3 seeds
@@ -42,6 +43,13 @@ done
 run results/fig7_8/translation_paper_size_narrow_devices python results/fig7_8_methods.py --task translation \
   --model transformer_paper --rounds 50 --seeds 0 1 2 --out results/fig7_8/translation_paper_size_narrow_devices \
   "network.device.f_hz=[6.0e+8,8.0e+8]" "network.device.flops_per_cycle=[20.0,24.0]"
+# Sensitivity: Figs. 7-8 at the paper's sizes with the device spread narrowed step by step (a = 0: Table II; a = 1:
+# the narrow setting above), results/README.md
+run results/fig7_8/device_spread_translation_paper_size python results/fig7_8_device_spread.py --task translation \
+  --model transformer_paper --out results/fig7_8/device_spread_translation_paper_size
+run results/fig7_8/device_spread_classification_paper_size python results/fig7_8_device_spread.py \
+  --task classification --model bert_base --out results/fig7_8/device_spread_classification_paper_size \
+  network.device.memory_bytes=6e9
 run results/fig11 python results/fig11_policies.py --rounds 150 --seeds 0 1 2 --out results/fig11
 python results/fig11_uplink_share.py --rounds 150 --seeds 0 | tee results/fig11/uplink_share.txt
 # Sensitivity: the same Fig. 11 with B_n^U scaled x1-x1000 (the uplink's share of the round from 92% to 1%)
