@@ -59,7 +59,7 @@ def parse_run_config(args: Sequence[str]) -> dict[str, Any]:
 def plan_launch(run_config: Mapping[str, Any], cwd: Path | None = None):
     """The validated config and the sweep-style job that runs it (run folder and data folder absolute)."""
     from collapipe_flwr.config import load_run_config, resolve_data_dir
-    from collapipe_flwr.experiments.job import JobSpec, labels_of, override_key, run_timeout_s
+    from collapipe_flwr.experiments.job import JobSpec, concurrent_cus, labels_of, override_key, run_timeout_s
     from collapipe_flwr.fl.run_config import hydra_overrides
     from collapipe_flwr.fl.server_main import run_folder
 
@@ -80,7 +80,7 @@ def plan_launch(run_config: Mapping[str, Any], cwd: Path | None = None):
         labels=labels_of(cfg.to_dict()),
         run_name=folder.name,
         output_dir=folder.parent,
-        concurrent_cus=cfg.runtime.concurrent_cus,
+        concurrent_cus=concurrent_cus(cfg),
     )
     return cfg, job
 

@@ -433,6 +433,11 @@ def test_concurrent_cus_sets_rays_cpu_count_in_the_federation_config(tmp_path):
     assert not any(part.startswith("init-args-num-cpus") for part in cmd)
     with pytest.raises(ConfigError, match="runtime.concurrent_cus=-1 must be >= 0"):
         build_job(compose(["runtime.concurrent_cus=-1"]), [], tmp_path / "m", environ=environ)
+    # the joint decoder update's barrier waits for every CU: all N train at once unless the config says otherwise
+    joint = ["federation.decoder_update=joint", "federation.num_clusters=5"]
+    assert build_job(compose(joint), [], tmp_path / "n", environ=environ).concurrent_cus == 5
+    capped = build_job(compose([*joint, "runtime.concurrent_cus=2"]), [], tmp_path / "o", environ=environ)
+    assert capped.concurrent_cus == 2
 
 
 def test_error_line_picks_the_telling_line():

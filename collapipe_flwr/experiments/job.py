@@ -35,6 +35,15 @@ def forwarded_overrides(task_overrides: Sequence[str], run_name: str = RUN_SUBDI
     return kept + [f"run_name={run_name}"]
 
 
+def concurrent_cus(cfg: RunConfig) -> int:
+    """How many CUs the simulation trains at once (Ray's CPU count, flwr's init-args-num-cpus; 0 = the cores):
+    runtime.concurrent_cus when set, else all N for ``decoder_update: joint``, whose barrier waits for every
+    participating CU's step (with fewer workers than CUs the waiting CUs time out), else 0."""
+    if cfg.runtime.concurrent_cus:
+        return cfg.runtime.concurrent_cus
+    return cfg.federation.num_clusters if cfg.federation.decoder_update == "joint" else 0
+
+
 def run_timeout_s(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> float:
     """Wall-clock limit of one `flwr run`: $COLLAPIPE_RUN_TIMEOUT_S, else T * round_timeout_s + 600 s."""
     raw = environ.get(TIMEOUT_ENV, "")
@@ -130,5 +139,5 @@ def build_job(
         data_dir=str(data_dir),
         timeout_s=run_timeout_s(cfg, environ),
         labels=labels_of(config, choices),
-        concurrent_cus=cfg.runtime.concurrent_cus,
+        concurrent_cus=concurrent_cus(cfg),
     )
