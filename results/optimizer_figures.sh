@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Optimizer-only figures (no training; a few minutes on 2 cores), each folder with its PNGs, CSV and the
+# Optimizer-only figures (no training; about 15 minutes on 2 cores), each folder with its PNGs, CSV and the
 # printed `name: value` figures (figures.txt):
 #   fig4/    Fig. 4: round delay over S x m with an even delta (the paper's Transformer, a Table II cluster)
 #   fig5/    Fig. 5: each heterogeneous cluster's optimal (S, m) and delay over m, beside the uniform split

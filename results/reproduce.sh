@@ -3,7 +3,7 @@
 # preset) in Algorithm 1's round (federation=paper: one pipelined batch per round, then the upload of z_enc and
 # theta_enc only; eq. 11), every table with three seeds.
 #   1. results/optimizer_figures.sh: the figures the paper states in the system model (Figs. 4, 5, 7-8, 11,
-#      Table III, the Lyapunov queues and the V trade-off), the optimizer alone, a few minutes;
+#      Table III, the Lyapunov queues and the V trade-off, the sensitivities), the optimizer alone, about 15 minutes;
 #   2. results/training_runs.sh: training through the same Flower simulation path as `flwr run .` (one
 #      `flwr run` per Hydra job): the five methods on the three tasks, seeds 0, 1, 2, and the (S, m) grids of
 #      Figs. 9-10 (about 2 minutes per job on 2 cores: close to 2 hours);
