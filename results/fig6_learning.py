@@ -4,9 +4,11 @@
 
 ROOT is the folder `bash results/training_runs.sh ROOT` filled: ``<task>/methods/seed<s>/`` (the five methods),
 ``<task>/long/`` (longer runs, reported as ``<task>_long``), ``<task>/grid/`` (a uniform split over S devices
-with a fixed m, seed 0) and ``<task>/repeat/`` (CollaPipe again with a methods run's config and seed: the noise
-floor of the same seed). Every run is read with the report's
-own reader (``collapipe_flwr.experiments.runs``) and per-round series (``aggregate.series``). Writes
+with a fixed m, seed 0), ``<task>/grid_nodropout/`` (the same with dropout 0, reported as
+``<task>_no_dropout``), ``<task>/grid_joint/`` (dropout 0 and ``decoder_update: joint``, reported as
+``<task>_no_dropout_joint``) and ``<task>/repeat/`` (CollaPipe again with a methods run's config and seed: the
+noise floor of the same seed). Every run is read with the report's own reader
+(``collapipe_flwr.experiments.runs``) and per-round series (``aggregate.series``). Writes
 ``OUT/learning.md`` (per task: final metric and training loss, mean +- sd over seeds, the paper's comparisons as
 paired per-seed gaps, and how far the learning of the gradient-exact methods differs), ``OUT/grid.md``
 (Figs. 9-10), ``OUT/runs.csv`` and PNGs, and prints ``name: value`` lines.
@@ -43,6 +45,9 @@ EXACT_PEERS = ("collapipe_no_ss", "titanic")  # same batch and gradient; only S,
 CSV_KEYS = ("method", "seed", "S", "m", "rounds", "final_metric", "final_loss", "early_loss", "compute_s", "delay_s")
 CSV_KEYS += ("measured_s", "ok")
 EARLY_ROUNDS = 10  # "early stages of training" (Figs. 6b/6e): the mean training loss over rounds 1..10
+
+
+PART_SUFFIX = {"long": "_long", "grid_nodropout": "_no_dropout", "grid_joint": "_no_dropout_joint"}
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
@@ -285,11 +290,13 @@ def main(argv: list[str] | None = None) -> None:
             ("methods", method_section, plot_methods, learning, "fig6"),
             ("long", method_section, plot_methods, learning, "fig6"),
             ("grid", grid_section, plot_grid, grid, "fig9_10"),
+            ("grid_nodropout", grid_section, plot_grid, grid, "fig9_10"),
+            ("grid_joint", grid_section, plot_grid, grid, "fig9_10"),
         ):
             runs = gathered[part] = gather(args.root, task, part)
             if not runs:
                 continue
-            label = task if part != "long" else f"{task}_long"  # the long runs: their own section and keys
+            label = task + PART_SUFFIX.get(part, "")  # the long runs, the dropout-free grid: own sections and keys
             out += section(label, runs, figures)
             if any(r["ok"] for r in runs):
                 plot(label, runs, args.out / f"{figure}_{label}.png")

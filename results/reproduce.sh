@@ -6,7 +6,7 @@
 #      Table III, the Lyapunov queues and the V trade-off, the sensitivities), the optimizer alone, about 15 minutes;
 #   2. results/training_runs.sh: training through the same Flower simulation path as `flwr run .` (one
 #      `flwr run` per Hydra job): the five methods on the three tasks, seeds 0, 1, 2, and the (S, m) grids of
-#      Figs. 9-10 (about 2 minutes per job on 2 cores: close to 2 hours);
+#      Figs. 9-10 (about 2 minutes per job on 2 cores: close to 2 h 45 min);
 #   3. results/fig6_learning.py: Figs. 6, 9-10 as tables (mean +- sd over seeds), runs.csv and PNGs in
 #      results/training/ (`python -m collapipe_flwr.experiments.report SWEEP_ROOT/<task>` gives any task's
 #      per-run report on top).

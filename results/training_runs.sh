@@ -8,20 +8,26 @@
 #                  alone changes: the order in which the server's shared decoder takes the CUs' steps);
 #   grid         : Figs. 9-10, translation and NER over (S, m) with a uniform split (S = K devices per cluster,
 #                  m fixed), seed 0;
+#   grid_nodropout: the translation grid again with dropout 0 (the pipeline is gradient-exact, so with no
+#                  dropout masks to differ, what (S, m) still changes is the shared decoder's arrival order);
+#   grid_joint   : the same with federation.decoder_update=joint (one decoder step on all CUs' activations, no arrival
+#                  order: what is left of (S, m)'s effect on learning is floating-point rounding);
 #   long         : (not in the default parts) Fig. 6c's comparison (CollaPipe vs PipeLine and TITANIC) on
 #                  classification in Algorithm 1's one-batch round for 150 rounds, seed 0 (about 4 minutes a job).
-# Usage: bash results/training_runs.sh ROOT [PART ...]   (default parts: methods0 methods1 methods2 repeat grid)
+# Usage: bash results/training_runs.sh ROOT [PART ...]
+#   (default parts: methods0 methods1 methods2 repeat grid grid_nodropout grid_joint)
 # Then: python results/fig6_learning.py ROOT --out results/training   (tables and figures, mean +- sd over seeds)
 # Rounds: LEARN_ROUNDS rounds of LEARN_STEPS local steps (default 12 x 10 = 120 steps per CU, the grid 6 x 10; the multi-step
 # round is federation.local_steps, docs/federated_training.md). Algorithm 1's round is one batch; on 2 CPU cores
 # a one-batch round costs about 1 s of which ~0.5 s is the round's own overhead, so 120 one-batch rounds for 55
 # jobs would take about 3 hours, and 20 one-batch rounds (the earlier setting) leave every model at its
-# untrained level (BLEU 0.01, NER F1 0). The 45 methods jobs and the repeat take about 2 hours here.
+# untrained level (BLEU 0.01, NER F1 0). The 45 methods jobs and the repeat take about 2 hours here, the three
+# grids (20 jobs of 6 rounds) about 40 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${1:-/tmp/collapipe-repro}"
 shift || true
-PARTS=("${@:-methods0 methods1 methods2 repeat grid}")
+PARTS=("${@:-methods0 methods1 methods2 repeat grid grid_nodropout grid_joint}")
 METHOD_TASKS=${TASKS:-translation classification ner}  # TASKS="ner" runs the methods parts of one task
 LEARN_ROUNDS=${LEARN_ROUNDS:-12}
 LEARN_STEPS=${LEARN_STEPS:-10}
@@ -67,11 +73,19 @@ for part in ${PARTS[@]}; do
         sweep task=$task $GRID network.devices_per_cluster=2 method.fixed_m=2 hydra.sweep.dir="$ROOT/$task/grid/s2m2"
       done
       ;;
+    grid_nodropout | grid_joint)
+      GRID="$COMMON $(settings translation "$GRID_ROUNDS") seed=0 method=collapipe_no_ss model.dropout=0.0"
+      [ "$part" = grid_joint ] && GRID="$GRID federation.decoder_update=joint"  # all 3 CUs at once (concurrent_cus)
+      sweep task=translation $GRID network.devices_per_cluster=1,3 method.fixed_m=1,4 \
+        hydra.sweep.dir="$ROOT/translation/$part/corners"
+      sweep task=translation $GRID network.devices_per_cluster=2 method.fixed_m=2 \
+        hydra.sweep.dir="$ROOT/translation/$part/s2m2"
+      ;;
     long)
       sweep task=classification $COMMON federation.num_rounds=150 eval.every=50 eval.max_examples=1000 seed=0 \
         method=collapipe,titanic,pipeline hydra.sweep.dir="$ROOT/classification/long"
       ;;
-    *) echo "unknown part $part (methodsSEED | repeat | grid | long)" >&2; exit 2 ;;
+    *) echo "unknown part $part (methodsSEED | repeat | grid | grid_nodropout | grid_joint | long)" >&2; exit 2 ;;
   esac
 done
 exit $FAILED
