@@ -41,6 +41,10 @@ class DeviceFailure(CollaPipeError):
         self.device = device
 
 
+class TestbedError(CollaPipeError):
+    """The emulated edge testbed cannot be set up here (no cgroup cpu controller, not root) or was misused."""
+
+
 def exit_on_user_error(func):
     """Decorate a ``main()`` so a :class:`CollaPipeError` prints one line and exits with code 2."""
     import functools
