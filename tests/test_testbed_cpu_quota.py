@@ -24,15 +24,33 @@ from collapipe_flwr.testbed.cpu_quota import CpuQuota, Hierarchy
 BUSY = "import time\nt0 = time.monotonic()\nprint('ready', flush=True)\nwhile time.monotonic() - t0 < 3.0:\n    pass\n"
 
 
-@pytest.fixture
-def busy_child():
-    child = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True)
+# Two threads hashing 1 MB buffers (hashlib releases the GIL), so unthrottled it would use two cores.
+BUSY_THREADS = (
+    "import hashlib, threading, time\nt0 = time.monotonic()\nbuf = bytes(1 << 20)\n"
+    "def spin():\n    while time.monotonic() - t0 < 3.0:\n        hashlib.sha256(buf)\n"
+    "threads = [threading.Thread(target=spin) for _ in range(2)]\n"
+    "[t.start() for t in threads]\nprint('ready', flush=True)\n[t.join() for t in threads]\n"
+)
+
+
+def _start(code: str):
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         yield child
     finally:
         child.kill()
         child.wait(timeout=10)
+
+
+@pytest.fixture
+def busy_child():
+    yield from _start(BUSY)
+
+
+@pytest.fixture
+def busy_threads_child():
+    yield from _start(BUSY_THREADS)
 
 
 @pytest.fixture
@@ -60,11 +78,7 @@ def _cpu_cgroup_line(pid: int, version: int) -> str:
 
 
 def test_quota_throttles_a_real_process_to_a_quarter_core(busy_child, quotas):
-    reason = cq.available()
-    if reason is not None:
-        pytest.skip(f"cgroup cpu quotas not available here: {reason}")
-    hierarchy = cq.detect()
-    assert isinstance(hierarchy, Hierarchy)
+    hierarchy = _needs_quotas()
     before = _cpu_cgroup_line(busy_child.pid, hierarchy.version)
     quota = CpuQuota.apply(busy_child.pid, 0.25, "pytest-busy")
     assert _cpu_cgroup_line(busy_child.pid, hierarchy.version).endswith("/" + cq.PARENT + "/" + quota.path.name)
@@ -99,10 +113,49 @@ def test_quota_throttles_a_real_process_to_a_quarter_core(busy_child, quotas):
     assert not any(p.name.startswith("pytest-busy-") for p in (hierarchy.mount / cq.PARENT).glob("*"))
 
 
-def test_context_manager_set_cores_and_unique_names(busy_child, quotas):
+def _needs_quotas() -> Hierarchy:
     reason = cq.available()
     if reason is not None:
         pytest.skip(f"cgroup cpu quotas not available here: {reason}")
+    found = cq.detect()
+    assert isinstance(found, Hierarchy)
+    return found
+
+
+def test_quota_holds_all_threads_of_the_process_together(busy_threads_child, quotas):
+    hierarchy = _needs_quotas()
+    pid = busy_threads_child.pid
+    quota = CpuQuota.apply(pid, 0.5, "pytest-threads")
+    quotas.append(quota)
+    threads = {t.id for t in psutil.Process(pid).threads()}
+    listed = (quota.path / ("cgroup.threads" if hierarchy.version == 2 else "tasks")).read_text().split()
+    assert len(threads) >= 3 and threads <= {int(t) for t in listed}
+    time.sleep(0.1)
+    cpu0, wall0 = _cpu_seconds(pid), time.monotonic()
+    time.sleep(1.5)
+    share = (_cpu_seconds(pid) - cpu0) / (time.monotonic() - wall0)
+    print(f"two busy threads: CPU share {share:.3f} of a core together under a 0.5 quota")
+    assert share == pytest.approx(0.5, rel=0.2)
+
+
+def test_remove_stale_takes_only_dead_runs_cgroups(quotas):
+    hierarchy = _needs_quotas()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=10)
+    stale = hierarchy.mount / cq.PARENT / f"pytest-stale-{dead.pid}-00000000"
+    live = CpuQuota.apply(os.getpid(), 4, "pytest-live")  # this process: its creator is alive
+    quotas.append(live)
+    try:
+        stale.mkdir()
+        assert stale in cq.remove_stale()
+        assert not stale.exists() and live.path.exists() and live.pids() == [os.getpid()]
+    finally:
+        if stale.exists():
+            stale.rmdir()
+
+
+def test_context_manager_set_cores_and_unique_names(busy_child, quotas):
+    _needs_quotas()
     with CpuQuota.apply(busy_child.pid, 0.5, "pytest-cm") as one, CpuQuota.apply(os.getpid(), 4, "pytest-cm") as two:
         quotas.extend([one, two])
         assert one.path != two.path and one.path.parent == two.path.parent

@@ -10,7 +10,16 @@ Base layer: imports only :mod:`collapipe_flwr.errors` and the standard library.
 
 from __future__ import annotations
 
-from collapipe_flwr.testbed.cpu_quota import CpuQuota, Hierarchy, available, detect
+from collapipe_flwr.testbed.cpu_quota import CpuQuota, Hierarchy, available, detect, remove_stale
 from collapipe_flwr.testbed.token_bucket import TokenBucket, refill_bytes, throttle_seconds
 
-__all__ = ["CpuQuota", "Hierarchy", "TokenBucket", "available", "detect", "refill_bytes", "throttle_seconds"]
+__all__ = [
+    "CpuQuota",
+    "Hierarchy",
+    "TokenBucket",
+    "available",
+    "detect",
+    "refill_bytes",
+    "remove_stale",
+    "throttle_seconds",
+]

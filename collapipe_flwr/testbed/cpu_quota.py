@@ -417,6 +417,38 @@ class CpuQuota:
         return f"CpuQuota(v{self.hierarchy.version} {self.path}, cores={self.cores:g}, {state})"
 
 
+def remove_stale(hierarchy: Hierarchy | None = None) -> list[Path]:
+    """Remove the ``collapipe/*`` cgroups left by runs that died before :meth:`CpuQuota.remove`.
+
+    A child is stale when the pid in its name (``<name>-<creator pid>-<hex>``) is no longer running and it
+    holds no process; returns the directories removed (then the parent too when empty). Quotas of live
+    runs are never touched. Does nothing when quotas are not available.
+    """
+    if hierarchy is None:
+        found = detect()
+        if isinstance(found, str) or available() is not None:
+            return []
+        hierarchy = found
+    parent = hierarchy.mount / PARENT
+    removed = []
+    for child in sorted(parent.glob("*")) if parent.is_dir() else []:
+        parts = child.name.rsplit("-", 2)
+        if not child.is_dir() or len(parts) != 3 or not parts[1].isdigit():
+            continue
+        if Path(f"/proc/{parts[1]}").exists():
+            continue  # its creator still runs (or the pid was reused: left for a later sweep)
+        try:
+            child.rmdir()  # refused (EBUSY) while processes are in it
+            removed.append(child)
+        except OSError:
+            pass
+    try:
+        parent.rmdir()
+    except OSError:
+        pass
+    return removed
+
+
 def _enable_cpu(directory: Path) -> None:
     """v2: write ``+cpu`` to ``directory``'s ``cgroup.subtree_control`` unless already enabled there."""
     control = directory / "cgroup.subtree_control"
