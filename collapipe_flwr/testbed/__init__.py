@@ -3,7 +3,8 @@
 * :mod:`.cpu_quota`: an OS-enforced CPU share for a process (all its threads and later children) through a
   cgroup (v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``), so one box can stand in for devices of unequal speed;
 * :mod:`.token_bucket`: a thread-safe token bucket that paces byte transfers to a link rate, with an
-  emulated fixed latency per transfer (``tc netem`` does not work on every kernel).
+  emulated fixed latency per transfer (``tc netem`` does not work on every kernel);
+* :mod:`.tc_shaper`: the same pacing done by the kernel on an interface, a ``tc ... tbf`` root qdisc.
 
 Base layer: imports only :mod:`collapipe_flwr.errors` and the standard library.
 """
@@ -11,11 +12,14 @@ Base layer: imports only :mod:`collapipe_flwr.errors` and the standard library.
 from __future__ import annotations
 
 from collapipe_flwr.testbed.cpu_quota import CpuQuota, Hierarchy, available, detect, remove_stale
+from collapipe_flwr.testbed.tc_shaper import TbfSettings, TcShaper
 from collapipe_flwr.testbed.token_bucket import TokenBucket, refill_bytes, throttle_seconds
 
 __all__ = [
     "CpuQuota",
     "Hierarchy",
+    "TbfSettings",
+    "TcShaper",
     "TokenBucket",
     "available",
     "detect",
