@@ -33,8 +33,19 @@ BUSY_THREADS = (
 )
 
 
+def _higher_priority() -> None:
+    """In the child before exec: nice -5 where allowed (root), so other load on the shared box does not
+    starve it below its quota and the quota alone limits it (capped at a fraction of a core, it harms none)."""
+    try:
+        os.nice(-5)
+    except OSError:
+        pass
+
+
 def _start(code: str):
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, preexec_fn=_higher_priority
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         yield child
@@ -152,6 +163,15 @@ def test_remove_stale_takes_only_dead_runs_cgroups(quotas):
     finally:
         if stale.exists():
             stale.rmdir()
+
+
+def test_a_process_that_exited_is_refused_and_nothing_is_left(quotas):
+    hierarchy = _needs_quotas()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=10)
+    with pytest.raises(errors.TestbedError, match=f"no process with pid {dead.pid} "):
+        CpuQuota.apply(dead.pid, 0.25, "pytest-dead")
+    assert not list((hierarchy.mount / cq.PARENT).glob("pytest-dead-*"))
 
 
 def test_context_manager_set_cores_and_unique_names(busy_child, quotas):

@@ -11,8 +11,10 @@ Base layer: imports only :mod:`collapipe_flwr.errors` and the standard library.
 
 from __future__ import annotations
 
-from collapipe_flwr.testbed.cpu_quota import CpuQuota, Hierarchy, available, detect, remove_stale
+from collapipe_flwr.testbed.cpu_quota import CpuQuota, Hierarchy, detect, remove_stale
+from collapipe_flwr.testbed.cpu_quota import available as cpu_quota_available
 from collapipe_flwr.testbed.tc_shaper import TbfSettings, TcShaper
+from collapipe_flwr.testbed.tc_shaper import available as tc_available
 from collapipe_flwr.testbed.token_bucket import TokenBucket, refill_bytes, throttle_seconds
 
 __all__ = [
@@ -21,9 +23,10 @@ __all__ = [
     "TbfSettings",
     "TcShaper",
     "TokenBucket",
-    "available",
+    "cpu_quota_available",
     "detect",
     "refill_bytes",
     "remove_stale",
+    "tc_available",
     "throttle_seconds",
 ]
