@@ -20,6 +20,8 @@ runtime     ``pipeline.runtime_spec.RuntimeSpec`` ``pipeline.runtime_spec.parse_
 federation  :class:`FederationSpec`              ``spec_parsing.typed`` (here)
 dataplane   :class:`DataPlaneSpec`               ``spec_parsing.typed`` (here)
 eval        :class:`EvalSpec`                    ``spec_parsing.typed`` (here)
+system      ``system.measurement_spec.SystemSpec`` ``system.measurement_spec.parse_system``
+testbed     ``system.measurement_spec.TestbedSpec`` ``system.measurement_spec.parse_testbed``
 =========== ==================================== ===========================================
 
 :func:`build_run_config` (the server, the sweep, ``train_central``, ``simulate``, benchmarks) and
@@ -42,6 +44,7 @@ from collapipe_flwr.dssra.specs import MethodSpec, SchedulerSpec, parse_method, 
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.pipeline.runtime_spec import RuntimeSpec, parse_runtime
 from collapipe_flwr.spec_parsing import check_keys, mapping, require, scalar, typed
+from collapipe_flwr.system.measurement_spec import SystemSpec, TestbedSpec, parse_system, parse_testbed
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.tasks.spec import ModelSpec, TaskSpec, parse_model, parse_task
 
@@ -201,6 +204,8 @@ class RunConfig:
     resume: bool = False  # continue the run in output_dir/run_name from its last checkpoint
     flower_log: str = "warning"  # Flower's own ServerApp log lines: "info" shows its round banners and dump
     tensorboard: bool = False  # also log each round's scalars to <run folder>/tensorboard (needs tensorboard)
+    system: SystemSpec = SystemSpec()  # where DSSRA's device and link numbers come from (config | measured)
+    testbed: TestbedSpec = TestbedSpec()  # the emulated heterogeneous testbed (off unless testbed=emulated)
 
     def resolved_data_dir(self) -> Path:
         """``data_dir`` if set, else $COLLAPIPE_DATA_DIR; a one-line error when neither names a folder."""
@@ -227,6 +232,8 @@ class RunConfig:
             "flower_log": self.flower_log,
             "tensorboard": self.tensorboard,
             "resume": self.resume,
+            "system": self.system.to_raw(),
+            "testbed": self.testbed.to_raw(),
         }
 
     @classmethod
@@ -353,6 +360,8 @@ _TOP_KEYS = {
     "flower_log",
     "tensorboard",
     "resume",
+    "system",
+    "testbed",
 }
 
 
@@ -390,6 +399,8 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         resume=scalar("", "resume", data.get("resume", False), bool),
         flower_log=_choice("flower_log", data.get("flower_log", "warning"), FLOWER_LOG_LEVELS),
         tensorboard=scalar("", "tensorboard", data.get("tensorboard", False), bool),
+        system=parse_system(data.get("system")),
+        testbed=parse_testbed(data.get("testbed")),
     )
 
 

@@ -4,18 +4,24 @@
 FLOP rate phi_k f_k(t), D2D rate r_k^dd (eq. 13), memory cap (C7) and, per m, the compute and D2D time
 of one chunk and the largest delta_k the energy budget allows (C9'). ``evaluate(delta, m)`` is the
 direct formula (eqs. 13-16) that the exact solver and the brute-force test both answer to.
+
+The per-device numbers come from the network preset (``system.profile: config``) or, given a
+:class:`~collapipe_flwr.system.profile.ClusterProfile` (``system.profile: measured``), from what the CU measured
+on its devices: phi_k f_k = (o_l + o'_l) / s_k, c0_k, r_k^dd, tau_0 per link and gamma_k^max. Energy (eqs. 14,
+16) keeps the configured phi_k, f_k and kappa: nothing here measures joules.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from collapipe_flwr.errors import InfeasiblePlanError
 from collapipe_flwr.system import channel, pipeline_model
 from collapipe_flwr.system.network import NetworkSpec
+from collapipe_flwr.system.profile import ClusterProfile
 from collapipe_flwr.system.state import RoundState
 from collapipe_flwr.system.workload import Workload
 
@@ -23,7 +29,16 @@ ENERGY_RTOL = 1e-12
 
 
 # The fields of ClusterModel that hold one entry per device k (the rest are scalars of the cluster).
-PER_DEVICE_FIELDS = ("flops_per_second", "flops_per_cycle", "f_hz", "d2d_rate", "d2d_power", "memory_cap")
+PER_DEVICE_FIELDS = (
+    "flops_per_second",
+    "flops_per_cycle",
+    "f_hz",
+    "d2d_rate",
+    "d2d_power",
+    "memory_cap",
+    "d2d_latency_s",
+    "per_microbatch_s",
+)
 
 
 @dataclass(frozen=True)
@@ -44,11 +59,31 @@ class ClusterModel:
     memory_cap: np.ndarray  # floor(gamma_k^max / gamma_0): C7 as a bound on delta_k
     energy_max: float  # E_k^max
     kappa: float
-    d2d_latency_s: float = 0.0  # fixed hand-over latency of one micro-batch transfer (see docs/system_model.md)
-    per_microbatch_s: float = 0.0  # c0: fixed on-device time per chunk besides its FLOPs (docs/system_model.md)
+    # tau_0 per device: fixed hand-over latency of one micro-batch transfer (docs/system_model.md); a scalar
+    # given here is the same for every device
+    d2d_latency_s: np.ndarray | float = 0.0
+    # c0 per device: fixed on-device time per chunk besides its FLOPs (docs/system_model.md); scalar as above
+    per_microbatch_s: np.ndarray | float = 0.0
+    # the CU's own seconds per local step outside the devices (measured profiles only; not in eq. 26)
+    cu_step_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        K = len(self.flops_per_second)
+        for name in ("d2d_latency_s", "per_microbatch_s"):
+            value = np.broadcast_to(np.asarray(getattr(self, name), dtype=float), (K,)).copy()
+            object.__setattr__(self, name, value)
 
     @classmethod
-    def build(cls, spec: NetworkSpec, state: RoundState, workload: Workload, n: int) -> ClusterModel:
+    def build(
+        cls, spec: NetworkSpec, state: RoundState, workload: Workload, n: int, profile: ClusterProfile | None = None
+    ) -> ClusterModel:
+        """Cluster n in round t from the preset's constants, or from ``profile`` where it measured a device
+        (a device it has no measurement of keeps the preset's numbers)."""
+        model = cls._from_config(spec, state, workload, n)
+        return model.with_profile(profile, workload) if profile is not None else model
+
+    @classmethod
+    def _from_config(cls, spec: NetworkSpec, state: RoundState, workload: Workload, n: int) -> ClusterModel:
         devices = spec.devices_of(n)
         avail = np.asarray(state.availability[n][: len(devices)], dtype=float)
         f_hz = np.array([d.f_hz for d in devices]) * avail
@@ -75,6 +110,37 @@ class ClusterModel:
             kappa=spec.effective_capacitance,
             d2d_latency_s=spec.d2d_latency_s,
             per_microbatch_s=spec.per_microbatch_s,
+        )
+
+    def with_profile(self, profile: ClusterProfile, workload: Workload) -> ClusterModel:
+        """These numbers with the measured ones of ``profile`` put in: phi_k f_k(t) = (o_l + o'_l) / s_k (the
+        measurement is the device's availability, so no f_k(t) draw scales it), c0_k, r_k^dd (bit/s), tau_0 of
+        each link and C7's cap from the measured memory."""
+        if profile.K != self.K:
+            raise InfeasiblePlanError(
+                f"the measured profile of cluster {self.cluster} has {profile.K} devices, the network {self.K}; "
+                "set network.devices_per_cluster to the devices the CU drives"
+            )
+        fps, c0 = self.flops_per_second.copy(), np.asarray(self.per_microbatch_s, dtype=float).copy()
+        rate, latency = self.d2d_rate.copy(), np.asarray(self.d2d_latency_s, dtype=float).copy()
+        mem = self.memory_cap.copy()
+        gamma0 = workload.block_memory_bytes()
+        for k, (dev, link) in enumerate(zip(profile.devices, profile.links)):
+            if dev is not None:
+                fps[k] = self.flops_per_sample_block / dev.seconds_per_sample_block
+                c0[k] = dev.microbatch_s
+                mem[k] = min(math.floor(dev.memory_bytes / gamma0), self.num_blocks)
+            if link is not None:
+                rate[k] = 8.0 * link.bytes_per_s
+                latency[k] = link.latency_s
+        return replace(
+            self,
+            flops_per_second=fps,
+            per_microbatch_s=c0,
+            d2d_rate=rate,
+            d2d_latency_s=latency,
+            memory_cap=mem,
+            cu_step_s=profile.cu_step_s,
         )
 
     @property
@@ -155,6 +221,7 @@ class ClusterModel:
             "pipeline_s": float(self.steps * pipeline_model.pipeline_delay(chunk[used], S, m)),
             "compute_s": float(clocks * comp[k_star]),
             "d2d_s": float(clocks * d2d[k_star]),
+            "overhead_s": float(self.steps * self.cu_step_s),
             "device_energy_j": [float(e) for e in self.device_energy(delta, m)],
         }
 
@@ -201,6 +268,7 @@ class ClusterModel:
             "pipeline_s": float(self.steps * slowest),
             "compute_s": float(self.steps * slowest),
             "d2d_s": 0.0,
+            "overhead_s": float(self.steps * self.cu_step_s),
             "device_energy_j": [float(e) for e in self.data_parallel_energy(users)],
         }
 

@@ -14,7 +14,7 @@ segments by Sub-1 with V only and power = the largest C6/C8'-feasible power.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -37,6 +37,7 @@ from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
 from collapipe_flwr.system import pipeline_model
 from collapipe_flwr.system.convergence import ConvergenceParams, queue_update
 from collapipe_flwr.system.network import NetworkSpec
+from collapipe_flwr.system.profile import ClusterProfile
 from collapipe_flwr.system.state import RoundState
 from collapipe_flwr.system.workload import Workload
 
@@ -133,15 +134,18 @@ class Policy:
         return best_m_segments(model, self.sched.V, drift, delta, self.m_values)
 
     # ------------------------------------------------------------------ the plan
-    def plan(self, t: int, state: RoundState) -> RoundPlan:
+    def plan(self, t: int, state: RoundState, profiles: Mapping[int, ClusterProfile] | None = None) -> RoundPlan:
         """Block coordinate descent (Algorithms 2-4): Sub-1 for every cluster (first as if every cluster
         trains), Sub-2 (power + matching) given the segments, then Sub-1 again given which clusters got a
         channel (an idle cluster's delay does not count, so it only minimises its drift), and so on until the
         selection, hence the plan, stops changing or scheduler.bcd_max_iters Sub-1/Sub-2 passes are done.
-        Both blocks are exact, so the decomposed objective (``bcd_objective``) never increases."""
+        Both blocks are exact, so the decomposed objective (``bcd_objective``) never increases. ``profiles``
+        ({cluster n: measured profile}, ``system.profile: measured``) replace the preset's device numbers of the
+        clusters they name (ClusterModel.build)."""
         spec = self.spec
         N = spec.num_clusters
-        models = [ClusterModel.build(spec, state, self.workload, n) for n in range(N)]
+        profiles = profiles or {}
+        models = [ClusterModel.build(spec, state, self.workload, n, profiles.get(n)) for n in range(N)]
         if not self.shape.d2d:
             models = [replace(m, d2d_rate=np.full(m.K, np.inf), d2d_latency_s=0.0) for m in models]
         radio = self._radio(state)
@@ -308,6 +312,9 @@ class Policy:
                     "pipeline_s": ev["pipeline_s"],
                     "compute_s": ev["compute_s"],
                     "d2d_s": ev["d2d_s"],
+                    # the CU's measured time per round outside the devices (measured profiles only): not in
+                    # eq. (26), so not in delay_s, and the same for every plan of a cluster
+                    "overhead_s": float(ev.get("overhead_s", 0.0)),
                     "uplink_s": up,
                     "delay_s": ev["pipeline_s"] + up if selected else 0.0,
                     "device_energy_j": ev["device_energy_j"],

@@ -6,6 +6,7 @@ What round t leaves behind and round t+1 needs, all of it on the server:
 - the server optimizer (``federation.server_optimizer``: FedAvgM's momentum, FedAdam's moments ...);
 - the decoder's optimizer state (Adam moments of the head trained over the data plane);
 - the policy's Lyapunov queues Y_n (eq. 29), its last losses and its random generator;
+- the measured profiles the planner keeps (``system.profile: measured``);
 - the process's torch, NumPy and Python random states.
 Not included, because it lives on the CUs: the CU-side optimizer moments (``federation.optimizer_state:
 keep``) and the CUs' own random state. A resumed run therefore continues exactly when the CUs start each
@@ -55,6 +56,7 @@ def capture(server: ServerState, t: int) -> dict[str, Any]:
         "server_optimizer": server.global_model.server_optimizer,
         "decoder_optimizer": host.optimizer.state_dict() if host is not None and host.optimizer is not None else None,
         "policy": server.planner.policy.state_dict(),
+        "profiles": server.planner.profiles.state_dict(),  # the kept measured profiles (system.profile: measured)
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
     }
 
@@ -75,6 +77,7 @@ def restore(server: ServerState, payload: dict[str, Any]) -> int:
     if payload["decoder_optimizer"] is not None and host is not None and host.optimizer is not None:
         host.optimizer.load_state_dict(payload["decoder_optimizer"])
     server.planner.policy.load_state_dict(payload["policy"])
+    server.planner.profiles.load_state_dict(payload.get("profiles", {}))  # none in checkpoints before profiles
     rng = payload["rng"]
     torch.set_rng_state(rng["torch"])
     np.random.set_state(rng["numpy"])

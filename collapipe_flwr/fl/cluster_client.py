@@ -31,16 +31,27 @@ from collapipe_flwr.fl import data_parallel
 from collapipe_flwr.fl.cluster_session import cached_task, drop_session, session_for
 from collapipe_flwr.fl.dataplane import DecoderClient
 from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
+from collapipe_flwr.fl.emulation import (
+    ThrottledHead,
+    apply_emulation,
+    cu_step_seconds,
+    uplink_bucket,
+    upload,
+    with_cu_step,
+)
 from collapipe_flwr.fl.messages import (
     NUM_EXAMPLES,
     NUM_PARTITIONS,
     PARTITION_ID,
     TrainInstructions,
     pack_weights,
+    profile_metrics,
     unpack_weights,
 )
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.system.devices import DeviceProfile
+from collapipe_flwr.system.profile import ClusterProfile, DeviceEmulation
+from collapipe_flwr.testbed.token_bucket import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +219,7 @@ def train_round(
     plan = instructions.plan
     devices = [DeviceProfile.from_dict(d) for d in instructions.devices]
     parts = unpack_weights(weights_record)
-    head: DecoderClient | LocalHead | None = None
+    head: DecoderClient | LocalHead | ThrottledHead | None = None
     lost: list[int] = []  # devices that failed this round; the CU re-plans over the others (dssra/replan.py)
     m = plan.m
     try:
@@ -218,8 +229,12 @@ def train_round(
             m = _replan_after(failure, session, parts, instructions, lost, identity.partition_id)
             prepared = {"pipeline-reused": 1, "blocks-moved": 1, "optimizer-restored": 0}
         t_setup = time.time()
+        testbed = _prepare_testbed(session, cfg, instructions, identity.partition_id)
+        t_measured = time.time()
         if cfg.head_on_server:
             head = decoder_client(cfg, instructions, identity.partition_id)
+            if testbed.bucket is not None:
+                head = ThrottledHead(head, testbed.bucket, cfg.dataplane.wire)
         else:
             head = session.local_head
             if head is None:
@@ -238,6 +253,7 @@ def train_round(
             reply_parts["embedding"] = pipeline.embedding_state_dict()
         if not cfg.head_on_server:
             reply_parts["head"] = {k: v.detach().clone() for k, v in session.model.head.state_dict().items()}
+        upload_s = upload(testbed.bucket, reply_parts)
         memory = pipeline.memory_report()
         pids = pipeline.pids()
         session.finish(instructions.round, state)
@@ -263,7 +279,9 @@ def train_round(
         "steps": len(losses),
         "lr-factor-first": lr_first,
         "seconds-setup": t_setup - t_start,
-        "seconds-build-pipeline": t_built - t_setup,
+        "seconds-profile": t_measured - t_setup,
+        "seconds-build-pipeline": t_built - t_measured,
+        "seconds-upload": upload_s,
         "seconds-train": t_trained - t_built,
         "seconds-total": time.time() - t_start,
         "device-peak-bytes": device_peak,
@@ -277,8 +295,54 @@ def train_round(
             else {}
         ),
         **{f"seconds-step-{k}": v for k, v in step_seconds.items()},
+        **(
+            _testbed_metrics(testbed, head, step_seconds, len(losses), len(devices), instructions.round)
+            if instructions.report_profile
+            else {}
+        ),
     }
     return pack_weights(reply_parts), metrics
+
+
+@dataclass
+class _Testbed:
+    """What this round's testbed and measurement set up: the uplink bucket, the cores each device's cgroup
+    grants, and the devices' profile when the server asked for one."""
+
+    bucket: TokenBucket | None = None
+    cores: list[float] | None = None
+    profile: ClusterProfile | None = None
+
+
+def _prepare_testbed(session, cfg: ClusterConfig, instructions: TrainInstructions, cluster: int) -> _Testbed:
+    """Apply the testbed's quotas and link throttles (when the server sends them), then measure the devices and
+    links (when asked) at the shape of this round's first batch: measured under the emulation, as the round runs."""
+    out = _Testbed()
+    pipeline = session.live_pipeline()
+    if instructions.emulation:
+        emulation = DeviceEmulation.from_dict(instructions.emulation)
+        out.cores = apply_emulation(pipeline, emulation, cluster)
+        out.bucket = uplink_bucket(emulation)
+    else:
+        pipeline.clear_testbed()
+    if instructions.measure:
+        seed = wiring.round_seed(cfg, instructions.round, cluster)
+        first = next(iter(wiring.train_batches(session.task, cfg, session.examples, seed=seed)))
+        b, seq_len = (int(x) for x in first["input_ids"].shape[:2])
+        out.profile = pipeline.measure(b, seq_len, cfg.model.width, repeats=instructions.measure)
+    return out
+
+
+def _testbed_metrics(testbed: _Testbed, head, step_seconds: dict, steps: int, K: int, t: int) -> dict:
+    """The reply's profile (every round: the CU's own seconds per step; devices and links when measured) and the
+    cores the testbed's cgroups granted."""
+    waited = head.waited_s if isinstance(head, ThrottledHead) else 0.0
+    report = with_cu_step(testbed.profile, K, cu_step_seconds(step_seconds, steps, waited), t)
+    out = profile_metrics(report)
+    out["seconds-uplink-wait"] = waited
+    if testbed.cores is not None:
+        out["testbed-cpu-cores"] = testbed.cores
+    return out
 
 
 def release_run(identity: ClusterIdentity, run_key: str, num_devices: int) -> int:

@@ -15,6 +15,7 @@ segments, eq. 4) and, for methods that train the head on the CU, ``head.``.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 
 from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.errors import CollaPipeError
+from collapipe_flwr.system.profile import ClusterProfile, DeviceMeasurement, LinkMeasurement, ProfileError
 
 # ----------------------------------------------------------------------------- message types
 TRAIN = MessageType.TRAIN
@@ -43,6 +45,20 @@ NUM_EXAMPLES = "num-examples"
 RELEASE_NUM_DEVICES = "release-num-devices"
 DEVICE_ACTORS_RELEASED = "device-actors-released"
 PARTS = ("embedding", "encoder", "head")
+# a CU's measured profile in its train reply (system/profile.py), one list entry per device k (NaN = not measured)
+PROFILE_SECONDS_PER_SAMPLE_BLOCK = "profile-seconds-per-sample-block"
+PROFILE_MICROBATCH_S = "profile-microbatch-s"
+PROFILE_MEMORY_BYTES = "profile-memory-bytes"
+PROFILE_LINK_BYTES_PER_S = "profile-link-bytes-per-s"
+PROFILE_LINK_LATENCY_S = "profile-link-latency-s"
+PROFILE_CU_STEP_S = "profile-cu-step-s"
+PROFILE_KEYS = (
+    PROFILE_SECONDS_PER_SAMPLE_BLOCK,
+    PROFILE_MICROBATCH_S,
+    PROFILE_MEMORY_BYTES,
+    PROFILE_LINK_BYTES_PER_S,
+    PROFILE_LINK_LATENCY_S,
+)
 
 
 def pack_weights(parts: dict[str, dict[str, torch.Tensor]]) -> ArrayRecord:
@@ -81,6 +97,9 @@ class TrainInstructions:
     dataplane_secret: str = ""  # this CU's own data-plane key for this round (fl/dataplane/auth.py)
     dataplane_root_certificate: str = ""  # PEM the CU trusts for the data plane's TLS ("" = plaintext)
     replan: dict | None = None  # Sub-1's inputs for this cluster (dssra/replan.py), for a device lost mid-round
+    measure: int = 0  # measure the devices and links this round with this many timed calls per size (0 = not)
+    emulation: dict | None = None  # DeviceEmulation.to_dict(): the testbed's quotas and link rates (testbed=emulated)
+    report_profile: bool = False  # reply with the profile metrics (system.profile: measured, or the testbed on)
 
     def to_record(self) -> ConfigRecord:
         payload = {
@@ -92,6 +111,9 @@ class TrainInstructions:
             "dataplane_secret": self.dataplane_secret,
             "dataplane_root_certificate": self.dataplane_root_certificate,
             "replan": self.replan,
+            "measure": self.measure,
+            "emulation": self.emulation,
+            "report_profile": self.report_profile,
         }
         return ConfigRecord({"json": json.dumps(payload)})
 
@@ -108,6 +130,9 @@ class TrainInstructions:
                 dataplane_secret=str(payload.get("dataplane_secret", "")),
                 dataplane_root_certificate=str(payload.get("dataplane_root_certificate", "")),
                 replan=payload.get("replan"),
+                measure=int(payload.get("measure", 0)),
+                emulation=payload.get("emulation"),
+                report_profile=bool(payload.get("report_profile", False)),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CollaPipeError(
@@ -145,6 +170,41 @@ def metric_int(record: MetricRecord, key: str, sender: int) -> int:
     if not isinstance(value, (int, float)):
         raise CollaPipeError(f"reply from node {sender} has {key}={value!r}; expected a number")
     return int(value)
+
+
+def profile_metrics(profile: ClusterProfile) -> dict:
+    """A measured profile as reply metrics (MetricRecord holds numbers and lists of numbers): per-device lists
+    with NaN where a device was not measured, and the CU's own seconds per step."""
+    nan = float("nan")
+    devices, links = profile.devices, profile.links
+    return {
+        PROFILE_SECONDS_PER_SAMPLE_BLOCK: [d.seconds_per_sample_block if d else nan for d in devices],
+        PROFILE_MICROBATCH_S: [d.microbatch_s if d else nan for d in devices],
+        PROFILE_MEMORY_BYTES: [d.memory_bytes if d else nan for d in devices],
+        PROFILE_LINK_BYTES_PER_S: [x.bytes_per_s if x else nan for x in links],
+        PROFILE_LINK_LATENCY_S: [x.latency_s if x else nan for x in links],
+        PROFILE_CU_STEP_S: profile.cu_step_s,
+    }
+
+
+def read_profile(metrics: dict, t: int) -> ClusterProfile | None:
+    """The profile a CU's reply carries (None when it carries none); a malformed one raises ProfileError."""
+    if PROFILE_CU_STEP_S not in metrics:
+        return None
+    lists = [metrics.get(key, []) for key in PROFILE_KEYS]
+    if not all(isinstance(x, list) for x in lists) or len({len(x) for x in lists}) != 1:
+        raise ProfileError(f"reply's profile lists {', '.join(PROFILE_KEYS)} must be lists of one length")
+    s, c0, mem, rate, lat = lists
+    try:
+        devices = tuple(
+            None if math.isnan(float(s[k])) else DeviceMeasurement(s[k], c0[k], mem[k]) for k in range(len(s))
+        )
+        links = tuple(None if math.isnan(float(rate[k])) else LinkMeasurement(rate[k], lat[k]) for k in range(len(s)))
+        return ClusterProfile(devices, links, metrics[PROFILE_CU_STEP_S], measured_round=t)
+    except (TypeError, ValueError) as err:
+        if isinstance(err, ProfileError):
+            raise
+        raise ProfileError(f"reply's profile is malformed ({err})") from None
 
 
 def run_config_record(run_config: dict) -> ConfigRecord:

@@ -4,29 +4,54 @@
 run with the same seed sees the same network) and asks the method's policy (DSSRA or a baseline) for
 X(t) = [m, S, delta_k, I_{n,j}, p_n]; ``observe`` hands the round's losses back so the policy can update
 its queues Y_n (eq. 29).
+
+With ``system.profile: measured`` the policy plans from the CUs' measured profiles (kept and smoothed in a
+:class:`~collapipe_flwr.system.profile.ProfileStore`) instead of the preset's device numbers; with the
+testbed on (``testbed=emulated``) ``emulation_for`` says what each selected cluster's devices and uplink are
+throttled to this round: the configured network, made real (docs/testbed.md).
 """
 
 from __future__ import annotations
 
-from collapipe_flwr.dssra.plan import RoundPlan
+import numpy as np
+
+from collapipe_flwr.dssra.cluster_model import ClusterModel
+from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
 from collapipe_flwr.dssra.policies import Policy
+from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.system.devices import DeviceProfile
+from collapipe_flwr.system.measurement_spec import SystemSpec, TestbedSpec
 from collapipe_flwr.system.network import NetworkSpec
+from collapipe_flwr.system.profile import ClusterProfile, DeviceEmulation, ProfileStore
 from collapipe_flwr.system.state import StateSampler
+from collapipe_flwr.system.workload import Workload
 
 
 class RoundPlanner:
-    """The network, its per-round state sampler and the policy; remembers the last plan."""
+    """The network, its per-round state sampler and the policy; remembers the last plan and the measured
+    profiles."""
 
-    def __init__(self, network: NetworkSpec, sampler: StateSampler, policy: Policy, policy_name: str) -> None:
+    def __init__(
+        self,
+        network: NetworkSpec,
+        sampler: StateSampler,
+        policy: Policy,
+        policy_name: str,
+        system: SystemSpec | None = None,
+        testbed: TestbedSpec | None = None,
+    ) -> None:
         self.network = network
         self.sampler = sampler
         self.policy = policy
         self.policy_name = policy_name
+        self.system = system or SystemSpec()
+        self.testbed = testbed or TestbedSpec()
+        self.profiles = ProfileStore(self.system.refresh_every, self.system.smoothing)
         self.last_plan: RoundPlan | None = None
 
     def plan(self, t: int) -> RoundPlan:
-        self.last_plan = self.policy.plan(t, self.sampler.sample(t))
+        profiles = self.profiles.profiles if self.system.measured else None
+        self.last_plan = self.policy.plan(t, self.sampler.sample(t), profiles)
         return self.last_plan
 
     def observe(self, losses: dict[int, float]) -> None:
@@ -36,3 +61,54 @@ class RoundPlanner:
 
     def devices_of(self, cluster: int) -> list[DeviceProfile]:
         return self.network.devices_of(cluster)
+
+    # ------------------------------------------------------------------ measured profiles
+    @property
+    def uses_profiles(self) -> bool:
+        """Whether CUs report profiles: measured plans need them, and on the testbed the configured run
+        reports them too, so both runs record what the devices did."""
+        return self.system.measured or self.testbed.enabled
+
+    def measure_repeats(self, cluster: int, t: int) -> int:
+        """Timed calls per size if cluster n should measure its devices in round t, else 0 (measured profiles
+        only; on the testbed the configured run measures too, so both runs report what the devices did)."""
+        if not self.uses_profiles:
+            return 0
+        return self.system.repeats if self.profiles.due(cluster, t) else 0
+
+    def absorb_profile(self, cluster: int, report: ClusterProfile) -> ClusterProfile:
+        return self.profiles.update(cluster, report)
+
+    # ------------------------------------------------------------------ the testbed
+    def emulation_for(self, t: int, plan: ClusterPlan, workload: Workload) -> DeviceEmulation | None:
+        """What the testbed imposes on cluster n in round t (None when it is off): a CPU quota per device from
+        its configured phi_k f_k(t) (``fastest_cores`` for the network's fastest device at full availability),
+        each link at the round's r_k^dd (eq. 13) with tau_0 split over the two hand-overs of a micro-batch
+        (z^s forward, g^s back), and the uplink at the Shannon rate of the channel and power of the plan."""
+        tb = self.testbed
+        if not tb.enabled:
+            return None
+        n = plan.cluster
+        model = ClusterModel.build(self.network, self.sampler.sample(t), workload, n)
+        fastest = max(d.flops_per_second for ds in self.network.devices for d in ds)
+        cores = tb.fastest_cores * model.flops_per_second / fastest if tb.cpu_quota else np.zeros(model.K)
+        if tb.cpu_quota and tb.cpu_cores:
+            if len(tb.cpu_cores) != model.K:
+                raise ConfigError(
+                    f"testbed.cpu_cores has {len(tb.cpu_cores)} entries for {model.K} devices per cluster; "
+                    "give one per device"
+                )
+            cores = np.asarray(tb.cpu_cores)
+        rate = model.d2d_rate * tb.d2d_rate_scale / 8.0 if tb.d2d else np.zeros(model.K)
+        latency = np.asarray(model.d2d_latency_s) / 2.0 if tb.d2d else np.zeros(model.K)
+        uplink = 0.0
+        last = self.last_plan
+        row = last.modelled["clusters"][n] if last is not None else None
+        if tb.uplink and last is not None and row is not None and row["uplink_s"] > 0:
+            uplink = float(last.modelled["uplink_bits"]) / 8.0 / float(row["uplink_s"])
+        return DeviceEmulation(
+            tuple(float(x) for x in cores),
+            tuple(float(x) for x in rate),
+            tuple(float(x) for x in latency),
+            uplink,
+        )

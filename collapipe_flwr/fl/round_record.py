@@ -3,7 +3,8 @@
 Fields (the JSON line of rounds.jsonl, docs/results.md): the round t, the method and scheduling policy,
 the plan X(t) and its modelled delay / energy (eqs. 11-26), the CUs' training loss (example-weighted) and
 per-CU metrics, the failures (cluster and one-line reason), the validation metrics when the round was
-evaluated (``val_<name>``), and the measured seconds of each server phase.
+evaluated (``val_<name>``), the measured seconds of each server phase, and the clusters' measured profiles
+(``profiles``: per device s_k, c0_k, memory; per link rate and latency; the CU's own seconds per step).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class RoundRecord:
     val: dict[str, float] = field(default_factory=dict)
     # plan_s, wait_clients_s, aggregate_s, overhead_s, evaluate_s, round_s
     measured_s: dict[str, float] = field(default_factory=dict)
+    # {cluster: its kept (smoothed) measured profile after this round's report} (system/profile.py)
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def fail(self, cluster: int, reason: str) -> None:
         self.failures.append({"cluster": cluster, "error": reason})
@@ -44,4 +47,6 @@ class RoundRecord:
         out["plan"] = self.plan.to_dict() if self.plan else None
         out["modelled"] = self.plan.modelled if self.plan else {}
         out["measured_s"] = dict(self.measured_s)
+        if self.profiles:
+            out["profiles"] = dict(self.profiles)
         return out

@@ -81,7 +81,9 @@ class ServerState:
             head=model.head,
         )
         policy = make_planner(cfg.method, cfg.scheduler, network, workload, cfg.seed)
-        planner = RoundPlanner(network, StateSampler(network, cfg.seed), policy, cfg.scheduler.name)
+        planner = RoundPlanner(
+            network, StateSampler(network, cfg.seed), policy, cfg.scheduler.name, cfg.system, cfg.testbed
+        )
         # the decoder / head and the evaluation compute on runtime.server_device (collapipe_flwr/accelerator.py);
         # a head the CUs train (head_on_server: false) is only averaged here and stays on the CPU
         device = resolve_device(cfg.runtime.head_device, "runtime.server_device")
@@ -134,7 +136,9 @@ class ServerState:
         return self.cfg.federation.local_steps * wiring.batch_size(self.cfg)
 
     def instructions_for(self, t: int, plan: ClusterPlan, replan: dict | None = None) -> TrainInstructions:
-        """What CU n needs for round t besides the weights: its plan, devices and the data-plane address."""
+        """What CU n needs for round t besides the weights: its plan, devices and the data-plane address; on the
+        testbed what its devices and uplink are throttled to, and whether to measure its devices this round."""
+        emulation = self.planner.emulation_for(t, plan, self.workload)
         return TrainInstructions(
             round=t,
             plan=plan,
@@ -144,6 +148,9 @@ class ServerState:
             dataplane_secret=self.decoder.key_for(t, plan.cluster),
             dataplane_root_certificate=self.decoder.root_certificate,
             replan=replan,
+            measure=self.planner.measure_repeats(plan.cluster, t),
+            emulation=emulation.to_dict() if emulation is not None else None,
+            report_profile=self.planner.uses_profiles,
         )
 
     def absorb_results(self, t: int, results: list[ClusterResult]) -> None:

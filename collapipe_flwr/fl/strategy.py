@@ -43,6 +43,7 @@ from collapipe_flwr.fl.messages import (
     TRAIN,
     metric_int,
     pack_weights,
+    read_profile,
     read_reply,
     run_config_record,
     train_content,
@@ -193,11 +194,14 @@ class CollaPipeStrategy(Strategy):
                 check_reply(
                     parts, metrics, self.server.global_model.expected_reply(cluster), self.server.max_examples_per_round
                 )
+                profile = read_profile(metrics, t) if self.server.planner.uses_profiles else None
             except CollaPipeError as err:
                 record.fail(cluster, str(err))
                 log(WARNING, "round %s: cluster %s refused: %s (aggregating the other CUs)", t, cluster, err)
                 continue
             results.append((cluster, parts, metrics))
+            if profile is not None:
+                record.profiles[str(cluster)] = self.server.planner.absorb_profile(cluster, profile).to_dict()
         answered = {f["cluster"] for f in record.failures} | {c for c, _, _ in results}
         for cluster in sorted(set(record.selected) - answered):
             record.fail(cluster, "no reply within federation.round_timeout_s")

@@ -16,6 +16,7 @@ One ``train_step`` (paper Section III.B steps 3-6, Fig. 2, Algorithm 1 lines 5-2
 from __future__ import annotations
 
 import copy
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,10 +32,19 @@ from collapipe_flwr.pipeline.executors import BACKENDS, Stages, open_stages
 from collapipe_flwr.pipeline.memory import max_blocks_per_device, module_block_memory_bytes
 from collapipe_flwr.pipeline.microbatch import batch_size, split_batch
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
+from collapipe_flwr.pipeline.profiling import candidate_sizes
 from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles
 from collapipe_flwr.pipeline.timings import StepTimings
 from collapipe_flwr.precision import autocast, resolve_precision
 from collapipe_flwr.system.devices import DeviceProfile
+from collapipe_flwr.system.profile import (
+    ClusterProfile,
+    DeviceEmulation,
+    DeviceMeasurement,
+    LinkMeasurement,
+    fit_chunk_cost,
+    fit_link,
+)
 
 HeadFn = Callable[[list[torch.Tensor], list[dict]], tuple[float, list[torch.Tensor]]]
 
@@ -261,6 +271,70 @@ class ClusterPipeline:
     def pids(self) -> dict[int, int]:
         """{device k: OS pid of the process holding it} (the CU's own pid on the local backend)."""
         return self._stages.pids()
+
+    # -- the testbed and measured profiles (system/profile.py) -----------------------------------------
+    def live_devices(self) -> list[int]:
+        """The devices k whose actors are alive (holding blocks or idle), in index order."""
+        return sorted(self._stages.layout())
+
+    def set_testbed(self, emulation: DeviceEmulation, cgroup_prefix: str) -> dict[int, float]:
+        """Put every live device under the testbed's CPU quota and link throttle of ``emulation`` (one entry per
+        device k); returns {k: cores its cgroup grants, read back}. A device the OS cannot throttle raises
+        TestbedError (never a silent unthrottled run)."""
+        return {
+            k: float(
+                self._stages.call_device(
+                    k,
+                    "set_testbed",
+                    emulation.cpu_cores[k],
+                    emulation.d2d_bytes_per_s[k],
+                    emulation.d2d_latency_s[k],
+                    f"{cgroup_prefix}d{k}",
+                )
+            )
+            for k in self.live_devices()
+        }
+
+    def clear_testbed(self) -> None:
+        for k in self.live_devices():
+            self._stages.call_device(k, "clear_testbed")
+
+    def measure(self, batch_size_b: int, seq_len: int, width: int, repeats: int = 3) -> ClusterProfile:
+        """Time every live device's TEB forward + backward at the micro-batch sizes Sub-1 may choose and the link
+        out of each device with activation-sized payloads, one device at a time (so they do not share cores while
+        timed), and fit them (system/profile.py). Devices not alive get no measurement.
+
+        The ``repeats`` timing windows of the devices are interleaved (device 0, 1, .., K-1, then again), and each
+        size's figure is the median over its windows: a load that comes and goes on a shared host then lands on
+        every device alike, so the devices' ratios (what Sub-1 decides from) hold where absolute times drift."""
+        K = len(self.devices) if self.devices else len(self.delta)
+        live = self.live_devices()
+        sizes = candidate_sizes(batch_size_b)
+        devices: list[DeviceMeasurement | None] = [None] * K
+        links: list[LinkMeasurement | None] = [None] * K
+        block = self._block()
+        windows: dict[int, list[list[float]]] = {k: [] for k in live}
+        memory: dict[int, float] = {}
+        for _ in range(max(1, repeats)):
+            for k in live:
+                raw = self._stages.call_device(k, "profile_compute", block, sizes, seq_len, width, 1)
+                windows[k].append(raw["seconds"])
+                memory[k] = raw["memory_bytes"]
+        for k in live:
+            seconds = [statistics.median(column) for column in zip(*windows[k])]
+            c0, s = fit_chunk_cost(sizes, seconds)
+            devices[k] = DeviceMeasurement(seconds_per_sample_block=s, microbatch_s=c0, memory_bytes=memory[k])
+        full = 4 * batch_size_b * seq_len * width  # z^s of a whole batch in float32: the largest micro-batch
+        payloads = [max(1024, full // 16), full]
+        for i, k in enumerate(live):
+            dst = live[(i + 1) % len(live)]
+            nbytes, seconds = [], []
+            for size in payloads:
+                times = sorted(self._stages.time_transfer(k, dst, size) for _ in range(repeats + 1))[:repeats]
+                nbytes.append(size)
+                seconds.append(times[len(times) // 2])
+            links[k] = fit_link(nbytes, seconds)
+        return ClusterProfile(tuple(devices), tuple(links))
 
     def check_memory(self, batch_size_b: int, seq_len: int) -> None:
         """Constraint C7 with activations: delta_k blocks at the whole batch must fit gamma_k^max."""

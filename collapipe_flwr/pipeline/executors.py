@@ -11,6 +11,7 @@ through the CU, while stage k goes on with micro-batch i+1.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -80,6 +81,10 @@ class Stages(Protocol):
 
     def pids(self) -> dict[int, int]:
         """{device k: OS pid of the process holding it}."""
+
+    def time_transfer(self, src: int, dst: int, nbytes: int) -> float:
+        """Seconds to hand an ``nbytes`` payload from device ``src`` to device ``dst`` on this backend's transport
+        (through ``src``'s link throttle on the testbed)."""
 
     def forget(self, k: int) -> None:
         """Drop device k (it failed): stop it if it still runs; later placements never use it."""
@@ -255,6 +260,11 @@ class LocalStages:
 
     def pids(self) -> dict[int, int]:
         return {k: os.getpid() for k in self.devices}
+
+    def time_transfer(self, src: int, dst: int, nbytes: int) -> float:
+        start = time.perf_counter()
+        self.devices[dst].receive_payload(self.devices[src].send_payload(nbytes))
+        return time.perf_counter() - start
 
     def forget(self, k: int) -> None:
         self.devices.pop(k, None)
@@ -520,6 +530,15 @@ class RayStages:
     def pids(self) -> dict[int, int]:
         """{device k: the OS pid of its actor process} (tests check actors are reused across rounds)."""
         return {k: self.call_device(k, "pid") for k in self.devices}
+
+    def time_transfer(self, src: int, dst: int, nbytes: int) -> float:
+        """Device ``src`` makes the payload and hands it on through its link; device ``dst`` takes it from Ray's
+        object store, as stage k+1 takes stage k's activation (no round trip through the CU)."""
+        start = time.perf_counter()
+        sent = cast(Any, self.devices[src]).send_payload.remote(nbytes)
+        ref = cast(Any, self.devices[dst]).receive_payload.remote(sent)
+        self._get_device(ref, dst)
+        return time.perf_counter() - start
 
     def put(self, value):
         """Put ``value`` in Ray's object store once; stages read it without another copy through the CU."""

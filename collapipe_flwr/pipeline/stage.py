@@ -18,15 +18,25 @@ leave as CPU tensors (aggregation, checkpoints, moving blocks between devices).
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
 from torch import nn
 
 from collapipe_flwr.accelerator import resolve_device, to_host
+from collapipe_flwr.pipeline import profiling
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.precision import autocast, resolve_precision
+from collapipe_flwr.testbed.cpu_quota import CpuQuota
+from collapipe_flwr.testbed.token_bucket import TokenBucket
+
+# the testbed's D2D token bucket passes this much at once: each hand-over then takes bytes / r_k^dd, as eq. (13)
+LINK_BURST_BYTES = 4096
+# the testbed's CFS period: a quota of c cores runs c x 10 ms in every 10 ms, so a throttled device is slow
+# evenly, as a slower CPU is, instead of fast for c x 100 ms and stopped for the rest of a 100 ms default period
+QUOTA_PERIOD_US = 10_000
 
 
 class Stage:
@@ -55,6 +65,8 @@ class Stage:
         self.peak_activation_bytes = 0
         self.compute_seconds = 0.0
         self._trace: list[tuple[str, int, float, float]] = []
+        self.link: TokenBucket | None = None  # the testbed's D2D throttle on what this stage hands on
+        self.cpu_quota: CpuQuota | None = None  # the testbed's CPU share of this process
 
     def load_segment(self, segment: nn.ModuleList, optimizer_state: dict | None, slowdown: float, offset: int) -> int:
         """Hold ``segment`` (blocks ``offset .. offset + len - 1`` of the encoder) from now on: used when the
@@ -103,7 +115,7 @@ class Stage:
         self._live_activation_bytes += meter.bytes
         self.peak_activation_bytes = max(self.peak_activation_bytes, self._live_activation_bytes)
         self._account(start, "F", mb_index)
-        return self._out(hidden.detach())
+        return self._send(self._out(hidden.detach()))
 
     def backward(self, mb_index: int, grad_out: torch.Tensor) -> torch.Tensor:
         """dL/dz^s from dL/dz^{s+1} for micro-batch ``mb_index``; accumulates the segment's gradients."""
@@ -115,10 +127,58 @@ class Stage:
         self._live_activation_bytes -= saved
         grad_in = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         self._account(start, "B", mb_index)
-        return self._out(grad_in)
+        return self._send(self._out(grad_in))
 
     def _out(self, tensor: torch.Tensor) -> torch.Tensor:
         return to_host(tensor) if self.host_io else tensor
+
+    def _send(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Hand ``tensor`` on over this device's link: on the testbed the link's token bucket holds it for its
+        bytes at r_k^dd plus the per-transfer latency (eq. 13's tau_k^dd, tau_0); otherwise at once."""
+        if self.link is not None:
+            self.link.consume(tensor.numel() * tensor.element_size())
+        return tensor
+
+    # -- the testbed and measurement (system/profile.py) ---------------------------------------------
+    def set_testbed(self, cores: float, bytes_per_s: float, latency_s: float, cgroup_name: str) -> float:
+        """Emulate this device: its process under a CPU quota of ``cores`` (0 = none) and its outgoing link
+        throttled to ``bytes_per_s`` with ``latency_s`` per transfer (0 = unthrottled). Returns the cores the
+        cgroup now grants (read back), 0 without a quota."""
+        if self.cpu_quota is not None and (cores <= 0 or abs(self.cpu_quota.read_back() - cores) > 1e-9):
+            self.cpu_quota.remove()
+            self.cpu_quota = None
+        if cores > 0 and self.cpu_quota is None:
+            self.cpu_quota = CpuQuota.apply(os.getpid(), cores, cgroup_name, period_us=QUOTA_PERIOD_US)
+        self.link = TokenBucket(bytes_per_s, LINK_BURST_BYTES, latency_s) if bytes_per_s > 0 else None
+        return self.cpu_quota.read_back() if self.cpu_quota is not None else 0.0
+
+    def clear_testbed(self) -> None:
+        """Back to the host's full CPU and an unthrottled link (the cgroup removed)."""
+        if self.cpu_quota is not None:
+            self.cpu_quota.remove()
+            self.cpu_quota = None
+        self.link = None
+
+    def profile_compute(self, block: nn.Module, sizes: list[int], seq_len: int, width: int, repeats: int) -> dict:
+        """Time one TEB (a copy of ``block``) forward + backward at each micro-batch size, as this stage runs it
+        (its device, precision and emulated slowdown); with the memory this device may use."""
+
+        def slowdown(elapsed: float) -> float:
+            extra = (self.slowdown - 1.0) * elapsed if self.slowdown > 1.0 else 0.0
+            if extra:
+                time.sleep(extra)
+            return extra
+
+        seconds = profiling.time_block(block, sizes, seq_len, width, repeats, self.device, self.precision, slowdown)
+        return {"sizes": list(sizes), "seconds": seconds, "memory_bytes": profiling.memory_limit_bytes()}
+
+    def send_payload(self, nbytes: int) -> torch.Tensor:
+        """An ``nbytes`` payload handed on over this device's link (the D2D measurement's sending side)."""
+        return self._send(profiling.payload(nbytes))
+
+    def receive_payload(self, tensor: torch.Tensor) -> int:
+        """The receiving side of a D2D measurement: the payload's size once it is here."""
+        return int(tensor.numel() * tensor.element_size())
 
     def step(self, lr_factor: float = 1.0) -> float:
         """One optimizer update of theta^s with the gradients of all m micro-batches at ``lr_factor`` times
