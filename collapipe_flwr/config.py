@@ -380,7 +380,7 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
     require(isinstance(seed, int) and not isinstance(seed, bool), f"seed={seed!r} must be an integer")
     task = parse_task(data["task"])
     federation = typed("federation", FederationSpec, data.get("federation"))
-    return RunConfig(
+    cfg = RunConfig(
         seed=seed,
         data_dir=str(data.get("data_dir") or ""),
         output_dir=str(data.get("output_dir") or "runs"),
@@ -402,6 +402,18 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         system=parse_system(data.get("system")),
         testbed=parse_testbed(data.get("testbed")),
     )
+    _check_testbed(cfg)
+    return cfg
+
+
+def _check_testbed(cfg: RunConfig) -> None:
+    """The testbed's CPU quotas act on processes: each device needs its own (runtime.backend=ray)."""
+    tb = cfg.testbed
+    if tb.enabled and tb.cpu_quota and cfg.runtime.backend != "ray":
+        raise ConfigError(
+            f"testbed.cpu_quota needs one process per device (runtime.backend=ray), not runtime.backend="
+            f"{cfg.runtime.backend}; set runtime.backend=ray or testbed.cpu_quota=false (links throttled only)"
+        )
 
 
 def _choice(key: str, value: object, choices: tuple[str, ...]) -> str:

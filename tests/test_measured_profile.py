@@ -65,14 +65,16 @@ def test_an_emulated_slow_device_is_profiled_at_its_true_ratio():
     intra-op threads sleep during its emulated delay and pay a wake-up on every call, a real cost of that
     stage that puts the ratio near 4.5 instead of the 4 it is set to."""
     model = make_model()
+    ratios = []
     with ClusterPipeline(
         model.embedding, model.blocks, (2, 2), ADAM, devices=[device(4e9), device(1e9)], emulate=True
     ) as pipe:
-        profile = pipe.measure(B, T, WIDTH, repeats=5)
-    fast, slow = profile.devices
-    assert fast is not None and slow is not None
-    ratio = slow.seconds_per_sample_block / fast.seconds_per_sample_block
-    assert ratio == pytest.approx(4.0, rel=0.10)
+        for _ in range(3):  # three profiles, their median: one profile taken while another process held a
+            profile = pipe.measure(B, T, WIDTH, repeats=5)  # core reads 3.2 on this shared machine
+            fast, slow = profile.devices
+            assert fast is not None and slow is not None
+            ratios.append(slow.seconds_per_sample_block / fast.seconds_per_sample_block)
+    assert sorted(ratios)[1] == pytest.approx(4.0, rel=0.10), ratios
     assert all(link is not None and link.bytes_per_s > 0 for link in profile.links)
 
 
@@ -193,3 +195,49 @@ def test_a_cpu_quota_is_applied_to_the_actor_and_profiled_slower():
     fast, slow = profile.devices
     assert fast is not None and slow is not None
     assert slow.seconds_per_sample_block / fast.seconds_per_sample_block > 2.5
+
+
+def test_a_throttled_d2d_link_is_measured_at_its_set_rate_on_the_pipeline_transport():
+    """Each device's outgoing link through the testbed's token bucket (2 MB/s and 4 MB/s, 5 ms a transfer):
+    the profile's fit of activation-sized hand-overs finds each rate within 15% and the latency within 3 ms."""
+    from collapipe_flwr.system.profile import DeviceEmulation
+
+    model = make_model()
+    rates, latency = (2e6, 4e6), 0.005
+    with ClusterPipeline(model.embedding, model.blocks, (2, 2), ADAM, devices=[device(1e9)] * 2) as pipe:
+        pipe.set_testbed(DeviceEmulation((0.0, 0.0), rates, (latency, latency)), cgroup_prefix="tl")
+        profile = pipe.measure(B, T, WIDTH, repeats=3)
+        pipe.clear_testbed()
+        free = pipe.measure(B, T, WIDTH, repeats=1)  # unthrottled again
+    for link, rate in zip(profile.links, rates):
+        assert link is not None
+        assert link.bytes_per_s == pytest.approx(rate, rel=0.15)
+        assert link.latency_s == pytest.approx(latency, abs=0.003)
+    assert all(x is not None and x.bytes_per_s > 10 * max(rates) for x in free.links)
+
+
+def test_the_cu_uplink_holds_z_enc_and_the_upload_at_the_planned_rate():
+    """The emulated uplink R_n (eq. 10): z_enc frames (fp32 on the wire, fp16 halves them) and the weight upload
+    wait bytes / R_n each, and the exchange itself still happens."""
+    import time
+
+    from collapipe_flwr.fl.emulation import ThrottledHead, uplink_bucket, upload
+    from collapipe_flwr.system.profile import DeviceEmulation
+
+    rate = 2e6
+    bucket = uplink_bucket(DeviceEmulation((1.0,), (0.0,), (0.0,), uplink_bytes_per_s=rate))
+    assert bucket is not None and uplink_bucket(DeviceEmulation((1.0,), (0.0,), (0.0,))) is None
+    calls = []
+    head = ThrottledHead(lambda z, micro: calls.append(len(z)) or (1.0, z), bucket, wire="none")
+    z = [torch.zeros(50_000)] * 4  # 4 micro-batches x 200 kB in float32 = 800 kB -> 0.4 s at 2 MB/s
+    start = time.perf_counter()
+    head(z, [{}] * 4)
+    assert time.perf_counter() - start == pytest.approx(0.4, rel=0.15) and calls == [4]
+    assert head.waited_s == pytest.approx(0.4, rel=0.15)
+    half = ThrottledHead(
+        lambda z, micro: (1.0, z), uplink_bucket(DeviceEmulation((1.0,), (0.0,), (0.0,), rate)), "fp16"
+    )
+    half(z, [{}] * 4)
+    assert half.waited_s == pytest.approx(0.2, rel=0.15)
+    held = upload(bucket, {"encoder": {"w": torch.zeros(100_000)}})  # 400 kB of weights
+    assert held == pytest.approx(0.2, rel=0.15)
