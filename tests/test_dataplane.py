@@ -771,6 +771,78 @@ def test_server_memory_stays_bounded_under_a_flood_of_250mb_frames(who, refused_
     assert grown_mb < 100, f"the server grew by {grown_mb:.0f} MB under 8 x 250 MB frames from {who}"
 
 
+def test_a_key_opens_streams_of_its_own_open_round_only(served):
+    """A valid key of a closed round, or of a cluster the open round did not select, opens nothing."""
+    served.host.open_round(2, [0])
+    for round_, cluster in ((1, 0), (2, 1), (3, 0)):  # closed round; not selected; not yet open
+        channel, call = _raw_stream(served.host.address, round_, cluster)
+        try:
+            with pytest.raises(grpc.RpcError) as info:
+                list(call(iter([b"x"]), timeout=10))
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        finally:
+            channel.close()
+    with served.client(0, round=2) as cu:
+        cu(*make_step(70))
+
+
+def test_one_key_holder_cannot_lock_the_other_cus_out():
+    """40 streams with cluster 0's key (the old host let them fill all 32 slots): at most a few are held, the
+    rest refused at once, and cluster 1 is served beside them."""
+    s = Served(TokenHead(), max_len=MAX_LEN, max_streams=32, idle_timeout_s=30)
+    idle = threading.Event()
+
+    def never_send():
+        idle.wait(20)
+        yield b""
+
+    opened, codes = [], []
+    try:
+        for _ in range(40):
+            channel, call = _raw_stream(s.host.address, 1, 0)
+            opened.append((channel, call(never_send())))
+        for _, responses in opened:
+            try:
+                next(responses)
+            except grpc.RpcError as err:
+                codes.append(err.code())
+            if len(codes) >= 40 - s.host.max_streams_per_cluster:
+                break
+        assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 40 - s.host.max_streams_per_cluster
+        with s.client(1) as other:
+            other(*make_step(71))
+        assert s.host.stats()["clusters"][1]["steps"] == 1
+    finally:
+        idle.set()
+        for channel, _ in opened:
+            channel.close()
+        s.host.stop(grace_s=0)
+
+
+def test_refused_frames_do_not_keep_a_stream_from_being_reaped():
+    """A junk frame every 0.2 s used to reset the idle timer, so the reaper never fired."""
+    s = Served(TokenHead(), max_len=MAX_LEN, idle_timeout_s=1.0)
+    stop = threading.Event()
+
+    def junk():
+        while not stop.is_set():
+            yield b"junk, not a frame"
+            stop.wait(0.2)
+
+    channel, call = _raw_stream(s.host.address, 1, 0)
+    try:
+        start = time.time()
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in call(junk(), timeout=30):
+                pass
+        assert info.value.code() == grpc.StatusCode.CANCELLED
+        assert time.time() - start < 10 and s.host.idle_cancelled >= 1
+    finally:
+        stop.set()
+        channel.close()
+        s.host.stop(grace_s=0)
+
+
 def test_replay_guard_keeps_only_the_open_rounds_step_ids(served):
     """Step ids are kept per (round, cluster) for the open round only: the host's state stays O(N) over T
     rounds (benchmarks/scaling.py), and a replay within the open round is still refused."""
@@ -784,4 +856,6 @@ def test_replay_guard_keeps_only_the_open_rounds_step_ids(served):
     again = encode_step_request(cluster_key(SECRET, 4, 0), 4, 0, 1, z, mbs, fp16=False)
     assert "replayed or reordered" in _exchange(served.host.address, again, 4, 0)["message"]
     old = encode_step_request(cluster_key(SECRET, 3, 0), 3, 0, 2, z, mbs, fp16=False)
-    assert _exchange(served.host.address, old, 3, 0)["kind"] == "error"  # a closed round stays refused
+    with pytest.raises(grpc.RpcError) as info:  # a closed round stays refused: its key opens no stream
+        _exchange(served.host.address, old, 3, 0)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED and "round 3 is closed" in info.value.details()

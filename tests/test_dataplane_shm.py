@@ -158,3 +158,35 @@ def test_off_keeps_frames_inline_and_a_bad_mode_is_named(served):
     assert served.client(0, shared_memory="off")._use_shm is False
     with pytest.raises(DataPlaneError, match="dataplane.shared_memory='on' must be one of auto, off"):
         served.client(0, shared_memory="on")
+
+
+def test_a_pointer_naming_more_than_the_cap_is_refused_before_anything_is_read():
+    """Eight 250 MB frames through shared memory took the server to a 3.4 GB peak: the size a pointer names is
+    checked against the host's message cap before the segment is attached or a byte is copied."""
+    segment = shm.ClientSegment(1 << 16)
+    try:
+        host_side = shm.HostSegments(max_bytes=1 << 12)
+        with pytest.raises(DataPlaneError, match="at most 4096 bytes"):
+            host_side.read(segment.name, 250 * 2**20)
+        with pytest.raises(DataPlaneError, match="at most 4096 bytes"):  # also before a missing segment is opened
+            host_side.read("psm_never_made", 250 * 2**20)
+        assert host_side._open == {}  # nothing attached
+        host_side.close()
+    finally:
+        segment.close()
+    # through a host with the task-sized cap (4 MB): a forged pointer of 250 MB is one error frame naming the
+    # cap, and the CU is served after it
+    from collapipe_flwr.fl.dataplane.wire import decode_frame
+
+    served = Served(TokenHead(), max_len=MAX_LEN, max_message_mb=4)
+    try:
+        z, mbs = make_step(8)
+        with served.client(0, shared_memory="auto") as client:
+            client(z, mbs)  # a real step: the stream and the client's segment exist
+            pointer = encode_frame({"kind": "shm", "name": client._segment.name, "size": 250 * 2**20}, [])
+            meta = decode_frame(client._exchange(pointer))[0]
+            assert meta["kind"] == "error" and "max_message_mb" in meta["message"]
+        with served.client(0) as again:
+            again(*make_step(9))
+    finally:
+        served.host.stop(grace_s=0)

@@ -4,9 +4,10 @@ The server keeps one random run secret and never sends it. CU n gets, in its own
 ``cluster_key(secret, t, n)`` = HMAC-SHA256(secret, "t:n"): a CU knows only its own key, so it cannot send
 steps as another cluster or into another round. The key travels twice:
 - in the stream's call metadata (``x-collapipe-round``, ``x-collapipe-cluster``, ``x-collapipe-key``),
-  which :class:`KeyInterceptor` checks when the call starts: a caller without a valid key is refused
-  (UNAUTHENTICATED) before a single frame is read, so floods of large unauthenticated frames never reach
-  memory and idle unauthenticated streams never hold a worker;
+  which :class:`KeyInterceptor` checks when the call starts: a caller without a valid key, or with the key
+  of a round that is not open or of a cluster the open round did not select, is refused (UNAUTHENTICATED)
+  before a single frame is read, so floods of large unauthenticated frames never reach memory, idle
+  unauthenticated streams never hold a worker, and a key of a closed round opens nothing;
 - in every frame's header, which the host checks again against the frame's own (t, n) and the stream's.
 Step ids (the frame's ``seq``) must increase strictly per (t, n): a replayed or reordered frame is refused.
 """
@@ -52,22 +53,36 @@ def identity_of(metadata: Sequence[tuple[str, str | bytes]] | None) -> tuple[int
 class KeyInterceptor(grpc.ServerInterceptor):
     """Refuse a call whose metadata carries no valid (round, cluster, key) before its handler runs."""
 
-    def __init__(self, run_secret: str | bytes, on_refused: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        run_secret: str | bytes,
+        on_refused: Callable[[], None] | None = None,
+        not_admitted: Callable[[int, int], str | None] | None = None,
+    ) -> None:
         self._secret = run_secret
         self._on_refused = on_refused
+        # (t, n) -> why a valid key of round t, cluster n opens no stream now (round t not open, n not selected),
+        # or None when it may; None here: any round's key is admitted
+        self._not_admitted = not_admitted
+        self._refusal = self._refuse_with(
+            "no valid data-plane key in the call metadata; use the key from this round's train message"
+        )
 
+    @staticmethod
+    def _refuse_with(message: str):
         def refuse(request_iterator, context):
-            context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "no valid data-plane key in the call metadata; use the key from this round's train message",
-            )
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-        self._refusal = grpc.stream_stream_rpc_method_handler(refuse)
+        return grpc.stream_stream_rpc_method_handler(refuse)
 
     def intercept_service(self, continuation, handler_call_details):
         who = identity_of(handler_call_details.invocation_metadata)
+        refusal = self._refusal
         if who is not None and key_matches(self._secret, *who):
-            return continuation(handler_call_details)
+            why = self._not_admitted(who[0], who[1]) if self._not_admitted is not None else None
+            if why is None:
+                return continuation(handler_call_details)
+            refusal = self._refuse_with(why)
         if self._on_refused is not None:
             self._on_refused()
-        return self._refusal
+        return refusal

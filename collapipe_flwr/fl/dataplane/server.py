@@ -59,6 +59,8 @@ from collapipe_flwr.precision import autocast
 
 log = logging.getLogger(__name__)
 
+MAX_STREAMS_PER_CLUSTER = 4  # open data-plane streams one (round, cluster) key may hold at once
+
 
 class DecoderHost:
     """gRPC server of the task head / decoder for the CUs' per-step exchange.
@@ -141,6 +143,10 @@ class DecoderHost:
         self._idle_since: dict[
             grpc.ServicerContext, float
         ] = {}  # open stream's context -> when it last went idle (inf: busy)
+        self._last_accepted: dict[grpc.ServicerContext, float] = {}  # when the stream last had a step accepted
+        # each (t, n) may hold this many streams at once (a CU needs one; a reopened one may overlap the old)
+        self.max_streams_per_cluster = max(1, min(MAX_STREAMS_PER_CLUSTER, self._max_streams))
+        self._open_per_cluster: collections.Counter = collections.Counter()
         self._reaper_stop = threading.Event()
         self._reaper: threading.Thread | None = None
         self.idle_cancelled = 0  # streams cancelled for idling (a counter for tests and logs)
@@ -154,7 +160,9 @@ class DecoderHost:
             futures.ThreadPoolExecutor(max_workers=self._max_streams + 2, thread_name_prefix="decoder-host"),
             options=channel_options(self.max_message_mb),
             maximum_concurrent_rpcs=self._max_streams,
-            interceptors=(KeyInterceptor(self._secret, on_refused=self._count_unauthenticated),),
+            interceptors=(
+                KeyInterceptor(self._secret, on_refused=self._count_unauthenticated, not_admitted=self._not_admitted),
+            ),
         )
         handler = grpc.method_handlers_generic_handler(
             SERVICE, {METHOD: grpc.stream_stream_rpc_method_handler(self._serve_stream)}
@@ -245,6 +253,15 @@ class DecoderHost:
         """Hold this to use the head outside the data plane (e.g. evaluation between rounds)."""
         return self._lock
 
+    def _not_admitted(self, round_: int, cluster: int) -> str | None:
+        """Why a stream of cluster n in round t may not open (t is not the open round, or it did not select n),
+        None when it may. Read without the lock: a stale answer is caught again per frame by _check_round."""
+        try:
+            self._check_round(round_, cluster)
+        except DataPlaneError as err:
+            return str(err)
+        return None
+
     # -- counters ----------------------------------------------------------------------------------
     def stats(self) -> dict:
         """{"clusters": {n: counters}, "unattributed": counters for frames without a valid header}."""
@@ -265,8 +282,15 @@ class DecoderHost:
         registered: int | None = None
         who = identity_of(context.invocation_metadata())  # (t, n, key), checked by KeyInterceptor
         stream = (who[0], who[1]) if who is not None else None
+        if not self._open_stream(stream):
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"cluster {stream[1] if stream else '?'} already has {self.max_streams_per_cluster} open data-plane "
+                "streams; a CU needs one (close the others)",
+            )
         self._mark_idle(context)
-        segments = HostSegments()  # the CU's shared-memory segments (same-host shortcut, shm.py)
+        # the CU's shared-memory segments (same-host shortcut, shm.py), no frame larger than the task's cap
+        segments = HostSegments(max_bytes=self.max_message_mb * 2**20)
         try:
             for frame in request_iterator:
                 self._mark_idle(context, busy=True)
@@ -275,7 +299,7 @@ class DecoderHost:
                     if pointer is not None:
                         frame = segments.read(*pointer)
                 except DataPlaneError as err:  # before the step is claimed: the CU may resend it inline
-                    self._mark_idle(context)
+                    self._mark_idle(context, refused=True)
                     yield encode_error(None, str(err))
                     continue
                 reply, round_ = self._serve_frame(frame, stream)
@@ -285,7 +309,7 @@ class DecoderHost:
                     registered = round_
                     with self._state_lock:
                         self._streams[round_].add(context)
-                self._mark_idle(context)
+                self._mark_idle(context, refused=round_ is None)
                 yield reply
         except Exception as err:  # the CU went away (cancel, disconnect, deadline) or the host stopped
             log.debug("data-plane stream ended: %s", err)
@@ -293,12 +317,40 @@ class DecoderHost:
             segments.close()
             with self._state_lock:
                 self._idle_since.pop(context, None)
+                self._last_accepted.pop(context, None)
                 if registered is not None:
                     self._streams.get(registered, set()).discard(context)
+                if stream is not None:
+                    self._open_per_cluster[stream] -= 1
+                    if self._open_per_cluster[stream] <= 0:
+                        del self._open_per_cluster[stream]
 
-    def _mark_idle(self, context, busy: bool = False) -> None:
+    def _open_stream(self, stream: tuple[int, int] | None) -> bool:
+        """Count a new stream of (t, n); False when that cluster already holds its share of the host's streams
+        (one key holder must not fill ``max_streams`` and lock every other CU out)."""
+        if stream is None:
+            return True
         with self._state_lock:
-            self._idle_since[context] = math.inf if busy else time.monotonic()
+            if self._open_per_cluster[stream] >= self.max_streams_per_cluster:
+                self._unattributed.refused += 1
+                return False
+            self._open_per_cluster[stream] += 1
+            return True
+
+    def _mark_idle(self, context, busy: bool = False, refused: bool = False) -> None:
+        """Idle since now, or busy (inf). Only an accepted step (or the stream's opening) starts the idle clock
+        afresh: after a refused frame the stream is idle since its last accepted step, so a CU sending junk
+        every few seconds is still reaped after ``idle_timeout_s``."""
+        with self._state_lock:
+            now = time.monotonic()
+            if busy:
+                self._last_accepted.setdefault(context, self._idle_since.get(context, now))
+                self._idle_since[context] = math.inf
+            elif refused:
+                self._idle_since[context] = self._last_accepted.get(context, now)
+            else:
+                self._idle_since[context] = now
+                self._last_accepted[context] = now
 
     def _reap_idle_streams(self) -> None:
         """Cancel every stream idle for longer than ``idle_timeout_s`` (runs until :meth:`stop`)."""

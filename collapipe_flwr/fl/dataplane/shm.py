@@ -122,8 +122,9 @@ class ClientSegment:
 class HostSegments:
     """The host's attachments to the segments of one stream (attached on first use, detached at the end)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = 0) -> None:
         self._open: dict[str, shared_memory.SharedMemory] = {}
+        self.max_bytes = int(max_bytes)  # the largest frame a pointer may name (the host's message cap; 0 = any)
 
     def _get(self, name: str) -> shared_memory.SharedMemory:
         if name not in self._open:
@@ -142,6 +143,13 @@ class HostSegments:
         return self._open[name]
 
     def read(self, name: str, size: int) -> bytes:
+        """The frame a CU's pointer names, copied out after its size is checked against the host's message
+        cap (the same cap gRPC applies to an inline frame) and before the segment is even attached."""
+        if self.max_bytes and not 0 < size <= self.max_bytes:
+            raise DataPlaneError(
+                f"shared-memory pointer names a {size}-byte frame; the data plane takes at most {self.max_bytes} "
+                "bytes a step (dataplane.max_message_mb)"
+            )
         shm = self._get(name)
         if size > shm.size:
             raise DataPlaneError(f"shared-memory pointer names {size} bytes of a {shm.size}-byte segment")
