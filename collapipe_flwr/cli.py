@@ -24,9 +24,12 @@ The sweep jobs of ``python -m collapipe_flwr.experiments`` go through the same l
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -96,15 +99,36 @@ def keep_old_logs(folder: Path, names: Sequence[str]) -> None:
             path.rename(folder / f"{path.stem}.{n}{path.suffix}")
 
 
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill``, a batch system's stop) handled as Ctrl-C: the launcher stops the local SuperLink and
+    everything it started before this process exits (the default SIGTERM ended only this process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None = None) -> int:
     """``collapipe run``; ``flwr_exe`` replaces the flwr CLI (tests use a stand-in)."""
     from collapipe_flwr.experiments.launch import LOG_FILE, STATUS_FILE, SUPERLINK_LOG_FILE, ConsoleEcho, launch
+    from collapipe_flwr.fl.run_log import check_run_folder
 
     t0 = time.monotonic()
     try:
         cfg, job = plan_launch(parse_run_config(args.run_config))
         if args.timeout:
             job = job.with_timeout(float(args.timeout))
+        # the server would refuse this folder: say so now, before flwr.log or status.json overwrite its files
+        check_run_folder(job.run_dir, cfg.resume)
     except CollaPipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -120,7 +144,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None
     )
     out.flush()
     try:
-        status = launch(job, echo=ConsoleEcho(out, args.verbose), flwr_exe=flwr_exe)
+        with terminate_as_interrupt():
+            status = launch(job, echo=ConsoleEcho(out, args.verbose), flwr_exe=flwr_exe)
     except KeyboardInterrupt:
         print("error: interrupted; the run's processes were stopped", file=sys.stderr)
         return 130

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from collapipe_flwr.config import resolve_data_dir
-from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.tasks.data_files import resolve_file
 from collapipe_flwr.tasks.registry import build_task
 from collapipe_flwr.tasks.spec import parse_model, parse_task
@@ -42,11 +42,24 @@ _RUN_HINT = "pass a run folder written by train_central --save or by a federated
 # ----------------------------------------------------------------------------- writing
 def _atomic(path: Path, write: Callable[[str], object]) -> None:
     """Write ``path`` through ``write(tmp_name)`` into a temp file of the same folder, then rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    from safetensors import SafetensorError
+
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise CollaPipeError(
+            f"cannot write {path}: {err.strerror}; free disk space or choose a writable folder"
+        ) from None
     os.close(fd)
     try:
         write(tmp)
         os.replace(tmp, path)
+    except (OSError, RuntimeError, SafetensorError) as err:  # how safetensors / torch report a full disk
+        Path(tmp).unlink(missing_ok=True)
+        reason = getattr(err, "strerror", None) or str(err).splitlines()[0][:120]
+        raise CollaPipeError(
+            f"cannot write {path}: {reason}; free disk space or choose a writable folder (is the disk full?)"
+        ) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -242,6 +255,12 @@ def _load_part(path: Path, module: torch.nn.Module, cfg: Mapping[str, Any]) -> N
             f"{path.name} does not fit task={cfg['task'].get('name')!r} model={cfg['model'].get('name')!r} "
             f"of {META_FILE} "
             f"({problem}); the weights and model.json come from different runs"
+        )
+    bad = next((k for k, v in state.items() if torch.is_floating_point(v) and not bool(torch.isfinite(v).all())), None)
+    if bad is not None:
+        raise ConfigError(
+            f"{path} holds NaN or infinite values in {bad}: the run that saved it diverged; evaluate a model saved "
+            "before it diverged, or train again with a lower learning rate"
         )
     module.load_state_dict(state, strict=True)
 

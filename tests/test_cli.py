@@ -4,14 +4,18 @@ folder and data folder fixed up front, num-supernodes following num-clusters, Fl
 from __future__ import annotations
 
 import io
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from collapipe_flwr.cli import keep_old_logs, parse_run_config, plan_launch
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.experiments import processes
 from collapipe_flwr.experiments.launch import ConsoleEcho
 
 
@@ -72,3 +76,89 @@ def test_a_resumed_run_keeps_the_earlier_logs(tmp_path):
     keep_old_logs(tmp_path, ["flwr.log", "status.json"])
     assert (tmp_path / "flwr.2.log").read_text() == "first" and not (tmp_path / "flwr.log").exists()
     assert (tmp_path / "flwr.1.log").read_text() == "zeroth"
+
+
+def _cli(args: list[str], tmp_path: Path, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "collapipe_flwr", "run", *args], cwd=tmp_path, capture_output=True, text=True, **kw
+    )
+
+
+@pytest.mark.parametrize(
+    "files,extra,needle",
+    [
+        (("config.json", "rounds.jsonl", "summary.json"), "", "already holds a run"),  # a rerun without resume
+        (("config.json", "rounds.jsonl", "summary.json"), " resume=true", "nothing to resume"),  # a finished run
+    ],
+)
+def test_a_run_folder_the_server_would_refuse_is_refused_before_anything_is_written(
+    tmp_path, data_dir, files, extra, needle
+):
+    folder = tmp_path / "runs" / "done"
+    folder.mkdir(parents=True)
+    for name in (*files, "flwr.log", "status.json"):
+        (folder / name).write_text(f"old {name}")
+    rc = f"run-name='done' resume={'true' if extra else 'false'} data-dir='{data_dir}'"
+    proc = _cli(["--run-config", rc], tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0]
+    for name in (*files, "flwr.log", "status.json"):  # the old run's files, logs included, are intact
+        assert (folder / name).read_text() == f"old {name}"
+    assert sorted(p.name for p in folder.iterdir()) == sorted((*files, "flwr.log", "status.json"))
+
+
+def test_two_unnamed_runs_in_the_same_second_get_their_own_folders(tmp_path, data_dir, monkeypatch):
+    import collapipe_flwr.fl.server_main as server_main
+
+    monkeypatch.setattr(server_main.time, "strftime", lambda fmt: "20261125-000000")  # the same second
+    folders = [plan_launch({"data-dir": str(data_dir)}, cwd=tmp_path)[1].run_dir for _ in range(3)]
+    assert [f.name for f in folders] == [
+        "20261125-000000-collapipe-translation",
+        "20261125-000000-collapipe-translation-2",
+        "20261125-000000-collapipe-translation-3",
+    ]
+    assert all(f.is_dir() for f in folders)
+
+
+DRIVER = """
+import sys
+from collapipe_flwr.cli import build_parser, run
+sys.exit(run(build_parser().parse_args(sys.argv[2:]), flwr_exe=sys.argv[1]))
+"""
+
+
+def test_sigterm_stops_the_run_and_everything_it_started(tmp_path, data_dir, monkeypatch):
+    """`kill <pid>` of `collapipe run` used to end only the CLI: the run went on and the SuperLink stayed."""
+    from tests.test_experiments import FAKE_FLWR
+
+    fake = tmp_path / "fake_flwr"
+    fake.write_text(FAKE_FLWR.format(python=sys.executable))
+    fake.chmod(0o755)
+    pidfile = tmp_path / "superlink.pid"
+    env = {**os.environ, "PIDFILE": str(pidfile), "FAKE_MODE": "hang"}
+    rc = f"run-name='killed' data-dir='{data_dir}'"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(fake), "run", "--run-config", rc],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 60
+        while not pidfile.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert pidfile.exists(), "the stand-in flwr never started"
+        superlink = int(pidfile.read_text())
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "interrupted" in err
+    deadline = time.time() + 10
+    while time.time() < deadline and processes.alive(superlink):
+        time.sleep(0.1)
+    assert not processes.alive(superlink), "the SuperLink was left running after SIGTERM"

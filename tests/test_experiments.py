@@ -476,6 +476,8 @@ FAKE_FLWR = textwrap.dedent('''\
     print("overrides:", conf["overrides"], flush=True)
     if mode == "hang":
         time.sleep(600)
+    if mode == "quiet":  # exit 0 and write nothing (a run the server refused, a ServerApp that never ran)
+        sys.exit(0)
     if mode == "ok":
         run = Path(conf["output-dir"]) / "run"
         run.mkdir(parents=True, exist_ok=True)
@@ -495,6 +497,29 @@ def fake_flwr(tmp_path):
     path.write_text(FAKE_FLWR.format(python=sys.executable))
     path.chmod(0o755)
     return path
+
+
+def test_an_old_summary_does_not_make_a_run_that_did_not_happen_a_success(tmp_path, fake_flwr, monkeypatch):
+    """flwr exits 0 and writes nothing; the run folder holds a finished run's summary.json from before the launch
+    (the CLI used to count it and exit 0: "finished in 18 s")."""
+    monkeypatch.setenv("PIDFILE", str(tmp_path / "superlink.pid"))
+    monkeypatch.setenv("FAKE_MODE", "quiet")
+    old = tmp_path / "job" / "run" / "summary.json"
+    old.parent.mkdir(parents=True)
+    old.write_text('{"old": true}')
+    past = time.time() - 60
+    os.utime(old, (past, past))
+    job = JobSpec(
+        job_dir=tmp_path / "job",
+        overrides=("method=collapipe", "run_name=run"),
+        num_supernodes=2,
+        data_dir=str(tmp_path),
+        timeout_s=60.0,
+        labels=labels(),
+    )
+    status = launch(job, echo=None, flwr_exe=str(fake_flwr))
+    assert status["ok"] is False and "summary.json" in status["error"]
+    assert old.read_text() == '{"old": true}'
 
 
 @pytest.mark.parametrize("mode", ["ok", "fail", "hang", "server_failed"])

@@ -97,3 +97,53 @@ def test_a_model_saved_before_the_lr_schedule_rename_loads(saved, tmp_path):
     cfg, task, loaded = load_model(tmp_path, cache_dir=cache)
     assert "schedule" not in cfg["model"] and task.model_spec.lr_schedule.decay == "none"
     assert all(torch.equal(a, b) for a, b in zip(model.head.state_dict().values(), loaded.head.state_dict().values()))
+
+
+def test_a_model_with_nan_weights_is_refused_in_one_line(saved, tmp_path):
+    """`evaluate` of a diverged model used to report loss=nan and exit 0."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    _, folder, _, _, _, cache = saved
+    copy = tmp_path / "run"
+    shutil.copytree(folder, copy / "model")
+    encoder = copy / "model" / "encoder.safetensors"
+    state = load_file(str(encoder))
+    name = sorted(k for k, v in state.items() if v.is_floating_point())[0]
+    state[name] = state[name].clone()
+    state[name].view(-1)[0] = float("nan")
+    save_file(state, str(encoder), metadata={"format": "pt", "part": "encoder"})
+    with pytest.raises(ConfigError, match=f"NaN or infinite values in {name}") as err:
+        load_model(copy, cache_dir=cache)
+    assert "\n" not in str(err.value)
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_old_file_stays(tmp_path):
+    """A 256 KiB tmpfs: torch.save of a 1 MB checkpoint fails (it raised RuntimeError '[enforce fail at
+    inline_container.cc]' with no word of the disk) and safetensors likewise; the previous files are intact."""
+    import subprocess
+
+    from safetensors.torch import save_file
+
+    from collapipe_flwr.errors import CollaPipeError
+    from collapipe_flwr.fl.run_log import replace_atomically
+    from collapipe_flwr.model_store import _atomic
+
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        old = full / "checkpoint.pt"
+        replace_atomically(old, lambda fh: torch.save({"round": 1}, fh))
+        big = {"w": torch.zeros(512, 512)}  # 1 MiB
+        with pytest.raises(CollaPipeError, match=r"cannot write .*checkpoint.pt: .*disk") as err:
+            replace_atomically(old, lambda fh: torch.save(big, fh))
+        assert "\n" not in str(err.value)
+        assert torch.load(old)["round"] == 1 and sorted(p.name for p in full.iterdir()) == ["checkpoint.pt"]
+        with pytest.raises(CollaPipeError, match=r"cannot write .*encoder.safetensors") as err:
+            _atomic(full / "encoder.safetensors", lambda tmp: save_file(big, tmp))
+        assert "\n" not in str(err.value) and sorted(p.name for p in full.iterdir()) == ["checkpoint.pt"]
+    finally:
+        subprocess.run(["umount", str(full)], check=False)

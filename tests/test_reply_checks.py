@@ -19,7 +19,8 @@ def _good():
 
 
 def test_a_good_reply_passes():
-    check_reply(_good(), {"num-examples": 64}, EXPECTED, max_examples=640)
+    check_reply(_good(), {"num-examples": 64, "train-loss": 3.2}, EXPECTED, max_examples=640)
+    check_reply(_good(), {"num-examples": 64, "train-loss": 0.0, "seconds-train": 1.5}, EXPECTED, max_examples=640)
 
 
 @pytest.mark.parametrize(
@@ -33,10 +34,20 @@ def test_a_good_reply_passes():
         (lambda p, m: m.__setitem__("num-examples", -100), "num-examples"),
         (lambda p, m: m.__setitem__("num-examples", 1e12), "num-examples"),
         (lambda p, m: m.__setitem__("num-examples", 2.5), "num-examples"),
+        # the training loss the server averages and feeds to the queues Y_n (a missing one raised KeyError, a list
+        # TypeError, after the new global model was averaged; NaN and 1e308 were recorded as null)
+        (lambda p, m: m.pop("train-loss"), "lacks the metric train-loss"),
+        (lambda p, m: m.__setitem__("train-loss", [1.0, 2.0]), "train-loss"),
+        (lambda p, m: m.__setitem__("train-loss", float("nan")), "train-loss=nan"),
+        (lambda p, m: m.__setitem__("train-loss", 1e308), "train-loss=1e"),
+        (lambda p, m: m.__setitem__("train-loss", -0.5), "train-loss=-0.5"),
+        (lambda p, m: m.__setitem__("train-loss", True), "train-loss=True"),
+        (lambda p, m: m.__setitem__("seconds-train", [3.0]), "seconds-train"),
+        (lambda p, m: m.__setitem__("seconds-train", float("inf")), "seconds-train"),
     ],
 )
 def test_bad_replies_are_refused_with_one_line(mutate, match):
-    parts, metrics = _good(), {"num-examples": 64}
+    parts, metrics = _good(), {"num-examples": 64, "train-loss": 3.2}
     mutate(parts, metrics)
     with pytest.raises(CollaPipeError, match=match) as err:
         check_reply(parts, metrics, EXPECTED, max_examples=640)

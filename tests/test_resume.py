@@ -132,3 +132,47 @@ def test_a_full_disk_is_a_one_line_error_and_keeps_the_old_file(tmp_path, monkey
     message = str(info.value)
     assert "summary.json" in message and "No space left on device" in message and "\n" not in message
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"final_val": {"bleu": 1.0}}
+
+
+def test_a_resumed_run_with_kept_moments_equals_the_uninterrupted_one(data_dir, tmp_path, monkeypatch):
+    """federation.optimizer_state=keep (the default): the CUs' Adam moments live on the CUs, not in the server's
+    checkpoint; each CU checkpoints them on its own disk (fl/cu_checkpoint.py) and the resumed run's new CU
+    processes load them, so the rounds after the resume equal the uninterrupted run's to 1e-6."""
+    monkeypatch.setenv("COLLAPIPE_CU_STATE_DIR", str(tmp_path / "cu-state"))
+    keep = "federation.optimizer_state=keep"
+    reference = _rounds(_run(data_dir, tmp_path, "whole", InProcessGrid(2, str(data_dir), run_id=41), keep))
+    assert not any((tmp_path / "cu-state").rglob("*.pt"))  # a finished run leaves no CU state behind
+
+    with pytest.raises(_ServerKilled):
+        _run(data_dir, tmp_path, "killed", _DyingGrid(2, str(data_dir), run_id=42, die_at=3), keep)
+    saved = sorted(p.name for p in (tmp_path / "cu-state").rglob("*.pt"))
+    assert saved == ["cluster0.pt", "cluster1.pt"]  # each CU's moments after round 2
+    resumed = _rounds(
+        _run(data_dir, tmp_path, "killed", InProcessGrid(2, str(data_dir), run_id=43), f"{keep} resume=true")
+    )
+    assert [r["round"] for r in resumed] == [0, 1, 2, 3, 4]
+    for got, want in zip(resumed[3:], reference[3:], strict=True):
+        for cluster in want["clients"]:
+            assert got["clients"][cluster]["optimizer-restored"] == (1 if got["round"] == 3 else 0)
+            assert got["clients"][cluster]["train-losses"] == pytest.approx(
+                want["clients"][cluster]["train-losses"], rel=1e-6, abs=1e-9
+            )
+        assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-6, abs=1e-9)
+
+
+def test_without_the_cu_state_the_resumed_run_would_differ(data_dir, tmp_path, monkeypatch):
+    """The reference for the test above: the same resume with the CU state files removed starts round 3 with
+    fresh moments and trains to other losses (so equality there is the moments' doing)."""
+    monkeypatch.setenv("COLLAPIPE_CU_STATE_DIR", str(tmp_path / "cu-state"))
+    keep = "federation.optimizer_state=keep"
+    reference = _rounds(_run(data_dir, tmp_path, "whole", InProcessGrid(2, str(data_dir), run_id=51), keep))
+    with pytest.raises(_ServerKilled):
+        _run(data_dir, tmp_path, "killed", _DyingGrid(2, str(data_dir), run_id=52, die_at=3), keep)
+    for path in (tmp_path / "cu-state").rglob("*.pt"):
+        path.unlink()
+    resumed = _rounds(
+        _run(data_dir, tmp_path, "killed", InProcessGrid(2, str(data_dir), run_id=53), f"{keep} resume=true")
+    )
+    got, want = resumed[3]["clients"]["0"]["train-losses"], reference[3]["clients"]["0"]["train-losses"]
+    assert got[0] == pytest.approx(want[0], rel=1e-6)  # the first step's loss is computed before any update
+    assert abs(got[-1] - want[-1]) > 1e-6

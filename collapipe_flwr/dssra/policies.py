@@ -33,7 +33,7 @@ from collapipe_flwr.dssra.segments import (
 )
 from collapipe_flwr.dssra.selectors import SELECTORS, ChannelProblem, sit_out_reason
 from collapipe_flwr.dssra.specs import SchedulerSpec
-from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
+from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.system import pipeline_model
 from collapipe_flwr.system.convergence import ConvergenceParams, queue_update
 from collapipe_flwr.system.network import NetworkSpec
@@ -244,15 +244,18 @@ class Policy:
         cost = np.where(feasible, V * (pipe[:, None] + uplink) + drift, np.inf)
         problem = ChannelProblem(cost, virtual, pipe, slope, feasible, self.last_loss)
         channel = self.selector.select(problem)
-        if not any(c is not None for c in channel):
-            raise InfeasiblePlanError(
-                f"C8 (CU energy) violated in every cluster in round {t}: no CU can upload {bits / 8e6:.4g} MB within "
-                f"E_n^max={spec.cu_energy_max_j:g} J on any channel; raise network.uplink.energy_max_j or shrink the "
-                "model"
-            )
+        # A round in which no CU can meet C8 on any channel is a round every CU sits out (C8 as the paper states
+        # it): the plan selects nobody and says why; the global model is kept and the next round's channel draw
+        # may be feasible again (sit_out_reason names C8 and the upload size).
         left_out = {
             n: sit_out_reason(problem, channel, n, self.selector.uses_queues) for n in range(N) if channel[n] is None
         }
+        if not any(c is not None for c in channel):
+            left_out = {
+                n: f"{reason}: no CU can upload {bits / 8e6:.4g} MB within E_n^max={spec.cu_energy_max_j:g} J in "
+                f"round {t} (raise network.uplink.energy_max_j or shrink the model)"
+                for n, reason in left_out.items()
+            }
         return {
             "channel": channel,
             "power": power,

@@ -312,6 +312,7 @@ def launch(
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     t0 = time.monotonic()
+    status["started_epoch"] = time.time()  # judge(): only a summary.json written after this counts
     proc = pump = None
     interrupted = False
     log = log_path.open("w", encoding="utf-8")
@@ -374,12 +375,22 @@ def judge(status: Mapping[str, Any], job: JobSpec, interrupted: bool = False) ->
         return {"ok": False, "error": f"timed out after {job.timeout_s:.0f} s; raise {TIMEOUT_ENV} or shrink the run"}
     log_text = _read(job.job_dir / LOG_FILE) + "\n" + _read(job.job_dir / SUPERLINK_LOG_FILE)
     rc = status.get("returncode")
-    if rc == 0 and (job.run_dir / "summary.json").is_file():
+    if rc == 0 and _written_since(job.run_dir / "summary.json", status.get("started_epoch")):
         return {"ok": True, "error": ""}
     found = error_line(log_text)
     if rc != 0:
         return {"ok": False, "error": found or f"flwr run exited with code {rc}; see {job.job_dir / LOG_FILE}"}
     return {"ok": False, "error": found or f"the run wrote no summary.json; see {job.job_dir / LOG_FILE}"}
+
+
+def _written_since(path: Path, started: float | None) -> bool:
+    """``path`` exists and was written by this launch (a finished run's old summary.json does not count). The
+    kernel stamps files from a coarse clock (a few ms behind time.time()), hence the 0.1 s of slack."""
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        return False
+    return started is None or mtime >= started - 0.1
 
 
 def _read(path: Path) -> str:

@@ -7,11 +7,13 @@ What round t leaves behind and round t+1 needs, all of it on the server:
 - the decoder's optimizer state (Adam moments of the head trained over the data plane);
 - the policy's Lyapunov queues Y_n (eq. 29), its last losses and its random generator;
 - the measured profiles the planner keeps (``system.profile: measured``);
+- the key of the CUs' own checkpoints of their optimizer moments (fl/cu_checkpoint.py), which the CUs write
+  on their side after every round;
 - the process's torch, NumPy and Python random states.
 Not included, because it lives on the CUs: the CU-side optimizer moments (``federation.optimizer_state:
-keep``) and the CUs' own random state. A resumed run therefore continues exactly when the CUs start each
-round afresh (``optimizer_state: reset``) and the model has no dropout noise on the CUs; otherwise the first
-resumed round differs by those moments only (docs/federated_training.md).
+keep``), which each CU checkpoints on its own disk (fl/cu_checkpoint.py), and the CUs' own random state. A
+resumed run therefore continues exactly as the uninterrupted one when the model has no dropout noise on the
+CUs (docs/federated_training.md).
 
 The file is ``<run folder>/checkpoint.pt``, written to a temporary file first and moved into place with
 ``os.replace``, so a crash mid-write leaves the previous round's checkpoint intact. It is a ``torch.save``
@@ -57,6 +59,7 @@ def capture(server: ServerState, t: int) -> dict[str, Any]:
         "decoder_optimizer": host.optimizer.state_dict() if host is not None and host.optimizer is not None else None,
         "policy": server.planner.policy.state_dict(),
         "profiles": server.planner.profiles.state_dict(),  # the kept measured profiles (system.profile: measured)
+        "cu_state_key": server.cu_state_key,  # names the CUs' own checkpoints of their moments (fl/cu_checkpoint.py)
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
     }
 
@@ -78,6 +81,8 @@ def restore(server: ServerState, payload: dict[str, Any]) -> int:
         host.optimizer.load_state_dict(payload["decoder_optimizer"])
     server.planner.policy.load_state_dict(payload["policy"])
     server.planner.profiles.load_state_dict(payload.get("profiles", {}))  # none in checkpoints before profiles
+    if payload.get("cu_state_key"):
+        server.cu_state_key = str(payload["cu_state_key"])
     rng = payload["rng"]
     torch.set_rng_state(rng["torch"])
     np.random.set_state(rng["numpy"])

@@ -28,7 +28,8 @@ from collapipe_flwr.config import DATA_DIR_ENV, ClusterConfig, build_cluster_con
 from collapipe_flwr.dssra.replan import replan_without
 from collapipe_flwr.errors import ConfigError, DeviceFailure, InfeasiblePlanError
 from collapipe_flwr.fl import data_parallel
-from collapipe_flwr.fl.cluster_session import cached_task, drop_session, session_for
+from collapipe_flwr.fl.cluster_session import cached_task, drop_session, existing_session, session_for
+from collapipe_flwr.fl.cu_checkpoint import remove_cu_state
 from collapipe_flwr.fl.dataplane import DecoderClient
 from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
 from collapipe_flwr.fl.emulation import (
@@ -222,6 +223,7 @@ def train_round(
     head: DecoderClient | LocalHead | ThrottledHead | None = None
     lost: list[int] = []  # devices that failed this round; the CU re-plans over the others (dssra/replan.py)
     m = plan.m
+    session.state_key = instructions.cu_state_key
     try:
         try:
             prepared = session.prepare(instructions.round, parts, plan.delta, devices, state)
@@ -346,5 +348,9 @@ def _testbed_metrics(testbed: _Testbed, head, step_seconds: dict, steps: int, K:
 
 
 def release_run(identity: ClusterIdentity, run_key: str, num_devices: int) -> int:
-    """The run is over for this CU: kill its device actors and forget its session."""
+    """The run is over for this CU: kill its device actors, forget its session and remove its on-disk moments
+    (the run finished: nothing will resume it)."""
+    session = existing_session(run_key, identity.partition_id)
+    if session is not None and session.state_key:
+        remove_cu_state(session.state_key, identity.partition_id)
     return drop_session(run_key, identity.partition_id, num_devices)

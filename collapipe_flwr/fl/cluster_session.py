@@ -25,6 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from collapipe_flwr import wiring
 from collapipe_flwr.config import ClusterConfig, resolve_data_dir
+from collapipe_flwr.fl.cu_checkpoint import load_cu_state, save_cu_state
 from collapipe_flwr.models.split import SplitModel
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.executors import release
@@ -76,6 +77,7 @@ class ClusterSession:
     pipeline: ClusterPipeline | None = None
     local_head: LocalHead | None = None
     last_round: int = 0
+    state_key: str = ""  # the run's key for this CU's on-disk moments (fl/cu_checkpoint.py); "" = none kept
 
     # -- per round ----------------------------------------------------------------------------------
     def prepare(
@@ -119,7 +121,7 @@ class ClusterSession:
             if self.local_head is not None:
                 self.local_head.reset_optimizer()
         elif self.last_round != round_ - 1 or not reused:
-            restored = int(self._restore(state))
+            restored = int(self._restore(state, round_) or self._restore_from_disk(round_))
         return {"pipeline-reused": int(reused), "blocks-moved": int(moved), "optimizer-restored": restored}
 
     def recover(self, parts: dict[str, dict[str, torch.Tensor]], delta: tuple[int, ...], lost: list[int]) -> None:
@@ -135,10 +137,13 @@ class ClusterSession:
     def finish(self, round_: int, state: RecordDict | None) -> None:
         """After a round: remember it, and copy the CU-held optimizer state into ``Context.state``."""
         self.last_round = round_
-        if state is None or self.cfg.federation.optimizer_state == "reset":
+        if self.cfg.federation.optimizer_state == "reset":
             return
-        state.array_records[STATE_ARRAYS] = ArrayRecord(torch_state_dict=self._optimizer_tensors())
-        state.config_records[STATE_INFO] = ConfigRecord({"session": self.run_key, "round": int(round_)})
+        if state is not None:
+            state.array_records[STATE_ARRAYS] = ArrayRecord(torch_state_dict=self._optimizer_tensors())
+            state.config_records[STATE_INFO] = ConfigRecord({"session": self.run_key, "round": int(round_)})
+        if self.state_key:  # the CU's half of the run's checkpoint: every moment, the devices' included
+            save_cu_state(self.state_key, self.cluster, round_, self._optimizer_tensors(with_encoder=True))
 
     def live_pipeline(self) -> ClusterPipeline:
         """The device pipeline that :meth:`prepare` built (or reused) for this round."""
@@ -158,7 +163,9 @@ class ClusterSession:
             out["head"] = (self.local_head.optimizer, self.model.head)
         return out
 
-    def _optimizer_tensors(self) -> dict[str, torch.Tensor]:
+    def _optimizer_tensors(self, with_encoder: bool = False) -> dict[str, torch.Tensor]:
+        """The CU's optimizer moments, flattened ``part|param|key``; the segments' too on the local backend or
+        when ``with_encoder`` (gathered from the device actors)."""
         flat: dict[str, torch.Tensor] = {}
         for part, (optimizer, module) in self._optimizers().items():
             names = {id(p): n for n, p in module.named_parameters()}
@@ -166,21 +173,36 @@ class ClusterSession:
                 for key, value in st.items():
                     flat[f"{part}|{names[id(p)]}|{key}"] = torch.as_tensor(value).detach().clone()
         pipeline = self.live_pipeline()
-        if pipeline.backend == "local":
+        if pipeline.backend == "local" or with_encoder:
             for name, st in pipeline.encoder_optimizer_state().items():
                 for key, value in st.items():
                     flat[f"encoder|{name}|{key}"] = torch.as_tensor(value).detach().clone()
         return flat
 
-    def _restore(self, state: RecordDict | None) -> bool:
-        """Load the optimizer moments a previous round of this run left in ``Context.state``."""
+    def _restore(self, state: RecordDict | None, round_: int) -> bool:
+        """Load the optimizer moments the previous round of this run left in ``Context.state``."""
         if state is None or STATE_ARRAYS not in state.array_records or STATE_INFO not in state.config_records:
             return False
         info = state.config_records[STATE_INFO]
         if str(info.get("session")) != self.run_key:
             return False
+        self._load_tensors(state.array_records[STATE_ARRAYS].to_torch_state_dict(), encoder=False)
+        return True
+
+    def _restore_from_disk(self, round_: int) -> bool:
+        """Load the moments this cluster saved after its last round before t (a resumed run's first round:
+        fl/cu_checkpoint.py), as the process that ran that round would still hold them."""
+        if not self.state_key:
+            return False
+        tensors = load_cu_state(self.state_key, self.cluster, before=round_)
+        if tensors is None:
+            return False
+        self._load_tensors(tensors, encoder=True)
+        return True
+
+    def _load_tensors(self, flat: dict[str, torch.Tensor], encoder: bool) -> None:
         grouped: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
-        for name, value in state.array_records[STATE_ARRAYS].to_torch_state_dict().items():
+        for name, value in flat.items():
             part, pname, key = name.split("|")
             grouped.setdefault(part, {}).setdefault(pname, {})[key] = value
         for part, (optimizer, module) in self._optimizers().items():
@@ -189,9 +211,8 @@ class ClusterSession:
                 if pname in params:
                     optimizer.state[params[pname]] = {k: v.clone() for k, v in st.items()}
         pipeline = self.live_pipeline()
-        if "encoder" in grouped and pipeline.backend == "local":
+        if "encoder" in grouped and (pipeline.backend == "local" or encoder):
             pipeline.load_encoder_optimizer_state(grouped["encoder"])
-        return True
 
 
 def _partition(
@@ -234,6 +255,11 @@ def session_for(
     session = ClusterSession(run_key, cluster, cfg, task, examples, model)
     _SESSIONS[key] = session
     return session
+
+
+def existing_session(run_key: str, cluster: int) -> ClusterSession | None:
+    """This process's session of cluster n in the run, if it has one."""
+    return _SESSIONS.get((run_key, cluster))
 
 
 def drop_session(run_key: str, cluster: int, num_devices: int) -> int:

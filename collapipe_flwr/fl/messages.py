@@ -100,6 +100,7 @@ class TrainInstructions:
     measure: int = 0  # measure the devices and links this round with this many timed calls per size (0 = not)
     emulation: dict | None = None  # DeviceEmulation.to_dict(): the testbed's quotas and link rates (testbed=emulated)
     report_profile: bool = False  # reply with the profile metrics (system.profile: measured, or the testbed on)
+    cu_state_key: str = ""  # save the CU's optimizer moments under this run key each round (fl/cu_checkpoint.py)
 
     def to_record(self) -> ConfigRecord:
         payload = {
@@ -114,6 +115,7 @@ class TrainInstructions:
             "measure": self.measure,
             "emulation": self.emulation,
             "report_profile": self.report_profile,
+            "cu_state_key": self.cu_state_key,
         }
         return ConfigRecord({"json": json.dumps(payload)})
 
@@ -133,6 +135,7 @@ class TrainInstructions:
                 measure=int(payload.get("measure", 0)),
                 emulation=payload.get("emulation"),
                 report_profile=bool(payload.get("report_profile", False)),
+                cu_state_key=str(payload.get("cu_state_key", "")),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CollaPipeError(

@@ -2,8 +2,10 @@
 
 A reply is aggregated only when its parts are exactly the ones the method trains on the CU (a CU may not
 send ``head.*`` when the decoder lives on the server), every tensor has the name, shape and dtype of the
-global one, every float is finite, and ``num-examples`` (the FedAvg weight) is an integer in
-1..local_steps * b. Anything else is refused with a one-line reason and the round aggregates the others.
+global one, every float is finite, ``num-examples`` (the FedAvg weight) is an integer in
+1..local_steps * b, and every metric the server reads besides it is a finite number in its range
+(``train-loss``, which weights the round's loss and feeds the queues Y_n; ``seconds-train``). Anything else
+is refused with a one-line reason and the round aggregates the others.
 """
 
 from __future__ import annotations
@@ -13,6 +15,16 @@ import math
 import torch
 
 from collapipe_flwr.errors import CollaPipeError
+
+# A training loss above this is a diverged CU, not a loss to average: the tasks' cross-entropies start near
+# log(vocabulary) (about 10 for 30k words) and the CRF's per-sentence loss near 100.
+MAX_TRAIN_LOSS = 1e4
+# {metric the server reads: (lowest, highest, what it is for)}; num-examples is checked apart (an integer).
+READ_METRICS = {
+    "train-loss": (0.0, MAX_TRAIN_LOSS, "the round's training loss and the queues Y_n (eq. 29)"),
+    "seconds-train": (0.0, 1e7, "the round's measured training time"),
+}
+OPTIONAL_METRICS = frozenset({"seconds-train"})
 
 
 def check_reply(
@@ -54,3 +66,19 @@ def check_reply(
             f"the reply's num-examples={n!r} is not an integer in 1..{max_examples} "
             "(local_steps x batch size); it cannot weight the average"
         )
+    for key, (low, high, use) in READ_METRICS.items():
+        if key not in metrics:
+            if key in OPTIONAL_METRICS:
+                continue
+            raise CollaPipeError(f"the reply lacks the metric {key} ({use}); the CU runs another version")
+        value = metrics[key]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(float(value))
+            or not low <= float(value) <= high
+        ):
+            raise CollaPipeError(
+                f"the reply's {key}={value!r} is not a finite number in {low:g}..{high:g} ({use}); "
+                "the CU's training diverged or it runs another version"
+            )

@@ -11,6 +11,7 @@ permission) is a one-line error naming the file.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -49,6 +50,10 @@ def replace_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
+        except RuntimeError as err:  # torch.save reports a full disk as "[enforce fail at inline_container.cc]"
+            Path(tmp).unlink(missing_ok=True)
+            first = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            raise OSError(errno.ENOSPC, f"the writer failed ({first}); is the disk full?") from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -88,6 +93,39 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def check_run_folder(folder: Path, resume: bool) -> None:
+    """Refuse, before anything is written, a folder that holds a run unless it is resumed, and a resume of a
+    run that finished (its summary.json is there: there is no round left to run)."""
+    present = [name for name in RUN_FILES if (folder / name).exists()]
+    if present and not resume:
+        raise ConfigError(
+            f"run folder {folder} already holds a run ({', '.join(present)}); pick another run_name, "
+            "or add resume=true to continue it from its last complete round"
+        )
+    if resume and (folder / "summary.json").exists():
+        raise ConfigError(
+            f"run {folder} finished (summary.json is there): there is nothing to resume; start a new run_name"
+        )
+
+
+def claim_run_folder(parent: Path, base: str) -> Path:
+    """A new folder ``parent/base`` (``base-2``, ``base-3``, .. when taken), created atomically, so two runs
+    started in the same second never share one."""
+    with _io(parent, "create the output folder"):
+        parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        folder = parent / (base if n == 1 else f"{base}-{n}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as err:
+            with _io(folder, "create the run folder"):
+                raise err from None
+        return folder
+    raise ConfigError(f"no free run folder {parent / base}-N after 999 tries; clean up {parent}")
+
+
 class RunLog:
     """Append-only JSON-lines log of one run in ``folder`` (refused when the folder holds a run already,
     unless ``resume``)."""
@@ -96,12 +134,7 @@ class RunLog:
         self.folder = Path(folder)
         self.rounds_path = self.folder / "rounds.jsonl"
         self._t0 = time.time()
-        present = [name for name in RUN_FILES if (self.folder / name).exists()]
-        if present and not resume:
-            raise ConfigError(
-                f"run folder {self.folder} already holds a run ({', '.join(present)}); pick another run_name, "
-                "or add resume=true to continue it from its last complete round"
-            )
+        check_run_folder(self.folder, resume)
         with _io(self.folder, "create the run folder"):
             self.folder.mkdir(parents=True, exist_ok=True)
 

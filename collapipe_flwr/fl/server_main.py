@@ -27,9 +27,10 @@ from rich.markup import escape
 from collapipe_flwr.config import RunConfig, load_run_config
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl.checkpoint import load_checkpoint, restore
+from collapipe_flwr.fl.cu_checkpoint import new_state_key
 from collapipe_flwr.fl.progress import RoundProgress
 from collapipe_flwr.fl.run_config import hydra_overrides
-from collapipe_flwr.fl.run_log import RunLog
+from collapipe_flwr.fl.run_log import RunLog, claim_run_folder
 from collapipe_flwr.fl.run_plots import TensorBoardLog, load_rounds, write_run_plots
 from collapipe_flwr.fl.server_state import ServerState
 from collapipe_flwr.fl.strategy import CollaPipeStrategy
@@ -52,8 +53,11 @@ def config_from_flower(run_config: dict) -> RunConfig:
 def run_folder(cfg: RunConfig) -> Path:
     if cfg.resume and not cfg.run_name:
         raise ConfigError("resume=true needs the run_name of the run to continue (run_name=<name>)")
-    name = cfg.run_name or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.method.name}-{cfg.task.name}"
-    return Path(cfg.output_dir).expanduser().resolve() / name
+    parent = Path(cfg.output_dir).expanduser().resolve()
+    if cfg.run_name:
+        return parent / cfg.run_name
+    # an unnamed run claims a fresh folder (two started in the same second get -2, -3, ..)
+    return claim_run_folder(parent, time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.method.name}-{cfg.task.name}")
 
 
 def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | None:
@@ -68,6 +72,8 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
         console = Console(stderr=True, highlight=False, soft_wrap=True)
         console.print(escape(start_line(cfg, folder)))
         server = ServerState.build(cfg)
+        if cfg.checkpoint and cfg.federation.optimizer_state == "keep":
+            server.cu_state_key = new_state_key()  # a resumed run takes its own back from checkpoint.pt
         done = 0
         if cfg.resume:
             done = restore(server, load_checkpoint(folder))

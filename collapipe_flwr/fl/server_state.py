@@ -22,6 +22,7 @@ from collapipe_flwr.accelerator import resolve_device
 from collapipe_flwr.config import RunConfig
 from collapipe_flwr.dssra.methods import make_planner
 from collapipe_flwr.dssra.plan import ClusterPlan
+from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
 from collapipe_flwr.fl.decoder_service import DecoderService, TlsFiles
 from collapipe_flwr.fl.evaluator import Evaluator
@@ -34,6 +35,7 @@ from collapipe_flwr.precision import resolve_precision
 from collapipe_flwr.system.state import StateSampler
 from collapipe_flwr.system.workload import Workload, measure_workload
 from collapipe_flwr.tasks.base import Task
+from collapipe_flwr.testbed import cpu_quota_available
 
 PROBE_EXAMPLES = 8  # FLOPs and bytes are counted per sample, so a few real examples suffice
 
@@ -63,6 +65,9 @@ class ServerState:
     planner: RoundPlanner
     decoder: DecoderService
     evaluator: Evaluator
+    # the run's key for the CUs' own checkpoint of their optimizer moments (fl/cu_checkpoint.py): set by the
+    # server when it checkpoints and the moments are kept across rounds; "" = the CUs keep nothing on disk
+    cu_state_key: str = ""
 
     @classmethod
     def build(cls, cfg: RunConfig) -> ServerState:
@@ -80,6 +85,12 @@ class ServerState:
             embedding=model.embedding if cfg.federation.embedding == "trained" else None,  # uploaded or not
             head=model.head,
         )
+        if cfg.testbed.enabled and cfg.testbed.cpu_quota and (reason := cpu_quota_available()) is not None:
+            # the testbed is one machine: refuse at start-up, before any CU trains unthrottled
+            raise ConfigError(
+                f"testbed=emulated needs cgroup CPU quotas on this host: {reason}; "
+                "run as root on Linux, or set testbed.cpu_quota=false (links throttled only)"
+            )
         policy = make_planner(cfg.method, cfg.scheduler, network, workload, cfg.seed)
         planner = RoundPlanner(
             network, StateSampler(network, cfg.seed), policy, cfg.scheduler.name, cfg.system, cfg.testbed
@@ -151,6 +162,7 @@ class ServerState:
             measure=self.planner.measure_repeats(plan.cluster, t),
             emulation=emulation.to_dict() if emulation is not None else None,
             report_profile=self.planner.uses_profiles,
+            cu_state_key=self.cu_state_key,
         )
 
     def absorb_results(self, t: int, results: list[ClusterResult]) -> None:
