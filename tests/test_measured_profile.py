@@ -241,3 +241,23 @@ def test_the_cu_uplink_holds_z_enc_and_the_upload_at_the_planned_rate():
     assert half.waited_s == pytest.approx(0.2, rel=0.15)
     held = upload(bucket, {"encoder": {"w": torch.zeros(100_000)}})  # 400 kB of weights
     assert held == pytest.approx(0.2, rel=0.15)
+
+
+@needs_quota
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_device_actors_leave_no_cgroup_behind_when_the_pipeline_ends():
+    """A killed actor used to leave its testbed cgroup (a campaign of 30 runs left 156 under collapipe/)."""
+    from collapipe_flwr.system.profile import DeviceEmulation
+    from collapipe_flwr.testbed import detect
+
+    model = make_model()
+    with ClusterPipeline(
+        model.embedding, model.blocks, (2, 2), ADAM, backend="ray", actor_threads=1, devices=[device(1e9)] * 2
+    ) as pipe:
+        pids = pipe.pids()
+        pipe.set_testbed(DeviceEmulation((1.0, 0.5), (0.0, 0.0), (0.0, 0.0)), cgroup_prefix="leak")
+        assert _quota_of(pids[0]) == pytest.approx(1.0)
+    parent = detect().mount / "collapipe"
+    left = [p.name for p in parent.glob("leak*")] if parent.is_dir() else []
+    assert left == []

@@ -87,3 +87,17 @@ def test_a_round_no_cu_can_upload_in_is_sat_out_and_the_run_finishes_with_its_mo
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["num_rounds"] == 2
     assert read_meta(folder / "model")["format"] and list((folder / "model").glob("*.safetensors"))
+
+
+def test_a_run_that_fails_to_start_does_not_block_its_name(data_dir, tmp_path, monkeypatch, capsys):
+    """runtime.server_device=cuda without a GPU fails in the server's start-up; it used to leave a config.json that
+    made every rerun of the name 'already holds a run'."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as info:
+        _run(data_dir, tmp_path, "named", InProcessGrid(2, str(data_dir)), "runtime.server_device=cuda")
+    assert info.value.code == 2 and "server_device=cuda" in capsys.readouterr().err
+    assert not (tmp_path / "named" / "config.json").exists()
+    folder = _run(data_dir, tmp_path, "named", InProcessGrid(2, str(data_dir), run_id=8), "federation.num_rounds=1")
+    assert (folder / "summary.json").is_file()

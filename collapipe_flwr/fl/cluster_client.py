@@ -258,7 +258,9 @@ def train_round(
         upload_s = upload(testbed.bucket, reply_parts)
         memory = pipeline.memory_report()
         pids = pipeline.pids()
-        session.finish(instructions.round, state)
+        t_finish = time.time()
+        session.finish(instructions.round, state)  # with the CU's own checkpoint of its moments (cu_checkpoint)
+        finish_s = time.time() - t_finish
     except BaseException:
         # a failed round (no device left to re-plan on, data plane refused) leaves no half-trained state behind
         drop_session(run_key, identity.partition_id, len(devices))
@@ -284,6 +286,7 @@ def train_round(
         "seconds-profile": t_measured - t_setup,
         "seconds-build-pipeline": t_built - t_measured,
         "seconds-upload": upload_s,
+        "seconds-finish": finish_s,
         "seconds-train": t_trained - t_built,
         "seconds-total": time.time() - t_start,
         "device-peak-bytes": device_peak,

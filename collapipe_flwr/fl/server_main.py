@@ -68,10 +68,13 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
         cfg = cfg or config_from_flower(run_config)
         folder = run_folder(cfg)
         run_log = RunLog(folder, resume=cfg.resume)
-        run_log.write_config(cfg.to_dict(), resume=cfg.resume)
+        if cfg.resume:  # the run's own config.json first: a resume with other settings is refused at once
+            run_log.write_config(cfg.to_dict(), resume=True)
         console = Console(stderr=True, highlight=False, soft_wrap=True)
         console.print(escape(start_line(cfg, folder)))
         server = ServerState.build(cfg)
+        if not cfg.resume:  # only a run that started holds its name: one that failed here can simply be rerun
+            run_log.write_config(cfg.to_dict())
         if cfg.checkpoint and cfg.federation.optimizer_state == "keep":
             server.cu_state_key = new_state_key()  # a resumed run takes its own back from checkpoint.pt
         done = 0

@@ -22,6 +22,7 @@ from collapipe_flwr.errors import ConfigError, DeviceFailure
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.runtime_spec import PIN_MODES
 from collapipe_flwr.pipeline.stage import Stage
+from collapipe_flwr.testbed import remove_stale
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -609,8 +610,9 @@ class RayStages:
         self._ray.kill(cast("ActorHandle", self.actors[stage]), no_restart=True)
 
     def shutdown(self) -> None:
-        """Kill every device actor of this pipeline (named ones included)."""
+        """Kill every device actor of this pipeline (named ones included), each out of its testbed cgroup first."""
         for actor in getattr(self, "devices", {}).values():
+            _leave_testbed(self._ray, actor)
             try:
                 self._ray.kill(cast("ActorHandle", actor), no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
@@ -632,6 +634,17 @@ def release(prefix: str, num_devices: int) -> int:
             actor = ray.get_actor(actor_name(prefix, k), namespace=NAMESPACE)
         except ValueError:
             continue
+        _leave_testbed(ray, actor)
         ray.kill(actor, no_restart=True)
         killed += 1
+    remove_stale()  # cgroups of actors that died without leaving theirs (their creator pid is gone)
     return killed
+
+
+def _leave_testbed(ray, actor, timeout_s: float = 5.0) -> None:
+    """Take a device actor out of its testbed cgroup (removing it) before it is killed: a killed process leaves
+    its cgroup behind otherwise. Best effort: an actor that is gone or stuck is killed anyway."""
+    try:
+        ray.get(actor.clear_testbed.remote(), timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - gone, stuck or never on the testbed: remove_stale sweeps later
+        pass
