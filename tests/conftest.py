@@ -21,6 +21,23 @@ def _data_dir() -> Path | None:
         return None
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cu_state_in_a_temp_folder(tmp_path_factory):
+    """The CUs' own checkpoints (fl/cu_checkpoint.py) go to a temporary folder, not ~/.cache, in every test and
+    every process a test starts (the variable is inherited)."""
+    import os
+
+    from collapipe_flwr.fl.cu_checkpoint import STATE_DIR_ENV
+
+    previous = os.environ.get(STATE_DIR_ENV)
+    os.environ[STATE_DIR_ENV] = str(tmp_path_factory.mktemp("cu-state"))
+    yield
+    if previous is None:
+        os.environ.pop(STATE_DIR_ENV, None)
+    else:
+        os.environ[STATE_DIR_ENV] = previous
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     path = _data_dir()

@@ -176,3 +176,19 @@ def test_without_the_cu_state_the_resumed_run_would_differ(data_dir, tmp_path, m
     got, want = resumed[3]["clients"]["0"]["train-losses"], reference[3]["clients"]["0"]["train-losses"]
     assert got[0] == pytest.approx(want[0], rel=1e-6)  # the first step's loss is computed before any update
     assert abs(got[-1] - want[-1]) > 1e-6
+
+
+def test_the_release_message_removes_the_cu_state_even_in_a_process_without_the_session(tmp_path, monkeypatch):
+    """Flower's simulation handles a CU's release on any worker of its pool: the key comes with the message (a
+    finished `collapipe run` used to leave its CUs' moments in ~/.cache)."""
+    import torch
+
+    from collapipe_flwr.fl.cluster_client import ClusterIdentity, release_run
+    from collapipe_flwr.fl.cu_checkpoint import load_cu_state, save_cu_state, state_path
+
+    monkeypatch.setenv("COLLAPIPE_CU_STATE_DIR", str(tmp_path / "cu-state"))
+    path = save_cu_state("abc123", 1, 4, {"embedding|w|exp_avg": torch.ones(3)})
+    assert path == state_path("abc123", 1) and load_cu_state("abc123", 1, before=5) is not None
+    assert load_cu_state("abc123", 1, before=4) is None  # only moments of an earlier round are taken
+    assert release_run(ClusterIdentity(1, 2), "a-run-this-process-never-saw", 0, "abc123") == 0
+    assert not path.exists() and not path.parent.exists()

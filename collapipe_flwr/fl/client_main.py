@@ -14,6 +14,7 @@ from collapipe_flwr.fl.cluster_client import ClusterIdentity, hello_metrics, rel
 from collapipe_flwr.fl.messages import (
     DEVICE_ACTORS_RELEASED,
     HELLO_REPLY,
+    RELEASE_CU_STATE_KEY,
     RELEASE_NUM_DEVICES,
     RELEASE_REPLY,
     read_run_config,
@@ -56,8 +57,10 @@ def handle_release(msg: Message, context: Context) -> Message:
     """The run is over: kill this cluster's device actors of the run and forget its session."""
     try:
         identity = ClusterIdentity.from_node_config(context.node_config)
-        num_devices = int(read_run_config(msg).get(RELEASE_NUM_DEVICES, 0) or 0) or 64
-        killed = release_run(identity, str(msg.metadata.run_id), num_devices)
+        content = read_run_config(msg)
+        num_devices = int(content.get(RELEASE_NUM_DEVICES, 0) or 0) or 64
+        state_key = str(content.get(RELEASE_CU_STATE_KEY, "") or "")
+        killed = release_run(identity, str(msg.metadata.run_id), num_devices, state_key)
     except CollaPipeError as err:
         return _error_reply(msg, err)
     return Message(RecordDict({RELEASE_REPLY: MetricRecord({DEVICE_ACTORS_RELEASED: killed})}), reply_to=msg)

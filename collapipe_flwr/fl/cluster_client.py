@@ -350,10 +350,11 @@ def _testbed_metrics(testbed: _Testbed, head, step_seconds: dict, steps: int, K:
     return out
 
 
-def release_run(identity: ClusterIdentity, run_key: str, num_devices: int) -> int:
+def release_run(identity: ClusterIdentity, run_key: str, num_devices: int, state_key: str = "") -> int:
     """The run is over for this CU: kill its device actors, forget its session and remove its on-disk moments
-    (the run finished: nothing will resume it)."""
+    (the run finished: nothing will resume it). ``state_key`` comes with the release message, since the process
+    handling it need not be the one that trained (Flower's simulation pool)."""
     session = existing_session(run_key, identity.partition_id)
-    if session is not None and session.state_key:
-        remove_cu_state(session.state_key, identity.partition_id)
+    for key in {state_key, session.state_key if session is not None else ""} - {""}:
+        remove_cu_state(key, identity.partition_id)
     return drop_session(run_key, identity.partition_id, num_devices)

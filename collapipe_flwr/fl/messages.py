@@ -5,7 +5,8 @@ train (server -> CU):   RecordDict{WEIGHTS: ArrayRecord, INSTRUCTIONS: ConfigRec
 train reply (CU -> server): RecordDict{WEIGHTS: ArrayRecord, METRICS: MetricRecord}
 query.hello (server -> CU): RecordDict{RUN_CONFIG: ConfigRecord{"json": str}}; reply
     RecordDict{HELLO_REPLY: MetricRecord{PARTITION_ID, NUM_PARTITIONS, NUM_EXAMPLES}}
-query.release (server -> CU, after the last round): RecordDict{RUN_CONFIG: ConfigRecord{"json": {RELEASE_NUM_DEVICES}}};
+query.release (server -> CU, after the last round): RecordDict{RUN_CONFIG: ConfigRecord{"json": {RELEASE_NUM_DEVICES,
+    RELEASE_CU_STATE_KEY}}};
     reply RecordDict{RELEASE_REPLY: MetricRecord{DEVICE_ACTORS_RELEASED}}
 
 Weights are one flat state dict whose names start with ``embedding.``, ``encoder.`` (the concatenated
@@ -43,6 +44,7 @@ PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 NUM_EXAMPLES = "num-examples"
 RELEASE_NUM_DEVICES = "release-num-devices"
+RELEASE_CU_STATE_KEY = "release-cu-state-key"  # the run's key of the CUs' own checkpoints, removed at release
 DEVICE_ACTORS_RELEASED = "device-actors-released"
 PARTS = ("embedding", "encoder", "head")
 # a CU's measured profile in its train reply (system/profile.py), one list entry per device k (NaN = not measured)

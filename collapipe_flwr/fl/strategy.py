@@ -37,6 +37,7 @@ from collapipe_flwr.fl.messages import (
     NUM_PARTITIONS,
     PARTITION_ID,
     RELEASE,
+    RELEASE_CU_STATE_KEY,
     RELEASE_NUM_DEVICES,
     RELEASE_REPLY,
     RUN_CONFIG,
@@ -132,7 +133,10 @@ class CollaPipeStrategy(Strategy):
             return 0
         msgs = []
         for cluster, node in sorted(self.node_of_cluster.items()):
-            content = {RELEASE_NUM_DEVICES: len(self.server.planner.devices_of(cluster))}
+            content = {
+                RELEASE_NUM_DEVICES: len(self.server.planner.devices_of(cluster)),
+                RELEASE_CU_STATE_KEY: self.server.cu_state_key,
+            }
             msgs.append(
                 Message(RecordDict({RUN_CONFIG: run_config_record(content)}), dst_node_id=node, message_type=RELEASE)
             )
