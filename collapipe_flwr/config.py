@@ -407,8 +407,15 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
 
 
 def _check_testbed(cfg: RunConfig) -> None:
-    """The testbed's CPU quotas act on processes: each device needs its own (runtime.backend=ray)."""
+    """The testbed's CPU quotas act on processes: each device needs its own (runtime.backend=ray); explicit
+    cores are one per device of a cluster."""
     tb = cfg.testbed
+    K = cfg.network.devices_per_cluster
+    if tb.cpu_cores and len(tb.cpu_cores) != K:
+        raise ConfigError(
+            f"testbed.cpu_cores has {len(tb.cpu_cores)} entries for network.devices_per_cluster={K}; "
+            "give one per device"
+        )
     if tb.enabled and tb.cpu_quota and cfg.runtime.backend != "ray":
         raise ConfigError(
             f"testbed.cpu_quota needs one process per device (runtime.backend=ray), not runtime.backend="

@@ -121,7 +121,7 @@ class ClusterSession:
             if self.local_head is not None:
                 self.local_head.reset_optimizer()
         elif self.last_round != round_ - 1 or not reused:
-            restored = int(self._restore(state, round_) or self._restore_from_disk(round_))
+            restored = int(self._restore(state) or self._restore_from_disk(round_))
         return {"pipeline-reused": int(reused), "blocks-moved": int(moved), "optimizer-restored": restored}
 
     def recover(self, parts: dict[str, dict[str, torch.Tensor]], delta: tuple[int, ...], lost: list[int]) -> None:
@@ -179,8 +179,8 @@ class ClusterSession:
                     flat[f"encoder|{name}|{key}"] = torch.as_tensor(value).detach().clone()
         return flat
 
-    def _restore(self, state: RecordDict | None, round_: int) -> bool:
-        """Load the optimizer moments the previous round of this run left in ``Context.state``."""
+    def _restore(self, state: RecordDict | None) -> bool:
+        """Load the optimizer moments the last round of this run left in ``Context.state``."""
         if state is None or STATE_ARRAYS not in state.array_records or STATE_INFO not in state.config_records:
             return False
         info = state.config_records[STATE_INFO]

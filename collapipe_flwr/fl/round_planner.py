@@ -18,7 +18,6 @@ import numpy as np
 from collapipe_flwr.dssra.cluster_model import ClusterModel
 from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
 from collapipe_flwr.dssra.policies import Policy
-from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.system.measurement_spec import SystemSpec, TestbedSpec
 from collapipe_flwr.system.network import NetworkSpec
@@ -92,12 +91,7 @@ class RoundPlanner:
         model = ClusterModel.build(self.network, self.sampler.sample(t), workload, n)
         fastest = max(d.flops_per_second for ds in self.network.devices for d in ds)
         cores = tb.fastest_cores * model.flops_per_second / fastest if tb.cpu_quota else np.zeros(model.K)
-        if tb.cpu_quota and tb.cpu_cores:
-            if len(tb.cpu_cores) != model.K:
-                raise ConfigError(
-                    f"testbed.cpu_cores has {len(tb.cpu_cores)} entries for {model.K} devices per cluster; "
-                    "give one per device"
-                )
+        if tb.cpu_quota and tb.cpu_cores:  # one per device: config._check_testbed refused any other length
             cores = np.asarray(tb.cpu_cores)
         rate = model.d2d_rate * tb.d2d_rate_scale / 8.0 if tb.d2d else np.zeros(model.K)
         latency = np.asarray(model.d2d_latency_s) / 2.0 if tb.d2d else np.zeros(model.K)

@@ -118,6 +118,7 @@ class ClusterPipeline:
         self.embedding_optimizer = optimizer.build(embedding.parameters())
         self._embedding_base_lrs = [g["lr"] for g in self.embedding_optimizer.param_groups]
         self.devices = list(devices) if devices else None
+        self._on_testbed = False  # set_testbed was called: clear_testbed has quotas and throttles to undo
         self.backend = backend
         self.ray_address = ray_address or None
         self.emulate = bool(emulate)
@@ -281,6 +282,7 @@ class ClusterPipeline:
         """Put every live device under the testbed's CPU quota and link throttle of ``emulation`` (one entry per
         device k); returns {k: cores its cgroup grants, read back}. A device the OS cannot throttle raises
         TestbedError (never a silent unthrottled run)."""
+        self._on_testbed = True
         return {
             k: float(
                 self._stages.call_device(
@@ -296,8 +298,13 @@ class ClusterPipeline:
         }
 
     def clear_testbed(self) -> None:
+        """Back to unthrottled devices; nothing to do (no call to the devices) when this pipeline never set a
+        testbed, so a run without one pays nothing per round."""
+        if not self._on_testbed:
+            return
         for k in self.live_devices():
             self._stages.call_device(k, "clear_testbed")
+        self._on_testbed = False
 
     def measure(self, batch_size_b: int, seq_len: int, width: int, repeats: int = 3) -> ClusterProfile:
         """Time every live device's TEB forward + backward at the micro-batch sizes Sub-1 may choose and the link

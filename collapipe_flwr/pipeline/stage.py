@@ -144,11 +144,13 @@ class Stage:
         """Emulate this device: its process under a CPU quota of ``cores`` (0 = none) and its outgoing link
         throttled to ``bytes_per_s`` with ``latency_s`` per transfer (0 = unthrottled). Returns the cores the
         cgroup now grants (read back), 0 without a quota."""
-        if self.cpu_quota is not None and (cores <= 0 or abs(self.cpu_quota.read_back() - cores) > 1e-9):
+        if cores <= 0 and self.cpu_quota is not None:
             self.cpu_quota.remove()
             self.cpu_quota = None
-        if cores > 0 and self.cpu_quota is None:
+        elif cores > 0 and self.cpu_quota is None:
             self.cpu_quota = CpuQuota.apply(os.getpid(), cores, cgroup_name, period_us=QUOTA_PERIOD_US)
+        elif cores > 0 and self.cpu_quota is not None and abs(self.cpu_quota.read_back() - cores) > 1e-9:
+            self.cpu_quota.set_cores(cores)  # a new round's f_k(t): the same cgroup, a new quota
         self.link = TokenBucket(bytes_per_s, LINK_BURST_BYTES, latency_s) if bytes_per_s > 0 else None
         return self.cpu_quota.read_back() if self.cpu_quota is not None else 0.0
 
