@@ -1,13 +1,13 @@
 """Flower ClientApp: the control unit (CU) of one cluster (paper Algorithm 1, cluster side).
 
-Thin on purpose: each message is handled by collapipe_flwr.fl.client_main, which reads the node's
+Thin on purpose: each message is handled by collapipe_flwr.fl.cu.client_main, which reads the node's
 partition from its node config (simulation and deployment alike) and drives the cluster's devices.
 """
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from collapipe_flwr.fl import client_main
+from collapipe_flwr.fl.cu import client_main
 from collapipe_flwr.fl.messages import HELLO_ACTION, RELEASE_ACTION
 
 app = ClientApp()

@@ -7,7 +7,7 @@ server state (global encoder, decoder host, scheduler) and runs the rounds with 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from collapipe_flwr.fl.server_main import run_server
+from collapipe_flwr.fl.server.server_main import run_server
 
 app = ServerApp()
 

@@ -37,12 +37,12 @@ from collapipe_flwr import (
     train_central,  # noqa: E402
     wiring,  # noqa: E402
 )
-from collapipe_flwr.config import load_run_config  # noqa: E402
+from collapipe_flwr.config import RunConfig, load_run_config  # noqa: E402
 from collapipe_flwr.dssra.plan import ClusterPlan  # noqa: E402
-from collapipe_flwr.fl.cluster_client import ClusterIdentity, release_run, run_key_of, train_round  # noqa: E402
-from collapipe_flwr.fl.cluster_session import cached_task  # noqa: E402
+from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, release_run, run_key_of, train_round  # noqa: E402
+from collapipe_flwr.fl.cu.cluster_session import cached_task  # noqa: E402
 from collapipe_flwr.fl.messages import unpack_weights  # noqa: E402
-from collapipe_flwr.fl.server_state import ServerState  # noqa: E402
+from collapipe_flwr.fl.server.server_state import ServerState  # noqa: E402
 from collapipe_flwr.precision import autocast, resolve_precision  # noqa: E402
 
 
@@ -65,7 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_intermixed_args(argv)
 
 
-def federated(args, base: list[str]) -> dict:
+def _federated_config(args: argparse.Namespace, base: list[str]) -> tuple[RunConfig, int]:
+    """(run config, T): enough rounds of N clusters x local steps to see --examples examples once."""
     b = load_run_config(base).task.batch_size
     steps_total = args.examples // b  # CU steps over all clusters
     rounds = max(1, math.ceil(steps_total / (args.clusters * args.local_steps)))
@@ -83,6 +84,42 @@ def federated(args, base: list[str]) -> dict:
             f"federation.decoder_update={args.decoder_update}",
         ]
     )
+    return cfg, rounds
+
+
+def _train_clusters(args: argparse.Namespace, server: ServerState, t: int, delta: tuple, states: dict) -> list:
+    """Round t of every cluster (S = 2, the given delta_k, m = --m): [(n, weights, metrics)] in cluster order."""
+
+    def one_cluster(n: int):
+        plan = ClusterPlan(cluster=n, selected=True, channel=0, power_w=0.1, S=2, m=args.m, delta=delta)
+        ins = server.instructions_for(t, plan)
+        record, metrics = train_round(
+            ClusterIdentity(n, args.clusters), server.global_model.array_record(), ins, state=states[n]
+        )
+        return n, unpack_weights(record), metrics
+
+    if args.decoder_update == "joint":  # the barrier needs every CU at once: one thread per CU
+        with ThreadPoolExecutor(args.clusters) as pool:
+            return list(pool.map(one_cluster, range(args.clusters)))
+    # one CU after another: the decoder sees the clusters' steps in a fixed order
+    return [one_cluster(n) for n in range(args.clusters)]
+
+
+def _round_examples_and_train_s(args: argparse.Namespace, results: list) -> tuple[int, float]:
+    """(examples the CUs saw, training seconds of the round: the slowest CU when joint, else their sum)."""
+    seen, train_s = 0, 0.0
+    for _, _, metrics in results:
+        seen += int(metrics["num-examples"])
+        train_s = (
+            max(train_s, float(metrics["seconds-train"]))
+            if args.decoder_update == "joint"
+            else train_s + float(metrics["seconds-train"])
+        )
+    return seen, train_s
+
+
+def federated(args, base: list[str]) -> dict:
+    cfg, rounds = _federated_config(args, base)
     torch.set_num_threads(cfg.runtime.torch_threads)
     server = ServerState.build(cfg)
     L = len(server.model.blocks)
@@ -96,28 +133,9 @@ def federated(args, base: list[str]) -> dict:
         for t in range(1, rounds + 1):
             server.decoder.open_round(t, list(range(args.clusters)))
             t_round = time.monotonic()
-            train_s = 0.0
-
-            def one_cluster(n: int, t: int = t):
-                plan = ClusterPlan(cluster=n, selected=True, channel=0, power_w=0.1, S=2, m=args.m, delta=delta)
-                ins = server.instructions_for(t, plan)
-                record, metrics = train_round(
-                    ClusterIdentity(n, args.clusters), server.global_model.array_record(), ins, state=states[n]
-                )
-                return n, unpack_weights(record), metrics
-
-            if args.decoder_update == "joint":  # the barrier needs every CU at once: one thread per CU
-                with ThreadPoolExecutor(args.clusters) as pool:
-                    results = list(pool.map(one_cluster, range(args.clusters)))
-            else:  # one CU after another: the decoder sees the clusters' steps in a fixed order
-                results = [one_cluster(n) for n in range(args.clusters)]
-            for _, _, metrics in results:
-                seen += int(metrics["num-examples"])
-                train_s = (
-                    max(train_s, float(metrics["seconds-train"]))
-                    if args.decoder_update == "joint"
-                    else train_s + float(metrics["seconds-train"])
-                )
+            results = _train_clusters(args, server, t, delta, states)
+            examples, train_s = _round_examples_and_train_s(args, results)
+            seen += examples
             server.decoder.close_round()
             server.absorb_results(t, results)
             overheads.append(time.monotonic() - t_round - train_s)

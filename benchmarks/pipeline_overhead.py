@@ -48,6 +48,7 @@ from collapipe_flwr.pipeline.executors import (  # noqa: E402
 from collapipe_flwr.pipeline.head import LocalHead  # noqa: E402
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes  # noqa: E402
 from collapipe_flwr.pipeline.optim import OptimizerSpec  # noqa: E402
+from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime, RuntimeSpec  # noqa: E402
 
 VOCAB, HIDDEN, HEADS, FFN, LAYERS, LABELS = 21128, 256, 4, 1024, 6, 7
 DELTAS = {1: (6,), 2: (3, 3), 3: (2, 2, 2)}
@@ -133,7 +134,11 @@ def pipeline_figures(
     head = LocalHead(model.head, SPEC)
     medians = {}
     with ClusterPipeline(
-        model.embedding, model.blocks, DELTAS[S], SPEC, backend="ray", actor_threads=threads, pin_threads=pin
+        model.embedding,
+        model.blocks,
+        DELTAS[S],
+        SPEC,
+        runtime=ClusterRuntime(RuntimeSpec(backend="ray", precision="fp32", pin_threads=pin), actor_threads=threads),
     ) as pipe:
         for m in ms:
             piped, plain_times = [], []

@@ -122,21 +122,10 @@ def schedule_memory_rows(mem_args: str) -> list[Row]:
     ]
 
 
-def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "", scale_args: str = "") -> list[Row]:
-    big, huge = "N100_K10_J50", "N1000_K10_J200"
-    quick = "--quick" in scale_args.split()
-    lo, hi = (3, 10) if quick else (3, 30)
-    k_lo, k_hi = (3, 6) if quick else (2, 8)
+def data_plane_rows(dp_args: str) -> list[Row]:
+    """One 64 x 32 x 256 exchange over the data plane (fp32, fp16, int8, the channel alone, shared memory),
+    then against a plain BERT-small step."""
     return [
-        *pipeline_rows(pipe_args),
-        *schedule_memory_rows(mem_args),
-        Row(
-            "pipeline peak memory per device, S = 2, vs the plain model",
-            lambda f: f["mem_ratio_S2"],
-            "x",
-            None,
-            f"python benchmarks/pipeline_overhead.py {pipe_args}",
-        ),
         Row(
             "data plane, one 64 x 32 x 256 fp32 exchange",
             lambda f: f["data_plane_ms_median"],
@@ -186,6 +175,13 @@ def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "", scal
             0.05,
             "both of the above",
         ),
+    ]
+
+
+def dssra_rows(dssra_args: str) -> list[Row]:
+    """One round of the DSSRA solve at (N, K, J) = (100, 10, 50) and (1000, 10, 200)."""
+    big, huge = "N100_K10_J50", "N1000_K10_J200"
+    return [
         Row(
             "DSSRA solve, (N, K, J) = (100, 10, 50), one round",
             lambda f: f[f"solve_ms_{big}"],
@@ -200,6 +196,16 @@ def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "", scal
             3000.0,
             f"python benchmarks/dssra_solve.py {dssra_args}",
         ),
+    ]
+
+
+def scaling_rows(scale_args: str) -> list[Row]:
+    """Wall-clock per round as N (CUs) and K (devices per cluster) grow, the modelled delay (eq. 26) and the
+    server's peak RSS; ``--quick`` runs the smaller sizes."""
+    quick = "--quick" in scale_args.split()
+    lo, hi = (3, 10) if quick else (3, 30)
+    k_lo, k_hi = (3, 6) if quick else (2, 8)
+    return [
         Row(
             f"wall-clock per round, N = {lo} CUs (K = 3, tiny model, 1 step)",
             lambda f: f[f"round_wall_s_N{lo}"],
@@ -242,6 +248,12 @@ def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "", scal
             1.1,
             f"python benchmarks/scaling.py {scale_args}",
         ),
+    ]
+
+
+def gpu_rows() -> list[Row]:
+    """GPU speedups over the CPU (reported, not required: they need a CUDA GPU)."""
+    return [
         Row(
             "GPU: server decoder step, bert_base, b = 64, vs CPU",
             lambda f: f.get("decoder_step_gpu_speedup"),
@@ -258,6 +270,25 @@ def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "", scal
             "python benchmarks/gpu_speedup.py --round (needs a CUDA GPU)",
             False,
         ),
+    ]
+
+
+def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "", scale_args: str = "") -> list[Row]:
+    """Every row of the table, in order: pipeline, 1F1B memory, data plane, DSSRA, scaling, GPU."""
+    return [
+        *pipeline_rows(pipe_args),
+        *schedule_memory_rows(mem_args),
+        Row(
+            "pipeline peak memory per device, S = 2, vs the plain model",
+            lambda f: f["mem_ratio_S2"],
+            "x",
+            None,
+            f"python benchmarks/pipeline_overhead.py {pipe_args}",
+        ),
+        *data_plane_rows(dp_args),
+        *dssra_rows(dssra_args),
+        *scaling_rows(scale_args),
+        *gpu_rows(),
     ]
 
 

@@ -45,7 +45,8 @@ def _cu_host(conn, num_clusters: int, data_dir: str, run_id: int) -> None:
     from flwr.app import Context, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
-    from collapipe_flwr.fl import client_main, messages
+    from collapipe_flwr.fl import messages
+    from collapipe_flwr.fl.cu import client_main
 
     handlers = {
         messages.HELLO: client_main.handle_hello,
@@ -104,7 +105,7 @@ def run_one(n: int, k: int, rounds: int, data_dir: str, out_dir: str) -> dict:
     """One configuration, server in this process; per-round figures from rounds.jsonl and peak RSS."""
     import psutil
 
-    from collapipe_flwr.fl.server_main import run_server
+    from collapipe_flwr.fl.server.server_main import run_server
 
     me = psutil.Process(os.getpid())
     peak = [me.memory_info().rss]

@@ -64,7 +64,7 @@ def plan_launch(run_config: Mapping[str, Any], cwd: Path | None = None):
     from collapipe_flwr.config import load_run_config, resolve_data_dir
     from collapipe_flwr.experiments.job import JobSpec, concurrent_cus, labels_of, override_key, run_timeout_s
     from collapipe_flwr.fl.run_config import hydra_overrides
-    from collapipe_flwr.fl.server_main import run_folder
+    from collapipe_flwr.fl.server.server_main import run_folder
 
     cwd = cwd or Path.cwd()
     overrides = hydra_overrides(run_config)
@@ -120,7 +120,7 @@ def terminate_as_interrupt() -> Iterator[None]:
 def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None = None) -> int:
     """``collapipe run``; ``flwr_exe`` replaces the flwr CLI (tests use a stand-in)."""
     from collapipe_flwr.experiments.launch import LOG_FILE, STATUS_FILE, SUPERLINK_LOG_FILE, ConsoleEcho, launch
-    from collapipe_flwr.fl.run_log import check_run_folder
+    from collapipe_flwr.fl.records.run_log import check_run_folder
 
     t0 = time.monotonic()
     try:

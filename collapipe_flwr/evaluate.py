@@ -32,14 +32,16 @@ from collapipe_flwr.tasks.metrics import format_metric
 from collapipe_flwr.tasks.registry import task_class
 from collapipe_flwr.tasks.spec import TaskSpec, parse_task
 
-SPLITS = ("val", "test")
+EVALUATED_SPLITS = ("val", "test")  # the splits a saved model can be evaluated on (never train)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m collapipe_flwr.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", help="run folder holding model/ (or the model/ folder itself)")
     parser.add_argument("overrides", nargs="*", help="task.<key>=<value> changes to the saved task config")
-    parser.add_argument("--split", choices=SPLITS, default="val", help="which split to evaluate (default val)")
+    parser.add_argument(
+        "--split", choices=EVALUATED_SPLITS, default="val", help="which split to evaluate (default val)"
+    )
     parser.add_argument("--data-dir", default="", help="dataset folder (default: saved data_dir, $COLLAPIPE_DATA_DIR)")
     parser.add_argument("--max-examples", type=int, help="first N examples (0 = all; default: eval.max_examples)")
     parser.add_argument("--batch-size", type=int, help="batch size (default: eval.batch_size, else 64)")

@@ -105,8 +105,8 @@ def run(
     }
 
 
-@exit_on_user_error
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m collapipe_flwr.simulate``."""
     ap = argparse.ArgumentParser(prog="python -m collapipe_flwr.simulate", description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml (network.*, scheduler.*)")
     ap.add_argument("--rounds", type=int, required=True)
@@ -124,13 +124,72 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--steps", type=int, default=1, help="local steps per round")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_intermixed_args(argv)
+    return ap
+
+
+def _policies(args: argparse.Namespace) -> list[str]:
+    """The --policies to compare, after checking --rounds >= 1 and that every policy is known."""
     if args.rounds < 1:
         raise ConfigError(f"--rounds={args.rounds} must be >= 1")
     policies = [p for p in args.policies.split(",") if p]
     unknown = [p for p in policies if p not in POLICY_ORDER]
     if unknown:
         raise ConfigError(f"--policies names unknown policy {unknown[0]!r}; choose from {', '.join(POLICY_ORDER)}")
+    return policies
+
+
+def _write_records(args: argparse.Namespace, policies: list[str], results: dict, V: float, workload: Workload) -> None:
+    """cumulative_delay.csv (one row per round t, one column per policy) and summary.json under --out."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "cumulative_delay.csv", "w") as fh:
+        fh.write("round," + ",".join(policies) + "\n")
+        for t in range(args.rounds):
+            fh.write(f"{t + 1}," + ",".join(f"{results[p]['cumulative_s'][t]:.6f}" for p in policies) + "\n")
+    summary = {
+        "rounds": args.rounds,
+        "network": args.network,
+        "clusters": args.clusters,
+        "V": V,
+        "workload": workload.to_dict(),
+        "policies": {
+            p: {k: v for k, v in r.items() if k not in ("cumulative_s", "gamma_running_mean")}
+            | {"cumulative_s": r["cumulative_s"][-1]}
+            for p, r in results.items()
+        },
+    }
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def _plot(args: argparse.Namespace, policies: list[str], results: dict, V: float, gamma_max: float) -> None:
+    """cumulative_delay.png and convergence_term.png (running mean of Gamma, eq. 28, against Gamma^max)."""
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after choosing the headless backend
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for p in policies:
+        ax.plot(range(1, args.rounds + 1), results[p]["cumulative_s"], label=p)
+    ax.set_xlabel("communication round t")
+    ax.set_ylabel("cumulative modelled delay (s)")
+    ax.set_title(f"{args.network}, N={args.clusters}, V={V}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out / "cumulative_delay.png", dpi=120)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for p in policies:
+        ax.plot(range(1, args.rounds + 1), results[p]["gamma_running_mean"], label=p)
+    ax.axhline(gamma_max, ls="--", c="grey", label="Gamma^max")
+    ax.set_xlabel("communication round t")
+    ax.set_ylabel("running mean of Gamma over clusters (eq. 28)")
+    ax.set_title(f"{args.network}, N={args.clusters}, V={V}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out / "convergence_term.png", dpi=120)
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_intermixed_args(argv)
+    policies = _policies(args)
     shorthand = [
         f"network={args.network}",
         f"federation.num_clusters={args.clusters}",
@@ -145,46 +204,8 @@ def main(argv: list[str] | None = None) -> None:
         args.d_model, args.heads, args.d_ff, args.layers, args.seq_len, args.batch_size, args.steps
     )
     results = {p: run(p, args.rounds, spec, workload, scheduler, cfg.seed) for p in policies}
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "cumulative_delay.csv", "w") as fh:
-        fh.write("round," + ",".join(policies) + "\n")
-        for t in range(args.rounds):
-            fh.write(f"{t + 1}," + ",".join(f"{results[p]['cumulative_s'][t]:.6f}" for p in policies) + "\n")
-    summary = {
-        "rounds": args.rounds,
-        "network": args.network,
-        "clusters": args.clusters,
-        "V": scheduler.V,
-        "workload": workload.to_dict(),
-        "policies": {
-            p: {k: v for k, v in r.items() if k not in ("cumulative_s", "gamma_running_mean")}
-            | {"cumulative_s": r["cumulative_s"][-1]}
-            for p, r in results.items()
-        },
-    }
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after choosing the headless backend
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for p in policies:
-        ax.plot(range(1, args.rounds + 1), results[p]["cumulative_s"], label=p)
-    ax.set_xlabel("communication round t")
-    ax.set_ylabel("cumulative modelled delay (s)")
-    ax.set_title(f"{args.network}, N={args.clusters}, V={scheduler.V}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(args.out / "cumulative_delay.png", dpi=120)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for p in policies:
-        ax.plot(range(1, args.rounds + 1), results[p]["gamma_running_mean"], label=p)
-    ax.axhline(scheduler.gamma_max, ls="--", c="grey", label="Gamma^max")
-    ax.set_xlabel("communication round t")
-    ax.set_ylabel("running mean of Gamma over clusters (eq. 28)")
-    ax.set_title(f"{args.network}, N={args.clusters}, V={scheduler.V}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(args.out / "convergence_term.png", dpi=120)
+    _write_records(args, policies, results, scheduler.V, workload)
+    _plot(args, policies, results, scheduler.V, scheduler.gamma_max)
     for p in policies:
         print(f"cumulative_delay_s_{p}: {results[p]['cumulative_s'][-1]:.3f}")
         print(f"mean_gamma_{p}: {results[p]['gamma_mean']:.5g}")

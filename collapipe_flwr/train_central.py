@@ -32,7 +32,7 @@ import torch
 
 from collapipe_flwr import wiring
 from collapipe_flwr.accelerator import DEVICES, batch_to, resolve_device
-from collapipe_flwr.config import EvalSpec, load_run_config
+from collapipe_flwr.config import EvalSpec, RunConfig, load_run_config
 from collapipe_flwr.errors import ConfigError, exit_on_user_error
 from collapipe_flwr.model_store import save_model
 from collapipe_flwr.models.split import SplitModel
@@ -100,6 +100,55 @@ def _progress(quiet: bool):
     )
 
 
+def _train_mode(model: SplitModel) -> None:
+    """Every part of the model (embedding, the L TEBs, head) in training mode."""
+    for part in (model.embedding, model.blocks, model.head):
+        part.train()
+
+
+def _optimizer(task: Task, model: SplitModel):
+    """model.optimizer over every parameter of the plain model, and its base learning rates (one per group)."""
+    params = [p for part in (model.embedding, model.blocks, model.head) for p in part.parameters()]
+    optimizer = task.model_spec.optimizer.build(params)
+    return optimizer, [g["lr"] for g in optimizer.param_groups]
+
+
+def _train_step(
+    model: SplitModel, optimizer, batch, factor: float, base_lrs: list[float], precision: str, device_type: str
+) -> float:
+    """One local update at lr = base lr * ``factor``: loss = sum / count of head.loss_terms, backward, step."""
+    scale_lr(optimizer, base_lrs, factor)
+    optimizer.zero_grad(set_to_none=True)
+    with autocast(precision, device_type):
+        loss_sum, count = model.loss_terms(batch)
+    loss = loss_sum / count
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
+def _show_progress(
+    progress, bar, completed: float, elapsed: float, status: str, quiet: bool, last_note: float
+) -> float:
+    """Advance the bar; off a terminal, also print the status every 30 s. Returns when it was last printed."""
+    progress.update(bar, completed=completed, status=status)
+    if not quiet and not progress.console.is_terminal and elapsed - last_note >= 30:
+        last_note = elapsed
+        progress.console.print(f"{elapsed:6.0f}s {status}")
+    return last_note
+
+
+def _probe_midway(
+    task: Task, model: SplitModel, eval_cfg: EvalSpec, precision: str, device_type: str, console
+) -> float:
+    """Time the evaluation of a validation slice (back to train mode after), print it; the new reserve (s)."""
+    with autocast(precision, device_type):
+        reserve, probe = _measure_eval(task, model, eval_cfg)
+    _train_mode(model)
+    console.print(f"midway: {probe} (reserving {reserve:.0f}s for the final evaluation)")
+    return reserve
+
+
 def train(
     task: Task,
     model: SplitModel,
@@ -115,9 +164,7 @@ def train(
     """Train until the budget (minus the evaluation it must leave room for) or ``max_steps`` is used, on
     ``device`` (the model's parts must be there already; batches are moved)."""
     device = device if device is not None else torch.device("cpu")
-    params = [p for part in (model.embedding, model.blocks, model.head) for p in part.parameters()]
-    optimizer = task.model_spec.optimizer.build(params)
-    base_lrs = [g["lr"] for g in optimizer.param_groups]
+    optimizer, base_lrs = _optimizer(task, model)
     lr_schedule = task.model_spec.lr_schedule
     budget = minutes * 60.0
     start = time.monotonic()
@@ -125,8 +172,7 @@ def train(
     step, epoch, losses, history = 0, 0, [], []
     probed = False
     last_note = 0.0
-    for part in (model.embedding, model.blocks, model.head):
-        part.train()
+    _train_mode(model)
     with _progress(quiet) as progress:
         bar = progress.add_task(f"train {task.name}", total=budget, status="")
         done = False
@@ -140,14 +186,7 @@ def train(
                     break
                 expected_steps = max(step + 1, round((step + 1) * train_budget / max(elapsed, 1e-3)))
                 factor = lr_schedule.factor(step, expected_steps)
-                scale_lr(optimizer, base_lrs, factor)
-                optimizer.zero_grad(set_to_none=True)
-                with autocast(precision, device.type):
-                    loss_sum, count = model.loss_terms(batch)
-                loss = loss_sum / count
-                loss.backward()
-                optimizer.step()
-                losses.append(float(loss.detach()))
+                losses.append(_train_step(model, optimizer, batch, factor, base_lrs, precision, device.type))
                 step += 1
                 if step % 20 == 0:
                     history.append(
@@ -155,17 +194,10 @@ def train(
                     )
                 recent = sum(losses[-20:]) / len(losses[-20:])
                 status = f"epoch {epoch} step {step} loss {recent:.3f} lr {base_lrs[0] * factor:.2e}"
-                progress.update(bar, completed=min(budget, elapsed), status=status)
-                if not quiet and not progress.console.is_terminal and elapsed - last_note >= 30:
-                    last_note = elapsed
-                    progress.console.print(f"{elapsed:6.0f}s {status}")
+                last_note = _show_progress(progress, bar, min(budget, elapsed), elapsed, status, quiet, last_note)
                 if not probed and not max_steps and elapsed >= 0.5 * train_budget:
                     probed = True
-                    with autocast(precision, device.type):
-                        reserve, probe = _measure_eval(task, model, eval_cfg)
-                    for part in (model.embedding, model.blocks, model.head):
-                        part.train()
-                    progress.console.print(f"midway: {probe} (reserving {reserve:.0f}s for the final evaluation)")
+                    reserve = _probe_midway(task, model, eval_cfg, precision, device.type, progress.console)
             epoch += 1
     return {
         "steps": step,
@@ -198,6 +230,61 @@ def _measure_eval(task: Task, model: SplitModel, eval_cfg: EvalSpec) -> tuple[fl
     return 1.8 * seconds * n / probe_n + 10.0, shown
 
 
+def _describe(
+    task: Task, model: SplitModel, n_train: int, args: argparse.Namespace, device: torch.device, requested: str
+) -> str:
+    """The run's one-line header: examples, model family and size, b, budget, threads, device, precision."""
+    num_params = sum(p.numel() for part in (model.embedding, model.blocks, model.head) for p in part.parameters())
+    return (
+        f"task {task.name}: {n_train} train / {len(task.val_examples())} val examples, model "
+        f"{task.model_spec.family} with {num_params / 1e6:.2f}M parameters, b={task.batch_size}, "
+        f"budget {args.minutes:g} min, {torch.get_num_threads()} threads, device {device}, precision {args.precision}"
+        + (f" ({requested})" if requested != args.precision else "")
+    )
+
+
+def _save(
+    args: argparse.Namespace,
+    cfg: RunConfig,
+    data_dir: Path,
+    task: Task,
+    model: SplitModel,
+    summary: dict,
+    metrics: dict,
+) -> None:
+    """--save: the trained model in the model_store format, with what it reached (steps, val, test)."""
+    info = {
+        "saved_by": "train_central",
+        "steps": summary["steps"],
+        "train_seconds": round(summary["train_seconds"], 1),
+        "precision": args.precision,
+        "val": metrics,
+        **({"test": summary["test"]} if args.test else {}),
+    }
+    saved_cfg = {**cfg.to_dict(), "data_dir": str(data_dir)}
+    folder = save_model(args.save, saved_cfg, model.embedding, model.blocks, model.head, info, task=task)
+    print(f"saved the model to {folder}", file=sys.stderr)
+
+
+def _write_json(args: argparse.Namespace, cfg: RunConfig, device: torch.device, summary: dict) -> None:
+    """--json: the task, model, seed, budget, precision, device and threads with the run's summary."""
+    Path(args.json).write_text(
+        json.dumps(
+            {
+                "task": cfg.task.to_raw(),
+                "model": cfg.model.to_raw(),
+                "seed": cfg.seed,
+                "minutes": args.minutes,
+                "precision": args.precision,
+                "device": str(device),
+                "threads": torch.get_num_threads(),
+                **summary,
+            },
+            indent=2,
+        )
+    )
+
+
 @exit_on_user_error
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
@@ -220,14 +307,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     indices = list(range(n_train if not args.train_examples else min(n_train, args.train_examples)))
     task.features("train")
     task.features("val")
-    num_params = sum(p.numel() for part in (model.embedding, model.blocks, model.head) for p in part.parameters())
-    print(
-        f"task {task.name}: {len(indices)} train / {len(task.val_examples())} val examples, model "
-        f"{task.model_spec.family} with {num_params / 1e6:.2f}M parameters, b={task.batch_size}, "
-        f"budget {args.minutes:g} min, {torch.get_num_threads()} threads, device {device}, precision {args.precision}"
-        + (f" ({requested})" if requested != args.precision else ""),
-        file=sys.stderr,
-    )
+    print(_describe(task, model, len(indices), args, device, requested), file=sys.stderr)
     t0 = time.monotonic()
     summary = train(
         task, model, args.minutes, args.max_steps, indices, seed, eval_cfg, args.quiet, args.precision, device
@@ -245,33 +325,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
             )
         print("test " + ", ".join(f"{k}={v:.4f}" for k, v in summary["test"].items()), file=sys.stderr)
     if args.save:
-        info = {
-            "saved_by": "train_central",
-            "steps": summary["steps"],
-            "train_seconds": round(summary["train_seconds"], 1),
-            "precision": args.precision,
-            "val": metrics,
-            **({"test": summary["test"]} if args.test else {}),
-        }
-        saved_cfg = {**cfg.to_dict(), "data_dir": str(data_dir)}
-        folder = save_model(args.save, saved_cfg, model.embedding, model.blocks, model.head, info, task=task)
-        print(f"saved the model to {folder}", file=sys.stderr)
+        _save(args, cfg, data_dir, task, model, summary, metrics)
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "task": cfg.task.to_raw(),
-                    "model": cfg.model.to_raw(),
-                    "seed": seed,
-                    "minutes": args.minutes,
-                    "precision": args.precision,
-                    "device": str(device),
-                    "threads": torch.get_num_threads(),
-                    **summary,
-                },
-                indent=2,
-            )
-        )
+        _write_json(args, cfg, device, summary)
     print(
         f"trained {summary['steps']} steps ({summary['train_seconds']:.0f}s), evaluated in "
         f"{summary['eval_seconds']:.0f}s; val " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()),

@@ -1,6 +1,6 @@
 """Config -> objects: the one place that knows which package builds what.
 
-The server (``fl/server_state.py``), the CU (``fl/cluster_client.py``, ``fl/cluster_session.py``) and the
+The server (``fl/server/server_state.py``), the CU (``fl/cu/cluster_client.py``, ``fl/cu/cluster_session.py``) and the
 entry points call these functions instead of reaching into each package, so a package can change its
 internals without the others noticing. Every function takes the already-parsed config (a
 :class:`~collapipe_flwr.config.RunConfig` on the server, a :class:`~collapipe_flwr.config.ClusterConfig`
@@ -10,7 +10,7 @@ on a CU); nothing here parses or holds state.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -20,8 +20,10 @@ from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.models.split import SplitModel
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime
 from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.tasks.base import Task
+from collapipe_flwr.tasks.lr_schedule import LrClock
 from collapipe_flwr.tasks.registry import build_task as _build_task
 
 
@@ -71,17 +73,13 @@ def round_seed(cfg: AnyConfig, round_: int, cluster: int) -> int:
     return cfg.seed * 1_000_003 + round_ * 101 + cluster
 
 
-def train_batches(task: Task, cfg: AnyConfig, indices: list[int], seed: int) -> Iterator[dict[str, torch.Tensor]]:
-    """Exactly ``federation.local_steps`` batches of this CU's partition (cycling through epochs)."""
-    steps = cfg.federation.local_steps
+def partition_batches(task: Task, cfg: AnyConfig, indices: list[int], seed: int) -> Iterator[dict[str, torch.Tensor]]:
+    """This CU's partition as batches, epoch after epoch without end (epoch e shuffled with ``seed + e``); a
+    round takes its ``federation.local_steps`` from the front (``fl/cu/local_steps.py``)."""
     if not indices:
         raise ConfigError("this CU's data partition is empty; use fewer clusters or more data")
-
-    def epochs() -> Iterator[dict[str, torch.Tensor]]:
-        for epoch in itertools.count():
-            yield from task.batches(indices, batch_size(cfg), seed=seed + epoch, shuffle=True)
-
-    return itertools.islice(epochs(), steps)
+    for epoch in itertools.count():
+        yield from task.batches(indices, batch_size(cfg), seed=seed + epoch, shuffle=True)
 
 
 # ----------------------------------------------------------------------------- runtime
@@ -98,43 +96,11 @@ def build_pipeline(
     ``actor_prefix`` the device actors are named and detached: a later round, or another CU process, finds
     them again even after every handle of the process that started them is gone (a deployed SuperNode runs
     a process per message); the run's ``release`` message, or the end of the Ray instance, ends them."""
-    rt = cfg.runtime
-    return ClusterPipeline(
-        model.embedding,
-        model.blocks,
-        tuple(delta),
-        optimizer,
-        devices=devices,
-        backend=rt.backend,
-        ray_address=rt.ray_address or None,
-        emulate=rt.emulate,
-        actor_num_cpus=rt.actor_num_cpus,
-        device_resource=rt.device_resource,
-        timeout_s=rt.device_timeout_s,
-        name=f"cluster{cluster}",
-        actor_prefix=actor_prefix,
-        detached=bool(actor_prefix),
-        precision=rt.precision,  # resolved by the embedding and by each stage for its own device
-        device=rt.device,
-        actor_num_gpus=rt.actor_num_gpus,
-        prestart=rt.prestart_devices,
-        pin_threads=rt.pin_threads,
-    )
+    runtime = ClusterRuntime(cfg.runtime, name=f"cluster{cluster}", actor_prefix=actor_prefix)
+    return ClusterPipeline(model.embedding, model.blocks, tuple(delta), optimizer, devices, runtime)
 
 
-def lr_schedule(cfg: AnyConfig) -> Callable[[int], float]:
-    """model.lr_schedule on the federated path: ``factor(global_step)`` with global step
-    (t - 1) * local_steps + i of round t's i-th local step, and total_steps = T * local_steps unless set.
-    The same factor scales the CU's embedding, every device segment and the server's decoder."""
-    lr_schedule = cfg.model.lr_schedule
-    total = cfg.federation.num_rounds * cfg.federation.local_steps
-
-    def factor(step: int) -> float:
-        return lr_schedule.factor(step, total)
-
-    return factor
-
-
-def global_step(cfg: AnyConfig, round_: int, local_step: int) -> int:
-    """The run-wide index of round t's ``local_step``-th step (0-based), the lr schedule's clock."""
-    return (int(round_) - 1) * cfg.federation.local_steps + int(local_step)
+def lr_clock(cfg: AnyConfig) -> LrClock:
+    """model.lr_schedule on the federated path: T = federation.num_rounds rounds of federation.local_steps steps."""
+    local_steps = cfg.federation.local_steps
+    return LrClock(cfg.model.lr_schedule, local_steps, cfg.federation.num_rounds * local_steps)

@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 from collapipe_flwr import wiring  # noqa: E402
 from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.dssra.method_registry import make_planner  # noqa: E402
-from collapipe_flwr.fl.server_state import sample_hidden  # noqa: E402
+from collapipe_flwr.fl.server.server_state import sample_hidden  # noqa: E402
 from collapipe_flwr.system.state import StateSampler  # noqa: E402
 from collapipe_flwr.system.workload import Workload, measure_workload  # noqa: E402
 

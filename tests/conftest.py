@@ -23,11 +23,11 @@ def _data_dir() -> Path | None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _cu_state_in_a_temp_folder(tmp_path_factory):
-    """The CUs' own checkpoints (fl/cu_checkpoint.py) go to a temporary folder, not ~/.cache, in every test and
+    """The CUs' own checkpoints (fl/cu/cu_checkpoint.py) go to a temporary folder, not ~/.cache, in every test and
     every process a test starts (the variable is inherited)."""
     import os
 
-    from collapipe_flwr.fl.cu_checkpoint import STATE_DIR_ENV
+    from collapipe_flwr.fl.cu.cu_checkpoint import STATE_DIR_ENV
 
     previous = os.environ.get(STATE_DIR_ENV)
     os.environ[STATE_DIR_ENV] = str(tmp_path_factory.mktemp("cu-state"))

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from flwr.app import Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from collapipe_flwr.fl import client_main, messages
+from collapipe_flwr.fl import messages
+from collapipe_flwr.fl.cu import client_main
 
 RUN_ID = 7
 _HANDLERS = {

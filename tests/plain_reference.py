@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from collapipe_flwr import wiring
@@ -21,7 +23,8 @@ def plain_losses(cfg, task, indices, rounds: int = 1) -> list[float]:
     total = cfg.federation.num_rounds * cfg.federation.local_steps
     losses, step = [], 0
     for t in range(1, rounds + 1):
-        for batch in wiring.train_batches(task, cfg, indices, seed=wiring.round_seed(cfg, t, 0)):
+        batches = wiring.partition_batches(task, cfg, indices, seed=wiring.round_seed(cfg, t, 0))
+        for batch in itertools.islice(batches, cfg.federation.local_steps):
             opt.param_groups[0]["lr"] = base * lr_factor(
                 step, lr_schedule.warmup_steps, lr_schedule.decay, total, lr_schedule.min_factor
             )

@@ -11,11 +11,12 @@ import torch
 from collapipe_flwr.accelerator import batch_to, module_device, resolve_device, to_host
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.errors import ConfigError, DeviceFailure
-from collapipe_flwr.fl.evaluator import on_device
+from collapipe_flwr.fl.server.evaluator import on_device
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.executors import LocalStages, creation_error
 from collapipe_flwr.pipeline.head import LocalHead, head_step
 from collapipe_flwr.pipeline.optim import OptimizerSpec
+from tests.runtimes import runtime
 from tests.test_transparency import (
     make_batch,
     make_model,
@@ -62,7 +63,7 @@ def test_cpu_stays_the_default():
 @without_cuda
 def test_a_stage_asked_for_cuda_without_one_fails_at_once():
     with pytest.raises(ConfigError, match="runtime.device=cuda but this process sees no CUDA GPU"):
-        LocalStages([(0, torch.nn.ModuleList(), None, 1.0, 0)], SGD_UNIT, device="cuda")
+        LocalStages([(0, torch.nn.ModuleList(), None, 1.0, 0)], SGD_UNIT, runtime(device="cuda"))
 
 
 @without_cuda
@@ -71,7 +72,7 @@ def test_a_ray_actor_asked_for_cuda_names_the_cause():
     """The error raised in the actor's constructor reaches the CU's one-line DeviceFailure."""
     model = make_model("bert")
     with pytest.raises(DeviceFailure, match=r"device 0's Ray actor failed to start: .*runtime.device=cuda but"):
-        ClusterPipeline(model.embedding, model.blocks, (6,), SGD_UNIT, backend="ray", device="cuda")
+        ClusterPipeline(model.embedding, model.blocks, (6,), SGD_UNIT, runtime=runtime(backend="ray", device="cuda"))
 
 
 def test_creation_error_takes_the_last_error_line():
@@ -97,7 +98,7 @@ def gpu_step(model, batch, spec, delta, m, backend, head_device):
     model.head.to(head_device)
     head = LocalHead(model.head, spec)
     with ClusterPipeline(
-        model.embedding, model.blocks, delta, spec, backend=backend, device="cuda", actor_num_gpus=0.25
+        model.embedding, model.blocks, delta, spec, runtime=runtime(backend=backend, device="cuda", actor_num_gpus=0.25)
     ) as pipe:
         before = named_weights(model.embedding, pipe.encoder_state_dict(), model.head)
         result = pipe.train_step(batch, m, head)

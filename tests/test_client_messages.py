@@ -6,8 +6,8 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from collapipe_flwr.errors import CollaPipeError, ConfigError
-from collapipe_flwr.fl import client_main
-from collapipe_flwr.fl.cluster_client import ClusterIdentity
+from collapipe_flwr.fl.cu import client_main
+from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity
 from collapipe_flwr.fl.messages import TrainInstructions
 
 
@@ -62,7 +62,7 @@ def test_handlers_reply_with_an_error_not_a_crash(handler, in_a_run):
 
 def test_cu_reuses_its_task_until_the_config_changes(data_dir):
     from collapipe_flwr.config import load_run_config
-    from collapipe_flwr.fl.cluster_client import cached_task
+    from collapipe_flwr.fl.cu.cluster_client import cached_task
 
     base = ["task=classification", "model=bert_tiny", "federation=tiny", "network=small"]
     first = cached_task(load_run_config(base, data_dir=str(data_dir)))
@@ -70,3 +70,29 @@ def test_cu_reuses_its_task_until_the_config_changes(data_dir):
     other = cached_task(load_run_config(base + ["task.max_len=24"], data_dir=str(data_dir)))
     assert other is not first and other.max_len == 24
     assert cached_task(load_run_config(base + ["seed=3"], data_dir=str(data_dir))) is not other
+
+
+@pytest.mark.parametrize(
+    "record,needle",
+    [
+        (None, "no release record"),
+        ({"release-cu-state-key": "k"}, "release-num-devices"),
+        ({"release-num-devices": 0}, "release-num-devices=0"),
+        ({"release-num-devices": "4"}, "release-num-devices='4'"),
+    ],
+)
+def test_a_malformed_release_is_an_error_reply_not_a_guess(record, needle, in_a_run):
+    """A release without a usable device count is refused (it used to fall back to 64 devices)."""
+    content = RecordDict({} if record is None else {"release-info": ConfigRecord(record)})
+    msg = Message(content, dst_node_id=7, message_type=f"{MessageType.QUERY}.release")
+    reply = client_main.handle_release(msg, _context({"partition-id": 0, "num-partitions": 2}))
+    assert reply.has_error() and reply.error.code == client_main.USER_ERROR_CODE
+    assert needle in reply.error.reason and "\n" not in reply.error.reason
+
+
+def test_release_instructions_travel_unchanged(in_a_run):
+    from collapipe_flwr.fl.messages import ReleaseInstructions, read_release, release_content
+
+    sent = ReleaseInstructions(num_devices=3, cu_state_key="abc123")
+    msg = Message(release_content(sent), dst_node_id=7, message_type=f"{MessageType.QUERY}.release")
+    assert read_release(msg) == sent

@@ -20,10 +20,10 @@ from flwr.app import RecordDict
 from collapipe_flwr import wiring
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.plan import ClusterPlan
-from collapipe_flwr.fl import cluster_session
-from collapipe_flwr.fl.cluster_client import ClusterIdentity, release_run, run_key_of, train_round
+from collapipe_flwr.fl.cu import cluster_session
+from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, release_run, run_key_of, train_round
 from collapipe_flwr.fl.messages import TrainInstructions, pack_weights, unpack_weights
-from collapipe_flwr.fl.server_state import ServerState
+from collapipe_flwr.fl.server.server_state import ServerState
 from tests.plain_reference import plain_losses
 
 STEPS = 3
@@ -149,7 +149,9 @@ def test_optimizer_state_keep_and_reset_match_adam_by_hand(data_dir, optimizer_s
     identity = ClusterIdentity(0, 1, str(data_dir))
     task = wiring.build_task(cfg)
     indices = wiring.client_partition(task, cfg, 0, 1)
-    batches = [next(iter(wiring.train_batches(task, cfg, indices, seed=wiring.round_seed(cfg, t, 0)))) for t in (1, 2)]
+    batches = [
+        next(iter(wiring.partition_batches(task, cfg, indices, seed=wiring.round_seed(cfg, t, 0)))) for t in (1, 2)
+    ]
     w0 = unpack_weights(server.global_model.array_record())
     state = RecordDict()
     try:

@@ -54,7 +54,7 @@ def test_overrides_string_is_split_shell_style():
 
 
 def test_missing_data_dir_says_how_to_fix(monkeypatch, tmp_path):
-    import collapipe_flwr.config as config_module
+    import collapipe_flwr.config.data_dir as config_module
 
     monkeypatch.delenv("COLLAPIPE_DATA_DIR", raising=False)
     monkeypatch.setattr(config_module, "default_data_dirs", lambda cwd=None: [tmp_path / "data"])

@@ -1,9 +1,10 @@
-"""VanillaFL's data users on the CU (fl/data_parallel.py) against an independent reference: D copies of the
+"""VanillaFL's data users on the CU (fl/cu/data_parallel.py) against an independent reference: D copies of the
 plain model, each trained by hand with its own Adam on its rows of every batch, then averaged."""
 
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -11,10 +12,10 @@ import torch
 from collapipe_flwr import wiring
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.plan import ClusterPlan
-from collapipe_flwr.fl.cluster_client import ClusterIdentity, train_round
-from collapipe_flwr.fl.data_parallel import RunningMean, average, user_share
+from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, train_round
+from collapipe_flwr.fl.cu.data_parallel import RunningMean, average, user_share
 from collapipe_flwr.fl.messages import unpack_weights
-from collapipe_flwr.fl.server_state import ServerState
+from collapipe_flwr.fl.server.server_state import ServerState
 
 
 def _config(data_dir, *extra: str):
@@ -55,7 +56,8 @@ def _by_hand(cfg, task, before, cluster: int, users: int):
             + [*model.head.parameters()]
         )
         n = 0
-        for batch in wiring.train_batches(task, cfg, examples, seed=wiring.round_seed(cfg, 1, cluster)):
+        batches = wiring.partition_batches(task, cfg, examples, seed=wiring.round_seed(cfg, 1, cluster))
+        for batch in itertools.islice(batches, cfg.federation.local_steps):
             share = {k: torch.tensor_split(v, users)[d] for k, v in batch.items()}
             opt.zero_grad()
             loss_sum, count = model.loss_terms(share)

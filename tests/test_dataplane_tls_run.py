@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from collapipe_flwr.fl.server_main import run_server
+from collapipe_flwr.fl.server.server_main import run_server
 from tests.inprocess_grid import InProcessGrid
 from tests.tls_certs import self_signed
 

@@ -14,7 +14,7 @@ import pytest
 
 from collapipe_flwr.dssra.replan import replan_without, sub1_inputs
 from collapipe_flwr.errors import DeviceFailure, InfeasiblePlanError
-from collapipe_flwr.fl.server_main import run_server
+from collapipe_flwr.fl.server.server_main import run_server
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from tests.inprocess_grid import InProcessGrid
 from tests.test_dssra_bruteforce import brute_force, random_model

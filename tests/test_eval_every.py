@@ -10,8 +10,8 @@ import pytest
 
 from collapipe_flwr.config import EvalSpec
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.fl.run_log import RunLog
-from collapipe_flwr.fl.strategy import CollaPipeStrategy
+from collapipe_flwr.fl.records.run_log import RunLog
+from collapipe_flwr.fl.server.strategy import CollaPipeStrategy
 
 
 class _CountingServer:

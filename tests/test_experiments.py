@@ -409,7 +409,7 @@ def test_build_job_validates_once_and_sizes_the_federation(monkeypatch, tmp_path
     bad = compose(["method.fixed_m=-1"])
     with pytest.raises(ConfigError, match="fixed_m"):
         build_job(bad, [], tmp_path / "k", environ={"COLLAPIPE_DATA_DIR": str(tmp_path)})
-    import collapipe_flwr.config as config_module
+    import collapipe_flwr.config.data_dir as config_module
 
     monkeypatch.setattr(config_module, "default_data_dirs", lambda cwd=None: [tmp_path / "no-data-here"])
     with pytest.raises(ConfigError, match="no data directory"):

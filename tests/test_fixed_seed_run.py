@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from collapipe_flwr.fl.server_main import run_server
+from collapipe_flwr.fl.server.server_main import run_server
 from tests.inprocess_grid import InProcessGrid
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "rounds_translation_tiny_seed0.jsonl"

@@ -34,16 +34,17 @@ from collapipe_flwr.system.profile import (
 from collapipe_flwr.system.state import StateSampler
 from collapipe_flwr.system.workload import measure_workload
 from collapipe_flwr.testbed import cpu_quota_available
+from tests.runtimes import runtime
 from tests.test_transparency import ray_session  # noqa: F401  # the Ray fixture, used by name
 
 ADAM = OptimizerSpec(name="adam", lr=1e-3)
 B, T, WIDTH = 16, 32, 96  # a micro-batch big enough that one block's step takes milliseconds, not microseconds
 
 
-def make_model(layers: int = 4):
+def make_model(layers: int = 4, width: int = WIDTH):
     torch.manual_seed(0)
     return build_transformer(
-        src_vocab=50, tgt_vocab=50, d_model=WIDTH, n_heads=4, d_ff=4 * WIDTH, enc_layers=layers, dec_layers=1,
+        src_vocab=50, tgt_vocab=50, d_model=width, n_heads=4, d_ff=4 * width, enc_layers=layers, dec_layers=1,
         dropout=0.0, max_len=T + 1, pad_id=0,
     )  # fmt: skip
 
@@ -63,18 +64,22 @@ def test_an_emulated_slow_device_is_profiled_at_its_true_ratio():
     """Injected per-block delay: device 1 has a quarter of device 0's phi f, so each of its calls takes 4x.
     One torch thread (conftest), as a device actor has (runtime.actor_threads): with two, the slow stage's
     intra-op threads sleep during its emulated delay and pay a wake-up on every call, a real cost of that
-    stage that puts the ratio near 4.5 instead of the 4 it is set to."""
-    model = make_model()
+    stage that puts the ratio near 4.5 instead of the 4 it is set to. The micro-batch is larger here than in
+    the other tests (32 x 32 x 192): after each emulated sleep the slow device's next call starts with cold
+    caches, a cost that weighs less in a longer call (at 16 x 32 x 96 the median of five profiles read 4.19 to
+    4.44 on a quiet machine; at this size 3.87 to 3.95, also with another process spinning on one core)."""
+    b, width = 32, 192
+    model = make_model(width=width)
     ratios = []
     with ClusterPipeline(
-        model.embedding, model.blocks, (2, 2), ADAM, devices=[device(4e9), device(1e9)], emulate=True
+        model.embedding, model.blocks, (2, 2), ADAM, devices=[device(4e9), device(1e9)], runtime=runtime(emulate=True)
     ) as pipe:
-        for _ in range(3):  # three profiles, their median: one profile taken while another process held a
-            profile = pipe.measure(B, T, WIDTH, repeats=5)  # core reads 3.2 on this shared machine
+        for _ in range(5):  # five profiles, their median: one profile taken while another process held a core
+            profile = pipe.measure(b, T, width, repeats=5)  # can read 3.2 on this shared machine
             fast, slow = profile.devices
             assert fast is not None and slow is not None
             ratios.append(slow.seconds_per_sample_block / fast.seconds_per_sample_block)
-    assert sorted(ratios)[1] == pytest.approx(4.0, rel=0.10), ratios
+    assert sorted(ratios)[2] == pytest.approx(4.0, rel=0.10), ratios
     assert all(link is not None and link.bytes_per_s > 0 for link in profile.links)
 
 
@@ -181,7 +186,12 @@ def test_a_cpu_quota_is_applied_to_the_actor_and_profiled_slower():
 
     model = make_model()
     with ClusterPipeline(
-        model.embedding, model.blocks, (2, 2), ADAM, backend="ray", actor_threads=1, devices=[device(1e9)] * 2
+        model.embedding,
+        model.blocks,
+        (2, 2),
+        ADAM,
+        devices=[device(1e9)] * 2,
+        runtime=runtime(backend="ray", actor_threads=1),
     ) as pipe:
         pids = pipe.pids()
         granted = pipe.set_testbed(DeviceEmulation((1.0, 0.25), (0.0, 0.0), (0.0, 0.0)), cgroup_prefix="tq")
@@ -221,21 +231,21 @@ def test_the_cu_uplink_holds_z_enc_and_the_upload_at_the_planned_rate():
     wait bytes / R_n each, and the exchange itself still happens."""
     import time
 
-    from collapipe_flwr.fl.emulation import ThrottledHead, uplink_bucket, upload
+    from collapipe_flwr.fl.cu.emulation import ThrottledHead, uplink_bucket, upload
     from collapipe_flwr.system.profile import DeviceEmulation
 
     rate = 2e6
     bucket = uplink_bucket(DeviceEmulation((1.0,), (0.0,), (0.0,), uplink_bytes_per_s=rate))
     assert bucket is not None and uplink_bucket(DeviceEmulation((1.0,), (0.0,), (0.0,))) is None
     calls = []
-    head = ThrottledHead(lambda z, micro: calls.append(len(z)) or (1.0, z), bucket, wire="none")
+    head = ThrottledHead(lambda z, micro, lr: calls.append(len(z)) or (1.0, z), bucket, wire="none")
     z = [torch.zeros(50_000)] * 4  # 4 micro-batches x 200 kB in float32 = 800 kB -> 0.4 s at 2 MB/s
     start = time.perf_counter()
     head(z, [{}] * 4)
     assert time.perf_counter() - start == pytest.approx(0.4, rel=0.15) and calls == [4]
     assert head.waited_s == pytest.approx(0.4, rel=0.15)
     half = ThrottledHead(
-        lambda z, micro: (1.0, z), uplink_bucket(DeviceEmulation((1.0,), (0.0,), (0.0,), rate)), "fp16"
+        lambda z, micro, lr: (1.0, z), uplink_bucket(DeviceEmulation((1.0,), (0.0,), (0.0,), rate)), "fp16"
     )
     half(z, [{}] * 4)
     assert half.waited_s == pytest.approx(0.2, rel=0.15)
@@ -253,7 +263,12 @@ def test_device_actors_leave_no_cgroup_behind_when_the_pipeline_ends():
 
     model = make_model()
     with ClusterPipeline(
-        model.embedding, model.blocks, (2, 2), ADAM, backend="ray", actor_threads=1, devices=[device(1e9)] * 2
+        model.embedding,
+        model.blocks,
+        (2, 2),
+        ADAM,
+        devices=[device(1e9)] * 2,
+        runtime=runtime(backend="ray", actor_threads=1),
     ) as pipe:
         pids = pipe.pids()
         pipe.set_testbed(DeviceEmulation((1.0, 0.5), (0.0, 0.0), (0.0, 0.0)), cgroup_prefix="leak")

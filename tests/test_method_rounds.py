@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from collapipe_flwr.config import load_run_config
-from collapipe_flwr.fl.cluster_client import ClusterIdentity, train_round
+from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, train_round
 from collapipe_flwr.fl.messages import unpack_weights
-from collapipe_flwr.fl.server_state import ServerState
+from collapipe_flwr.fl.server.server_state import ServerState
 
 
 def _one_round(data_dir, method: str, *extra: str):

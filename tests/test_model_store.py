@@ -126,8 +126,8 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_old_file_stays(tmp_path
 
     from safetensors.torch import save_file
 
+    from collapipe_flwr.atomic_files import replace_atomically
     from collapipe_flwr.errors import CollaPipeError
-    from collapipe_flwr.fl.run_log import replace_atomically
     from collapipe_flwr.model_store import _atomic
 
     full = tmp_path / "full"

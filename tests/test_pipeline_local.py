@@ -15,7 +15,7 @@ from collapipe_flwr.errors import ConfigError, PartitionError
 from collapipe_flwr.models.bert import build_bert
 from collapipe_flwr.models.transformer import build_transformer
 from collapipe_flwr.pipeline import cluster
-from collapipe_flwr.pipeline.cluster import ClusterPipeline, emulation_slowdowns
+from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.memory import (
     SavedTensorMeter,
@@ -25,7 +25,9 @@ from collapipe_flwr.pipeline.memory import (
 )
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles
+from collapipe_flwr.pipeline.stage import emulation_slowdowns
 from collapipe_flwr.system.devices import DeviceProfile
+from tests.runtimes import runtime
 from tests.test_transparency import make_batch, make_model
 
 ADAM = OptimizerSpec(name="adam", lr=1e-2)
@@ -211,14 +213,16 @@ def test_emulation_slowdowns_are_relative_throughputs():
     assert emulation_slowdowns([fast, slow, slow], [1, 2]) == {1: 1.0, 2: 1.0}
     with pytest.raises(ConfigError, match="emulate=true needs device profiles"):
         model = make_model("bert")
-        ClusterPipeline(model.embedding, model.blocks, (6,), ADAM, emulate=True)
+        ClusterPipeline(model.embedding, model.blocks, (6,), ADAM, runtime=runtime(emulate=True))
 
 
 def test_emulated_slow_device_takes_longer():
     model, batch = make_model("bert"), make_batch("bert")
     fast = DeviceProfile(f_hz=40e9, flops_per_cycle=8, memory_bytes=1e12, d2d_power_w=0.1)
     slow = DeviceProfile(f_hz=1e9, flops_per_cycle=8, memory_bytes=1e12, d2d_power_w=0.1)
-    with ClusterPipeline(model.embedding, model.blocks, (3, 3), ADAM, devices=[fast, slow], emulate=True) as pipe:
+    with ClusterPipeline(
+        model.embedding, model.blocks, (3, 3), ADAM, devices=[fast, slow], runtime=runtime(emulate=True)
+    ) as pipe:
         result = pipe.train_step(batch, 2, LocalHead(model.head, ADAM))
     compute = result.timings.device_compute
     # same work, 40x slower device: a wide margin so a busy machine cannot flip it
@@ -239,11 +243,11 @@ def test_step_result_and_bad_arguments():
         with pytest.raises(ConfigError, match="m=0 micro-batches: choose m >= 1"):
             pipe.train_step(batch, 0, LocalHead(model.head, ADAM))
         with pytest.raises(ValueError, match="1 gradients for 2 micro-batches"):
-            pipe.train_step(batch, 2, lambda z, mbs: (0.0, [torch.zeros_like(z[0])]))
+            pipe.train_step(batch, 2, lambda z, mbs, lr: (0.0, [torch.zeros_like(z[0])]))
         # a failed step leaves nothing behind: the next one still works
         pipe.train_step(batch, 2, LocalHead(model.head, ADAM))
     with pytest.raises(ConfigError, match="backend"):
-        ClusterPipeline(model.embedding, model.blocks, (6,), ADAM, backend="mpi")
+        runtime(backend="mpi")
     with pytest.raises(PartitionError, match="add 1 block"):
         ClusterPipeline(model.embedding, model.blocks, (2, 3), ADAM)
 

@@ -18,6 +18,7 @@ from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.system.devices import DeviceProfile
+from tests.runtimes import runtime
 
 ray = pytest.importorskip("ray")
 ADAM = OptimizerSpec(name="adam", lr=1e-3)
@@ -86,7 +87,9 @@ def _overlapping(first, second) -> bool:
 def test_stages_work_on_different_micro_batches_at_the_same_time(ray_session):
     model = bert(hidden=128, layers=4)
     data = batch(B=8, T=64)
-    with ClusterPipeline(model.embedding, model.blocks, (2, 2), ADAM, backend="ray", actor_threads=1) as pipe:
+    with ClusterPipeline(
+        model.embedding, model.blocks, (2, 2), ADAM, runtime=runtime(backend="ray", actor_threads=1)
+    ) as pipe:
         head = LocalHead(model.head, ADAM)
         pipe.train_step(data, 4, head)  # warm-up
         # Overlap is a capability, not a guarantee on a loaded 2-core machine: keep the traces of a few
@@ -99,9 +102,9 @@ def test_stages_work_on_different_micro_batches_at_the_same_time(ray_session):
                 break
         first, second = steps[-1]
 
-        def head_that_outlives_device_1(z_enc, micro_batches):
+        def head_that_outlives_device_1(z_enc, micro_batches, lr_factor):
             pipe._stages.kill(1)  # device 1 dies between the forward and the backward pass
-            return head(z_enc, micro_batches)
+            return head(z_enc, micro_batches, lr_factor)
 
         with pytest.raises(DeviceFailure, match=r"^device 1 died during the step"):
             pipe.train_step(data, 4, head_that_outlives_device_1)
@@ -125,7 +128,12 @@ def test_slow_device_times_out_and_is_named(ray_session):
     model = bert()
     devices = [profile(1.0), profile(1000.0)]  # device 0 sleeps ~999x its compute time
     with ClusterPipeline(
-        model.embedding, model.blocks, (3, 1), ADAM, devices=devices, backend="ray", emulate=True, timeout_s=1.0
+        model.embedding,
+        model.blocks,
+        (3, 1),
+        ADAM,
+        devices=devices,
+        runtime=runtime(backend="ray", emulate=True, device_timeout_s=1.0),
     ) as pipe:
         with pytest.raises(DeviceFailure, match=r"^device 0 gave no answer within device_timeout_s=1s"):
             pipe.train_step(batch(), 2, LocalHead(model.head, ADAM))
@@ -136,7 +144,11 @@ def test_device_resource_pins_each_device_actor_to_the_box_offering_it(ray_sessi
         pytest.skip("Ray was started elsewhere without the custom device resources")
     model = bert()
     with ClusterPipeline(
-        model.embedding, model.blocks, (2, 2), ADAM, backend="ray", actor_threads=1, device_resource="edge_box_{k}"
+        model.embedding,
+        model.blocks,
+        (2, 2),
+        ADAM,
+        runtime=runtime(backend="ray", actor_threads=1, device_resource="edge_box_{k}"),
     ) as pipe:
         loss = pipe.train_step(batch(), 2, LocalHead(model.head, ADAM)).loss
         held = ray.available_resources()
@@ -152,7 +164,9 @@ def test_device_resource_pins_each_device_actor_to_the_box_offering_it(ray_sessi
 def test_a_killed_device_actor_is_named_and_the_pipeline_recovers_without_it(ray_session):
     model = bert()
     start = {k: v.clone() for k, v in model.blocks.state_dict().items()}
-    with ClusterPipeline(model.embedding, model.blocks, (2, 1, 1), ADAM, backend="ray", actor_threads=1) as pipe:
+    with ClusterPipeline(
+        model.embedding, model.blocks, (2, 1, 1), ADAM, runtime=runtime(backend="ray", actor_threads=1)
+    ) as pipe:
         head = LocalHead(model.head, ADAM)
         pipe.train_step(batch(), 2, head)
         ray.kill(pipe._stages.devices[1], no_restart=True)
@@ -185,7 +199,9 @@ def test_pinned_device_actors_run_on_their_own_cores_and_train_as_the_plain_mode
         (loss_sum / count).backward()
         ref_opt.step()
     cores = usable_cores_list()
-    with ClusterPipeline(model.embedding, model.blocks, (2, 2), ADAM, backend="ray", pin_threads="true") as pipe:
+    with ClusterPipeline(
+        model.embedding, model.blocks, (2, 2), ADAM, runtime=runtime(backend="ray", pin_threads="true")
+    ) as pipe:
         head = LocalHead(model.head, ADAM)
         pipe.train_step(data, 2, head)
         pids = pipe.pids()

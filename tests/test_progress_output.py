@@ -11,8 +11,8 @@ import numpy as np
 from rich.console import Console
 
 from collapipe_flwr.dssra.selectors import ChannelProblem, sit_out_reason
-from collapipe_flwr.fl.progress import RoundProgress
-from collapipe_flwr.fl.server_main import summary_lines
+from collapipe_flwr.fl.records.progress import RoundProgress
+from collapipe_flwr.fl.server.server_main import summary_lines
 
 
 def _problem(cost, virtual, feasible=None) -> ChannelProblem:

@@ -12,13 +12,13 @@ import json
 
 import pytest
 
-from collapipe_flwr.fl.checkpoint import CHECKPOINT_FILE
 from collapipe_flwr.fl.messages import TRAIN
-from collapipe_flwr.fl.server_main import run_server
+from collapipe_flwr.fl.server.checkpoint import CHECKPOINT_FILE
+from collapipe_flwr.fl.server.server_main import run_server
 from tests.inprocess_grid import InProcessGrid
 
 # optimizer_state=reset: every CU round starts from the server's weights alone, so the server's checkpoint is
-# everything the next round depends on; dropout 0: no CU-side random state either (see fl/checkpoint.py)
+# everything the next round depends on; dropout 0: no CU-side random state either (see fl/server/checkpoint.py)
 BASE = (
     "task=translation model=transformer_tiny federation=tiny network=small federation.num_rounds=4 "
     "federation.local_steps=2 federation.optimizer_state=reset federation.server_optimizer=fedadam "
@@ -103,7 +103,7 @@ def test_resume_with_a_different_config_is_refused(data_dir, tmp_path, capsys):
 
 
 def test_torn_last_record_does_not_merge_with_the_next(tmp_path):
-    from collapipe_flwr.fl.run_log import RunLog, read_rounds
+    from collapipe_flwr.fl.records.run_log import RunLog, read_rounds
 
     log = RunLog(tmp_path / "run")
     log.append_round({"round": 1})
@@ -118,7 +118,7 @@ def test_a_full_disk_is_a_one_line_error_and_keeps_the_old_file(tmp_path, monkey
     import tempfile
 
     from collapipe_flwr.errors import CollaPipeError
-    from collapipe_flwr.fl.run_log import RunLog
+    from collapipe_flwr.fl.records.run_log import RunLog
 
     log = RunLog(tmp_path / "run")
     log.write_summary({"final_val": {"bleu": 1.0}})
@@ -136,7 +136,7 @@ def test_a_full_disk_is_a_one_line_error_and_keeps_the_old_file(tmp_path, monkey
 
 def test_a_resumed_run_with_kept_moments_equals_the_uninterrupted_one(data_dir, tmp_path, monkeypatch):
     """federation.optimizer_state=keep (the default): the CUs' Adam moments live on the CUs, not in the server's
-    checkpoint; each CU checkpoints them on its own disk (fl/cu_checkpoint.py) and the resumed run's new CU
+    checkpoint; each CU checkpoints them on its own disk (fl/cu/cu_checkpoint.py) and the resumed run's new CU
     processes load them, so the rounds after the resume equal the uninterrupted run's to 1e-6."""
     monkeypatch.setenv("COLLAPIPE_CU_STATE_DIR", str(tmp_path / "cu-state"))
     keep = "federation.optimizer_state=keep"
@@ -183,8 +183,8 @@ def test_the_release_message_removes_the_cu_state_even_in_a_process_without_the_
     finished `collapipe run` used to leave its CUs' moments in ~/.cache)."""
     import torch
 
-    from collapipe_flwr.fl.cluster_client import ClusterIdentity, release_run
-    from collapipe_flwr.fl.cu_checkpoint import load_cu_state, save_cu_state, state_path
+    from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, release_run
+    from collapipe_flwr.fl.cu.cu_checkpoint import load_cu_state, save_cu_state, state_path
 
     monkeypatch.setenv("COLLAPIPE_CU_STATE_DIR", str(tmp_path / "cu-state"))
     path = save_cu_state("abc123", 1, 4, {"embedding|w|exp_avg": torch.ones(3)})

@@ -14,7 +14,7 @@ import pytest
 from flwr.app import MetricRecord
 
 from collapipe_flwr.fl import messages as msg
-from collapipe_flwr.fl.server_main import run_server
+from collapipe_flwr.fl.server.server_main import run_server
 from collapipe_flwr.model_store import read_meta
 from tests.inprocess_grid import InProcessGrid
 

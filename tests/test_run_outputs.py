@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from collapipe_flwr.fl.server_main import run_server
+from collapipe_flwr.fl.server.server_main import run_server
 from tests.inprocess_grid import InProcessGrid
 
 OVERRIDES = (

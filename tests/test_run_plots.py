@@ -1,4 +1,4 @@
-"""A run's own plots and TensorBoard scalars (collapipe_flwr/fl/run_plots.py).
+"""A run's own plots and TensorBoard scalars (collapipe_flwr/fl/records/run_plots.py).
 
 The rounds.jsonl files are written by hand in the shape the server writes (round 0 holds only the initial
 evaluation; training rounds carry ``clients`` with ``device-peak-bytes``, ``plan``, ``modelled`` with the
@@ -16,7 +16,13 @@ import matplotlib.image
 import pytest
 
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.fl.run_plots import TensorBoardLog, load_rounds, round_scalars, write_run_plots, write_tensorboard
+from collapipe_flwr.fl.records.run_plots import (
+    TensorBoardLog,
+    load_rounds,
+    round_scalars,
+    write_run_plots,
+    write_tensorboard,
+)
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "rounds_translation_tiny_seed0.jsonl"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

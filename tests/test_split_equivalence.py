@@ -11,8 +11,8 @@ import pytest
 from collapipe_flwr import wiring
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.plan import ClusterPlan
-from collapipe_flwr.fl.cluster_client import ClusterIdentity, train_round
-from collapipe_flwr.fl.server_state import ServerState
+from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, train_round
+from collapipe_flwr.fl.server.server_state import ServerState
 from tests.plain_reference import plain_losses
 
 STEPS = 5

@@ -17,8 +17,10 @@ import psutil
 import pytest
 
 from collapipe_flwr import errors
+from collapipe_flwr.testbed import cgroup_hierarchy as ch
 from collapipe_flwr.testbed import cpu_quota as cq
-from collapipe_flwr.testbed.cpu_quota import CpuQuota, Hierarchy
+from collapipe_flwr.testbed.cgroup_hierarchy import Hierarchy
+from collapipe_flwr.testbed.cpu_quota import CpuQuota
 
 # Spins for at most 3 s of wall time from its own start, then exits: bounded even if the test dies.
 BUSY = "import time\nt0 = time.monotonic()\nprint('ready', flush=True)\nwhile time.monotonic() - t0 < 3.0:\n    pass\n"
@@ -235,7 +237,7 @@ HYBRID = """\
 
 
 def test_mountinfo_parsing_and_the_bind_mounted_root():
-    found = cq.parse_mountinfo(HYBRID)
+    found = ch.parse_mountinfo(HYBRID)
     assert [(str(m), r, t) for m, r, t, _ in found] == [
         ("/sys/fs/cgroup/cpu", "/", "cgroup"),
         ("/sys/fs/cgroup/cpuacct", "/", "cgroup"),
@@ -262,16 +264,16 @@ def _fake_v2(root: Path, controllers: str, procs: str = "", non_root: bool = Fal
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="detect() answers 'not Linux' elsewhere")
 def test_detect_prefers_a_usable_v2_and_falls_back_to_v1(tmp_path):
     v2 = _fake_v2(tmp_path, "cpuset cpu io memory")
-    assert cq.detect(v2) == Hierarchy(2, tmp_path, "/")
+    assert ch.detect(v2) == Hierarchy(2, tmp_path, "/")
     # Hybrid: cgroup2 without the cpu controller, v1 'cpu' hierarchy taken.
     hybrid = _fake_v2(tmp_path, "hugetlb") + "32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n"
-    assert cq.detect(hybrid) == Hierarchy(1, Path("/sys/fs/cgroup/cpu"), "/")
+    assert ch.detect(hybrid) == Hierarchy(1, Path("/sys/fs/cgroup/cpu"), "/")
     only_v2 = _fake_v2(tmp_path, "hugetlb")
-    reason = cq.detect(only_v2)
+    reason = ch.detect(only_v2)
     assert isinstance(reason, str) and "has no cpu controller (cgroup.controllers: hugetlb" in reason
     # A container's namespace root holding processes cannot enable +cpu below itself.
     busy_ns_root = _fake_v2(tmp_path, "cpu memory", procs="1\n7\n", non_root=True)
-    reason = cq.detect(busy_ns_root)
+    reason = ch.detect(busy_ns_root)
     assert isinstance(reason, str) and "holds processes" in reason
-    reason = cq.detect("22 1 0:21 / /proc rw - proc proc rw\n")
+    reason = ch.detect("22 1 0:21 / /proc rw - proc proc rw\n")
     assert isinstance(reason, str) and reason.startswith("no cgroup cpu controller mounted") and "\n" not in reason

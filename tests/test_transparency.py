@@ -24,6 +24,7 @@ from collapipe_flwr.models.transformer import build_transformer
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec
+from tests.runtimes import runtime
 
 L = 6
 B, T, T_TGT = 4, 7, 5
@@ -108,7 +109,7 @@ def reference_step(model: SplitModel, batch, spec: OptimizerSpec):
 def pipelined_step(model: SplitModel, batch, spec: OptimizerSpec, delta, m: int, backend: str):
     model = copy.deepcopy(model)
     head = LocalHead(model.head, spec)
-    with ClusterPipeline(model.embedding, model.blocks, delta, spec, backend=backend) as pipe:
+    with ClusterPipeline(model.embedding, model.blocks, delta, spec, runtime=runtime(backend=backend)) as pipe:
         before = named_weights(model.embedding, pipe.encoder_state_dict(), model.head)
         result = pipe.train_step(batch, m, head)
         after = named_weights(model.embedding, pipe.encoder_state_dict(), model.head)
@@ -166,7 +167,7 @@ def test_reference_actually_detects_a_wrong_pipeline():
     model, batch = make_model("bert"), make_batch("bert")
     _, _, ref_grads, _ = reference_step(model, batch, SGD_UNIT)
 
-    def unscaled_head(z_enc, micro_batches):
+    def unscaled_head(z_enc, micro_batches, lr_factor):
         h = LocalHead(copy.deepcopy(model.head), SGD_UNIT)
         grads = []
         for z, mb in zip(z_enc, micro_batches):

@@ -151,6 +151,84 @@ def c11_power_floor(budget, scale_c, gain, interference, p_cap) -> np.ndarray:
     return np.where(need > p_cap, p_cap, np.clip(need, 0.0, None))
 
 
+@dataclass(frozen=True)
+class _PairTerms:
+    """Per-pair terms of f (eq. 42 divided by A = V D ln2 / B_j), with safe placeholders on infeasible pairs:
+    a_g, a_l, g, I, I' = I + B N_0, e (C8'), the x range [g p_C11, g P^max] (C11', C6/C8') and the curvature c."""
+
+    a_g: np.ndarray
+    a_l: np.ndarray
+    g: np.ndarray
+    I: np.ndarray
+    Ip: np.ndarray
+    energy: np.ndarray
+    x_max: np.ndarray
+    x_min: np.ndarray
+    c: np.ndarray
+
+    def f_at(self, x, idx):
+        """f(x) = 1 / R(x) + a_g / (I + I' x) + a_l x / g for the pairs ``idx``."""
+        with np.errstate(divide="ignore"):
+            return (
+                1.0 / np.log1p(x) + self.a_g[idx] / (self.I[idx] + self.Ip[idx] * x) + self.a_l[idx] * x / self.g[idx]
+            )
+
+    def f(self, x):
+        return self.f_at(x, slice(None))
+
+    def f_prime(self, x):
+        """f'(x) for every pair (-inf at x = 0)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = (
+                -1.0 / ((1 + x) * np.log1p(x) ** 2)
+                - self.a_g * self.Ip / (self.I + self.Ip * x) ** 2
+                + self.a_l / self.g
+            )
+        return np.where(x > 0, d, -np.inf)
+
+    def surrogate_values(self, idx, xi, lam) -> dict[str, np.ndarray]:
+        """Parameter values of the SCA surrogate of Phi_lambda around x_i for the pairs ``idx``."""
+        return {
+            "q_ent": self.a_l[idx] / self.g[idx],
+            "mu": lam[idx] + self.a_l[idx] / self.g[idx],
+            "lin": self.a_g[idx] * (_rho_prime(xi, self.I[idx], self.Ip[idx]) - self.c[idx] * xi),
+            "quad": self.a_g[idx] * self.c[idx] / 2,
+            "eg": self.energy[idx] / self.g[idx],
+            "x_max": self.x_max[idx],
+            "x_min": self.x_min[idx],
+        }
+
+
+def _pair_terms(ok, V, bits, B, g, h, I, w_gamma, w_lin, energy, pmax, p_floor) -> _PairTerms:
+    """Scale eq. (42) by A = V D ln2 / B per feasible pair and bound x to [g p_C11, g P^max] (C6, C8', C11')."""
+    A = np.where(ok, V * bits * LN2 / B, 1.0)
+    a_g, a_l = np.where(ok, w_gamma / A, 0.0), np.where(ok, w_lin / A, 0.0)
+    g_safe = np.where(ok, g, 1.0)
+    Ip = np.where(ok, h / g_safe, 1.0)  # I + B N_0
+    I_ = np.where(ok, I, 1.0)
+    p_cap = np.where(ok, max_energy_power(g_safe, np.where(ok, energy, 0.0), pmax), 0.0)
+    x_max = g_safe * p_cap
+    x_min = np.minimum(g_safe * np.clip(p_floor, 0.0, None), x_max)
+    c = np.where(ok, curvature_bound(I_, Ip), 0.0)
+    return _PairTerms(a_g, a_l, g_safe, I_, Ip, energy, x_max, x_min, c)
+
+
+def _dinkelbach_step(terms: _PairTerms, idx, x, lam) -> np.ndarray | None:
+    """One SCA solve for the active pairs ``idx``: x and lambda (updated in place) move to the new point where it
+    lowers f; returns the relative decrease -F(lambda) / (lambda R(x_new)) per pair, None if the solve failed."""
+    xi = x[idx]
+    x_new = _solve_surrogate(terms.surrogate_values(idx, xi, lam), xi)
+    if x_new is None:
+        return None
+    x_new = np.clip(x_new, terms.x_min[idx], terms.x_max[idx])
+    f_new = terms.f_at(x_new, idx)
+    better = np.isfinite(f_new) & (f_new < lam[idx])
+    decrease = np.where(better, (lam[idx] - f_new) / lam[idx], 0.0)  # = -F(lambda) / (lambda R(x_new))
+    x[idx] = np.where(better, x_new, xi)
+    lam[idx] = np.where(better, f_new, lam[idx])
+    return decrease
+
+
 def dinkelbach_sca_power(
     V,
     bits,
@@ -178,68 +256,30 @@ def dinkelbach_sca_power(
     )
     shape = arrays[0].shape
     V, bits, B, g, h, I, w_gamma, w_lin, E, pmax, p_floor = (a.ravel().copy() for a in arrays)
-    P = V.size
     energy = bits * LN2 / (B * E)
     ok = feasible_pairs(g, energy)
-    power = np.full(P, np.nan)
+    power = np.full(V.size, np.nan)
     if not ok.any():
         return PowerResult(power.reshape(shape), 0, ())
-    A = np.where(ok, V * bits * LN2 / B, 1.0)
-    a_g, a_l = np.where(ok, w_gamma / A, 0.0), np.where(ok, w_lin / A, 0.0)
-    g_safe = np.where(ok, g, 1.0)
-    Ip = np.where(ok, h / g_safe, 1.0)  # I + B N_0
-    I_ = np.where(ok, I, 1.0)
-    p_cap = np.where(ok, max_energy_power(g_safe, np.where(ok, energy, 0.0), pmax), 0.0)
-    x_max = g_safe * p_cap
-    x_min = np.minimum(g_safe * np.clip(p_floor, 0.0, None), x_max)
-    c = np.where(ok, curvature_bound(I_, Ip), 0.0)
-
-    def f_at(x, idx):
-        with np.errstate(divide="ignore"):
-            return 1.0 / np.log1p(x) + a_g[idx] / (I_[idx] + Ip[idx] * x) + a_l[idx] * x / g_safe[idx]
-
-    def f(x):
-        return f_at(x, slice(None))
-
-    def f_prime(x):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            d = -1.0 / ((1 + x) * np.log1p(x) ** 2) - a_g * Ip / (I_ + Ip * x) ** 2 + a_l / g_safe
-        return np.where(x > 0, d, -np.inf)
-
-    x = x_max.copy()  # warm start: the largest C6/C8'-feasible power
-    lam = np.where(ok, f(x), 0.0)
+    terms = _pair_terms(ok, V, bits, B, g, h, I, w_gamma, w_lin, energy, pmax, p_floor)
+    x = terms.x_max.copy()  # warm start: the largest C6/C8'-feasible power
+    lam = np.where(ok, terms.f(x), 0.0)
     # f is convex, so f'(x_max) <= 0 means f is non-increasing on [x_min, x_max]: x_max attains min f and
     # F(lambda_0) = 0 exactly (Phi_lambda0(x) = R(x)(f(x) - f(x_max)) >= 0), and Dinkelbach stops at its warm
     # start. This always holds when a_l = 0 (f = 1/R + a_g/(I + I'x) decreases), and for pairs whose C8' range
     # is so short that the delay term dominates (which would otherwise only make the conic problem ill-scaled).
-    active = ok & (a_l > 0) & (f_prime(x_max) > 0) & (x_max > x_min)
+    active = ok & (terms.a_l > 0) & (terms.f_prime(terms.x_max) > 0) & (terms.x_max > terms.x_min)
     residuals: list[float] = []
     iterations = 0
     for _ in range(max_iters):
         idx = np.nonzero(active)[0]
         if idx.size == 0:
             break
-        xi = x[idx]
-        values = {
-            "q_ent": a_l[idx] / g_safe[idx],
-            "mu": lam[idx] + a_l[idx] / g_safe[idx],
-            "lin": a_g[idx] * (_rho_prime(xi, I_[idx], Ip[idx]) - c[idx] * xi),
-            "quad": a_g[idx] * c[idx] / 2,
-            "eg": energy[idx] / g_safe[idx],
-            "x_max": x_max[idx],
-            "x_min": x_min[idx],
-        }
-        x_new = _solve_surrogate(values, xi)
+        decrease = _dinkelbach_step(terms, idx, x, lam)
         iterations += 1
-        if x_new is None:
+        if decrease is None:
             break
-        x_new = np.clip(x_new, x_min[idx], x_max[idx])
-        f_new = f_at(x_new, idx)
-        better = np.isfinite(f_new) & (f_new < lam[idx])
-        decrease = np.where(better, (lam[idx] - f_new) / lam[idx], 0.0)  # = -F(lambda) / (lambda R(x_new))
-        x[idx] = np.where(better, x_new, xi)
-        lam[idx] = np.where(better, f_new, lam[idx])
         residuals.append(float(decrease.max()))
         active[idx] = decrease > tol
-    power[ok] = x[ok] / g_safe[ok]
+    power[ok] = x[ok] / terms.g[ok]
     return PowerResult(power.reshape(shape), iterations, tuple(residuals))

@@ -210,31 +210,9 @@ class Policy:
         w_gamma, w_lin, virtual = self._weights(radio)
         rows = [n for n in range(N) if (n, segs[n].S) not in power_cache]
         if rows:
-            idx = np.asarray(rows)
-            p_floor: float | np.ndarray = 0.0
-            if self.uses_queues and self.shape.optimise_power and self.conv.interference_c > 0:
-                S = np.array([segs[n].S for n in rows], dtype=float)
-                budget = self.conv.gamma_max - self.conv.segment_term(S) - self.conv.constant_term()
-                energy = bits * LN2 / (bandwidth[idx] * spec.cu_energy_max_j)
-                p_cap = max_energy_power(slope[idx], energy, np.full(energy.shape, spec.cu_power_max_w))
-                p_floor = c11_power_floor(
-                    budget[:, None], self.conv.scale * self.conv.interference_c, gain[idx], interf[None, :], p_cap
-                )
-            result = dinkelbach_sca_power(
-                V,
-                bits,
-                bandwidth[idx],
-                slope[idx],
-                gain[idx],
-                interf[None, :],
-                w_gamma[idx, None],
-                w_lin[idx, None],
-                spec.cu_energy_max_j,
-                spec.cu_power_max_w,
-                p_floor,
-            )
+            power_w = self._pair_powers(rows, segs, radio, w_gamma, w_lin)
             for i, n in enumerate(rows):
-                power_cache[(n, segs[n].S)] = result.power_w[i]
+                power_cache[(n, segs[n].S)] = power_w[i]
         power = np.stack([power_cache[(n, segs[n].S)] for n in range(N)])
         pipe = np.array([s.pipeline_s for s in segs])
         feasible = np.isfinite(power) & (power > 0)
@@ -265,6 +243,36 @@ class Policy:
             "left_out": left_out,
         }
 
+    def _pair_powers(self, rows: list[int], segs, radio: dict, w_gamma, w_lin) -> np.ndarray:
+        """p_{n,j} [len(rows), J] of the CUs ``rows`` given their S_n: Dinkelbach + SCA under C6, C8' and the
+        C11' floor (Gamma_n(S_n, p) <= Gamma^max, only when the power drift is on)."""
+        spec, bits = self.spec, self.uplink_bits
+        gain, interf, bandwidth, slope = radio["gain"], radio["interf"], radio["bandwidth"], radio["slope"]
+        idx = np.asarray(rows)
+        p_floor: float | np.ndarray = 0.0
+        if self.uses_queues and self.shape.optimise_power and self.conv.interference_c > 0:
+            S = np.array([segs[n].S for n in rows], dtype=float)
+            budget = self.conv.gamma_max - self.conv.segment_term(S) - self.conv.constant_term()
+            energy = bits * LN2 / (bandwidth[idx] * spec.cu_energy_max_j)
+            p_cap = max_energy_power(slope[idx], energy, np.full(energy.shape, spec.cu_power_max_w))
+            p_floor = c11_power_floor(
+                budget[:, None], self.conv.scale * self.conv.interference_c, gain[idx], interf[None, :], p_cap
+            )
+        result = dinkelbach_sca_power(
+            self.sched.V,
+            bits,
+            bandwidth[idx],
+            slope[idx],
+            gain[idx],
+            interf[None, :],
+            w_gamma[idx, None],
+            w_lin[idx, None],
+            spec.cu_energy_max_j,
+            spec.cu_power_max_w,
+            p_floor,
+        )
+        return result.power_w
+
     def _bcd_objective(self, segs, sub2: dict, radio: dict) -> float:
         """sum_{n selected} [V (tau^pipe + tau^Up) + power drift] + sum_{n idle} sit-out drift + sum_n drift(S_n),
         recomputed from the segments (Sub-2's cost matrix may hold another iteration's pipeline delays)."""
@@ -282,51 +290,14 @@ class Policy:
         return total
 
     def _assemble(self, t, models, segs, sub2, radio, history, passes: int) -> RoundPlan:
-        N = len(models)
-        channel, power, uplink = sub2["channel"], sub2["power"], sub2["uplink"]
-        gain, interf = radio["gain"], radio["interf"]
         clusters, rows, gammas, delays = [], [], [], []
-        for n in range(N):
-            seg, j = segs[n], channel[n]
-            ev = self.shape.evaluate(models[n], seg) if self.shape.evaluate else models[n].evaluate(seg.delta, seg.m)
-            selected = j is not None
-            p = float(power[n, j]) if selected else 0.0
-            up = float(uplink[n, j]) if selected else 0.0
-            h = float(gain[n, j]) if selected else 0.0
-            I = float(interf[j]) if selected else float(interf.mean())
-            gamma = float(self.conv.gamma(seg.S, p, h, I))
-            gammas.append(gamma)
-            if selected:
-                delays.append(ev["pipeline_s"] + up)
-            clusters.append(
-                ClusterPlan(
-                    cluster=n,
-                    selected=selected,
-                    channel=j,
-                    power_w=p,
-                    S=seg.S,
-                    m=seg.m,
-                    delta=seg.delta,
-                    data_users=int(ev.get("data_users", 1)),
-                )
-            )
-            rows.append(
-                {
-                    "pipeline_s": ev["pipeline_s"],
-                    "compute_s": ev["compute_s"],
-                    "d2d_s": ev["d2d_s"],
-                    # the CU's measured time per round outside the devices (measured profiles only): not in
-                    # eq. (26), so not in delay_s, and the same for every plan of a cluster
-                    "overhead_s": float(ev.get("overhead_s", 0.0)),
-                    "uplink_s": up,
-                    "delay_s": ev["pipeline_s"] + up if selected else 0.0,
-                    "device_energy_j": ev["device_energy_j"],
-                    "cu_energy_j": p * up,
-                    "gamma": gamma,
-                    "Y": float(self.Y[n]),
-                    **({"data_users": ev["data_users"]} if "data_users" in ev else {}),
-                }
-            )
+        for n in range(len(models)):
+            cluster, row, delay = self._cluster_outcome(n, models[n], segs[n], sub2, radio)
+            gammas.append(row["gamma"])
+            if delay is not None:
+                delays.append(delay)
+            clusters.append(cluster)
+            rows.append(row)
         objective = self.sched.V * (max(delays) if delays else 0.0) + self._drift_total(clusters, gammas)
         modelled = {
             "method": self.shape.method,
@@ -348,10 +319,48 @@ class Policy:
             n: sub1_inputs(
                 models[n], self.sched.V, self._segment_drift(n, models[n].K), self.m_values if solves_m else [segs[n].m]
             )
-            for n in range(N)
+            for n in range(len(models))
             if clusters[n].selected
         }
         return RoundPlan(round=int(t), clusters=tuple(clusters), modelled=modelled, replan_inputs=replan)
+
+    def _cluster_outcome(self, n: int, model: ClusterModel, seg: SegmentPlan, sub2: dict, radio: dict):
+        """(ClusterPlan, modelled row, tau_n^pipe + tau_n^Up or None if idle) of cluster n: its S, m, delta_k,
+        channel and p_n, evaluated (eq. 26), with Gamma_n (eq. 28)."""
+        j = sub2["channel"][n]
+        ev = self.shape.evaluate(model, seg) if self.shape.evaluate else model.evaluate(seg.delta, seg.m)
+        selected = j is not None
+        p = float(sub2["power"][n, j]) if selected else 0.0
+        up = float(sub2["uplink"][n, j]) if selected else 0.0
+        h = float(radio["gain"][n, j]) if selected else 0.0
+        I = float(radio["interf"][j]) if selected else float(radio["interf"].mean())
+        gamma = float(self.conv.gamma(seg.S, p, h, I))
+        cluster = ClusterPlan(
+            cluster=n,
+            selected=selected,
+            channel=j,
+            power_w=p,
+            S=seg.S,
+            m=seg.m,
+            delta=seg.delta,
+            data_users=int(ev.get("data_users", 1)),
+        )
+        row = {
+            "pipeline_s": ev["pipeline_s"],
+            "compute_s": ev["compute_s"],
+            "d2d_s": ev["d2d_s"],
+            # the CU's measured time per round outside the devices (measured profiles only): not in
+            # eq. (26), so not in delay_s, and the same for every plan of a cluster
+            "overhead_s": float(ev.get("overhead_s", 0.0)),
+            "uplink_s": up,
+            "delay_s": ev["pipeline_s"] + up if selected else 0.0,
+            "device_energy_j": ev["device_energy_j"],
+            "cu_energy_j": p * up,
+            "gamma": gamma,
+            "Y": float(self.Y[n]),
+            **({"data_users": ev["data_users"]} if "data_users" in ev else {}),
+        }
+        return cluster, row, (ev["pipeline_s"] + up if selected else None)
 
     def _drift_total(self, clusters, gammas) -> float:
         """sum_n Y_n Gamma_n (drift = gamma) or sum_n Y_n (S_n + p_n) (drift = paper) of the chosen plan."""

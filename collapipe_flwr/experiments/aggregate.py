@@ -1,6 +1,6 @@
 """Pure aggregation of one run's per-round records (rounds.jsonl) into series and a table row.
 
-Definitions (paper symbols; the records are described in collapipe_flwr/fl/strategy.py):
+Definitions (paper symbols; the records are described in collapipe_flwr/fl/server/strategy.py):
 - round delay tau(t) = max_n (tau_n^pipe + tau_n^Up) over the selected CUs (eq. 26), the record's
   ``modelled.round_delay_s``. Its split into computation / D2D / uplink is the one of the bottleneck
   CU (the selected n with the largest ``delay_s``): tau_n^pipe = compute_s + d2d_s (eq. 15, the
@@ -12,7 +12,7 @@ Definitions (paper symbols; the records are described in collapipe_flwr/fl/strat
 - per-device memory: the largest ``device-peak-bytes`` any device of any CU reported.
 
 Reading a record's metric, selected CUs, delay split and energy is shared with the run's own plots
-(collapipe_flwr/fl/round_values.py).
+(collapipe_flwr/fl/records/round_values.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
-from collapipe_flwr.fl.round_values import metric_name, round_delay_split, round_energy, selected_clusters
-from collapipe_flwr.fl.round_values import number as _num
+from collapipe_flwr.fl.records.round_values import metric_name, round_delay_split, round_energy, selected_clusters
+from collapipe_flwr.fl.records.round_values import number as _num
 
 LABEL_KEYS = ("method", "scheduler", "V", "task", "model", "network", "federation")
 MIB = 1024.0 * 1024.0

@@ -1,6 +1,6 @@
 """PNG figures of a report (matplotlib, Agg canvas). Each function takes plain per-run data and a path, and
 returns ``(path, "")`` when it drew the figure or ``(None, note)`` saying why it skipped it. The drawing
-helpers (figure, round axis, atomic PNG save) are the run plots' own (collapipe_flwr/fl/run_plots.py).
+helpers (figure, round axis, atomic PNG save) are the run plots' own (collapipe_flwr/fl/records/run_plots.py).
 
 ``runs`` items are dicts: {legend: str, labels: {...}, series: aggregate.series(...), shape:
 aggregate.plan_shape(...), uniform: bool, ok: bool, final_metric: float | None, metric: str | None}.
@@ -15,7 +15,7 @@ from pathlib import Path
 from matplotlib.ticker import MaxNLocator
 
 from collapipe_flwr.experiments.aggregate import cumulative
-from collapipe_flwr.fl.run_plots import new_figure, round_axis, save_figure
+from collapipe_flwr.fl.records.run_plots import new_figure, round_axis, save_figure
 
 REPORT_DPI = 120
 

@@ -41,7 +41,6 @@ import re
 import shlex
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,8 +50,8 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from collapipe_flwr.config import CONF_DIR
-from collapipe_flwr.experiments import processes
 from collapipe_flwr.experiments.app_files import fab_include_patterns, stage_app
+from collapipe_flwr.experiments.flwr_process import start_flwr, stop_and_clean, wait_flwr
 from collapipe_flwr.experiments.job import TIMEOUT_ENV, JobSpec
 
 PROJECT_ROOT = CONF_DIR.parent
@@ -300,17 +299,7 @@ def launch(
         flwr_exe or flwr_executable(), app_dir, run_config_file, job.num_supernodes, job.concurrent_cus
     )
     log_path = job.job_dir / LOG_FILE
-    status: dict[str, Any] = {
-        "ok": False,
-        "error": "",
-        "labels": job.labels,
-        "overrides": list(job.overrides),
-        "run_dir": str(job.run_dir),
-        "command": cmd,
-        "log": str(log_path),
-        "timeout_s": job.timeout_s,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
+    status = _initial_status(job, cmd, log_path)
     t0 = time.monotonic()
     status["started_epoch"] = time.time()  # judge(): only a summary.json written after this counts
     proc = pump = None
@@ -321,41 +310,16 @@ def launch(
         for sink in [log] + ([echo] if echo else []):
             sink.write(shown)
             sink.flush()
-        proc = subprocess.Popen(
-            cmd,
-            cwd=project_root,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            bufsize=1,
-            start_new_session=True,
-        )
+        proc = start_flwr(cmd, project_root, env)
         pump = threading.Thread(target=_pump, args=(proc.stdout, [log] + ([echo] if echo else [])), daemon=True)
         pump.start()
-        try:
-            status["returncode"] = proc.wait(timeout=job.timeout_s)
-            status["timed_out"] = False
-        except subprocess.TimeoutExpired:
-            status["returncode"] = None
-            status["timed_out"] = True
+        status.update(wait_flwr(proc, job.timeout_s))
     except KeyboardInterrupt:
         interrupted = True
     except OSError as err:
         status["error"] = f"cannot start {cmd[0]}: {err}; install flwr in this environment"
     finally:
-        if proc is not None and proc.poll() is None:  # timed out or interrupted: the CLI and what it started
-            processes.stop_tree([proc.pid], grace_s=5.0)
-        processes.stop_processes_mentioning(str(flwr_home), grace_s=10.0)  # the detached SuperLink + children
-        processes.stop_processes_mentioning(str(scratch) + os.sep, grace_s=5.0)  # strays, e.g. Ray's raylet / GCS
-        if pump is not None:  # EOF once every process holding the pipe is gone
-            pump.join(timeout=5.0)
-        log.close()
-        superlink_log = flwr_home / "local-superlink" / "superlink.log"
-        if superlink_log.is_file():
-            shutil.copyfile(superlink_log, job.job_dir / SUPERLINK_LOG_FILE)
-        shutil.rmtree(scratch, ignore_errors=True)
+        stop_and_clean(proc, pump, log, flwr_home, scratch, job.job_dir / SUPERLINK_LOG_FILE)
         status["wall_s"] = round(time.monotonic() - t0, 3)
         status["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         status.update(judge(status, job, interrupted))
@@ -363,6 +327,21 @@ def launch(
     if interrupted:
         raise KeyboardInterrupt
     return status
+
+
+def _initial_status(job: JobSpec, cmd: list[str], log_path: Path) -> dict[str, Any]:
+    """status.json's fields known before `flwr run` starts (not ok until :func:`judge` says so)."""
+    return {
+        "ok": False,
+        "error": "",
+        "labels": job.labels,
+        "overrides": list(job.overrides),
+        "run_dir": str(job.run_dir),
+        "command": cmd,
+        "log": str(log_path),
+        "timeout_s": job.timeout_s,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
 
 
 def judge(status: Mapping[str, Any], job: JobSpec, interrupted: bool = False) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.experiments.job import labels_of
-from collapipe_flwr.fl.run_log import read_rounds
+from collapipe_flwr.fl.records.run_log import read_rounds
 
 STATUS_FILE = "status.json"
 RUN_FILES = ("rounds.jsonl", "config.json")

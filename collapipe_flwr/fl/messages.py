@@ -3,11 +3,15 @@ types, every record key, and the pack / read helpers. Nothing else in the packag
 
 train (server -> CU):   RecordDict{WEIGHTS: ArrayRecord, INSTRUCTIONS: ConfigRecord{"json": str}}
 train reply (CU -> server): RecordDict{WEIGHTS: ArrayRecord, METRICS: MetricRecord}
-query.hello (server -> CU): RecordDict{RUN_CONFIG: ConfigRecord{"json": str}}; reply
-    RecordDict{HELLO_REPLY: MetricRecord{PARTITION_ID, NUM_PARTITIONS, NUM_EXAMPLES}}
-query.release (server -> CU, after the last round): RecordDict{RUN_CONFIG: ConfigRecord{"json": {RELEASE_NUM_DEVICES,
-    RELEASE_CU_STATE_KEY}}};
-    reply RecordDict{RELEASE_REPLY: MetricRecord{DEVICE_ACTORS_RELEASED}}
+query.hello (server -> CU): RecordDict{CLUSTER_CONFIG: ConfigRecord{"json": str}} (the CU's part of the run's
+    config, ``config.ClusterConfig``); reply RecordDict{HELLO_REPLY: MetricRecord{PARTITION_ID, NUM_PARTITIONS,
+    NUM_EXAMPLES}}
+query.release (server -> CU, after the last round): RecordDict{RELEASE_INFO: ConfigRecord{RELEASE_NUM_DEVICES,
+    RELEASE_CU_STATE_KEY}} (:class:`ReleaseInstructions`); reply RecordDict{RELEASE_REPLY:
+    MetricRecord{DEVICE_ACTORS_RELEASED}}
+
+"Run config" alone means Flower's flat run config (``fl/run_config.py``); the validated whole is
+``config.RunConfig``, and what a CU gets of it, ``config.ClusterConfig``.
 
 Weights are one flat state dict whose names start with ``embedding.``, ``encoder.`` (the concatenated
 segments, eq. 4) and, for methods that train the head on the CU, ``head.``.
@@ -37,7 +41,8 @@ RELEASE = f"{MessageType.QUERY}.{RELEASE_ACTION}"
 WEIGHTS = "weights"
 INSTRUCTIONS = "instructions"
 METRICS = "metrics"
-RUN_CONFIG = "run-config"
+CLUSTER_CONFIG = "cluster-config"
+RELEASE_INFO = "release-info"
 HELLO_REPLY = "hello"
 RELEASE_REPLY = "release"
 PARTITION_ID = "partition-id"
@@ -102,7 +107,7 @@ class TrainInstructions:
     measure: int = 0  # measure the devices and links this round with this many timed calls per size (0 = not)
     emulation: dict | None = None  # DeviceEmulation.to_dict(): the testbed's quotas and link rates (testbed=emulated)
     report_profile: bool = False  # reply with the profile metrics (system.profile: measured, or the testbed on)
-    cu_state_key: str = ""  # save the CU's optimizer moments under this run key each round (fl/cu_checkpoint.py)
+    cu_state_key: str = ""  # save the CU's optimizer moments under this run key each round (fl/cu/cu_checkpoint.py)
 
     def to_record(self) -> ConfigRecord:
         payload = {
@@ -212,19 +217,48 @@ def read_profile(metrics: dict, t: int) -> ClusterProfile | None:
         raise ProfileError(f"reply's profile is malformed ({err})") from None
 
 
-def run_config_record(run_config: dict) -> ConfigRecord:
-    """A JSON mapping as a ConfigRecord: the CU's part of the resolved run config in a hello message (a CU
-    needs no copy of ``conf/``), the number of devices in a release message."""
-    return ConfigRecord({"json": json.dumps(run_config)})
+def hello_content(cluster_config: dict) -> RecordDict:
+    """The hello message: the CU's part of the resolved config (``ClusterConfig.to_dict()``; a CU needs no copy
+    of ``conf/``)."""
+    return RecordDict({CLUSTER_CONFIG: ConfigRecord({"json": json.dumps(cluster_config)})})
 
 
-def read_run_config(msg: Message) -> dict:
-    record = msg.content.config_records.get(RUN_CONFIG)
+def read_cluster_config(msg: Message) -> dict:
+    """The cluster config of a hello message, as a mapping for ``config.build_cluster_config``."""
+    record = msg.content.config_records.get(CLUSTER_CONFIG)
     if record is None:
-        raise CollaPipeError("hello message lacks the run config; the server and CU run different versions")
+        raise CollaPipeError("hello message lacks the cluster config; the server and CU run different versions")
     try:
         return dict(json.loads(str(record["json"])))
     except (KeyError, TypeError, ValueError) as err:
         raise CollaPipeError(
-            f"malformed run config in the hello message ({err}); the server and CU run different versions"
+            f"malformed cluster config in the hello message ({err}); the server and CU run different versions"
         ) from None
+
+
+@dataclass(frozen=True)
+class ReleaseInstructions:
+    """The run is over for a CU: how many devices K its cluster has (whose named actors to kill) and the key of
+    its on-disk optimizer moments (fl/cu/cu_checkpoint.py), "" when the run kept none."""
+
+    num_devices: int
+    cu_state_key: str = ""
+
+
+def release_content(release: ReleaseInstructions) -> RecordDict:
+    info = ConfigRecord({RELEASE_NUM_DEVICES: int(release.num_devices), RELEASE_CU_STATE_KEY: release.cu_state_key})
+    return RecordDict({RELEASE_INFO: info})
+
+
+def read_release(msg: Message) -> ReleaseInstructions:
+    """The release message's instructions (one-line CollaPipeError on a missing or malformed record)."""
+    record = msg.content.config_records.get(RELEASE_INFO)
+    try:
+        if record is None:
+            raise ValueError("no release record")
+        num_devices = record[RELEASE_NUM_DEVICES]
+        if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+            raise ValueError(f"{RELEASE_NUM_DEVICES}={num_devices!r} is not a device count >= 1")
+        return ReleaseInstructions(num_devices, str(record.get(RELEASE_CU_STATE_KEY, "") or ""))
+    except (KeyError, TypeError, ValueError) as err:
+        raise CollaPipeError(f"malformed release message ({err}); the server and CU run different versions") from None

@@ -16,10 +16,8 @@ One ``train_step`` (paper Section III.B steps 3-6, Fig. 2, Algorithm 1 lines 5-2
 from __future__ import annotations
 
 import copy
-import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -28,56 +26,35 @@ from torch import nn
 from collapipe_flwr.accelerator import to_host
 from collapipe_flwr.errors import ConfigError, PartitionError
 from collapipe_flwr.models.split import concat_segments, renumber_blocks, segment_bounds, validate_partition
-from collapipe_flwr.pipeline.executors import BACKENDS, Stages, open_stages
+from collapipe_flwr.pipeline.cluster_profile import measure_cluster
+from collapipe_flwr.pipeline.executors import Stages, open_stages
+from collapipe_flwr.pipeline.head import HeadFn
 from collapipe_flwr.pipeline.memory import max_blocks_per_device, module_block_memory_bytes
 from collapipe_flwr.pipeline.microbatch import batch_size, split_batch
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
-from collapipe_flwr.pipeline.profiling import candidate_sizes
+from collapipe_flwr.pipeline.placement import segment_specs, whole_encoder_holders
+from collapipe_flwr.pipeline.runtime_spec import LOCAL_RUNTIME, ClusterRuntime
 from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles
-from collapipe_flwr.pipeline.timings import StepTimings
+from collapipe_flwr.pipeline.stage import emulation_slowdowns
+from collapipe_flwr.pipeline.timings import StepResult, StepTimings
 from collapipe_flwr.precision import autocast, resolve_precision
 from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.system.profile import (
     ClusterProfile,
     DeviceEmulation,
-    DeviceMeasurement,
-    LinkMeasurement,
-    fit_chunk_cost,
-    fit_link,
 )
-
-HeadFn = Callable[[list[torch.Tensor], list[dict]], tuple[float, list[torch.Tensor]]]
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """One step: the plain model's mean loss, its number of targets, and the measured phase seconds."""
-
-    loss: float
-    count: int
-    timings: StepTimings
-
-
-def emulation_slowdowns(devices: Sequence[DeviceProfile], used: Sequence[int]) -> dict[int, float]:
-    """slowdown_k = max_j(phi_j f_j) / (phi_k f_k) over the devices used (the fastest runs at 1)."""
-    fastest = max(devices[k].flops_per_second for k in used)
-    return {k: fastest / devices[k].flops_per_second for k in used}
 
 
 class ClusterPipeline:
     """GPipe over device stages (see module docstring); signature as in docs/contracts.md.
 
-    Keyword-only extras: ``timeout_s`` (runtime.device_timeout_s: every wait on a device), ``actor_num_cpus``
-    (runtime.actor_num_cpus, 0 so actors schedule inside a Flower simulation), ``actor_threads`` (torch
-    threads per actor, default ``executors.default_actor_threads(S)`` = ``max(1, (usable cores - 1) // S)``),
-    ``name`` (prefix of error messages), ``actor_prefix`` / ``detached`` (named, detached Ray actors that
-    later rounds and other processes of the CU find again), ``precision``, ``device`` / ``actor_num_gpus``
-    (runtime.device / runtime.actor_num_gpus: where the stages compute, collapipe_flwr/accelerator.py; the
-    embedding stays on the CU's CPU), ``prestart`` (start every
-    device's actor now, so a later plan that uses it pays no start-up), ``pin_threads``
-    (runtime.pin_threads: ``auto | true | false``, each device actor on its own cores,
-    ``executors.core_sets``). Everything backend-specific goes through the
-    :class:`~collapipe_flwr.pipeline.executors.Stages` executor.
+    ``runtime`` (:class:`~collapipe_flwr.pipeline.runtime_spec.ClusterRuntime`, default: stages in this process,
+    fp32) says where and how the stages run: the backend, ``emulate`` (slow each device in proportion to its
+    profile), ``device_timeout_s`` (every wait on a device), ``precision``, ``device``, ``prestart_devices`` (start
+    every device's actor now, so a later plan that uses it pays no start-up), ``pin_threads`` and the Ray options,
+    with the cluster's ``name`` (prefix of error messages), ``actor_prefix`` (named, detached actors that later
+    rounds and other processes of the CU find again) and ``actor_threads``. Everything backend-specific goes
+    through the :class:`~collapipe_flwr.pipeline.executors.interface.Stages` executor.
 
     ``blocks`` are copied into the stages (the caller's modules are not trained); the ``embedding`` is
     the CU's own module and is trained in place. Read the encoder back with :meth:`encoder_state_dict`.
@@ -90,26 +67,10 @@ class ClusterPipeline:
         delta: Sequence[int],
         optimizer: OptimizerSpec,
         devices: Sequence[DeviceProfile] | None = None,
-        backend: str = "local",
-        ray_address: str | None = None,
-        emulate: bool = False,
-        *,
-        timeout_s: float = 300.0,
-        actor_num_cpus: float = 0.0,
-        device_resource: str = "",
-        actor_threads: int | None = None,
-        name: str = "",
-        actor_prefix: str = "",
-        detached: bool = False,
-        precision: str = "fp32",
-        device: str = "cpu",
-        actor_num_gpus: float = 0.0,
-        prestart: bool = False,
-        pin_threads: str = "false",
+        runtime: ClusterRuntime = LOCAL_RUNTIME,
     ) -> None:
-        if backend not in BACKENDS:
-            raise ConfigError(f"runtime.backend={backend!r} must be one of {', '.join(BACKENDS)}")
-        if emulate and not devices:
+        rt = runtime.spec
+        if rt.emulate and not devices:
             raise ConfigError(
                 "runtime.emulate=true needs device profiles; give the network preset's devices or set emulate=false"
             )
@@ -119,40 +80,22 @@ class ClusterPipeline:
         self._embedding_base_lrs = [g["lr"] for g in self.embedding_optimizer.param_groups]
         self.devices = list(devices) if devices else None
         self._on_testbed = False  # set_testbed was called: clear_testbed has quotas and throttles to undo
-        self.backend = backend
-        self.ray_address = ray_address or None
-        self.emulate = bool(emulate)
-        self.timeout_s = float(timeout_s)
-        self.name = name
-        self.actor_num_cpus = float(actor_num_cpus)
-        self.precision = resolve_precision(precision, "cpu")  # the CU's embedding runs on the CU's CPU
+        self.runtime = runtime
+        self.backend = rt.backend
+        self.emulate = rt.emulate
+        self.name = runtime.name
+        self.precision = resolve_precision(rt.precision, "cpu")  # the CU's embedding runs on the CU's CPU
         self.num_blocks = len(blocks)
         self._encoder_keys = list(blocks.state_dict())
         self._template = copy.deepcopy(blocks[0]) if len(blocks) else None
         self.delta = self._check_delta(delta)
         self._bounds = segment_bounds(self.delta)
         self.moved_blocks = False  # whether the last partition change moved blocks between devices
-        self._stages: Stages = open_stages(
-            backend,
-            optimizer,
-            precision=precision,  # each stage resolves it for its own device
-            device=device,
-            num_gpus=actor_num_gpus,
-            num_devices=len(self.devices) if self.devices else len(self.delta),
-            segments=len(self._bounds),
-            address=self.ray_address,
-            num_cpus=self.actor_num_cpus,
-            device_resource=device_resource,
-            threads=actor_threads,
-            timeout_s=self.timeout_s,
-            name=name,
-            prefix=actor_prefix,
-            detached=detached,
-            pin=pin_threads,
-        )
+        num_devices = len(self.devices) if self.devices else len(self.delta)
+        self._stages: Stages = open_stages(runtime, optimizer, num_devices=num_devices, segments=len(self._bounds))
         if not self._adopt(self.delta):
             self._place(self.delta, blocks=blocks)
-        if prestart and self.devices:
+        if rt.prestart_devices and self.devices:
             self._stages.start_idle(range(len(self.devices)))
 
     # -- partition --------------------------------------------------------------------------------
@@ -184,15 +127,7 @@ class ClusterPipeline:
         return self._template
 
     def _holders(self) -> dict[int, tuple[int, int]]:
-        """{device k: (a, b)} of the live devices that hold blocks a..b-1, when together they hold the
-        whole encoder exactly once; else {}."""
-        held = {k: ab for k, ab in self._stages.layout().items() if ab[1] > ab[0]}
-        a0 = 0
-        for a, b in sorted(held.values()):
-            if a != a0:
-                return {}
-            a0 = b
-        return held if held and a0 == self.num_blocks else {}
+        return whole_encoder_holders(self._stages.layout(), self.num_blocks)
 
     def _adopt(self, delta) -> bool:
         """Make the live devices hold ``delta``'s segments: as they are when they already do (e.g. a CU
@@ -231,15 +166,8 @@ class ClusterPipeline:
         self.delta = self._check_delta(delta)
         self._bounds = segment_bounds(self.delta)
         slowdown = self._slowdowns(self._bounds)
-        specs = []
-        for k, a, b in self._bounds:
-            if blocks is not None:
-                segment = copy.deepcopy(nn.ModuleList(blocks[a:b]))
-            else:
-                template = self._block()
-                segment = nn.ModuleList(copy.deepcopy(template) for _ in range(b - a))
-                segment.load_state_dict(renumber_blocks(weights or {}, -a, range(a, b)), strict=True)
-            specs.append((k, segment, renumber_blocks(optimizer_state or {}, -a, range(a, b)), slowdown.get(k, 1.0), a))
+        template = None if blocks is not None else self._block()
+        specs = segment_specs(self._bounds, slowdown, template, blocks, weights, optimizer_state)
         self._stages.place(specs)
 
     def repartition(self, delta: Sequence[int]) -> None:
@@ -307,41 +235,9 @@ class ClusterPipeline:
         self._on_testbed = False
 
     def measure(self, batch_size_b: int, seq_len: int, width: int, repeats: int = 3) -> ClusterProfile:
-        """Time every live device's TEB forward + backward at the micro-batch sizes Sub-1 may choose and the link
-        out of each device with activation-sized payloads, one device at a time (so they do not share cores while
-        timed), and fit them (system/profile.py). Devices not alive get no measurement.
-
-        The ``repeats`` timing windows of the devices are interleaved (device 0, 1, .., K-1, then again), and each
-        size's figure is the median over its windows: a load that comes and goes on a shared host then lands on
-        every device alike, so the devices' ratios (what Sub-1 decides from) hold where absolute times drift."""
+        """Time every live device's TEB and the link out of it (``pipeline/cluster_profile.py``)."""
         K = len(self.devices) if self.devices else len(self.delta)
-        live = self.live_devices()
-        sizes = candidate_sizes(batch_size_b)
-        devices: list[DeviceMeasurement | None] = [None] * K
-        links: list[LinkMeasurement | None] = [None] * K
-        block = self._block()
-        windows: dict[int, list[list[float]]] = {k: [] for k in live}
-        memory: dict[int, float] = {}
-        for _ in range(max(1, repeats)):
-            for k in live:
-                raw = self._stages.call_device(k, "profile_compute", block, sizes, seq_len, width, 1)
-                windows[k].append(raw["seconds"])
-                memory[k] = raw["memory_bytes"]
-        for k in live:
-            seconds = [statistics.median(column) for column in zip(*windows[k])]
-            c0, s = fit_chunk_cost(sizes, seconds)
-            devices[k] = DeviceMeasurement(seconds_per_sample_block=s, microbatch_s=c0, memory_bytes=memory[k])
-        full = 4 * batch_size_b * seq_len * width  # z^s of a whole batch in float32: the largest micro-batch
-        payloads = [max(1024, full // 16), full]
-        for i, k in enumerate(live):
-            dst = live[(i + 1) % len(live)]
-            nbytes, seconds = [], []
-            for size in payloads:
-                times = sorted(self._stages.time_transfer(k, dst, size) for _ in range(repeats + 1))[:repeats]
-                nbytes.append(size)
-                seconds.append(times[len(times) // 2])
-            links[k] = fit_link(nbytes, seconds)
-        return ClusterProfile(tuple(devices), tuple(links))
+        return measure_cluster(self._stages, K, self._block(), batch_size_b, seq_len, width, repeats)
 
     def check_memory(self, batch_size_b: int, seq_len: int) -> None:
         """Constraint C7 with activations: delta_k blocks at the whole batch must fit gamma_k^max."""
@@ -354,23 +250,47 @@ class ClusterPipeline:
 
     # -- one step ---------------------------------------------------------------------------------
     def train_step(self, batch: dict[str, torch.Tensor], m: int, head: HeadFn, lr_factor: float = 1.0) -> StepResult:
-        """One GPipe step (module docstring); ``lr_factor`` scales every segment's and the embedding's base
-        lr for this step (the learning-rate schedule)."""
+        """One GPipe step (module docstring); ``lr_factor`` scales the base lr of every segment, the embedding and
+        the head for this step (the run's learning-rate clock, ``tasks.lr_schedule.LrClock``)."""
         t0 = time.perf_counter()
         b = batch_size(batch)
         micro = split_batch(batch, m)
         m = len(micro)  # min(m, b): a short batch (an epoch's last) runs in fewer micro-batches
         self.check_memory(b, int(batch["input_ids"].shape[1]))
-        st, S = self._stages, self.S
+        self._begin_step()
+        embedded, z_enc, t_embed = self._forward(micro)
+        t_fwd = time.perf_counter()
+        loss, grads = head(z_enc, micro, float(lr_factor))
+        t_head = time.perf_counter()
+        if len(grads) != m:
+            raise ValueError(f"the head returned {len(grads)} gradients for {m} micro-batches")
+        self._backward(grads, embedded)
+        t_bwd = time.perf_counter()
+        device_compute = self._update(lr_factor)
+        t_end = time.perf_counter()
+        timings = StepTimings(
+            embed=t_embed,
+            forward=t_fwd - t0,
+            head=t_head - t_fwd,
+            backward=t_bwd - t_head,
+            update=t_end - t_bwd,
+            total=t_end - t0,
+            device_compute={int(k): float(c) for (k, _, _), c in zip(self._bounds, device_compute)},
+        )
+        count = int((batch["labels"] != -100).sum()) if "labels" in batch else b
+        return StepResult(loss=float(loss), count=count, timings=timings)
+
+    def _begin_step(self) -> None:
         self.embedding.train()
         self.embedding_optimizer.zero_grad(set_to_none=True)
-        st.new_step()
-        begun = [st.submit(s, "begin_step") for s in range(S)]
-        for s, h in enumerate(begun):
-            st.get(h, s)
+        self._gather("begin_step")
 
+    def _forward(self, micro: list[dict]) -> tuple[dict[int, torch.Tensor], list[torch.Tensor], float]:
+        """Forward in the GPipe clock order: the CU embeds micro-batch i, stage k runs it after stage k-1. Returns
+        the embedding outputs (kept for backward), z_enc per micro-batch on the host, and the embedding seconds."""
+        st, S, m = self._stages, self.S, len(micro)
         mask_refs = [st.put(mb["attention_mask"]) for mb in micro]
-        embedded: dict[int, torch.Tensor] = {}  # micro-batch i -> its embedding output (kept for backward)
+        embedded: dict[int, torch.Tensor] = {}
         handles: dict[tuple[int, int], Any] = {}  # (i, k) -> stage k's output handle (a value or an ObjectRef)
         t_embed = 0.0
         for cycle in forward_cycles(m, S):
@@ -385,13 +305,11 @@ class ClusterPipeline:
                     x = handles[(i, k - 1)]
                 handles[(i, k)] = st.submit(k, "forward", i, x, mask_refs[i])
         z_enc = [to_host(st.get(handles[(i, S - 1)], S - 1)) for i in range(m)]  # the head is across a wire
-        t_fwd = time.perf_counter()
+        return embedded, z_enc, t_embed
 
-        loss, grads = head(z_enc, micro)
-        t_head = time.perf_counter()
-        if len(grads) != m:
-            raise ValueError(f"the head returned {len(grads)} gradients for {m} micro-batches")
-
+    def _backward(self, grads: list[torch.Tensor], embedded: dict[int, torch.Tensor]) -> None:
+        """Backward in the reverse clock order from dL/dz_enc; the CU back-propagates into the embedding."""
+        st, S, m = self._stages, self.S, len(grads)
         ghandles: dict[tuple[int, int], Any] = {}
         for cycle in backward_cycles(m, S):
             for i, k in cycle:
@@ -401,25 +319,14 @@ class ClusterPipeline:
             grad_in = st.get(ghandles[(i, 0)], 0)
             if embedded[i].requires_grad:  # a frozen embedding (federation.embedding: frozen) has nothing to learn
                 embedded[i].backward(grad_in.to(embedded[i].device))
-        t_bwd = time.perf_counter()
 
-        steps = [st.submit(s, "step", float(lr_factor)) for s in range(S)]
+    def _update(self, lr_factor: float) -> list[float]:
+        """Every segment and the embedding take one optimizer step; returns each stage's compute seconds."""
+        steps = [self._stages.submit(s, "step", float(lr_factor)) for s in range(self.S)]
         scale_lr(self.embedding_optimizer, self._embedding_base_lrs, lr_factor)
         self.embedding_optimizer.step()
         self.embedding_optimizer.zero_grad(set_to_none=True)
-        device_compute = [st.get(h, s) for s, h in enumerate(steps)]
-        t_end = time.perf_counter()
-        timings = StepTimings(
-            embed=t_embed,
-            forward=t_fwd - t0,
-            head=t_head - t_fwd,
-            backward=t_bwd - t_head,
-            update=t_end - t_bwd,
-            total=t_end - t0,
-            device_compute={int(k): float(c) for (k, _, _), c in zip(self._bounds, device_compute)},
-        )
-        count = int((batch["labels"] != -100).sum()) if "labels" in batch else b
-        return StepResult(loss=float(loss), count=count, timings=timings)
+        return [self._stages.get(h, s) for s, h in enumerate(steps)]
 
     # -- state ------------------------------------------------------------------------------------
     def _gather(self, method: str) -> list:

@@ -12,7 +12,7 @@ plain model's mean over the whole batch, and micro-batch i back-propagates l_i /
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -20,6 +20,10 @@ from collapipe_flwr.accelerator import batch_to, module_device
 from collapipe_flwr.models.split import TaskHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.precision import autocast
+
+# head(z_enc per micro-batch, the micro-batches, the step's lr factor) -> (loss, dL/dz_enc per micro-batch): the
+# server's decoder over the data plane (fl/dataplane/client.py) or a head trained here (LocalHead)
+HeadFn = Callable[[list[torch.Tensor], list[dict], float], tuple[float, list[torch.Tensor]]]
 
 
 def head_step(
@@ -80,23 +84,22 @@ def head_step(
 
 
 class LocalHead:
-    """A :data:`HeadFn` that trains the head in this process (``head(z_list, mbs) -> (loss, grads)``)."""
+    """A :data:`HeadFn` that trains the head in this process (``head(z_list, mbs, lr_factor) -> (loss, grads)``)."""
 
     def __init__(self, head: TaskHead, optimizer: OptimizerSpec | None, precision: str = "fp32") -> None:
         self.head = head
         self.precision = precision
         self.spec = optimizer
-        self.lr_factor = 1.0  # set per step by the caller's learning-rate schedule
         self.reset_optimizer()
 
     def reset_optimizer(self) -> None:
         self.optimizer = self.spec.build(self.head.parameters()) if self.spec is not None else None
         self._base_lrs = [g["lr"] for g in self.optimizer.param_groups] if self.optimizer is not None else []
 
-    def __call__(self, z_enc, micro_batches):
+    def __call__(self, z_enc, micro_batches, lr_factor: float = 1.0):
         self.head.train()
         if self.optimizer is not None:
-            scale_lr(self.optimizer, self._base_lrs, self.lr_factor)
+            scale_lr(self.optimizer, self._base_lrs, lr_factor)
         with autocast(self.precision, module_device(self.head).type):
             return head_step(self.head, self.optimizer, z_enc, micro_batches)
 

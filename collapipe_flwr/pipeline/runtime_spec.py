@@ -101,3 +101,29 @@ class RuntimeSpec:
 def parse_runtime(raw: Any) -> RuntimeSpec:
     """conf ``runtime`` mapping -> RuntimeSpec (one-line ConfigError on a bad key or value)."""
     return typed("runtime", RuntimeSpec, raw)
+
+
+@dataclass(frozen=True)
+class ClusterRuntime:
+    """Everything that says where and how one cluster's device stages run, handed as one object from the config
+    to the stages (``wiring.build_pipeline`` -> ``ClusterPipeline`` -> ``executors.open_stages`` -> the backend):
+    the run's ``runtime`` section (:class:`RuntimeSpec`) and what belongs to this cluster alone.
+
+    name: the prefix of this cluster's error messages (``cluster3``); actor_prefix: a non-empty prefix makes the
+    device actors named and detached (``executors.ray_actor.actor_name``), so a later round or another process
+    of the same CU finds them again; actor_threads: torch threads per device actor (None:
+    ``executors.cores.default_actor_threads(S)``, or the size of the actor's core set when it is pinned)."""
+
+    spec: RuntimeSpec
+    name: str = ""
+    actor_prefix: str = ""
+    actor_threads: int | None = None
+
+    @property
+    def detached(self) -> bool:
+        """Named device actors outlive the process that started them (a SuperNode runs a process per message)."""
+        return bool(self.actor_prefix)
+
+
+# A pipeline with no config at hand (tests, benchmarks): stages in this process, fp32, nothing started ahead.
+LOCAL_RUNTIME = ClusterRuntime(RuntimeSpec(backend="local", precision="fp32", prestart_devices=False))

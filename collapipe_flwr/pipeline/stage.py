@@ -1,7 +1,7 @@
 """One pipeline stage: device k's segment theta^s (delta_k TEBs) and its optimizer.
 
 The same class runs in-process (backend "local") and inside a Ray actor (backend "ray", see
-``executors.py``). Per micro-batch i it keeps what backward needs between ``forward`` and
+``executors/ray_actor.py``). Per micro-batch i it keeps what backward needs between ``forward`` and
 ``backward``: the detached input leaf and the output with its graph. Gradients accumulate over the m
 micro-batches; ``step`` applies one optimizer update (GPipe's synchronous update).
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -29,6 +30,7 @@ from collapipe_flwr.pipeline import profiling
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.precision import autocast, resolve_precision
+from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.testbed.cpu_quota import CpuQuota
 from collapipe_flwr.testbed.token_bucket import TokenBucket
 
@@ -37,6 +39,12 @@ LINK_BURST_BYTES = 4096
 # the testbed's CFS period: a quota of c cores runs c x 10 ms in every 10 ms, so a throttled device is slow
 # evenly, as a slower CPU is, instead of fast for c x 100 ms and stopped for the rest of a 100 ms default period
 QUOTA_PERIOD_US = 10_000
+
+
+def emulation_slowdowns(devices: Sequence[DeviceProfile], used: Sequence[int]) -> dict[int, float]:
+    """slowdown_k = max_j(phi_j f_j) / (phi_k f_k) over the devices used (the fastest runs at 1)."""
+    fastest = max(devices[k].flops_per_second for k in used)
+    return {k: fastest / devices[k].flops_per_second for k in used}
 
 
 class Stage:

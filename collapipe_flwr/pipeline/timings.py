@@ -33,3 +33,12 @@ class StepTimings:
     def phases(self) -> dict[str, float]:
         """{phase: seconds} for the six phases, in ``PHASES`` order (the ``seconds-step-*`` metrics)."""
         return {name: float(getattr(self, name)) for name in PHASES}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step: the plain model's mean loss, its number of targets, and the measured phase seconds."""
+
+    loss: float
+    count: int
+    timings: StepTimings

@@ -120,17 +120,7 @@ class NetworkSpec:
     @classmethod
     def from_config(cls, network: Mapping[str, Any], num_clusters: int) -> NetworkSpec:
         """Build the spec from a ``conf/network/*.yaml`` mapping; a bad key is a one-line ConfigError."""
-        if not isinstance(network, Mapping):
-            raise ConfigError("network config must be a mapping; pick network=<preset> (see conf/network/)")
-        _check_keys("network", network, _TOP)
-        for section, keys in _SECTIONS.items():
-            if not isinstance(network.get(section), Mapping):
-                raise ConfigError(
-                    f"network.{section} is missing or not a mapping; copy it from conf/network/paper_table2.yaml"
-                )
-            _check_keys(f"network.{section}", network[section], keys)
-        if isinstance(num_clusters, bool) or not isinstance(num_clusters, int) or num_clusters < 1:
-            raise ConfigError(f"federation.num_clusters={num_clusters!r} must be an integer >= 1")
+        _check_layout(network, num_clusters)
         seed = _integer(network, "seed", "network.seed", minimum=0, default=0)
         rng = np.random.default_rng(seed)
         J = _integer(network, "num_channels", "network.num_channels", minimum=1)
@@ -139,29 +129,8 @@ class NetworkSpec:
 
         bandwidth = _draw(rng, network, "channel_bandwidth_hz", "network.channel_bandwidth_hz", J, positive=True)
         mean_gain_db = _draw(rng, up, "mean_gain_db", "network.uplink.mean_gain_db", num_clusters)
-        f_hz = _draw(rng, dev, "f_hz", "network.device.f_hz", num_clusters * K, positive=True)
-        phi = _draw(rng, dev, "flops_per_cycle", "network.device.flops_per_cycle", num_clusters * K, positive=True)
-        memory = _draw(rng, dev, "memory_bytes", "network.device.memory_bytes", num_clusters * K, positive=True)
-        p_k = _draw(rng, dev, "d2d_power_w", "network.device.d2d_power_w", num_clusters * K, positive=True)
-        p_k_max = _number(dev, "d2d_power_max_w", "network.device.d2d_power_max_w", positive=True)
-        if p_k.max() > p_k_max:
-            raise ConfigError(
-                f"network.device.d2d_power_w reaches {p_k.max():.4g} W above d2d_power_max_w={p_k_max:.4g} W "
-                "(P_k^max); lower it"
-            )
-        devices = tuple(
-            tuple(
-                DeviceProfile(float(f_hz[i]), float(phi[i]), float(memory[i]), float(p_k[i]))
-                for i in range(n * K, (n + 1) * K)
-            )
-            for n in range(num_clusters)
-        )
-        availability = _range(dev, "availability", "network.device.availability")
-        if not 0 < availability[0] <= availability[1] <= 1:
-            raise ConfigError(f"network.device.availability={list(availability)} must satisfy 0 < lo <= hi <= 1")
-        interference = _range(up, "interference_w", "network.uplink.interference_w")
-        if interference[0] < 0:
-            raise ConfigError("network.uplink.interference_w must be >= 0 W")
+        devices, p_k_max = _draw_devices(rng, dev, num_clusters, K)
+        availability, interference = _checked_ranges(dev, up)
         return cls(
             name=str(network.get("name", "custom")),
             num_channels=J,
@@ -195,6 +164,56 @@ class NetworkSpec:
 
 
 # ----------------------------------------------------------------------------- config helpers
+def _check_layout(network: Mapping[str, Any], num_clusters: int) -> None:
+    """The mapping, its sections and their keys, and N: a one-line ConfigError for the first bad one."""
+    if not isinstance(network, Mapping):
+        raise ConfigError("network config must be a mapping; pick network=<preset> (see conf/network/)")
+    _check_keys("network", network, _TOP)
+    for section, keys in _SECTIONS.items():
+        if not isinstance(network.get(section), Mapping):
+            raise ConfigError(
+                f"network.{section} is missing or not a mapping; copy it from conf/network/paper_table2.yaml"
+            )
+        _check_keys(f"network.{section}", network[section], keys)
+    if isinstance(num_clusters, bool) or not isinstance(num_clusters, int) or num_clusters < 1:
+        raise ConfigError(f"federation.num_clusters={num_clusters!r} must be an integer >= 1")
+
+
+def _draw_devices(
+    rng: np.random.Generator, dev: Mapping, num_clusters: int, K: int
+) -> tuple[tuple[tuple[DeviceProfile, ...], ...], float]:
+    """devices[n][k] (f_k, phi_k, gamma_k^max, p_k drawn in that order) and P_k^max, with p_k <= P_k^max."""
+    f_hz = _draw(rng, dev, "f_hz", "network.device.f_hz", num_clusters * K, positive=True)
+    phi = _draw(rng, dev, "flops_per_cycle", "network.device.flops_per_cycle", num_clusters * K, positive=True)
+    memory = _draw(rng, dev, "memory_bytes", "network.device.memory_bytes", num_clusters * K, positive=True)
+    p_k = _draw(rng, dev, "d2d_power_w", "network.device.d2d_power_w", num_clusters * K, positive=True)
+    p_k_max = _number(dev, "d2d_power_max_w", "network.device.d2d_power_max_w", positive=True)
+    if p_k.max() > p_k_max:
+        raise ConfigError(
+            f"network.device.d2d_power_w reaches {p_k.max():.4g} W above d2d_power_max_w={p_k_max:.4g} W "
+            "(P_k^max); lower it"
+        )
+    devices = tuple(
+        tuple(
+            DeviceProfile(float(f_hz[i]), float(phi[i]), float(memory[i]), float(p_k[i]))
+            for i in range(n * K, (n + 1) * K)
+        )
+        for n in range(num_clusters)
+    )
+    return devices, p_k_max
+
+
+def _checked_ranges(dev: Mapping, up: Mapping) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(availability (lo, hi) with 0 < lo <= hi <= 1, uplink interference I (lo, hi) with lo >= 0 W)."""
+    availability = _range(dev, "availability", "network.device.availability")
+    if not 0 < availability[0] <= availability[1] <= 1:
+        raise ConfigError(f"network.device.availability={list(availability)} must satisfy 0 < lo <= hi <= 1")
+    interference = _range(up, "interference_w", "network.uplink.interference_w")
+    if interference[0] < 0:
+        raise ConfigError("network.uplink.interference_w must be >= 0 W")
+    return availability, interference
+
+
 def _check_keys(where: str, mapping: Mapping, allowed: tuple[str, ...]) -> None:
     unknown = sorted(set(mapping) - set(allowed))
     if unknown:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # spec.py imports the registry, which imports this module
 
 CACHE_ENV = "COLLAPIPE_CACHE_DIR"
 SPLITS = ("train", "val", "test")
+HUB_SPLITS = {"train": "train", "val": "validation", "test": "test"}  # each split's name on the Hugging Face Hub
 
 
 def resolve_cache_dir(value: str | os.PathLike | None) -> Path:

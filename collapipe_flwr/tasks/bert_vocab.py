@@ -13,6 +13,8 @@ from pathlib import Path
 from collapipe_flwr.errors import DataFormatError
 from collapipe_flwr.tasks.data_files import resolve_file
 
+VOCAB_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")  # the lines every vocab.txt holds
+
 
 def bert_tokenizer(data_dir: Path | str, vocab_file: str):
     """BertTokenizerFast over ``vocab_file`` (relative to ``data_dir``), lower-casing like bert-base-chinese."""
@@ -34,7 +36,7 @@ def _load(path: str, size: int, mtime_ns: int):
             raise DataFormatError(
                 f"cannot read {path} as a BERT vocab.txt ({err}); expected one WordPiece token a line"
             ) from None
-    for special in ("[PAD]", "[UNK]", "[CLS]", "[SEP]"):
+    for special in VOCAB_SPECIALS:
         if tok.convert_tokens_to_ids(special) in (None, tok.unk_token_id) and special != "[UNK]":
             raise DataFormatError(f"{path} has no {special} token; expected the bert-base-chinese vocab.txt")
     return tok

@@ -10,16 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
 from collapipe_flwr.errors import ConfigError, DataFormatError
 from collapipe_flwr.tasks import model_config
-from collapipe_flwr.tasks.base import Task
+from collapipe_flwr.tasks.base import HUB_SPLITS, Task
 from collapipe_flwr.tasks.batching import attention_mask, pad
 from collapipe_flwr.tasks.bert_vocab import bert_tokenizer
-from collapipe_flwr.tasks.data_files import resolve_file, text_lines
+from collapipe_flwr.tasks.data_files import text_lines
+from collapipe_flwr.tasks.file_options import (
+    REQUIRED_SPLIT_FILES,
+    SPLIT_FILE_KEYS,
+    read_file_split,
+    require_file_list,
+    require_file_options,
+)
 from collapipe_flwr.tasks.metrics import classification_scores
 
 SEPARATOR = "_!_"
@@ -76,40 +84,31 @@ class ClassificationTask(Task):
     name = "classification"
     metric_name = "accuracy"
     model_family = "bert"
-    task_keys = frozenset({"train_file", "val_file", "test_file", "extra_train_files", "vocab_file", "num_labels"})
+    task_keys = SPLIT_FILE_KEYS | {"num_labels"}
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
-        for key in ("train_file", "val_file", "vocab_file"):
-            if not options.get(key):
-                raise ConfigError(f"task.{key} is empty; name the file (relative to data_dir)")
+        require_file_options(options, REQUIRED_SPLIT_FILES)
         n = options.get("num_labels", len(CLASS_NAMES))
         if isinstance(n, bool) or not isinstance(n, int) or n < 2:
             raise ConfigError(f"task.num_labels={n!r} must be an integer >= 2")
-        extra = options.get("extra_train_files", [])
-        if not isinstance(extra, (list, tuple)):
-            raise ConfigError("task.extra_train_files must be a list of file names")
+        require_file_list(options)
 
     @property
     def num_labels(self) -> int:
         return int(self.options.get("num_labels", len(CLASS_NAMES)))
 
     def read_split(self, split: str) -> Sequence[Title]:
-        name = self.options.get(f"{split}_file") or ""
-        if split == "test" and not name:
-            raise DataFormatError("no test split configured; pass task.test_file=<file> explicitly")
-        titles = list(read_titles(resolve_file(self.data_dir, name, f"Toutiao {split}"), self.num_labels))
-        if split == "train":
-            for extra in self.options.get("extra_train_files") or []:
-                titles.extend(read_titles(resolve_file(self.data_dir, extra, "Toutiao extra train"), self.num_labels))
-        return titles
+        return read_file_split(
+            self.data_dir, self.options, split, "Toutiao", partial(read_titles, num_labels=self.num_labels)
+        )
 
     def read_hf_split(self, split: str, hf: Mapping[str, Any]) -> Sequence[Title]:
         """e.g. ``hf_dataset: {enabled: true, id: clue/clue, subset: tnews}``: TNEWS labels are the Toutiao
         codes ("100".."116"), mapped here to ids 0..14 (its test split is unlabelled)."""
         import datasets
 
-        name = {"train": "train", "val": "validation", "test": "test"}[split]
+        name = HUB_SPLITS[split]
         rows = datasets.load_dataset(
             hf.get("id", "clue/clue"), hf.get("subset", "tnews"), split=hf.get(f"{split}_split", name)
         )

@@ -48,6 +48,26 @@ class LrScheduleSpec:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class LrClock:
+    """The learning-rate clock of a federated run: round t's i-th local step (0-based) is run-wide step
+    ``(t - 1) * local_steps + i`` of ``total_steps`` (T * local_steps unless the schedule sets its own), and
+    :meth:`factor` is the multiplier of every base lr at that step: the CU's embedding, every device segment, a
+    CU-side head, and the server's decoder (which reads the same clock at the step's sequence number)."""
+
+    schedule: LrScheduleSpec
+    local_steps: int
+    total_steps: int
+
+    def step(self, round_: int, local_step: int) -> int:
+        """The run-wide index of round t's ``local_step``-th step (0-based)."""
+        return (int(round_) - 1) * self.local_steps + int(local_step)
+
+    def factor(self, round_: int, local_step: int) -> float:
+        """The lr multiplier of round t's ``local_step``-th step."""
+        return self.schedule.factor(self.step(round_, local_step), self.total_steps)
+
+
 def parse_lr_schedule(raw: Any) -> LrScheduleSpec:
     """The ``model.lr_schedule`` mapping (absent = constant lr) as an LrScheduleSpec; one-line ConfigError."""
     return typed(SECTION, LrScheduleSpec, raw)

@@ -18,10 +18,17 @@ import torch
 
 from collapipe_flwr.errors import ConfigError, DataFormatError
 from collapipe_flwr.tasks import model_config
-from collapipe_flwr.tasks.base import Task
+from collapipe_flwr.tasks.base import HUB_SPLITS, Task
 from collapipe_flwr.tasks.batching import IGNORE_INDEX, attention_mask, pad
 from collapipe_flwr.tasks.bert_vocab import bert_tokenizer
-from collapipe_flwr.tasks.data_files import resolve_file, text_lines
+from collapipe_flwr.tasks.data_files import text_lines
+from collapipe_flwr.tasks.file_options import (
+    REQUIRED_SPLIT_FILES,
+    SPLIT_FILE_KEYS,
+    read_file_split,
+    require_file_list,
+    require_file_options,
+)
 from collapipe_flwr.tasks.metrics import entity_scores
 
 LABELS = ("O", "B-ORG", "B-LOC", "B-PER", "I-ORG", "I-LOC", "I-PER")
@@ -86,39 +93,25 @@ class NerTask(Task):
     name = "ner"
     metric_name = "f1"
     model_family = "bert"
-    task_keys = frozenset({"train_file", "val_file", "test_file", "extra_train_files", "vocab_file", "crf"})
+    task_keys = SPLIT_FILE_KEYS | {"crf"}
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
-        for key in ("train_file", "val_file", "vocab_file"):
-            if not options.get(key):
-                raise ConfigError(f"task.{key} is empty; name the file (relative to data_dir)")
-        extra = options.get("extra_train_files", [])
-        if not isinstance(extra, (list, tuple)):
-            raise ConfigError(
-                "task.extra_train_files must be a list of file names "
-                "(e.g. [chinese_ner/supplementary_msra/msra_bio.txt])"
-            )
+        require_file_options(options, REQUIRED_SPLIT_FILES)
+        require_file_list(options, example="[chinese_ner/supplementary_msra/msra_bio.txt]")
         if not isinstance(options.get("crf", False), bool):
             raise ConfigError(
                 f"task.crf={options.get('crf')!r} must be true (CRF over the tags) or false (per-token softmax)"
             )
 
     def read_split(self, split: str) -> Sequence[TaggedSentence]:
-        name = self.options.get(f"{split}_file") or ""
-        if split == "test" and not name:
-            raise DataFormatError("no test split configured; pass task.test_file=<file> explicitly")
-        sentences = list(read_bio(resolve_file(self.data_dir, name, f"NER {split}")))
-        if split == "train":
-            for extra in self.options.get("extra_train_files") or []:
-                sentences.extend(read_bio(resolve_file(self.data_dir, extra, "NER extra train")))
-        return sentences
+        return read_file_split(self.data_dir, self.options, split, "NER", read_bio)
 
     def read_hf_split(self, split: str, hf: Mapping[str, Any]) -> Sequence[TaggedSentence]:
         """e.g. ``hf_dataset: {enabled: true, id: peoples_daily_ner}`` (tokens + ner_tags ClassLabel)."""
         import datasets
 
-        name = {"train": "train", "val": "validation", "test": "test"}[split]
+        name = HUB_SPLITS[split]
         rows = datasets.load_dataset(hf.get("id", "peoples_daily_ner"), split=hf.get(f"{split}_split", name))
         names = rows.features["ner_tags"].feature.names
         return [TaggedSentence(tuple(r["tokens"]), tuple(names[t] for t in r["ner_tags"])) for r in rows]

@@ -24,9 +24,10 @@ import torch
 
 from collapipe_flwr.errors import ConfigError, DataFormatError
 from collapipe_flwr.tasks import bpe_tokenizer, model_config
-from collapipe_flwr.tasks.base import Task
+from collapipe_flwr.tasks.base import HUB_SPLITS, Task
 from collapipe_flwr.tasks.batching import IGNORE_INDEX, attention_mask, pad
 from collapipe_flwr.tasks.data_files import resolve_file, text_lines
+from collapipe_flwr.tasks.file_options import require_file_options, require_test_files
 from collapipe_flwr.tasks.metrics import corpus_bleu
 
 
@@ -77,9 +78,7 @@ class TranslationTask(Task):
 
     @classmethod
     def validate_options(cls, options: Mapping[str, Any]) -> None:
-        for key in ("train_src", "train_tgt", "val_src", "val_tgt"):
-            if not options.get(key):
-                raise ConfigError(f"task.{key} is empty; name the Multi30K file (relative to data_dir)")
+        require_file_options(options, ("train_src", "train_tgt", "val_src", "val_tgt"), noun="Multi30K file")
         smoothing = options.get("label_smoothing", 0.0)
         if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
             raise ConfigError(
@@ -105,8 +104,7 @@ class TranslationTask(Task):
     # ---- data ----------------------------------------------------------------------------------
     def _files(self, split: str):
         src, tgt = self.options.get(f"{split}_src") or "", self.options.get(f"{split}_tgt") or ""
-        if split == "test" and not (src and tgt):
-            raise DataFormatError("no test split configured; pass task.test_src=<file> task.test_tgt=<file> explicitly")
+        require_test_files(split, self.options, ("test_src", "test_tgt"))
         return (
             resolve_file(self.data_dir, src, f"translation {split} source"),
             resolve_file(self.data_dir, tgt, f"translation {split} target"),
@@ -119,7 +117,7 @@ class TranslationTask(Task):
         """e.g. ``hf_dataset: {enabled: true, id: bentrevett/multi30k, src: en, tgt: de}`` (raw cased text)."""
         import datasets
 
-        name = {"train": "train", "val": "validation", "test": "test"}[split]
+        name = HUB_SPLITS[split]
         rows = datasets.load_dataset(hf.get("id", "bentrevett/multi30k"), split=hf.get(f"{split}_split", name))
         lower = bool((self.options.get("tokenizer") or {}).get("lowercase", False))
         pairs = []

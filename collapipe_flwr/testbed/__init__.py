@@ -2,6 +2,8 @@
 
 * :mod:`.cpu_quota`: an OS-enforced CPU share for a process (all its threads and later children) through a
   cgroup (v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``), so one box can stand in for devices of unequal speed;
+* :mod:`.cgroup_hierarchy`: which mounted cgroup hierarchy holds a usable ``cpu`` controller (for
+  :mod:`.cpu_quota`), found from ``/proc/self/mountinfo``;
 * :mod:`.token_bucket`: a thread-safe token bucket that paces byte transfers to a link rate, with an
   emulated fixed latency per transfer (``tc netem`` does not work on every kernel);
 * :mod:`.tc_shaper`: the same pacing done by the kernel on an interface, a ``tc ... tbf`` root qdisc.
@@ -11,8 +13,9 @@ Base layer: imports only :mod:`collapipe_flwr.errors` and the standard library.
 
 from __future__ import annotations
 
-from collapipe_flwr.testbed.cpu_quota import CpuQuota, Hierarchy, detect, remove_stale
-from collapipe_flwr.testbed.cpu_quota import available as cpu_quota_available
+from collapipe_flwr.testbed.cgroup_hierarchy import Hierarchy, detect
+from collapipe_flwr.testbed.cgroup_hierarchy import available as cpu_quota_available
+from collapipe_flwr.testbed.cpu_quota import CpuQuota, remove_stale
 from collapipe_flwr.testbed.tc_shaper import TbfSettings, TcShaper
 from collapipe_flwr.testbed.tc_shaper import available as tc_available
 from collapipe_flwr.testbed.token_bucket import TokenBucket, refill_bytes, throttle_seconds

@@ -5,14 +5,8 @@ it runs under a CFS bandwidth quota: in every scheduling period of ``period_us``
 lets its threads run for at most ``cores * period_us`` microseconds in total, then throttles them until the
 next period. ``cores`` may be below one (0.25 = a quarter of one core) or above (2.0 = two cores' worth).
 
-Two kernel interfaces hold the quota, and :func:`detect` picks the one whose ``cpu`` controller is usable:
-
-* cgroup v1: a hierarchy mounted with the ``cpu`` controller (``/sys/fs/cgroup/cpu``); a child cgroup's
-  ``cpu.cfs_period_us`` and ``cpu.cfs_quota_us`` (``-1`` = unlimited), its members in ``cgroup.procs``;
-* cgroup v2 (unified): ``cpu`` listed in the root's ``cgroup.controllers``; ``+cpu`` written to each
-  ancestor's ``cgroup.subtree_control``, then the child's ``cpu.max`` holds ``"<quota> <period>"``
-  (``max`` = unlimited). On a hybrid system the cgroup2 mount exists but the ``cpu`` controller is bound to
-  v1, so v2 is not usable there and v1 is taken.
+The quota lives in the ``cpu`` controller of the hierarchy :func:`.cgroup_hierarchy.detect` picks (cgroup v1
+``cpu.cfs_period_us`` + ``cpu.cfs_quota_us``, or v2 ``cpu.max``; see :mod:`.cgroup_hierarchy`).
 
 Each quota is a child ``collapipe/<name>-<creator pid>-<random hex>`` of the hierarchy's root, so two runs
 (or two devices of one run) never collide; :meth:`CpuQuota.remove` moves the processes back to the cgroup
@@ -26,18 +20,25 @@ cannot be used, :meth:`CpuQuota.apply` raises :class:`TestbedError` with the rea
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import math
 import os
 import re
 import secrets
-import sys
 import time
 from pathlib import Path
 from types import TracebackType
 
 from collapipe_flwr.errors import TestbedError
+from collapipe_flwr.testbed.cgroup_hierarchy import (
+    Hierarchy,
+    available,
+    cgroup_path_of,
+    detect,
+    enable_cpu,
+    read_value,
+    write_value,
+)
 
 PARENT = "collapipe"
 DEFAULT_PERIOD_US = 100_000  # the kernel's default CFS period (100 ms)
@@ -46,130 +47,6 @@ MAX_PERIOD_US = 1_000_000
 MIN_QUOTA_US = 1_000  # and quotas below 1 ms
 FIX = "run as root on Linux with the cgroup cpu controller, or set testbed.cpu_quota=false"
 _NAME = re.compile(r"[A-Za-z0-9_.]([A-Za-z0-9_.-]{0,47})")
-_MOUNTINFO = Path("/proc/self/mountinfo")
-
-
-@dataclasses.dataclass(frozen=True)
-class Hierarchy:
-    """One mounted cgroup hierarchy that holds the ``cpu`` controller.
-
-    ``version`` is 1 or 2; ``mount`` the directory it is mounted on; ``root`` the cgroup path that
-    directory shows ("/" unless a sub-cgroup is bind-mounted there, as in some containers), needed to map
-    a process's ``/proc/<pid>/cgroup`` path to a directory.
-    """
-
-    version: int
-    mount: Path
-    root: str = "/"
-
-    def dir_of(self, cgroup_path: str) -> Path | None:
-        """The directory of the cgroup at ``cgroup_path`` (as in ``/proc/<pid>/cgroup``); None outside the mount."""
-        root = self.root.rstrip("/")
-        if cgroup_path != root and not cgroup_path.startswith(root + "/"):
-            return None
-        rel = cgroup_path[len(root) :].strip("/")
-        return self.mount / rel if rel else self.mount
-
-
-def _unescape(field: str) -> str:
-    """A mountinfo path field with the kernel's octal escapes (``\\040`` = space) decoded."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def parse_mountinfo(text: str) -> list[tuple[Path, str, str, set[str]]]:
-    """``(mount point, root, fstype, super options)`` of each cgroup / cgroup2 line of ``/proc/*/mountinfo``.
-
-    Format (proc(5)): ``id parent major:minor root mount-point options [optional...] - fstype source
-    super-options``; a v1 hierarchy names its controllers in the super options (``rw,cpu,cpuacct``).
-    """
-    found = []
-    for line in text.splitlines():
-        fields = line.split()
-        if "-" not in fields:
-            continue
-        sep = fields.index("-")
-        if sep < 5 or len(fields) < sep + 3:
-            continue
-        fstype = fields[sep + 1]
-        if fstype not in ("cgroup", "cgroup2"):
-            continue
-        opts = set(fields[sep + 3].split(",")) if len(fields) > sep + 3 else set()
-        found.append((Path(_unescape(fields[4])), _unescape(fields[3]), fstype, opts))
-    return found
-
-
-def _read(path: Path) -> str:
-    return path.read_text(encoding="ascii").strip()
-
-
-def _write(path: Path, text: str) -> None:
-    """One ``write(2)`` of ``text`` to a cgroup file (the kernel takes one value, e.g. one pid, per write)."""
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode("ascii"))
-    finally:
-        os.close(fd)
-
-
-def _v2_reason(mount: Path) -> str | None:
-    """None when the cgroup2 mount's ``cpu`` controller can be used; else why not (one clause)."""
-    try:
-        controllers = _read(mount / "cgroup.controllers").split()
-    except OSError as err:
-        return f"cannot read {mount / 'cgroup.controllers'}: {err.strerror}"
-    if "cpu" not in controllers:
-        shown = " ".join(controllers) or "none"
-        return f"cgroup2 at {mount} has no cpu controller (cgroup.controllers: {shown}; bound to cgroup v1?)"
-    try:
-        enabled = _read(mount / "cgroup.subtree_control").split()
-        procs = _read(mount / "cgroup.procs").split()
-    except OSError as err:
-        return f"cannot read the cgroup files in {mount}: {err.strerror}"
-    # The no-internal-process rule: +cpu cannot be enabled below a non-root cgroup that holds processes
-    # (the namespace root in a container); the true root (no cgroup.type file) is exempt.
-    if "cpu" not in enabled and procs and (mount / "cgroup.type").exists():
-        return f"cgroup2 at {mount} holds processes, so +cpu cannot be enabled in its cgroup.subtree_control"
-    return None
-
-
-def detect(mountinfo: str | None = None) -> Hierarchy | str:
-    """The hierarchy whose ``cpu`` controller is usable (v2 when usable, else v1), or why there is none.
-
-    ``mountinfo`` defaults to ``/proc/self/mountinfo``'s text. Reads only; creates nothing.
-    """
-    if not sys.platform.startswith("linux"):
-        return f"not Linux (sys.platform={sys.platform})"
-    if mountinfo is None:
-        try:
-            mountinfo = _MOUNTINFO.read_text(encoding="utf-8", errors="replace")
-        except OSError as err:
-            return f"cannot read {_MOUNTINFO}: {err.strerror}"
-    mounts = parse_mountinfo(mountinfo)
-    reasons = []
-    for mount, root, fstype, _ in mounts:
-        if fstype == "cgroup2":
-            reason = _v2_reason(mount)
-            if reason is None:
-                return Hierarchy(2, mount, root)
-            reasons.append(reason)
-    for mount, root, fstype, opts in mounts:
-        if fstype == "cgroup" and "cpu" in opts:
-            return Hierarchy(1, mount, root)
-    if not reasons:
-        return "no cgroup cpu controller mounted (no cgroup v1 'cpu' hierarchy nor cgroup2 in /proc/self/mountinfo)"
-    return "no cgroup v1 'cpu' hierarchy mounted and " + "; ".join(reasons)
-
-
-def available() -> str | None:
-    """None when CPU quotas can be applied here; else a one-line reason ("not root", "no cpu controller ...")."""
-    found = detect()
-    if isinstance(found, str):
-        return found
-    if not os.access(found.mount, os.W_OK):
-        if os.geteuid() != 0:
-            return f"not root (euid {os.geteuid()}) and {found.mount} is not writable"
-        return f"{found.mount} is not writable (a read-only cgroup mount, as in an unprivileged container)"
-    return None
 
 
 def quota_us(cores: float, period_us: int = DEFAULT_PERIOD_US) -> int:
@@ -201,21 +78,6 @@ def parse_cores(text: str, version: int, period_text: str = "") -> float:
     if quota in ("max", "-1"):
         return math.inf
     return int(quota) / int(period)
-
-
-def _cgroup_path(pid: int, hierarchy: Hierarchy) -> str:
-    """``pid``'s cgroup path in ``hierarchy``, from ``/proc/<pid>/cgroup`` (``id:controllers:path`` lines)."""
-    try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise TestbedError(f"no process with pid {pid} (it exited?); start it before applying its cpu quota") from None
-    for line in lines:
-        ident, controllers, path = line.split(":", 2)
-        if hierarchy.version == 2 and ident == "0" and controllers == "":
-            return path
-        if hierarchy.version == 1 and "cpu" in controllers.split(","):
-            return path
-    return hierarchy.root
 
 
 def _check_pid(pid: int) -> int:
@@ -268,7 +130,7 @@ class CpuQuota:
             found = detect()
             assert isinstance(found, Hierarchy)  # available() returned None
             hierarchy = found
-        origin = hierarchy.dir_of(_cgroup_path(pid, hierarchy)) or hierarchy.mount
+        origin = hierarchy.dir_of(cgroup_path_of(pid, hierarchy)) or hierarchy.mount
         path = cls._make_child(hierarchy, f"{name}-{os.getpid()}-{secrets.token_hex(4)}")
         quota_obj = cls(hierarchy, path, origin, period_us, float(cores))
         try:
@@ -288,10 +150,10 @@ class CpuQuota:
         for attempt in range(5):
             try:
                 if hierarchy.version == 2:
-                    _enable_cpu(hierarchy.mount)
+                    enable_cpu(hierarchy.mount)
                 parent.mkdir(exist_ok=True)
                 if hierarchy.version == 2:
-                    _enable_cpu(parent)
+                    enable_cpu(parent)
                 path.mkdir()
                 return path
             except FileNotFoundError:
@@ -308,10 +170,10 @@ class CpuQuota:
     def _write_quota(self, quota: int) -> None:
         try:
             if self.hierarchy.version == 2:
-                _write(self.path / "cpu.max", f"{quota} {self.period_us}")
+                write_value(self.path / "cpu.max", f"{quota} {self.period_us}")
             else:
-                _write(self.path / "cpu.cfs_period_us", str(self.period_us))
-                _write(self.path / "cpu.cfs_quota_us", str(quota))
+                write_value(self.path / "cpu.cfs_period_us", str(self.period_us))
+                write_value(self.path / "cpu.cfs_quota_us", str(quota))
         except OSError as err:
             raise TestbedError(
                 f"the kernel refused cpu quota {quota} us per {self.period_us} us in {self.path}: {err.strerror} "
@@ -324,7 +186,7 @@ class CpuQuota:
         _check_pid(pid)
         self._check_live()
         try:
-            _write(self.path / "cgroup.procs", str(pid))
+            write_value(self.path / "cgroup.procs", str(pid))
         except ProcessLookupError:
             raise TestbedError(
                 f"no process with pid {pid} (it exited?); start it before applying its cpu quota"
@@ -342,20 +204,20 @@ class CpuQuota:
         """Cores as the kernel holds them in the cgroup's files (``math.inf`` = unlimited)."""
         self._check_live()
         if self.hierarchy.version == 2:
-            return parse_cores(_read(self.path / "cpu.max"), 2)
-        return parse_cores(_read(self.path / "cpu.cfs_quota_us"), 1, _read(self.path / "cpu.cfs_period_us"))
+            return parse_cores(read_value(self.path / "cpu.max"), 2)
+        return parse_cores(read_value(self.path / "cpu.cfs_quota_us"), 1, read_value(self.path / "cpu.cfs_period_us"))
 
     def pids(self) -> list[int]:
         """The processes (thread-group ids) in the cgroup now, from its ``cgroup.procs``; [] once removed."""
         try:
-            return [int(p) for p in _read(self.path / "cgroup.procs").split()]
+            return [int(p) for p in read_value(self.path / "cgroup.procs").split()]
         except FileNotFoundError:
             return []
 
     def throttled(self) -> tuple[int, float]:
         """``(periods throttled, seconds throttled)`` from the cgroup's ``cpu.stat``: proof the quota bites."""
         self._check_live()
-        stat = dict(line.split() for line in _read(self.path / "cpu.stat").splitlines() if len(line.split()) == 2)
+        stat = dict(line.split() for line in read_value(self.path / "cpu.stat").splitlines() if len(line.split()) == 2)
         if self.hierarchy.version == 2:
             return int(stat.get("nr_throttled", 0)), int(stat.get("throttled_usec", 0)) / 1e6
         return int(stat.get("nr_throttled", 0)), int(stat.get("throttled_time", 0)) / 1e9
@@ -397,7 +259,7 @@ class CpuQuota:
     def _move_back(self, pid: int) -> None:
         for target in (self.origin, self.hierarchy.mount):
             try:
-                _write(target / "cgroup.procs", str(pid))
+                write_value(target / "cgroup.procs", str(pid))
                 return
             except ProcessLookupError:
                 return
@@ -447,10 +309,3 @@ def remove_stale(hierarchy: Hierarchy | None = None) -> list[Path]:
     except OSError:
         pass
     return removed
-
-
-def _enable_cpu(directory: Path) -> None:
-    """v2: write ``+cpu`` to ``directory``'s ``cgroup.subtree_control`` unless already enabled there."""
-    control = directory / "cgroup.subtree_control"
-    if "cpu" not in _read(control).split():
-        _write(control, "+cpu")

@@ -11,7 +11,7 @@ The CU uploads one model (the average of its users' models, which reach it over 
 
 What the CU executes: the plan names D (``ClusterPlan.data_users``); the CU trains D copies of the whole model,
 each on its share of every batch from the round's global model, and averages them
-(``collapipe_flwr/fl/data_parallel.py``), on the device the plan's delta names (the fastest data user).
+(``collapipe_flwr/fl/cu/data_parallel.py``), on the device the plan's delta names (the fastest data user).
 """
 
 from __future__ import annotations

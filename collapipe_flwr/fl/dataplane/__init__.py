@@ -4,7 +4,11 @@
   wire), no pickle.
 - :mod:`.protocol`: step request / reply / error frames and the gRPC method name.
 - :mod:`.checks`: what a step request must satisfy before the decoder runs it.
-- :mod:`.server`: :class:`DecoderHost`, the gRPC server that runs ``head_step`` one update at a time.
+- :mod:`.server`: :class:`DecoderHost`, the gRPC server's lifecycle (port, TLS, key interceptor, the
+  stream handler, rounds); it hands every frame to :mod:`.frame_service` (:class:`FrameService`: checks,
+  ``head_step`` one update at a time, dL/dz_enc back), keeps its open streams in :mod:`.streams` (per
+  (t, n) caps, idle reaper), the open round and the replay guard in :mod:`.rounds`, counters in :mod:`.stats`.
+- :mod:`.joint`: the barrier of ``federation.decoder_update: joint`` (one update on all clusters' step).
 - :mod:`.client`: :class:`DecoderClient`, the CU's remote ``HeadFn``.
 - :mod:`.shm`: the same-host shortcut (``dataplane.shared_memory: auto``): a CU on the server's host puts
   its frames in a shared-memory segment it owns and sends only a pointer on its authenticated stream.

@@ -114,8 +114,11 @@ class DecoderClient:
         self.steps = 0
 
     def __call__(
-        self, z_enc: list[torch.Tensor], micro_batches: list[dict[str, torch.Tensor]]
+        self, z_enc: list[torch.Tensor], micro_batches: list[dict[str, torch.Tensor]], lr_factor: float = 1.0
     ) -> tuple[float, list[torch.Tensor]]:
+        """One step of the server's decoder on this CU's z_enc; returns (loss, dL/dz_enc per micro-batch).
+        ``lr_factor`` is not sent: the decoder reads the same factor off the run's lr clock at this step's
+        sequence number (``fl/server/server_state.decoder_lr_factor``)."""
         if len(z_enc) != len(micro_batches):
             raise DataPlaneError(
                 f"{len(z_enc)} encoder outputs for {len(micro_batches)} micro-batches; send one z_enc per micro-batch"

@@ -1,6 +1,11 @@
 """The edge server's decoder host: serves the head to every CU of a round over gRPC (Algorithm 1,
 lines 13-15: decoder forward and backward on the server, dL/dz_enc back to the CUs).
 
+This module holds the gRPC lifecycle: the server, its port and TLS, the key interceptor, the stream
+handler and the rounds it admits. A frame's work (checks, the decoder step, gradients back, counters)
+is :class:`~collapipe_flwr.fl.dataplane.frame_service.FrameService`'s; the open streams and their idle
+reaper are :class:`~collapipe_flwr.fl.dataplane.streams.StreamRegistry`'s.
+
 Concurrency scheme (documented contract): several CUs of a round keep one bidirectional stream each,
 and each stream is served by its own gRPC worker thread, which decodes and checks its requests in
 parallel with the others. The head itself is touched only inside one ``threading.Lock``: every accepted
@@ -23,43 +28,27 @@ vanishes mid-stream only ends its own handler; a step it left behind still compl
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import logging
-import math
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
 import torch
 
-from collapipe_flwr.accelerator import module_device
 from collapipe_flwr.errors import DataPlaneError
-from collapipe_flwr.fl.dataplane.auth import KeyInterceptor, identity_of, key_matches
-from collapipe_flwr.fl.dataplane.checks import check_step
-from collapipe_flwr.fl.dataplane.joint import JointSteps
-from collapipe_flwr.fl.dataplane.protocol import (
-    METHOD,
-    SERVICE,
-    decode_step_request,
-    encode_error,
-    encode_step_reply,
-    peek_step_header,
-    wire_mode,
-)
+from collapipe_flwr.fl.dataplane.auth import KeyInterceptor, identity_of
+from collapipe_flwr.fl.dataplane.frame_service import FrameService
+from collapipe_flwr.fl.dataplane.protocol import METHOD, SERVICE, encode_error, wire_mode
 from collapipe_flwr.fl.dataplane.shm import HostSegments, read_pointer
-from collapipe_flwr.fl.dataplane.stats import ClusterCounters
+from collapipe_flwr.fl.dataplane.stats import HostCounters
+from collapipe_flwr.fl.dataplane.streams import MAX_STREAMS_PER_CLUSTER, StreamRegistry
 from collapipe_flwr.fl.dataplane.transport import channel_options, format_address
 from collapipe_flwr.models.split import TaskHead
-from collapipe_flwr.pipeline.head import head_step
-from collapipe_flwr.pipeline.optim import scale_lr
-from collapipe_flwr.precision import autocast
+
+__all__ = ["MAX_STREAMS_PER_CLUSTER", "DecoderHost"]
 
 log = logging.getLogger(__name__)
-
-MAX_STREAMS_PER_CLUSTER = 4  # open data-plane streams one (round, cluster) key may hold at once
 
 
 class DecoderHost:
@@ -68,11 +57,12 @@ class DecoderHost:
     ``hidden_size`` is H, the encoder width every z_enc must have. ``advertise_host`` is the host part
     of :attr:`address` (default: ``bind``, or 127.0.0.1 when binding every interface). ``max_streams``
     bounds the concurrent CU streams (one worker thread each; more are refused). ``lock_timeout_s``
-    bounds how long a request waits for the decoder behind other CUs' steps. A stream that sends no request
-    for ``idle_timeout_s`` after its last reply (or after it opened) is cancelled by a reaper thread (the
-    CU's client opens a fresh one on its next step), so streams held open by a stuck or hostile CU do not
-    keep worker threads; keepalive pings end a stream whose CU's machine vanished, :meth:`close_round`
-    cancels the round's streams, and :meth:`stop` cancels all.
+    bounds how long a request waits for the decoder behind other CUs' steps. ``lr_factor_of(t, seq)`` is
+    the factor of the decoder's base lr for step seq (1..) of round t (None: the base lr). A stream that
+    sends no request for ``idle_timeout_s`` after its last reply (or after it opened) is cancelled by a
+    reaper thread (the CU's client opens a fresh one on its next step), so streams held open by a stuck
+    or hostile CU do not keep worker threads; keepalive pings end a stream whose CU's machine vanished,
+    :meth:`close_round` cancels the round's streams, and :meth:`stop` cancels all.
     """
 
     def __init__(
@@ -90,7 +80,7 @@ class DecoderHost:
         max_streams: int = 32,
         lock_timeout_s: float = 120.0,
         keep_order: int = 100_000,
-        lr_schedule: Callable[[int, int], float] | None = None,
+        lr_factor_of: Callable[[int, int], float] | None = None,
         precision: str = "fp32",
         joint: bool = False,
         max_len: int = 0,
@@ -99,17 +89,7 @@ class DecoderHost:
         idle_timeout_s: float = 30.0,
         compression: str = "",
     ) -> None:
-        if not secret:
-            raise DataPlaneError("the data-plane secret is empty; give DecoderHost a per-run random secret")
-        if not 0 <= int(port) < 65536:
-            raise DataPlaneError(f"data-plane port {port} is out of range; use 0..65535 (0 = any free port)")
-        if int(max_message_mb) < 1:
-            raise DataPlaneError(f"max_message_mb={max_message_mb} must be >= 1")
-        self.head = head
-        self.optimizer = optimizer
-        self.precision = precision  # the decoder's forward under bf16 autocast or not (runtime.precision)
-        self._lr_schedule = lr_schedule  # (round t, step seq 1..) -> factor of the decoder's base lr
-        self._base_lrs = [g["lr"] for g in optimizer.param_groups] if optimizer is not None else []
+        _check_settings(secret, port, max_message_mb, fp16, compression, idle_timeout_s)
         self.hidden_size = int(hidden_size)
         self.max_len = int(max_len)  # longest sequence a step may carry (the model's positions; 0 = no limit)
         self.max_abs_activation = float(max_abs_activation)  # largest |z_enc| accepted (0 = no limit)
@@ -117,39 +97,48 @@ class DecoderHost:
         self.fp16 = self.compression == "fp16"
         self.max_message_mb = int(max_message_mb)
         self._secret = secret.encode("utf-8")
-        self._bind = bind
+        self._bind, self._port = bind, int(port)
         self._tls = tls  # (certificate PEM, private key PEM): serve over TLS; None: plaintext
-        self._port = int(port)
         self._advertise = advertise_host or ("127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind)
         self._max_streams = int(max_streams)
-        self._lock_timeout_s = float(lock_timeout_s)
-        self._lock = threading.Lock()  # guards the head, the optimizer and the round state
-        self._state_lock = threading.Lock()  # guards counters and the stream registry
-        self._round: int | None = None
-        self._clusters: frozenset[int] = frozenset()
-        self._closed_rounds: set[int] = set()
-        self._streams: dict[int, set] = collections.defaultdict(set)
-        self._counters: dict[int, ClusterCounters] = collections.defaultdict(ClusterCounters)
-        self._unattributed = ClusterCounters()
-        self._order: collections.deque = collections.deque(maxlen=keep_order)
         self._server: grpc.Server | None = None
         self._bound_port: int | None = None
-        # decoder_update: joint (Algorithm 1 line 14, one update on all clusters' step) instead of per CU
-        self._joint = JointSteps(self._run_joint, timeout_s=lock_timeout_s) if joint else None
-        self._last_seq: dict[tuple[int, int], int] = {}  # highest step id claimed per (round, cluster)
-        if not idle_timeout_s > 0:
-            raise DataPlaneError(f"idle_timeout_s={idle_timeout_s} must be > 0")
-        self._idle_timeout_s = float(idle_timeout_s)
-        self._idle_since: dict[
-            grpc.ServicerContext, float
-        ] = {}  # open stream's context -> when it last went idle (inf: busy)
-        self._last_accepted: dict[grpc.ServicerContext, float] = {}  # when the stream last had a step accepted
-        # each (t, n) may hold this many streams at once (a CU needs one; a reopened one may overlap the old)
+        self._lock = threading.Lock()  # guards the head, the optimizer and the round state
+        self._state_lock = threading.Lock()  # guards counters, step ids and the stream registry
+        self._counters = HostCounters(self._state_lock, keep_order)
         self.max_streams_per_cluster = max(1, min(MAX_STREAMS_PER_CLUSTER, self._max_streams))
-        self._open_per_cluster: collections.Counter = collections.Counter()
-        self._reaper_stop = threading.Event()
-        self._reaper: threading.Thread | None = None
-        self.idle_cancelled = 0  # streams cancelled for idling (a counter for tests and logs)
+        self._streams = StreamRegistry(self._state_lock, self._counters, self.max_streams_per_cluster, idle_timeout_s)
+        self._frames = FrameService(
+            head,
+            optimizer,
+            self._secret,
+            lock=self._lock,
+            state_lock=self._state_lock,
+            counters=self._counters,
+            hidden_size=self.hidden_size,
+            max_len=self.max_len,
+            max_abs_activation=self.max_abs_activation,
+            compression=self.compression,
+            lock_timeout_s=float(lock_timeout_s),
+            lr_factor_of=lr_factor_of,
+            precision=precision,
+            joint=joint,
+        )
+
+    @property
+    def head(self) -> TaskHead:
+        """The task head / decoder the data plane trains (use it outside only under :attr:`lock`)."""
+        return self._frames.head
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The decoder's optimizer (its state is checkpointed with the run)."""
+        return self._frames.optimizer
+
+    @property
+    def precision(self) -> str:
+        """The decoder's forward under bf16 autocast or not (runtime.precision)."""
+        return self._frames.precision
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> int:
@@ -161,13 +150,24 @@ class DecoderHost:
             options=channel_options(self.max_message_mb),
             maximum_concurrent_rpcs=self._max_streams,
             interceptors=(
-                KeyInterceptor(self._secret, on_refused=self._count_unauthenticated, not_admitted=self._not_admitted),
+                KeyInterceptor(
+                    self._secret, on_refused=self._counters.refuse_unattributed, not_admitted=self._frames.not_admitted
+                ),
             ),
         )
         handler = grpc.method_handlers_generic_handler(
             SERVICE, {METHOD: grpc.stream_stream_rpc_method_handler(self._serve_stream)}
         )
         server.add_generic_rpc_handlers((handler,))
+        port = self._add_port(server)
+        server.start()
+        self._server, self._bound_port = server, port
+        self._streams.start_reaper()
+        log.info("decoder data plane listening on %s", self.address)
+        return port
+
+    def _add_port(self, server: grpc.Server) -> int:
+        """Bind ``server`` to bind:port, over TLS when given; the bound port (one-line error when taken)."""
         try:
             address = format_address(self._bind, self._port)
             if self._tls is None:
@@ -182,12 +182,6 @@ class DecoderHost:
                 f"cannot bind the data plane to {format_address(self._bind, self._port)}; choose a free "
                 "dataplane.port or another dataplane.bind"
             )
-        server.start()
-        self._server, self._bound_port = server, port
-        self._reaper_stop.clear()
-        self._reaper = threading.Thread(target=self._reap_idle_streams, name="decoder-host-reaper", daemon=True)
-        self._reaper.start()
-        log.info("decoder data plane listening on %s", self.address)
         return port
 
     @property
@@ -209,10 +203,7 @@ class DecoderHost:
         if self._server is not None:
             self._server.stop(grace_s).wait(grace_s + 5.0)
             self._server = None
-        self._reaper_stop.set()
-        if self._reaper is not None:
-            self._reaper.join(timeout=5.0)
-            self._reaper = None
+        self._streams.stop_reaper()
 
     def __enter__(self) -> DecoderHost:
         self.start()
@@ -225,297 +216,92 @@ class DecoderHost:
     def open_round(self, round: int, clusters: list[int]) -> None:  # noqa: A002 - the paper's t
         """Accept steps of round ``round`` from the CUs in ``clusters`` (closes any previous round)."""
         self.close_round()
-        with self._lock:
-            self._round = int(round)
-            self._clusters = frozenset(int(c) for c in clusters)
-            self._closed_rounds.discard(self._round)
-        with self._state_lock:  # only the open round's step ids can be claimed: keep O(N), not O(N * T)
-            self._last_seq = {key: seq for key, seq in self._last_seq.items() if key[0] == self._round}
-        if self._joint is not None:
-            self._joint.open_round(round, clusters)
+        self._frames.open_round(round, clusters)
 
     def close_round(self) -> None:
         """Refuse further steps of the open round and cancel its streams; returns once no step runs."""
-        if self._joint is not None:
-            self._joint.close_round()
-        with self._lock:
-            if self._round is None:
-                return
-            closed, self._round, self._clusters = self._round, None, frozenset()
-            self._closed_rounds.add(closed)
-        with self._state_lock:
-            contexts = list(self._streams.pop(closed, ()))
-        for context in contexts:
-            context.cancel()
+        closed = self._frames.close_round()
+        if closed is not None:
+            self._streams.cancel_round(closed)
 
     @property
     def lock(self) -> threading.Lock:
         """Hold this to use the head outside the data plane (e.g. evaluation between rounds)."""
         return self._lock
 
-    def _not_admitted(self, round_: int, cluster: int) -> str | None:
-        """Why a stream of cluster n in round t may not open (t is not the open round, or it did not select n),
-        None when it may. Read without the lock: a stale answer is caught again per frame by _check_round."""
-        try:
-            self._check_round(round_, cluster)
-        except DataPlaneError as err:
-            return str(err)
-        return None
-
     # -- counters ----------------------------------------------------------------------------------
     def stats(self) -> dict:
         """{"clusters": {n: counters}, "unattributed": counters for frames without a valid header}."""
-        with self._state_lock:
-            return {
-                "clusters": {n: c.to_dict() for n, c in sorted(self._counters.items())},
-                "unattributed": self._unattributed.to_dict(),
-            }
+        return self._counters.stats()
 
     @property
     def served_order(self) -> list[tuple[int, int, int]]:
         """(round, cluster, seq) of every served step, in the order the head ran them."""
-        with self._state_lock:
-            return list(self._order)
+        return self._counters.served_order()
+
+    @property
+    def idle_cancelled(self) -> int:
+        """Streams cancelled for idling (a counter for tests and logs)."""
+        return self._streams.idle_cancelled
+
+    @property
+    def _last_seq(self) -> dict[tuple[int, int], int]:
+        """The highest step id claimed per (round, cluster) of the open round (the replay guard's state)."""
+        return self._frames.step_ids.last
 
     # -- serving -----------------------------------------------------------------------------------
-    def _serve_stream(self, request_iterator, context):
+    def _serve_stream(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        """One CU's bidirectional stream: each request frame (inline, or a pointer into the CU's shared
+        memory) answered in order by :meth:`FrameService.serve`."""
         registered: int | None = None
         who = identity_of(context.invocation_metadata())  # (t, n, key), checked by KeyInterceptor
         stream = (who[0], who[1]) if who is not None else None
-        if not self._open_stream(stream):
+        if not self._streams.open(stream):
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"cluster {stream[1] if stream else '?'} already has {self.max_streams_per_cluster} open data-plane "
                 "streams; a CU needs one (close the others)",
             )
-        self._mark_idle(context)
+        self._streams.mark_idle(context)
         # the CU's shared-memory segments (same-host shortcut, shm.py), no frame larger than the task's cap
         segments = HostSegments(max_bytes=self.max_message_mb * 2**20)
         try:
             for frame in request_iterator:
-                self._mark_idle(context, busy=True)
+                self._streams.mark_idle(context, busy=True)
                 try:
                     pointer = read_pointer(frame)
                     if pointer is not None:
                         frame = segments.read(*pointer)
                 except DataPlaneError as err:  # before the step is claimed: the CU may resend it inline
-                    self._mark_idle(context, refused=True)
+                    self._streams.mark_idle(context, refused=True)
                     yield encode_error(None, str(err))
                     continue
-                reply, round_ = self._serve_frame(frame, stream)
+                reply, round_ = self._frames.serve(frame, stream)
                 if pointer is not None:
                     reply = segments.reply(pointer[0], reply)
                 if registered is None and round_ is not None:
                     registered = round_
-                    with self._state_lock:
-                        self._streams[round_].add(context)
-                self._mark_idle(context, refused=round_ is None)
+                    self._streams.register(round_, context)
+                self._streams.mark_idle(context, refused=round_ is None)
                 yield reply
         except Exception as err:  # the CU went away (cancel, disconnect, deadline) or the host stopped
             log.debug("data-plane stream ended: %s", err)
         finally:
             segments.close()
-            with self._state_lock:
-                self._idle_since.pop(context, None)
-                self._last_accepted.pop(context, None)
-                if registered is not None:
-                    self._streams.get(registered, set()).discard(context)
-                if stream is not None:
-                    self._open_per_cluster[stream] -= 1
-                    if self._open_per_cluster[stream] <= 0:
-                        del self._open_per_cluster[stream]
+            self._streams.release(context, registered, stream)
 
-    def _open_stream(self, stream: tuple[int, int] | None) -> bool:
-        """Count a new stream of (t, n); False when that cluster already holds its share of the host's streams
-        (one key holder must not fill ``max_streams`` and lock every other CU out)."""
-        if stream is None:
-            return True
-        with self._state_lock:
-            if self._open_per_cluster[stream] >= self.max_streams_per_cluster:
-                self._unattributed.refused += 1
-                return False
-            self._open_per_cluster[stream] += 1
-            return True
 
-    def _mark_idle(self, context, busy: bool = False, refused: bool = False) -> None:
-        """Idle since now, or busy (inf). Only an accepted step (or the stream's opening) starts the idle clock
-        afresh: after a refused frame the stream is idle since its last accepted step, so a CU sending junk
-        every few seconds is still reaped after ``idle_timeout_s``."""
-        with self._state_lock:
-            now = time.monotonic()
-            if busy:
-                self._last_accepted.setdefault(context, self._idle_since.get(context, now))
-                self._idle_since[context] = math.inf
-            elif refused:
-                self._idle_since[context] = self._last_accepted.get(context, now)
-            else:
-                self._idle_since[context] = now
-                self._last_accepted[context] = now
-
-    def _reap_idle_streams(self) -> None:
-        """Cancel every stream idle for longer than ``idle_timeout_s`` (runs until :meth:`stop`)."""
-        period = min(1.0, self._idle_timeout_s / 4)
-        while not self._reaper_stop.wait(period):
-            now = time.monotonic()
-            with self._state_lock:
-                stale = [c for c, since in self._idle_since.items() if now - since > self._idle_timeout_s]
-                for context in stale:
-                    self._idle_since.pop(context, None)
-            for context in stale:
-                self.idle_cancelled += 1
-                context.cancel()
-
-    def _serve_frame(self, frame: bytes, stream: tuple[int, int] | None = None) -> tuple[bytes, int | None]:
-        t0 = time.perf_counter()
-        seq = cluster = round_ = None
-        try:
-            secret, round_, cluster, seq, _m = peek_step_header(frame)
-            if not key_matches(self._secret, round_, cluster, secret):
-                cluster = round_ = None
-                raise DataPlaneError(
-                    "wrong data-plane key for this round and cluster; the CU must use the key from its own train "
-                    "message"
-                )
-            if stream is not None and (round_, cluster) != stream:
-                raise DataPlaneError(
-                    f"a step of round {round_}, cluster {cluster} on the stream of round {stream[0]}, cluster "
-                    f"{stream[1]}; a CU sends only its own steps"
-                )
-            self._check_round(round_, cluster)
-            self._claim_seq(round_, cluster, seq)
-            req = decode_step_request(frame)
-            check_step(req, self.hidden_size, False, self.max_len, self.max_abs_activation, self.compression)
-            t_wait = time.perf_counter()
-            joint = self._joint.submit(req) if self._joint is not None else None
-            if joint is not None:
-                loss, grads = joint
-                reply = encode_step_reply(seq, loss, grads, compression=self.compression)
-                self._count(
-                    cluster,
-                    frame,
-                    reply,
-                    served=True,
-                    wait=time.perf_counter() - t_wait,
-                    total=time.perf_counter() - t0,
-                )
-                return reply, round_
-            if not self._lock.acquire(timeout=self._lock_timeout_s):
-                raise DataPlaneError(
-                    f"the decoder stayed busy for {self._lock_timeout_s:g} s (other CUs' steps); retry, or give the "
-                    "server more time"
-                )
-            try:
-                t_locked = time.perf_counter()
-                self._check_round(round_, cluster)
-                loss, grads = self._run_head(req)
-                t_done = time.perf_counter()
-                with self._state_lock:
-                    self._order.append((round_, cluster, seq))
-            finally:
-                self._lock.release()
-            reply = encode_step_reply(seq, loss, grads, compression=self.compression)
-            self._count(
-                cluster,
-                frame,
-                reply,
-                served=True,
-                head=t_done - t_locked,
-                wait=t_locked - t_wait,
-                total=time.perf_counter() - t0,
-            )
-            return reply, round_
-        except DataPlaneError as err:
-            reply = encode_error(seq, str(err))
-            self._count(cluster, frame, reply, served=False, total=time.perf_counter() - t0)
-            log.warning("data-plane request refused (round %s, cluster %s): %s", round_, cluster, err)
-            return reply, None
-        except Exception as err:  # a bug, not the CU's fault: answer it, keep serving, keep the trace in the log
-            log.exception("data-plane request failed inside the decoder host")
-            reply = encode_error(seq, f"internal error in the decoder host: {err.__class__.__name__}: {err}")
-            self._count(cluster, frame, reply, served=False, total=time.perf_counter() - t0)
-            return reply, None
-
-    def _claim_seq(self, round_: int, cluster: int, seq: int) -> None:
-        """Step ids increase strictly per (round, cluster): a replayed or reordered frame is refused."""
-        with self._state_lock:
-            last = self._last_seq.get((round_, cluster), 0)
-            if seq <= last:
-                raise DataPlaneError(
-                    f"step id {seq} of cluster {cluster} in round {round_} is not above the last one ({last}): a "
-                    "replayed or reordered frame; a CU numbers its steps 1, 2, ... within a round"
-                )
-            self._last_seq[(round_, cluster)] = seq
-
-    def _count_unauthenticated(self) -> None:
-        with self._state_lock:
-            self._unattributed.refused += 1
-
-    def _check_round(self, round_: int, cluster: int) -> None:
-        if self._round != round_:
-            state = "is closed" if round_ in self._closed_rounds else "is not open"
-            now = f"round {self._round} is open" if self._round is not None else "no round is open"
-            raise DataPlaneError(
-                f"round {round_} {state} on the decoder host ({now}); the CU must use the current round's train message"
-            )
-        if cluster not in self._clusters:
-            raise DataPlaneError(
-                f"cluster {cluster} is not selected in round {round_} (selected: {sorted(self._clusters)}); only the "
-                "round's chosen CUs may send steps"
-            )
-
-    def _run_joint(self, reqs) -> dict[int, tuple[float, list[torch.Tensor]]]:
-        """One head step on all clusters' micro-batches of one step (under the lock); per cluster its own
-        mean loss and dL/dz_enc rescaled from the joint mean (x C / C_n)."""
-        if not self._lock.acquire(timeout=self._lock_timeout_s):
-            raise DataPlaneError(
-                f"the decoder stayed busy for {self._lock_timeout_s:g} s; retry, or give the server more time"
-            )
-        try:
-            for req in reqs:
-                self._check_round(req.round, req.cluster)
-            z = [t for req in reqs for t in req.z_enc]
-            mbs = [mb for req in reqs for mb in req.micro_batches]
-            joint_req = dataclasses.replace(reqs[0], z_enc=z, micro_batches=mbs)
-            terms: list[tuple[float, float]] = []
-            _, grads = self._run_head(joint_req, terms)
-            total = sum(c for _, c in terms)
-            out, i = {}, 0
-            for req in reqs:
-                m = len(req.z_enc)
-                own = terms[i : i + m]
-                count = sum(c for _, c in own)
-                scale = total / count if count else 0.0
-                out[int(req.cluster)] = (
-                    sum(l for l, _ in own) / max(count, 1e-12),
-                    [g * scale for g in grads[i : i + m]],
-                )
-                i += m
-                with self._state_lock:
-                    self._order.append((req.round, req.cluster, req.seq))
-            return out
-        finally:
-            self._lock.release()
-
-    def _run_head(self, req, terms: list | None = None):
-        """head_step under the lock; a head failure leaves weights and optimizer state untouched."""
-        self.head.train()
-        if self._lr_schedule is not None and self.optimizer is not None:
-            scale_lr(self.optimizer, self._base_lrs, self._lr_schedule(req.round, req.seq))
-        try:
-            with autocast(self.precision, module_device(self.head).type):
-                return head_step(self.head, self.optimizer, req.z_enc, req.micro_batches, terms)
-        except DataPlaneError:
-            raise
-        except Exception as err:  # e.g. a label out of range, no targets; raised before optimizer.step()
-            raise DataPlaneError(f"the decoder could not run this step: {err.__class__.__name__}: {err}") from None
-
-    def _count(self, cluster, frame, reply, served, head=0.0, wait=0.0, total=0.0) -> None:
-        with self._state_lock:
-            c = self._counters[cluster] if cluster is not None else self._unattributed
-            c.steps += int(served)
-            c.refused += int(not served)
-            c.bytes_in += len(frame)
-            c.bytes_out += len(reply)
-            c.seconds_head += head
-            c.seconds_wait += wait
-            c.seconds_total += total
+def _check_settings(
+    secret: str, port: int, max_message_mb: int, fp16: bool, compression: str, idle_timeout_s: float
+) -> None:
+    """One-line errors, in this order, for a host that could not serve: no secret, a port or a frame cap out of
+    range, an unknown wire compression, an idle timeout that is not positive."""
+    if not secret:
+        raise DataPlaneError("the data-plane secret is empty; give DecoderHost a per-run random secret")
+    if not 0 <= int(port) < 65536:
+        raise DataPlaneError(f"data-plane port {port} is out of range; use 0..65535 (0 = any free port)")
+    if int(max_message_mb) < 1:
+        raise DataPlaneError(f"max_message_mb={max_message_mb} must be >= 1")
+    wire_mode(fp16, compression)  # raises on an unknown compression
+    if not idle_timeout_s > 0:
+        raise DataPlaneError(f"idle_timeout_s={idle_timeout_s} must be > 0")

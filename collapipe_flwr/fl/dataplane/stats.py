@@ -1,7 +1,10 @@
-"""Counters the decoder host keeps per cluster n, for tests and the per-round JSON log."""
+"""Counters the decoder host keeps per cluster n, for tests and the per-round JSON log, and the order in
+which the head ran the served steps."""
 
 from __future__ import annotations
 
+import collections
+import threading
 from dataclasses import asdict, dataclass
 
 
@@ -17,3 +20,62 @@ class ClusterCounters:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class HostCounters:
+    """:class:`ClusterCounters` per cluster n, one for frames without a valid header (``unattributed``),
+    and (t, n, seq) of every served step in the order the head ran them (the last ``keep_order``).
+
+    Guarded by ``state_lock``, the host's lock for its bookkeeping (shared with the stream registry and
+    the replay guard); :attr:`unattributed` may be changed directly only while holding it.
+    """
+
+    def __init__(self, state_lock: threading.Lock, keep_order: int = 100_000) -> None:
+        self._state_lock = state_lock
+        self._counters: dict[int, ClusterCounters] = collections.defaultdict(ClusterCounters)
+        self.unattributed = ClusterCounters()
+        self._order: collections.deque = collections.deque(maxlen=keep_order)
+
+    def count(
+        self,
+        cluster: int | None,
+        frame: bytes,
+        reply: bytes,
+        served: bool,
+        head: float = 0.0,
+        wait: float = 0.0,
+        total: float = 0.0,
+    ) -> None:
+        """One request frame answered by ``reply`` (a served step or a refusal) for cluster n (None: unknown)."""
+        with self._state_lock:
+            c = self._counters[cluster] if cluster is not None else self.unattributed
+            c.steps += int(served)
+            c.refused += int(not served)
+            c.bytes_in += len(frame)
+            c.bytes_out += len(reply)
+            c.seconds_head += head
+            c.seconds_wait += wait
+            c.seconds_total += total
+
+    def refuse_unattributed(self) -> None:
+        """One stream or frame refused before its cluster was known (e.g. a wrong key in its metadata)."""
+        with self._state_lock:
+            self.unattributed.refused += 1
+
+    def served(self, round_: int, cluster: int, seq: int) -> None:
+        """The head ran step ``seq`` of cluster n in round t (called under the decoder's lock)."""
+        with self._state_lock:
+            self._order.append((round_, cluster, seq))
+
+    def stats(self) -> dict:
+        """{"clusters": {n: counters}, "unattributed": counters for frames without a valid header}."""
+        with self._state_lock:
+            return {
+                "clusters": {n: c.to_dict() for n, c in sorted(self._counters.items())},
+                "unattributed": self.unattributed.to_dict(),
+            }
+
+    def served_order(self) -> list[tuple[int, int, int]]:
+        """(round, cluster, seq) of every served step, in the order the head ran them."""
+        with self._state_lock:
+            return list(self._order)

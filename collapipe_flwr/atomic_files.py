@@ -1,0 +1,57 @@
+"""Files replaced in one step, and I/O errors as one line.
+
+Every file a run keeps (config.json, summary.json, checkpoint.pt, a CU's optimizer moments, saved models,
+plots) is written through :func:`replace_atomically`: a reader sees the old file or the new one, never a part,
+and a crash or a full disk leaves the old file in place. Written here rather than taken from a library because
+the error contract is the project's: an ``OSError`` (disk full, no permission) becomes a one-line
+``CollaPipeError`` naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+from collapipe_flwr.errors import CollaPipeError
+
+
+@contextmanager
+def file_errors(path: Path, doing: str) -> Iterator[None]:
+    """OSError -> one-line CollaPipeError naming the file and what to do."""
+    try:
+        yield
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise CollaPipeError(
+            f"cannot {doing} {path}: {reason}; free disk space or set output-dir to a folder you can write"
+        ) from None
+
+
+def replace_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Replace ``path`` in one step: ``write`` fills a temporary file in the same folder, which is synced and
+    moved over ``path`` with ``os.replace`` (a reader sees the old file or the new one, never a part)."""
+    with file_errors(path, "write"):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except RuntimeError as err:  # torch.save reports a full disk as "[enforce fail at inline_container.cc]"
+            Path(tmp).unlink(missing_ok=True)
+            first = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            raise OSError(errno.ENOSPC, f"the writer failed ({first}); is the disk full?") from None
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) atomically."""
+    replace_atomically(path, lambda fh: fh.write(text.encode("utf-8")))

@@ -1,0 +1,224 @@
+"""The frozen config objects: :class:`RunConfig` (the server, the sweep, ``train_central``, ``simulate``) and
+:class:`ClusterConfig` (the part a CU gets), each built once from a mapping by calling every section's parser."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collapipe_flwr.config.data_dir import resolve_data_dir
+from collapipe_flwr.config.hydra_conf import to_plain
+from collapipe_flwr.config.sections import DataPlaneSpec, EvalSpec, FederationSpec
+from collapipe_flwr.dssra.specs import MethodSpec, SchedulerSpec, parse_method, parse_scheduler
+from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.pipeline.runtime_spec import RuntimeSpec, parse_runtime
+from collapipe_flwr.spec_parsing import check_keys, mapping, require, scalar, typed
+from collapipe_flwr.system.measurement_spec import SystemSpec, TestbedSpec, parse_system, parse_testbed
+from collapipe_flwr.system.network import NetworkSpec
+from collapipe_flwr.tasks.spec import ModelSpec, TaskSpec, parse_model, parse_task
+
+FLOWER_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs, every section a typed spec parsed once by the package that owns it
+    (:func:`build_run_config`)."""
+
+    seed: int
+    data_dir: str
+    output_dir: str
+    run_name: str
+    task: TaskSpec
+    model: ModelSpec
+    method: MethodSpec
+    scheduler: SchedulerSpec
+    network: NetworkSpec
+    federation: FederationSpec
+    runtime: RuntimeSpec
+    dataplane: DataPlaneSpec
+    eval: EvalSpec
+    save_client_weights: bool = False
+    checkpoint: bool = True  # save the server's state after every round (fl/server/checkpoint.py)
+    resume: bool = False  # continue the run in output_dir/run_name from its last checkpoint
+    flower_log: str = "warning"  # Flower's own ServerApp log lines: "info" shows its round banners and dump
+    tensorboard: bool = False  # also log each round's scalars to <run folder>/tensorboard (needs tensorboard)
+    system: SystemSpec = SystemSpec()  # where DSSRA's device and link numbers come from (config | measured)
+    testbed: TestbedSpec = TestbedSpec()  # the emulated heterogeneous testbed (off unless testbed=emulated)
+
+    def resolved_data_dir(self) -> Path:
+        """``data_dir`` if set, else $COLLAPIPE_DATA_DIR; a one-line error when neither names a folder."""
+        return resolve_data_dir(self.data_dir)
+
+    def to_dict(self) -> dict:
+        """The YAML-shaped mapping (``build_run_config(cfg.to_dict()) == cfg``): what config.json holds."""
+        return {
+            "seed": self.seed,
+            "data_dir": self.data_dir,
+            "output_dir": self.output_dir,
+            "run_name": self.run_name,
+            "task": self.task.to_raw(),
+            "model": self.model.to_raw(),
+            "method": self.method.to_raw(),
+            "scheduler": self.scheduler.to_raw(),
+            "network": self.network.to_raw(),
+            "federation": dataclasses.asdict(self.federation),
+            "runtime": self.runtime.to_raw(),
+            "dataplane": dataclasses.asdict(self.dataplane),
+            "eval": dataclasses.asdict(self.eval),
+            "save_client_weights": self.save_client_weights,
+            "checkpoint": self.checkpoint,
+            "flower_log": self.flower_log,
+            "tensorboard": self.tensorboard,
+            "resume": self.resume,
+            "system": self.system.to_raw(),
+            "testbed": self.testbed.to_raw(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+        return build_run_config(data)
+
+    def cluster_config(self) -> ClusterConfig:
+        """The part of this config a CU uses: what the server sends in its hello and train messages."""
+        return ClusterConfig(
+            seed=self.seed,
+            data_dir=self.data_dir,
+            task=self.task,
+            model=self.model,
+            federation=self.federation,
+            runtime=self.runtime,
+            dataplane=self.dataplane,
+            head_on_server=self.method.head_on_server,
+        )
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What a CU needs of the run config (a CU never sees the scheduler, network, method or eval sections):
+    the task and model, the federation's round / step counts, the runtime of its devices, the data plane's
+    wire settings, and whether the head is the server's (data plane) or its own (``method.head_on_server``)."""
+
+    seed: int
+    data_dir: str
+    task: TaskSpec
+    model: ModelSpec
+    federation: FederationSpec
+    runtime: RuntimeSpec
+    dataplane: DataPlaneSpec
+    head_on_server: bool
+
+    def to_dict(self) -> dict:
+        """The JSON a CU receives (``build_cluster_config(cfg.to_dict()) == cfg``)."""
+        return {
+            "seed": self.seed,
+            "data_dir": self.data_dir,
+            "task": self.task.to_raw(),
+            "model": self.model.to_raw(),
+            "federation": dataclasses.asdict(self.federation),
+            "runtime": self.runtime.to_raw(),
+            "dataplane": dataclasses.asdict(self.dataplane),
+            "head_on_server": self.head_on_server,
+        }
+
+    def with_data_dir(self, data_dir: str) -> ClusterConfig:
+        """This config reading its data from ``data_dir`` (the CU's own copy) when one is given."""
+        return dataclasses.replace(self, data_dir=str(data_dir)) if data_dir else self
+
+
+AnyConfig = RunConfig | ClusterConfig  # what the functions both sides use (task, model, runtime ...) accept
+
+
+def build_cluster_config(data: Mapping[str, Any]) -> ClusterConfig:
+    """The CU's side of :func:`build_run_config`: the same section parsers over the part the server sent."""
+    data = mapping("cluster config", data)
+    check_keys("cluster config", data, {f.name for f in dataclasses.fields(ClusterConfig)})
+    seed = _seed(data)
+    task = parse_task(data.get("task"))
+    return ClusterConfig(
+        seed=seed,
+        data_dir=str(data.get("data_dir") or ""),
+        task=task,
+        model=parse_model(data.get("model"), task),
+        federation=typed("federation", FederationSpec, data.get("federation")),
+        runtime=parse_runtime(data.get("runtime")),
+        dataplane=typed("dataplane", DataPlaneSpec, data.get("dataplane")),
+        head_on_server=scalar("", "head_on_server", data.get("head_on_server", True), bool),
+    )
+
+
+_TOP_KEYS = frozenset(field.name for field in dataclasses.fields(RunConfig))
+
+
+def build_run_config(data: Mapping[str, Any]) -> RunConfig:
+    """Validate a composed config mapping once and freeze it."""
+    data = to_plain(data)
+    unknown = sorted(set(data) - _TOP_KEYS - {"hydra"})
+    if unknown:
+        raise ConfigError(f"unknown top-level config key {unknown[0]!r}; valid keys are {', '.join(sorted(_TOP_KEYS))}")
+    for section in ("task", "model", "scheduler", "network"):
+        require(
+            isinstance(data.get(section), dict),
+            f"config group {section} is missing; add {section}=<name> to the overrides",
+        )
+    seed = _seed(data)
+    task = parse_task(data["task"])
+    federation = typed("federation", FederationSpec, data.get("federation"))
+    cfg = RunConfig(
+        seed=seed,
+        data_dir=str(data.get("data_dir") or ""),
+        output_dir=str(data.get("output_dir") or "runs"),
+        run_name=str(data.get("run_name") or ""),
+        task=task,
+        model=parse_model(data["model"], task),
+        method=parse_method(data.get("method")),
+        scheduler=parse_scheduler(data["scheduler"]),
+        network=NetworkSpec.from_config(data["network"], federation.num_clusters),
+        federation=federation,
+        runtime=parse_runtime(data.get("runtime")),
+        dataplane=typed("dataplane", DataPlaneSpec, data.get("dataplane")),
+        eval=typed("eval", EvalSpec, data.get("eval")),
+        save_client_weights=scalar("", "save_client_weights", data.get("save_client_weights", False), bool),
+        checkpoint=scalar("", "checkpoint", data.get("checkpoint", True), bool),
+        resume=scalar("", "resume", data.get("resume", False), bool),
+        flower_log=_choice("flower_log", data.get("flower_log", "warning"), FLOWER_LOG_LEVELS),
+        tensorboard=scalar("", "tensorboard", data.get("tensorboard", False), bool),
+        system=parse_system(data.get("system")),
+        testbed=parse_testbed(data.get("testbed")),
+    )
+    _check_testbed(cfg)
+    return cfg
+
+
+def _seed(data: Mapping[str, Any]) -> int:
+    """The ``seed`` key (default 0): an integer."""
+    seed = data.get("seed", 0)
+    require(isinstance(seed, int) and not isinstance(seed, bool), f"seed={seed!r} must be an integer")
+    return seed
+
+
+def _check_testbed(cfg: RunConfig) -> None:
+    """The testbed's CPU quotas act on processes: each device needs its own (runtime.backend=ray); explicit
+    cores are one per device of a cluster."""
+    tb = cfg.testbed
+    K = cfg.network.devices_per_cluster
+    if tb.cpu_cores and len(tb.cpu_cores) != K:
+        raise ConfigError(
+            f"testbed.cpu_cores has {len(tb.cpu_cores)} entries for network.devices_per_cluster={K}; "
+            "give one per device"
+        )
+    if tb.enabled and tb.cpu_quota and cfg.runtime.backend != "ray":
+        raise ConfigError(
+            f"testbed.cpu_quota needs one process per device (runtime.backend=ray), not runtime.backend="
+            f"{cfg.runtime.backend}; set runtime.backend=ray or testbed.cpu_quota=false (links throttled only)"
+        )
+
+
+def _choice(key: str, value: object, choices: tuple[str, ...]) -> str:
+    text = str(value).lower()
+    if text not in choices:
+        raise ConfigError(f"{key}={value!r} must be one of {', '.join(choices)}")
+    return text

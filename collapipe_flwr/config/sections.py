@@ -1,0 +1,140 @@
+"""The run-level sections this package parses itself (with ``spec_parsing.typed``): ``federation``,
+``dataplane`` and ``eval``; each checks its values once, on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from collapipe_flwr.config.server_optimizer_rules import check_server_optimizer
+from collapipe_flwr.spec_parsing import require
+
+OPTIMIZER_STATES = ("keep", "reset")
+DECODER_UPDATES = ("per_cu", "joint")
+EMBEDDING_MODES = ("trained", "frozen")
+
+
+@dataclass(frozen=True)
+class FederationSpec:
+    """N clusters, T rounds, local steps per round (Algorithm 1)."""
+
+    num_clusters: int = 2
+    num_rounds: int = 3
+    local_steps: int = 10
+    round_timeout_s: float = 3600.0
+    # Optimizer moments on the CU and its devices across rounds: keep (the CU's Adam state survives the
+    # round's weight reload) | reset (fresh optimizer state every round, as a stateless CU would have).
+    optimizer_state: str = "keep"
+    # Server update of the aggregated parts (embedding, encoder): fedavg | fedavgm | fedadam | fedyogi |
+    # fedadagrad (Flower's own strategy maths, see fl/server/server_optimizer.py); the choices and the ranges
+    # below are config/server_optimizer_rules.py's.
+    server_optimizer: str = "fedavg"
+    server_lr: float = 1.0  # eta: server step size (fedavgm: server_learning_rate), > 0
+    server_momentum: float = 0.9  # fedavgm momentum; fedadam/fedyogi beta_1, in [0, 1)
+    server_beta_2: float = 0.99  # fedadam / fedyogi second moment, in [0, 1)
+    server_tau: float = 1e-3  # fedadam / fedyogi / fedadagrad adaptivity, > 0
+    # Algorithm 1 line 14: per_cu = one decoder update per CU step in arrival order | joint = one update
+    # per step on the concatenated activations of all participating clusters (a barrier on the data plane).
+    decoder_update: str = "per_cu"
+    # The CU's embedding: trained (CUs train it and upload it with the encoder; FedAvg averages it) | frozen
+    # (it keeps its initial values, so a CU uploads only z_enc and theta_enc, exactly eq. 11's terms).
+    embedding: str = "trained"
+
+    def __post_init__(self) -> None:
+        require(
+            self.embedding in EMBEDDING_MODES,
+            f"federation.embedding={self.embedding!r} must be one of {', '.join(EMBEDDING_MODES)}",
+        )
+        require(self.num_clusters >= 1, f"federation.num_clusters={self.num_clusters} must be >= 1")
+        require(
+            self.optimizer_state in OPTIMIZER_STATES,
+            f"federation.optimizer_state={self.optimizer_state!r} must be one of {', '.join(OPTIMIZER_STATES)}",
+        )
+        check_server_optimizer(
+            self.server_optimizer,
+            {
+                "lr": self.server_lr,
+                "momentum": self.server_momentum,
+                "beta_2": self.server_beta_2,
+                "tau": self.server_tau,
+            },
+            name_key="federation.server_optimizer",
+            key_of=lambda name: f"federation.server_{name}",
+            used_only=False,  # every value in the config must be valid, whichever optimizer it names
+        )
+        require(
+            self.decoder_update in DECODER_UPDATES,
+            f"federation.decoder_update={self.decoder_update!r} must be one of {', '.join(DECODER_UPDATES)}",
+        )
+        require(self.num_rounds >= 1, f"federation.num_rounds={self.num_rounds} must be >= 1")
+        require(self.local_steps >= 1, f"federation.local_steps={self.local_steps} must be >= 1")
+        require(self.round_timeout_s > 0, "federation.round_timeout_s must be > 0")
+
+
+@dataclass(frozen=True)
+class DataPlaneSpec:
+    """The per-step channel between CUs and the server's decoder."""
+
+    host: str = "127.0.0.1"
+    bind: str = ""  # "" = the announced host only; "0.0.0.0" listens on every interface
+    port: int = 0
+    fp16: bool = False  # the older switch: true = compression fp16
+    # what z_enc and dL/dz_enc travel as: none (float32) | fp16 (scaled float16) | int8 (per-channel scales)
+    compression: str = "none"
+    # largest step frame either end accepts; 0 = sized from the task (fl/dataplane/transport.step_message_mb:
+    # b x max_len tokens of z_enc and labels, with room to spare), so a flood cannot park big frames in memory
+    max_message_mb: int = 0
+    timeout_s: float = 120.0
+    # an authenticated stream that sends no step for this long is cancelled (its CU reopens one on its next
+    # step), so streams left open by a stuck or hostile CU do not hold the server's workers
+    idle_timeout_s: float = 30.0
+    # the decoder refuses a step whose |z_enc| exceeds this (finite but huge activations would turn its loss
+    # NaN); 0 = no limit. Encoder outputs after LayerNorm are O(10).
+    max_abs_activation: float = 1e4
+    # TLS for the data plane (PEM files on the server, e.g. the ones given to the SuperLink's --ssl-* flags):
+    # the CUs get the CA (or the certificate) in their train message. "" = plaintext (loopback, tests).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    # same-host shortcut (fl/dataplane/shm.py): auto = a CU that reaches the host on a loopback address passes
+    # its frames through shared memory and only a pointer over gRPC (plaintext channels) | off = always inline
+    shared_memory: str = "auto"
+
+    def __post_init__(self) -> None:
+        require(bool(self.tls_cert) == bool(self.tls_key), "dataplane.tls_cert and dataplane.tls_key go together")
+        require(
+            self.shared_memory in ("auto", "off"),
+            f"dataplane.shared_memory={self.shared_memory!r} must be auto or off",
+        )
+        require(0 <= self.port < 65536, f"dataplane.port={self.port} must be in 0..65535 (0 = any free port)")
+        require(self.max_abs_activation >= 0, "dataplane.max_abs_activation must be >= 0 (0 = no limit)")
+        require(self.max_message_mb >= 0, "dataplane.max_message_mb must be >= 0 (0 = sized from the task)")
+        require(self.idle_timeout_s > 0, "dataplane.idle_timeout_s must be > 0")
+        require(self.timeout_s > 0, "dataplane.timeout_s must be > 0")
+        require(
+            self.compression in ("none", "fp16", "int8"),
+            f"dataplane.compression={self.compression!r} must be none, fp16 or int8",
+        )
+        require(
+            not self.fp16 or self.compression in ("none", "fp16"),
+            f"dataplane.fp16=true contradicts dataplane.compression={self.compression}; drop fp16 (use compression)",
+        )
+
+    @property
+    def wire(self) -> str:
+        """The effective wire compression: ``compression``, or fp16 when the older ``fp16`` switch is on."""
+        return "fp16" if self.fp16 else self.compression
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    max_examples: int = 0
+    batch_size: int = 64
+    beam_size: int = 1
+    every: int = 1  # evaluate after rounds every, 2*every, ... and always after the last round
+    at_start: bool = True  # also evaluate the initial model (round 0)
+
+    def __post_init__(self) -> None:
+        require(self.every >= 1, "eval.every must be >= 1 (1 = evaluate after every round)")
+        require(self.max_examples >= 0, "eval.max_examples must be >= 0 (0 = whole validation split)")
+        require(self.batch_size >= 1, "eval.batch_size must be >= 1")
+        require(self.beam_size >= 1, "eval.beam_size must be >= 1")

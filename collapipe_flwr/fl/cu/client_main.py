@@ -1,0 +1,63 @@
+"""The CU's message handlers (what ``client_app.py`` registers).
+
+A :class:`~collapipe_flwr.errors.CollaPipeError` (bad node config, bad data file, refused data-plane
+request, failed device) becomes an error reply carrying its one-line message, so the server logs what
+went wrong on which CU and aggregates the others; anything else propagates as a Flower error.
+"""
+
+from __future__ import annotations
+
+from flwr.app import Context, Error, Message, MetricRecord, RecordDict
+
+from collapipe_flwr.errors import CollaPipeError
+from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, hello_metrics, release_run, train_round
+from collapipe_flwr.fl.messages import (
+    DEVICE_ACTORS_RELEASED,
+    HELLO_REPLY,
+    RELEASE_REPLY,
+    read_cluster_config,
+    read_release,
+    read_train,
+    reply_content,
+)
+
+USER_ERROR_CODE = 4200  # a CollaPipeError on the CU: its message is the reason
+
+
+def _error_reply(msg: Message, err: CollaPipeError) -> Message:
+    return Message(Error(code=USER_ERROR_CODE, reason=str(err)), reply_to=msg)
+
+
+def handle_hello(msg: Message, context: Context) -> Message:
+    """Say which cluster this SuperNode is and how many training examples it holds."""
+    try:
+        cluster_config = read_cluster_config(msg)
+        identity = ClusterIdentity.from_node_config(context.node_config)
+        metrics = hello_metrics(identity, cluster_config)
+    except CollaPipeError as err:
+        return _error_reply(msg, err)
+    return Message(RecordDict({HELLO_REPLY: MetricRecord(metrics)}), reply_to=msg)
+
+
+def handle_train(msg: Message, context: Context) -> Message:
+    """One round of local training (Algorithm 1, lines 5-23); replies with the encoder and metrics."""
+    try:
+        identity = ClusterIdentity.from_node_config(context.node_config)
+        weights, instructions = read_train(msg)
+        reply_weights, metrics = train_round(
+            identity, weights, instructions, state=context.state, run_id=msg.metadata.run_id
+        )
+    except CollaPipeError as err:
+        return _error_reply(msg, err)
+    return Message(reply_content(reply_weights, metrics), reply_to=msg)
+
+
+def handle_release(msg: Message, context: Context) -> Message:
+    """The run is over: kill this cluster's device actors of the run and forget its session."""
+    try:
+        identity = ClusterIdentity.from_node_config(context.node_config)
+        release = read_release(msg)
+        killed = release_run(identity, str(msg.metadata.run_id), release.num_devices, release.cu_state_key)
+    except CollaPipeError as err:
+        return _error_reply(msg, err)
+    return Message(RecordDict({RELEASE_REPLY: MetricRecord({DEVICE_ACTORS_RELEASED: killed})}), reply_to=msg)

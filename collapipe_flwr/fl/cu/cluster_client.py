@@ -1,0 +1,273 @@
+"""The control unit (CU) of cluster n: one round of local training (Algorithm 1, lines 5-23).
+
+On ``train``: load the global embedding + encoder into this run's session (``cluster_session``: the device
+pipeline and optimizer state live across rounds; the pipeline is re-partitioned only when the plan's
+delta changes), run the round's local steps — each step: embedding on the CU -> GPipe forward over the
+device actors -> z_enc to the head (the server's decoder over the data plane, or a local head for methods
+that keep the whole model on the CU) -> dL/dz_enc back -> GPipe backward -> every segment and the
+embedding update at the learning-rate schedule's factor for the run-wide step — then concatenate the
+segments (⊕, eq. 4) and reply with the encoder and the round's metrics. ``train_round`` reads the round
+top-down; its parts: ``local_steps`` (the steps and their lr factors), ``device_loss`` (the re-plan after a
+lost device), ``round_testbed`` (the testbed and the devices' profile), ``round_metrics`` (the reply's metrics).
+
+``release`` (after the last round): the CU kills this run's device actors and forgets the session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+from flwr.app import RecordDict
+
+from collapipe_flwr import wiring
+from collapipe_flwr.config import DATA_DIR_ENV, ClusterConfig, build_cluster_config
+from collapipe_flwr.errors import ConfigError, DeviceFailure
+from collapipe_flwr.fl.cu.cluster_session import (
+    ClusterSession,
+    cached_task,
+    drop_session,
+    existing_session,
+    session_for,
+)
+from collapipe_flwr.fl.cu.cu_checkpoint import remove_cu_state
+from collapipe_flwr.fl.cu.device_loss import replan_after
+from collapipe_flwr.fl.cu.emulation import ThrottledHead, upload
+from collapipe_flwr.fl.cu.local_steps import train_local_steps
+from collapipe_flwr.fl.cu.round_metrics import DeviceReport, RoundClock, device_report, step_metrics
+from collapipe_flwr.fl.cu.round_testbed import RoundTestbed, prepare_testbed, testbed_metrics
+from collapipe_flwr.fl.cu.step_log import StepLog
+from collapipe_flwr.fl.dataplane import DecoderClient
+from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
+from collapipe_flwr.fl.messages import (
+    NUM_EXAMPLES,
+    NUM_PARTITIONS,
+    PARTITION_ID,
+    TrainInstructions,
+    pack_weights,
+    unpack_weights,
+)
+from collapipe_flwr.pipeline.head import LocalHead
+from collapipe_flwr.system.devices import DeviceProfile
+
+
+@dataclass(frozen=True)
+class ClusterIdentity:
+    """Which cluster this CU is, from its node config (simulation and deployment alike)."""
+
+    partition_id: int
+    num_partitions: int
+    data_dir: str = ""
+
+    @classmethod
+    def from_node_config(cls, node_config) -> ClusterIdentity:
+        try:
+            pid = int(node_config["partition-id"])
+            nparts = int(node_config["num-partitions"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(
+                "this SuperNode has no partition-id/num-partitions; start it with "
+                '--node-config "partition-id=0 num-partitions=2"'
+            ) from None
+        if not 0 <= pid < nparts:
+            raise ConfigError(f"partition-id={pid} must be in 0..{nparts - 1}; fix the SuperNode's --node-config")
+        # This box's data: its node config, else its own COLLAPIPE_DATA_DIR, else the run's data_dir.
+        data_dir = str(node_config.get("data-dir", "") or os.environ.get(DATA_DIR_ENV, "") or "")
+        return cls(pid, nparts, data_dir)
+
+
+def hello_metrics(identity: ClusterIdentity, cluster_config: dict) -> dict:
+    """Reply to the server's hello: which cluster this is and how many training examples it holds."""
+    cfg = build_cluster_config(cluster_config).with_data_dir(identity.data_dir)
+    task = cached_task(cfg)
+    examples = wiring.client_partition(task, cfg, identity.partition_id, identity.num_partitions)
+    return {PARTITION_ID: identity.partition_id, NUM_PARTITIONS: identity.num_partitions, NUM_EXAMPLES: len(examples)}
+
+
+def decoder_client(cfg: ClusterConfig, instructions: TrainInstructions, cluster: int) -> DecoderClient:
+    """The remote head (the server's decoder over the data plane) for this CU's round."""
+    return DecoderClient(
+        instructions.dataplane_address,
+        instructions.dataplane_secret,
+        round=instructions.round,
+        cluster=cluster,
+        compression=cfg.dataplane.wire,
+        timeout_s=cfg.dataplane.timeout_s,
+        max_message_mb=resolve_message_mb(
+            cfg.dataplane.max_message_mb,
+            cfg.task.batch_size,
+            cfg.model.max_len,
+            cfg.model.width,
+            cfg.dataplane.wire != "none",
+        ),
+        root_certificate=instructions.dataplane_root_certificate,
+        shared_memory=cfg.dataplane.shared_memory,
+    )
+
+
+def run_key_of(cfg: ClusterConfig, run_id: int | None) -> str:
+    """Which run a message belongs to: Flower's run id, else (direct calls, tests) a digest of the config."""
+    if run_id is not None:
+        return str(run_id)
+    digest = hashlib.sha1(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
+    return digest[:12]
+
+
+@dataclass
+class CuRound:
+    """One round on cluster n's CU: what its parts read. ``parts`` are the round's global weights (theta^enc,
+    the embedding, a CU-side head), the start of every re-plan; ``m`` is the plan's, or the last re-plan's;
+    ``lost`` the devices that failed this round."""
+
+    cfg: ClusterConfig
+    instructions: TrainInstructions
+    cluster: int
+    devices: list[DeviceProfile]
+    session: ClusterSession
+    parts: dict[str, dict[str, torch.Tensor]]
+    m: int
+    lost: list[int] = field(default_factory=list)
+
+
+def train_round(
+    identity: ClusterIdentity,
+    weights_record,
+    instructions: TrainInstructions,
+    state: RecordDict | None = None,
+    run_id: int | None = None,
+):
+    """Run one round on this CU (Algorithm 1, lines 5-23); returns (reply ArrayRecord, metrics dict). ``state`` is
+    Flower's ``Context.state`` of this node (the CU's optimizer state travels there between rounds).
+
+    1. the session loads the global weights and takes the plan's partition delta (re-planning at once when a
+       device was lost since the last round); 2. the testbed's quotas and throttles, and the devices' profile when
+       the server asks; 3. the head: the server's decoder over the data plane, or the CU's own; 4. the
+       ``federation.local_steps`` GPipe steps, re-planned over the devices left when one fails; 5. the reply:
+       theta^enc = theta^1 (+) ... (+) theta^S (eq. 4), the embedding and a CU-side head, uploaded at R_n on the
+       testbed; 6. the CU checkpoints its optimizer moments. A failed round leaves no half-trained state behind."""
+    clock = RoundClock(start=time.time())
+    run = _open_round(identity, weights_record, instructions, state, run_id)
+    head: DecoderClient | ThrottledHead | LocalHead | None = None
+    try:
+        prepared = _prepare(run, state)
+        clock.setup = time.time()
+        testbed = prepare_testbed(run.session, run.cfg, instructions, run.cluster)
+        clock.measured = time.time()
+        head = _round_head(run, testbed)
+        clock.built = time.time()
+        steps = _train_with_replans(run, head)
+        clock.trained = time.time()
+        reply_parts = _reply_parts(run)
+        clock.upload_s = upload(testbed.bucket, reply_parts)
+        devices = _device_report(run)
+        clock.finish_s = _finish(run, state)
+    except BaseException:
+        drop_session(run.session.run_key, run.cluster, len(run.devices))
+        raise
+    finally:
+        if isinstance(head, (DecoderClient, ThrottledHead)):  # a remote head's connection ends with the round
+            head.close()
+    metrics = {
+        **step_metrics(steps, wiring.lr_clock(run.cfg).factor(instructions.round, 0)),
+        **clock.seconds(time.time()),
+        **devices.metrics(steps.device_compute),
+        **prepared,
+    }
+    if instructions.report_profile:
+        K, t = len(run.devices), instructions.round
+        metrics.update(testbed_metrics(testbed, head, steps.seconds, len(steps.losses), K, t))
+    return pack_weights(reply_parts), metrics
+
+
+def _open_round(
+    identity: ClusterIdentity, weights_record, instructions: TrainInstructions, state, run_id: int | None
+) -> CuRound:
+    """The round's config (this box's data folder), torch threads, this run's session and the global weights."""
+    cfg = build_cluster_config(instructions.cluster_config).with_data_dir(identity.data_dir)
+    torch.set_num_threads(cfg.runtime.torch_threads)
+    session = session_for(run_key_of(cfg, run_id), identity.partition_id, identity.num_partitions, cfg, state)
+    session.state_key = instructions.cu_state_key
+    devices = [DeviceProfile.from_dict(d) for d in instructions.devices]
+    parts = unpack_weights(weights_record)
+    return CuRound(cfg, instructions, identity.partition_id, devices, session, parts, instructions.plan.m)
+
+
+def _prepare(run: CuRound, state) -> dict[str, int]:
+    """Load the weights and take delta; a device lost since the last round: re-plan before the first step."""
+    try:
+        return run.session.prepare(run.instructions.round, run.parts, run.instructions.plan.delta, run.devices, state)
+    except DeviceFailure as failure:
+        run.m = replan_after(failure, run.session, run.parts, run.instructions, run.lost, run.cluster)
+        return {"pipeline-reused": 1, "blocks-moved": 1, "optimizer-restored": 0}
+
+
+def _round_head(run: CuRound, testbed: RoundTestbed) -> DecoderClient | ThrottledHead | LocalHead:
+    """The server's decoder over the data plane (behind the uplink's token bucket on the testbed), or the CU's
+    own head (methods that keep the whole model on the CU)."""
+    if run.cfg.head_on_server:
+        remote = decoder_client(run.cfg, run.instructions, run.cluster)
+        return ThrottledHead(remote, testbed.bucket, run.cfg.dataplane.wire) if testbed.bucket is not None else remote
+    if run.session.local_head is None:
+        raise RuntimeError(f"cluster {run.cluster}: no local head though head_on_server=false")
+    return run.session.local_head
+
+
+def _train_with_replans(run: CuRound, head: DecoderClient | ThrottledHead | LocalHead) -> StepLog:
+    """The round's local steps; a device that fails mid-round is re-planned around and the round starts again
+    from its global weights on the devices left (``fl/cu/device_loss.py``)."""
+    while True:
+        try:
+            return train_local_steps(
+                run.session.live_pipeline(),
+                head,
+                run.cfg,
+                run.session.task,
+                run.session.examples,
+                round_=run.instructions.round,
+                cluster=run.cluster,
+                m=run.m,
+                data_users=run.instructions.plan.data_users,
+                num_devices=len(run.devices),
+            )
+        except DeviceFailure as failure:
+            run.m = replan_after(failure, run.session, run.parts, run.instructions, run.lost, run.cluster)
+
+
+def _reply_parts(run: CuRound) -> dict[str, dict[str, torch.Tensor]]:
+    """theta^enc (eq. 4), the embedding unless frozen (eq. 11 then leaves it out), and a CU-side head."""
+    pipeline = run.session.live_pipeline()
+    parts = {"encoder": pipeline.encoder_state_dict()}
+    if run.cfg.federation.embedding == "trained":
+        parts["embedding"] = pipeline.embedding_state_dict()
+    if not run.cfg.head_on_server:
+        parts["head"] = {k: v.detach().clone() for k, v in run.session.model.head.state_dict().items()}
+    return parts
+
+
+def _device_report(run: CuRound) -> DeviceReport:
+    pipeline = run.session.live_pipeline()
+    report = device_report(pipeline.memory_report(), pipeline.pids(), len(run.devices))
+    if run.lost:
+        report.lost, report.final_delta, report.final_m = list(run.lost), list(pipeline.delta), run.m
+    return report
+
+
+def _finish(run: CuRound, state) -> float:
+    """The session keeps this round's state (and the CU's own checkpoint of its moments); returns its seconds."""
+    start = time.time()
+    run.session.finish(run.instructions.round, state)
+    return time.time() - start
+
+
+def release_run(identity: ClusterIdentity, run_key: str, num_devices: int, state_key: str = "") -> int:
+    """The run is over for this CU: kill its device actors, forget its session and remove its on-disk moments
+    (the run finished: nothing will resume it). ``state_key`` comes with the release message, since the process
+    handling it need not be the one that trained (Flower's simulation pool)."""
+    session = existing_session(run_key, identity.partition_id)
+    for key in {state_key, session.state_key if session is not None else ""} - {""}:
+        remove_cu_state(key, identity.partition_id)
+    return drop_session(run_key, identity.partition_id, num_devices)

@@ -1,0 +1,197 @@
+"""VanillaFL's round on the CU the paper's way: D data users, each training the whole model on its own share.
+
+The paper's VanillaFL is "a standard FL approach that uses simple averaging for model aggregation, without any
+model partitioning" (Section VI.A), whose devices are all data users (Table III). The plan says how many
+(``ClusterPlan.data_users`` = D, from ``ClusterModel.data_users``: the devices that hold the whole model, C7,
+and train it on their share within E_k^max, C9'). In round t each user d = 0..D-1:
+
+1. starts from the round's global model (theta^enc, the embedding and the head) and the CU's optimizer
+   moments at the start of the round;
+2. runs the round's local steps on its share of each of the cluster's batches: rows
+   ``torch.tensor_split(batch, D)[d]`` (sizes ceil(b/D) or floor(b/D); the delay model counts ceil(b/D));
+3. hands its model to the CU, which averages the D models weighted by the examples each trained on
+   (FedAvg inside the cluster, eq. (5)'s "simple averaging") and uploads that one model.
+
+The users' optimizer moments are averaged the same way (the CU keeps one optimizer state per cluster across
+rounds, ``federation.optimizer_state: keep``; with ``reset`` every user starts each round fresh anyway).
+
+The users run one after another on the device the plan's delta names (the CU executes; the delay model counts
+them in parallel on their own devices, ``ClusterModel.evaluate_data_parallel``). Nothing crosses the data
+plane: VanillaFL keeps the head on the CU (``head_on_server: false``).
+
+Written by hand: the state to snapshot spans the CU's embedding, the device stages (local or Ray) and the
+local head, which no library's data-parallel wrapper (DDP needs one process per replica and averages
+gradients every step, not models after local steps) covers.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from collapipe_flwr.fl.cu.step_log import StepLog
+from collapipe_flwr.pipeline.cluster import ClusterPipeline
+from collapipe_flwr.pipeline.head import LocalHead
+
+
+@dataclass
+class TrainingState:
+    """What a data user changes in a round: weights and optimizer moments of every part it trains."""
+
+    embedding: dict[str, torch.Tensor]
+    embedding_optimizer: dict
+    encoder: dict[str, torch.Tensor]
+    encoder_optimizer: dict[str, dict]
+    head: dict[str, torch.Tensor]
+    head_optimizer: dict
+
+
+def snapshot(pipeline: ClusterPipeline, head: LocalHead) -> TrainingState:
+    """A deep copy of the CU's training state (weights and optimizer moments), on the CPU."""
+    head_optimizer = head.optimizer.state_dict() if head.optimizer is not None else {}
+    return TrainingState(
+        embedding=pipeline.embedding_state_dict(),
+        embedding_optimizer=copy.deepcopy(pipeline.embedding_optimizer.state_dict()),
+        # copies: on the local backend a stage hands out its live tensors
+        encoder={k: v.detach().clone() for k, v in pipeline.encoder_state_dict().items()},
+        encoder_optimizer=copy.deepcopy(pipeline.encoder_optimizer_state()),
+        head={k: v.detach().clone() for k, v in head.head.state_dict().items()},
+        head_optimizer=copy.deepcopy(head_optimizer),
+    )
+
+
+def restore(pipeline: ClusterPipeline, head: LocalHead, state: TrainingState) -> None:
+    """Put ``state`` back: weights, and optimizer moments over fresh optimizers (so that no moment of the
+    previous user survives where ``state`` has none, e.g. before the first step of a run)."""
+    pipeline.load_embedding_state_dict(state.embedding)
+    pipeline.load_encoder_state_dict(state.encoder)
+    pipeline.reset_optimizers()
+    if state.embedding_optimizer.get("state"):
+        pipeline.embedding_optimizer.load_state_dict(copy.deepcopy(state.embedding_optimizer))
+    if state.encoder_optimizer:
+        pipeline.load_encoder_optimizer_state(state.encoder_optimizer)
+    head.head.load_state_dict(state.head)
+    head.reset_optimizer()
+    if head.optimizer is not None and state.head_optimizer.get("state"):
+        head.optimizer.load_state_dict(copy.deepcopy(state.head_optimizer))
+
+
+class RunningMean:
+    """The weighted mean of nested dicts of tensors (FedAvg), one tree at a time, so that the CU holds one sum
+    rather than all D users' states: floating tensors are summed in at least float32 and cast back to their
+    dtype; floats are averaged; integer tensors, lists and other leaves (Adam's hyperparameters, names) are
+    taken from the first tree."""
+
+    def __init__(self) -> None:
+        self._sum: Any = None
+        self._weight = 0.0
+
+    def add(self, tree: Any, weight: float) -> None:
+        self._sum = _scaled(tree, float(weight)) if self._sum is None else _accumulate(self._sum, tree, float(weight))
+        self._weight += float(weight)
+
+    def mean(self) -> Any:
+        if self._sum is None or not self._weight > 0:
+            raise ValueError("no data user's state (or only zero weights) to average")
+        return _divided(self._sum, self._weight)
+
+
+@dataclass
+class _Sum:
+    """A floating tensor's running weighted sum and the dtype to return it in."""
+
+    total: torch.Tensor
+    dtype: torch.dtype
+
+
+def _scaled(tree: Any, weight: float) -> Any:
+    if isinstance(tree, dict):
+        return {key: _scaled(value, weight) for key, value in tree.items()}
+    if torch.is_tensor(tree) and tree.is_floating_point():
+        return _Sum(tree.detach().to(torch.promote_types(tree.dtype, torch.float32)) * weight, tree.dtype)
+    if isinstance(tree, float):
+        return tree * weight
+    return tree
+
+
+def _accumulate(acc: Any, tree: Any, weight: float) -> Any:
+    if isinstance(acc, dict):
+        if not isinstance(tree, dict) or tree.keys() != acc.keys():
+            keys = sorted(tree) if isinstance(tree, dict) else type(tree).__name__
+            raise ValueError(f"data users' states differ in their keys: {sorted(acc)} vs {keys}")
+        return {key: _accumulate(acc[key], tree[key], weight) for key in acc}
+    if isinstance(acc, _Sum):
+        acc.total += tree.detach().to(acc.total.dtype) * weight
+        return acc
+    if isinstance(acc, float):
+        return acc + float(tree) * weight
+    return acc
+
+
+def _divided(acc: Any, weight: float) -> Any:
+    if isinstance(acc, dict):
+        return {key: _divided(value, weight) for key, value in acc.items()}
+    if isinstance(acc, _Sum):
+        return (acc.total / weight).to(acc.dtype)
+    if isinstance(acc, float):
+        return acc / weight
+    return acc
+
+
+def average(trees: Sequence[Any], weights: Sequence[float]) -> Any:
+    """The weighted mean of ``trees`` (``RunningMean`` over them)."""
+    running = RunningMean()
+    for tree, weight in zip(trees, weights):
+        running.add(tree, weight)
+    return running.mean()
+
+
+def user_share(batch: dict[str, torch.Tensor], user: int, users: int) -> dict[str, torch.Tensor] | None:
+    """Data user ``user``'s rows of a batch: ``torch.tensor_split(rows, users)[user]`` of every tensor; None
+    when the batch has fewer rows than users and this user's share is empty (an epoch's last, short batch:
+    that user skips the step)."""
+    share = {key: torch.tensor_split(value, users)[user] for key, value in batch.items()}
+    return share if all(v.shape[0] for v in share.values()) else None
+
+
+def active_users(data_users: int, batch_size: int) -> int:
+    """How many users train: D, but no more than the batch has rows (each user needs one example)."""
+    return max(1, min(int(data_users), int(batch_size)))
+
+
+Select = Callable[[dict[str, torch.Tensor]], "dict[str, torch.Tensor] | None"]
+TrainUser = Callable[[Select], StepLog]
+
+
+def train_data_parallel(pipeline: ClusterPipeline, head: LocalHead, users: int, train_user: TrainUser) -> StepLog:
+    """Run the round for ``users`` data users and leave their average in the pipeline and the head.
+
+    ``train_user(select)`` runs the round's local steps with every batch passed through ``select`` and
+    returns ``(losses, examples, seconds per phase, compute per device)``. Returns the same tuple for the
+    round: per step the example-weighted mean loss over the users, and the users' examples, seconds and
+    device compute summed.
+    """
+    start = snapshot(pipeline, head)
+    mean = RunningMean()
+    runs: list[StepLog] = []
+    for d in range(users):
+        if d:
+            restore(pipeline, head, start)
+        runs.append(train_user(functools.partial(user_share, user=d, users=users)))
+        mean.add(vars(snapshot(pipeline, head)), float(runs[-1][1]))
+    examples = [float(run[1]) for run in runs]
+    restore(pipeline, head, TrainingState(**mean.mean()))
+    steps = min(len(run[0]) for run in runs)
+    losses = [sum(run[0][i] * n for run, n in zip(runs, examples)) / sum(examples) for i in range(steps)]
+    seconds: dict[str, float] = {}
+    compute = [0.0] * len(runs[0][3])
+    for run in runs:
+        for phase, sec in run[2].items():
+            seconds[phase] = seconds.get(phase, 0.0) + sec
+        compute = [a + b for a, b in zip(compute, run[3])]
+    return StepLog(losses, int(sum(examples)), seconds, compute)

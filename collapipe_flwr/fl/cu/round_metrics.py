@@ -1,0 +1,75 @@
+"""The metrics of a CU's reply to a train instruction (the keys the server checks, fl/server/reply_checks.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from collapipe_flwr.fl.cu.step_log import StepLog
+
+
+@dataclass
+class RoundClock:
+    """Wall-clock marks of one CU round (``time.time()``): start, weights loaded and partitioned, testbed set and
+    devices measured, head built, steps done; and the seconds of the upload and of the CU's own checkpoint."""
+
+    start: float
+    setup: float = 0.0
+    measured: float = 0.0
+    built: float = 0.0
+    trained: float = 0.0
+    upload_s: float = 0.0
+    finish_s: float = 0.0
+
+    def seconds(self, end: float) -> dict[str, float]:
+        return {
+            "seconds-setup": self.setup - self.start,
+            "seconds-profile": self.measured - self.setup,
+            "seconds-build-pipeline": self.built - self.measured,
+            "seconds-upload": self.upload_s,
+            "seconds-finish": self.finish_s,
+            "seconds-train": self.trained - self.built,
+            "seconds-total": end - self.start,
+        }
+
+
+@dataclass
+class DeviceReport:
+    """Per device k of the cluster: peak bytes (0 for a device the plan left idle) and the OS pids of the live
+    ones; the devices lost this round and the partition and m the CU finished on after re-planning."""
+
+    peak_bytes: list[float]
+    pids: list[int]
+    lost: list[int] = field(default_factory=list)
+    final_delta: list[int] = field(default_factory=list)
+    final_m: int = 0
+
+    def metrics(self, device_compute: list[float]) -> dict:
+        out = {"device-peak-bytes": self.peak_bytes, "device-compute-seconds": device_compute, "device-pids": self.pids}
+        if self.lost:
+            out.update(
+                {"lost-devices": list(self.lost), "replanned-delta": self.final_delta, "replanned-m": self.final_m}
+            )
+        return out
+
+
+def device_report(memory: list[dict], pids: dict[int, int], num_devices: int) -> DeviceReport:
+    """The pipeline's memory report and pids as one entry per device k."""
+    peak = [0.0] * num_devices
+    for report in memory:
+        peak[int(report["device"])] = float(report["peak_bytes"])
+    return DeviceReport(peak, [int(pids[k]) for k in sorted(pids)])
+
+
+def step_metrics(steps: StepLog, lr_factor_first: float) -> dict:
+    """The round's loss (mean, first, last, every step's), its examples, steps and first lr factor."""
+    losses = steps.losses
+    return {
+        "num-examples": steps.examples,
+        "train-loss": sum(losses) / max(len(losses), 1),
+        "train-loss-first": losses[0] if losses else float("nan"),
+        "train-loss-last": losses[-1] if losses else float("nan"),
+        "train-losses": [float(x) for x in losses],
+        "steps": len(losses),
+        "lr-factor-first": lr_factor_first,
+        **{f"seconds-step-{k}": v for k, v in steps.seconds.items()},
+    }

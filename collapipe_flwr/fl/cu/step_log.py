@@ -1,0 +1,32 @@
+"""What a round's local steps leave behind on the CU: the loss of each step, the examples seen, the seconds of
+each phase of the GPipe step and each device's compute seconds, summed over the steps."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from collapipe_flwr.pipeline.timings import StepResult
+
+
+class StepLog(NamedTuple):
+    """The round's steps so far: per-step losses (the plain model's mean loss), examples, seconds per phase
+    (embed, forward, head, backward, update, total) and compute seconds per device k of the cluster."""
+
+    losses: list[float]
+    examples: int
+    seconds: dict[str, float]
+    device_compute: list[float]
+
+    @classmethod
+    def empty(cls, num_devices: int) -> StepLog:
+        return cls([], 0, {}, [0.0] * num_devices)
+
+    def add(self, result: StepResult, examples: int) -> StepLog:
+        """This log with one more step of ``examples`` examples."""
+        seconds = dict(self.seconds)
+        for phase, sec in result.timings.phases().items():
+            seconds[phase] = seconds.get(phase, 0.0) + sec
+        compute = list(self.device_compute)
+        for k, sec in result.timings.device_compute.items():  # {device index k: compute seconds this step}
+            compute[int(k)] += float(sec)
+        return StepLog([*self.losses, float(result.loss)], self.examples + int(examples), seconds, compute)

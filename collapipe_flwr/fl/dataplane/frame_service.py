@@ -1,0 +1,224 @@
+"""The decoder host's per-frame work (Algorithm 1, lines 13-15 on the server): one step request frame in,
+one reply frame (loss and dL/dz_enc per micro-batch) or one error line out.
+
+A frame is authenticated (the CU's own key for (t, n), on its own stream), its round / cluster checked,
+its step id claimed, decoded and checked (:mod:`.checks`) before the decoder is touched. The head then
+runs one whole :func:`~collapipe_flwr.pipeline.head.head_step` under the decoder's lock (per CU), or
+joins the barrier of step ``seq`` of every cluster (``joint``, :mod:`.joint`). The round is checked
+again under the lock, so a closed round runs no step after :meth:`FrameService.close_round` returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from collapipe_flwr.accelerator import module_device
+from collapipe_flwr.errors import DataPlaneError
+from collapipe_flwr.fl.dataplane.auth import key_matches
+from collapipe_flwr.fl.dataplane.checks import check_step
+from collapipe_flwr.fl.dataplane.joint import JointSteps, StepResults
+from collapipe_flwr.fl.dataplane.protocol import (
+    StepRequest,
+    decode_step_request,
+    encode_error,
+    encode_step_reply,
+    peek_step_header,
+)
+from collapipe_flwr.fl.dataplane.rounds import RoundGate, StepIds
+from collapipe_flwr.fl.dataplane.stats import HostCounters
+from collapipe_flwr.models.split import TaskHead
+from collapipe_flwr.pipeline.head import head_step
+from collapipe_flwr.pipeline.optim import scale_lr
+from collapipe_flwr.precision import autocast
+
+log = logging.getLogger("collapipe_flwr.fl.dataplane.server")  # the host's log, as before the split
+
+
+class FrameService:
+    """Serves step request frames on the task head / decoder (and its optimizer, or None).
+
+    ``lock`` guards the head, the optimizer and the round state (:attr:`gate`); ``counters`` and
+    :attr:`step_ids` share the host's ``state_lock``. Frames are checked against H = ``hidden_size``,
+    ``max_len`` and ``max_abs_activation`` in the wire ``compression``; ``lr_factor_of(t, seq)`` is the
+    factor of the decoder's base lr for step seq (1..) of round t (None: the base lr).
+    """
+
+    def __init__(
+        self,
+        head: TaskHead,
+        optimizer: torch.optim.Optimizer | None,
+        secret: bytes,
+        *,
+        lock: threading.Lock,
+        state_lock: threading.Lock,
+        counters: HostCounters,
+        hidden_size: int,
+        max_len: int,
+        max_abs_activation: float,
+        compression: str,
+        lock_timeout_s: float,
+        lr_factor_of: Callable[[int, int], float] | None,
+        precision: str,
+        joint: bool,
+    ) -> None:
+        self.head = head
+        self.optimizer = optimizer
+        self.precision = precision  # the decoder's forward under bf16 autocast or not (runtime.precision)
+        self._lr_factor_of = lr_factor_of  # (round t, step seq 1..) -> factor of the decoder's base lr
+        self._base_lrs = [g["lr"] for g in optimizer.param_groups] if optimizer is not None else []
+        self._secret = secret
+        self.hidden_size = hidden_size
+        self.max_len = max_len  # longest sequence a step may carry (the model's positions; 0 = no limit)
+        self.max_abs_activation = max_abs_activation  # largest |z_enc| accepted (0 = no limit)
+        self.compression = compression  # "none" | "fp16" | "int8"
+        self.lock = lock
+        self._lock_timeout_s = lock_timeout_s
+        self._counters = counters
+        self.gate = RoundGate()
+        self.step_ids = StepIds(state_lock)
+        # decoder_update: joint (Algorithm 1 line 14, one update on all clusters' step) instead of per CU
+        self._joint = JointSteps(self._run_joint, timeout_s=lock_timeout_s) if joint else None
+
+    # -- rounds ------------------------------------------------------------------------------------
+    def open_round(self, round_: int, clusters: list[int]) -> None:
+        """Accept steps of round t from ``clusters`` (the previous round is closed already)."""
+        with self.lock:
+            self.gate.open(round_, clusters)
+        self.step_ids.keep_round(int(round_))
+        if self._joint is not None:
+            self._joint.open_round(round_, clusters)
+
+    def close_round(self) -> int | None:
+        """Refuse further steps of the open round; returns it (None if none was open) once no step runs."""
+        if self._joint is not None:
+            self._joint.close_round()
+        with self.lock:
+            return self.gate.close()
+
+    def not_admitted(self, round_: int, cluster: int) -> str | None:
+        """Why a stream of cluster n in round t may not open, None when it may (read without the lock)."""
+        try:
+            self.gate.check(round_, cluster)
+        except DataPlaneError as err:
+            return str(err)
+        return None
+
+    # -- one frame ---------------------------------------------------------------------------------
+    def serve(self, frame: bytes, stream: tuple[int, int] | None = None) -> tuple[bytes, int | None]:
+        """(reply or error frame, the step's round t or None when refused) for one request frame that
+        arrived on the stream of (t, n) = ``stream`` (None: not known)."""
+        t0 = time.perf_counter()
+        seq = cluster = round_ = None
+        try:
+            secret, round_, cluster, seq, _m = peek_step_header(frame)
+            if not key_matches(self._secret, round_, cluster, secret):
+                cluster = round_ = None
+                raise DataPlaneError(
+                    "wrong data-plane key for this round and cluster; the CU must use the key from its own train "
+                    "message"
+                )
+            req = self._admit(frame, round_, cluster, seq, stream)
+            return self._answer(req, frame, t0, round_, cluster, seq), round_
+        except DataPlaneError as err:
+            reply = encode_error(seq, str(err))
+            self._counters.count(cluster, frame, reply, served=False, total=time.perf_counter() - t0)
+            log.warning("data-plane request refused (round %s, cluster %s): %s", round_, cluster, err)
+            return reply, None
+        except Exception as err:  # a bug, not the CU's fault: answer it, keep serving, keep the trace in the log
+            log.exception("data-plane request failed inside the decoder host")
+            reply = encode_error(seq, f"internal error in the decoder host: {err.__class__.__name__}: {err}")
+            self._counters.count(cluster, frame, reply, served=False, total=time.perf_counter() - t0)
+            return reply, None
+
+    def _admit(self, frame: bytes, round_: int, cluster: int, seq: int, stream: tuple[int, int] | None) -> StepRequest:
+        """The decoded request of an authenticated frame, once its stream, round, step id and tensors pass."""
+        if stream is not None and (round_, cluster) != stream:
+            raise DataPlaneError(
+                f"a step of round {round_}, cluster {cluster} on the stream of round {stream[0]}, cluster "
+                f"{stream[1]}; a CU sends only its own steps"
+            )
+        self.gate.check(round_, cluster)
+        self.step_ids.claim(round_, cluster, seq)
+        req = decode_step_request(frame)
+        check_step(req, self.hidden_size, False, self.max_len, self.max_abs_activation, self.compression)
+        return req
+
+    def _answer(self, req: StepRequest, frame: bytes, t0: float, round_: int, cluster: int, seq: int) -> bytes:
+        """Run the step (joint barrier or alone under the lock) and encode loss and dL/dz_enc back."""
+        t_wait = time.perf_counter()
+        joint = self._joint.submit(req) if self._joint is not None else None
+        if joint is not None:
+            loss, grads = joint
+            reply = encode_step_reply(seq, loss, grads, compression=self.compression)
+            wait = time.perf_counter() - t_wait
+            self._counters.count(cluster, frame, reply, served=True, wait=wait, total=time.perf_counter() - t0)
+            return reply
+        if not self.lock.acquire(timeout=self._lock_timeout_s):
+            raise DataPlaneError(
+                f"the decoder stayed busy for {self._lock_timeout_s:g} s (other CUs' steps); retry, or give the "
+                "server more time"
+            )
+        try:
+            t_locked = time.perf_counter()
+            self.gate.check(round_, cluster)
+            loss, grads = self._run_head(req)
+            t_done = time.perf_counter()
+            self._counters.served(round_, cluster, seq)
+        finally:
+            self.lock.release()
+        reply = encode_step_reply(seq, loss, grads, compression=self.compression)
+        head, wait = t_done - t_locked, t_locked - t_wait
+        self._counters.count(cluster, frame, reply, served=True, head=head, wait=wait, total=time.perf_counter() - t0)
+        return reply
+
+    # -- the decoder step --------------------------------------------------------------------------
+    def _run_joint(self, reqs: list[StepRequest]) -> StepResults:
+        """One head step on all clusters' micro-batches of one step (under the lock); per cluster its own
+        mean loss and dL/dz_enc rescaled from the joint mean (x C / C_n)."""
+        if not self.lock.acquire(timeout=self._lock_timeout_s):
+            raise DataPlaneError(
+                f"the decoder stayed busy for {self._lock_timeout_s:g} s; retry, or give the server more time"
+            )
+        try:
+            for req in reqs:
+                self.gate.check(req.round, req.cluster)
+            z = [t for req in reqs for t in req.z_enc]
+            mbs = [mb for req in reqs for mb in req.micro_batches]
+            joint_req = dataclasses.replace(reqs[0], z_enc=z, micro_batches=mbs)
+            terms: list[tuple[float, float]] = []
+            _, grads = self._run_head(joint_req, terms)
+            total = sum(c for _, c in terms)
+            out, i = {}, 0
+            for req in reqs:
+                m = len(req.z_enc)
+                own = terms[i : i + m]
+                count = sum(c for _, c in own)
+                scale = total / count if count else 0.0
+                out[int(req.cluster)] = (
+                    sum(l for l, _ in own) / max(count, 1e-12),
+                    [g * scale for g in grads[i : i + m]],
+                )
+                i += m
+                self._counters.served(req.round, req.cluster, req.seq)
+            return out
+        finally:
+            self.lock.release()
+
+    def _run_head(self, req: StepRequest, terms: list | None = None) -> tuple[float, list[torch.Tensor]]:
+        """head_step under the lock; a head failure leaves weights and optimizer state untouched."""
+        self.head.train()
+        if self._lr_factor_of is not None and self.optimizer is not None:
+            scale_lr(self.optimizer, self._base_lrs, self._lr_factor_of(req.round, req.seq))
+        try:
+            with autocast(self.precision, module_device(self.head).type):
+                return head_step(self.head, self.optimizer, req.z_enc, req.micro_batches, terms)
+        except DataPlaneError:
+            raise
+        except Exception as err:  # e.g. a label out of range, no targets; raised before optimizer.step()
+            raise DataPlaneError(f"the decoder could not run this step: {err.__class__.__name__}: {err}") from None

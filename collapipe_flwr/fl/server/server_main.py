@@ -1,0 +1,246 @@
+"""The ServerApp's body: compose + validate the config once, build the server state, run T rounds.
+
+Run config keys (``[tool.flwr.app.config]``, overridable with ``flwr run . --run-config``):
+- the flat keys of :data:`collapipe_flwr.fl.run_config.FLAT_KEYS` (``num-server-rounds``, ``task``,
+  ``model``, ``method``, ``scheduler``, ``num-clusters``, ``local-steps``, ``precision``, ``run-name``,
+  ``resume``) for the settings changed most;
+- ``overrides``: any other Hydra override of ``conf/config.yaml`` as one string
+  (``"scheduler.V=10 dataplane.fp16=true"``);
+- ``data-dir``: the dataset folder (else ``$COLLAPIPE_DATA_DIR``);
+- ``output-dir``: where the run folder is created (relative paths: from where ``flwr run`` started).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from logging import ERROR, INFO, WARNING
+from pathlib import Path
+
+from flwr.common import log
+from rich.console import Console
+from rich.markup import escape
+
+from collapipe_flwr.config import RunConfig, load_run_config
+from collapipe_flwr.errors import CollaPipeError, ConfigError
+from collapipe_flwr.fl.records.progress import RoundProgress
+from collapipe_flwr.fl.records.run_log import RunLog, claim_run_folder
+from collapipe_flwr.fl.records.run_plots import TensorBoardLog, load_rounds, write_run_plots
+from collapipe_flwr.fl.run_config import hydra_overrides
+from collapipe_flwr.fl.server.checkpoint import load_checkpoint, restore
+from collapipe_flwr.fl.server.server_state import ServerState
+from collapipe_flwr.fl.server.strategy import CollaPipeStrategy
+from collapipe_flwr.model_store import save_model
+
+FLOWER_LOGGER_NAME = "flwr"  # the logger every Flower component logs through
+TENSORBOARD_SUBDIR = "tensorboard"  # <run folder>/tensorboard: the scalars of tensorboard=true
+
+
+def config_from_flower(run_config: dict) -> RunConfig:
+    """The one validated RunConfig from Flower's run config (``overrides``, ``data-dir``, ``output-dir``)."""
+    overrides = hydra_overrides(run_config)
+    top = {
+        "data_dir": str(run_config.get("data-dir", "") or ""),
+        "output_dir": str(run_config.get("output-dir", "") or ""),
+    }
+    return load_run_config(overrides, **top)
+
+
+def run_folder(cfg: RunConfig) -> Path:
+    if cfg.resume and not cfg.run_name:
+        raise ConfigError("resume=true needs the run_name of the run to continue (run_name=<name>)")
+    parent = Path(cfg.output_dir).expanduser().resolve()
+    if cfg.run_name:
+        return parent / cfg.run_name
+    # an unnamed run claims a fresh folder (two started in the same second get -2, -3, ..)
+    return claim_run_folder(parent, time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.method.name}-{cfg.task.name}")
+
+
+@dataclass
+class _Closables:
+    """What a run closes on its way out, whatever happened: the progress display, TensorBoard, the server."""
+
+    server: ServerState | None = None
+    progress: RoundProgress | None = None
+    tensorboard: TensorBoardLog | None = None
+
+    def close(self) -> None:
+        """Close what was opened, in this order."""
+        if self.progress is not None:
+            self.progress.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.server is not None:
+            self.server.shutdown()
+
+
+def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | None:
+    """Run the whole federation; returns the run folder. A user error is logged as one line, exit 2."""
+    opened = _Closables()
+    t_start = time.time()
+    try:
+        cfg = cfg or config_from_flower(run_config)
+        folder = run_folder(cfg)
+        run_log = open_run_log(cfg, folder)
+        console = Console(stderr=True, highlight=False, soft_wrap=True)
+        console.print(escape(start_line(cfg, folder)))
+        opened.server = server = ServerState.build(cfg)
+        claim_run(cfg, server, run_log)
+        done = rounds_done(cfg, server, run_log, folder, console)
+        opened.progress = RoundProgress(
+            cfg.federation.num_rounds,
+            server.task.metric_name,
+            console=console,
+            steps_per_round=cfg.federation.local_steps,
+        )
+        opened.tensorboard = TensorBoardLog(folder / TENSORBOARD_SUBDIR) if cfg.tensorboard else None
+        listeners = [opened.tensorboard.add_round] if opened.tensorboard is not None else []
+        strategy = CollaPipeStrategy(server, run_log, opened.progress, round_offset=done, round_listeners=listeners)
+        summary = train_rounds(grid, cfg, server, strategy, done)
+        write_outputs(cfg, server, folder, summary, t_start)
+        run_log.write_summary(summary)
+        released = strategy.release_clusters(grid)
+        log(INFO, "CollaPipe: %d device actor(s) released on the CUs", released)
+        for line in summary_lines(summary, folder, server.task.metric_name):
+            console.print(escape(line))
+        return folder
+    except CollaPipeError as err:
+        log(ERROR, "error: %s", err)
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    finally:
+        opened.close()
+
+
+def open_run_log(cfg: RunConfig, folder: Path) -> RunLog:
+    """The run folder's log; a resume writes its config.json first, so a resume with other settings is
+    refused before anything is built."""
+    run_log = RunLog(folder, resume=cfg.resume)
+    if cfg.resume:
+        run_log.write_config(cfg.to_dict(), resume=True)
+    return run_log
+
+
+def claim_run(cfg: RunConfig, server: ServerState, run_log: RunLog) -> None:
+    """The server is up: a new run writes its config.json (it holds its name from now on) and a checkpointed
+    run that keeps the CUs' optimizer moments gets the key of their state files."""
+    if not cfg.resume:  # only a run that started holds its name: one that failed here can simply be rerun
+        run_log.write_config(cfg.to_dict())
+    if cfg.checkpoint and cfg.federation.optimizer_state == "keep":
+        # The key of this run's CU state files (fl/cu/cu_checkpoint.py): 16 random hex digits, no other run matches;
+        # a resumed run takes its own back from checkpoint.pt.
+        server.cu_state_key = secrets.token_hex(8)
+
+
+def rounds_done(cfg: RunConfig, server: ServerState, run_log: RunLog, folder: Path, console: Console) -> int:
+    """The rounds already trained: 0, or a resumed run's checkpointed ones (its state restored); a run with
+    none left to train is a ConfigError."""
+    done = 0
+    if cfg.resume:
+        done = restore(server, load_checkpoint(folder))
+        run_log.keep_rounds_through(done)
+        console.print(f"resuming {folder} after round {done} of {cfg.federation.num_rounds}")
+    if done >= cfg.federation.num_rounds:
+        raise ConfigError(f"{folder} finished all {done} rounds already; raise federation.num_rounds to go on")
+    return done
+
+
+def train_rounds(grid, cfg: RunConfig, server: ServerState, strategy: CollaPipeStrategy, done: int) -> dict:
+    """Rounds done+1..T through Flower's strategy loop; returns the run's summary record."""
+    with flower_log_level(cfg.flower_log):
+        result = strategy.start(
+            grid,
+            initial_arrays=server.global_model.array_record(),
+            num_rounds=cfg.federation.num_rounds - done,
+            timeout=cfg.federation.round_timeout_s,
+            evaluate_fn=strategy.evaluate,
+        )
+    return strategy.summary_record(result)
+
+
+def write_outputs(cfg: RunConfig, server: ServerState, folder: Path, summary: dict, t_start: float) -> None:
+    """Save the trained model and draw the plots; ``summary`` gets where they are, the round totals and the
+    wall time."""
+    model_dir = save_model(
+        folder,
+        cfg.to_dict(),
+        server.model.embedding,
+        server.model.blocks,
+        server.model.head,
+        info={"saved_by": "flwr run", "rounds": cfg.federation.num_rounds, "val": summary.get("final_val", {})},
+        task=server.task,
+    )
+    summary["model_dir"] = str(model_dir)
+    records = load_rounds(folder)
+    summary.update(round_totals(records))
+    summary["plots"] = [str(p) for p in draw_plots(folder, server.task.metric_name, records)]
+    summary["wall_s"] = round(time.time() - t_start, 1)
+
+
+def round_totals(records: list[dict]) -> dict[str, float]:
+    """Sums over the run's trained rounds (all of them, a resumed run's earlier ones too): the modelled
+    round delay tau(t) of eq. 26 and the measured wall time of each round."""
+    trained = [r for r in records if r.get("round", 0) >= 1]
+    return {
+        "modelled_delay_s": round(
+            sum(float((r.get("modelled") or {}).get("round_delay_s") or 0.0) for r in trained), 3
+        ),
+        "measured_round_s": round(sum(float((r.get("measured_s") or {}).get("round_s") or 0.0) for r in trained), 3),
+    }
+
+
+def draw_plots(folder: Path, metric: str, records: list[dict]) -> list[Path]:
+    """The run's PNGs (fl/records/run_plots.py); a figure that cannot be written is a warning, not a failed run."""
+    try:
+        return write_run_plots(folder, metric=metric, records=records)
+    except CollaPipeError as err:
+        log(WARNING, "the run's plots were not drawn: %s", err)
+        return []
+
+
+def start_line(cfg: RunConfig, folder: Path) -> str:
+    """What runs and where it writes, the first line of a run."""
+    f = cfg.federation
+    return (
+        f"CollaPipe: {cfg.task.name} / {cfg.model.name}, method {cfg.method.name} (scheduler "
+        f"{cfg.scheduler.name}), {f.num_clusters} CUs x {f.num_rounds} rounds x {f.local_steps} local steps; "
+        f"run folder {folder}"
+    )
+
+
+def summary_lines(summary: dict, folder: Path, metric: str) -> list[str]:
+    """The end of a run: final metrics, modelled and measured time, and where everything is."""
+    final = summary.get("final_val") or {}
+    value = final.get(metric)
+    shown = "n/a" if value is None else (f"{value:.2f}" if metric == "bleu" else f"{value:.4f}")
+    others = ", ".join(f"{k} {v:.4g}" for k, v in sorted(final.items()) if k not in (metric, "examples"))
+    lines = [
+        f"done: validation {metric} {shown}"
+        + (f" ({others})" if others else "")
+        + f" after {summary.get('num_rounds')} rounds",
+        f"time: {summary.get('wall_s', 0):.0f} s wall, {summary.get('measured_round_s', 0):.0f} s in rounds; "
+        f"modelled delay of the plans {summary.get('modelled_delay_s', 0):.1f} s (sum of eq. 26 over the rounds)",
+        f"run folder: {folder} (config.json, rounds.jsonl, summary.json, model/)",
+    ]
+    plots = summary.get("plots") or []
+    if plots:
+        lines.append(f"plots: {Path(plots[0]).parent}/ ({', '.join(Path(p).name for p in plots)})")
+    lines.append(f"evaluate again: python -m collapipe_flwr.evaluate {folder}")
+    return lines
+
+
+@contextlib.contextmanager
+def flower_log_level(level: str) -> Iterator[None]:
+    """Flower's logger at ``level`` while the strategy runs (its round banners and final dump are INFO)."""
+    logger = logging.getLogger(FLOWER_LOGGER_NAME)
+    before = logger.level
+    logger.setLevel(level.upper())
+    try:
+        yield
+    finally:
+        logger.setLevel(before)

@@ -1,0 +1,199 @@
+"""What the edge server holds for a run, built once from the config: each part does one job.
+
+- :class:`~collapipe_flwr.fl.server.global_model.GlobalModel`: theta^emb + theta^enc that CUs download and that
+  aggregation replaces (eqs. 6-9);
+- :class:`~collapipe_flwr.fl.server.round_planner.RoundPlanner`: the round's channel/device state and the
+  scheduling policy that turns it into a plan X(t) (eq. 27), whose queues Y_n it updates (eq. 29);
+- :class:`~collapipe_flwr.fl.server.decoder_service.DecoderService`: the decoder / task head and its optimizer,
+  served to the CUs over the data plane and trained on the server from every CU's activations;
+- :class:`~collapipe_flwr.fl.server.evaluator.Evaluator`: the full model on the validation split.
+The strategy (``fl/server/strategy.py``) only speaks Flower and drives these parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from collapipe_flwr import wiring
+from collapipe_flwr.accelerator import resolve_device
+from collapipe_flwr.config import FederationSpec, RunConfig
+from collapipe_flwr.dssra.methods import make_planner
+from collapipe_flwr.dssra.plan import ClusterPlan
+from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
+from collapipe_flwr.fl.messages import TrainInstructions
+from collapipe_flwr.fl.server.decoder_service import DecoderService, TlsFiles
+from collapipe_flwr.fl.server.evaluator import Evaluator
+from collapipe_flwr.fl.server.global_model import ClusterResult, GlobalModel
+from collapipe_flwr.fl.server.round_planner import RoundPlanner
+from collapipe_flwr.fl.server.server_optimizer import ServerOptimizer
+from collapipe_flwr.models.split import SplitModel
+from collapipe_flwr.precision import resolve_precision
+from collapipe_flwr.system.state import StateSampler
+from collapipe_flwr.system.workload import Workload, measure_workload
+from collapipe_flwr.tasks.base import Task
+from collapipe_flwr.testbed import cpu_quota_available
+
+PROBE_EXAMPLES = 8  # FLOPs and bytes are counted per sample, so a few real examples suffice
+
+
+def sample_hidden(task: Task, model: SplitModel, cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """A few real training examples through the embedding: the activations the workload is counted on."""
+    n = min(PROBE_EXAMPLES, wiring.batch_size(cfg))
+    batch = next(iter(task.batches(list(range(n)), n, seed=cfg.seed, shuffle=False)))
+    with torch.no_grad():
+        hidden = model.embedding(batch["input_ids"])
+    return hidden, batch["attention_mask"]
+
+
+def decoder_lr_factor(cfg: RunConfig) -> Callable[[int, int], float]:
+    """The decoder's lr factor for step ``seq`` (1, 2, ...) of round t: the same run-wide step clock as the CUs'."""
+    clock = wiring.lr_clock(cfg)
+    return lambda round_, seq: clock.factor(round_, max(0, int(seq) - 1))
+
+
+def count_workload(model: SplitModel, hidden: torch.Tensor, mask: torch.Tensor, cfg: RunConfig) -> Workload:
+    """FLOPs and bytes of a round (the workload the policy plans with), counted on ``hidden``."""
+    return measure_workload(
+        model.blocks,
+        hidden,
+        mask,
+        batch_size=wiring.batch_size(cfg),
+        steps_per_round=cfg.federation.local_steps,
+        embedding=model.embedding if cfg.federation.embedding == "trained" else None,  # uploaded or not
+        head=model.head,
+    )
+
+
+def check_testbed(cfg: RunConfig) -> None:
+    """The emulated testbed's CPU quotas need cgroups: refuse at start-up, before any CU trains unthrottled."""
+    if cfg.testbed.enabled and cfg.testbed.cpu_quota and (reason := cpu_quota_available()) is not None:
+        raise ConfigError(
+            f"testbed=emulated needs cgroup CPU quotas on this host: {reason}; "
+            "run as root on Linux, or set testbed.cpu_quota=false (links throttled only)"
+        )
+
+
+def build_planner(cfg: RunConfig, workload: Workload) -> RoundPlanner:
+    """The round planner: the method's scheduling policy over the sampled channel/device state."""
+    network = cfg.network
+    policy = make_planner(cfg.method, cfg.scheduler, network, workload, cfg.seed)
+    return RoundPlanner(network, StateSampler(network, cfg.seed), policy, cfg.scheduler.name, cfg.system, cfg.testbed)
+
+
+def start_decoder(cfg: RunConfig, model: SplitModel, hidden_size: int, precision: str) -> DecoderService:
+    """The decoder / task head and its optimizer, served to the CUs over the data plane."""
+    dp = cfg.dataplane
+    return DecoderService.start(
+        model.head,
+        wiring.optimizer_spec(cfg).build(model.head.parameters()),
+        enabled=cfg.method.head_on_server,
+        announce_host=dp.host,
+        bind=dp.bind or dp.host,
+        port=dp.port,
+        compression=dp.wire,
+        max_message_mb=resolve_message_mb(
+            dp.max_message_mb, cfg.task.batch_size, cfg.model.max_len, cfg.model.width, dp.wire != "none"
+        ),
+        idle_timeout_s=dp.idle_timeout_s,
+        hidden_size=hidden_size,
+        lr_factor_of=decoder_lr_factor(cfg),
+        precision=precision,
+        joint=cfg.federation.decoder_update == "joint",
+        max_len=cfg.model.max_len,
+        max_abs_activation=dp.max_abs_activation,
+        tls=TlsFiles(dp.tls_cert, dp.tls_key, dp.tls_ca) if dp.tls_cert else None,
+    )
+
+
+def make_server_optimizer(fed: FederationSpec) -> ServerOptimizer:
+    """The server step on the aggregated update (``federation.server_optimizer`` and its hyper-parameters)."""
+    return ServerOptimizer(
+        fed.server_optimizer,
+        lr=fed.server_lr,
+        momentum=fed.server_momentum,
+        beta_2=fed.server_beta_2,
+        tau=fed.server_tau,
+    )
+
+
+@dataclass
+class ServerState:
+    cfg: RunConfig
+    task: Task
+    model: SplitModel
+    workload: Workload
+    global_model: GlobalModel
+    planner: RoundPlanner
+    decoder: DecoderService
+    evaluator: Evaluator
+    # the run's key for the CUs' own checkpoint of their optimizer moments (fl/cu/cu_checkpoint.py): set by the
+    # server when it checkpoints and the moments are kept across rounds; "" = the CUs keep nothing on disk
+    cu_state_key: str = ""
+
+    @classmethod
+    def build(cls, cfg: RunConfig) -> ServerState:
+        """Everything in start-up order: model, workload, planner, decoder service, aggregation, evaluation."""
+        torch.manual_seed(cfg.seed)
+        task = wiring.build_task(cfg)
+        model = wiring.build_model(task, cfg)
+        hidden, mask = sample_hidden(task, model, cfg)
+        workload = count_workload(model, hidden, mask, cfg)
+        check_testbed(cfg)
+        planner = build_planner(cfg, workload)
+        # the decoder / head and the evaluation compute on runtime.server_device (collapipe_flwr/accelerator.py);
+        # a head the CUs train (head_on_server: false) is only averaged here and stays on the CPU
+        device = resolve_device(cfg.runtime.head_device, "runtime.server_device")
+        if cfg.method.head_on_server:
+            model.head.to(device)
+        precision = resolve_precision(cfg.runtime.precision, device.type)
+        decoder = start_decoder(cfg, model, int(hidden.shape[-1]), precision)
+        embedding_trained = cfg.federation.embedding == "trained"
+        return cls(
+            cfg,
+            task,
+            model,
+            workload,
+            GlobalModel(model, cfg.method, make_server_optimizer(cfg.federation), embedding_trained=embedding_trained),
+            planner,
+            decoder,
+            Evaluator(task, cfg.eval, precision, decoder, device),
+        )
+
+    @property
+    def max_examples_per_round(self) -> int:
+        """The most examples a CU can train on in one round (local_steps x b): bounds its FedAvg weight."""
+        return self.cfg.federation.local_steps * wiring.batch_size(self.cfg)
+
+    def instructions_for(self, t: int, plan: ClusterPlan, replan: dict | None = None) -> TrainInstructions:
+        """What CU n needs for round t besides the weights: its plan, devices and the data-plane address; on the
+        testbed what its devices and uplink are throttled to, and whether to measure its devices this round."""
+        emulation = self.planner.emulation_for(t, plan, self.workload)
+        return TrainInstructions(
+            round=t,
+            plan=plan,
+            cluster_config=self.cfg.cluster_config().to_dict(),
+            devices=[d.to_dict() for d in self.planner.devices_of(plan.cluster)],
+            dataplane_address=self.decoder.address,
+            dataplane_secret=self.decoder.key_for(t, plan.cluster),
+            dataplane_root_certificate=self.decoder.root_certificate,
+            replan=replan,
+            measure=self.planner.measure_repeats(plan.cluster, t),
+            emulation=emulation.to_dict() if emulation is not None else None,
+            report_profile=self.planner.uses_profiles,
+            cu_state_key=self.cu_state_key,
+        )
+
+    def absorb_results(self, t: int, results: list[ClusterResult]) -> None:
+        """Aggregate the round's valid replies and hand their losses to the policy's queues."""
+        self.global_model.absorb(t, results)
+        self.planner.observe({cluster: float(metrics["train-loss"]) for cluster, _, metrics in results})
+
+    def evaluate(self) -> dict[str, float]:
+        return self.evaluator.evaluate(self.global_model.models_to_evaluate())
+
+    def shutdown(self) -> None:
+        self.decoder.stop()

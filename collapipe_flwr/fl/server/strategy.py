@@ -1,0 +1,280 @@
+"""CollaPipeStrategy: the edge server's side of Algorithm 1 as a Flower strategy.
+
+Per round t:
+1. the round's channel/device state is sampled and the scheduling policy (DSSRA or a baseline) turns it
+   into a plan X(t): which CUs get a channel, p_n, and S, m, delta_k per cluster;
+2. each selected CU gets a ``train`` message with the global embedding + encoder and its plan; during
+   the round it talks to the server's decoder over the data plane (never one Flower message per step);
+3. the returned encoders theta_n^enc (⊕ of segments, eq. 4) are example-weighted averaged (FedAvg);
+   the decoder is never averaged: it is trained on the server from every CU's activations;
+4. the queues Y_n are updated (eq. 29), the global model is evaluated on the validation split, and one
+   JSON line is logged.
+
+Methods differ only in the plan and the aggregation (see ``MethodSpec``): ``pipeline`` keeps one encoder
+per cluster (no aggregation) and reports the mean of the clusters' scores; ``vanilla_fl`` averages the
+whole model (the head included) and needs no data plane.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from logging import INFO, WARNING
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+from flwr.supercore import log
+
+from collapipe_flwr.errors import CollaPipeError, ConfigError
+from collapipe_flwr.fl.messages import (
+    DEVICE_ACTORS_RELEASED,
+    HELLO,
+    HELLO_REPLY,
+    NUM_EXAMPLES,
+    NUM_PARTITIONS,
+    PARTITION_ID,
+    RELEASE,
+    RELEASE_REPLY,
+    TRAIN,
+    ReleaseInstructions,
+    hello_content,
+    metric_int,
+    pack_weights,
+    read_profile,
+    read_reply,
+    release_content,
+    train_content,
+    unpack_weights,
+)
+from collapipe_flwr.fl.records.progress import RoundProgress
+from collapipe_flwr.fl.records.round_record import RoundRecord
+from collapipe_flwr.fl.records.run_log import RunLog
+from collapipe_flwr.fl.server.checkpoint import save_checkpoint
+from collapipe_flwr.fl.server.global_model import ClusterResult
+from collapipe_flwr.fl.server.reply_checks import check_reply
+from collapipe_flwr.fl.server.server_state import ServerState
+
+
+class CollaPipeStrategy(Strategy):
+    """Owns the global embedding + encoder, the server-side head, the plan and the aggregation.
+
+    ``server`` is the run's :class:`~collapipe_flwr.fl.server.server_state.ServerState` (global model, round planner,
+    decoder service, evaluator); one :class:`~collapipe_flwr.fl.records.round_record.RoundRecord` carries each round
+    from ``configure_train`` to ``evaluate`` and rounds.jsonl.
+    """
+
+    def __init__(
+        self,
+        server: ServerState,
+        run_log: RunLog,
+        progress: RoundProgress | None = None,
+        round_offset: int = 0,
+        round_listeners: Sequence[Callable[[dict], None]] = (),
+    ) -> None:
+        self.server = server
+        self.cfg = server.cfg
+        self.run_log = run_log
+        self.progress = progress
+        self.node_of_cluster: dict[int, int] = {}
+        self.examples_of_cluster: dict[int, int] = {}
+        self.record: RoundRecord | None = None  # the round in flight: configure_train -> evaluate
+        self.round_offset = round_offset  # rounds completed before this process (a resumed run)
+        self.round_listeners = list(round_listeners)  # each gets every rounds.jsonl record (e.g. TensorBoard)
+
+    # ------------------------------------------------------------------ discovery
+    def discover_clusters(self, grid: Grid, timeout_s: float = 120.0) -> None:
+        """Ask every SuperNode which cluster (partition-id) it is; wait until all N CUs answered."""
+        n_expected = self.cfg.federation.num_clusters
+        deadline = time.time() + timeout_s
+        node_ids: list[int] = []
+        while time.time() < deadline:
+            node_ids = list(grid.get_node_ids())
+            if len(node_ids) >= n_expected:
+                break
+            time.sleep(1.0)
+        if len(node_ids) < n_expected:
+            raise ConfigError(
+                f"federation.num_clusters={n_expected} but only {len(node_ids)} SuperNodes connected within "
+                f"{timeout_s:.0f}s; start more SuperNodes, or in simulation use `collapipe run` (it sets "
+                "num-supernodes to num-clusters) or set num-supernodes in $FLWR_HOME/config.toml"
+            )
+        content = hello_content(self.cfg.cluster_config().to_dict())
+        msgs = [Message(content, dst_node_id=n, message_type=HELLO) for n in node_ids]
+        replies = list(grid.send_and_receive(msgs, timeout=timeout_s))
+        for reply in replies:
+            if reply.has_error():
+                raise CollaPipeError(
+                    f"SuperNode {reply.metadata.src_node_id} failed to say hello: {reply.error.reason}"
+                )
+            info, sender = reply.content.metric_records[HELLO_REPLY], reply.metadata.src_node_id
+            pid, nparts = metric_int(info, PARTITION_ID, sender), metric_int(info, NUM_PARTITIONS, sender)
+            if nparts != n_expected:
+                raise ConfigError(
+                    f"SuperNode {reply.metadata.src_node_id} has num-partitions={nparts} but federation.num_clusters="
+                    f"{n_expected}; make the node config and the run config agree"
+                )
+            if pid in self.node_of_cluster:
+                raise ConfigError(f"two SuperNodes claim partition-id={pid}; give each SuperNode its own partition-id")
+            self.node_of_cluster[pid] = reply.metadata.src_node_id
+            self.examples_of_cluster[pid] = metric_int(info, NUM_EXAMPLES, sender)
+        missing = sorted(set(range(n_expected)) - set(self.node_of_cluster))
+        if missing:
+            raise ConfigError(
+                f"no SuperNode has partition-id={missing[0]}; give each of the {n_expected} SuperNodes one id in "
+                f"0..{n_expected - 1}"
+            )
+        log(INFO, "CollaPipe clusters: %s", {n: self.examples_of_cluster[n] for n in sorted(self.node_of_cluster)})
+
+    def release_clusters(self, grid: Grid, timeout_s: float = 60.0) -> int:
+        """After the last round: every CU kills this run's device actors (returns how many were released)."""
+        if not self.node_of_cluster:
+            return 0
+        msgs = []
+        for cluster, node in sorted(self.node_of_cluster.items()):
+            release = ReleaseInstructions(len(self.server.planner.devices_of(cluster)), self.server.cu_state_key)
+            msgs.append(Message(release_content(release), dst_node_id=node, message_type=RELEASE))
+        released = 0
+        for reply in grid.send_and_receive(msgs, timeout=timeout_s):
+            if reply.has_error():
+                log(
+                    WARNING,
+                    "SuperNode %s could not release its devices: %s",
+                    reply.metadata.src_node_id,
+                    reply.error.reason,
+                )
+                continue
+            released += metric_int(
+                reply.content.metric_records[RELEASE_REPLY], DEVICE_ACTORS_RELEASED, reply.metadata.src_node_id
+            )
+        return released
+
+    # ------------------------------------------------------------------ train
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        t = server_round + self.round_offset  # Flower counts the rounds of this process from 1
+        record = RoundRecord(t, self.cfg.method.name, self.server.planner.policy_name)
+        self.record = record
+        if not self.node_of_cluster:
+            self.discover_clusters(grid)
+        t0 = time.time()
+        plan = self.server.planner.plan(t)
+        record.plan = plan
+        record.measured_s["plan_s"] = time.time() - t0
+        record.selected = [c.cluster for c in plan.selected]
+        self.server.decoder.open_round(t, record.selected)
+        messages = []
+        for cplan in plan.selected:
+            weights = pack_weights(self.server.global_model.for_cluster(cplan.cluster))
+            instructions = self.server.instructions_for(t, cplan, plan.replan_inputs.get(cplan.cluster))
+            node = self.node_of_cluster[cplan.cluster]
+            messages.append(Message(train_content(weights, instructions), dst_node_id=node, message_type=TRAIN))
+        if self.progress is not None:
+            steps_of = self.server.decoder.steps_served if self.server.decoder.host is not None else None
+            self.progress.round_started(t, record.selected, plan.left_out, steps_of)
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        t = server_round + self.round_offset
+        t0 = time.time()
+        record = self.record
+        assert record is not None and record.round == t, "aggregate_train without configure_train"
+        cluster_of_node = {v: k for k, v in self.node_of_cluster.items()}
+        results: list[ClusterResult] = []
+        for reply in replies:
+            cluster = cluster_of_node.get(reply.metadata.src_node_id, -1)
+            try:
+                weights, metrics = read_reply(reply)
+                parts = unpack_weights(weights)
+                check_reply(
+                    parts, metrics, self.server.global_model.expected_reply(cluster), self.server.max_examples_per_round
+                )
+                profile = read_profile(metrics, t) if self.server.planner.uses_profiles else None
+            except CollaPipeError as err:
+                record.fail(cluster, str(err))
+                log(WARNING, "round %s: cluster %s refused: %s (aggregating the other CUs)", t, cluster, err)
+                continue
+            results.append((cluster, parts, metrics))
+            if profile is not None:
+                record.profiles[str(cluster)] = self.server.planner.absorb_profile(cluster, profile).to_dict()
+        answered = {f["cluster"] for f in record.failures} | {c for c, _, _ in results}
+        for cluster in sorted(set(record.selected) - answered):
+            record.fail(cluster, "no reply within federation.round_timeout_s")
+            log(WARNING, "round %s: cluster %s sent no reply within the round's timeout", t, cluster)
+        self.server.decoder.close_round()
+        record.measured_s["wait_clients_s"] = t0 - record.started_at - record.measured_s.get("plan_s", 0.0)
+        if not results:
+            log(WARNING, "round %s: no CU returned a result; the global model is unchanged", t)
+            return None, None
+        self.server.absorb_results(t, results)
+        if self.cfg.save_client_weights:
+            self.run_log.save_weights(t, results, self.server.global_model.parts())
+        record.measured_s["aggregate_s"] = time.time() - t0
+        # what a round costs beyond the CUs' training loops (messages, weight loads, set-up, aggregation)
+        train_s = max(float(m.get("seconds-train", 0.0)) for _, _, m in results)
+        record.measured_s["overhead_s"] = time.time() - record.started_at - train_s
+        n_ex = [float(m[NUM_EXAMPLES]) for _, _, m in results]
+        record.train_loss = sum(float(m["train-loss"]) * w for (_, _, m), w in zip(results, n_ex)) / max(sum(n_ex), 1.0)
+        record.clients = {str(c): dict(m) for c, _, m in results}
+        agg = MetricRecord({"train-loss": record.train_loss, NUM_EXAMPLES: int(sum(n_ex))})
+        return self.server.global_model.array_record(), agg
+
+    # ------------------------------------------------------------------ evaluation (server side)
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return []  # the server evaluates the full model itself (evaluate_fn)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """Centralised evaluation on the validation split (after round 0, every ``eval.every`` rounds and the
+        last round) + the round's JSON line (without val_* fields when the round is not evaluated)."""
+        if server_round == 0 and self.round_offset:  # a resumed run: round 0 was evaluated by the first process
+            return None
+        t = server_round + self.round_offset
+        t0 = time.time()
+        every = self.cfg.eval.every
+        due = (t == 0 and self.cfg.eval.at_start) or (t > 0 and t % every == 0) or t >= self.cfg.federation.num_rounds
+        metrics = self.server.evaluate() if due else {}
+        if t == 0:
+            self.run_log.append_round({"round": 0, **{f"val_{k}": v for k, v in metrics.items()}})
+            return MetricRecord({k: float(v) for k, v in metrics.items()})
+        record = self.record
+        if record is None or record.round != t:  # a round whose training was never configured
+            record = RoundRecord(t, self.cfg.method.name, self.server.planner.policy_name, started_at=t0)
+        record.val = dict(metrics)
+        record.measured_s["evaluate_s"] = time.time() - t0
+        record.measured_s["round_s"] = time.time() - record.started_at
+        line = record.to_json()
+        self.run_log.append_round(line)
+        if self.cfg.checkpoint:  # after the record: a resumed run never repeats a logged round
+            save_checkpoint(self.run_log.folder, self.server, t)
+        if self.progress is not None:
+            self.progress.round_finished(t, line)
+        for listener in self.round_listeners:
+            listener(line)
+        return MetricRecord({k: float(v) for k, v in metrics.items()}) if metrics else None
+
+    def summary_record(self, result) -> dict:
+        """What summary.json holds: the final validation metrics and where the records are."""
+        final = {}
+        if result is not None and result.evaluate_metrics_serverapp:
+            last = max(result.evaluate_metrics_serverapp)
+            final = {k: float(v) for k, v in result.evaluate_metrics_serverapp[last].items()}
+        return {
+            "method": self.cfg.method.name,
+            "scheduler": self.server.planner.policy_name,
+            "task": self.cfg.task.name,
+            "num_rounds": self.cfg.federation.num_rounds,
+            "final_val": final,
+            "rounds_file": str(self.run_log.rounds_path),
+        }
+
+    def summary(self) -> None:
+        log(INFO, "\t├── CollaPipe method=%s scheduler=%s", self.cfg.method.name, self.server.planner.policy_name)
+        log(INFO, "\t└── clusters N=%s, rounds T=%s", self.cfg.federation.num_clusters, self.cfg.federation.num_rounds)

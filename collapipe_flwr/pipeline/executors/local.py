@@ -1,0 +1,93 @@
+"""The stages of one cluster as plain objects in the CU's own process (``runtime.backend: local``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+from torch import nn
+
+from collapipe_flwr.pipeline.executors.interface import StageSpec
+from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.pipeline.runtime_spec import LOCAL_RUNTIME, ClusterRuntime
+from collapipe_flwr.pipeline.stage import Stage
+
+
+class LocalStages:
+    """Stages as plain objects in this process, one per device index k; calls run immediately, in
+    submission order. Like :class:`~collapipe_flwr.pipeline.executors.ray_stages.RayStages` the device objects
+    outlive a repartition (:meth:`place`). Of the ``runtime`` only the precision and the device matter here."""
+
+    backend = "local"
+
+    def __init__(
+        self, specs: Sequence[StageSpec], optimizer: OptimizerSpec, runtime: ClusterRuntime = LOCAL_RUNTIME
+    ) -> None:
+        self.optimizer = optimizer
+        self.precision = runtime.spec.precision
+        self.device = runtime.spec.device
+        self.devices: dict[int, Stage] = {}
+        self.place(specs)
+
+    def place(self, specs: Sequence[StageSpec], free_others: bool = True) -> None:
+        """Make stage s = device specs[s].k; a spec's segment (if not None) replaces what the device held;
+        with ``free_others`` a device outside ``specs`` drops its blocks."""
+        for k, segment, state, slowdown, offset in specs:
+            if k not in self.devices:
+                self.devices[k] = Stage(  # a new device with no segment starts idle, as on Ray
+                    k,
+                    segment if segment is not None else nn.ModuleList(),
+                    self.optimizer,
+                    optimizer_state=state,
+                    slowdown=slowdown,
+                    offset=offset,
+                    precision=self.precision,
+                    device=self.device,
+                )
+            elif segment is not None:
+                self.devices[k].load_segment(segment, state, slowdown, offset)
+        self.device_indices = [spec[0] for spec in specs]
+        self.stages = [self.devices[k] for k in self.device_indices]
+        for k, stage in self.devices.items():  # a device the plan leaves idle frees its blocks
+            if free_others and specs and k not in self.device_indices and len(stage.segment):
+                stage.load_segment(nn.ModuleList(), None, 1.0, 0)
+
+    def start_idle(self, devices: Sequence[int]) -> None:
+        """Nothing to start: a device object here costs no process start-up when a plan first uses it."""
+
+    def layout(self) -> dict[int, tuple[int, int]]:
+        """{device k: (first block, last block + 1)} of every live device."""
+        return {k: stage.layout() for k, stage in self.devices.items()}
+
+    def call_device(self, k: int, method: str, *args):
+        return getattr(self.devices[k], method)(*args)
+
+    def new_step(self) -> None:
+        pass
+
+    def submit(self, stage: int, method: str, *args):
+        return getattr(self.stages[stage], method)(*args)
+
+    def put(self, value):
+        """A value later submits may take as an argument (here: the value itself)."""
+        return value
+
+    def get(self, handle, stage: int):
+        """The value of ``handle`` (here: the handle itself; the call already ran)."""
+        return handle
+
+    def pids(self) -> dict[int, int]:
+        return {k: os.getpid() for k in self.devices}
+
+    def time_transfer(self, src: int, dst: int, nbytes: int) -> float:
+        start = time.perf_counter()
+        self.devices[dst].receive_payload(self.devices[src].send_payload(nbytes))
+        return time.perf_counter() - start
+
+    def forget(self, k: int) -> None:
+        self.devices.pop(k, None)
+
+    def shutdown(self) -> None:
+        self.stages = []
+        self.devices = {}

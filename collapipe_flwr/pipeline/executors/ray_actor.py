@@ -1,0 +1,143 @@
+"""A device's Ray actor (:class:`StageActor`) and the Ray calls around it: starting Ray, naming, placing and
+releasing the actors of a run. With ``ray_stages`` the only modules of the package that import Ray.
+
+Device k's actor of one cluster of one run is the named actor ``actor_name(prefix, k)`` in namespace
+``collapipe``: a later round, or another process of the same CU (Flower's simulation runs a CU's messages on any
+worker of its pool; a deployed SuperNode starts one ClientApp process per message), finds the same live actor by
+name instead of starting a new one. Detached actors outlive the process that created them; :func:`release` kills
+them at the run's end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+from collapipe_flwr.pipeline.stage import Stage
+from collapipe_flwr.testbed import remove_stale
+
+NAMESPACE = "collapipe"
+
+
+class RemoteMethod(Protocol):
+    """One method of a Ray actor handle: ``.remote(*args)`` starts it and answers an ObjectRef."""
+
+    def remote(self, *args: Any) -> Any: ...
+
+
+class DeviceActor(Protocol):
+    """The Ray actor handle of a :class:`StageActor` as :class:`RayStages` uses it (Ray types a handle's
+    methods dynamically, so this names the ones called here; ``getattr(handle, m).remote`` reaches the rest)."""
+
+    load_segment: RemoteMethod
+    layout: RemoteMethod
+    ping: RemoteMethod
+    pin: RemoteMethod
+    _actor_id: Any
+
+
+def actor_name(prefix: str, k: int) -> str:
+    """The Ray name of device k's actor for one cluster of one run (``prefix`` = run and cluster)."""
+    return f"{prefix}.device{k}"
+
+
+class StageActor(Stage):
+    """A :class:`Stage` inside a Ray actor, with its own torch thread count and (optionally) CPU cores."""
+
+    def __init__(self, threads: int, *args, **kwargs) -> None:
+        self._all_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        torch.set_num_threads(max(1, int(threads)))
+        super().__init__(*args, **kwargs)
+
+    def pin(self, cores: Sequence[int] | None, threads: int, node_id: str) -> list[int]:
+        """Run every thread of this process on ``cores`` (None, or a driver on another node: the cores
+        the actor started with) with ``threads`` torch threads; returns the cores it now runs on."""
+        import ray
+
+        if node_id != ray.get_runtime_context().get_node_id():
+            cores = None  # the CU's core numbers mean nothing on another host
+        target = set(cores) if cores else set(self._all_cores)
+        if target and hasattr(os, "sched_setaffinity"):
+            for tid in os.listdir("/proc/self/task"):  # torch's OpenMP threads already exist: pin each
+                try:
+                    os.sched_setaffinity(int(tid), target)
+                except OSError:  # a thread that ended meanwhile, or a core this container lacks
+                    pass
+        torch.set_num_threads(max(1, int(threads)))
+        return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+_REMOTE_STAGE = None
+
+
+def remote_stage_class():
+    global _REMOTE_STAGE
+    if _REMOTE_STAGE is None:
+        import ray
+
+        _REMOTE_STAGE = ray.remote(StageActor)
+    return _REMOTE_STAGE
+
+
+def ensure_ray(address: str | None = None) -> None:
+    """``ray.init`` unless Ray is already up (e.g. inside a Flower simulation); ``address`` joins a cluster."""
+    import ray
+
+    if not ray.is_initialized():
+        # Ray's announced default (num_gpus=0 actors keep the visible devices) chosen explicitly: no
+        # FutureWarning on every start (ray/_private/worker.py); a value the user set is kept.
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+        kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": True}
+        if address:
+            kwargs["address"] = address
+        ray.init(**kwargs)
+
+
+def creation_error(err: BaseException) -> str:
+    """The last ``...Error: message`` line of a Ray actor's creation failure ("" when there is none): e.g. a
+    ConfigError raised in the actor's constructor (runtime.device=cuda on a box without a GPU)."""
+    for line in reversed(str(err).splitlines()):
+        if "Error: " in line:
+            return line.strip()
+    return ""
+
+
+def device_resources(pattern: str, k: int) -> dict[str, Any]:
+    """Ray actor options that pin device k's actor to the node offering the custom resource
+    ``pattern.format(k=k)`` (runtime.device_resource); {} = Ray's default scheduling."""
+    return {"resources": {pattern.format(k=k): 1.0}} if pattern else {}
+
+
+def release(prefix: str, num_devices: int) -> int:
+    """Kill the named device actors ``actor_name(prefix, k)``, k < num_devices (a run's end on a CU);
+    returns how many were alive. Does nothing when Ray is not running in this process."""
+    import ray
+
+    if not ray.is_initialized():
+        return 0
+    killed = 0
+    for k in range(num_devices):
+        try:
+            actor = ray.get_actor(actor_name(prefix, k), namespace=NAMESPACE)
+        except ValueError:
+            continue
+        leave_testbed(ray, actor)
+        ray.kill(actor, no_restart=True)
+        killed += 1
+    remove_stale()  # cgroups of actors that died without leaving theirs (their creator pid is gone)
+    return killed
+
+
+def leave_testbed(ray, actor, timeout_s: float = 5.0) -> None:
+    """Take a device actor out of its testbed cgroup (removing it) before it is killed: a killed process leaves
+    its cgroup behind otherwise. Best effort: an actor that is gone or stuck is killed anyway."""
+    try:
+        ray.get(actor.clear_testbed.remote(), timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - gone, stuck or never on the testbed: remove_stale sweeps later
+        pass

@@ -1,0 +1,304 @@
+"""The stages of one cluster as one Ray actor per device (``runtime.backend: ray``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from torch import nn
+
+from collapipe_flwr.errors import DeviceFailure
+from collapipe_flwr.pipeline.executors.cores import core_sets, default_actor_threads, usable_cores_list
+from collapipe_flwr.pipeline.executors.interface import StageSpec
+from collapipe_flwr.pipeline.executors.ray_actor import (
+    NAMESPACE,
+    DeviceActor,
+    actor_name,
+    creation_error,
+    device_resources,
+    ensure_ray,
+    leave_testbed,
+    remote_stage_class,
+)
+from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+START_TIMEOUT_S = 120.0
+
+
+class RayStages:
+    """One Ray actor per device holding its segment and optimizer (module docstring). Everything about where
+    and how the actors run comes from ``runtime`` (:class:`~collapipe_flwr.pipeline.runtime_spec.ClusterRuntime`):
+    ``ray_address``, ``actor_num_cpus``, ``actor_num_gpus`` (reserved only when ``device`` is not cpu),
+    ``device_resource``, ``pin_threads``, ``device_timeout_s``, ``precision``, ``device``; the cluster's ``name``,
+    ``actor_prefix`` and ``actor_threads``."""
+
+    backend = "ray"
+
+    def __init__(
+        self,
+        specs: Sequence[StageSpec],
+        optimizer: OptimizerSpec,
+        runtime: ClusterRuntime,
+        *,
+        num_devices: int = 0,
+        segments: int = 1,
+    ) -> None:
+        import ray
+
+        rt = runtime.spec
+        ensure_ray(rt.ray_address or None)
+        self._ray = ray
+        self.optimizer = optimizer
+        self.runtime = runtime
+        self.timeout_s = float(rt.device_timeout_s)
+        self.where = f"{runtime.name}: " if runtime.name else ""
+        self.threads = int(runtime.actor_threads or default_actor_threads(segments))
+        self.fixed_threads = runtime.actor_threads is not None
+        core_sets([], 1, rt.pin_threads)  # a bad mode fails here, before any actor starts
+        self.num_gpus = float(rt.actor_num_gpus) if rt.device != "cpu" else 0.0
+        self.devices: dict[int, DeviceActor] = {}
+        self._submitted: list[tuple[Any, int]] = []  # (ObjectRef, stage)
+        self.num_devices = max(num_devices, 1 + max((spec[0] for spec in specs), default=0))
+        self._discover()
+        self.place(specs)
+
+    def _discover(self) -> None:
+        """Adopt the live named actors of this cluster that this process does not know yet (another process
+        of the same CU may have started them since)."""
+        if not self.runtime.actor_prefix:
+            return
+        for k in range(self.num_devices):
+            if k not in self.devices:
+                try:
+                    actor = self._ray.get_actor(actor_name(self.runtime.actor_prefix, k), namespace=NAMESPACE)
+                    self.devices[k] = cast(DeviceActor, actor)
+                except ValueError:
+                    pass
+
+    def place(self, specs: Sequence[StageSpec], free_others: bool = True, pin: bool = True) -> None:
+        """Make stage s = device specs[s].k: start the actors not yet alive, load a spec's segment (if not
+        None) into its live actor; devices outside ``specs`` stay alive (a later plan may use them) and,
+        with ``free_others``, drop the blocks they held; with ``pin``, give the S stages their cores
+        (:meth:`pin_stages`)."""
+        started, loads = [], []
+        for k, segment, state, slowdown, offset in specs:
+            if k not in self.devices:
+                self.devices[k] = self._start_actor(k, segment, state, slowdown, offset)
+                started.append(k)
+            if segment is not None:
+                loads.append((k, self.devices[k].load_segment.remote(segment, state, slowdown, offset)))
+        used = {spec[0] for spec in specs}
+        for k, actor in self.devices.items():  # a device the plan leaves idle frees its blocks (empty segment)
+            if free_others and specs and k not in used and k not in started:
+                loads.append((k, actor.load_segment.remote(nn.ModuleList(), None, 1.0, 0)))
+        self.device_indices = [spec[0] for spec in specs]
+        self.actors = [self.devices[k] for k in self.device_indices]
+        self._wait_started([(k, self.devices[k].ping.remote()) for k in started] + loads)
+        if pin and self.actors and self.runtime.spec.pin_threads != "false":
+            self.pin_stages()
+
+    def _actor_options(self, k: int) -> dict[str, Any]:
+        """Ray options of device k's actor: its CPUs / GPU fraction, its node (``device_resource``), its name."""
+        rt = self.runtime.spec
+        options: dict[str, Any] = {"num_cpus": rt.actor_num_cpus, "max_restarts": 0}
+        if self.num_gpus:
+            options["num_gpus"] = self.num_gpus
+        options.update(device_resources(rt.device_resource, k))
+        if self.runtime.actor_prefix:
+            options.update(name=actor_name(self.runtime.actor_prefix, k), namespace=NAMESPACE, get_if_exists=True)
+            if self.runtime.detached:
+                options["lifetime"] = "detached"
+        return options
+
+    def _start_actor(self, k: int, segment, state, slowdown: float, offset: int) -> DeviceActor:
+        """Start device k's actor holding ``segment`` (None: no blocks) from block ``offset`` on."""
+        return (
+            remote_stage_class()
+            .options(**self._actor_options(k))
+            .remote(
+                self.threads,
+                k,
+                segment if segment is not None else torch.nn.ModuleList(),
+                self.optimizer,
+                optimizer_state=state,
+                slowdown=slowdown,
+                offset=offset,
+                precision=self.runtime.spec.precision,
+                device=self.runtime.spec.device,
+                host_io=True,
+            )
+        )
+
+    def _wait_started(self, refs: list[tuple[int, Any]]) -> None:
+        """Fail here, with the device named, if an actor cannot start (no resources, import error). Starting a
+        worker process (torch + transformers imports) takes seconds, so this wait has its own limit."""
+        ray = self._ray
+        start_timeout = max(self.timeout_s, START_TIMEOUT_S)
+        for k, ref in refs:
+            try:
+                ray.get(ref, timeout=start_timeout)
+            except ray.exceptions.GetTimeoutError:
+                self.shutdown()
+                raise DeviceFailure(
+                    f"{self.where}device {k}'s Ray actor did not start within {start_timeout:g}s; "
+                    "check the Ray cluster has room for it (runtime.actor_num_cpus) and that the device is up (with "
+                    "runtime.device_resource, that a node offers its resource)",
+                    device=k,
+                ) from None
+            except ray.exceptions.RayActorError as err:
+                self.shutdown()
+                cause = creation_error(err)
+                raise DeviceFailure(
+                    f"{self.where}device {k}'s Ray actor failed to start"
+                    + (f": {cause}" if cause else "; see the Ray worker log for the cause"),
+                    device=k,
+                ) from None
+
+    def pin_stages(self) -> dict[int, list[int]]:
+        """Pin stage s's actor to ``core_sets(this host's cores, S, runtime.pin_threads)[s]`` with as many
+        torch threads (unless ``threads`` was given), or unpin it; actors on another node (a deployment with
+        ``device_resource``) are left on their own cores. Returns {device k: the cores it runs on}."""
+        rt = self.runtime.spec
+        sets = None if rt.device_resource else core_sets(usable_cores_list(), len(self.actors), rt.pin_threads)
+        node = self._ray.get_runtime_context().get_node_id()
+        refs = []
+        for s, actor in enumerate(self.actors):
+            cores = sets[s] if sets else None
+            threads = self.threads if self.fixed_threads or not cores else len(cores)
+            refs.append((self.device_indices[s], actor.pin.remote(cores, threads, node)))
+        return {k: self._get_device(ref, k) for k, ref in refs}
+
+    def start_idle(self, devices: Sequence[int]) -> None:
+        """Start the actors of ``devices`` that are not alive yet, holding no blocks, so a later plan that
+        uses them pays no process start-up in its round."""
+        idle = [(k, torch.nn.ModuleList(), None, 1.0, 0) for k in devices if k not in self.devices]
+        if idle:
+            keep = (list(self.device_indices), list(self.actors))
+            self.place(idle, free_others=False, pin=False)
+            self.device_indices, self.actors = keep
+
+    def layout(self) -> dict[int, tuple[int, int]]:
+        """{device k: (first block, last block + 1)} of every live device."""
+        self._discover()
+        refs = {k: actor.layout.remote() for k, actor in self.devices.items()}
+        return {k: tuple(self._get_device(ref, k)) for k, ref in refs.items()}
+
+    def call_device(self, k: int, method: str, *args):
+        return self._get_device(getattr(self.devices[k], method).remote(*args), k)
+
+    def _get_device(self, ref, k: int):
+        try:
+            return self._ray.get(ref, timeout=self.timeout_s)
+        except (self._ray.exceptions.GetTimeoutError, self._ray.exceptions.RayActorError):
+            raise DeviceFailure(
+                f"{self.where}device {k} gave no answer (its Ray actor is gone or stuck); re-plan the cluster without "
+                "it",
+                device=k,
+            ) from None
+
+    def forget(self, k: int) -> None:
+        """Drop device k's actor (it failed): killed if Ray still reaches it, never used again."""
+        actor = self.devices.pop(k, None)
+        if actor is not None:
+            try:
+                self._ray.kill(cast(Any, actor), no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone: nothing to stop
+                pass
+
+    def pids(self) -> dict[int, int]:
+        """{device k: the OS pid of its actor process} (tests check actors are reused across rounds)."""
+        return {k: self.call_device(k, "pid") for k in self.devices}
+
+    def time_transfer(self, src: int, dst: int, nbytes: int) -> float:
+        """Device ``src`` makes the payload and hands it on through its link; device ``dst`` takes it from Ray's
+        object store, as stage k+1 takes stage k's activation (no round trip through the CU)."""
+        start = time.perf_counter()
+        sent = cast(Any, self.devices[src]).send_payload.remote(nbytes)
+        ref = cast(Any, self.devices[dst]).receive_payload.remote(sent)
+        self._get_device(ref, dst)
+        return time.perf_counter() - start
+
+    def put(self, value):
+        """Put ``value`` in Ray's object store once; stages read it without another copy through the CU."""
+        return self._ray.put(value)
+
+    def new_step(self) -> None:
+        self._submitted = []
+
+    def submit(self, stage: int, method: str, *args):
+        ref = getattr(self.actors[stage], method).remote(*args)
+        self._submitted.append((ref, stage))
+        return ref
+
+    def _stuck_stage(self, default: int) -> int:
+        """The stage of the earliest call (in submission, hence dependency, order) still not done."""
+        for ref, stage in self._submitted:
+            ready, _ = self._ray.wait([ref], timeout=0)
+            if not ready:
+                return stage
+        return default
+
+    def get(self, handle, stage: int):
+        """The value of ``handle``; a device that died or gives no answer within ``timeout_s`` raises
+        :class:`DeviceFailure` naming it."""
+        ray = self._ray
+        try:
+            return ray.get(handle, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            stage = self._stuck_stage(stage)
+            raise DeviceFailure(
+                f"{self.where}device {self.device_indices[stage]} gave no answer within "
+                f"device_timeout_s={self.timeout_s:g}s; check that device or raise runtime.device_timeout_s",
+                device=self.device_indices[stage],
+            ) from None
+        except ray.exceptions.RayActorError as err:
+            dead = self._dead_device(err, stage)
+            raise DeviceFailure(
+                f"{self.where}device {dead} died during the step (its Ray actor is gone); re-plan the cluster "
+                "without it",
+                device=dead,
+            ) from None
+        except ray.exceptions.RayTaskError as err:
+            cause = getattr(err, "cause", None)
+            if isinstance(cause, ray.exceptions.RayActorError):
+                dead = self._dead_device(cause, stage)
+                raise DeviceFailure(
+                    f"{self.where}device {dead} died during the step (its Ray actor is gone); re-plan the cluster "
+                    "without it",
+                    device=dead,
+                ) from None
+            raise err.as_instanceof_cause() from None
+
+    def _dead_device(self, err, stage: int) -> int:
+        """The device whose actor died: by the error's actor id, else the first that does not answer."""
+        actor_id = getattr(err, "actor_id", None)
+        for s, actor in enumerate(self.actors):
+            if actor_id is not None and actor._actor_id.hex() == actor_id:
+                return self.device_indices[s]
+        for s, actor in enumerate(self.actors):
+            try:
+                self._ray.get(actor.ping.remote(), timeout=min(5.0, self.timeout_s))
+            except Exception:  # noqa: BLE001 - any failure to answer marks the device
+                return self.device_indices[s]
+        return self.device_indices[stage]
+
+    def kill(self, stage: int) -> None:
+        """Kill one device's actor (fault-injection for tests and demos)."""
+        self._ray.kill(cast("ActorHandle", self.actors[stage]), no_restart=True)
+
+    def shutdown(self) -> None:
+        """Kill every device actor of this pipeline (named ones included), each out of its testbed cgroup first."""
+        for actor in getattr(self, "devices", {}).values():
+            leave_testbed(self._ray, actor)
+            try:
+                self._ray.kill(cast("ActorHandle", actor), no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.devices = {}
+        self.actors = []
