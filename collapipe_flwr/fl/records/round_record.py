@@ -1,6 +1,6 @@
 """RoundRecord: one round from ``configure_train`` through ``aggregate_train`` and ``evaluate`` to rounds.jsonl.
 
-Fields (the JSON line of rounds.jsonl, docs/results.md): the round t, the method and scheduling policy,
+Fields (the JSON line of rounds.jsonl, docs/running.md "The run folder"): the round t, the method and scheduling policy,
 the plan X(t) and its modelled delay / energy (eqs. 11-26), the CUs' training loss (example-weighted) and
 per-CU metrics, the failures (cluster and one-line reason), the validation metrics when the round was
 evaluated (``val_<name>``), the measured seconds of each server phase, and the clusters' measured profiles
