@@ -41,9 +41,8 @@ DEFAULT_OUTPUT_DIR = "runs"
 def parse_run_config(args: Sequence[str]) -> dict[str, Any]:
     """``--run-config`` arguments exactly as ``flwr run`` reads them ("k=v ..." strings or one TOML file),
     restricted to the app's keys (``[tool.flwr.app.config]``)."""
-    from flwr.common.config import parse_config_args
-
     from collapipe_flwr.fl.run_config import FLAT_KEYS, OTHER_KEYS
+    from collapipe_flwr.flower_internals import parse_config_args
 
     try:
         parsed = dict(parse_config_args(list(args))) if args else {}

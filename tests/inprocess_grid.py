@@ -11,10 +11,10 @@ import itertools
 from collections.abc import Iterable
 
 from flwr.app import Context, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from collapipe_flwr.fl import messages
 from collapipe_flwr.fl.cu import client_main
+from collapipe_flwr.flower_internals import TaskIdentity
 
 RUN_ID = 7
 _HANDLERS = {

@@ -45,7 +45,7 @@ def test_malformed_instructions_are_refused():
 @pytest.fixture
 def in_a_run(monkeypatch):
     """Messages can only be built inside a run: give this process the identity a SuperNode would."""
-    from flwr.supercore.task_identity import TaskIdentity
+    from collapipe_flwr.flower_internals import TaskIdentity
 
     for key, value in (("run_id", 1), ("node_id", 1), ("task_id", 1)):
         monkeypatch.setattr(TaskIdentity, f"_{key}", value, raising=False)
@@ -96,3 +96,15 @@ def test_release_instructions_travel_unchanged(in_a_run):
     sent = ReleaseInstructions(num_devices=3, cu_state_key="abc123")
     msg = Message(release_content(sent), dst_node_id=7, message_type=f"{MessageType.QUERY}.release")
     assert read_release(msg) == sent
+
+
+def test_a_label_histogram_must_be_counts():
+    from flwr.app import MetricRecord
+
+    from collapipe_flwr.fl.messages import LABEL_HISTOGRAM, metric_counts
+
+    assert metric_counts(MetricRecord({LABEL_HISTOGRAM: [3, 0, 5]}), LABEL_HISTOGRAM, 7) == [3, 0, 5]
+    assert metric_counts(MetricRecord({}), LABEL_HISTOGRAM, 7) == []  # an older CU sends none
+    for bad in ([1.5, 2.0], [-1, 2], 4):
+        with pytest.raises(CollaPipeError, match="label-histogram.*expected a list of counts"):
+            metric_counts(MetricRecord({LABEL_HISTOGRAM: bad}), LABEL_HISTOGRAM, 7)

@@ -31,7 +31,13 @@ def test_a_run_writes_console_summary_plots_and_tensorboard(data_dir, tmp_path, 
     # summary.json: totals are the sums over the rounds' records, the plots are there
     assert math.isclose(summary["modelled_delay_s"], sum(r["modelled"]["round_delay_s"] for r in trained), rel_tol=1e-3)
     assert math.isclose(summary["measured_round_s"], sum(r["measured_s"]["round_s"] for r in trained), rel_tol=1e-3)
-    assert sorted(p.split("/")[-1] for p in summary["plots"]) == ["delay.png", "loss.png", "memory.png", "metric.png"]
+    plots = ["delay.png", "loss.png", "memory.png", "metric.png", "partitions.png"]
+    assert sorted(p.split("/")[-1] for p in summary["plots"]) == plots
+
+    # every record holds each cluster's partition: its size and its examples per label, which add up to it
+    for record in trained:
+        parts = record["partitions"]
+        assert sorted(parts) == ["0", "1"] and all(sum(p["labels"]) == p["examples"] > 0 for p in parts.values())
     assert all((folder / "plots" / name).stat().st_size > 1000 for name in ("loss.png", "delay.png"))
 
     # TensorBoard: the per-round train loss as logged in rounds.jsonl

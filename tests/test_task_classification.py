@@ -68,6 +68,18 @@ def test_dirichlet_partition_of_the_real_labels(data_dir):
     assert {len(p) for p in iid_parts} == {8000}
 
 
+def test_domain_partition_gives_toutiao_and_tnews_their_own_clusters(data_dir):
+    extra = {
+        "partition": "domain",
+        "extra_train_files": ["toutiao/supplementary_tnews_fewclue/tnews_fewclue_labeled.txt"],
+    }
+    task = build_task(*specs("classification", "bert_tiny", extra), data_dir, seed=0)
+    parts = [task.partition(3, pid) for pid in range(3)]
+    # Toutiao's 24000 titles first, then TNEWS's: clusters 0 and 2 share Toutiao, cluster 1 reads TNEWS alone
+    assert sorted(parts[1]) == list(range(24000, len(task.train_examples())))
+    assert all(i < 24000 for i in parts[0] + parts[2]) and {len(parts[0]), len(parts[2])} == {12000}
+
+
 def test_malformed_lines_name_file_and_line(tmp_path):
     bad = tmp_path / "t.txt"
     bad.write_text("好标题_!_3\n没有分隔符 5\n", encoding="utf-8")

@@ -114,9 +114,23 @@ def test_unknown_tag_names_file_and_line(tmp_path):
         read_bio(bad)
 
 
-def test_dirichlet_partition_is_refused_for_ner(data_dir):
+def test_label_skew_for_ner_uses_each_sentences_dominant_entity_type(data_dir):
+    from collections import Counter
+
     from collapipe_flwr.errors import ConfigError
 
-    task = build_task(*specs("ner", "bert_tiny", {"partition": "dirichlet"}), data_dir, seed=0)
-    with pytest.raises(ConfigError, match="partition=iid"):
-        task.partition(2, 0)
+    task = build_task(
+        *specs("ner", "bert_tiny", {"partition": "pathological", "classes_per_partition": 1}), data_dir, seed=0
+    )
+    labels = task.partition_labels()
+    sentences = task.train_examples()
+    for sentence, label in list(zip(sentences, labels))[:300]:  # the label by hand: most tagged characters
+        counts = Counter(tag[2:] for tag in sentence.tags if tag != "O")
+        names = sorted({tag[2:] for s in sentences for tag in s.tags if tag != "O"})
+        expected = names.index(min(counts, key=lambda t: (-counts[t], t))) if counts else len(names)
+        assert label == expected
+    parts = [task.partition(4, pid) for pid in range(4)]  # 4 labels (LOC, ORG, PER, none), one per cluster
+    assert [len({labels[i] for i in p}) for p in parts] == [1, 1, 1, 1]
+    assert sorted(i for p in parts for i in p) == list(range(len(sentences)))
+    with pytest.raises(ConfigError, match="two or more training corpora"):
+        build_task(*specs("ner", "bert_tiny", {"partition": "domain"}), data_dir, seed=0).partition(2, 0)

@@ -1,4 +1,5 @@
-"""D_n partitions: IID and Dirichlet-by-label via flwr-datasets; reproducible, disjoint, covering."""
+"""D_n partitions via flwr-datasets (IID, quantity skew, Dirichlet and pathological label skew) and by corpus
+(domain skew): reproducible, disjoint, covering; each skew checked against what it promises."""
 
 from __future__ import annotations
 
@@ -47,4 +48,38 @@ def test_bad_partition_arguments_are_config_errors():
     with pytest.raises(ConfigError, match="iid"):
         partition_indices(10, 2, 0, seed=0, scheme="dirichlet", labels=None)
     with pytest.raises(ConfigError, match="task.partition"):
-        partition_indices(10, 2, 0, seed=0, scheme="pathological")
+        partition_indices(10, 2, 0, seed=0, scheme="by_moon_phase")
+    with pytest.raises(ConfigError, match="task.quantity"):
+        partition_indices(10, 2, 0, seed=0, scheme="quantity", quantity="cubic")
+    with pytest.raises(ConfigError, match="two or more training corpora"):
+        partition_indices(10, 2, 0, seed=0, scheme="domain", labels=[0] * 10)
+    with pytest.raises(ConfigError, match="at least 3 clusters"):
+        partition_indices(9, 2, 0, seed=0, scheme="domain", labels=[0, 1, 2] * 3)
+
+
+@pytest.mark.parametrize("shape,weight", [("linear", lambda n: n + 1), ("square", lambda n: (n + 1) ** 2)])
+def test_quantity_skew_sizes_follow_the_shape_and_content_stays_iid(shape, weight):
+    parts = _all(3000, 4, seed=5, scheme="quantity", quantity=shape)
+    assert sorted(i for p in parts for i in p) == list(range(3000))
+    total = sum(weight(n) for n in range(4))
+    for n, part in enumerate(parts):  # sizes by the shape's weights, to rounding
+        assert abs(len(part) - 3000 * weight(n) / total) <= 2
+    assert parts[0] != list(range(len(parts[0])))  # shuffled, not the first examples of the file
+
+
+def test_pathological_partitions_hold_only_their_classes():
+    labels = [i % 6 for i in range(1200)]
+    parts = _all(1200, 6, seed=2, scheme="pathological", labels=labels, classes_per_partition=2)
+    assert sorted(i for p in parts for i in p) == list(range(1200))
+    assert [sorted({labels[i] for i in p}) for p in parts] == [[0, 1], [1, 2], [2, 3], [3, 4], [4, 5], [0, 5]]
+    few = _all(1200, 3, seed=2, scheme="pathological", labels=labels, classes_per_partition=2)
+    assert {labels[i] for p in few for i in p} == {0, 1, 2, 3}  # N + k - 1 < C: classes 4 and 5 are left out
+
+
+def test_domain_skew_gives_each_cluster_one_corpus_and_splits_a_shared_one():
+    domains = [0] * 600 + [1] * 300  # e.g. People's Daily, then the MSRA supplement
+    parts = _all(900, 4, seed=1, scheme="domain", labels=domains)
+    assert sorted(i for p in parts for i in p) == list(range(900))
+    assert [{domains[i] for i in p} for p in parts] == [{0}, {1}, {0}, {1}]
+    assert [len(p) for p in parts] == [300, 150, 300, 150]
+    assert parts == _all(900, 4, seed=1, scheme="domain", labels=domains)

@@ -5,7 +5,7 @@ train (server -> CU):   RecordDict{WEIGHTS: ArrayRecord, INSTRUCTIONS: ConfigRec
 train reply (CU -> server): RecordDict{WEIGHTS: ArrayRecord, METRICS: MetricRecord}
 query.hello (server -> CU): RecordDict{CLUSTER_CONFIG: ConfigRecord{"json": str}} (the CU's part of the run's
     config, ``config.ClusterConfig``); reply RecordDict{HELLO_REPLY: MetricRecord{PARTITION_ID, NUM_PARTITIONS,
-    NUM_EXAMPLES}}
+    NUM_EXAMPLES, LABEL_HISTOGRAM}}
 query.release (server -> CU, after the last round): RecordDict{RELEASE_INFO: ConfigRecord{RELEASE_NUM_DEVICES,
     RELEASE_CU_STATE_KEY}} (:class:`ReleaseInstructions`); reply RecordDict{RELEASE_REPLY:
     MetricRecord{DEVICE_ACTORS_RELEASED}}
@@ -48,6 +48,7 @@ RELEASE_REPLY = "release"
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 NUM_EXAMPLES = "num-examples"
+LABEL_HISTOGRAM = "label-histogram"  # hello reply: examples of the CU's partition per label (Task.partition_labels)
 RELEASE_NUM_DEVICES = "release-num-devices"
 RELEASE_CU_STATE_KEY = "release-cu-state-key"  # the run's key of the CUs' own checkpoints, removed at release
 DEVICE_ACTORS_RELEASED = "device-actors-released"
@@ -180,6 +181,18 @@ def metric_int(record: MetricRecord, key: str, sender: int) -> int:
     if not isinstance(value, (int, float)):
         raise CollaPipeError(f"reply from node {sender} has {key}={value!r}; expected a number")
     return int(value)
+
+
+def metric_counts(record: MetricRecord, key: str, sender: int) -> list[int]:
+    """``record[key]`` of a reply from node ``sender`` as a list of counts (absent: [])."""
+    if key not in record:
+        return []
+    value = record[key]
+    if not isinstance(value, list) or not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 and float(x).is_integer() for x in value
+    ):
+        raise CollaPipeError(f"reply from node {sender} has {key}={value!r}; expected a list of counts")
+    return [int(x) for x in value]
 
 
 def profile_metrics(profile: ClusterProfile) -> dict:

@@ -20,7 +20,7 @@ import torch
 from collapipe_flwr.accelerator import batch_to, module_device
 from collapipe_flwr.errors import ConfigError, DataFormatError
 from collapipe_flwr.tasks.batching import batch_order
-from collapipe_flwr.tasks.partition import partition_indices
+from collapipe_flwr.tasks.partition import LABEL_SCHEMES, partition_indices
 
 if TYPE_CHECKING:  # spec.py imports the registry, which imports this module
     from collapipe_flwr.tasks.spec import ModelSpec, TaskSpec
@@ -65,6 +65,7 @@ class Task(ABC):
         self.cache_dir = resolve_cache_dir(cache_dir or task.cache_dir)
         self._examples: dict[str, tuple] = {}
         self._features: dict[str, list[dict]] = {}
+        self._corpus_sizes: list[int] = []  # examples per training corpus, set by read_split (domain partition)
 
     # ---- configuration -------------------------------------------------------------------------
     @classmethod  # noqa: B027 - an optional hook, a no-op unless a task overrides it
@@ -140,18 +141,36 @@ class Task(ABC):
         return None
 
     def partition_labels(self) -> list[int] | None:
-        """Per-train-example labels for the Dirichlet partition (None: the task has no sentence label)."""
+        """Per-train-example labels of the label-skewed partitions (dirichlet, pathological) and of the partition
+        histograms in rounds.jsonl (None: the task has no sentence label)."""
         return None
+
+    def domain_labels(self) -> list[int] | None:
+        """Per-train-example corpus (0 = ``train_file``, 1.. = each of ``extra_train_files``): the domains of
+        ``task.partition: domain`` (None: the task reads one corpus)."""
+        self.train_examples()
+        sizes = self._corpus_sizes
+        return [c for c, n in enumerate(sizes) for _ in range(n)] if len(sizes) > 1 else None
 
     # ---- federation ----------------------------------------------------------------------------
     def partition(self, num_partitions: int, partition_id: int) -> list[int]:
         """Indices into train_examples() that CU ``partition_id`` of N reads (D_n); seeded by the task seed."""
         scheme = self.spec.partition
-        labels = self.partition_labels() if scheme == "dirichlet" else None
-        if scheme == "dirichlet" and labels is None:
-            raise ConfigError(
-                f"task.partition=dirichlet needs sentence labels; task {self.name} has none, use partition=iid"
-            )
+        labels = None
+        if scheme in LABEL_SCHEMES:
+            labels = self.partition_labels()
+            if labels is None:
+                raise ConfigError(
+                    f"task.partition={scheme} needs sentence labels; task {self.name} has none, use partition=iid "
+                    "or quantity"
+                )
+        elif scheme == "domain":
+            labels = self.domain_labels()
+            if labels is None:
+                raise ConfigError(
+                    f"task.partition=domain needs two or more training corpora; task {self.name} reads one "
+                    "(name the others in task.extra_train_files)"
+                )
         return partition_indices(
             len(self.train_examples()),
             num_partitions,
@@ -160,6 +179,8 @@ class Task(ABC):
             scheme=scheme,
             labels=labels,
             alpha=self.spec.alpha,
+            quantity=self.spec.quantity,
+            classes_per_partition=self.spec.classes_per_partition,
         )
 
     def batches(

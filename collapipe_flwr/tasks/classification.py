@@ -99,9 +99,13 @@ class ClassificationTask(Task):
         return int(self.options.get("num_labels", len(CLASS_NAMES)))
 
     def read_split(self, split: str) -> Sequence[Title]:
-        return read_file_split(
-            self.data_dir, self.options, split, "Toutiao", partial(read_titles, num_labels=self.num_labels)
+        sizes: list[int] = []
+        examples = read_file_split(
+            self.data_dir, self.options, split, "Toutiao", partial(read_titles, num_labels=self.num_labels), sizes
         )
+        if split == "train":
+            self._corpus_sizes = sizes
+        return examples
 
     def read_hf_split(self, split: str, hf: Mapping[str, Any]) -> Sequence[Title]:
         """e.g. ``hf_dataset: {enabled: true, id: clue/clue, subset: tnews}``: TNEWS labels are the Toutiao

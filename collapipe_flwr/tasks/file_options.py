@@ -44,12 +44,18 @@ def read_file_split(
     split: str,
     what: str,
     read: Callable[[Path], Iterable[Example]],
+    corpus_sizes: list[int] | None = None,
 ) -> list[Example]:
     """The examples of ``<split>_file`` (plus ``extra_train_files`` for train), each file read by ``read``;
-    ``what`` names the dataset in the errors (e.g. "NER")."""
+    ``what`` names the dataset in the errors (e.g. "NER"). ``corpus_sizes`` (optional) gets the number of
+    examples each file gave, in order: the corpora of ``task.partition: domain``."""
     require_test_files(split, options, ("test_file",))
     examples = list(read(resolve_file(data_dir, options.get(f"{split}_file") or "", f"{what} {split}")))
+    sizes = [len(examples)]
     if split == "train":
         for extra in options.get("extra_train_files") or []:
             examples.extend(read(resolve_file(data_dir, extra, f"{what} extra train")))
+            sizes.append(len(examples) - sum(sizes))
+    if corpus_sizes is not None:
+        corpus_sizes[:] = sizes
     return examples

@@ -10,6 +10,7 @@ sentence, so the score is never flattered by the cut. Metric: entity-level P/R/F
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,12 @@ LABEL_IDS = {tag: i for i, tag in enumerate(LABELS)}
 class TaggedSentence:
     chars: tuple[str, ...]
     tags: tuple[str, ...]
+
+
+def _dominant_type(tags: Sequence[str]) -> str | None:
+    """The entity type with the most tagged characters (ties: alphabetical first); None without entities."""
+    counts = Counter(tag.split("-", 1)[1] for tag in tags if "-" in tag)
+    return min(counts, key=lambda t: (-counts[t], t)) if counts else None
 
 
 def read_bio(path) -> tuple[TaggedSentence, ...]:
@@ -105,7 +112,21 @@ class NerTask(Task):
             )
 
     def read_split(self, split: str) -> Sequence[TaggedSentence]:
-        return read_file_split(self.data_dir, self.options, split, "NER", read_bio)
+        sizes: list[int] = []
+        examples = read_file_split(self.data_dir, self.options, split, "NER", read_bio, sizes)
+        if split == "train":
+            self._corpus_sizes = sizes
+        return examples
+
+    def partition_labels(self) -> list[int]:
+        """A sentence's label for the label-skewed partitions (a proxy: NER has no sentence label): the entity type
+        with the most tagged characters in it (PER, LOC, ORG, ... by their B-/I- tags; a tie goes to the type first
+        in alphabetical order), or "none" for a sentence without entities. Types are numbered alphabetically,
+        "none" last."""
+        dominant = [_dominant_type(s.tags) for s in self.train_examples()]
+        types = sorted({t for t in dominant if t is not None})
+        number = {t: i for i, t in enumerate(types)}
+        return [number[t] if t is not None else len(types) for t in dominant]
 
     def read_hf_split(self, split: str, hf: Mapping[str, Any]) -> Sequence[TaggedSentence]:
         """e.g. ``hf_dataset: {enabled: true, id: peoples_daily_ner}`` (tokens + ner_tags ClassLabel)."""

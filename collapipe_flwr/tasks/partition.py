@@ -2,10 +2,22 @@
 
 - ``iid``: the examples are shuffled with ``seed`` and cut into N nearly equal contiguous shards
   (IidPartitioner on the shuffled index);
-- ``dirichlet``: label-skewed non-IID shares drawn from Dir(alpha) per class (DirichletPartitioner
-  over the ``label`` column; smaller alpha = more skew).
-Both return indices into the task's train examples; the same arguments give the same indices, and the
-N partitions are disjoint and together cover every example.
+- ``quantity``: IID content, skewed sizes: partition n's share grows with n as ``task.quantity`` says
+  (``linear``: n + 1, ``square``: (n + 1)^2, ``exponential``: e^n; flwr-datasets' Linear / Square /
+  ExponentialPartitioner on the shuffled index);
+- ``dirichlet``: label-skewed shares drawn from Dir(alpha) per class (DirichletPartitioner over the ``label``
+  column; smaller alpha = more skew);
+- ``pathological``: partition n holds k = ``task.classes_per_partition`` classes only, classes n .. n + k - 1
+  (mod C) (PathologicalPartitioner, deterministic assignment); with N + k - 1 < C classes the examples of the
+  classes no partition draws are left out;
+- ``domain``: one corpus per cluster: the task's training corpora (``train_file`` and each of
+  ``extra_train_files``) are the domains, cluster n reads domain n mod D, and the clusters of one domain
+  split it IID.
+
+The label of the label-skewed kinds is the task's ``partition_labels()`` (the class of a title; for NER and
+translation a documented proxy, see each task). Every kind returns indices into the task's train examples; the
+same arguments give the same indices, and the N partitions are disjoint and together cover every example (but
+for the classes a pathological split leaves out).
 """
 
 from __future__ import annotations
@@ -14,7 +26,9 @@ from collections.abc import Sequence
 
 from collapipe_flwr.errors import ConfigError
 
-SCHEMES = ("iid", "dirichlet")
+SCHEMES = ("iid", "quantity", "dirichlet", "pathological", "domain")
+LABEL_SCHEMES = ("dirichlet", "pathological")
+QUANTITY_SHAPES = ("linear", "square", "exponential")
 
 
 def partition_indices(
@@ -26,8 +40,34 @@ def partition_indices(
     labels: Sequence[int] | None = None,
     alpha: float = 0.5,
     min_partition_size: int = 1,
+    quantity: str = "linear",
+    classes_per_partition: int = 2,
 ) -> list[int]:
-    """Indices (ascending) of partition ``partition_id`` of ``num_partitions`` over ``num_examples``."""
+    """Indices (ascending) of partition ``partition_id`` of ``num_partitions`` over ``num_examples``. ``labels``:
+    one per example, the class for ``dirichlet`` / ``pathological``, the corpus for ``domain``."""
+    _check_arguments(num_examples, num_partitions, partition_id, scheme)
+    if scheme == "domain":
+        return _domain_partition(num_partitions, partition_id, seed, _checked_labels(labels, num_examples, scheme))
+    if scheme in LABEL_SCHEMES:
+        _checked_labels(labels, num_examples, scheme)
+    if scheme == "pathological":
+        partitioner = _pathological(num_partitions, seed, classes_per_partition)
+    elif scheme == "dirichlet":
+        partitioner = _dirichlet(num_partitions, seed, alpha, min_partition_size)
+    else:
+        partitioner = _by_size(scheme, num_partitions, quantity)
+    partitioner.dataset = _index_dataset(num_examples, labels if scheme in LABEL_SCHEMES else None, seed, scheme)
+    try:
+        part = partitioner.load_partition(partition_id)
+    except ValueError as err:
+        raise ConfigError(
+            f"task.partition={scheme} over {num_partitions} partitions failed ({err}); "
+            + ("raise task.alpha or use fewer clusters" if scheme == "dirichlet" else "use fewer clusters")
+        ) from None
+    return sorted(int(i) for i in part["idx"])
+
+
+def _check_arguments(num_examples: int, num_partitions: int, partition_id: int, scheme: str) -> None:
     if scheme not in SCHEMES:
         raise ConfigError(f"task.partition={scheme!r} is not one of {', '.join(SCHEMES)}")
     if not isinstance(num_partitions, int) or num_partitions < 1:
@@ -38,27 +78,34 @@ def partition_indices(
         raise ConfigError(
             f"cannot split {num_examples} training examples into {num_partitions} partitions; use fewer clusters"
         )
-    partitioner = _build(scheme, num_partitions, seed, labels, alpha, min_partition_size, num_examples)
-    partitioner.dataset = _index_dataset(num_examples, labels if scheme == "dirichlet" else None, seed, scheme)
-    try:
-        part = partitioner.load_partition(partition_id)
-    except ValueError as err:
+
+
+def _checked_labels(labels: Sequence[int] | None, num_examples: int, scheme: str) -> Sequence[int]:
+    if labels is None:
         raise ConfigError(
-            f"Dirichlet partition with alpha={alpha} over {num_partitions} partitions failed ({err}); "
-            "raise task.alpha or use fewer clusters"
-        ) from None
-    return sorted(int(i) for i in part["idx"])
+            f"task.partition={scheme} needs a label per training example; this task has none, use partition=iid "
+            "or quantity"
+        )
+    if len(labels) != num_examples:
+        raise ValueError(f"{len(labels)} labels for {num_examples} examples")
+    return labels
 
 
-def _build(scheme, num_partitions, seed, labels, alpha, min_partition_size, num_examples):
-    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
+def _by_size(scheme: str, num_partitions: int, quantity: str):
+    """IID content: equal shares (``iid``) or shares growing with the partition id (``quantity``)."""
+    from flwr_datasets.partitioner import ExponentialPartitioner, IidPartitioner, LinearPartitioner, SquarePartitioner
 
     if scheme == "iid":
         return IidPartitioner(num_partitions=num_partitions)
-    if labels is None:
-        raise ConfigError("task.partition=dirichlet needs labelled examples; this task has none, use partition=iid")
-    if len(labels) != num_examples:
-        raise ValueError(f"{len(labels)} labels for {num_examples} examples")
+    shapes = {"linear": LinearPartitioner, "square": SquarePartitioner, "exponential": ExponentialPartitioner}
+    if quantity not in shapes:
+        raise ConfigError(f"task.quantity={quantity!r} must be one of {', '.join(QUANTITY_SHAPES)}")
+    return shapes[quantity](num_partitions=num_partitions)
+
+
+def _dirichlet(num_partitions: int, seed: int, alpha: float, min_partition_size: int):
+    from flwr_datasets.partitioner import DirichletPartitioner
+
     if not alpha > 0:
         raise ConfigError(f"task.alpha={alpha!r} must be > 0 (Dirichlet concentration)")
     return DirichletPartitioner(
@@ -72,6 +119,45 @@ def _build(scheme, num_partitions, seed, labels, alpha, min_partition_size, num_
     )
 
 
+def _pathological(num_partitions: int, seed: int, classes_per_partition: int):
+    from flwr_datasets.partitioner import PathologicalPartitioner
+
+    if not isinstance(classes_per_partition, int) or classes_per_partition < 1:
+        raise ConfigError(f"task.classes_per_partition={classes_per_partition!r} must be an integer >= 1")
+    return PathologicalPartitioner(
+        num_partitions=num_partitions,
+        partition_by="label",
+        num_classes_per_partition=classes_per_partition,
+        class_assignment_mode="deterministic",
+        shuffle=True,
+        seed=seed,
+    )
+
+
+def _domain_partition(num_partitions: int, partition_id: int, seed: int, domains: Sequence[int]) -> list[int]:
+    """Cluster n reads domain n mod D; the clusters of one domain split it IID (shuffled, near-equal shards).
+    Written here because flwr-datasets' natural-id partitioners map one id to one partition (or group ids),
+    and a domain shared by several clusters is the case that matters (N > D)."""
+    import numpy as np
+
+    names = sorted(set(int(d) for d in domains))
+    if len(names) < 2:
+        raise ConfigError(
+            "task.partition=domain needs two or more training corpora; name the others in task.extra_train_files"
+        )
+    if num_partitions < len(names):
+        raise ConfigError(
+            f"task.partition=domain with {len(names)} corpora needs at least {len(names)} clusters "
+            f"(federation.num_clusters={num_partitions})"
+        )
+    domain = names[partition_id % len(names)]
+    sharing = [n for n in range(num_partitions) if names[n % len(names)] == domain]
+    members = np.array([i for i, d in enumerate(domains) if int(d) == domain])
+    np.random.default_rng(seed).shuffle(members)
+    shard = np.array_split(members, len(sharing))[sharing.index(partition_id)]
+    return sorted(int(i) for i in shard)
+
+
 def _index_dataset(num_examples: int, labels: Sequence[int] | None, seed: int, scheme: str):
     import datasets
 
@@ -79,6 +165,6 @@ def _index_dataset(num_examples: int, labels: Sequence[int] | None, seed: int, s
     if labels is not None:
         columns["label"] = [int(y) for y in labels]
     dataset = datasets.Dataset.from_dict(columns)
-    if scheme == "iid":
+    if scheme in ("iid", "quantity"):
         dataset = dataset.shuffle(seed=seed)
     return dataset

@@ -20,7 +20,7 @@ from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.spec_parsing import mapping, require
 from collapipe_flwr.tasks.lr_schedule import LrScheduleSpec, parse_lr_schedule
-from collapipe_flwr.tasks.partition import SCHEMES
+from collapipe_flwr.tasks.partition import QUANTITY_SHAPES, SCHEMES
 from collapipe_flwr.tasks.registry import task_class
 
 __all__ = [
@@ -68,7 +68,8 @@ def _is_number(value: Any) -> bool:
 @dataclass(frozen=True)
 class TaskSpec:
     """``task``: what every task has; ``options`` holds the task-specific keys (checked by the Task class's
-    ``validate_options``). ``batch_size`` is b (paper Table II: 64); ``partition``/``alpha`` split the
+    ``validate_options``). ``batch_size`` is b (paper Table II: 64); ``partition`` (with ``alpha``, ``quantity``,
+    ``classes_per_partition``: tasks/partition.py) splits the
     training set into the clusters' D_n; ``bucket`` sorts windows of bucket * b examples by length."""
 
     name: str
@@ -78,6 +79,8 @@ class TaskSpec:
     bucket: int = 0
     partition: str = "iid"
     alpha: float = 0.5
+    quantity: str = "linear"
+    classes_per_partition: int = 2
     cache_dir: str = ""
     hf_dataset: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -90,6 +93,15 @@ class TaskSpec:
         require(
             _is_number(self.alpha) and self.alpha > 0,
             f"task.alpha={self.alpha!r} must be a number > 0 (Dirichlet concentration)",
+        )
+        require(
+            self.quantity in QUANTITY_SHAPES,
+            f"task.quantity={self.quantity!r} is not one of {', '.join(QUANTITY_SHAPES)} (partition: quantity)",
+        )
+        require(
+            _is_int(self.classes_per_partition) and self.classes_per_partition >= 1,
+            f"task.classes_per_partition={self.classes_per_partition!r} must be an integer >= 1 "
+            "(partition: pathological)",
         )
         require(
             _is_int(self.bucket) and self.bucket >= 0,

@@ -113,6 +113,16 @@ class TranslationTask(Task):
     def read_split(self, split: str) -> Sequence[SentencePair]:
         return read_parallel(*self._files(split))
 
+    def partition_labels(self) -> list[int]:
+        """A sentence pair's label for the label-skewed partitions (a proxy: Multi30K has no topic label): the
+        quartile of its source length in words over the training split (0 = shortest quarter .. 3 = longest), so
+        a label-skewed cluster trains on sentences of one length range. Multi30K has one corpus: no domain split."""
+        import numpy as np
+
+        lengths = np.array([len(p.src.split()) for p in self.train_examples()])
+        edges = np.quantile(lengths, [0.25, 0.5, 0.75])
+        return [int(q) for q in np.searchsorted(edges, lengths, side="right")]
+
     def read_hf_split(self, split: str, hf: Mapping[str, Any]) -> Sequence[SentencePair]:
         """e.g. ``hf_dataset: {enabled: true, id: bentrevett/multi30k, src: en, tgt: de}`` (raw cased text)."""
         import datasets

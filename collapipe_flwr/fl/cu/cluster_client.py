@@ -44,6 +44,7 @@ from collapipe_flwr.fl.cu.step_log import StepLog
 from collapipe_flwr.fl.dataplane import DecoderClient
 from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
 from collapipe_flwr.fl.messages import (
+    LABEL_HISTOGRAM,
     NUM_EXAMPLES,
     NUM_PARTITIONS,
     PARTITION_ID,
@@ -81,11 +82,21 @@ class ClusterIdentity:
 
 
 def hello_metrics(identity: ClusterIdentity, cluster_config: dict) -> dict:
-    """Reply to the server's hello: which cluster this is and how many training examples it holds."""
+    """Reply to the server's hello: which cluster this is, how many training examples it holds and how many of
+    them carry each label (``Task.partition_labels``: the histogram rounds.jsonl records per partition)."""
     cfg = build_cluster_config(cluster_config).with_data_dir(identity.data_dir)
     task = cached_task(cfg)
     examples = wiring.client_partition(task, cfg, identity.partition_id, identity.num_partitions)
-    return {PARTITION_ID: identity.partition_id, NUM_PARTITIONS: identity.num_partitions, NUM_EXAMPLES: len(examples)}
+    labels = task.partition_labels() or []
+    histogram = [0] * (max(labels) + 1) if labels else []
+    for i in examples if labels else ():
+        histogram[labels[i]] += 1
+    return {
+        PARTITION_ID: identity.partition_id,
+        NUM_PARTITIONS: identity.num_partitions,
+        NUM_EXAMPLES: len(examples),
+        LABEL_HISTOGRAM: histogram,
+    }
 
 
 def decoder_client(cfg: ClusterConfig, instructions: TrainInstructions, cluster: int) -> DecoderClient:

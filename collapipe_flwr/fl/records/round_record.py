@@ -32,6 +32,8 @@ class RoundRecord:
     measured_s: dict[str, float] = field(default_factory=dict)
     # {cluster: its kept (smoothed) measured profile after this round's report} (system/profile.py)
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # {cluster: {"examples": |D_n|, "labels": examples per label}} (tasks/partition.py; the same every round)
+    partitions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def fail(self, cluster: int, reason: str) -> None:
         self.failures.append({"cluster": cluster, "error": reason})
@@ -49,4 +51,6 @@ class RoundRecord:
         out["measured_s"] = dict(self.measured_s)
         if self.profiles:
             out["profiles"] = dict(self.profiles)
+        if self.partitions:
+            out["partitions"] = dict(self.partitions)
         return out

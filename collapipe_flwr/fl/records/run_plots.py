@@ -15,6 +15,8 @@
   (time waiting for the CUs).
 - ``plots/memory.png``: per-device peak memory (MiB), ``clients.<n>.device-peak-bytes[k]``, a line per
   (CU n, device k); 0 means the plan left the device idle that round and draws no point.
+- ``plots/partitions.png``: each cluster's D_n as its examples per label, stacked (``partitions`` of the last
+  record; task.partition decides how skewed they are).
 
 A figure whose data no record holds (no evaluated round, no modelled delay, no memory report) is skipped,
 not drawn empty. The figures are :class:`matplotlib.figure.Figure` objects on an Agg canvas (no pyplot, so
@@ -234,6 +236,27 @@ def _memory_figure(records: Sequence[Mapping], path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
+def _partition_figure(records: Sequence[Mapping], path: Path) -> Path | None:
+    """Each cluster's D_n: its examples per label, stacked (task.partition: how skewed the split is)."""
+    parts = records[-1].get("partitions") or {}
+    if not parts:
+        return None
+    cus = _cu_order(parts)
+    histograms = [list(parts[n].get("labels") or [parts[n].get("examples", 0)]) for n in cus]
+    width = max(len(h) for h in histograms)
+    fig, axes = new_figure(1)
+    ax = axes[0, 0]
+    bottom = [0] * len(cus)
+    for label in range(width):
+        counts = [h[label] if label < len(h) else 0 for h in histograms]
+        ax.bar([f"CU {n}" for n in cus], counts, bottom=bottom, label=f"label {label}")
+        bottom = [b + c for b, c in zip(bottom, counts)]
+    _legend(ax, width)
+    ax.set_ylabel("training examples")
+    ax.set_title("partitions: examples per label and cluster")
+    return save_figure(fig, path)
+
+
 def write_run_plots(
     run_dir: Path, *, metric: str | None = None, records: Sequence[Mapping] | None = None
 ) -> list[Path]:
@@ -254,6 +277,7 @@ def write_run_plots(
         _metric_figure(records, _metric_of(records, metric), folder / "metric.png"),
         _delay_figure(records, folder / "delay.png"),
         _memory_figure(records, folder / "memory.png"),
+        _partition_figure(records, folder / "partitions.png"),
     ]
     return [path for path in drawn if path is not None]
 

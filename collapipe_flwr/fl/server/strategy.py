@@ -20,17 +20,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from logging import INFO, WARNING
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
-from flwr.supercore import log
 
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl.messages import (
     DEVICE_ACTORS_RELEASED,
     HELLO,
     HELLO_REPLY,
+    LABEL_HISTOGRAM,
     NUM_EXAMPLES,
     NUM_PARTITIONS,
     PARTITION_ID,
@@ -39,6 +41,7 @@ from collapipe_flwr.fl.messages import (
     TRAIN,
     ReleaseInstructions,
     hello_content,
+    metric_counts,
     metric_int,
     pack_weights,
     read_profile,
@@ -78,6 +81,7 @@ class CollaPipeStrategy(Strategy):
         self.progress = progress
         self.node_of_cluster: dict[int, int] = {}
         self.examples_of_cluster: dict[int, int] = {}
+        self.labels_of_cluster: dict[int, list[int]] = {}  # D_n's examples per label (hello reply)
         self.record: RoundRecord | None = None  # the round in flight: configure_train -> evaluate
         self.round_offset = round_offset  # rounds completed before this process (a resumed run)
         self.round_listeners = list(round_listeners)  # each gets every rounds.jsonl record (e.g. TensorBoard)
@@ -118,6 +122,7 @@ class CollaPipeStrategy(Strategy):
                 raise ConfigError(f"two SuperNodes claim partition-id={pid}; give each SuperNode its own partition-id")
             self.node_of_cluster[pid] = reply.metadata.src_node_id
             self.examples_of_cluster[pid] = metric_int(info, NUM_EXAMPLES, sender)
+            self.labels_of_cluster[pid] = metric_counts(info, LABEL_HISTOGRAM, sender)
         missing = sorted(set(range(n_expected)) - set(self.node_of_cluster))
         if missing:
             raise ConfigError(
@@ -149,6 +154,13 @@ class CollaPipeStrategy(Strategy):
             )
         return released
 
+    def partitions(self) -> dict[str, dict[str, Any]]:
+        """{cluster n: its partition D_n's size and examples per label} (recorded in every round's record)."""
+        return {
+            str(n): {"examples": self.examples_of_cluster[n], "labels": list(self.labels_of_cluster.get(n, []))}
+            for n in sorted(self.examples_of_cluster)
+        }
+
     # ------------------------------------------------------------------ train
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -161,6 +173,7 @@ class CollaPipeStrategy(Strategy):
         t0 = time.time()
         plan = self.server.planner.plan(t)
         record.plan = plan
+        record.partitions = self.partitions()
         record.measured_s["plan_s"] = time.time() - t0
         record.selected = [c.cluster for c in plan.selected]
         self.server.decoder.open_round(t, record.selected)
