@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
+import campaign  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "partitions"
@@ -62,20 +63,7 @@ def jobs(tasks: list[str], seed: int) -> list[Job]:
 
 
 def run_job(root: Path, job: Job) -> bool:
-    folder = root / job.name
-    if (folder / "summary.json").is_file():
-        return True
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "collapipe_flwr", "run",
-        "--run-config", f"task='{job.task}' output-dir='{folder.parent}' run-name='{folder.name}'",
-        "--run-config", f'overrides="{job.overrides}"',
-    ]  # fmt: skip
-    start = time.time()
-    with open(root / (job.name.replace("/", "_") + ".log"), "w") as log:
-        rc = subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    print(f"job {job.name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.time() - start:.0f} s", flush=True)
-    return rc == 0
+    return campaign.run_job(root, job.name, job.overrides, flat=f"task='{job.task}'")
 
 
 def final_metric(folder: Path, metric: str) -> tuple[float | None, dict]:

@@ -29,13 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
+import campaign  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 COMMON = (
@@ -78,20 +79,7 @@ def jobs(parts: list[str], seeds: list[int], rounds: int, steps: int) -> list[Jo
 
 
 def run_job(root: Path, job: Job) -> bool:
-    folder = root / job.name
-    if (folder / "summary.json").is_file():
-        return True
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "collapipe_flwr", "run",
-        "--run-config", f"output-dir='{folder.parent}' run-name='{folder.name}'",
-        "--run-config", f'overrides="{job.overrides}"',
-    ]  # fmt: skip
-    start = time.time()
-    with open(root / (job.name.replace("/", "_") + ".log"), "w") as log:
-        rc = subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    print(f"job {job.name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.time() - start:.0f} s", flush=True)
-    return rc == 0
+    return campaign.run_job(root, job.name, job.overrides)
 
 
 # ----------------------------------------------------------------------------- reading a run

@@ -258,22 +258,20 @@ class RayStages:
                 device=self.device_indices[stage],
             ) from None
         except ray.exceptions.RayActorError as err:
-            dead = self._dead_device(err, stage)
-            raise DeviceFailure(
-                f"{self.where}device {dead} died during the step (its Ray actor is gone); re-plan the cluster "
-                "without it",
-                device=dead,
-            ) from None
+            raise self._died(err, stage) from None
         except ray.exceptions.RayTaskError as err:
             cause = getattr(err, "cause", None)
             if isinstance(cause, ray.exceptions.RayActorError):
-                dead = self._dead_device(cause, stage)
-                raise DeviceFailure(
-                    f"{self.where}device {dead} died during the step (its Ray actor is gone); re-plan the cluster "
-                    "without it",
-                    device=dead,
-                ) from None
+                raise self._died(cause, stage) from None
             raise err.as_instanceof_cause() from None
+
+    def _died(self, err, stage: int) -> DeviceFailure:
+        """The failure of the device whose actor died during the step (named by ``_dead_device``)."""
+        dead = self._dead_device(err, stage)
+        return DeviceFailure(
+            f"{self.where}device {dead} died during the step (its Ray actor is gone); re-plan the cluster without it",
+            device=dead,
+        )
 
     def _dead_device(self, err, stage: int) -> int:
         """The device whose actor died: by the error's actor id, else the first that does not answer."""
