@@ -13,6 +13,8 @@ import json
 import math
 from pathlib import Path
 
+from collapipe_flwr import wiring
+from collapipe_flwr.config import load_run_config
 from collapipe_flwr.fl.server.server_main import run_server
 from tests.inprocess_grid import InProcessGrid
 
@@ -59,6 +61,14 @@ def test_fixed_seed_rounds_match_the_pre_refactor_run(data_dir, tmp_path):
     got = [_behaviour(json.loads(line)) for line in (folder / "rounds.jsonl").read_text().splitlines()]
     want = [json.loads(line) for line in GOLDEN.read_text().splitlines()]
     assert [r["round"] for r in got] == [0, 1, 2, 3]
+    # the partitions a record holds since the golden file was made: each CU's |D_n| as the task splits it
+    cfg = load_run_config(OVERRIDES.split(), data_dir=str(data_dir))
+    task = wiring.build_task(cfg)
+    sizes = {str(n): len(wiring.client_partition(task, cfg, n, 2)) for n in range(2)}
+    for record in got[1:]:
+        parts = record.pop("partitions")
+        assert {n: p["examples"] for n, p in parts.items()} == sizes
+        assert all(sum(p["labels"]) == p["examples"] for p in parts.values())
     _assert_close(got, want)
     # the run trained: every CU's loss fell over its six steps
     for cluster in ("0", "1"):
