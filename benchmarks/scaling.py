@@ -43,10 +43,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def _cu_host(conn, num_clusters: int, data_dir: str, run_id: int) -> None:
     """Child process: the N CUs' handlers; receives lists of messages, answers with the replies."""
     from flwr.app import Context, RecordDict
-    from flwr.supercore.task_identity import TaskIdentity
 
     from collapipe_flwr.fl import messages
     from collapipe_flwr.fl.cu import client_main
+    from collapipe_flwr.flower_internals import TaskIdentity
 
     handlers = {
         messages.HELLO: client_main.handle_hello,
@@ -75,7 +75,7 @@ class ChildProcessGrid:
     """A Flower Grid whose N CUs run in one child process, in node order (the server's process holds no CU)."""
 
     def __init__(self, num_clusters: int, data_dir: str, run_id: int = 9) -> None:
-        from flwr.supercore.task_identity import TaskIdentity
+        from collapipe_flwr.flower_internals import TaskIdentity
 
         self.run_id, self.num_clusters, self._next = run_id, num_clusters, 1
         ctx = mp.get_context("spawn")
