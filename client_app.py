@@ -8,9 +8,10 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from collapipe_flwr.fl.cu import client_main
+from collapipe_flwr.fl.cu.privacy_mod import privacy_mod
 from collapipe_flwr.fl.messages import HELLO_ACTION, RELEASE_ACTION
 
-app = ClientApp()
+app = ClientApp(mods=[privacy_mod])  # privacy.mode: Flower's DP mods on the CU's upload (docs/privacy.md)
 
 
 @app.query(HELLO_ACTION)

@@ -1,7 +1,8 @@
 """A Flower Grid that delivers each message to the real CU handlers in this process, in node order.
 
 The whole server (``run_server``: strategy, data plane, planner, evaluation) and the whole CU side
-(``client_main`` handlers, sessions, pipeline) run as in a deployment, minus Flower's processes. The CUs
+(``client_main`` handlers behind the ClientApp's mods, sessions, pipeline) run as in a deployment, minus Flower's
+processes. The CUs
 answer one after the other, so a run is deterministic for a fixed seed.
 """
 
@@ -14,6 +15,7 @@ from flwr.app import Context, Message, RecordDict
 
 from collapipe_flwr.fl import messages
 from collapipe_flwr.fl.cu import client_main
+from collapipe_flwr.fl.cu.privacy_mod import privacy_mod
 from collapipe_flwr.flower_internals import TaskIdentity
 
 RUN_ID = 7
@@ -51,6 +53,6 @@ class InProcessGrid:
         for msg in sorted(messages, key=lambda m: m.metadata.dst_node_id):
             msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
             msg.metadata.__dict__["_run_id"] = self.run_id
-            handler = _HANDLERS[msg.metadata.message_type]
-            replies.append(handler(msg, self.contexts[msg.metadata.dst_node_id]))
+            handler = _HANDLERS[msg.metadata.message_type]  # behind the ClientApp's mod, as client_app.py has it
+            replies.append(privacy_mod(msg, self.contexts[msg.metadata.dst_node_id], handler))
         return replies

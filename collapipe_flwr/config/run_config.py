@@ -11,6 +11,7 @@ from typing import Any
 
 from collapipe_flwr.config.data_dir import resolve_data_dir
 from collapipe_flwr.config.hydra_conf import to_plain
+from collapipe_flwr.config.privacy import PrivacySpec
 from collapipe_flwr.config.sections import DataPlaneSpec, EvalSpec, FederationSpec
 from collapipe_flwr.dssra.specs import MethodSpec, SchedulerSpec, parse_method, parse_scheduler
 from collapipe_flwr.errors import ConfigError
@@ -48,6 +49,7 @@ class RunConfig:
     tensorboard: bool = False  # also log each round's scalars to <run folder>/tensorboard (needs tensorboard)
     system: SystemSpec = SystemSpec()  # where DSSRA's device and link numbers come from (config | measured)
     testbed: TestbedSpec = TestbedSpec()  # the emulated heterogeneous testbed (off unless testbed=emulated)
+    privacy: PrivacySpec = PrivacySpec()  # differential privacy on the CUs' uploads (config/privacy.py)
 
     def resolved_data_dir(self) -> Path:
         """``data_dir`` if set, else $COLLAPIPE_DATA_DIR; a one-line error when neither names a folder."""
@@ -76,6 +78,7 @@ class RunConfig:
             "resume": self.resume,
             "system": self.system.to_raw(),
             "testbed": self.testbed.to_raw(),
+            "privacy": dataclasses.asdict(self.privacy),
         }
 
     @classmethod
@@ -93,6 +96,7 @@ class RunConfig:
             runtime=self.runtime,
             dataplane=self.dataplane,
             head_on_server=self.method.head_on_server,
+            privacy=self.privacy,
         )
 
 
@@ -110,6 +114,7 @@ class ClusterConfig:
     runtime: RuntimeSpec
     dataplane: DataPlaneSpec
     head_on_server: bool
+    privacy: PrivacySpec = PrivacySpec()
 
     def to_dict(self) -> dict:
         """The JSON a CU receives (``build_cluster_config(cfg.to_dict()) == cfg``)."""
@@ -122,6 +127,7 @@ class ClusterConfig:
             "runtime": self.runtime.to_raw(),
             "dataplane": dataclasses.asdict(self.dataplane),
             "head_on_server": self.head_on_server,
+            "privacy": dataclasses.asdict(self.privacy),
         }
 
     def with_data_dir(self, data_dir: str) -> ClusterConfig:
@@ -147,6 +153,7 @@ def build_cluster_config(data: Mapping[str, Any]) -> ClusterConfig:
         runtime=parse_runtime(data.get("runtime")),
         dataplane=typed("dataplane", DataPlaneSpec, data.get("dataplane")),
         head_on_server=scalar("", "head_on_server", data.get("head_on_server", True), bool),
+        privacy=typed("privacy", PrivacySpec, data.get("privacy")),
     )
 
 
@@ -188,8 +195,10 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         tensorboard=scalar("", "tensorboard", data.get("tensorboard", False), bool),
         system=parse_system(data.get("system")),
         testbed=parse_testbed(data.get("testbed")),
+        privacy=typed("privacy", PrivacySpec, data.get("privacy")),
     )
     _check_testbed(cfg)
+    _check_privacy(cfg)
     return cfg
 
 
@@ -214,6 +223,16 @@ def _check_testbed(cfg: RunConfig) -> None:
         raise ConfigError(
             f"testbed.cpu_quota needs one process per device (runtime.backend=ray), not runtime.backend="
             f"{cfg.runtime.backend}; set runtime.backend=ray or testbed.cpu_quota=false (links throttled only)"
+        )
+
+
+def _check_privacy(cfg: RunConfig) -> None:
+    """Flower's DP mods clip the difference between what a CU downloaded and what it returns, part by part, so
+    the CU must return every part it downloads: a frozen embedding is downloaded and not returned."""
+    if cfg.privacy.enabled and cfg.federation.embedding == "frozen":
+        raise ConfigError(
+            f"privacy.mode={cfg.privacy.mode} clips each CU's whole update, which needs the embedding returned; "
+            "set federation.embedding=trained or privacy.mode=none"
         )
 
 

@@ -28,6 +28,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 
 from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.errors import CollaPipeError
+from collapipe_flwr.flower_internals import KEY_CLIPPING_NORM
 from collapipe_flwr.system.profile import ClusterProfile, DeviceMeasurement, LinkMeasurement, ProfileError
 
 # ----------------------------------------------------------------------------- message types
@@ -70,12 +71,14 @@ PROFILE_KEYS = (
 
 
 def pack_weights(parts: dict[str, dict[str, torch.Tensor]]) -> ArrayRecord:
-    """{"embedding": sd, "encoder": sd, ...} -> one ArrayRecord with prefixed names."""
+    """{"embedding": sd, "encoder": sd, ...} -> one ArrayRecord with prefixed names, the parts always in the order
+    of ``PARTS`` (a CU's reply lists its arrays in the order of what it downloaded, as Flower's DP mods require)."""
     flat = {}
-    for part, sd in parts.items():
-        if part not in PARTS:
-            raise ValueError(f"unknown weight part {part!r}")
-        for name, tensor in sd.items():
+    unknown = [part for part in parts if part not in PARTS]
+    if unknown:
+        raise ValueError(f"unknown weight part {unknown[0]!r}")
+    for part in sorted(parts, key=PARTS.index):
+        for name, tensor in parts[part].items():
             flat[f"{part}.{name}"] = tensor.detach().cpu().contiguous()
     return ArrayRecord(torch_state_dict=flat)
 
@@ -125,7 +128,11 @@ class TrainInstructions:
             "report_profile": self.report_profile,
             "cu_state_key": self.cu_state_key,
         }
-        return ConfigRecord({"json": json.dumps(payload)})
+        record = ConfigRecord({"json": json.dumps(payload)})
+        privacy = self.cluster_config.get("privacy") or {}
+        if privacy.get("mode") == "central":  # Flower's fixedclipping_mod reads C from the train message's record
+            record[KEY_CLIPPING_NORM] = float(privacy["clipping_norm"])
+        return record
 
     @classmethod
     def from_record(cls, record: ConfigRecord) -> TrainInstructions:

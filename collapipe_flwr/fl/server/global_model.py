@@ -15,8 +15,10 @@ import copy
 import torch
 from flwr.app import ArrayRecord
 
+from collapipe_flwr.config import PrivacySpec
 from collapipe_flwr.dssra.specs import MethodSpec
 from collapipe_flwr.fl.messages import NUM_EXAMPLES, pack_weights
+from collapipe_flwr.fl.server.central_dp import add_central_noise
 from collapipe_flwr.fl.server.server_optimizer import ServerOptimizer
 from collapipe_flwr.models.split import SplitModel
 
@@ -40,7 +42,13 @@ class GlobalModel:
     """The aggregated parts of ``model`` (embedding, encoder, and the head when the CU trains it)."""
 
     def __init__(
-        self, model: SplitModel, method: MethodSpec, server_optimizer: ServerOptimizer, embedding_trained: bool = True
+        self,
+        model: SplitModel,
+        method: MethodSpec,
+        server_optimizer: ServerOptimizer,
+        embedding_trained: bool = True,
+        privacy: PrivacySpec | None = None,
+        seed: int = 0,
     ) -> None:
         self.model = model
         self.method = method
@@ -48,6 +56,8 @@ class GlobalModel:
         # federation.embedding: frozen -> CUs download the embedding but never return it (eq. 11: z_enc + theta_enc)
         self.embedding_trained = bool(embedding_trained)
         self.cluster_parts: dict[int, Parts] = {}  # method.aggregate = false: cluster n's own parts
+        self.privacy = privacy or PrivacySpec()  # central DP: noise on each round's aggregate (central_dp.py)
+        self.seed = int(seed)
 
     @property
     def travels_with_head(self) -> bool:
@@ -97,7 +107,10 @@ class GlobalModel:
         modules = {"embedding": self.model.embedding, "encoder": self.model.blocks, "head": self.model.head}
         current = flatten_parts(self.returned_parts())
         updates = [(flatten_parts(parts), float(metrics[NUM_EXAMPLES])) for _, parts, metrics in results]
-        for part, state in unflatten_parts(self.server_optimizer.step(t, current, updates)).items():
+        new = self.server_optimizer.step(t, current, updates)
+        if self.privacy.mode == "central":
+            new = add_central_noise(new, self.privacy, len(updates), self.seed, t)
+        for part, state in unflatten_parts(new).items():
             modules[part].load_state_dict(state)
 
     def models_to_evaluate(self) -> list[SplitModel]:
