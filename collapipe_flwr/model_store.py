@@ -27,6 +27,7 @@ import torch
 
 from collapipe_flwr.config import resolve_data_dir
 from collapipe_flwr.errors import CollaPipeError, ConfigError
+from collapipe_flwr.models.split import PARTS
 from collapipe_flwr.tasks.data_files import resolve_file
 from collapipe_flwr.tasks.registry import build_task
 from collapipe_flwr.tasks.spec import parse_model, parse_task
@@ -35,7 +36,6 @@ FORMAT = 1
 MODEL_DIR = "model"
 META_FILE = "model.json"
 TOKENIZER_DIR = "tokenizer"
-PARTS = ("embedding", "encoder", "head")
 _RUN_HINT = "pass a run folder written by train_central --save or by a federated run"
 
 

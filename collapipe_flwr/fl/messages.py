@@ -29,6 +29,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.flower_internals import KEY_CLIPPING_NORM
+from collapipe_flwr.models.split import PARTS
 from collapipe_flwr.system.profile import ClusterProfile, DeviceMeasurement, LinkMeasurement, ProfileError
 
 # ----------------------------------------------------------------------------- message types
@@ -53,7 +54,6 @@ LABEL_HISTOGRAM = "label-histogram"  # hello reply: examples of the CU's partiti
 RELEASE_NUM_DEVICES = "release-num-devices"
 RELEASE_CU_STATE_KEY = "release-cu-state-key"  # the run's key of the CUs' own checkpoints, removed at release
 DEVICE_ACTORS_RELEASED = "device-actors-released"
-PARTS = ("embedding", "encoder", "head")
 # a CU's measured profile in its train reply (system/profile.py), one list entry per device k (NaN = not measured)
 PROFILE_SECONDS_PER_SAMPLE_BLOCK = "profile-seconds-per-sample-block"
 PROFILE_MICROBATCH_S = "profile-microbatch-s"

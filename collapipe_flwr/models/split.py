@@ -35,6 +35,11 @@ class TaskHead(nn.Module):
         raise NotImplementedError
 
 
+# The three modules of the paper's split, in this order everywhere (what a CU uploads, what a saved model holds):
+# the embedding on the CU, the encoder's TEBs on the devices, the decoder / task head on the server.
+PARTS = ("embedding", "encoder", "head")
+
+
 @dataclass
 class SplitModel:
     """embedding (CU) -> blocks (L TEBs, devices) -> head (server), see docs/contracts.md."""
@@ -66,7 +71,7 @@ class SplitModel:
         return self.head.loss_terms(z_enc, batch["attention_mask"], batch)
 
     def parts(self) -> tuple[nn.Module, nn.Module, nn.Module]:
-        """(embedding, blocks, head)."""
+        """(embedding, blocks, head): the modules of :data:`PARTS`, in that order."""
         return self.embedding, self.blocks, self.head
 
     def train(self, mode: bool = True) -> SplitModel:
