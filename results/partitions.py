@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "README.md").write_text(
         "# Partition kinds per task (results/partitions.py)\n\n"
-        f"`python results/partitions.py {args.root} --seed {args.seed}`; defaults otherwise "
+        f"`python results/partitions.py ROOT --seed {args.seed}`; defaults otherwise "
         "(federation=small: N = 2, 10 rounds of 20 local steps).\n\n" + table
     )
     print(table)

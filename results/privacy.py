@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     table = report(args.root)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "README.md").write_text(
-        f"# Differential privacy's cost (results/privacy.py)\n\n`python results/privacy.py {args.root}`: the default "
+        "# Differential privacy's cost (results/privacy.py)\n\n`python results/privacy.py ROOT`: the default "
         "translation run (N = 2, 10 rounds of 20 local steps, seed 0), C = 1.\n\n" + table
     )
     print(table)
