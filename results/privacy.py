@@ -25,9 +25,9 @@ CLIP = 1.0
 SETTINGS = {
     "none": "privacy=none",
     "clip_only": f"privacy=central privacy.clipping_norm={CLIP} privacy.noise_multiplier=0",
-    "z_0.0001": f"privacy=central privacy.clipping_norm={CLIP} privacy.noise_multiplier=0.0001",
-    "z_0.001": f"privacy=central privacy.clipping_norm={CLIP} privacy.noise_multiplier=0.001",
-    "z_0.01": f"privacy=central privacy.clipping_norm={CLIP} privacy.noise_multiplier=0.01",
+    "z1e-4": f"privacy=central privacy.clipping_norm={CLIP} privacy.noise_multiplier=0.0001",
+    "z1e-3": f"privacy=central privacy.clipping_norm={CLIP} privacy.noise_multiplier=0.001",
+    "z1e-2": f"privacy=central privacy.clipping_norm={CLIP} privacy.noise_multiplier=0.01",
 }
 
 
