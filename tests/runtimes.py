@@ -3,9 +3,10 @@ config has them (stages in this process, fp32, no actor started ahead)."""
 
 from __future__ import annotations
 
-from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime, RuntimeSpec
+import dataclasses
+
+from collapipe_flwr.pipeline.runtime_spec import LOCAL_RUNTIME, ClusterRuntime
 
 
 def runtime(actor_threads: int | None = None, name: str = "", **spec) -> ClusterRuntime:
-    fields = {"backend": "local", "precision": "fp32", "prestart_devices": False, **spec}
-    return ClusterRuntime(RuntimeSpec(**fields), name=name, actor_threads=actor_threads)
+    return ClusterRuntime(dataclasses.replace(LOCAL_RUNTIME.spec, **spec), name=name, actor_threads=actor_threads)

@@ -83,6 +83,19 @@ def test_an_emulated_slow_device_is_profiled_at_its_true_ratio():
     assert all(link is not None and link.bytes_per_s > 0 for link in profile.links)
 
 
+def _two_ray_devices() -> ClusterPipeline:
+    """Two equal device actors of one thread each, two blocks on each."""
+    model = make_model()
+    return ClusterPipeline(
+        model.embedding,
+        model.blocks,
+        (2, 2),
+        ADAM,
+        devices=[device(1e9)] * 2,
+        runtime=runtime(backend="ray", actor_threads=1),
+    )
+
+
 def _workload(model, steps: int = 2):
     hidden = model.embedding(torch.randint(1, 50, (4, T)))
     mask = torch.ones(4, T, dtype=torch.long)
@@ -184,15 +197,7 @@ def test_a_cpu_quota_is_applied_to_the_actor_and_profiled_slower():
     the profile is what says how slow it really is (the injected-delay test above holds the 10%)."""
     from collapipe_flwr.system.profile import DeviceEmulation
 
-    model = make_model()
-    with ClusterPipeline(
-        model.embedding,
-        model.blocks,
-        (2, 2),
-        ADAM,
-        devices=[device(1e9)] * 2,
-        runtime=runtime(backend="ray", actor_threads=1),
-    ) as pipe:
+    with _two_ray_devices() as pipe:
         pids = pipe.pids()
         granted = pipe.set_testbed(DeviceEmulation((1.0, 0.25), (0.0, 0.0), (0.0, 0.0)), cgroup_prefix="tq")
         try:
@@ -261,15 +266,7 @@ def test_device_actors_leave_no_cgroup_behind_when_the_pipeline_ends():
     from collapipe_flwr.system.profile import DeviceEmulation
     from collapipe_flwr.testbed import detect
 
-    model = make_model()
-    with ClusterPipeline(
-        model.embedding,
-        model.blocks,
-        (2, 2),
-        ADAM,
-        devices=[device(1e9)] * 2,
-        runtime=runtime(backend="ray", actor_threads=1),
-    ) as pipe:
+    with _two_ray_devices() as pipe:
         pids = pipe.pids()
         pipe.set_testbed(DeviceEmulation((1.0, 0.5), (0.0, 0.0), (0.0, 0.0)), cgroup_prefix="leak")
         assert _quota_of(pids[0]) == pytest.approx(1.0)

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -88,9 +89,8 @@ def hello_metrics(identity: ClusterIdentity, cluster_config: dict) -> dict:
     task = cached_task(cfg)
     examples = wiring.client_partition(task, cfg, identity.partition_id, identity.num_partitions)
     labels = task.partition_labels() or []
-    histogram = [0] * (max(labels) + 1) if labels else []
-    for i in examples if labels else ():
-        histogram[labels[i]] += 1
+    counts = Counter(labels[i] for i in examples)
+    histogram = [counts[label] for label in range(max(labels) + 1)] if labels else []
     return {
         PARTITION_ID: identity.partition_id,
         NUM_PARTITIONS: identity.num_partitions,
