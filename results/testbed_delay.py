@@ -251,7 +251,12 @@ def report(root: Path, out: Path) -> dict:
         figures["measured_profile_speedup_max"] = max(speedups)
     summary["figures"] = figures
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
-    lines = ["# Measured delay on the emulated testbed", "", f"Runs: `{root}` (made by results/testbed_delay.py).", ""]
+    lines = [
+        "# Measured delay on the emulated testbed",
+        "",
+        "Runs: the campaign folder ROOT of `python results/testbed_delay.py ROOT`.",
+        "",
+    ]
     if per_round:
         lines += [
             "| run | seeds | measured s / round | modelled eq. (26) s / round | measured s to target loss |",
