@@ -79,3 +79,21 @@ def test_data_dir_defaults_to_data_in_the_working_folder(monkeypatch, tmp_path):
     assert resolve_data_dir("") == (tmp_path / "data").resolve()
     monkeypatch.setenv("COLLAPIPE_DATA_DIR", str(tmp_path))  # the variable wins over the default
     assert resolve_data_dir("") == tmp_path.resolve()
+
+
+@pytest.mark.parametrize(
+    ("pattern", "want"), [("device_", {"device_0": 1.0}), ("box_{k}_cpu", {"box_0_cpu": 1.0}), ("", None)]
+)
+def test_device_resource_names_device_ks_ray_resource_and_needs_no_quoting_in_an_override(pattern, want):
+    from collapipe_flwr.pipeline.executors.ray_actor import device_resources
+
+    cfg = load_run_config([f"runtime.device_resource={pattern}"] if "{" not in pattern else [])
+    if "{" not in pattern:
+        assert cfg.runtime.device_resource == pattern
+    assert device_resources(pattern, 0) == ({"resources": want} if want else {})
+    assert device_resources("device_", 3) == {"resources": {"device_3": 1.0}}  # the README's devices 0..K-1
+
+
+def test_a_device_resource_that_is_no_resource_name_is_refused():
+    with pytest.raises(ConfigError, match=r"runtime.device_resource='device k'.*letters, digits and _"):
+        load_run_config(["runtime.device_resource='device k'"])

@@ -204,7 +204,7 @@ def test_pinned_device_actors_run_on_their_own_cores_and_train_as_the_plain_mode
     ) as pipe:
         head = LocalHead(model.head, ADAM)
         pipe.train_step(data, 2, head)
-        pids = pipe.pids()
+        pids = {k: p.pid for k, p in pipe.processes().items()}
         want = core_sets(cores, 2, "true")
         assert [set(os.sched_getaffinity(pids[k])) for k in (0, 1)] == [set(c) for c in want]
         pipe.repartition((4, 0))  # S = 1: device 0 alone, on the S = 1 core set

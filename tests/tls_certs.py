@@ -1,4 +1,5 @@
-"""A self-signed certificate for 127.0.0.1 / localhost, made by the test (nothing is downloaded or stored)."""
+"""A self-signed certificate for localhost / 127.0.0.1 (and any addresses asked for), made by the test (nothing is
+downloaded or stored)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 
-def self_signed(folder: Path, name: str = "localhost") -> tuple[Path, Path]:
-    """(certificate.pem, key.pem) valid for an hour for ``name`` and 127.0.0.1."""
+def self_signed(folder: Path, name: str = "localhost", ips: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """(certificate.pem, key.pem) valid for an hour for ``name``, 127.0.0.1 and ``ips``."""
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = datetime.datetime.now(datetime.UTC)
@@ -26,7 +27,9 @@ def self_signed(folder: Path, name: str = "localhost") -> tuple[Path, Path]:
         .not_valid_before(now - datetime.timedelta(minutes=1))
         .not_valid_after(now + datetime.timedelta(hours=1))
         .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            x509.SubjectAlternativeName(
+                [x509.DNSName(name), *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", *ips))]
+            ),
             critical=False,
         )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)

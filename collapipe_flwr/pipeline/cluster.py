@@ -27,6 +27,7 @@ from collapipe_flwr.accelerator import to_host
 from collapipe_flwr.errors import ConfigError, PartitionError
 from collapipe_flwr.models.split import concat_segments, renumber_blocks, segment_bounds, validate_partition
 from collapipe_flwr.pipeline.cluster_profile import measure_cluster
+from collapipe_flwr.pipeline.device_process import DeviceProcess
 from collapipe_flwr.pipeline.executors import Stages, open_stages
 from collapipe_flwr.pipeline.head import HeadFn
 from collapipe_flwr.pipeline.memory import max_blocks_per_device, module_block_memory_bytes
@@ -197,9 +198,9 @@ class ClusterPipeline:
         for k, _, _ in self._bounds:
             self._stages.call_device(k, "reset_optimizer")
 
-    def pids(self) -> dict[int, int]:
-        """{device k: OS pid of the process holding it} (the CU's own pid on the local backend)."""
-        return self._stages.pids()
+    def processes(self) -> dict[int, DeviceProcess]:
+        """{device k: the OS process holding it, and its network namespace} (the CU's own on the local backend)."""
+        return self._stages.processes()
 
     # -- the testbed and measured profiles (system/profile.py) -----------------------------------------
     def live_devices(self) -> list[int]:

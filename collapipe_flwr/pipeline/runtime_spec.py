@@ -26,9 +26,11 @@ class RuntimeSpec:
     deployment (they then share the cores);
     device_timeout_s: the longest wait for one device's step; torch_threads: torch threads per process;
     precision: ``auto`` (bf16 autocast where the hardware has native bf16) | ``fp32`` | ``bf16``;
-    device_resource: a Ray custom resource that pins device k's actor to device k's box, ``{k}`` replaced by
-    k (e.g. ``device_{k}``: start device k's box with ``ray start --address CU:6379 --resources
-    '{"device_0": 1}'``); "" leaves placement to Ray's scheduler (one machine, a simulation);
+    device_resource: a Ray custom resource that pins device k's actor to device k's box: ``{k}`` replaced by
+    k, or k appended when the name has no ``{k}`` (``device_`` and ``device_{k}`` both give ``device_0`` for
+    device 0, whose box then runs ``ray start --address CU:6379 --resources '{"device_0": 1}'``; the first
+    form needs no quoting in a Hydra override); "" leaves placement to Ray's scheduler (one machine, a
+    simulation);
     prestart_devices: start every device actor of a cluster with its first round (idle ones hold no
     blocks), so a later plan that adds a device pays no process start-up inside its round;
     device: where each device stage computes, ``cpu`` | ``cuda`` | ``auto`` (cuda where the stage's process
@@ -84,9 +86,9 @@ class RuntimeSpec:
             f"runtime.pin_threads={self.pin_threads!r} must be one of {', '.join(PIN_MODES)}",
         )
         require(
-            not self.device_resource or "{k}" in self.device_resource,
-            f"runtime.device_resource={self.device_resource!r} must contain {{k}} (the device index), "
-            "e.g. device_{k}",
+            not self.device_resource or self.device_resource.replace("{k}", "0").replace("_", "a").isalnum(),
+            f"runtime.device_resource={self.device_resource!r} must be a resource name of letters, digits and _ "
+            "(the device index appended, or put where {k} is), e.g. device_",
         )
 
     @property

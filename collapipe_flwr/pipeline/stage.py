@@ -27,6 +27,7 @@ from torch import nn
 
 from collapipe_flwr.accelerator import resolve_device, to_host
 from collapipe_flwr.pipeline import profiling
+from collapipe_flwr.pipeline.device_process import DeviceProcess, this_process
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.precision import autocast, resolve_precision
@@ -88,6 +89,10 @@ class Stage:
         self.slowdown = max(1.0, float(slowdown))
         self._pending = {}
         return self.device_index
+
+    def process(self) -> DeviceProcess:
+        """This device's OS process and network namespace (pipeline/device_process.py)."""
+        return this_process()
 
     def layout(self) -> tuple[int, int]:
         """(first, last + 1): the encoder blocks this device holds."""

@@ -261,7 +261,7 @@ def _reply_parts(run: CuRound) -> dict[str, dict[str, torch.Tensor]]:
 
 def _device_report(run: CuRound) -> DeviceReport:
     pipeline = run.session.live_pipeline()
-    report = device_report(pipeline.memory_report(), pipeline.pids(), len(run.devices))
+    report = device_report(pipeline.memory_report(), pipeline.processes(), len(run.devices))
     if run.lost:
         report.lost, report.final_delta, report.final_m = list(run.lost), list(pipeline.delta), run.m
     return report

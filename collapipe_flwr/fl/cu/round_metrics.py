@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from collapipe_flwr.fl.cu.step_log import StepLog
+from collapipe_flwr.pipeline.device_process import DeviceProcess
 
 
 @dataclass
@@ -34,17 +35,24 @@ class RoundClock:
 
 @dataclass
 class DeviceReport:
-    """Per device k of the cluster: peak bytes (0 for a device the plan left idle) and the OS pids of the live
-    ones; the devices lost this round and the partition and m the CU finished on after re-planning."""
+    """Per device k of the cluster: peak bytes (0 for a device the plan left idle); of the live ones the OS pids
+    and network namespaces (``device-netns``: equal values = the same host, pipeline/device_process.py); the
+    devices lost this round and the partition and m the CU finished on after re-planning."""
 
     peak_bytes: list[float]
     pids: list[int]
+    netns: list[int] = field(default_factory=list)
     lost: list[int] = field(default_factory=list)
     final_delta: list[int] = field(default_factory=list)
     final_m: int = 0
 
     def metrics(self, device_compute: list[float]) -> dict:
-        out = {"device-peak-bytes": self.peak_bytes, "device-compute-seconds": device_compute, "device-pids": self.pids}
+        out = {
+            "device-peak-bytes": self.peak_bytes,
+            "device-compute-seconds": device_compute,
+            "device-pids": self.pids,
+            "device-netns": self.netns,
+        }
         if self.lost:
             out.update(
                 {"lost-devices": list(self.lost), "replanned-delta": self.final_delta, "replanned-m": self.final_m}
@@ -52,12 +60,13 @@ class DeviceReport:
         return out
 
 
-def device_report(memory: list[dict], pids: dict[int, int], num_devices: int) -> DeviceReport:
-    """The pipeline's memory report and pids as one entry per device k."""
+def device_report(memory: list[dict], processes: dict[int, DeviceProcess], num_devices: int) -> DeviceReport:
+    """The pipeline's memory report and device processes as one entry per device k."""
     peak = [0.0] * num_devices
     for report in memory:
         peak[int(report["device"])] = float(report["peak_bytes"])
-    return DeviceReport(peak, [int(pids[k]) for k in sorted(pids)])
+    live = sorted(processes)
+    return DeviceReport(peak, [processes[k].pid for k in live], [processes[k].netns for k in live])
 
 
 def step_metrics(steps: StepLog, lr_factor_first: float) -> dict:

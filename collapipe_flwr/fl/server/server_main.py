@@ -112,7 +112,10 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
     except CollaPipeError as err:
         log(ERROR, "error: %s", err)
         print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        # Raised on, not SystemExit: a deployed SuperLink's flwr-serverapp catches only an Exception, records it
+        # as the run's failure (`flwr ls`: "ServerApp failed with exception: ...") and flushes the run's logs;
+        # a SystemExit would end the process before that and the run would read "No heartbeat received".
+        raise
     finally:
         opened.close()
 

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 from torch import nn
 
+from collapipe_flwr.pipeline.device_process import DeviceProcess
+
 # (device index k, segment or None = keep what the device holds, optimizer state, slowdown, first block index)
 StageSpec = tuple[int, "nn.ModuleList | None", "dict | None", float, int]
 BACKENDS = ("local", "ray")
@@ -47,8 +49,8 @@ class Stages(Protocol):
     def get(self, handle, stage: int) -> Any:
         """The value of ``handle`` (from stage ``stage``), waiting for it."""
 
-    def pids(self) -> dict[int, int]:
-        """{device k: OS pid of the process holding it}."""
+    def processes(self) -> dict[int, DeviceProcess]:
+        """{device k: the OS process holding it and that process's network namespace}."""
 
     def time_transfer(self, src: int, dst: int, nbytes: int) -> float:
         """Seconds to hand an ``nbytes`` payload from device ``src`` to device ``dst`` on this backend's transport

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 
 from torch import nn
 
+from collapipe_flwr.pipeline.device_process import DeviceProcess
 from collapipe_flwr.pipeline.executors.interface import StageSpec
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.runtime_spec import LOCAL_RUNTIME, ClusterRuntime
@@ -77,8 +77,8 @@ class LocalStages:
         """The value of ``handle`` (here: the handle itself; the call already ran)."""
         return handle
 
-    def pids(self) -> dict[int, int]:
-        return {k: os.getpid() for k in self.devices}
+    def processes(self) -> dict[int, DeviceProcess]:
+        return {k: stage.process() for k, stage in self.devices.items()}
 
     def time_transfer(self, src: int, dst: int, nbytes: int) -> float:
         start = time.perf_counter()

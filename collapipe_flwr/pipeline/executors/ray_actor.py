@@ -69,9 +69,6 @@ class StageActor(Stage):
         torch.set_num_threads(max(1, int(threads)))
         return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
-    def pid(self) -> int:
-        return os.getpid()
-
 
 _REMOTE_STAGE = None
 
@@ -109,9 +106,12 @@ def creation_error(err: BaseException) -> str:
 
 
 def device_resources(pattern: str, k: int) -> dict[str, Any]:
-    """Ray actor options that pin device k's actor to the node offering the custom resource
-    ``pattern.format(k=k)`` (runtime.device_resource); {} = Ray's default scheduling."""
-    return {"resources": {pattern.format(k=k): 1.0}} if pattern else {}
+    """Ray actor options that pin device k's actor to the node offering the custom resource named by
+    ``pattern`` (runtime.device_resource: ``{k}`` replaced by k, or k appended); {} = Ray's default scheduling."""
+    if not pattern:
+        return {}
+    name = pattern.replace("{k}", str(k)) if "{k}" in pattern else f"{pattern}{k}"
+    return {"resources": {name: 1.0}}
 
 
 def release(prefix: str, num_devices: int) -> int:

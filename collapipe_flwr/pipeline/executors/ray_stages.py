@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from collapipe_flwr.errors import DeviceFailure
+from collapipe_flwr.pipeline.device_process import DeviceProcess
 from collapipe_flwr.pipeline.executors.cores import core_sets, default_actor_threads, usable_cores_list
 from collapipe_flwr.pipeline.executors.interface import StageSpec
 from collapipe_flwr.pipeline.executors.ray_actor import (
@@ -211,9 +212,10 @@ class RayStages:
             except Exception:  # noqa: BLE001 - already gone: nothing to stop
                 pass
 
-    def pids(self) -> dict[int, int]:
-        """{device k: the OS pid of its actor process} (tests check actors are reused across rounds)."""
-        return {k: self.call_device(k, "pid") for k in self.devices}
+    def processes(self) -> dict[int, DeviceProcess]:
+        """{device k: its actor's process and network namespace} (tests check actors are reused across rounds
+        and run on the boxes they were placed on)."""
+        return {k: self.call_device(k, "process") for k in self.devices}
 
     def time_transfer(self, src: int, dst: int, nbytes: int) -> float:
         """Device ``src`` makes the payload and hands it on through its link; device ``dst`` takes it from Ray's
