@@ -3,7 +3,10 @@
 CU n on channel j costs ``cost[n, j]``; a CU left without a real channel (I_{n,j} = 0 for every j, C4
 read with the paper's virtual channels) costs ``virtual_cost[n]``. Exactly min(N', J) CUs get a real
 channel, N' being the CUs with at least one feasible channel (finite cost); the Hungarian method
-(scipy.optimize.linear_sum_assignment) finds the cheapest such matching.
+(scipy.optimize.linear_sum_assignment) finds the cheapest such matching. With N' > J the N' - J virtual
+channels of CU n all cost virtual_cost[n], so the N' x N' problem is the N' x J one on
+cost[n, j] - virtual_cost[n] (sum_n virtual_cost[n] plus the matched CUs' differences): the same matching
+from J augmenting paths instead of N'.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ def match_channels(cost: np.ndarray, virtual_cost: np.ndarray) -> list[int | Non
         return out
     sub = cost[rows]
     n_virtual = max(len(rows) - J, 0)
-    virt = np.repeat(np.asarray(virtual_cost, dtype=float)[rows][:, None], n_virtual, axis=1)
+    sit_out = np.asarray(virtual_cost, dtype=float)[rows]
     try:
-        r, c = linear_sum_assignment(np.hstack([sub, virt]))
+        if n_virtual and np.isfinite(sit_out).all():  # J of the N' CUs get a channel: the rectangular form
+            r, c = linear_sum_assignment(sub - sit_out[:, None])
+        else:
+            r, c = linear_sum_assignment(np.hstack([sub, np.repeat(sit_out[:, None], n_virtual, axis=1)]))
     except ValueError:  # finite pairs cannot seat min(N', J) CUs: fewest unmatched first, then cost
         finite = sub[np.isfinite(sub)]
         bonus = 1.0 + np.abs(finite).sum() + np.abs(virtual_cost).sum()

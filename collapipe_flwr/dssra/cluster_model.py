@@ -14,7 +14,9 @@ on its devices: phi_k f_k = (o_l + o'_l) / s_k, c0_k, r_k^dd, tau_0 per link and
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -68,9 +70,9 @@ class ClusterModel:
     cu_step_s: float = 0.0
 
     def __post_init__(self) -> None:
-        K = len(self.flops_per_second)
+        shape = np.shape(self.flops_per_second)  # [K], or [N, 1, K] for stack_models
         for name in ("d2d_latency_s", "per_microbatch_s"):
-            value = np.broadcast_to(np.asarray(getattr(self, name), dtype=float), (K,)).copy()
+            value = np.broadcast_to(np.asarray(getattr(self, name), dtype=float), shape).copy()
             object.__setattr__(self, name, value)
 
     @classmethod
@@ -145,7 +147,7 @@ class ClusterModel:
 
     @property
     def K(self) -> int:
-        return len(self.flops_per_second)
+        return int(np.shape(self.flops_per_second)[-1])
 
     # ---------------------------------------------------------------- per-m device numbers
     def _b_hat(self, m) -> np.ndarray:
@@ -292,3 +294,30 @@ class ClusterModel:
             f"{int(caps[worst])}); "
             "raise network.device.energy_max_j or lower the workload"
         )
+
+
+# The scalars of the cost model that stack_models needs to be the same in every cluster.
+SHARED_FIELDS = (
+    "num_blocks",
+    "batch_size",
+    "steps",
+    "flops_per_sample_block",
+    "activation_bits",
+    "energy_max",
+    "kappa",
+)
+
+
+def stack_models(models: Sequence[ClusterModel]) -> ClusterModel:
+    """N clusters of K devices each as one ClusterModel whose per-device arrays are [N, 1, K], so that
+    ``compute_per_block``, ``chunk_fixed`` and ``block_cap`` of an array of M values of m give [N, M, K]
+    (the same elementwise formulas, eqs. 13-16, as for one cluster). The scalars (L, b, steps, o_l + o'_l,
+    activation bits, E_k^max, kappa) must agree; ``cluster`` is the first one's, cu_step_s is dropped."""
+    first = models[0]
+    for model in models[1:]:
+        if model.K != first.K or any(getattr(model, f) != getattr(first, f) for f in SHARED_FIELDS):
+            raise ValueError(f"cluster {model.cluster}'s cost model does not stack with cluster {first.cluster}'s")
+    arrays: dict[str, Any] = {
+        f: np.stack([np.asarray(getattr(m, f)) for m in models])[:, None, :] for f in PER_DEVICE_FIELDS
+    }
+    return replace(first, cu_step_s=0.0, **arrays)

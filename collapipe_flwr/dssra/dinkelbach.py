@@ -199,14 +199,15 @@ class _PairTerms:
         }
 
 
-def _pair_terms(ok, V, bits, B, g, h, I, w_gamma, w_lin, energy, pmax, p_floor) -> _PairTerms:
-    """Scale eq. (42) by A = V D ln2 / B per feasible pair and bound x to [g p_C11, g P^max] (C6, C8', C11')."""
+def _pair_terms(ok, V, bits, B, g, h, I, w_gamma, w_lin, energy, p_cap, p_floor) -> _PairTerms:
+    """Scale eq. (42) by A = V D ln2 / B per feasible pair and bound x to [g p_C11, g p_cap] (C11'; p_cap: the
+    largest power within C6 and C8')."""
     A = np.where(ok, V * bits * LN2 / B, 1.0)
     a_g, a_l = np.where(ok, w_gamma / A, 0.0), np.where(ok, w_lin / A, 0.0)
     g_safe = np.where(ok, g, 1.0)
     Ip = np.where(ok, h / g_safe, 1.0)  # I + B N_0
     I_ = np.where(ok, I, 1.0)
-    p_cap = np.where(ok, max_energy_power(g_safe, np.where(ok, energy, 0.0), pmax), 0.0)
+    p_cap = np.where(ok, p_cap, 0.0)
     x_max = g_safe * p_cap
     x_min = np.minimum(g_safe * np.clip(p_floor, 0.0, None), x_max)
     c = np.where(ok, curvature_bound(I_, Ip), 0.0)
@@ -243,10 +244,12 @@ def dinkelbach_sca_power(
     p_floor=0.0,
     tol: float = 1e-9,
     max_iters: int = 30,
+    p_cap=None,
 ) -> PowerResult:
     """Optimal p per pair by Dinkelbach + SCA (see module docstring); inputs broadcast to one shape.
 
     interference is I_j (W) without the noise floor; slope = h / (I + B N_0). p_floor: C11' lower bound (W).
+    p_cap: max_energy_power(slope, D ln2 / (B E^max), P^max) where the caller has it already (else computed).
     """
     arrays = np.broadcast_arrays(
         *(
@@ -261,7 +264,11 @@ def dinkelbach_sca_power(
     power = np.full(V.size, np.nan)
     if not ok.any():
         return PowerResult(power.reshape(shape), 0, ())
-    terms = _pair_terms(ok, V, bits, B, g, h, I, w_gamma, w_lin, energy, pmax, p_floor)
+    if p_cap is None:
+        p_cap = max_energy_power(np.where(ok, g, 1.0), np.where(ok, energy, 0.0), pmax)
+    else:
+        p_cap = np.broadcast_to(np.asarray(p_cap, dtype=float), shape).ravel()
+    terms = _pair_terms(ok, V, bits, B, g, h, I, w_gamma, w_lin, energy, p_cap, p_floor)
     x = terms.x_max.copy()  # warm start: the largest C6/C8'-feasible power
     lam = np.where(ok, terms.f(x), 0.0)
     # f is convex, so f'(x_max) <= 0 means f is non-increasing on [x_min, x_max]: x_max attains min f and

@@ -31,8 +31,9 @@ from collapipe_flwr.dssra.segments import (
     solve_segments,
     uniform_delta,
 )
-from collapipe_flwr.dssra.selectors import SELECTORS, ChannelProblem, sit_out_reason
+from collapipe_flwr.dssra.selectors import SELECTORS, ChannelProblem, sit_out_reason, taken_channels
 from collapipe_flwr.dssra.specs import SchedulerSpec
+from collapipe_flwr.dssra.sub1_round import RoundSub1
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.system import pipeline_model
 from collapipe_flwr.system.convergence import ConvergenceParams, queue_update
@@ -123,6 +124,7 @@ class Policy:
 
     # ------------------------------------------------------------------ Sub-1
     def _segments(self, model: ClusterModel, n: int, idle: bool) -> SegmentPlan:
+        """Sub-1 of cluster n alone (RoundSub1 solves the exact Sub-1 of all clusters at once)."""
         drift = self._segment_drift(n, model.K)
         if self.shape.segments is not None:
             return self.shape.segments(model, self.sched.V, drift, idle)
@@ -149,18 +151,9 @@ class Policy:
         if not self.shape.d2d:
             models = [replace(m, d2d_rate=np.full(m.K, np.inf), d2d_latency_s=0.0) for m in models]
         radio = self._radio(state)
-        cache: dict[tuple[int, bool], SegmentPlan] = {}
         power_cache: dict[tuple[int, int], np.ndarray] = {}
-
-        def sub1(flags):
-            out = []
-            for n, model in enumerate(models):
-                key = (n, not flags[n])
-                if key not in cache:
-                    cache[key] = self._segments(model, n, idle=not flags[n])
-                out.append(cache[key])
-            return out
-
+        exact = self.shape.segments is None and self.sched.segment_scheduling
+        sub1 = RoundSub1(models, self._segments, exact, self.sched.V, self._segment_drift, self.m_values)
         max_passes = self.sched.bcd_max_iters if self.uses_queues else 1
         flags = [True] * N
         segs = sub1(flags)
@@ -185,7 +178,9 @@ class Policy:
         gain, interf = state.gain_matrix()[:N, :J], state.interference()[:J]
         bandwidth = np.broadcast_to(np.asarray(spec.channel_bandwidth_hz)[None, :], (N, J))
         slope = gain / (interf[None, :] + bandwidth * spec.noise_psd_w_hz)
-        return {"gain": gain, "interf": interf, "bandwidth": bandwidth, "slope": slope}
+        energy = self.uplink_bits * LN2 / (bandwidth * spec.cu_energy_max_j)  # C8': D ln2 / (B E^max)
+        p_cap = max_energy_power(slope, energy, np.full(energy.shape, spec.cu_power_max_w))  # C6, C8'
+        return {"gain": gain, "interf": interf, "bandwidth": bandwidth, "slope": slope, "p_cap": p_cap}
 
     def _weights(self, radio: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(w_gamma [N], w_lin [N], sit-out drift [N]) of Sub-2: drift = gamma gives Y_n scale C / (p h + I)
@@ -225,9 +220,9 @@ class Policy:
         # A round in which no CU can meet C8 on any channel is a round every CU sits out (C8 as the paper states
         # it): the plan selects nobody and says why; the global model is kept and the next round's channel draw
         # may be feasible again (sit_out_reason names C8 and the upload size).
-        left_out = {
-            n: sit_out_reason(problem, channel, n, self.selector.uses_queues) for n in range(N) if channel[n] is None
-        }
+        taken = taken_channels(channel, spec.num_channels)
+        queues = self.selector.uses_queues
+        left_out = {n: sit_out_reason(problem, channel, n, queues, taken) for n in range(N) if channel[n] is None}
         if not any(c is not None for c in channel):
             left_out = {
                 n: f"{reason}: no CU can upload {bits / 8e6:.4g} MB within E_n^max={spec.cu_energy_max_j:g} J in "
@@ -248,15 +243,14 @@ class Policy:
         C11' floor (Gamma_n(S_n, p) <= Gamma^max, only when the power drift is on)."""
         spec, bits = self.spec, self.uplink_bits
         gain, interf, bandwidth, slope = radio["gain"], radio["interf"], radio["bandwidth"], radio["slope"]
+        p_cap = radio["p_cap"]
         idx = np.asarray(rows)
         p_floor: float | np.ndarray = 0.0
         if self.uses_queues and self.shape.optimise_power and self.conv.interference_c > 0:
             S = np.array([segs[n].S for n in rows], dtype=float)
             budget = self.conv.gamma_max - self.conv.segment_term(S) - self.conv.constant_term()
-            energy = bits * LN2 / (bandwidth[idx] * spec.cu_energy_max_j)
-            p_cap = max_energy_power(slope[idx], energy, np.full(energy.shape, spec.cu_power_max_w))
             p_floor = c11_power_floor(
-                budget[:, None], self.conv.scale * self.conv.interference_c, gain[idx], interf[None, :], p_cap
+                budget[:, None], self.conv.scale * self.conv.interference_c, gain[idx], interf[None, :], p_cap[idx]
             )
         result = dinkelbach_sca_power(
             self.sched.V,
@@ -270,6 +264,7 @@ class Policy:
             spec.cu_energy_max_j,
             spec.cu_power_max_w,
             p_floor,
+            p_cap=p_cap[idx],
         )
         return result.power_w
 

@@ -56,16 +56,30 @@ def _problem(P: int):
 
 
 def max_energy_power(slope, energy, pmax) -> np.ndarray:
-    """Largest p in [0, pmax] with energy * p <= ln(1 + slope p) (C8'), by bisection (vectorised)."""
-    lo = np.zeros_like(pmax)
-    hi = np.array(pmax, dtype=float)
-    ok_hi = energy * hi <= np.log1p(slope * hi)
+    """Largest p in [0, pmax] with energy * p <= ln(1 + slope p) (C8'), by bisection (vectorised).
+
+    Only the pairs where pmax breaks C8' bisect, each until lo and hi are adjacent floats (every later step
+    would leave them as they are) or for 80 steps. Where energy >= slope (1 + 1e-9) no p > 0 meets C8'
+    (ln(1 + g p) < g p), so the answer is 0 without bisecting (the margin is far above log1p's rounding)."""
+    arrays = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (slope, energy, pmax)))
+    slope, energy, pmax = (a.ravel() for a in arrays)
+    out = pmax.copy()
+    bisect = ~(energy * pmax <= np.log1p(slope * pmax))
+    out[bisect & (energy >= slope * (1 + 1e-9))] = 0.0
+    idx = np.nonzero(bisect & (energy < slope * (1 + 1e-9)))[0]
+    slope, energy = slope[idx], energy[idx]
+    lo, hi = np.zeros(idx.size), pmax[idx]
     for _ in range(80):
         mid = 0.5 * (lo + hi)
+        moving = (mid != lo) & (mid != hi)
+        if not moving.all():  # settled: lo, hi adjacent floats
+            out[idx[~moving]] = lo[~moving]
+            idx, slope, energy, lo, hi, mid = (a[moving] for a in (idx, slope, energy, lo, hi, mid))
         ok = energy * mid <= np.log1p(slope * mid)
         lo = np.where(ok, mid, lo)
         hi = np.where(ok, hi, mid)
-    return np.where(ok_hi, pmax, lo)
+    out[idx] = lo
+    return out.reshape(arrays[0].shape)
 
 
 def uplink_objective(p, V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin):

@@ -11,16 +11,20 @@ Exactness without a MILP: for fixed m, a stage-time bound T admits a partition o
 devices with the most room u_k(T) = #{delta in 1..cap_k(m): delta c_k + d_k <= T} all have u_k >= 1 and
 sum_k u_k >= L (then shrink delta_k from u_k, never below 1, until the sum is L). The optimal T is one
 of the K*L chunk times delta c_k + d_k, so sweeping those candidates for every m in 1..m_max gives the
-true optimum over all device subsets, all delta and all m. Device order does not matter (footnote 1).
+true optimum over all device subsets, all delta and all m (stage_times.py computes it for every S at once,
+and the m values that share a micro-batch size with a smaller m are skipped: ``distinct_b_hat``). Device
+order does not matter (footnote 1). ``StageTables`` / ``solve_tables`` do this for all clusters of a round at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from collapipe_flwr.dssra.cluster_model import ClusterModel
+from collapipe_flwr.dssra.cluster_model import ClusterModel, stack_models
+from collapipe_flwr.dssra.stage_times import min_stage_times, partitions
 from collapipe_flwr.errors import InfeasiblePlanError
 
 
@@ -35,34 +39,84 @@ class SegmentPlan:
     objective: float
 
 
-def partition_for(compute: np.ndarray, d2d: np.ndarray, cap: np.ndarray, L: int, S: int, T: float) -> tuple[int, ...]:
-    """A delta on exactly S devices with every chunk <= T (T feasible for S, see min_stage_times)."""
-    K = len(compute)
-    room = np.array([int(((np.arange(1, cap[k] + 1) * compute[k] + d2d[k]) <= T).sum()) for k in range(K)])
-    order = sorted(range(K), key=lambda k: (-room[k], k))[:S]
-    delta = np.zeros(K, dtype=int)
-    delta[order] = room[order]
-    excess = int(delta.sum()) - L
-    while excess > 0:  # shave blocks off the slowest stage that keeps >= 1 block
-        chunk = np.where(delta > 1, delta * compute + d2d, -np.inf)
-        k = int(np.argmax(chunk))
-        delta[k] -= 1
-        excess -= 1
-    return tuple(int(x) for x in delta)
+def distinct_b_hat(batch_size: int, m_values: np.ndarray) -> np.ndarray:
+    """Mask of the m values Sub-1 needs to try: the smallest m of each micro-batch size b_hat = ceil(b / m).
+    A larger m with the same b_hat has the same chunk times c_k, d_k, a cap no larger (E_k^pipe grows with m,
+    eq. 16) and a longer pipeline (S + m - 1), so its objective (V >= 0) is never smaller, and argmin's ties
+    go to the earlier m. Only for increasing m values (otherwise every m is kept)."""
+    m_values = np.asarray(m_values, dtype=int)
+    if m_values.size < 2 or np.any(np.diff(m_values) <= 0):
+        return np.ones(m_values.shape, dtype=bool)
+    b_hat = -(-batch_size // m_values)
+    return np.concatenate([[True], b_hat[1:] != b_hat[:-1]])
 
 
-def min_stage_times(compute: np.ndarray, d2d: np.ndarray, cap: np.ndarray, L: int) -> np.ndarray:
-    """Vectorised over m: compute, d2d, cap of shape [M, K] -> T*(m, S) of shape [M, K]."""
-    M, K = compute.shape
-    deltas = np.arange(1, L + 1)
-    cand = deltas[None, None, :] * compute[:, :, None] + d2d[:, :, None]  # [M, K, L]
-    cand = np.where(deltas[None, None, :] <= cap[:, :, None], cand, np.inf)
-    values = cand.reshape(M, K * L)  # [M, C]
-    room = (cand[:, None, :, :] <= values[:, :, None, None]).sum(axis=3)  # [M, C, K]
-    room = -np.sort(-room, axis=2)
-    total = np.cumsum(room, axis=2)
-    ok = (room >= 1) & (total >= L) & (np.arange(1, K + 1) <= L)[None, None, :] & np.isfinite(values)[:, :, None]
-    return np.where(ok, values[:, :, None], np.inf).min(axis=1)  # [M, K]
+TABLE_ELEMENTS = 1 << 18  # chunk times (N M K L) per min_stage_times call: bounded memory, cache-sized
+
+
+@dataclass(frozen=True)
+class StageTables:
+    """Sub-1's data for N clusters (stacked with stack_models) over the m values it tries: per block compute
+    time c_k(m), fixed part d_k(m) = c0 + tau_k^dd(m), block cap (C7, C9') and T*(m, S), each [N, M, K]."""
+
+    m: np.ndarray
+    compute: np.ndarray
+    d2d: np.ndarray
+    cap: np.ndarray
+    T: np.ndarray
+    steps: int
+    L: int
+
+    @classmethod
+    def build(cls, models: Sequence[ClusterModel], m_values, V: float) -> StageTables:
+        stacked = stack_models(models)
+        m_arr = np.asarray(list(m_values), dtype=int)
+        if V >= 0:
+            m_arr = m_arr[distinct_b_hat(stacked.batch_size, m_arr)]
+        compute, d2d = stacked.compute_per_block(m_arr), stacked.chunk_fixed(m_arr)
+        cap = stacked.block_cap(m_arr)
+        L = stacked.num_blocks
+        step = max(1, TABLE_ELEMENTS // max(1, compute[0].size * L))  # clusters per block
+        T = np.concatenate(
+            [
+                min_stage_times(compute[i : i + step], d2d[i : i + step], cap[i : i + step], L)
+                for i in range(0, len(models), step)
+            ]
+        )
+        return cls(m_arr, compute, d2d, cap, T, stacked.steps, L)
+
+
+def solve_tables(tables: StageTables, rows, V: float, drift: np.ndarray, idle: np.ndarray) -> list[SegmentPlan | None]:
+    """Exact Sub-1 (eq. 37) for the clusters ``rows`` of ``tables``: argmin over (m, S) of V tau^pipe + drift(S)
+    (``drift`` [R, K+1], S = 0..K), or for an idle cluster (``idle`` [R]) the least drift(S), ties broken by the
+    smallest pipeline delay. None where no partition meets C7 and C9'."""
+    rows = np.asarray(rows, dtype=int)
+    T = tables.T[rows]  # [R, M, K]
+    R, _, K = T.shape
+    finite = np.isfinite(T)
+    drift = np.asarray(drift, dtype=float)[:, None, 1 : K + 1]
+    pipe = tables.steps * (np.arange(1, K + 1)[None, None, :] + tables.m[None, :, None] - 1) * T
+    obj = np.where(finite, V * pipe + drift, np.inf)
+    best_drift = np.where(finite, drift, np.inf).min(axis=(1, 2), keepdims=True)
+    idle_obj = np.where(finite & (drift <= best_drift), pipe, np.inf)
+    use_idle = np.asarray(idle, dtype=bool)[:, None, None] & np.isfinite(obj).any(axis=(1, 2), keepdims=True)
+    obj = np.where(use_idle, idle_obj, obj)
+    flat = np.argmin(obj.reshape(R, -1), axis=1)
+    i, s = np.divmod(flat, K)
+    ok = np.isfinite(obj[np.arange(R), i, s])
+    at = (rows[ok], i[ok])
+    delta = partitions(tables.compute[at], tables.d2d[at], tables.cap[at], tables.L, s[ok] + 1, T[ok, i[ok], s[ok]])
+    value = np.where(np.asarray(idle, dtype=bool), drift[np.arange(R), 0, s], obj[np.arange(R), i, s])
+    plans: list[SegmentPlan | None] = [None] * R
+    for r, d in zip(np.nonzero(ok)[0], delta):
+        plans[r] = SegmentPlan(
+            delta=tuple(int(x) for x in d),
+            S=int(s[r]) + 1,
+            m=int(tables.m[i[r]]),
+            pipeline_s=float(pipe[r, i[r], s[r]]),
+            objective=float(value[r]),
+        )
+    return plans
 
 
 def solve_segments(model: ClusterModel, V: float, drift_by_S, m_values, idle: bool = False) -> SegmentPlan:
@@ -71,29 +125,12 @@ def solve_segments(model: ClusterModel, V: float, drift_by_S, m_values, idle: bo
 
     idle=True: the cluster has no channel this round (BCD, Sub-1 given Sub-2's matching), so its delay does not
     enter the objective: minimise drift(S) alone, ties (the same S) broken by the smallest pipeline delay."""
-    L, K = model.num_blocks, model.K
-    m_arr = np.asarray(list(m_values), dtype=int)
-    drift = np.asarray(drift_by_S, dtype=float)[1 : K + 1]
-    compute, d2d, cap = model.compute_per_block(m_arr), model.chunk_fixed(m_arr), model.block_cap(m_arr)
-    T = min_stage_times(compute, d2d, cap, L)  # [M, K]
-    S_idx = np.arange(1, K + 1)
-    pipe = model.steps * (S_idx[None, :] + m_arr[:, None] - 1) * T
-    obj = V * pipe + drift[None, :]
-    obj = np.where(np.isfinite(T), obj, np.inf)
-    if idle and np.isfinite(obj).any():
-        best_drift = np.where(np.isfinite(T), drift[None, :], np.inf).min()
-        obj = np.where(np.isfinite(T) & (drift[None, :] <= best_drift), pipe, np.inf)
-    flat = int(np.argmin(obj))
-    i, s = divmod(flat, K)
-    if not np.isfinite(obj[i, s]):
-        raise model.infeasible(list(m_arr))
-    if idle:
-        obj[i, s] = drift[s]
-    S, m = int(S_idx[s]), int(m_arr[i])
-    delta = partition_for(compute[i], d2d[i], cap[i], L, S, float(T[i, s]))
-    return SegmentPlan(
-        delta=delta, S=S, m=m, pipeline_s=float(model.steps * (S + m - 1) * T[i, s]), objective=float(obj[i, s])
-    )
+    m_values = list(m_values)
+    tables = StageTables.build([model], m_values, V)
+    plan = solve_tables(tables, [0], V, np.asarray(drift_by_S, dtype=float)[None, :], np.array([idle]))[0]
+    if plan is None:
+        raise model.infeasible(m_values)
+    return plan
 
 
 def uniform_delta(K: int, L: int) -> tuple[int, ...]:

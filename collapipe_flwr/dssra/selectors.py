@@ -29,7 +29,7 @@ import numpy as np
 
 from collapipe_flwr.dssra.channels import match_channels
 
-__all__ = ["SELECTORS", "ChannelProblem", "ChannelSelector", "register_selector", "sit_out_reason"]
+__all__ = ["SELECTORS", "ChannelProblem", "ChannelSelector", "register_selector", "sit_out_reason", "taken_channels"]
 
 
 @dataclass(frozen=True)
@@ -161,27 +161,37 @@ class DelayOnlySelector(GreedySelector):
         return sorted(candidates, key=lambda n: (problem.pipeline_s[n], n))
 
 
-def sit_out_reason(problem: ChannelProblem, channel: list[int | None], n: int, uses_queues: bool) -> str:
+def sit_out_reason(
+    problem: ChannelProblem, channel: list[int | None], n: int, uses_queues: bool, taken: np.ndarray | None = None
+) -> str:
     """Why CU n got no channel this round (``channel[n] is None``), in one line for the run's output.
 
     In the order they can apply: no feasible channel (C8, the CU's upload energy E_n^max, cannot be met at
     any power); every channel went to another CU (J channels, more CUs than that wanting one); for the
     drift-plus-penalty matching, the sit-out (virtual channel) cost beat every free channel's cost
-    V (tau_n^pipe + tau_{n,j}^Up) + power drift; else the baseline's ranking left it out.
+    V (tau_n^pipe + tau_{n,j}^Up) + power drift; else the baseline's ranking left it out. ``taken``: the mask of
+    the channels in ``channel`` (``taken_channels``), when the caller asks for many CUs.
     """
     if channel[n] is not None:
         return ""
     feasible = np.asarray(problem.feasible[n], dtype=bool)
     if not feasible.any():
         return "no channel meets its upload energy limit E_n^max (C8) at any power"
-    used = {j for j in channel if j is not None}
-    free = [j for j in range(len(feasible)) if feasible[j] and j not in used]
-    if not free:
-        return f"all {len(used)} usable channels went to other CUs"
+    taken = taken_channels(channel, len(feasible)) if taken is None else taken
+    free = np.nonzero(feasible & ~taken)[0]
+    if not free.size:
+        return f"all {int(taken.sum())} usable channels went to other CUs"
     if uses_queues:
-        best = min(float(problem.cost[n, j]) for j in free)
+        best = float(np.min(problem.cost[n, free]))
         return (
             f"sitting out costs less in the drift-plus-penalty objective ({float(problem.virtual[n]):.4g} < "
             f"{best:.4g} on its best free channel)"
         )
     return "ranked below the CUs the policy served first"
+
+
+def taken_channels(channel: list[int | None], J: int) -> np.ndarray:
+    """[J] mask of the channels some CU got."""
+    taken = np.zeros(J, dtype=bool)
+    taken[[j for j in channel if j is not None]] = True
+    return taken
