@@ -41,6 +41,10 @@ class DeviceFailure(CollaPipeError):
         self.device = device
 
 
+class UnsupportedModelError(CollaPipeError):
+    """A Hugging Face model whose architecture the splitter (``models/hf``) cannot cut into embedding / TEBs / head."""
+
+
 class TestbedError(CollaPipeError):
     """The emulated edge testbed cannot be set up here (no cgroup cpu controller, not root) or was misused."""
 

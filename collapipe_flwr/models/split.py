@@ -20,7 +20,8 @@ from torch import nn
 
 from collapipe_flwr.errors import PartitionError
 
-FAMILIES = ("transformer", "bert")
+# "hf": a Hugging Face model cut by models/hf (its model type on the blocks, ``blocks[0].model_type``)
+FAMILIES = ("transformer", "bert", "hf")
 V = TypeVar("V")
 
 
