@@ -8,9 +8,11 @@ Each configuration runs the real server (``run_server``: strategy, DSSRA planner
 evaluation) in a fresh process, with the N CUs' real handlers (``client_main``, local backend) in one child
 process that answers them one after the other: Flower's own SuperLink / SuperNodes are left out (30
 SuperNodes do not fit on 2 cores in minutes), so the server process holds only the server, and its RSS
-(psutil, sampled every 50 ms) is the server's memory. Tiny model (``transformer_tiny``), one local step,
-batch 8, evaluation on 16 examples. ``network.num_channels`` is set to N so no CU sits out for lack of a
-channel (J >= N); the number of CUs DSSRA still picks per round is printed (``cus_trained_N*``).
+(psutil, sampled every 50 ms) is the server's memory. The grid has Flower's push/pull API: the server pulls
+each CU's reply as it arrives and folds it into the round's running sum (``fl/server/reply_stream.py``).
+Tiny model (``transformer_tiny``), one local step, batch 8, evaluation on 16 examples.
+``network.num_channels`` is set to N so no CU sits out for lack of a channel (J >= N); the number of CUs
+DSSRA still picks per round is printed (``cus_trained_N*``).
 
 Figures (``name: value``):
 - ``round_wall_s_N*`` / ``round_wall_s_K*``: measured wall-clock per round (``measured_s.round_s`` of
@@ -68,11 +70,20 @@ def _cu_host(conn, num_clusters: int, data_dir: str, run_id: int) -> None:
         batch = conn.recv()
         if batch is None:
             return
-        conn.send([handlers[m.metadata.message_type](m, contexts[m.metadata.dst_node_id]) for m in batch])
+        for m in batch:  # each reply on its own, as a SuperNode's reaches the SuperLink
+            conn.send(handlers[m.metadata.message_type](m, contexts[m.metadata.dst_node_id]))
 
 
 class ChildProcessGrid:
-    """A Flower Grid whose N CUs run in one child process, in node order (the server's process holds no CU)."""
+    """A Flower Grid whose N CUs run in one child process, in node order (the server's process holds no CU).
+
+    Flower's push/pull API, as the real grids have it: ``push_messages`` hands the batch to the child, which
+    answers one message after the other; ``pull_messages`` takes the replies asked for out of the pipe, so the
+    server holds a reply only once it pulled it. ``after_train`` is called when a train batch's last reply is
+    pulled (the end of the round's training)."""
+
+    pull_interval = 0.01  # seconds between the server's pulls (Flower's InMemoryGrid: 0.1); short, as the child waits
+    # for each reply to be pulled before it runs the next CU
 
     def __init__(self, num_clusters: int, data_dir: str, run_id: int = 9) -> None:
         from collapipe_flwr.flower_internals import TaskIdentity
@@ -82,19 +93,55 @@ class ChildProcessGrid:
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_cu_host, args=(child, num_clusters, data_dir, run_id), daemon=True)
         self._proc.start()
+        self._ready: dict[str, object] = {}  # replies read from the pipe before they were asked for
+        self._train: set[str] = set()  # the train messages without a pulled reply
+        self.after_train = lambda: None
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 1
 
     def get_node_ids(self) -> list[int]:
         return [101 + n for n in range(self.num_clusters)]
 
-    def send_and_receive(self, messages, timeout=None):
+    def push_messages(self, messages) -> list[str]:
+        from collapipe_flwr.fl import messages as kinds
+
         batch = sorted(messages, key=lambda m: m.metadata.dst_node_id)
         for msg in batch:
             msg.metadata.__dict__["_message_id"] = f"m{self._next}"
             msg.metadata.__dict__["_run_id"] = self.run_id
             self._next += 1
-        self._conn.send(batch)
-        return self._conn.recv()
+        ids = [m.metadata.message_id for m in batch]
+        self._train.update(i for i, m in zip(ids, batch) if m.metadata.message_type == kinds.TRAIN)
+        if batch:
+            self._conn.send(batch)
+        return ids
+
+    def pull_messages(self, message_ids) -> list:
+        wanted = set(message_ids)
+        out = [self._ready.pop(i) for i in wanted if i in self._ready]
+        while not out and self._conn.poll():
+            reply = self._conn.recv()
+            asked = reply.metadata.reply_to_message_id
+            if asked in wanted:
+                out.append(reply)
+            else:
+                self._ready[asked] = reply
+        answered = {r.metadata.reply_to_message_id for r in out}
+        if answered & self._train:
+            self._train -= answered
+            if not self._train:
+                self.after_train()
+        return out
+
+    def send_and_receive(self, messages, timeout=None) -> list:
+        pending = list(self.push_messages(messages))
+        replies: list = []
+        while pending:
+            replies.extend(self.pull_messages(pending))
+            answered = {r.metadata.reply_to_message_id for r in replies}
+            pending = [i for i in pending if i not in answered]
+            if pending:
+                time.sleep(self.pull_interval)
+        return replies
 
     def close(self) -> None:
         self._conn.send(None)
@@ -123,14 +170,7 @@ def run_one(n: int, k: int, rounds: int, data_dir: str, out_dir: str) -> dict:
         f"eval.max_examples=16 run_name=scale_N{n}_K{k}"
     )
     grid = ChildProcessGrid(n, data_dir)
-    real = grid.send_and_receive
-
-    def send_and_receive(messages, timeout=None):  # RSS after each exchange: the last per round is after train
-        replies = real(messages, timeout)
-        rss_after_round.append(me.memory_info().rss)
-        return replies
-
-    grid.send_and_receive = send_and_receive  # type: ignore[method-assign]
+    grid.after_train = lambda: rss_after_round.append(me.memory_info().rss)  # the end of each round's training
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
     try:
@@ -199,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cus_trained_N{n}: {_mean(r['cus']):.1f}")
         print(f"server_rss_mb_N{n}: {r['peak_rss_mb']:.1f}")
         rss = r["rss_mb"]
-        per_round = (rss[-1] - rss[len(rss) // rounds]) / max(rounds - 1, 1) if len(rss) >= rounds else 0.0
+        per_round = (rss[-1] - rss[0]) / max(rounds - 1, 1) if len(rss) >= 2 else 0.0
         print(f"server_rss_mb_per_round_N{n}: {per_round:.2f}")
         print(f"took_s_N{n}: {time.monotonic() - t0:.0f}", flush=True)
     lo, hi = min(by_n), max(by_n)

@@ -135,18 +135,23 @@ class RunLog:
                 fh.flush()
                 os.fsync(fh.fileno())
 
-    def save_weights(self, t: int, results: list, aggregate: dict) -> None:
-        """weights/round<t>_cluster<n>.pt per returned CU (+ its num-examples) and round<t>_global.pt."""
+    def save_cluster_weights(self, t: int, cluster: int, parts: dict, num_examples: int) -> None:
+        """weights/round<t>_cluster<n>.pt: CU n's returned parts and num-examples (written as its reply is folded
+        in, so the server never holds every CU's copy at once)."""
         import torch
 
         folder = self.folder / "weights"
         with file_errors(folder, "write weights to"):
             folder.mkdir(exist_ok=True)
-            for cluster, parts, metrics in results:
-                torch.save(
-                    {"parts": parts, "num_examples": int(metrics["num-examples"])},
-                    folder / f"round{t}_cluster{cluster}.pt",
-                )
+            torch.save({"parts": parts, "num_examples": int(num_examples)}, folder / f"round{t}_cluster{cluster}.pt")
+
+    def save_global_weights(self, t: int, aggregate: dict) -> None:
+        """weights/round<t>_global.pt: the round's new global parts."""
+        import torch
+
+        folder = self.folder / "weights"
+        with file_errors(folder, "write weights to"):
+            folder.mkdir(exist_ok=True)
             torch.save({"parts": aggregate}, folder / f"round{t}_global.pt")
 
     def write_summary(self, summary: dict) -> None:

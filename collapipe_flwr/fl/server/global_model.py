@@ -1,8 +1,9 @@
 """The global model the server owns between rounds: theta^emb and theta^enc (eqs. 6-9), and what aggregation does.
 
-CU n downloads :meth:`GlobalModel.for_cluster` each round and returns its trained copy; :meth:`absorb`
-folds the round's replies in with the server optimizer (``federation.server_optimizer``; FedAvg = the
-example-weighted mean of eq. 9). The decoder / task head stays on the server and is never averaged,
+CU n downloads :meth:`GlobalModel.for_cluster` each round and returns its trained copy; each reply is folded
+into the round's :class:`RoundFold` as it arrives, and :meth:`GlobalModel.absorb_round` turns the fold into the
+new global model with the server optimizer (``federation.server_optimizer``; FedAvg = the
+example-weighted mean of eqs. 6-7). The decoder / task head stays on the server and is never averaged,
 except for methods that train it on the CU (``method.head_on_server: false``: it travels and is averaged
 like the encoder). Without aggregation (``method.aggregate: false``, the ``pipeline`` baseline) each
 cluster keeps its own embedding + encoder.
@@ -20,6 +21,7 @@ from collapipe_flwr.dssra.specs import MethodSpec
 from collapipe_flwr.fl.messages import NUM_EXAMPLES, pack_weights
 from collapipe_flwr.fl.server.central_dp import add_central_noise
 from collapipe_flwr.fl.server.server_optimizer import ServerOptimizer
+from collapipe_flwr.fl.server.weighted_sum import WeightedSum
 from collapipe_flwr.models.split import SplitModel
 
 Parts = dict[str, dict[str, torch.Tensor]]
@@ -36,6 +38,31 @@ def unflatten_parts(flat: dict[str, torch.Tensor]) -> Parts:
         part, _, rest = name.partition(".")
         parts.setdefault(part, {})[rest] = value
     return parts
+
+
+class RoundFold:
+    """One round's CU replies, folded in one at a time as they arrive.
+
+    With aggregation, a :class:`WeightedSum` of the returned parts (flat): sum_n w_n theta_n and W, the model's
+    size whatever the number of CUs, each reply's tensors free to go once added. Without it (the ``pipeline``
+    baseline) each cluster's own parts, which it downloads again next round.
+    """
+
+    def __init__(self, aggregate: bool) -> None:
+        self.sum: WeightedSum | None = WeightedSum() if aggregate else None
+        self.own: dict[int, Parts] = {}
+
+    @property
+    def count(self) -> int:
+        """n, the replies folded in."""
+        return self.sum.count if self.sum is not None else len(self.own)
+
+    def add(self, cluster: int, parts: Parts, weight: float) -> None:
+        """Fold CU ``cluster``'s checked reply in with its FedAvg weight w_n (num-examples)."""
+        if self.sum is None:
+            self.own[cluster] = parts
+        else:
+            self.sum.add(flatten_parts(parts), weight)
 
 
 class GlobalModel:
@@ -88,6 +115,19 @@ class GlobalModel:
             return {**self.parts(), **copy.deepcopy(self.cluster_parts[cluster])}
         return self.parts()
 
+    def packed_for(self, clusters: list[int]) -> dict[int, ArrayRecord]:
+        """What each CU in ``clusters`` downloads, packed: the CUs that download the global parts share one
+        ArrayRecord (a CU only reads it), so a round's N train messages hold the model once, not N times."""
+        shared: ArrayRecord | None = None
+        out = {}
+        for cluster in clusters:
+            if cluster in self.cluster_parts:
+                out[cluster] = pack_weights(self.for_cluster(cluster))
+                continue
+            shared = shared if shared is not None else self.array_record()
+            out[cluster] = shared
+        return out
+
     def expected_reply(self, cluster: int) -> Parts:
         """The parts (names, shapes, dtypes) CU n's reply must carry."""
         parts = self.for_cluster(cluster)
@@ -98,20 +138,32 @@ class GlobalModel:
     def array_record(self) -> ArrayRecord:
         return pack_weights(self.parts())
 
-    def absorb(self, t: int, results: list[ClusterResult]) -> None:
-        """Aggregation of round t (eqs. 6-9) over the returned parts, weighted by each CU's num-examples."""
-        if not self.method.aggregate:
-            for cluster, parts, _ in results:
-                self.cluster_parts[cluster] = parts
+    def new_round(self) -> RoundFold:
+        """An empty fold for this round's replies (:meth:`absorb_round` turns it into the new global model)."""
+        return RoundFold(self.method.aggregate)
+
+    def absorb_round(self, t: int, fold: RoundFold) -> None:
+        """Aggregation of round t (eqs. 6-7) from the replies folded in as they arrived: the server optimizer on
+        their example-weighted mean, then central DP's noise (sigma = z C / n, n = the replies folded in)."""
+        if fold.sum is None:
+            self.cluster_parts.update(fold.own)
+            return
+        if not fold.count:
             return
         modules = {"embedding": self.model.embedding, "encoder": self.model.blocks, "head": self.model.head}
         current = flatten_parts(self.returned_parts())
-        updates = [(flatten_parts(parts), float(metrics[NUM_EXAMPLES])) for _, parts, metrics in results]
-        new = self.server_optimizer.step(t, current, updates)
+        new = self.server_optimizer.apply(t, current, fold.sum)
         if self.privacy.mode == "central":
-            new = add_central_noise(new, self.privacy, len(updates), self.seed, t)
+            new = add_central_noise(new, self.privacy, fold.count, self.seed, t)
         for part, state in unflatten_parts(new).items():
             modules[part].load_state_dict(state)
+
+    def absorb(self, t: int, results: list[ClusterResult]) -> None:
+        """:meth:`absorb_round` over a list of replies (weighted by each CU's num-examples)."""
+        fold = self.new_round()
+        for cluster, parts, metrics in results:
+            fold.add(cluster, parts, float(metrics[NUM_EXAMPLES]))
+        self.absorb_round(t, fold)
 
     def models_to_evaluate(self) -> list[SplitModel]:
         """The model itself, or without aggregation one copy per cluster with its own embedding + encoder

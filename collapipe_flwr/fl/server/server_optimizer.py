@@ -7,10 +7,13 @@ strategies (``flwr.serverapp.strategy``) through exactly the calls Flower's ``St
    (FedAvgM: ``current_arrays`` is an ``ArrayRecord``; FedAdam/FedYogi/FedAdagrad (``FedOpt``):
    ``current_arrays`` is a ``dict`` of NumPy arrays; FedAvg keeps none). ``configure_train`` itself is not
    called, since it samples nodes from a Grid (global ``random`` state, waiting for nodes);
-2. one train instruction ``Message`` per client (ArrayRecord under ``strategy.arrayrecord_key``, ConfigRecord
-   with ``server-round`` under ``strategy.configrecord_key``) and its reply ``Message(content, reply_to=...)``
-   carrying the client's ArrayRecord and a MetricRecord with the weight under ``strategy.weighted_by_key``;
-3. ``strategy.aggregate_train(server_round, replies)``, whose ArrayRecord is converted back to torch.
+2. one train instruction ``Message`` (ArrayRecord under ``strategy.arrayrecord_key``, ConfigRecord with
+   ``server-round`` under ``strategy.configrecord_key``) and one reply ``Message(content, reply_to=...)``
+   carrying the clients' example-weighted mean (a :class:`~collapipe_flwr.fl.server.weighted_sum.WeightedSum`
+   the server folded every CU's reply into as it arrived) and a MetricRecord with their total weight W under
+   ``strategy.weighted_by_key``: Flower's FedAvg of that one reply is the mean itself (w / W = 1), and every
+   strategy here uses only that mean (FedAvgM/FedOpt: the pseudo-gradient between it and the global arrays);
+3. ``strategy.aggregate_train(server_round, [reply])``, whose ArrayRecord is converted back to torch.
 
 The strategy instance lives as long as the :class:`ServerOptimizer`, so its moments (FedAvgM's
 ``momentum_vector``, FedOpt's ``m_t``/``v_t``) persist over rounds. ``current`` is given every round and becomes
@@ -47,6 +50,7 @@ from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedYog
 
 from collapipe_flwr.config.server_optimizer_rules import SERVER_OPTIMIZERS, check_server_optimizer
 from collapipe_flwr.errors import CollaPipeError
+from collapipe_flwr.fl.server.weighted_sum import WeightedSum, sum_dtype
 
 __all__ = ["SERVER_OPTIMIZERS", "ServerOptimizer"]
 
@@ -64,11 +68,6 @@ def _make_strategy(name: str, lr: float, momentum: float, beta_2: float, tau: fl
     if name == "fedyogi":
         return FedYogi(eta=float(lr), beta_1=float(momentum), beta_2=float(beta_2), tau=float(tau))
     return FedAdagrad(eta=float(lr), tau=float(tau))
-
-
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a floating tensor is handed to Flower in: at least float32 (NumPy has no bfloat16)."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 def _to_arrayrecord(state: Mapping[str, torch.Tensor], keys: Sequence[str], dtypes: Mapping[str, torch.dtype]):
@@ -176,10 +175,8 @@ class ServerOptimizer:
 
     # ------------------------------------------------------------------ validation
 
-    def _validate(
-        self, server_round: object, current: object, results: object
-    ) -> tuple[list[str], list[str], list[float]]:
-        """Check every input before anything changes; return (floating keys, other keys, weights)."""
+    def _validate(self, server_round: object, current: object, results: object) -> None:
+        """Check every input of :meth:`step` before anything changes."""
         _check_round(server_round)
         global_state = _checked_current(current)
         if not isinstance(results, Sequence) or not results:
@@ -187,11 +184,29 @@ class ServerOptimizer:
         weights = [_checked_result(i, result, global_state) for i, result in enumerate(results)]
         if not sum(weights) > 0:
             raise CollaPipeError("aggregation weights (num-examples) sum to zero; every CU reported 0 examples")
+
+    def _validate_folded(
+        self, server_round: object, current: object, folded: WeightedSum
+    ) -> tuple[list[str], list[str]]:
+        """Check :meth:`apply`'s inputs before anything changes; return (floating keys, other keys)."""
+        _check_round(server_round)
+        global_state = _checked_current(current)
+        if not folded.count:
+            raise CollaPipeError("no client results to aggregate; check that at least one CU finished the round")
+        if set(folded.keys()) != set(global_state):
+            raise CollaPipeError("the folded states have different parameter names than the global model")
+        for key, ref in global_state.items():
+            if folded.shape(key) != tuple(ref.shape):
+                raise CollaPipeError(
+                    f"the folded {key!r} has shape {folded.shape(key)} but the global model's is {tuple(ref.shape)}"
+                )
+        if not folded.total > 0:
+            raise CollaPipeError("aggregation weights (num-examples) sum to zero; every CU reported 0 examples")
         # sorted: the strategy sees the same order every round whatever the dict order (FedAvgM zips by position)
         float_keys = sorted(k for k, t in global_state.items() if torch.is_floating_point(t))
         other_keys = [k for k, t in global_state.items() if not torch.is_floating_point(t)]
         self._check_layout(global_state, float_keys)
-        return float_keys, other_keys, weights
+        return float_keys, other_keys
 
     def _check_layout(self, current: Mapping[str, torch.Tensor], float_keys: list[str]) -> None:
         """The floating parameters (names, shapes) must be the first round's: the moments belong to them."""
@@ -214,15 +229,12 @@ class ServerOptimizer:
             strategy.current_arrays = {k: array.numpy() for k, array in arrays.items()}
 
     def _flower_step(
-        self,
-        server_round: int,
-        current: Mapping[str, torch.Tensor],
-        states: Sequence[Mapping[str, torch.Tensor]],
-        weights: Sequence[float],
-        keys: list[str],
+        self, server_round: int, current: Mapping[str, torch.Tensor], folded: WeightedSum, keys: list[str]
     ) -> dict[str, torch.Tensor]:
+        """Flower's strategy on one reply: the clients' weighted mean with weight W (its FedAvg of one reply is
+        that mean exactly, w / W = 1), so FedAvgM/FedOpt apply their update to the mean of every client."""
         strategy = self.strategy
-        dtypes = {k: _work_dtype(current[k].dtype) for k in keys}
+        dtypes = {k: sum_dtype(current[k].dtype) for k in keys}
         global_arrays = _to_arrayrecord(current, keys, dtypes)
         self._set_current_arrays(global_arrays)
         instruction = RecordDict(
@@ -231,30 +243,28 @@ class ServerOptimizer:
                 strategy.configrecord_key: ConfigRecord({"server-round": server_round}),
             }
         )
-        replies = []
-        for node_id, (state, weight) in enumerate(zip(states, weights, strict=True), start=_SERVER_NODE_ID + 1):
-            # built with explicit metadata: Message(content, dst_node_id, ...) needs the run's TaskIdentity,
-            # which only exists inside a ServerApp process
-            metadata = Metadata(
-                run_id=0,
-                message_id="",
-                src_node_id=_SERVER_NODE_ID,
-                dst_node_id=node_id,
-                reply_to_message_id="",
-                group_id=str(server_round),
-                created_at=time.time(),
-                ttl=float(DEFAULT_TTL),
-                message_type=MessageType.TRAIN,
-            )
-            train_msg = Message(instruction, metadata=metadata)  # type: ignore[call-overload]  # flwr: internal kwarg
-            content = RecordDict(
-                {
-                    strategy.arrayrecord_key: _to_arrayrecord(state, keys, dtypes),
-                    _METRICS_KEY: MetricRecord({strategy.weighted_by_key: float(weight)}),
-                }
-            )
-            replies.append(Message(content, reply_to=train_msg))
-        arrays, _ = strategy.aggregate_train(server_round, replies)
+        # built with explicit metadata: Message(content, dst_node_id, ...) needs the run's TaskIdentity,
+        # which only exists inside a ServerApp process
+        metadata = Metadata(
+            run_id=0,
+            message_id="",
+            src_node_id=_SERVER_NODE_ID,
+            dst_node_id=_SERVER_NODE_ID + 1,
+            reply_to_message_id="",
+            group_id=str(server_round),
+            created_at=time.time(),
+            ttl=float(DEFAULT_TTL),
+            message_type=MessageType.TRAIN,
+        )
+        train_msg = Message(instruction, metadata=metadata)  # type: ignore[call-overload]  # flwr: internal kwarg
+        mean = ArrayRecord({k: Array(folded.mean(k).to(dtype=dtypes[k]).numpy()) for k in keys})
+        content = RecordDict(
+            {
+                strategy.arrayrecord_key: mean,
+                _METRICS_KEY: MetricRecord({strategy.weighted_by_key: float(folded.total)}),
+            }
+        )
+        arrays, _ = strategy.aggregate_train(server_round, [Message(content, reply_to=train_msg)])
         if arrays is None or set(arrays.keys()) != set(keys):
             raise CollaPipeError(f"Flower's {type(strategy).__name__}.aggregate_train returned no arrays (a bug)")
         return {k: _to_torch(arrays[k], current[k].dtype) for k in keys}
@@ -269,22 +279,26 @@ class ServerOptimizer:
     ) -> dict[str, torch.Tensor]:
         """The new global flat state dict (names, order and dtypes of ``current``; CPU tensors).
 
-        ``results`` holds each client's flat state dict and its weight (num-examples). Inputs are not modified.
+        ``results`` holds each client's flat state dict and its weight (num-examples); they are checked, folded
+        into a :class:`WeightedSum` and handed to :meth:`apply`. Inputs are not modified.
         """
-        float_keys, other_keys, weights = self._validate(server_round, current, results)
-        states = [state for state, _ in results]
+        self._validate(server_round, current, results)
+        folded = WeightedSum()
+        for state, weight in results:
+            folded.add({k: state[k] for k in current}, float(weight))
+        return self.apply(server_round, current, folded)
+
+    def apply(
+        self, server_round: int, current: dict[str, torch.Tensor], folded: WeightedSum
+    ) -> dict[str, torch.Tensor]:
+        """The new global flat state dict from the round's running sum (the clients' states folded in one at
+        a time, :class:`WeightedSum`): Flower's strategy on the weighted mean for the floating tensors, the
+        mean itself (rounded, or the common value) for the integer/bool buffers."""
+        float_keys, other_keys = self._validate_folded(server_round, current, folded)
         out: dict[str, torch.Tensor] = {}
         if float_keys:
-            out.update(self._flower_step(server_round, current, states, weights, float_keys))
+            out.update(self._flower_step(server_round, current, folded, float_keys))
             self._layout = tuple((k, tuple(current[k].shape)) for k in float_keys)
-        total = sum(weights)
         for key in other_keys:
-            dtype = current[key].dtype
-            values = [state[key].detach().to("cpu", dtype=dtype) for state in states]
-            if all(torch.equal(values[0], v) for v in values[1:]):
-                out[key] = values[0].to(dtype=dtype, copy=True)
-                continue
-            zero = torch.zeros((), dtype=torch.float64)  # sum's start (a tensor, so the sum is one: 0 + x == x)
-            mean = sum((v.to(torch.float64) * (w / total) for v, w in zip(values, weights, strict=True)), zero)
-            out[key] = torch.round(mean).to(dtype)
+            out[key] = folded.mean(key).to(dtype=current[key].dtype, copy=True)
         return {k: out[k] for k in current}

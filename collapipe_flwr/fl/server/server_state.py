@@ -27,7 +27,7 @@ from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
 from collapipe_flwr.fl.messages import TrainInstructions
 from collapipe_flwr.fl.server.decoder_service import DecoderService, TlsFiles
 from collapipe_flwr.fl.server.evaluator import Evaluator
-from collapipe_flwr.fl.server.global_model import ClusterResult, GlobalModel
+from collapipe_flwr.fl.server.global_model import ClusterResult, GlobalModel, RoundFold
 from collapipe_flwr.fl.server.round_planner import RoundPlanner
 from collapipe_flwr.fl.server.server_optimizer import ServerOptimizer
 from collapipe_flwr.models.split import SplitModel
@@ -198,6 +198,11 @@ class ServerState:
         """Aggregate the round's valid replies and hand their losses to the policy's queues."""
         self.global_model.absorb(t, results)
         self.planner.observe({cluster: float(metrics["train-loss"]) for cluster, _, metrics in results})
+
+    def absorb_round(self, t: int, fold: RoundFold, losses: dict[int, float]) -> None:
+        """Aggregate the round's replies, folded in as they arrived, and hand the CUs' losses to the queues."""
+        self.global_model.absorb_round(t, fold)
+        self.planner.observe(losses)
 
     def evaluate(self) -> dict[str, float]:
         return self.evaluator.evaluate(self.global_model.models_to_evaluate())

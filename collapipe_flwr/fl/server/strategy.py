@@ -5,7 +5,8 @@ Per round t:
    into a plan X(t): which CUs get a channel, p_n, and S, m, delta_k per cluster;
 2. each selected CU gets a ``train`` message with the global embedding + encoder and its plan; during
    the round it talks to the server's decoder over the data plane (never one Flower message per step);
-3. the returned encoders theta_n^enc (⊕ of segments, eq. 4) are example-weighted averaged (FedAvg);
+3. the returned encoders theta_n^enc (⊕ of segments, eq. 4) are example-weighted averaged (FedAvg), each
+   reply checked and folded into a running sum as it arrives (``reply_stream.py``, ``weighted_sum.py``);
    the decoder is never averaged: it is trained on the server from every CU's activations;
 4. the queues Y_n are updated (eq. 29), the global model is evaluated on the validation split, and one
    JSON line is logged.
@@ -25,7 +26,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl.messages import (
@@ -43,7 +44,6 @@ from collapipe_flwr.fl.messages import (
     hello_content,
     metric_counts,
     metric_int,
-    pack_weights,
     read_profile,
     read_reply,
     release_content,
@@ -54,8 +54,9 @@ from collapipe_flwr.fl.records.progress import RoundProgress
 from collapipe_flwr.fl.records.round_record import RoundRecord
 from collapipe_flwr.fl.records.run_log import RunLog
 from collapipe_flwr.fl.server.checkpoint import save_checkpoint
-from collapipe_flwr.fl.server.global_model import ClusterResult
+from collapipe_flwr.fl.server.global_model import RoundFold
 from collapipe_flwr.fl.server.reply_checks import check_reply
+from collapipe_flwr.fl.server.reply_stream import StreamingGrid
 from collapipe_flwr.fl.server.server_state import ServerState
 
 
@@ -85,6 +86,11 @@ class CollaPipeStrategy(Strategy):
         self.record: RoundRecord | None = None  # the round in flight: configure_train -> evaluate
         self.round_offset = round_offset  # rounds completed before this process (a resumed run)
         self.round_listeners = list(round_listeners)  # each gets every rounds.jsonl record (e.g. TensorBoard)
+
+    def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Result:
+        """Flower's round loop (``Strategy.start``) over a :class:`StreamingGrid`, so that the train replies reach
+        :meth:`aggregate_train` one at a time as they arrive."""
+        return super().start(StreamingGrid(grid), *args, **kwargs)
 
     # ------------------------------------------------------------------ discovery
     def discover_clusters(self, grid: Grid, timeout_s: float = 120.0) -> None:
@@ -178,8 +184,9 @@ class CollaPipeStrategy(Strategy):
         record.selected = [c.cluster for c in plan.selected]
         self.server.decoder.open_round(t, record.selected)
         messages = []
+        downloads = self.server.global_model.packed_for([c.cluster for c in plan.selected])
         for cplan in plan.selected:
-            weights = pack_weights(self.server.global_model.for_cluster(cplan.cluster))
+            weights = downloads[cplan.cluster]
             instructions = self.server.instructions_for(t, cplan, plan.replan_inputs.get(cplan.cluster))
             node = self.node_of_cluster[cplan.cluster]
             messages.append(Message(train_content(weights, instructions), dst_node_id=node, message_type=TRAIN))
@@ -191,48 +198,68 @@ class CollaPipeStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Fold each CU's reply into the round's running sum as it arrives (``replies`` is the
+        :class:`~collapipe_flwr.fl.server.reply_stream.StreamingGrid`'s generator), then step the global model."""
         t = server_round + self.round_offset
-        t0 = time.time()
         record = self.record
         assert record is not None and record.round == t, "aggregate_train without configure_train"
         cluster_of_node = {v: k for k, v in self.node_of_cluster.items()}
-        results: list[ClusterResult] = []
+        fold = self.server.global_model.new_round()
+        clients: dict[int, dict] = {}  # cluster n -> its reply's metrics, in arrival order
+        fold_s = 0.0
         for reply in replies:
-            cluster = cluster_of_node.get(reply.metadata.src_node_id, -1)
-            try:
-                weights, metrics = read_reply(reply)
-                parts = unpack_weights(weights)
-                check_reply(
-                    parts, metrics, self.server.global_model.expected_reply(cluster), self.server.max_examples_per_round
-                )
-                profile = read_profile(metrics, t) if self.server.planner.uses_profiles else None
-            except CollaPipeError as err:
-                record.fail(cluster, str(err))
-                log(WARNING, "round %s: cluster %s refused: %s (aggregating the other CUs)", t, cluster, err)
-                continue
-            results.append((cluster, parts, metrics))
-            if profile is not None:
-                record.profiles[str(cluster)] = self.server.planner.absorb_profile(cluster, profile).to_dict()
-        answered = {f["cluster"] for f in record.failures} | {c for c, _, _ in results}
-        for cluster in sorted(set(record.selected) - answered):
+            t_fold = time.time()
+            self._fold_reply(t, reply, cluster_of_node.get(reply.metadata.src_node_id, -1), fold, clients)
+            del reply  # folded in (or refused): its arrays go before the next reply is pulled
+            fold_s += time.time() - t_fold
+        t0 = time.time()
+        for cluster in sorted(set(record.selected) - {f["cluster"] for f in record.failures} - set(clients)):
             record.fail(cluster, "no reply within federation.round_timeout_s")
             log(WARNING, "round %s: cluster %s sent no reply within the round's timeout", t, cluster)
         self.server.decoder.close_round()
-        record.measured_s["wait_clients_s"] = t0 - record.started_at - record.measured_s.get("plan_s", 0.0)
-        if not results:
+        record.measured_s["wait_clients_s"] = t0 - fold_s - record.started_at - record.measured_s.get("plan_s", 0.0)
+        if not clients:
             log(WARNING, "round %s: no CU returned a result; the global model is unchanged", t)
             return None, None
-        self.server.absorb_results(t, results)
+        self.server.absorb_round(t, fold, {c: float(m["train-loss"]) for c, m in clients.items()})
+        del fold
         if self.cfg.save_client_weights:
-            self.run_log.save_weights(t, results, self.server.global_model.parts())
-        record.measured_s["aggregate_s"] = time.time() - t0
+            self.run_log.save_global_weights(t, self.server.global_model.parts())
+        record.measured_s["aggregate_s"] = fold_s + time.time() - t0
+        return self._round_metrics(record, clients)
+
+    def _fold_reply(self, t: int, reply: Message, cluster: int, fold: RoundFold, clients: dict[int, dict]) -> None:
+        """Check CU ``cluster``'s reply (reply_checks) and fold it in; a bad reply is the round's failure."""
+        record = self.record
+        assert record is not None
+        try:
+            weights, metrics = read_reply(reply)
+            parts = unpack_weights(weights)
+            check_reply(
+                parts, metrics, self.server.global_model.expected_reply(cluster), self.server.max_examples_per_round
+            )
+            profile = read_profile(metrics, t) if self.server.planner.uses_profiles else None
+            fold.add(cluster, parts, float(metrics[NUM_EXAMPLES]))  # refused whole or folded whole
+        except CollaPipeError as err:
+            record.fail(cluster, str(err))
+            log(WARNING, "round %s: cluster %s refused: %s (aggregating the other CUs)", t, cluster, err)
+            return
+        if self.cfg.save_client_weights:
+            self.run_log.save_cluster_weights(t, cluster, parts, int(metrics[NUM_EXAMPLES]))
+        clients[cluster] = metrics
+        if profile is not None:
+            record.profiles[str(cluster)] = self.server.planner.absorb_profile(cluster, profile).to_dict()
+
+    def _round_metrics(self, record: RoundRecord, clients: dict[int, dict]) -> tuple[ArrayRecord, MetricRecord]:
+        """The round's record (example-weighted train loss, each CU's metrics, the overhead) and Flower's return."""
         # what a round costs beyond the CUs' training loops (messages, weight loads, set-up, aggregation)
-        train_s = max(float(m.get("seconds-train", 0.0)) for _, _, m in results)
+        train_s = max(float(m.get("seconds-train", 0.0)) for m in clients.values())
         record.measured_s["overhead_s"] = time.time() - record.started_at - train_s
-        n_ex = [float(m[NUM_EXAMPLES]) for _, _, m in results]
-        record.train_loss = sum(float(m["train-loss"]) * w for (_, _, m), w in zip(results, n_ex)) / max(sum(n_ex), 1.0)
-        record.clients = {str(c): dict(m) for c, _, m in results}
-        agg = MetricRecord({"train-loss": record.train_loss, NUM_EXAMPLES: int(sum(n_ex))})
+        n_ex = {c: float(m[NUM_EXAMPLES]) for c, m in clients.items()}
+        total = sum(n_ex.values())
+        record.train_loss = sum(float(m["train-loss"]) * n_ex[c] for c, m in clients.items()) / max(total, 1.0)
+        record.clients = {str(c): dict(m) for c, m in clients.items()}
+        agg = MetricRecord({"train-loss": record.train_loss, NUM_EXAMPLES: int(total)})
         return self.server.global_model.array_record(), agg
 
     # ------------------------------------------------------------------ evaluation (server side)
