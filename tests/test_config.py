@@ -97,3 +97,16 @@ def test_device_resource_names_device_ks_ray_resource_and_needs_no_quoting_in_an
 def test_a_device_resource_that_is_no_resource_name_is_refused():
     with pytest.raises(ConfigError, match=r"runtime.device_resource='device k'.*letters, digits and _"):
         load_run_config(["runtime.device_resource='device k'"])
+
+
+def test_federation_long_on_ner_carries_the_central_ner_recipe_and_overrides_still_win():
+    """docs/central_training.md's NER recipe (b 32, 128 tokens, the MSRA supplement, lr 7e-4, 100 warm-up steps to
+    0.05x, dropout 0.2), written out here by hand; other tasks and sizes keep the task and model defaults."""
+    cfg = compose(["task=ner", "federation=long"])
+    assert (cfg["task"]["batch_size"], cfg["task"]["max_len"]) == (32, 128)
+    assert cfg["task"]["extra_train_files"] == ["chinese_ner/supplementary_msra/msra_bio.txt"]
+    assert (cfg["model"]["dropout"], cfg["model"]["optimizer"]["lr"]) == (0.2, 0.0007)
+    assert cfg["model"]["lr_schedule"]["warmup_steps"] == 100 and cfg["model"]["lr_schedule"]["min_factor"] == 0.05
+    assert compose(["task=ner", "federation=long", "task.batch_size=16"])["task"]["batch_size"] == 16
+    assert compose(["task=ner"])["task"]["batch_size"] == 64  # federation=small: Table II's b
+    assert compose(["task=classification", "federation=long"])["model"]["dropout"] == 0.1
