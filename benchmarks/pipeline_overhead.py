@@ -10,6 +10,10 @@ tokens, token-classification head, Adam. Prints one ``name: value`` per line:
   steps; pipelined and plain steps alternate, so both see the same background load (the machine may be
   shared); ``step_ratio_fastest_S{S}_m{m}``: the same with the fastest step of each (less sensitive to
   bursts of load from other jobs);
+- the two fair figures (``--fair``, on by default; :func:`fair_figures`): ``overhead_ratio_equal_cores`` (S = 1,
+  m = 1, one device actor with one core and one torch thread, the CU on one thread, over the plain model on one
+  thread: what the framework costs) and ``device_speedup_S2_m4`` (S = 2, m = 4 with one core per device over
+  S = 1, m = 1 with one core: what a second device buys; GPipe's limit is (m + S - 1) / (S m) = 0.625);
 - ``mem_ratio_S{S}``: max over devices of (params + Adam state + peak saved activations) / the same
   count for the plain model (embedding + encoder + head, whole batch), both measured with
   ``SavedTensorMeter`` / ``memory_report``; ``mem_ratio_encoder_S{S}`` compares with the plain
@@ -153,6 +157,39 @@ def pipeline_figures(
     return medians, peak
 
 
+def fair_figures(batch, warmup: int, steps: int, pin: str) -> dict[str, float]:
+    """Issue 30's fair pipeline figures (module docstring): every device actor gets one core (``pin``) and one torch
+    thread, the CU (embedding, head, driver) one thread, the plain model one thread. The three trainers' steps
+    alternate, so they see the same background load; medians of ``steps`` steps after ``warmup``."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    plain = PlainTrainer(1)
+    runtime = ClusterRuntime(RuntimeSpec(backend="ray", precision="fp32", pin_threads=pin), actor_threads=1)
+    times: dict[str, list[float]] = {"plain": [], "S1_m1": [], "S2_m4": []}
+    one, two = make_model(), make_model()
+    head_one, head_two = LocalHead(one.head, SPEC), LocalHead(two.head, SPEC)
+    with (
+        ClusterPipeline(one.embedding, one.blocks, DELTAS[1], SPEC, runtime=runtime) as pipe_one,
+        ClusterPipeline(two.embedding, two.blocks, DELTAS[2], SPEC, runtime=runtime) as pipe_two,
+    ):
+        for i in range(warmup + steps):
+            plain_s = plain.step(batch)
+            one_s = pipe_one.train_step(batch, 1, head_one).timings.total
+            two_s = pipe_two.train_step(batch, 4, head_two).timings.total
+            if i >= warmup:
+                for key, value in (("plain", plain_s), ("S1_m1", one_s), ("S2_m4", two_s)):
+                    times[key].append(value)
+    torch.set_num_threads(previous)
+    median = {key: statistics.median(values) for key, values in times.items()}
+    return {
+        "fair_plain_step_s_threads1": median["plain"],
+        "fair_step_s_S1_m1": median["S1_m1"],
+        "fair_step_s_S2_m4": median["S2_m4"],
+        "overhead_ratio_equal_cores": median["S1_m1"] / median["plain"],
+        "device_speedup_S2_m4": median["S2_m4"] / median["S1_m1"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)
@@ -167,6 +204,8 @@ def main() -> None:
         default="false",
         help="runtime.pin_threads (default false, as conf/): each device actor on its own cores (auto: >= S cores)",
     )
+    parser.add_argument("--no-fair", dest="fair", action="store_false", help="skip the two fair figures")
+    parser.add_argument("--fair-only", action="store_true", help="only the two fair figures")
     parser.add_argument(
         "--actor-threads",
         type=int,
@@ -184,6 +223,14 @@ def main() -> None:
     print(f"cores: {cores}")
     print(f"pin_threads: {args.pin}")
     print(f"load_avg_1min: {os.getloadavg()[0]:.2f}")
+    if args.fair or args.fair_only:
+        fair_pin = "true" if args.pin == "false" else args.pin  # one core per device actor
+        for name, value in fair_figures(batch, args.warmup, args.steps, fair_pin).items():
+            print(f"{name}: {value:.4f}")
+        if args.fair_only:
+            print(f"load_avg_1min_end: {os.getloadavg()[0]:.2f}")
+            ray.shutdown()
+            return
     plain_1, _, _ = plain_model_figures(batch, args.warmup, args.steps, threads=1)
     plain_n, plain_peak, plain_enc_peak = plain_model_figures(batch, args.warmup, args.steps, threads=cores)
     torch.set_num_threads(cores)

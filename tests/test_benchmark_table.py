@@ -23,8 +23,13 @@ def test_figures_are_read_from_name_value_lines():
 def test_rows_say_met_missed_and_not_measured():
     rows = {r.figure: r for r in run_all.rows("dp", "pipe", "dssra")}
     figures = {"step_ratio_S2_m4": 1.42, "data_plane_ms_median": 2.5, "plain_step_s": 0.1}
+    figures |= {"overhead_ratio_equal_cores": 1.05, "device_speedup_S2_m4": 0.8}
     pipe = rows["pipeline step, S = 2, m = 4, vs the plain model"].cells(figures)
-    assert pipe[1:4] == ["1.42 x", "<= 0.75 x", "no"]
+    assert pipe[1:4] == ["1.42 x", "-", "-"]  # all cores against one per device: context, not a target
+    overhead = rows["framework overhead: S = 1, m = 1, one core, vs the plain model on one core"].cells(figures)
+    assert overhead[1:4] == ["1.05 x", "<= 1.1 x", "yes"]
+    speedup = rows["pipeline speed-up: S = 2, m = 4, one core per device, vs S = 1, m = 1 on one core"].cells(figures)
+    assert speedup[1:4] == ["0.8 x", "<= 0.75 x", "no"]
     dp = rows["data plane, one 64 x 32 x 256 fp32 exchange"].cells(figures)
     assert dp[1:4] == ["2.5 ms", "<= 3 ms", "yes"]
     share = rows["data plane exchange / plain BERT-small step (32 x 64)"].cells(figures)
@@ -36,7 +41,7 @@ def test_rows_say_met_missed_and_not_measured():
 def test_pipeline_grid_and_schedule_memory_rows_read_their_figures():
     rows = {r.figure: r for r in run_all.rows("dp", "pipe", "dssra", "mem")}
     grid = [f for f in rows if f.startswith("pipeline step, ")]
-    assert len(grid) == 13  # S = 2, m = 4 (medians, with its target), then S = 1, 2, 3 x m = 1, 2, 4, 8
+    assert len(grid) == 13  # S = 2, m = 4 (medians), then S = 1, 2, 3 x m = 1, 2, 4, 8
     figures = {"step_ratio_fastest_S3_m8": 0.91, "step_ratio_S3_m8": 5.0, "peak_ratio_1f1b_vs_gpipe_S2_m8": 0.62}
     fastest = rows["pipeline step, S = 3, m = 8, vs the plain model, fastest steps"].cells(figures)
     assert fastest[1:4] == ["0.91 x", "-", "-"]
