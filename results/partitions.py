@@ -66,14 +66,16 @@ def run_job(root: Path, job: Job) -> bool:
     return campaign.run_job(root, job.name, job.overrides, flat=f"task='{job.task}'")
 
 
-def final_metric(folder: Path, metric: str) -> tuple[float | None, dict]:
-    """The last evaluated round's validation metric and the last record's partitions (None: not finished)."""
+def final_metric(folder: Path, metric: str) -> tuple[float | None, dict, float | None]:
+    """The last evaluated round's validation metric, the last record's partitions and, for a domain run, the
+    metric on the extra corpus's own held-out validation (``val_<metric>_domain1``; None: not finished / none)."""
     if not (folder / "summary.json").is_file():
-        return None, {}
+        return None, {}, None
     records = [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
     scored = [r for r in records if f"val_{metric}" in r]
     value = float(scored[-1][f"val_{metric}"]) if scored else None
-    return value, records[-1].get("partitions", {})
+    domain = scored[-1].get(f"val_{metric}_domain1") if scored else None
+    return value, records[-1].get("partitions", {}), None if domain is None else float(domain)
 
 
 def sizes(partitions: dict) -> str:
@@ -88,19 +90,21 @@ def sizes(partitions: dict) -> str:
 
 def report(root: Path, tasks: list[str], seed: int) -> str:
     lines = [
-        "| task | partition | final validation metric | vs IID | clusters: examples (largest label's share) |",
-        "|---|---|---|---|---|",
+        "| task | partition | final validation metric | vs IID | the extra domain's own validation | "
+        "clusters: examples (largest label's share) |",
+        "|---|---|---|---|---|---|",
     ]
     for task in tasks:
         metric = METRICS[task]
-        iid, _ = final_metric(root / Job(task, "iid", seed).name, metric)
+        iid, _, _ = final_metric(root / Job(task, "iid", seed).name, metric)
         for kind in KINDS[task]:
-            value, parts = final_metric(root / Job(task, kind, seed).name, metric)
+            value, parts, domain = final_metric(root / Job(task, kind, seed).name, metric)
             if value is None:
-                lines.append(f"| {task} | {kind} | not run yet | | |")
+                lines.append(f"| {task} | {kind} | not run yet | | | |")
                 continue
             versus = f"{value - iid:+.3f}" if iid is not None and kind != "iid" else ""
-            lines.append(f"| {task} | {kind} | {metric} {value:.3f} | {versus} | {sizes(parts)} |")
+            own = "" if domain is None else f"{metric} {domain:.3f}"
+            lines.append(f"| {task} | {kind} | {metric} {value:.3f} | {versus} | {own} | {sizes(parts)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -78,6 +78,18 @@ def test_domain_partition_gives_toutiao_and_tnews_their_own_clusters(data_dir):
     # Toutiao's 24000 titles first, then TNEWS's: clusters 0 and 2 share Toutiao, cluster 1 reads TNEWS alone
     assert sorted(parts[1]) == list(range(24000, len(task.train_examples())))
     assert all(i < 24000 for i in parts[0] + parts[2]) and {len(parts[0]), len(parts[2])} == {12000}
+    # TNEWS keeps min(1000, 10%) of its titles out of training as its own validation; Toutiao keeps its val file
+    tnews = read_titles(data_dir / extra["extra_train_files"][0])
+    held = task.examples("val_domain1")
+    assert task.domain_validation_splits() == ["val_domain1"]
+    assert len(held) == min(1000, len(tnews) // 10) and len(task.train_examples()) == 24000 + len(tnews) - len(held)
+    assert Counter(task.train_examples()[24000:] + held) == Counter(tnews)  # disjoint, and nothing lost
+    again = build_task(*specs("classification", "bert_tiny", extra), data_dir, seed=5)
+    assert again.examples("val_domain1") == held  # the same held-out titles whatever the run's seed
+    iid = build_task(*specs("classification", "bert_tiny", {**extra, "partition": "iid"}), data_dir, seed=0)
+    assert iid.domain_validation_splits() == [] and len(iid.train_examples()) == 24000 + len(tnews)
+    with pytest.raises(ConfigError, match="val_domain2.*partition=domain"):
+        task.examples("val_domain2")
 
 
 def test_malformed_lines_name_file_and_line(tmp_path):

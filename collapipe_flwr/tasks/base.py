@@ -19,6 +19,7 @@ import torch
 
 from collapipe_flwr.accelerator import batch_to, module_device
 from collapipe_flwr.errors import ConfigError, DataFormatError
+from collapipe_flwr.tasks import domain_validation
 from collapipe_flwr.tasks.batching import batch_order
 from collapipe_flwr.tasks.partition import LABEL_SCHEMES, partition_indices
 
@@ -101,17 +102,40 @@ class Task(ABC):
 
     def _split_examples(self, split: str) -> tuple:
         if split not in self._examples:
+            if domain_validation.SPLIT.fullmatch(split):
+                return self._domain_validation(split)
             if self.spec.hf_enabled:
                 self._examples[split] = tuple(self.read_hf_split(split, self.spec.hf_dataset))
             else:
                 self._examples[split] = tuple(self.read_split(split))
             if not self._examples[split]:
                 raise DataFormatError(f"the {self.name} {split} split has no examples; check the task's {split} files")
+            if split == "train" and self.spec.partition == "domain" and len(self._corpus_sizes) > 1:
+                train, self._corpus_sizes, held = domain_validation.hold_out(self._examples[split], self._corpus_sizes)
+                self._examples[split] = tuple(train)
+                self._examples.update({name: tuple(examples) for name, examples in held.items()})
         return self._examples[split]
 
+    def _domain_validation(self, split: str) -> tuple:
+        """A domain's held-out validation examples (tasks/domain_validation.py), read with the training split."""
+        self._split_examples("train")
+        if split not in self._examples:
+            raise ConfigError(
+                f"split {split!r} exists only with task.partition=domain and that many task.extra_train_files; "
+                f"this run has {len(self._corpus_sizes) - 1}"
+            )
+        return self._examples[split]
+
+    def domain_validation_splits(self) -> list[str]:
+        """``val_domain<d>`` of each extra training corpus under ``task.partition: domain`` (else none)."""
+        if self.spec.partition != "domain":
+            return []
+        self._split_examples("train")
+        return sorted((s for s in self._examples if domain_validation.SPLIT.fullmatch(s)), key=lambda s: int(s[10:]))
+
     def examples(self, split: str) -> tuple:
-        if split not in SPLITS:
-            raise ConfigError(f"split {split!r} is not one of {', '.join(SPLITS)}")
+        if split not in SPLITS and not domain_validation.SPLIT.fullmatch(split):
+            raise ConfigError(f"split {split!r} is not one of {', '.join(SPLITS)} (or val_domain<d>)")
         return self._split_examples(split)
 
     def features(self, split: str) -> list[dict]:

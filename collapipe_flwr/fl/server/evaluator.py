@@ -1,4 +1,6 @@
-"""Evaluation of the full model (embedding -> encoder -> the server's head) on the validation split.
+"""Evaluation of the full model (embedding -> encoder -> the server's head) on the validation split (and, under
+``task.partition: domain``, on each extra domain's held-out validation: ``<metric>_domain<d>``,
+tasks/domain_validation.py).
 
 Runs between rounds on the server, holding the decoder's lock so no late data-plane step changes the
 head mid-evaluation; without aggregation it scores each cluster's own embedding + encoder with the
@@ -48,12 +50,20 @@ class Evaluator:
         model.eval()
         try:
             with torch.no_grad(), autocast(self.precision, self.device.type):
-                metrics = self.task.evaluate(
-                    model, max_examples=ev.max_examples, batch_size=ev.batch_size, beam_size=ev.beam_size
-                )
+                metrics: dict[str, float] = {}
+                for split in ["val", *self.task.domain_validation_splits()]:  # domain splits: task.partition=domain
+                    scores = self.task.evaluate(
+                        model,
+                        max_examples=ev.max_examples,
+                        batch_size=ev.batch_size,
+                        beam_size=ev.beam_size,
+                        split=split,
+                    )
+                    suffix = "" if split == "val" else "_" + split.removeprefix("val_")
+                    metrics.update({f"{k}{suffix}": v for k, v in scores.items()})
         finally:
             model.train()
-        return dict(metrics)
+        return metrics
 
 
 def on_device(model: SplitModel, device: torch.device) -> SplitModel:
