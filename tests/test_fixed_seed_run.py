@@ -28,11 +28,12 @@ OVERRIDES = (
     "network.device.per_microbatch_s=0 scheduler.max_m=8 scheduler.convergence.grad_bound=1.0 "
     "scheduler.convergence.interference_c=0.01 scheduler.convergence.gamma_max=0.01"
 )
-WALL_CLOCK = ("seconds", "elapsed", "measured", "pids", "device-compute", "peak")
+# fields that differ between any two runs: times, and where the processes ran (pids, network namespaces)
+WALL_CLOCK = ("seconds", "elapsed", "measured", "pids", "netns", "device-compute", "peak")
 
 
 def _behaviour(value, key: str = ""):
-    """The record without wall-clock fields (they differ between any two runs)."""
+    """The record without wall-clock and process fields (they differ between any two runs)."""
     if isinstance(value, dict):
         return {k: _behaviour(v, k) for k, v in value.items() if not any(w in k for w in WALL_CLOCK)}
     if isinstance(value, list):
