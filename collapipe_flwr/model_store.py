@@ -11,6 +11,11 @@ A run folder holds ``model/`` with::
 ``config`` is the composed run config (at least task, model, seed, data_dir), so :func:`load_model`
 rebuilds the same task and model and loads the weights strictly. Every file is written atomically and
 model.json last: a folder with model.json is complete.
+
+A LoRA model (``model.lora.enabled``) saves only what trained: each part's file holds its trainable tensors
+(the adapters of the TEBs; an empty file for a frozen part) and model.json records ``"tensors": "trainable"``.
+The frozen base is the config's reference: ``model.hf_folder`` (the base model's folder), or the inline
+architecture and seed that rebuild it; :func:`load_model` rebuilds it that way and loads the adapters over it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch
 from collapipe_flwr.config import resolve_data_dir
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.models.split import PARTS
+from collapipe_flwr.models.trainable import trainable_names
 from collapipe_flwr.tasks.data_files import resolve_file
 from collapipe_flwr.tasks.registry import build_task
 from collapipe_flwr.tasks.spec import parse_model, parse_task
@@ -65,15 +71,27 @@ def _atomic(path: Path, write: Callable[[str], object]) -> None:
         raise
 
 
-def _tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The module's state dict as contiguous CPU tensors, each with its own storage (tied weights are cloned)."""
-    return {name: t.detach().to("cpu").contiguous().clone() for name, t in module.state_dict().items()}
+def _tensors(module: torch.nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+    """The module's state dict as contiguous CPU tensors, each with its own storage (tied weights are cloned);
+    ``trainable_only``: the tensors of its trainable parameters only (LoRA: the adapters)."""
+    keep = trainable_names(module) if trainable_only else None
+    return {
+        name: t.detach().to("cpu").contiguous().clone()
+        for name, t in module.state_dict().items()
+        if keep is None or name in keep
+    }
 
 
-def _save_part(path: Path, module: torch.nn.Module, part: str) -> None:
+def adapters_only(config: Mapping[str, Any]) -> bool:
+    """Whether the config's model trains LoRA adapters only (``model.lora.enabled``): then only they are saved."""
+    lora = (config.get("model") or {}).get("lora") or {}
+    return bool(isinstance(lora, Mapping) and lora.get("enabled"))
+
+
+def _save_part(path: Path, module: torch.nn.Module, part: str, trainable_only: bool = False) -> None:
     from safetensors.torch import save_file
 
-    tensors = _tensors(module)
+    tensors = _tensors(module, trainable_only)
     _atomic(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt", "part": part}))
 
 
@@ -100,10 +118,12 @@ def save_model(
         target.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"cannot create {target}: {err.strerror}; pick a writable folder to save the model") from None
+    partial = adapters_only(config)
     for part, module in zip(PARTS, (embedding, blocks, head)):
-        _save_part(target / f"{part}.safetensors", module, part)
+        _save_part(target / f"{part}.safetensors", module, part, partial)
     meta = {
         "format": FORMAT,
+        "tensors": "trainable" if partial else "all",
         "config": dict(config),
         "info": dict(info or {}),
         "tokenizer": describe_tokenizer(task, target) if task is not None else _tokenizer_config(config["task"]),
@@ -128,6 +148,15 @@ def _copy(source: Path, dest: Path) -> None:
 def describe_tokenizer(task, target: Path) -> dict:
     """Copy the task's tokenizer files to ``target/tokenizer/`` and describe them (kind, sizes, sources)."""
     folder = Path(target) / TOKENIZER_DIR
+    tokenizer: Any = task.tokenizer() if callable(getattr(task, "tokenizer", None)) else None
+    if callable(getattr(tokenizer, "save_pretrained", None)) and not task.options.get("vocab_file"):
+        tokenizer.save_pretrained(str(folder))  # a Hugging Face tokenizer (causal_lm): its own folder format
+        return {
+            "kind": "hf_tokenizer",
+            "library": "transformers",
+            "vocab_size": len(tokenizer),
+            "folder": TOKENIZER_DIR,
+        }
     if callable(getattr(task, "tokenizers", None)):  # translation: one trained subword tokenizer per side
         settings = dict(task.options.get("tokenizer") or {})
         hf = dict(task.spec.hf_dataset)
@@ -239,7 +268,7 @@ def _fit_problem(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> 
     return "; ".join(problems)
 
 
-def _load_part(path: Path, module: torch.nn.Module, cfg: Mapping[str, Any]) -> None:
+def _load_part(path: Path, module: torch.nn.Module, cfg: Mapping[str, Any], partial: bool = False) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -249,7 +278,9 @@ def _load_part(path: Path, module: torch.nn.Module, cfg: Mapping[str, Any]) -> N
         state = load_file(str(path))
     except (OSError, SafetensorError) as err:
         raise ConfigError(f"cannot read {path} ({err}); the file is damaged, save the model again") from None
-    problem = _fit_problem(module, state)
+    problem = _fit_problem(module, {**module.state_dict(), **state} if partial else state)
+    if partial and not problem and set(state) != trainable_names(module):
+        problem = f"{len(state)} saved tensors for the {len(trainable_names(module))} trainable ones of the config"
     if problem:
         raise ConfigError(
             f"{path.name} does not fit task={cfg['task'].get('name')!r} model={cfg['model'].get('name')!r} "
@@ -262,7 +293,7 @@ def _load_part(path: Path, module: torch.nn.Module, cfg: Mapping[str, Any]) -> N
             f"{path} holds NaN or infinite values in {bad}: the run that saved it diverged; evaluate a model saved "
             "before it diverged, or train again with a lower learning rate"
         )
-    module.load_state_dict(state, strict=True)
+    module.load_state_dict(state, strict=not partial)
 
 
 def load_model(
@@ -297,6 +328,7 @@ def load_model(
     )
     model = task.build_model(seed)
     _check_tokenizer(task, meta.get("tokenizer") or {}, model_dir)
+    partial = meta.get("tensors") == "trainable"  # LoRA: the adapters over the base the config rebuilds
     for part, module in zip(PARTS, model.parts()):
-        _load_part(model_dir / f"{part}.safetensors", module, cfg)
+        _load_part(model_dir / f"{part}.safetensors", module, cfg, partial)
     return cfg, task, model

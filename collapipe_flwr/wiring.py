@@ -48,6 +48,12 @@ def build_model(task: Task, cfg: AnyConfig) -> SplitModel:
     return task.build_model(cfg.seed)
 
 
+def embedding_travels(cfg: AnyConfig) -> bool:
+    """Whether CUs train and return the embedding (eq. 11): ``federation.embedding: trained`` and not frozen by
+    LoRA (``model.lora.enabled``: the CU's embedding is a frozen base weight, only the adapters travel)."""
+    return cfg.federation.embedding == "trained" and not cfg.model.adapters_only
+
+
 def check_partitions(cfg: AnyConfig, num_partitions: int) -> None:
     """A CU's num-partitions (node config) must equal federation.num_clusters (run config)."""
     if num_partitions != cfg.federation.num_clusters:

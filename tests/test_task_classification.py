@@ -109,7 +109,7 @@ def test_malformed_lines_name_file_and_line(tmp_path):
 
 
 def test_registry_and_config_validation():
-    assert set(TASKS) == {"translation", "ner", "classification"}
+    assert set(TASKS) == {"translation", "ner", "classification", "causal_lm"}
     validate_task_config(_cfg("task", "classification"), _cfg("model", "bert_small"))
     with pytest.raises(ConfigError, match="model.family='transformer' cannot run task 'classification'"):
         validate_task_config(_cfg("task", "classification"), _cfg("model", "transformer_small"))

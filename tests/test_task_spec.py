@@ -106,7 +106,7 @@ def test_missing_or_unknown_task():
     with pytest.raises(ConfigError, match="task.name is missing"):
         parse_task({"batch_size": 4})
     with pytest.raises(
-        ConfigError, match="task.name='poetry' is not a known task; pick one of classification, ner, transl"
+        ConfigError, match="task.name='poetry' is not a known task; pick one of causal_lm, classification, ner, transl"
     ):
         parse_task({"name": "poetry"})
 

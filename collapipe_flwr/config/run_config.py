@@ -234,6 +234,11 @@ def _check_privacy(cfg: RunConfig) -> None:
             f"privacy.mode={cfg.privacy.mode} clips each CU's whole update, which needs the embedding returned; "
             "set federation.embedding=trained or privacy.mode=none"
         )
+    if cfg.privacy.enabled and cfg.model.adapters_only:
+        raise ConfigError(
+            f"privacy.mode={cfg.privacy.mode} clips each CU's whole update, but with model.lora.enabled a CU returns "
+            "only its adapters; set model.lora.enabled=false or privacy.mode=none"
+        )
 
 
 def _choice(key: str, value: object, choices: tuple[str, ...]) -> str:

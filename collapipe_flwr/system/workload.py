@@ -40,6 +40,10 @@ class Workload:
     extra_upload_bytes: what the CU uploads besides the encoder (the embedding table), once per round.
     head_bytes: parameter bytes of the server-side head (decoder / task head); only a method that trains the
     head on the devices and aggregates it (vanilla_fl) uploads it (dssra/methods.py).
+    trainable_bytes[l]: bytes of block l's TRAINABLE parameters when only some train (LoRA: the adapters
+    theta_LoRA); () = every parameter trains. They, not param_bytes, are what the CU uploads (eq. 11, the bits
+    of C9 / eq. 26) and what takes gradients and optimizer slots in gamma_0 (C7); the frozen base weights
+    still occupy param_bytes of memory.
     """
 
     forward_flops: tuple[float, ...]
@@ -52,6 +56,7 @@ class Workload:
     optimizer_slots: int = 2
     extra_upload_bytes: float = 0.0
     head_bytes: float = 0.0
+    trainable_bytes: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         L = len(self.forward_flops)
@@ -63,6 +68,10 @@ class Workload:
             raise ConfigError("workload batch_size and steps_per_round must be >= 1")
         if not self.head_bytes >= 0:
             raise ConfigError(f"workload head_bytes={self.head_bytes!r} must be >= 0")
+        if self.trainable_bytes and len(self.trainable_bytes) != L:
+            raise ConfigError(
+                f"workload.trainable_bytes needs L = {L} entries (or none), got {len(self.trainable_bytes)}"
+            )
 
     @property
     def num_blocks(self) -> int:
@@ -88,16 +97,29 @@ class Workload:
         """theta^enc: bytes of all L blocks."""
         return float(sum(self.param_bytes))
 
+    @property
+    def encoder_upload_bytes(self) -> float:
+        """What of theta^enc a CU uploads: the trainable bytes of all L blocks (all of theta^enc without LoRA)."""
+        return float(sum(self.trainable_bytes)) if self.trainable_bytes else self.encoder_bytes
+
+    def weight_memory_bytes(self) -> float:
+        """The weight part of gamma_0 (C7) for one TEB: its weights, plus gradients and optimizer slots of the
+        parameters that train (all of them without LoRA: weights x (2 + slots))."""
+        if not self.trainable_bytes:
+            return max(self.param_bytes) * (2 + self.optimizer_slots)
+        return max(self.param_bytes) + max(self.trainable_bytes) * (1 + self.optimizer_slots)
+
     def block_memory_bytes(self) -> float:
         """gamma_0 (C7): memory to train one TEB: weights + gradients + optimizer slots + the saved
         activations of all b samples (GPipe keeps every micro-batch's activations until its backward)."""
-        weights = max(self.param_bytes) * (2 + self.optimizer_slots)
+        weights = self.weight_memory_bytes()
         return float(weights + max(self.saved_bytes) * self.batch_size)
 
     def uplink_bits(self) -> float:
-        """Bits CU n sends the BS per round (eq. 11): z_enc of every local step + theta^enc (+ embedding)."""
+        """Bits CU n sends the BS per round (eq. 11): z_enc of every local step + theta^enc (+ embedding); of
+        theta^enc only the trainable tensors (LoRA: the adapters)."""
         z_enc = self.boundary_bytes[-1] * self.batch_size * self.steps_per_round
-        return 8.0 * (z_enc + self.encoder_bytes + self.extra_upload_bytes)
+        return 8.0 * (z_enc + self.encoder_upload_bytes + self.extra_upload_bytes)
 
     def to_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -178,12 +200,14 @@ def measure_workload(
     """Count o_l, o'_l, saved activations and sizes on the real ``blocks`` with a probe ``hidden`` [B, T, H].
 
     ``batch_size`` is b (default: the probe's B); ``embedding`` adds its parameters to the upload; ``head``
-    (the server-side decoder / task head) sets ``head_bytes``, which vanilla_fl uploads.
+    (the server-side decoder / task head) sets ``head_bytes``, which vanilla_fl uploads. Uploads count the
+    trainable parameters; blocks with frozen ones (LoRA) also set ``trainable_bytes``.
     """
     if hidden.dim() != 3:
         raise ConfigError(f"measure_workload needs hidden of shape [B, T, H], got {tuple(hidden.shape)}")
     B = int(hidden.shape[0])
     fwd, bwd, saved, params, boundary = [], [], [], [], [float(hidden[0].numel() * bytes_per_param)]
+    trainable = [_count_bytes(blk, bytes_per_param, trainable=True) for blk in blocks]
     x = hidden.detach()
     extra = _extra_flop_formulas()
     was_training = [blk.training for blk in blocks]
@@ -198,14 +222,12 @@ def measure_workload(
             out.backward(torch.ones_like(out))
         bwd.append(counter.get_total_flops() / B)
         blk.zero_grad(set_to_none=True)
-        params.append(float(sum(p.numel() for p in blk.parameters()) * bytes_per_param))
+        params.append(_count_bytes(blk, bytes_per_param))
         boundary.append(float(out[0].numel() * bytes_per_param))
         x = out.detach()
     for blk, mode in zip(blocks, was_training):
         blk.train(mode)
-    embedding_bytes = (
-        float(sum(p.numel() for p in embedding.parameters()) * bytes_per_param) if embedding is not None else 0.0
-    )
+    embedding_bytes = _count_bytes(embedding, bytes_per_param, trainable=True) if embedding is not None else 0.0
     return Workload(
         forward_flops=tuple(fwd),
         backward_flops=tuple(bwd),
@@ -215,5 +237,11 @@ def measure_workload(
         batch_size=int(batch_size or B),
         steps_per_round=int(steps_per_round),
         extra_upload_bytes=embedding_bytes,
-        head_bytes=float(sum(p.numel() for p in head.parameters()) * bytes_per_param) if head is not None else 0.0,
+        head_bytes=_count_bytes(head, bytes_per_param, trainable=True) if head is not None else 0.0,
+        trainable_bytes=tuple(trainable) if trainable != params else (),
     )
+
+
+def _count_bytes(module: nn.Module, bytes_per_param: int, trainable: bool = False) -> float:
+    """Bytes of ``module``'s parameters (``trainable``: of those with requires_grad only)."""
+    return float(sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable) * bytes_per_param)

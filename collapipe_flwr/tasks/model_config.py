@@ -1,13 +1,16 @@
 """A :class:`~collapipe_flwr.tasks.spec.ModelSpec` -> a SplitModel from collapipe_flwr.models.
 
 The spec gives the family's sizes, ``dropout``, ``max_len`` (positions) and for BERT ``pretrained_dir``
-("" = random init); the task adds what the data decides: vocabulary sizes, pad id, number of labels.
+("" = random init), for a Hugging Face causal LM its folder or inline type and LoRA; the task adds what the
+data decides: vocabulary sizes, pad id, number of labels, the tokenizer's special ids.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.models.transformer import build_transformer
 
 if TYPE_CHECKING:  # spec.py imports the registry, which imports the tasks that import this module
@@ -54,3 +57,33 @@ def build_bert_model(model: ModelSpec, vocab_size: int, head: str, num_labels: i
         num_labels=num_labels,
         pretrained_dir=model.pretrained_dir or None,
     )
+
+
+def build_causal_lm(model: ModelSpec, vocab_size: int, special_ids: Mapping[str, int]):
+    """A Hugging Face causal LM cut into embedding (CU) | L TEBs (devices, segments delta_k) | norm + LM head
+    (server): from ``model.hf_folder``, else from scratch (``model_type`` and sizes, the tokenizer's vocabulary);
+    with ``model.lora.enabled`` LoRA adapters on every TEB and every base weight frozen (models/hf/lora.py)."""
+    from collapipe_flwr.models.hf import apply_lora, load_hf_model, lora_config, split_hf_model
+    from collapipe_flwr.models.hf_arch import inline_config
+
+    hf = model.hf
+    if hf is None:
+        raise ConfigError(f"model {model.name!r} is a {model.family} model; a causal LM task needs family: hf")
+    if hf.from_folder:
+        net = load_hf_model(hf.hf_folder, "causal_lm", allow_hub=hf.allow_hub)
+        if int(net.config.vocab_size) < vocab_size:
+            raise ConfigError(
+                f"{hf.hf_folder} has vocab_size={net.config.vocab_size} but its tokenizer has {vocab_size} tokens; "
+                "the folder's weights and tokenizer files do not belong together"
+            )
+    else:
+        sizes = {**model.sizes, "max_len": model.max_len}
+        config = inline_config(hf.model_type, sizes, vocab_size, model.dropout, special_ids, model.tie_embeddings)
+        net = load_hf_model(config, "causal_lm")
+    split = split_hf_model(net)
+    if hf.lora.enabled:
+        lora = hf.lora
+        targets = lora.target_modules or None
+        config = lora_config(hf.model_type, lora.r, lora.alpha, lora.dropout, targets)
+        apply_lora(split, config, train_head=lora.train_head)
+    return split

@@ -61,7 +61,7 @@ TASKS: Mapping[str, type[Task]] = _TaskRegistry()
 def task_class(name: Any) -> type[Task]:
     """The Task class of ``task.name``; a one-line ConfigError when none has that name."""
     if not name:
-        raise ConfigError("task.name is missing; pick task=<translation|ner|classification>")
+        raise ConfigError("task.name is missing; pick task=<translation|ner|classification|causal_lm>")
     try:
         return TASKS[name]
     except KeyError:

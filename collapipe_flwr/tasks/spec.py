@@ -19,6 +19,7 @@ from typing import Any
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.spec_parsing import mapping, require
+from collapipe_flwr.tasks.hf_spec import HF_KEYS, HfSpec, parse_hf
 from collapipe_flwr.tasks.lr_schedule import LrScheduleSpec, parse_lr_schedule
 from collapipe_flwr.tasks.partition import QUANTITY_SHAPES, SCHEMES
 from collapipe_flwr.tasks.registry import task_class
@@ -40,7 +41,9 @@ __all__ = [
 SIZE_KEYS: dict[str, tuple[str, ...]] = {
     "transformer": ("d_model", "n_heads", "d_ff", "enc_layers", "dec_layers"),
     "bert": ("hidden", "n_heads", "d_ff", "layers"),
+    "hf": ("hidden", "n_heads", "d_ff", "layers"),  # a Hugging Face causal LM (tasks/hf_spec.py)
 }
+DEFAULT_MODELS = {"transformer": "transformer_small", "bert": "bert_small", "hf": "gpt2_tiny"}
 FAMILIES = tuple(SIZE_KEYS)
 _MODEL_KEYS = (
     "description",
@@ -158,8 +161,9 @@ def parse_optimizer(raw: Any) -> OptimizerSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """``model``: the family (transformer | bert) and its sizes (:data:`SIZE_KEYS`), dropout, positions
-    ``max_len``, the optimizer every part uses and the learning-rate warm-up + decay over the run."""
+    """``model``: the family (transformer | bert | hf) and its sizes (:data:`SIZE_KEYS`), dropout, positions
+    ``max_len``, the optimizer every part uses and the learning-rate warm-up + decay over the run; ``hf`` holds a
+    Hugging Face model's type, folder and LoRA settings (family hf only)."""
 
     name: str = ""
     family: str
@@ -171,9 +175,14 @@ class ModelSpec:
     pretrained_dir: str = ""
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     lr_schedule: LrScheduleSpec = field(default_factory=LrScheduleSpec)
+    hf: HfSpec | None = None
 
     def __post_init__(self) -> None:
         require(self.family in SIZE_KEYS, f"model.family={self.family!r} is not one of {', '.join(FAMILIES)}")
+        require(
+            (self.hf is not None) == (self.family == "hf"),
+            "model.model_type / hf_folder / lora belong to a family: hf model only",
+        )
         require(
             isinstance(self.sizes, Mapping) and set(self.sizes) == set(SIZE_KEYS[self.family]),
             f"a {self.family} model has the sizes {', '.join(SIZE_KEYS[self.family])}",
@@ -199,8 +208,14 @@ class ModelSpec:
         """The hidden size (d_model of the Transformer, hidden of BERT)."""
         return self.sizes[SIZE_KEYS[self.family][0]]
 
+    @property
+    def adapters_only(self) -> bool:
+        """LoRA on: only the adapters (and what else trains) travel and are averaged; frozen base weights stay."""
+        return self.hf is not None and self.hf.lora.enabled
+
     def to_raw(self) -> dict[str, Any]:
-        return {
+        hf = self.hf.to_raw() if self.hf is not None else {}
+        return hf | {
             "name": self.name,
             "family": self.family,
             "description": self.description,
@@ -222,28 +237,32 @@ def parse_model(raw: Any, task: TaskSpec) -> ModelSpec:
     require(
         got == family,
         f"model.family={got!r} cannot run task {task.name!r}, which needs a {family} model; "
-        f"pick model={'transformer_small' if family == 'transformer' else 'bert_small'}",
+        f"pick model={DEFAULT_MODELS[family]}",
     )
     require(
         "schedule" not in raw,
         "model.schedule was renamed to model.lr_schedule; rename the key (model.lr_schedule.warmup_steps=..., ...)",
     )
     sizes = SIZE_KEYS[family]
-    unknown = sorted(set(raw) - set(sizes) - set(_MODEL_KEYS))
+    keys = _MODEL_KEYS + (HF_KEYS if family == "hf" else ())
+    unknown = sorted(set(raw) - set(sizes) - set(keys))
     if unknown:
-        valid = ", ".join(sizes + _MODEL_KEYS)
+        valid = ", ".join(sizes + keys)
         raise ConfigError(f"unknown config key model.{unknown[0]}; a {family} model has {valid}")
+    given: Any
+    hf, given = parse_hf(raw, sizes) if family == "hf" else (None, raw)
     spec = ModelSpec(
         name=str(raw.get("name") or ""),
         family=family,
         description=str(raw.get("description") or ""),
-        sizes={k: raw.get(k) for k in sizes},
+        sizes={k: given.get(k) for k in sizes},
         dropout=raw.get("dropout", 0.1),
-        max_len=raw.get("max_len"),
+        max_len=given.get("max_len"),
         tie_embeddings=raw.get("tie_embeddings", False),
         pretrained_dir=str(raw.get("pretrained_dir") or ""),
         optimizer=parse_optimizer(raw.get("optimizer")),
         lr_schedule=parse_lr_schedule(raw.get("lr_schedule")),
+        hf=hf,
     )
     require(
         spec.max_len >= task.max_len + 1,

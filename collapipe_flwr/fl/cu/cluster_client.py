@@ -53,6 +53,7 @@ from collapipe_flwr.fl.messages import (
     pack_weights,
     unpack_weights,
 )
+from collapipe_flwr.models.trainable import only_trainable, with_frozen
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.system.devices import DeviceProfile
 
@@ -89,7 +90,7 @@ def hello_metrics(identity: ClusterIdentity, cluster_config: dict) -> dict:
     task = cached_task(cfg)
     examples = wiring.client_partition(task, cfg, identity.partition_id, identity.num_partitions)
     labels = task.partition_labels() or []
-    counts = Counter(labels[i] for i in examples)
+    counts = Counter(labels[i] for i in examples) if labels else Counter()
     histogram = [counts[label] for label in range(max(labels) + 1)] if labels else []
     return {
         PARTITION_ID: identity.partition_id,
@@ -204,6 +205,8 @@ def _open_round(
     session.state_key = instructions.cu_state_key
     devices = [DeviceProfile.from_dict(d) for d in instructions.devices]
     parts = unpack_weights(weights_record)
+    if cfg.model.adapters_only:  # LoRA: after its first download a CU gets the trainable tensors only
+        parts = with_frozen(parts, _held_parts(session, cfg))
     return CuRound(cfg, instructions, identity.partition_id, devices, session, parts, instructions.plan.m)
 
 
@@ -248,14 +251,26 @@ def _train_with_replans(run: CuRound, head: DecoderClient | ThrottledHead | Loca
             run.m = replan_after(failure, run.session, run.parts, run.instructions, run.lost, run.cluster)
 
 
+def _held_parts(session: ClusterSession, cfg: ClusterConfig) -> dict[str, torch.nn.Module]:
+    """The modules of the parts a CU downloads: the embedding, the TEBs, and the head when it trains it."""
+    model = session.model
+    held = {"embedding": model.embedding, "encoder": model.blocks}
+    if not cfg.head_on_server:
+        held["head"] = model.head
+    return held
+
+
 def _reply_parts(run: CuRound) -> dict[str, dict[str, torch.Tensor]]:
-    """theta^enc (eq. 4), the embedding unless frozen (eq. 11 then leaves it out), and a CU-side head."""
+    """theta^enc (eq. 4), the embedding unless frozen (eq. 11 then leaves it out), and a CU-side head; under LoRA
+    (``model.lora.enabled``) only their trainable tensors, the adapters theta^s_LoRA of every delta_k."""
     pipeline = run.session.live_pipeline()
     parts = {"encoder": pipeline.encoder_state_dict()}
-    if run.cfg.federation.embedding == "trained":
+    if wiring.embedding_travels(run.cfg):
         parts["embedding"] = pipeline.embedding_state_dict()
     if not run.cfg.head_on_server:
         parts["head"] = {k: v.detach().clone() for k, v in run.session.model.head.state_dict().items()}
+    if run.cfg.model.adapters_only:
+        parts = only_trainable(parts, _held_parts(run.session, run.cfg))
     return parts
 
 

@@ -2,7 +2,8 @@
 
 Shared by the run's own plots (collapipe_flwr/fl/records/run_plots.py) and the sweep report
 (collapipe_flwr/experiments/aggregate.py), so both read a record the same way:
-- the task metric is the ``val_<name>`` key the evaluator wrote (bleu | f1 | accuracy);
+- the task metric is the ``val_<name>`` key the evaluator wrote (bleu | f1 | accuracy | perplexity; perplexity
+  is the one where lower is better, :data:`LOWER_IS_BETTER`);
 - the CUs that trained are the plan's ``selected`` entries (modelled and plan rows are in cluster order);
 - the round delay tau(t) = ``modelled.round_delay_s`` (eq. 26), split into computation / D2D / uplink as
   the bottleneck CU's (the selected CU with the largest ``delay_s``): compute_s + d2d_s + uplink_s = tau(t);
@@ -15,7 +16,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-METRICS = ("bleu", "f1", "accuracy")
+METRICS = ("bleu", "f1", "accuracy", "perplexity")
+LOWER_IS_BETTER = frozenset({"perplexity"})  # every other task metric: higher is better
 # val_<key> entries that accompany the task metric rather than being one
 VAL_COMPANIONS = ("loss", "examples")
 
@@ -29,7 +31,7 @@ def number(value: Any) -> float | None:
 
 
 def metric_name(rounds: Iterable[Mapping]) -> str | None:
-    """The task metric the run logs (bleu | f1 | accuracy), or None."""
+    """The task metric the run logs (bleu | f1 | accuracy | perplexity), or None."""
     for record in rounds:
         for name in METRICS:
             if f"val_{name}" in record:

@@ -7,6 +7,10 @@ example-weighted mean of eqs. 6-7). The decoder / task head stays on the server 
 except for methods that train it on the CU (``method.head_on_server: false``: it travels and is averaged
 like the encoder). Without aggregation (``method.aggregate: false``, the ``pipeline`` baseline) each
 cluster keeps its own embedding + encoder.
+
+``trainable_only`` (``model.lora.enabled``): replies carry, and aggregation averages, only the trainable tensors
+(the LoRA adapters of every segment; models/trainable.py); a CU's first download carries the whole model, every
+later one only those tensors, so the frozen base weights travel once per CU and never back.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collapipe_flwr.fl.server.central_dp import add_central_noise
 from collapipe_flwr.fl.server.server_optimizer import ServerOptimizer
 from collapipe_flwr.fl.server.weighted_sum import WeightedSum
 from collapipe_flwr.models.split import SplitModel
+from collapipe_flwr.models.trainable import only_trainable
 
 Parts = dict[str, dict[str, torch.Tensor]]
 ClusterResult = tuple[int, Parts, dict]  # (cluster n, returned parts, reply metrics)
@@ -76,6 +81,7 @@ class GlobalModel:
         embedding_trained: bool = True,
         privacy: PrivacySpec | None = None,
         seed: int = 0,
+        trainable_only: bool = False,
     ) -> None:
         self.model = model
         self.method = method
@@ -85,6 +91,8 @@ class GlobalModel:
         self.cluster_parts: dict[int, Parts] = {}  # method.aggregate = false: cluster n's own parts
         self.privacy = privacy or PrivacySpec()  # central DP: noise on each round's aggregate (central_dp.py)
         self.seed = int(seed)
+        self.trainable_only = bool(trainable_only)
+        self.has_base: set[int] = set()  # trainable_only: the CUs whose download carried the whole model once
 
     @property
     def travels_with_head(self) -> bool:
@@ -101,39 +109,53 @@ class GlobalModel:
             modules.append(("head", self.model.head))
         return {part: {k: v.detach().clone() for k, v in mod.state_dict().items()} for part, mod in modules}
 
-    def returned_parts(self) -> Parts:
-        """The global parts a CU trains and sends back: :meth:`parts` without a frozen embedding."""
-        parts = self.parts()
+    def _modules(self) -> dict[str, torch.nn.Module]:
+        return {"embedding": self.model.embedding, "encoder": self.model.blocks, "head": self.model.head}
+
+    def _trained(self, parts: Parts) -> Parts:
+        """``parts`` without what CUs do not return: a frozen embedding, and under LoRA every frozen tensor."""
         if not self.embedding_trained:
-            parts.pop("embedding")
-        return parts
+            parts.pop("embedding", None)
+        return only_trainable(parts, self._modules()) if self.trainable_only else parts
+
+    def returned_parts(self) -> Parts:
+        """The global parts a CU trains and sends back: :meth:`parts` without a frozen embedding (and, under LoRA,
+        without the frozen base weights)."""
+        return self._trained(self.parts())
 
     def for_cluster(self, cluster: int) -> Parts:
         """What CU n downloads: the global parts, or without aggregation its own parts from its last round
-        (over the global ones, for a part it does not return)."""
-        if cluster in self.cluster_parts:
-            return {**self.parts(), **copy.deepcopy(self.cluster_parts[cluster])}
-        return self.parts()
+        (over the global ones, for a part or a tensor it does not return)."""
+        parts = self.parts()
+        for part, state in copy.deepcopy(self.cluster_parts.get(cluster, {})).items():
+            parts[part] = {**parts.get(part, {}), **state}
+        return parts
+
+    def _download(self, cluster: int) -> Parts:
+        """CU n's download: under LoRA the whole model once, then only the tensors that train."""
+        if not self.trainable_only or cluster not in self.has_base:
+            return self.for_cluster(cluster)
+        return only_trainable(self.for_cluster(cluster), self._modules())
 
     def packed_for(self, clusters: list[int]) -> dict[int, ArrayRecord]:
         """What each CU in ``clusters`` downloads, packed: the CUs that download the global parts share one
         ArrayRecord (a CU only reads it), so a round's N train messages hold the model once, not N times."""
-        shared: ArrayRecord | None = None
+        shared: dict[bool, ArrayRecord] = {}
         out = {}
         for cluster in clusters:
             if cluster in self.cluster_parts:
-                out[cluster] = pack_weights(self.for_cluster(cluster))
-                continue
-            shared = shared if shared is not None else self.array_record()
-            out[cluster] = shared
+                out[cluster] = pack_weights(self._download(cluster))
+            else:
+                whole = not self.trainable_only or cluster not in self.has_base
+                if whole not in shared:
+                    shared[whole] = pack_weights(self._download(cluster))
+                out[cluster] = shared[whole]
+            self.has_base.add(cluster)
         return out
 
     def expected_reply(self, cluster: int) -> Parts:
         """The parts (names, shapes, dtypes) CU n's reply must carry."""
-        parts = self.for_cluster(cluster)
-        if not self.embedding_trained:
-            parts.pop("embedding")
-        return parts
+        return self._trained(self.for_cluster(cluster))
 
     def array_record(self) -> ArrayRecord:
         return pack_weights(self.parts())
@@ -150,13 +172,13 @@ class GlobalModel:
             return
         if not fold.count:
             return
-        modules = {"embedding": self.model.embedding, "encoder": self.model.blocks, "head": self.model.head}
+        modules = self._modules()
         current = flatten_parts(self.returned_parts())
         new = self.server_optimizer.apply(t, current, fold.sum)
         if self.privacy.mode == "central":
             new = add_central_noise(new, self.privacy, fold.count, self.seed, t)
-        for part, state in unflatten_parts(new).items():
-            modules[part].load_state_dict(state)
+        for part, state in unflatten_parts(new).items():  # under LoRA the trainable tensors only
+            modules[part].load_state_dict(state, strict=not self.trainable_only)
 
     def absorb(self, t: int, results: list[ClusterResult]) -> None:
         """:meth:`absorb_round` over a list of replies (weighted by each CU's num-examples)."""
@@ -175,8 +197,9 @@ class GlobalModel:
             model = copy.copy(self.model)
             model.embedding = copy.deepcopy(self.model.embedding)
             model.blocks = copy.deepcopy(self.model.blocks)
+            strict = not self.trainable_only  # under LoRA a cluster's own tensors are its adapters only
             if "embedding" in self.cluster_parts[cluster]:  # absent when the embedding is frozen
-                model.embedding.load_state_dict(self.cluster_parts[cluster]["embedding"])
-            model.blocks.load_state_dict(self.cluster_parts[cluster]["encoder"])
+                model.embedding.load_state_dict(self.cluster_parts[cluster]["embedding"], strict=strict)
+            model.blocks.load_state_dict(self.cluster_parts[cluster]["encoder"], strict=strict)
             models.append(model)
         return models

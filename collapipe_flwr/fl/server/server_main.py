@@ -29,6 +29,7 @@ from rich.markup import escape
 from collapipe_flwr.config import RunConfig, load_run_config
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl.records.progress import RoundProgress
+from collapipe_flwr.fl.records.round_values import LOWER_IS_BETTER
 from collapipe_flwr.fl.records.run_log import RunLog, claim_run_folder
 from collapipe_flwr.fl.records.run_plots import TensorBoardLog, load_rounds, write_run_plots
 from collapipe_flwr.fl.run_config import hydra_overrides
@@ -221,6 +222,8 @@ def summary_lines(summary: dict, folder: Path, metric: str) -> list[str]:
     final = summary.get("final_val") or {}
     value = final.get(metric)
     shown = "n/a" if value is None else (f"{value:.2f}" if metric == "bleu" else f"{value:.4f}")
+    if metric in LOWER_IS_BETTER:
+        shown += " (lower is better)"
     others = ", ".join(f"{k} {v:.4g}" for k, v in sorted(final.items()) if k not in (metric, "examples"))
     lines = [
         f"done: validation {metric} {shown}"

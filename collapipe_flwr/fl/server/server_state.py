@@ -63,7 +63,7 @@ def count_workload(model: SplitModel, hidden: torch.Tensor, mask: torch.Tensor, 
         mask,
         batch_size=wiring.batch_size(cfg),
         steps_per_round=cfg.federation.local_steps,
-        embedding=model.embedding if cfg.federation.embedding == "trained" else None,  # uploaded or not
+        embedding=model.embedding if wiring.embedding_travels(cfg) else None,  # uploaded or not
         head=model.head,
     )
 
@@ -151,7 +151,7 @@ class ServerState:
             model.head.to(device)
         precision = resolve_precision(cfg.runtime.precision, device.type)
         decoder = start_decoder(cfg, model, int(hidden.shape[-1]), precision)
-        embedding_trained = cfg.federation.embedding == "trained"
+        embedding_trained = wiring.embedding_travels(cfg)
         return cls(
             cfg,
             task,
@@ -164,6 +164,7 @@ class ServerState:
                 embedding_trained=embedding_trained,
                 privacy=cfg.privacy,
                 seed=cfg.seed,
+                trainable_only=cfg.model.adapters_only,
             ),
             planner,
             decoder,

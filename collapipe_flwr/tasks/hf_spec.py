@@ -1,0 +1,154 @@
+"""The Hugging Face keys of a ``family: hf`` model config (conf/model/gpt2_tiny.yaml), typed and checked once.
+
+- ``model_type`` (gpt2 | llama | qwen2 | mistral) + the sizes hidden, n_heads, d_ff, layers (L, the TEBs cut
+  into segments delta_k): a from-scratch model built from that config (nothing downloaded);
+- ``hf_folder``: a local model folder (config.json, weights, tokenizer files); its config.json decides the
+  type and sizes (given sizes must match it). With ``allow_hub: true`` (off by default) it may be a hub id,
+  downloaded once by transformers' cache;
+- ``lora`` {enabled, r, alpha, dropout, target_modules: auto | [names], train_head}: LoRA adapters on every
+  TEB. The devices then train only theta^s_LoRA of their delta_k, and the CU's upload (eq. 11, the bits of C9
+  / eq. 26) and the server's average carry only the trainable tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.models.hf_arch import check_model_type, folder_sizes, read_config_json
+from collapipe_flwr.spec_parsing import require
+
+HF_KEYS = ("model_type", "hf_folder", "allow_hub", "lora")
+_LORA_KEYS = ("enabled", "r", "alpha", "dropout", "target_modules", "train_head")
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """``model.lora``: rank r, scaling alpha / r, adapter dropout, the adapted modules (``auto``: the attention
+    projections of the model type, models/hf/lora.py), and whether the server's head trains too."""
+
+    enabled: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ()  # () = auto
+    train_head: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("enabled", "train_head"):
+            require(
+                isinstance(getattr(self, key), bool), f"model.lora.{key}={getattr(self, key)!r} must be true or false"
+            )
+        require(_int(self.r) and self.r >= 1, f"model.lora.r={self.r!r} must be an integer >= 1 (the adapters' rank)")
+        require(
+            _int(self.alpha) and self.alpha >= 1,
+            f"model.lora.alpha={self.alpha!r} must be an integer >= 1 (scaling alpha / r)",
+        )
+        require(
+            isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool) and 0 <= self.dropout < 1,
+            f"model.lora.dropout={self.dropout!r} must be a number in [0, 1)",
+        )
+        object.__setattr__(self, "dropout", float(self.dropout))
+
+    def to_raw(self) -> dict[str, Any]:
+        return {
+            "enabled": self.enabled,
+            "r": self.r,
+            "alpha": self.alpha,
+            "dropout": self.dropout,
+            "target_modules": list(self.target_modules) or "auto",
+            "train_head": self.train_head,
+        }
+
+
+def parse_lora(raw: Any) -> LoraSpec:
+    """``model.lora`` (absent: LoRA off)."""
+    raw = raw or {}
+    require(isinstance(raw, Mapping), "model.lora must be a mapping {enabled, r, alpha, dropout, target_modules}")
+    unknown = sorted(set(raw) - set(_LORA_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown config key model.lora.{unknown[0]}; valid keys are {', '.join(_LORA_KEYS)}")
+    targets = raw.get("target_modules", "auto")
+    if targets in ("auto", None, ""):
+        targets = ()
+    require(
+        isinstance(targets, (list, tuple)) and all(isinstance(t, str) and t for t in targets),
+        f"model.lora.target_modules={targets!r} must be auto or a list of module names (e.g. [c_attn, c_proj])",
+    )
+    known = {k: raw[k] for k in ("enabled", "r", "alpha", "dropout", "train_head") if k in raw}
+    return LoraSpec(**known, target_modules=tuple(targets))
+
+
+@dataclass(frozen=True)
+class HfSpec:
+    """The Hugging Face part of ``model``: the type, the folder ("" = from scratch), the hub opt-in, LoRA."""
+
+    model_type: str
+    hf_folder: str = ""
+    allow_hub: bool = False
+    lora: LoraSpec = field(default_factory=LoraSpec)
+
+    def __post_init__(self) -> None:
+        check_model_type(self.model_type)
+        require(isinstance(self.allow_hub, bool), f"model.allow_hub={self.allow_hub!r} must be true or false")
+
+    @property
+    def from_folder(self) -> bool:
+        return bool(self.hf_folder)
+
+    def to_raw(self) -> dict[str, Any]:
+        return {
+            "model_type": self.model_type,
+            "hf_folder": self.hf_folder,
+            "allow_hub": self.allow_hub,
+            "lora": self.lora.to_raw(),
+        }
+
+
+def _source_sizes(folder: str, allow_hub: bool) -> tuple[str, dict[str, int]]:
+    """(type, sizes) of a local folder's config.json, or with ``allow_hub`` of a hub id's config (downloaded)."""
+    if Path(folder).expanduser().is_dir():
+        return folder_sizes(read_config_json(folder))
+    if not allow_hub:
+        raise ConfigError(
+            f"model.hf_folder={folder!r} is not a local folder; point it at a folder holding config.json, the weights "
+            "and the tokenizer, or set model.allow_hub=true to download it from the Hugging Face Hub"
+        )
+    from transformers import AutoConfig
+
+    return folder_sizes(AutoConfig.from_pretrained(folder).to_dict())
+
+
+def parse_hf(raw: Mapping[str, Any], size_keys: tuple[str, ...]) -> tuple[HfSpec, dict[str, Any]]:
+    """(HfSpec, {size: value} incl. max_len) of a ``family: hf`` model section; a folder fills absent sizes and
+    must agree with the given ones."""
+    folder = str(raw.get("hf_folder") or "")
+    allow_hub = raw.get("allow_hub", False)
+    require(isinstance(allow_hub, bool), f"model.allow_hub={allow_hub!r} must be true or false")
+    given: dict[str, Any] = {k: raw.get(k) for k in (*size_keys, "max_len") if raw.get(k) is not None}
+    model_type = str(raw.get("model_type") or "")
+    if folder:
+        found_type, found = _source_sizes(folder, allow_hub)
+        if model_type and model_type != found_type:
+            raise ConfigError(
+                f"model.model_type={model_type!r} but {folder} holds a {found_type} model; remove the key"
+            )
+        model_type = found_type
+        for key, value in given.items():
+            require(_int(value), f"model.{key}={value!r} must be an integer")
+            limit = found[key]
+            if (value > limit) if key == "max_len" else (value != limit):
+                bound = f"{limit} positions" if key == "max_len" else f"{key}={limit}"
+                raise ConfigError(
+                    f"model.{key}={value!r} but {folder} has {bound}; remove the key (the folder's config decides it)"
+                )
+        given = {**found, **given}
+    spec = HfSpec(model_type, folder, allow_hub, parse_lora(raw.get("lora")))
+    return spec, given
