@@ -1,11 +1,12 @@
-"""Peak activation memory per stage: GPipe vs 1F1B, measured, to decide whether 1F1B is worth shipping.
+"""Peak activation memory per stage: GPipe vs 1F1B, measured on hand-driven stages and on the shipped pipeline.
 
-In collapipe the head (the server's decoder) takes z_enc of the WHOLE batch in one data-plane call per
-step. Then every forward must be done on every stage before any backward can start, so each stage holds
-all m micro-batches' activations when the head runs, whatever order its backwards come in: 1F1B's
-saving (stage k keeps min(m, S - k) micro-batches alive instead of m) needs one head call per
-micro-batch. This script measures three orders on the same stages (``pipeline.stage.Stage`` objects in
-this process, ``SavedTensorMeter`` bytes), BERT-small 32 x 64 tokens, token head, Adam:
+With ``pipeline.schedule: gpipe`` the head (the server's decoder) takes z_enc of the WHOLE batch in one
+data-plane call per step. Then every forward must be done on every stage before any backward can start, so
+each stage holds all m micro-batches' activations when the head runs, whatever order its backwards come in:
+1F1B's saving (stage k keeps min(m, S - k) micro-batches alive instead of m) needs one head call per
+micro-batch, which ``pipeline.schedule: 1f1b`` does (``pipeline/one_f_one_b.py``). This script measures three
+orders on the same stages (``pipeline.stage.Stage`` objects in this process, ``SavedTensorMeter`` bytes),
+BERT-small 32 x 64 tokens, token head, Adam:
 
 - ``gpipe``: forward in GPipe's clock cycles, one head call on the whole batch, backward mirrored
   (what ``ClusterPipeline.train_step`` does);
@@ -14,8 +15,12 @@ this process, ``SavedTensorMeter`` bytes), BERT-small 32 x 64 tokens, token head
   then one forward / one backward, then the cool-down backwards), each micro-batch's loss divided by
   the whole batch's target count C, so the gradients equal GPipe's (checked: ``max_grad_diff``).
 
+and the shipped ``ClusterPipeline`` (local backend) in both schedules: ``shipped_act_ratio_1f1b_vs_gpipe_S*_m*``,
+the largest over stages of the stage's peak activation bytes under 1F1B / under GPipe (its memory report), and
+``shipped_max_grad_rel_diff_1f1b_S*_m*``, the largest relative difference of a stage's or the head's gradient.
+
 Prints ``name: value`` lines: per (S, m) and order the largest per-stage peak activation MiB, the
-per-stage peak total (params + Adam state + activations) as a ratio to GPipe's, and the gradient check.
+per-stage peak total (params + Adam state + activations) as a ratio to GPipe's, and the gradient checks.
 
 Run: ``python benchmarks/pipeline_1f1b_memory.py [--S 2 3] [--m 4 8]`` (about a minute on 2 cores).
 """
@@ -31,9 +36,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import dataclasses  # noqa: E402
+
 from collapipe_flwr.models.split import segment_bounds  # noqa: E402
+from collapipe_flwr.pipeline.cluster import ClusterPipeline  # noqa: E402
+from collapipe_flwr.pipeline.head import LocalHead  # noqa: E402
 from collapipe_flwr.pipeline.memory import optimizer_state_bytes, param_bytes  # noqa: E402
 from collapipe_flwr.pipeline.microbatch import split_batch  # noqa: E402
+from collapipe_flwr.pipeline.runtime_spec import LOCAL_RUNTIME  # noqa: E402
 from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles  # noqa: E402
 from collapipe_flwr.pipeline.stage import Stage  # noqa: E402
 
@@ -142,6 +152,37 @@ class Run:
         return out
 
 
+def shipped(model, batch, S: int, m: int, schedule: str) -> tuple[list[int], list[torch.Tensor]]:
+    """One step of the shipped ClusterPipeline in ``schedule`` (local backend): per stage its peak activation
+    bytes, and the gradients of every stage's parameters (read just before each stage's update) and the head's."""
+    work = copy.deepcopy(model).train()
+    delta = [LAYERS // S + (1 if s < LAYERS % S else 0) for s in range(S)]
+    head = LocalHead(work.head, SPEC)
+    runtime = dataclasses.replace(LOCAL_RUNTIME, schedule=schedule)
+    with ClusterPipeline(work.embedding, work.blocks, delta, SPEC, runtime=runtime) as pipe:
+        grads: list[torch.Tensor] = []
+        for stage in pipe._stages.stages:  # type: ignore[attr-defined]  # LocalStages: the Stage objects
+
+            def step(lr_factor: float = 1.0, stage=stage, update=stage.step) -> float:
+                grads.extend(p.grad.detach().clone() for p in stage.segment.parameters())
+                return update(lr_factor)
+
+            stage.step = step
+        pipe.train_step(batch, m, head)
+        peaks = [int(r["peak_activation_bytes"]) for r in pipe.memory_report()]
+    return peaks, grads + [p.grad.detach().clone() for p in work.head.parameters()]
+
+
+def report_shipped(model, batch, S: int, m: int) -> None:
+    """The shipped schedules' figures for (S, m)."""
+    gp_peaks, gp_grads = shipped(model, batch, S, m, "gpipe")
+    peaks, grads = shipped(model, batch, S, m, "1f1b")
+    ratio = max(p / max(g, 1) for p, g in zip(peaks, gp_peaks))
+    diff = max(float((a - b).abs().max()) / max(1e-30, float(b.abs().max())) for a, b in zip(grads, gp_grads))
+    print(f"shipped_act_ratio_1f1b_vs_gpipe_S{S}_m{m}: {ratio:.3f}")
+    print(f"shipped_max_grad_rel_diff_1f1b_S{S}_m{m}: {diff:.2e}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--S", type=int, nargs="+", default=[2, 3])
@@ -175,6 +216,7 @@ def main() -> None:
                 if order != "gpipe":
                     worst = max(a + s for a, s in peaks) / max(a + s for a, s in gpipe)
                     print(f"peak_ratio_{order}_vs_gpipe_S{S}_m{m}: {worst:.3f}")
+            report_shipped(model, batch, S, m)
 
 
 if __name__ == "__main__":

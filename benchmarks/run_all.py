@@ -124,19 +124,36 @@ def pipeline_rows(pipe_args: str) -> list[Row]:
 
 
 def schedule_memory_rows(mem_args: str) -> list[Row]:
-    """Peak per-stage memory of 1F1B against GPipe, with the head called once per step (as collapipe's
-    data plane does) and once per micro-batch (what 1F1B would need)."""
+    """Peak per-stage memory of 1F1B against GPipe: the shipped ``pipeline.schedule: 1f1b`` (activations, with its
+    target, and its gradients against GPipe's), then the hand-driven orders with the head called once per step and
+    once per micro-batch (params + Adam state + activations)."""
     command = f"python benchmarks/pipeline_1f1b_memory.py {mem_args}"
     return [
         Row(
-            f"1F1B peak memory per stage vs GPipe, S = {S}, m = 8, {how}",
-            _figure(f"peak_ratio_{order}_vs_gpipe_S{S}_m8"),
+            "pipeline.schedule=1f1b, per-stage peak activation memory vs gpipe, S = 2, m = 8",
+            _figure("shipped_act_ratio_1f1b_vs_gpipe_S2_m8"),
             "x",
-            None,
+            0.5,
             command,
-        )
-        for S in (2, 3)
-        for order, how in (("1f1b_head_once", "head once per step"), ("1f1b", "head per micro-batch"))
+        ),
+        Row(
+            "pipeline.schedule=1f1b, largest relative gradient difference vs gpipe (fp32), S = 2, m = 8",
+            _figure("shipped_max_grad_rel_diff_1f1b_S2_m8"),
+            "",
+            1e-5,
+            command,
+        ),
+        *(
+            Row(
+                f"1F1B peak memory per stage vs GPipe, S = {S}, m = 8, {how}",
+                _figure(f"peak_ratio_{order}_vs_gpipe_S{S}_m8"),
+                "x",
+                None,
+                command,
+            )
+            for S in (2, 3)
+            for order, how in (("1f1b_head_once", "head once per step"), ("1f1b", "head per micro-batch"))
+        ),
     ]
 
 

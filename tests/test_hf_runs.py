@@ -230,8 +230,8 @@ def test_the_workload_counts_trainable_bytes_for_c7_and_the_uplink(data_dir, cac
     assert lora.encoder_upload_bytes * 10 < full.encoder_upload_bytes  # r = 4 on c_attn, c_proj of H = 64 blocks
     assert lora.uplink_bits() < full.uplink_bits()
     # gamma_0's weight part: all weights once, gradients + Adam's 2 slots for what trains
-    assert lora.weight_memory_bytes() == max(lora.param_bytes) + 3 * adapters
-    assert full.weight_memory_bytes() == 4 * max(full.param_bytes)
+    assert lora.block_static_bytes() == max(lora.param_bytes) + 3 * adapters
+    assert full.block_static_bytes() == 4 * max(full.param_bytes)
     assert lora.block_memory_bytes() < full.block_memory_bytes()
     assert Workload.from_dict(lora.to_dict()) == lora
     frozen = sum(lora.param_bytes) - sum(lora.trainable_bytes)  # what never travels

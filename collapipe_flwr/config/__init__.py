@@ -18,6 +18,7 @@ scheduler   ``dssra.specs.SchedulerSpec``        ``dssra.specs.parse_scheduler``
 network     ``system.network.NetworkSpec``       ``system.network.NetworkSpec.from_config``
 runtime     ``pipeline.runtime_spec.RuntimeSpec`` ``pipeline.runtime_spec.parse_runtime``
 federation  :class:`FederationSpec`              ``spec_parsing.typed`` (here)
+pipeline    :class:`PipelineSpec`                ``spec_parsing.typed`` (here)
 dataplane   :class:`DataPlaneSpec`               ``spec_parsing.typed`` (here)
 eval        :class:`EvalSpec`                    ``spec_parsing.typed`` (here)
 system      ``system.measurement_spec.SystemSpec`` ``system.measurement_spec.parse_system``
@@ -51,7 +52,7 @@ from collapipe_flwr.config.run_config import (
     build_cluster_config,
     build_run_config,
 )
-from collapipe_flwr.config.sections import DataPlaneSpec, EvalSpec, FederationSpec
+from collapipe_flwr.config.sections import DataPlaneSpec, EvalSpec, FederationSpec, PipelineSpec
 
 __all__ = [
     "CONF_DIR",
@@ -62,6 +63,7 @@ __all__ = [
     "DataPlaneSpec",
     "EvalSpec",
     "FederationSpec",
+    "PipelineSpec",
     "PrivacySpec",
     "RunConfig",
     "build_cluster_config",

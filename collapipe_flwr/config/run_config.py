@@ -12,7 +12,7 @@ from typing import Any
 from collapipe_flwr.config.data_dir import resolve_data_dir
 from collapipe_flwr.config.hydra_conf import to_plain
 from collapipe_flwr.config.privacy import PrivacySpec
-from collapipe_flwr.config.sections import DataPlaneSpec, EvalSpec, FederationSpec
+from collapipe_flwr.config.sections import DataPlaneSpec, EvalSpec, FederationSpec, PipelineSpec
 from collapipe_flwr.dssra.specs import MethodSpec, SchedulerSpec, parse_method, parse_scheduler
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.pipeline.runtime_spec import RuntimeSpec, parse_runtime
@@ -50,6 +50,7 @@ class RunConfig:
     system: SystemSpec = SystemSpec()  # where DSSRA's device and link numbers come from (config | measured)
     testbed: TestbedSpec = TestbedSpec()  # the emulated heterogeneous testbed (off unless testbed=emulated)
     privacy: PrivacySpec = PrivacySpec()  # differential privacy on the CUs' uploads (config/privacy.py)
+    pipeline: PipelineSpec = PipelineSpec()  # the stages' schedule: gpipe | 1f1b
 
     def resolved_data_dir(self) -> Path:
         """``data_dir`` if set, else $COLLAPIPE_DATA_DIR; a one-line error when neither names a folder."""
@@ -79,6 +80,7 @@ class RunConfig:
             "system": self.system.to_raw(),
             "testbed": self.testbed.to_raw(),
             "privacy": dataclasses.asdict(self.privacy),
+            "pipeline": dataclasses.asdict(self.pipeline),
         }
 
     @classmethod
@@ -97,6 +99,7 @@ class RunConfig:
             dataplane=self.dataplane,
             head_on_server=self.method.head_on_server,
             privacy=self.privacy,
+            pipeline=self.pipeline,
         )
 
 
@@ -115,6 +118,7 @@ class ClusterConfig:
     dataplane: DataPlaneSpec
     head_on_server: bool
     privacy: PrivacySpec = PrivacySpec()
+    pipeline: PipelineSpec = PipelineSpec()
 
     def to_dict(self) -> dict:
         """The JSON a CU receives (``build_cluster_config(cfg.to_dict()) == cfg``)."""
@@ -128,6 +132,7 @@ class ClusterConfig:
             "dataplane": dataclasses.asdict(self.dataplane),
             "head_on_server": self.head_on_server,
             "privacy": dataclasses.asdict(self.privacy),
+            "pipeline": dataclasses.asdict(self.pipeline),
         }
 
     def with_data_dir(self, data_dir: str) -> ClusterConfig:
@@ -154,6 +159,7 @@ def build_cluster_config(data: Mapping[str, Any]) -> ClusterConfig:
         dataplane=typed("dataplane", DataPlaneSpec, data.get("dataplane")),
         head_on_server=scalar("", "head_on_server", data.get("head_on_server", True), bool),
         privacy=typed("privacy", PrivacySpec, data.get("privacy")),
+        pipeline=typed("pipeline", PipelineSpec, data.get("pipeline")),
     )
 
 
@@ -196,9 +202,11 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         system=parse_system(data.get("system")),
         testbed=parse_testbed(data.get("testbed")),
         privacy=typed("privacy", PrivacySpec, data.get("privacy")),
+        pipeline=typed("pipeline", PipelineSpec, data.get("pipeline")),
     )
     _check_testbed(cfg)
     _check_privacy(cfg)
+    _check_schedule(cfg)
     return cfg
 
 
@@ -238,6 +246,17 @@ def _check_privacy(cfg: RunConfig) -> None:
         raise ConfigError(
             f"privacy.mode={cfg.privacy.mode} clips each CU's whole update, but with model.lora.enabled a CU returns "
             "only its adapters; set model.lora.enabled=false or privacy.mode=none"
+        )
+
+
+def _check_schedule(cfg: RunConfig) -> None:
+    """1F1B sends the decoder one exchange per micro-batch, each answered at once; the joint decoder update
+    gathers whole steps of every cluster behind a barrier, so the two do not go together."""
+    if cfg.pipeline.schedule == "1f1b" and cfg.federation.decoder_update == "joint":
+        raise ConfigError(
+            "pipeline.schedule=1f1b exchanges each micro-batch with the decoder on its own, which "
+            "federation.decoder_update=joint (one barrier per whole step) cannot gather; set decoder_update=per_cu "
+            "or schedule=gpipe"
         )
 
 

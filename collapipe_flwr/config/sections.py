@@ -1,5 +1,5 @@
 """The run-level sections this package parses itself (with ``spec_parsing.typed``): ``federation``,
-``dataplane`` and ``eval``; each checks its values once, on construction."""
+``pipeline``, ``dataplane`` and ``eval``; each checks its values once, on construction."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from collapipe_flwr.config.server_optimizer_rules import check_server_optimizer
 from collapipe_flwr.spec_parsing import require
+from collapipe_flwr.system.pipeline_model import SCHEDULES
 
 OPTIMIZER_STATES = ("keep", "reset")
 DECODER_UPDATES = ("per_cu", "joint")
@@ -68,6 +69,22 @@ class FederationSpec:
         require(self.num_rounds >= 1, f"federation.num_rounds={self.num_rounds} must be >= 1")
         require(self.local_steps >= 1, f"federation.local_steps={self.local_steps} must be >= 1")
         require(self.round_timeout_s > 0, "federation.round_timeout_s must be > 0")
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """How a cluster's S stages run its m micro-batches. schedule: ``gpipe`` (every forward, one head call on
+    the whole batch, every backward: a stage holds all m micro-batches' activations) | ``1f1b`` (one head
+    exchange per micro-batch, stage k runs min(S - k - 1, m) warm-up forwards then one forward / one backward,
+    so it holds at most min(m, S - k); the same gradients and parameters after a step)."""
+
+    schedule: str = "gpipe"
+
+    def __post_init__(self) -> None:
+        require(
+            self.schedule in SCHEDULES,
+            f"pipeline.schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}",
+        )
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ PER_DEVICE_FIELDS = (
     "memory_cap",
     "d2d_latency_s",
     "per_microbatch_s",
+    "memory_bytes",
 )
 
 
@@ -68,10 +69,16 @@ class ClusterModel:
     per_microbatch_s: np.ndarray | float = 0.0
     # the CU's own seconds per local step outside the devices (measured profiles only; not in eq. 26)
     cu_step_s: float = 0.0
+    # C7 under 1F1B (pipeline.schedule): gamma_k^max per device and gamma_0's two parts (weights + gradients +
+    # optimizer slots; saved activation bytes per sample), so the cap can follow m; GPipe uses memory_cap alone
+    memory_bytes: np.ndarray | float = 0.0
+    block_static_bytes: float = 0.0
+    saved_bytes_per_sample: float = 0.0
+    schedule: str = "gpipe"
 
     def __post_init__(self) -> None:
         shape = np.shape(self.flops_per_second)  # [K], or [N, 1, K] for stack_models
-        for name in ("d2d_latency_s", "per_microbatch_s"):
+        for name in ("d2d_latency_s", "per_microbatch_s", "memory_bytes"):
             value = np.broadcast_to(np.asarray(getattr(self, name), dtype=float), shape).copy()
             object.__setattr__(self, name, value)
 
@@ -112,6 +119,10 @@ class ClusterModel:
             kappa=spec.effective_capacitance,
             d2d_latency_s=spec.d2d_latency_s,
             per_microbatch_s=spec.per_microbatch_s,
+            memory_bytes=np.array([d.memory_bytes for d in devices], dtype=float),
+            block_static_bytes=workload.block_static_bytes(),
+            saved_bytes_per_sample=float(max(workload.saved_bytes)),
+            schedule=workload.schedule,
         )
 
     def with_profile(self, profile: ClusterProfile, workload: Workload) -> ClusterModel:
@@ -125,13 +136,14 @@ class ClusterModel:
             )
         fps, c0 = self.flops_per_second.copy(), np.asarray(self.per_microbatch_s, dtype=float).copy()
         rate, latency = self.d2d_rate.copy(), np.asarray(self.d2d_latency_s, dtype=float).copy()
-        mem = self.memory_cap.copy()
+        mem, gamma_max = self.memory_cap.copy(), np.asarray(self.memory_bytes, dtype=float).copy()
         gamma0 = workload.block_memory_bytes()
         for k, (dev, link) in enumerate(zip(profile.devices, profile.links)):
             if dev is not None:
                 fps[k] = self.flops_per_sample_block / dev.seconds_per_sample_block
                 c0[k] = dev.microbatch_s
                 mem[k] = min(math.floor(dev.memory_bytes / gamma0), self.num_blocks)
+                gamma_max[k] = dev.memory_bytes
             if link is not None:
                 rate[k] = 8.0 * link.bytes_per_s
                 latency[k] = link.latency_s
@@ -142,6 +154,7 @@ class ClusterModel:
             d2d_rate=rate,
             d2d_latency_s=latency,
             memory_cap=mem,
+            memory_bytes=gamma_max,
             cu_step_s=profile.cu_step_s,
         )
 
@@ -203,9 +216,30 @@ class ClusterModel:
             cap = cap - down + up
         return cap
 
+    def memory_cap_at(self, m, S=None, k=None) -> np.ndarray:
+        """C7 as a bound on delta_k: floor(gamma_k^max / gamma_0) with gamma_0's activation term for this
+        schedule (``pipeline_model.held_samples``). GPipe: ``memory_cap`` (the whole batch b, any m). 1F1B: stage k
+        of S holds min(b, ceil(b/m) min(m, S - k)) samples; without a position (the solver, before it picks
+        the S devices) the first stage's count with S = min(K, L), a bound every stage of every plan meets.
+        m scalar -> [K]; an array of M values -> [M, K] (GPipe: ``memory_cap`` itself, broadcast by the caller)."""
+        if self.schedule == "gpipe" or not np.any(np.asarray(self.memory_bytes) > 0):
+            return self.memory_cap
+        stages = float(min(self.K, self.num_blocks) if S is None else S) - (0.0 if k is None else np.asarray(k, float))
+        held = np.minimum(np.asarray(m, dtype=float)[..., None], stages)  # min(m, S - k)
+        samples = np.minimum(self.batch_size, self._b_hat(m)[..., None] * held)
+        gamma0 = self.block_static_bytes + self.saved_bytes_per_sample * samples
+        return np.minimum(np.floor(np.asarray(self.memory_bytes, dtype=float) / gamma0), self.num_blocks).astype(int)
+
+    def stage_memory_cap(self, delta, m: int) -> np.ndarray:
+        """C7 for a given partition: device k, the j-th used one of S, holds ``memory_cap_at(m, S, j)`` blocks
+        (1F1B's min(m, S - j) micro-batches); GPipe's ``memory_cap``. Unused devices: their plain cap."""
+        used = np.asarray(delta) > 0
+        position = np.cumsum(used) - 1
+        return np.where(used, self.memory_cap_at(m, int(used.sum()), np.where(used, position, 0)), self.memory_cap)
+
     def block_cap(self, m) -> np.ndarray:
         """min(C7 memory cap, C9' energy cap) per device for this m (or [M, K] for an array of m)."""
-        return np.minimum(self.memory_cap, self.energy_cap(m))
+        return np.minimum(self.memory_cap_at(m), self.energy_cap(m))
 
     # ---------------------------------------------------------------- direct evaluation
     def evaluate(self, delta, m: int) -> dict:
@@ -277,12 +311,13 @@ class ClusterModel:
     def infeasible(self, m_values) -> InfeasiblePlanError:
         """The error naming why no partition exists (C7 memory or C9 energy) for this cluster."""
         L = self.num_blocks
-        if int(self.memory_cap.sum()) < L:
-            small = [k for k in range(self.K) if self.memory_cap[k] == 0]
+        mem_cap = np.asarray(self.memory_cap_at(max(m_values)))  # 1F1B: the most any m allows
+        if int(mem_cap.sum()) < L:
+            small = [k for k in range(self.K) if mem_cap[k] == 0]
             who = f"devices {small} cannot hold one block" if small else "the devices together hold too few blocks"
             return InfeasiblePlanError(
                 f"C7 (memory) violated in cluster {self.cluster}: {who}; the {self.K} devices hold "
-                f"{int(self.memory_cap.sum())} of L={L} blocks; raise network.device.memory_bytes or use a smaller "
+                f"{int(mem_cap.sum())} of L={L} blocks; raise network.device.memory_bytes or use a smaller "
                 "model"
             )
         best_m = max(m_values, key=lambda m: int(self.block_cap(m).sum()))

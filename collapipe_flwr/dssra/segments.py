@@ -161,13 +161,14 @@ def best_m_segments(model: ClusterModel, V: float, drift_by_S, delta, m_values) 
 def fixed_segments(model: ClusterModel, V: float, drift_by_S, delta, m: int) -> SegmentPlan:
     """A given partition and m (uniform / random policies), checked against C7 and C9'."""
     delta = np.asarray(delta, dtype=int)
-    over_mem = np.nonzero(delta > model.memory_cap)[0]
+    cap = model.stage_memory_cap(delta, m)
+    over_mem = np.nonzero(delta > cap)[0]
     if over_mem.size:
         k = int(over_mem[0])
         raise InfeasiblePlanError(
             f"C7 (memory) violated in cluster {model.cluster}, device {k}: delta_k={int(delta[k])} blocks need more "
             "than "
-            f"its memory allows ({int(model.memory_cap[k])} blocks); enable segment scheduling or raise "
+            f"its memory allows ({int(cap[k])} blocks); enable segment scheduling or raise "
             "network.device.memory_bytes"
         )
     bad = np.nonzero(~model.energy_ok(delta, m))[0]

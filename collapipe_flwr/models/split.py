@@ -35,6 +35,12 @@ class TaskHead(nn.Module):
         """(sum of per-target losses, number of targets) of z_enc ``hidden`` for ``batch``."""
         raise NotImplementedError
 
+    def target_count(self, attention_mask: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The count :meth:`loss_terms` returns, from the batch alone (no forward): 1F1B scales micro-batch i's
+        loss by the whole batch's C before the other micro-batches reach the head. Default: labels != -100
+        (token and sentence heads, the CRF head's labelled tokens); a head that counts otherwise overrides it."""
+        return (batch["labels"] != -100).sum()
+
 
 # The three modules of the paper's split, in this order everywhere (what a CU uploads, what a saved model holds):
 # the embedding on the CU, the encoder's TEBs on the devices, the decoder / task head on the server.

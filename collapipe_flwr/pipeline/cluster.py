@@ -1,16 +1,14 @@
-"""The CU-side driver of one cluster: embedding on the CU, S segments on devices, GPipe over m micro-batches.
+"""The CU-side driver of one cluster: embedding on the CU, S segments on devices, m micro-batches per step.
 
 One ``train_step`` (paper Section III.B steps 3-6, Fig. 2, Algorithm 1 lines 5-22):
 1. split the batch b into m micro-batches of b_hat = b/m (eq. (5)); a batch shorter than m (a partition's last
    of an epoch) into one-sample micro-batches;
-2. forward in the GPipe clock order (``schedule.forward_cycles``): the CU embeds micro-batch i, device
-   stages pass z^s along (stage k on micro-batch i while k+1 is on i-1);
-3. the head (``HeadFn``: the server's decoder over the data plane, or ``LocalHead``) gets z^enc of all m
-   micro-batches, updates itself and returns dL/dz^enc per micro-batch, with explicit loss scaling: each
-   micro-batch's loss SUM divided by the whole batch's target count, so the step loss and every gradient
-   equal the plain model's mean loss;
-4. backward in the reverse clock order, the CU back-propagates each micro-batch into the embedding;
-5. every segment and the embedding take one optimizer step.
+2. forward, head and backward in the runtime's ``schedule``: ``gpipe`` (``pipeline/gpipe.py``: every forward in
+   the GPipe clock order, one head call on all m z^enc, every backward; a stage holds m micro-batches) or
+   ``1f1b`` (``pipeline/one_f_one_b.py``: one head exchange per micro-batch, stage k holds min(m, S - k));
+   either way explicit loss scaling (each micro-batch's loss SUM over the whole batch's target count), so the
+   step loss and every gradient equal the plain model's mean loss;
+3. every segment and the embedding take one optimizer step.
 """
 
 from __future__ import annotations
@@ -18,28 +16,29 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
 
-from collapipe_flwr.accelerator import to_host
 from collapipe_flwr.errors import ConfigError, PartitionError
 from collapipe_flwr.models.split import concat_segments, renumber_blocks, segment_bounds, validate_partition
 from collapipe_flwr.pipeline.cluster_profile import measure_cluster
+from collapipe_flwr.pipeline.cu_embedding import CuEmbedding
 from collapipe_flwr.pipeline.device_process import DeviceProcess
 from collapipe_flwr.pipeline.executors import Stages, open_stages
-from collapipe_flwr.pipeline.head import HeadFn
+from collapipe_flwr.pipeline.gpipe import gpipe_step
+from collapipe_flwr.pipeline.head import HeadFn, MicroHead
 from collapipe_flwr.pipeline.memory import max_blocks_per_device, module_block_memory_bytes
 from collapipe_flwr.pipeline.microbatch import batch_size, split_batch
+from collapipe_flwr.pipeline.one_f_one_b import one_f_one_b_step
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.pipeline.placement import segment_specs, whole_encoder_holders
 from collapipe_flwr.pipeline.runtime_spec import LOCAL_RUNTIME, ClusterRuntime
-from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles
 from collapipe_flwr.pipeline.stage import emulation_slowdowns
 from collapipe_flwr.pipeline.timings import StepResult, StepTimings
-from collapipe_flwr.precision import autocast, resolve_precision
+from collapipe_flwr.precision import resolve_precision
 from collapipe_flwr.system.devices import DeviceProfile
+from collapipe_flwr.system.pipeline_model import SCHEDULES, held_samples
 from collapipe_flwr.system.profile import (
     ClusterProfile,
     DeviceEmulation,
@@ -47,15 +46,15 @@ from collapipe_flwr.system.profile import (
 
 
 class ClusterPipeline:
-    """GPipe over device stages (see module docstring); signature as in docs/contracts.md.
+    """A pipeline over device stages (see module docstring); signature as in docs/contracts.md.
 
     ``runtime`` (:class:`~collapipe_flwr.pipeline.runtime_spec.ClusterRuntime`, default: stages in this process,
     fp32) says where and how the stages run: the backend, ``emulate`` (slow each device in proportion to its
     profile), ``device_timeout_s`` (every wait on a device), ``precision``, ``device``, ``prestart_devices`` (start
     every device's actor now, so a later plan that uses it pays no start-up), ``pin_threads`` and the Ray options,
     with the cluster's ``name`` (prefix of error messages), ``actor_prefix`` (named, detached actors that later
-    rounds and other processes of the CU find again) and ``actor_threads``. Everything backend-specific goes
-    through the :class:`~collapipe_flwr.pipeline.executors.interface.Stages` executor.
+    rounds and other processes of the CU find again), ``actor_threads`` and ``schedule`` (gpipe | 1f1b).
+    Everything backend-specific goes through the :class:`~collapipe_flwr.pipeline.executors.interface.Stages` executor.
 
     ``blocks`` are copied into the stages (the caller's modules are not trained); the ``embedding`` is
     the CU's own module and is trained in place. Read the encoder back with :meth:`encoder_state_dict`.
@@ -71,6 +70,8 @@ class ClusterPipeline:
         runtime: ClusterRuntime = LOCAL_RUNTIME,
     ) -> None:
         rt = runtime.spec
+        if runtime.schedule not in SCHEDULES:
+            raise ConfigError(f"pipeline.schedule={runtime.schedule!r} must be one of {', '.join(SCHEDULES)}")
         if rt.emulate and not devices:
             raise ConfigError(
                 "runtime.emulate=true needs device profiles; give the network preset's devices or set emulate=false"
@@ -83,6 +84,7 @@ class ClusterPipeline:
         self._on_testbed = False  # set_testbed was called: clear_testbed has quotas and throttles to undo
         self.runtime = runtime
         self.backend = rt.backend
+        self.schedule = runtime.schedule
         self.emulate = rt.emulate
         self.name = runtime.name
         self.precision = resolve_precision(rt.precision, "cpu")  # the CU's embedding runs on the CU's CPU
@@ -240,40 +242,47 @@ class ClusterPipeline:
         K = len(self.devices) if self.devices else len(self.delta)
         return measure_cluster(self._stages, K, self._block(), batch_size_b, seq_len, width, repeats)
 
-    def check_memory(self, batch_size_b: int, seq_len: int) -> None:
-        """Constraint C7 with activations: delta_k blocks at the whole batch must fit gamma_k^max."""
+    def check_memory(self, batch_size_b: int, seq_len: int, m: int = 1) -> None:
+        """Constraint C7 with activations: delta_k blocks at the samples stage k holds at once must fit
+        gamma_k^max (the whole batch under GPipe, min(b, b_hat min(m, S - k)) under 1F1B)."""
         if not self.devices:
             return
-        per_block = module_block_memory_bytes(self._block(), batch_size_b, seq_len, self.optimizer_spec.name)
-        caps = max_blocks_per_device([d.memory_bytes for d in self.devices], per_block)
-        note = f"a batch of {batch_size_b}x{seq_len} tokens (~{per_block / 2**20:.1f} MiB per block)"
+        mem, name = [d.memory_bytes for d in self.devices], self.optimizer_spec.name
+        per_block = module_block_memory_bytes(self._block(), batch_size_b, seq_len, name)
+        caps = max_blocks_per_device(mem, per_block)  # GPipe: the whole batch on every device
+        for s, (k, _, _) in enumerate(self._bounds if self.schedule != "gpipe" else ()):
+            held = held_samples(self.schedule, batch_size_b, m, self.S, s)
+            per_block = module_block_memory_bytes(self._block(), held, seq_len, name)
+            caps[k] = max_blocks_per_device([mem[k]], per_block)[0]
+        note = f"a batch of {batch_size_b}x{seq_len} tokens, {self.schedule} (~{per_block / 2**20:.1f} MiB per block)"
         validate_partition(self.delta, self.num_blocks, caps, memory_note=note)
 
     # -- one step ---------------------------------------------------------------------------------
-    def train_step(self, batch: dict[str, torch.Tensor], m: int, head: HeadFn, lr_factor: float = 1.0) -> StepResult:
-        """One GPipe step (module docstring); ``lr_factor`` scales the base lr of every segment, the embedding and
-        the head for this step (the run's learning-rate clock, ``tasks.lr_schedule.LrClock``)."""
+    def train_step(
+        self, batch: dict[str, torch.Tensor], m: int, head: HeadFn | MicroHead, lr_factor: float = 1.0
+    ) -> StepResult:
+        """One step in the runtime's schedule (module docstring); ``lr_factor`` scales the base lr of every segment,
+        the embedding and the head for this step (the run's learning-rate clock, ``tasks.lr_schedule.LrClock``).
+        Under 1F1B ``head`` must be a :class:`~collapipe_flwr.pipeline.head.MicroHead` (m exchanges a step)."""
         t0 = time.perf_counter()
         b = batch_size(batch)
         micro = split_batch(batch, m)
         m = len(micro)  # min(m, b): a short batch (an epoch's last) runs in fewer micro-batches
-        self.check_memory(b, int(batch["input_ids"].shape[1]))
+        self.check_memory(b, int(batch["input_ids"].shape[1]), m)
         self._begin_step()
-        embedded, z_enc, t_embed = self._forward(micro)
-        t_fwd = time.perf_counter()
-        loss, grads = head(z_enc, micro, float(lr_factor))
-        t_head = time.perf_counter()
-        if len(grads) != m:
-            raise ValueError(f"the head returned {len(grads)} gradients for {m} micro-batches")
-        self._backward(grads, embedded)
+        cu = CuEmbedding(self.embedding, self.precision)
+        if self.schedule == "1f1b":
+            loss, phases = one_f_one_b_step(self._stages, self.S, cu, micro, head, lr_factor)  # type: ignore[arg-type]
+        else:
+            loss, phases = gpipe_step(self._stages, self.S, cu, micro, head, lr_factor)  # type: ignore[arg-type]
         t_bwd = time.perf_counter()
         device_compute = self._update(lr_factor)
         t_end = time.perf_counter()
         timings = StepTimings(
-            embed=t_embed,
-            forward=t_fwd - t0,
-            head=t_head - t_fwd,
-            backward=t_bwd - t_head,
+            embed=cu.seconds,
+            forward=t_bwd - t0 - phases["head"] - phases["backward"],
+            head=phases["head"],
+            backward=phases["backward"],
             update=t_end - t_bwd,
             total=t_end - t0,
             device_compute={int(k): float(c) for (k, _, _), c in zip(self._bounds, device_compute)},
@@ -285,41 +294,6 @@ class ClusterPipeline:
         self.embedding.train()
         self.embedding_optimizer.zero_grad(set_to_none=True)
         self._gather("begin_step")
-
-    def _forward(self, micro: list[dict]) -> tuple[dict[int, torch.Tensor], list[torch.Tensor], float]:
-        """Forward in the GPipe clock order: the CU embeds micro-batch i, stage k runs it after stage k-1. Returns
-        the embedding outputs (kept for backward), z_enc per micro-batch on the host, and the embedding seconds."""
-        st, S, m = self._stages, self.S, len(micro)
-        mask_refs = [st.put(mb["attention_mask"]) for mb in micro]
-        embedded: dict[int, torch.Tensor] = {}
-        handles: dict[tuple[int, int], Any] = {}  # (i, k) -> stage k's output handle (a value or an ObjectRef)
-        t_embed = 0.0
-        for cycle in forward_cycles(m, S):
-            for i, k in cycle:
-                if k == 0:
-                    te = time.perf_counter()
-                    with autocast(self.precision):
-                        embedded[i] = self.embedding(micro[i]["input_ids"])
-                    t_embed += time.perf_counter() - te
-                    x = embedded[i].detach()
-                else:
-                    x = handles[(i, k - 1)]
-                handles[(i, k)] = st.submit(k, "forward", i, x, mask_refs[i])
-        z_enc = [to_host(st.get(handles[(i, S - 1)], S - 1)) for i in range(m)]  # the head is across a wire
-        return embedded, z_enc, t_embed
-
-    def _backward(self, grads: list[torch.Tensor], embedded: dict[int, torch.Tensor]) -> None:
-        """Backward in the reverse clock order from dL/dz_enc; the CU back-propagates into the embedding."""
-        st, S, m = self._stages, self.S, len(grads)
-        ghandles: dict[tuple[int, int], Any] = {}
-        for cycle in backward_cycles(m, S):
-            for i, k in cycle:
-                g = grads[i] if k == S - 1 else ghandles[(i, k + 1)]
-                ghandles[(i, k)] = st.submit(k, "backward", i, g)
-        for i in reversed(range(m)):
-            grad_in = st.get(ghandles[(i, 0)], 0)
-            if embedded[i].requires_grad:  # a frozen embedding (federation.embedding: frozen) has nothing to learn
-                embedded[i].backward(grad_in.to(embedded[i].device))
 
     def _update(self, lr_factor: float) -> list[float]:
         """Every segment and the embedding take one optimizer step; returns each stage's compute seconds."""

@@ -13,17 +13,33 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from collapipe_flwr.accelerator import batch_to, module_device
 from collapipe_flwr.models.split import TaskHead
+from collapipe_flwr.pipeline.head_parts import HeadParts
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.precision import autocast
 
 # head(z_enc per micro-batch, the micro-batches, the step's lr factor) -> (loss, dL/dz_enc per micro-batch): the
 # server's decoder over the data plane (fl/dataplane/client.py) or a head trained here (LocalHead)
 HeadFn = Callable[[list[torch.Tensor], list[dict], float], tuple[float, list[torch.Tensor]]]
+
+
+@runtime_checkable
+class MicroHead(Protocol):
+    """A head that also takes one step's micro-batches one at a time (``pipeline.schedule: 1f1b``):
+    ``begin_step(micro_batches, lr_factor)``, then ``micro_step(i, z_enc_i) -> dL/dz_enc_i`` for i = 0..m-1 in
+    order (micro-batch i's loss sum over the WHOLE batch's target count C), then ``end_step() -> loss``, which
+    takes the head's one update of the step (``pipeline.head_parts.HeadParts``)."""
+
+    def begin_step(self, micro_batches: list[dict], lr_factor: float = 1.0) -> None: ...
+
+    def micro_step(self, i: int, z_enc: torch.Tensor) -> torch.Tensor: ...
+
+    def end_step(self) -> float: ...
 
 
 def head_step(
@@ -90,6 +106,7 @@ class LocalHead:
         self.head = head
         self.precision = precision
         self.spec = optimizer
+        self._parts: HeadParts | None = None
         self.reset_optimizer()
 
     def reset_optimizer(self) -> None:
@@ -102,6 +119,25 @@ class LocalHead:
             scale_lr(self.optimizer, self._base_lrs, lr_factor)
         with autocast(self.precision, module_device(self.head).type):
             return head_step(self.head, self.optimizer, z_enc, micro_batches)
+
+    # -- one micro-batch at a time (MicroHead, pipeline.schedule: 1f1b) -------------------------------
+    def begin_step(self, micro_batches: list[dict], lr_factor: float = 1.0) -> None:
+        self.head.train()
+        if self.optimizer is not None:
+            scale_lr(self.optimizer, self._base_lrs, lr_factor)
+        self._parts = HeadParts(self.head, micro_batches)
+
+    def micro_step(self, i: int, z_enc: torch.Tensor) -> torch.Tensor:
+        if self._parts is None:
+            raise ValueError("micro_step before begin_step; a 1F1B step starts with begin_step(micro_batches)")
+        with autocast(self.precision, module_device(self.head).type):
+            return self._parts.part(i, z_enc)
+
+    def end_step(self) -> float:
+        parts, self._parts = self._parts, None
+        if parts is None:
+            raise ValueError("end_step without begin_step")
+        return parts.apply(self.optimizer)
 
     def close(self) -> None:
         pass

@@ -114,12 +114,14 @@ class ClusterRuntime:
     name: the prefix of this cluster's error messages (``cluster3``); actor_prefix: a non-empty prefix makes the
     device actors named and detached (``executors.ray_actor.actor_name``), so a later round or another process
     of the same CU finds them again; actor_threads: torch threads per device actor (None:
-    ``executors.cores.default_actor_threads(S)``, or the size of the actor's core set when it is pinned)."""
+    ``executors.cores.default_actor_threads(S)``, or the size of the actor's core set when it is pinned);
+    schedule: the stages' order in a step, ``gpipe`` | ``1f1b`` (the ``pipeline`` section's ``schedule``)."""
 
     spec: RuntimeSpec
     name: str = ""
     actor_prefix: str = ""
     actor_threads: int | None = None
+    schedule: str = "gpipe"
 
     @property
     def detached(self) -> bool:

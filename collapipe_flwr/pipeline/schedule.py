@@ -1,8 +1,14 @@
-"""The GPipe clock-cycle schedule (paper Section III.D, Fig. 3).
+"""The stage orders of one training step: GPipe's clock cycles (paper Section III.D, Fig. 3) and 1F1B's.
 
-With S stages and m micro-batches the forward pass takes S + m - 1 clock cycles: in cycle t stage k
+GPipe: with S stages and m micro-batches the forward pass takes S + m - 1 clock cycles: in cycle t stage k
 works on micro-batch i = t - k (so stage k runs micro-batch i while stage k+1 runs i-1). The backward
-pass runs the same cycles in reverse. This is the (S + m - 1) factor of eq. (15).
+pass runs the same cycles in reverse. This is the (S + m - 1) factor of eq. (15). Every forward ends before
+the first backward, so stage k holds the activations of all m micro-batches at once.
+
+1F1B (``pipeline.schedule: 1f1b``): stage k runs min(S - k - 1, m) warm-up forwards, then alternates one
+forward and one backward, then the cool-down backwards; it holds at most min(m, S - k) micro-batches'
+activations (``system.pipeline_model.held_micro_batches``, C7's activation term). It needs dL/dz_enc of
+micro-batch i before micro-batch i + S - k has gone forward on stage k, i.e. one head exchange per micro-batch.
 """
 
 from __future__ import annotations
@@ -18,3 +24,15 @@ def forward_cycles(m: int, S: int) -> list[list[tuple[int, int]]]:
 def backward_cycles(m: int, S: int) -> list[list[tuple[int, int]]]:
     """The forward cycles mirrored: the last stage starts with the last micro-batch."""
     return [[(m - 1 - i, S - 1 - k) for i, k in cycle] for cycle in forward_cycles(m, S)]
+
+
+def one_f_one_b_order(k: int, S: int, m: int) -> list[tuple[str, int]]:
+    """Stage k's calls ("F" | "B", micro-batch i) in 1F1B order: min(S - k - 1, m) warm-up forwards, then
+    one forward / one backward, then the cool-down backwards. Backwards run in ascending i on every stage."""
+    if m < 1 or S < 1 or not 0 <= k < S:
+        raise ValueError(f"need m >= 1, S >= 1 and 0 <= k < S, got m={m}, S={S}, k={k}")
+    warm = min(S - k - 1, m)
+    ops = [("F", i) for i in range(warm)]
+    for j in range(m - warm):
+        ops += [("F", warm + j), ("B", j)]
+    return ops + [("B", i) for i in range(m - warm, m)]

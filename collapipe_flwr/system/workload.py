@@ -24,6 +24,7 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.system.pipeline_model import SCHEDULES, held_samples
 
 T = TypeVar("T")
 
@@ -44,6 +45,8 @@ class Workload:
     theta_LoRA); () = every parameter trains. They, not param_bytes, are what the CU uploads (eq. 11, the bits
     of C9 / eq. 26) and what takes gradients and optimizer slots in gamma_0 (C7); the frozen base weights
     still occupy param_bytes of memory.
+    schedule: the stage order (``pipeline.schedule``: gpipe | 1f1b), which sets C7's activation term
+    (:meth:`block_memory_bytes`).
     """
 
     forward_flops: tuple[float, ...]
@@ -57,8 +60,11 @@ class Workload:
     extra_upload_bytes: float = 0.0
     head_bytes: float = 0.0
     trainable_bytes: tuple[float, ...] = ()
+    schedule: str = "gpipe"
 
     def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"workload schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}")
         L = len(self.forward_flops)
         if L < 1 or not (len(self.backward_flops) == len(self.param_bytes) == len(self.saved_bytes) == L):
             raise ConfigError("workload needs the same number L >= 1 of forward, backward, parameter and saved sizes")
@@ -102,18 +108,25 @@ class Workload:
         """What of theta^enc a CU uploads: the trainable bytes of all L blocks (all of theta^enc without LoRA)."""
         return float(sum(self.trainable_bytes)) if self.trainable_bytes else self.encoder_bytes
 
-    def weight_memory_bytes(self) -> float:
-        """The weight part of gamma_0 (C7) for one TEB: its weights, plus gradients and optimizer slots of the
-        parameters that train (all of them without LoRA: weights x (2 + slots))."""
+    def block_static_bytes(self) -> float:
+        """The part of gamma_0 that does not depend on the batch, for one TEB: its weights, plus gradients and
+        optimizer slots of the parameters that train (all of them without LoRA: weights x (2 + slots))."""
         if not self.trainable_bytes:
-            return max(self.param_bytes) * (2 + self.optimizer_slots)
-        return max(self.param_bytes) + max(self.trainable_bytes) * (1 + self.optimizer_slots)
+            return float(max(self.param_bytes) * (2 + self.optimizer_slots))
+        return float(max(self.param_bytes) + max(self.trainable_bytes) * (1 + self.optimizer_slots))
 
-    def block_memory_bytes(self) -> float:
-        """gamma_0 (C7): memory to train one TEB: weights + gradients + optimizer slots + the saved
-        activations of all b samples (GPipe keeps every micro-batch's activations until its backward)."""
-        weights = self.weight_memory_bytes()
-        return float(weights + max(self.saved_bytes) * self.batch_size)
+    def block_memory_bytes(self, m: int | None = None, S: int = 1, k: int = 0) -> float:
+        """gamma_0 (C7): memory to train one TEB on stage k of S with m micro-batches: weights + gradients +
+        optimizer slots + the saved activations of the samples the stage holds at once
+        (``pipeline_model.held_samples``): all b under GPipe (every micro-batch's activations live until its
+        backward), min(b, ceil(b/m) min(m, S - k)) under 1F1B. ``m=None``: the whole batch (GPipe's figure,
+        whatever the schedule: the bound that holds for every m)."""
+        samples = self.batch_size if m is None else held_samples(self.schedule, self.batch_size, m, S, k)
+        return self.block_static_bytes() + float(max(self.saved_bytes) * samples)
+
+    def stage_memory_bytes(self, delta_k: int, m: int, S: int, k: int) -> float:
+        """C7's left side delta_k gamma_0 for stage k of S holding delta_k TEBs, m micro-batches."""
+        return float(delta_k) * self.block_memory_bytes(m, S, k)
 
     def uplink_bits(self) -> float:
         """Bits CU n sends the BS per round (eq. 11): z_enc of every local step + theta^enc (+ embedding); of
@@ -196,12 +209,14 @@ def measure_workload(
     steps_per_round: int = 1,
     embedding: nn.Module | None = None,
     head: nn.Module | None = None,
+    schedule: str = "gpipe",
 ) -> Workload:
     """Count o_l, o'_l, saved activations and sizes on the real ``blocks`` with a probe ``hidden`` [B, T, H].
 
     ``batch_size`` is b (default: the probe's B); ``embedding`` adds its parameters to the upload; ``head``
     (the server-side decoder / task head) sets ``head_bytes``, which vanilla_fl uploads. Uploads count the
-    trainable parameters; blocks with frozen ones (LoRA) also set ``trainable_bytes``.
+    trainable parameters; blocks with frozen ones (LoRA) also set ``trainable_bytes``. ``schedule`` is the
+    pipeline's (gpipe | 1f1b), for C7.
     """
     if hidden.dim() != 3:
         raise ConfigError(f"measure_workload needs hidden of shape [B, T, H], got {tuple(hidden.shape)}")
@@ -239,6 +254,7 @@ def measure_workload(
         extra_upload_bytes=embedding_bytes,
         head_bytes=_count_bytes(head, bytes_per_param, trainable=True) if head is not None else 0.0,
         trainable_bytes=tuple(trainable) if trainable != params else (),
+        schedule=schedule,
     )
 
 

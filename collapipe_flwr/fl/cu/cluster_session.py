@@ -239,7 +239,8 @@ def session_for(
     """This process's session of (run, cluster), built on first use (same task/model config)."""
     key = (run_key, cluster)
     session = _SESSIONS.get(key)
-    if session is not None and task_key(session.cfg) == task_key(cfg) and session.cfg.runtime == cfg.runtime:
+    same_pipeline = session is not None and (session.cfg.runtime, session.cfg.pipeline) == (cfg.runtime, cfg.pipeline)
+    if session is not None and task_key(session.cfg) == task_key(cfg) and same_pipeline:
         session.cfg = cfg
         return session
     if session is not None:

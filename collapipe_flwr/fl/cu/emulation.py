@@ -44,6 +44,19 @@ class ThrottledHead:
         self.waited_s += time.perf_counter() - start
         return self.head(z_enc, micro, lr_factor)
 
+    # 1F1B (pipeline.schedule: 1f1b): each micro-batch's z_enc waits for its bytes before its own exchange
+    def begin_step(self, micro, lr_factor: float = 1.0) -> None:
+        self.head.begin_step(micro, lr_factor)
+
+    def micro_step(self, i: int, z):
+        start = time.perf_counter()
+        self.bucket.consume(tensor_bytes([z], self.wire))
+        self.waited_s += time.perf_counter() - start
+        return self.head.micro_step(i, z)
+
+    def end_step(self) -> float:
+        return self.head.end_step()
+
     def close(self) -> None:
         if hasattr(self.head, "close"):
             self.head.close()

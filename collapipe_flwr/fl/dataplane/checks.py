@@ -124,3 +124,22 @@ def check_field(i: int, key: str, value: torch.Tensor, rows: int, max_len: int) 
             f"micro-batch {i}: field {key!r} has dtype {str(value.dtype).removeprefix('torch.')}; masks, "
             "labels and token ids must be integer tensors"
         )
+
+
+def check_part_fields(micro_batches: list[dict[str, torch.Tensor]], max_len: int = 0) -> None:
+    """Part 0 of a 1F1B step carries every micro-batch's fields before their activations: each has the fields of
+    micro-batch 0, an ``attention_mask`` [B_i, T_i], and fields passing :func:`check_field` (the activation of
+    micro-batch i is checked against its mask with :func:`check_micro_batch` when its part arrives)."""
+    if not micro_batches or not micro_batches[0]:
+        raise DataPlaneError("part 0 of a step carries no micro-batch fields; it must send every micro-batch's fields")
+    keys = set(micro_batches[0])
+    for i, mb in enumerate(micro_batches):
+        mask = mb.get("attention_mask")
+        if set(mb) != keys or mask is None or mask.dim() != 2:
+            shape = list(mask.shape) if mask is not None else None
+            raise DataPlaneError(
+                f"micro-batch {i} has fields {sorted(mb)} (attention_mask {shape}) but micro-batch 0 has "
+                f"{sorted(keys)}; send the same fields, with an attention_mask [B, T], for every micro-batch"
+            )
+        for key, value in mb.items():
+            check_field(i, key, value, mask.shape[0], max_len)

@@ -8,6 +8,11 @@ Transport: one gRPC bidirectional stream per client (so per CU per round), opene
 Requests go out through a queue the stream consumes; a reader thread moves replies into a second queue,
 so every wait has the ``timeout_s`` bound. A failed or timed-out stream is cancelled and a fresh one is
 opened by the next step; every failure reaches the caller as :class:`DataPlaneError`.
+
+Under ``pipeline.schedule: 1f1b`` the client is also a :class:`~collapipe_flwr.pipeline.head.MicroHead`:
+``begin_step(micro_batches)`` numbers the step, ``micro_step(i, z_enc_i)`` sends micro-batch i as part i of it
+(part 0 with every micro-batch's fields) and returns its dL/dz_enc, ``end_step()`` returns the step loss the
+reply to the last part carried (the server updated its decoder once, with that part).
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ import torch
 
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.auth import call_metadata
-from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_reply, encode_step_request, wire_mode
+from collapipe_flwr.fl.dataplane.protocol import (
+    FULL_METHOD,
+    StepReply,
+    decode_reply,
+    encode_part_request,
+    encode_step_request,
+    wire_mode,
+)
 from collapipe_flwr.fl.dataplane.shm import MODES as SHM_MODES
 from collapipe_flwr.fl.dataplane.shm import ClientSegment, is_loopback, read_pointer, shm_room_for
 from collapipe_flwr.fl.dataplane.transport import MB, channel_options
@@ -112,6 +124,9 @@ class DecoderClient:
         self.bytes_out = 0
         self.bytes_in = 0
         self.steps = 0
+        self._open: tuple[int, list[dict[str, torch.Tensor]]] | None = None  # a 1F1B step: (seq, micro-batches)
+        self._parts_done = 0
+        self._last_loss = 0.0
 
     def __call__(
         self, z_enc: list[torch.Tensor], micro_batches: list[dict[str, torch.Tensor]], lr_factor: float = 1.0
@@ -124,43 +139,83 @@ class DecoderClient:
                 f"{len(z_enc)} encoder outputs for {len(micro_batches)} micro-batches; send one z_enc per micro-batch"
             )
         with self._lock:
-            if self._closed:
-                raise DataPlaneError("this DecoderClient is closed; open a new one for the next round")
+            self._check_open()
             self._seq += 1
             seq = self._seq
             frame = encode_step_request(
                 self._secret, self.round, self.cluster, seq, z_enc, micro_batches, compression=self.compression
             )
-            if len(frame) > self.max_message_bytes:
-                raise DataPlaneError(
-                    f"step request of {len(frame) / MB:.1f} MiB exceeds "
-                    f"dataplane.max_message_mb={self.max_message_bytes // MB}; "
-                    f"raise it on server and CUs, use more micro-batches, or set dataplane.fp16"
-                )
-            if self._stream is not None and self._stream.ended():  # closed while idle: open a fresh one
-                self._drop_stream()
-            if self._stream is None:
-                self._stream = _Stream(self._call, call_metadata(self.round, self.cluster, self._secret))
-            sent = self._pointer_to(frame)
-            item = self._exchange(sent or frame)
-            if sent is not None:
-                if _is_shm_refusal(item):  # the host cannot read this CU's segment: inline frames from now on
-                    self._stop_shm()
-                    item = self._exchange(frame)
-                else:
-                    pointer = read_pointer(item)
-                    if pointer is not None and self._segment is not None:
-                        item = self._segment.read(pointer[1])
-            self.bytes_out += len(frame)
-            self.bytes_in += len(item)
-            try:
-                reply = decode_reply(item, seq, len(z_enc))
-            except DataPlaneError:
-                if _is_protocol_error(item):
-                    self._drop_stream()
-                raise
+            reply = self._round_trip(frame, seq, len(z_enc))
             self.steps += 1
             return reply.loss, reply.grads
+
+    # -- one micro-batch at a time (MicroHead, pipeline.schedule: 1f1b) -----------------------------------
+    def begin_step(self, micro_batches: list[dict[str, torch.Tensor]], lr_factor: float = 1.0) -> None:
+        """Open the next step (its id) of m = len(micro_batches) parts; ``lr_factor`` is not sent (as above)."""
+        with self._lock:
+            self._check_open()
+            self._seq += 1
+            self._open, self._parts_done = (self._seq, list(micro_batches)), 0
+
+    def micro_step(self, i: int, z_enc: torch.Tensor) -> torch.Tensor:
+        """Part i of the open step: z_enc of micro-batch i out, its dL/dz_enc back."""
+        with self._lock:
+            self._check_open()
+            if self._open is None or i != self._parts_done:
+                raise DataPlaneError(f"micro-batch {i} sent out of order (begin_step first, then parts 0..m-1)")
+            seq, micro = self._open
+            frame = encode_part_request(
+                self._secret, self.round, self.cluster, seq, i, z_enc, micro, compression=self.compression
+            )
+            reply = self._round_trip(frame, seq, 1, part=i)
+            self._parts_done += 1
+            self._last_loss = reply.loss
+            return reply.grads[0]
+
+    def end_step(self) -> float:
+        """The step loss, once every part had its exchange (the reply to the last one carried it)."""
+        with self._lock:
+            if self._open is None or self._parts_done != len(self._open[1]):
+                done = self._parts_done
+                raise DataPlaneError(f"the step ended after {done} of its parts; send every micro-batch first")
+            self._open = None
+            self.steps += 1
+            return self._last_loss
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DataPlaneError("this DecoderClient is closed; open a new one for the next round")
+
+    def _round_trip(self, frame: bytes, seq: int, m: int, part: int | None = None) -> StepReply:
+        """Send one request frame (inline or through shared memory) and decode its reply (under the lock)."""
+        if len(frame) > self.max_message_bytes:
+            raise DataPlaneError(
+                f"step request of {len(frame) / MB:.1f} MiB exceeds "
+                f"dataplane.max_message_mb={self.max_message_bytes // MB}; "
+                f"raise it on server and CUs, use more micro-batches, or set dataplane.fp16"
+            )
+        if self._stream is not None and self._stream.ended():  # closed while idle: open a fresh one
+            self._drop_stream()
+        if self._stream is None:
+            self._stream = _Stream(self._call, call_metadata(self.round, self.cluster, self._secret))
+        sent = self._pointer_to(frame)
+        item = self._exchange(sent or frame)
+        if sent is not None:
+            if _is_shm_refusal(item):  # the host cannot read this CU's segment: inline frames from now on
+                self._stop_shm()
+                item = self._exchange(frame)
+            else:
+                pointer = read_pointer(item)
+                if pointer is not None and self._segment is not None:
+                    item = self._segment.read(pointer[1])
+        self.bytes_out += len(frame)
+        self.bytes_in += len(item)
+        try:
+            return decode_reply(item, seq, m, part)
+        except DataPlaneError:
+            if _is_protocol_error(item):
+                self._drop_stream()
+            raise
 
     def _exchange(self, frame: bytes) -> bytes:
         """Send one frame on the open stream and wait for the host's answer (bounded by timeout_s)."""

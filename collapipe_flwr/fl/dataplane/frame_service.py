@@ -2,10 +2,13 @@
 one reply frame (loss and dL/dz_enc per micro-batch) or one error line out.
 
 A frame is authenticated (the CU's own key for (t, n), on its own stream), its round / cluster checked,
-its step id claimed, decoded and checked (:mod:`.checks`) before the decoder is touched. The head then
+decoded, its step id claimed and its tensors checked (:mod:`.checks`) before the decoder is touched. The head then
 runs one whole :func:`~collapipe_flwr.pipeline.head.head_step` under the decoder's lock (per CU), or
-joins the barrier of step ``seq`` of every cluster (``joint``, :mod:`.joint`). The round is checked
-again under the lock, so a closed round runs no step after :meth:`FrameService.close_round` returns.
+joins the barrier of step ``seq`` of every cluster (``joint``, :mod:`.joint`). A 1F1B part (micro-batch i of
+step ``seq``, ``pipeline.schedule: 1f1b``) runs that micro-batch alone under the lock into the CU's open
+:class:`~collapipe_flwr.pipeline.head_parts.HeadParts`; the last part takes the step's one decoder update.
+The round is checked again under the lock, so a closed round runs no step after
+:meth:`FrameService.close_round` returns.
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ import torch
 from collapipe_flwr.accelerator import module_device
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.auth import key_matches
-from collapipe_flwr.fl.dataplane.checks import check_step
+from collapipe_flwr.fl.dataplane.checks import (
+    check_activation,
+    check_micro_batch,
+    check_part_fields,
+    check_step,
+    check_wire_dtype,
+)
 from collapipe_flwr.fl.dataplane.joint import JointSteps, StepResults
 from collapipe_flwr.fl.dataplane.protocol import (
     StepRequest,
@@ -34,6 +43,7 @@ from collapipe_flwr.fl.dataplane.rounds import RoundGate, StepIds
 from collapipe_flwr.fl.dataplane.stats import HostCounters
 from collapipe_flwr.models.split import TaskHead
 from collapipe_flwr.pipeline.head import head_step
+from collapipe_flwr.pipeline.head_parts import HeadParts
 from collapipe_flwr.pipeline.optim import scale_lr
 from collapipe_flwr.precision import autocast
 
@@ -82,6 +92,7 @@ class FrameService:
         self._counters = counters
         self.gate = RoundGate()
         self.step_ids = StepIds(state_lock)
+        self._parts: dict[tuple[int, int], tuple[int, HeadParts]] = {}  # (t, n) -> its open 1F1B step (seq, parts)
         # decoder_update: joint (Algorithm 1 line 14, one update on all clusters' step) instead of per CU
         self._joint = JointSteps(self._run_joint, timeout_s=lock_timeout_s) if joint else None
 
@@ -90,6 +101,7 @@ class FrameService:
         """Accept steps of round t from ``clusters`` (the previous round is closed already)."""
         with self.lock:
             self.gate.open(round_, clusters)
+            self._parts.clear()
         self.step_ids.keep_round(int(round_))
         if self._joint is not None:
             self._joint.open_round(round_, clusters)
@@ -99,6 +111,7 @@ class FrameService:
         if self._joint is not None:
             self._joint.close_round()
         with self.lock:
+            self._parts.clear()  # a 1F1B step a CU left half done is never applied
             return self.gate.close()
 
     def not_admitted(self, round_: int, cluster: int) -> str | None:
@@ -144,9 +157,21 @@ class FrameService:
                 f"{stream[1]}; a CU sends only its own steps"
             )
         self.gate.check(round_, cluster)
-        self.step_ids.claim(round_, cluster, seq)
         req = decode_step_request(frame)
-        check_step(req, self.hidden_size, False, self.max_len, self.max_abs_activation, self.compression)
+        if req.part is not None and self._joint is not None:
+            raise DataPlaneError(
+                "a 1F1B part (pipeline.schedule=1f1b) reached a decoder host that gathers whole steps "
+                "(federation.decoder_update=joint); use decoder_update=per_cu or schedule=gpipe"
+            )
+        self.step_ids.claim(round_, cluster, seq, req.m if req.part is None else req.part)
+        if req.part is None:
+            check_step(req, self.hidden_size, False, self.max_len, self.max_abs_activation, self.compression)
+            return req
+        check_wire_dtype(req, False, self.compression)
+        if req.part == 0:
+            check_part_fields(req.micro_batches, self.max_len)
+        mode = self.compression
+        check_activation(req.part, req.z_enc[0], self.hidden_size, self.max_len, self.max_abs_activation, mode)
         return req
 
     def _answer(self, req: StepRequest, frame: bytes, t0: float, round_: int, cluster: int, seq: int) -> bytes:
@@ -167,14 +192,19 @@ class FrameService:
         try:
             t_locked = time.perf_counter()
             self.gate.check(round_, cluster)
-            loss, grads = self._run_head(req)
+            whole = True
+            if req.part is None:
+                loss, grads = self._run_head(req)
+            else:
+                loss, grads, whole = self._run_part(req)
             t_done = time.perf_counter()
-            self._counters.served(round_, cluster, seq)
+            if whole:
+                self._counters.served(round_, cluster, seq)
         finally:
             self.lock.release()
-        reply = encode_step_reply(seq, loss, grads, compression=self.compression)
-        head, wait = t_done - t_locked, t_locked - t_wait
-        self._counters.count(cluster, frame, reply, served=True, head=head, wait=wait, total=time.perf_counter() - t0)
+        reply = encode_step_reply(seq, loss, grads, compression=self.compression, part=req.part)
+        head, wait, total = t_done - t_locked, t_locked - t_wait, time.perf_counter() - t0
+        self._counters.count(cluster, frame, reply, served=True, head=head, wait=wait, total=total, whole=whole)
         return reply
 
     # -- the decoder step --------------------------------------------------------------------------
@@ -209,6 +239,38 @@ class FrameService:
             return out
         finally:
             self.lock.release()
+
+    def _run_part(self, req: StepRequest) -> tuple[float, list[torch.Tensor], bool]:
+        """Micro-batch ``req.part`` of a 1F1B step under the lock: (its share l_i / C of the loss, or the step loss
+        after the step's one update with the last part; [dL/dz_enc_i]; whether it was the last part). A failure
+        drops the CU's open step: the decoder never takes a half step."""
+        key, i = (req.round, req.cluster), int(req.part or 0)
+        try:
+            if i == 0:
+                self.head.train()
+                self._parts[key] = (req.seq, HeadParts(self.head, req.micro_batches))
+            seq, parts = self._parts.get(key, (None, None))
+            if parts is None or seq != req.seq or parts.m != req.m:
+                raise DataPlaneError(
+                    f"part {i} of step {req.seq} arrived without the earlier parts of its step; a CU sends parts "
+                    "0..m-1 of a step in order on one stream"
+                )
+            z = req.z_enc[0]
+            check_micro_batch(i, z, parts.micro_batches[i], set(parts.micro_batches[0]), self.max_len)
+            with autocast(self.precision, module_device(self.head).type):
+                grad = parts.part(i, z)
+            if not parts.done:
+                return parts.sums[-1] / float(parts.total), [grad], False
+            del self._parts[key]
+            if self._lr_factor_of is not None and self.optimizer is not None:
+                scale_lr(self.optimizer, self._base_lrs, self._lr_factor_of(req.round, req.seq))
+            return parts.apply(self.optimizer), [grad], True
+        except DataPlaneError:
+            self._parts.pop(key, None)
+            raise
+        except Exception as err:  # e.g. a label out of range, no targets, a loss that is not finite
+            self._parts.pop(key, None)
+            raise DataPlaneError(f"the decoder could not run this part: {err.__class__.__name__}: {err}") from None
 
     def _run_head(self, req: StepRequest, terms: list | None = None) -> tuple[float, list[torch.Tensor]]:
         """head_step under the lock; a head failure leaves weights and optimizer state untouched."""

@@ -9,6 +9,12 @@ or an *error* frame whose one-line message the client raises as :class:`DataPlan
 Wire compression (``dataplane.compression``): ``none`` sends float32, ``fp16`` scaled float16, ``int8``
 int8 values with per-channel float32 scales beside them ("zs/i" for "z/i", "gs/i" for "grad/i").
 
+Under ``pipeline.schedule: 1f1b`` a step travels as m *part* requests, one per micro-batch i (header
+``"part": i``, ``"m"``: the step's micro-batch count): each carries its own "z/i" only, and part 0 also every
+micro-batch's fields (the head counts the whole batch's targets C from them before any other part arrives).
+Each part is answered with a reply holding "grad/0" (dL/dz_enc of that micro-batch); the reply to the last
+part carries the step loss, after the decoder's one update of the step.
+
 All of it travels on one gRPC method, a bidirectional stream of raw frames (no protoc code generation):
 a CU opens one stream per round and sends its requests one after another on it.
 """
@@ -68,6 +74,8 @@ class StepRequest:
     z_enc: list[torch.Tensor]
     micro_batches: list[dict[str, torch.Tensor]]
     wire_dtype: str
+    part: int | None = None  # a 1F1B part request: micro-batch ``part`` of the step's m (z_enc holds its one z)
+    m: int = 0  # the step's micro-batch count (the header's m)
 
 
 @dataclass(frozen=True)
@@ -101,23 +109,47 @@ def encode_step_request(
     for i, z in enumerate(z_enc):
         tensors.extend(_float_tensors("z", "zs", i, z, mode))
     for i, mb in enumerate(micro_batches):
-        for key, value in mb.items():
-            if key in LOCAL_ONLY_KEYS:
-                continue
-            if "/" in key:
-                raise DataPlaneError(
-                    f"micro-batch key {key!r} contains '/', which the data plane reserves; rename the batch field"
-                )
-            tensors.append((f"mb/{i}/{key}", value, 1.0))
-    meta = {
-        "kind": "step",
-        "secret": secret,
-        "round": int(round_),
-        "cluster": int(cluster),
-        "seq": int(seq),
-        "m": len(z_enc),
-    }
+        tensors.extend(_field_tensors(i, mb))
+    return encode_frame(_step_meta(secret, round_, cluster, seq, len(z_enc)), tensors)
+
+
+def _step_meta(secret: str, round_: int, cluster: int, seq: int, m: int) -> dict:
+    return {"kind": "step", "secret": secret, "round": int(round_), "cluster": int(cluster), "seq": int(seq), "m": m}
+
+
+def encode_part_request(
+    secret: str,
+    round_: int,
+    cluster: int,
+    seq: int,
+    part: int,
+    z: torch.Tensor,
+    micro_batches: Sequence[dict[str, torch.Tensor]],
+    compression: str = "",
+) -> bytes:
+    """Frame for micro-batch ``part`` of step ``seq`` (1F1B, module docstring): its "z/<part>", and with part 0
+    the fields of all m = len(micro_batches) micro-batches."""
+    mode = wire_mode(False, compression)
+    tensors = _float_tensors("z", "zs", part, z, mode)
+    for i, mb in enumerate(micro_batches if part == 0 else ()):
+        tensors.extend(_field_tensors(i, mb))
+    meta = _step_meta(secret, round_, cluster, seq, len(micro_batches))
+    meta["part"] = int(part)
     return encode_frame(meta, tensors)
+
+
+def _field_tensors(i: int, mb: dict[str, torch.Tensor]) -> list:
+    """(name, tensor, 1.0) records of micro-batch i's fields the head needs (not ``input_ids``)."""
+    out = []
+    for key, value in mb.items():
+        if key in LOCAL_ONLY_KEYS:
+            continue
+        if "/" in key:
+            raise DataPlaneError(
+                f"micro-batch key {key!r} contains '/', which the data plane reserves; rename the batch field"
+            )
+        out.append((f"mb/{i}/{key}", value, 1.0))
+    return out
 
 
 def peek_step_header(data: bytes) -> tuple[str, int, int, int, int]:
@@ -164,12 +196,23 @@ def decode_step_request(data: bytes) -> StepRequest:
             mbs[index][parts[2]] = wt.tensor
         else:
             raise DataPlaneError(f"step request holds a tensor named {wt.name!r}; expected z/<i> or mb/<i>/<key>")
-    missing = [i for i, w in enumerate(z) if w is None]
+    part = _part(meta, m)
+    expect = list(range(m)) if part is None else [part]
+    missing = [i for i in expect if z[i] is None]
     if missing:
         raise DataPlaneError(
             f"step request has m={m} but no encoder output for micro-batch(es) {missing}; send z/0..z/{m - 1}"
+            if part is None
+            else f"part {part} of a step carries no z/{part}; send its micro-batch's encoder output"
         )
-    outputs = [w for w in z if w is not None]
+    others = [i for i, (w, sc) in enumerate(zip(z, zs)) if i != part and (w is not None or sc is not None)]
+    if part is not None and (others or (part and any(mbs))):
+        raise DataPlaneError(
+            f"part {part} of a step carries other micro-batches' tensors; a part sends its own z (and part 0 the "
+            "fields of every micro-batch)"
+        )
+    outputs = [w for i, w in enumerate(z) if w is not None and i in expect]
+    zs = [zs[i] for i in expect]
     dtypes = {str(w.tensor.dtype).removeprefix("torch.") for w in outputs}
     if len(dtypes) != 1:
         raise DataPlaneError(f"encoder outputs arrive with mixed dtypes {sorted(dtypes)}; send them all in one dtype")
@@ -184,25 +227,45 @@ def decode_step_request(data: bytes) -> StepRequest:
                 f"step request carries int8 scales for {wire_dtype} encoder outputs; the frame is corrupt"
             )
         values = [w.value(torch.float32) if w.tensor.is_floating_point() else w.tensor for w in outputs]
-    return StepRequest(secret, round_, cluster, seq, values, mbs, wire_dtype)
+    return StepRequest(secret, round_, cluster, seq, values, mbs if part in (None, 0) else [], wire_dtype, part, m)
+
+
+def _part(meta: dict, m: int) -> int | None:
+    """The header's ``part`` (1F1B: micro-batch i of the step's m), None for a whole-step request."""
+    if "part" not in meta:
+        return None
+    part = _int_field(meta, "part")
+    if not 0 <= part < m:
+        raise DataPlaneError(f"step request is part {part} of m={m} micro-batches; parts run 0..{m - 1}")
+    return part
 
 
 def encode_step_reply(
-    seq: int, loss: float, grads: Sequence[torch.Tensor], fp16: bool = False, compression: str = ""
+    seq: int,
+    loss: float,
+    grads: Sequence[torch.Tensor],
+    fp16: bool = False,
+    compression: str = "",
+    part: int | None = None,
 ) -> bytes:
+    """The reply to a step request (or to its ``part``: then ``grads`` is that micro-batch's one gradient)."""
     mode = wire_mode(fp16, compression)
     tensors = []
     for i, g in enumerate(grads):
         tensors.extend(_float_tensors("grad", "gs", i, g, mode))
-    return encode_frame({"kind": "reply", "seq": int(seq), "loss": float(loss)}, tensors)
+    meta: dict = {"kind": "reply", "seq": int(seq), "loss": float(loss)}
+    if part is not None:
+        meta["part"] = int(part)
+    return encode_frame(meta, tensors)
 
 
 def encode_error(seq: int | None, message: str) -> bytes:
     return encode_frame({"kind": "error", "seq": seq, "message": " ".join(str(message).split())}, [])
 
 
-def decode_reply(data: bytes, expected_seq: int, m: int) -> StepReply:
-    """A step reply as float32 gradients; an error frame raises :class:`DataPlaneError` with its message."""
+def decode_reply(data: bytes, expected_seq: int, m: int, part: int | None = None) -> StepReply:
+    """A step reply (to ``part`` of the step, when given) as float32 gradients; an error frame raises
+    :class:`DataPlaneError` with its message."""
     meta, tensors = decode_frame(data)
     kind = meta.get("kind")
     if kind == "error":
@@ -213,6 +276,11 @@ def decode_reply(data: bytes, expected_seq: int, m: int) -> StepReply:
         raise DataPlaneError(
             f"decoder host answered step {meta.get('seq')!r} while step {expected_seq} was waiting; the stream is out "
             "of order"
+        )
+    if meta.get("part") != part:
+        raise DataPlaneError(
+            f"decoder host answered part {meta.get('part')!r} of step {expected_seq} while part {part} was waiting; "
+            "the stream is out of order"
         )
     loss = meta.get("loss")
     if not isinstance(loss, (int, float)) or isinstance(loss, bool):

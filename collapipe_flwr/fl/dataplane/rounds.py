@@ -1,5 +1,6 @@
 """Which steps the decoder host accepts: those of the open round t from the clusters selected in it
-(:class:`RoundGate`), with step ids rising strictly per (t, n) (:class:`StepIds`, the replay guard)."""
+(:class:`RoundGate`), with step ids rising strictly per (t, n) (:class:`StepIds`, the replay guard). A 1F1B
+step travels as m parts: its id is (seq, part), and a whole-step frame of m micro-batches counts as (seq, m)."""
 
 from __future__ import annotations
 
@@ -49,24 +50,28 @@ class RoundGate:
 
 
 class StepIds:
-    """The highest step id claimed per (round t, cluster n), guarded by the host's ``state_lock``."""
+    """The highest step id (seq, part) claimed per (round t, cluster n), guarded by the host's ``state_lock``."""
 
     def __init__(self, state_lock: threading.Lock) -> None:
         self._state_lock = state_lock
-        self.last: dict[tuple[int, int], int] = {}
+        self.last: dict[tuple[int, int], tuple[int, int]] = {}
 
-    def claim(self, round_: int, cluster: int, seq: int) -> None:
-        """Step ids increase strictly per (round, cluster): a replayed or reordered frame is refused."""
+    def claim(self, round_: int, cluster: int, seq: int, part: int = 0) -> None:
+        """Step ids (seq, part) increase strictly per (round, cluster), compared as pairs: a replayed or reordered
+        frame is refused. ``part`` is micro-batch i of a 1F1B step (its parts 0, 1, .. m-1 share one seq); a
+        whole step of m micro-batches claims (seq, m), so none of its micro-batches can come again as a part."""
+        key = (int(seq), int(part))
         with self._state_lock:
-            last = self.last.get((round_, cluster), 0)
-            if seq <= last:
+            last = self.last.get((round_, cluster), (0, 0))
+            if key <= last:
+                what = f"{seq}" if not part else f"{seq} (part {part})"
                 raise DataPlaneError(
-                    f"step id {seq} of cluster {cluster} in round {round_} is not above the last one ({last}): a "
+                    f"step id {what} of cluster {cluster} in round {round_} is not above the last one ({last[0]}): a "
                     "replayed or reordered frame; a CU numbers its steps 1, 2, ... within a round"
                 )
-            self.last[(round_, cluster)] = seq
+            self.last[(round_, cluster)] = key
 
     def keep_round(self, round_: int) -> None:
         """Forget every round but t: only the open round's step ids can be claimed (O(N), not O(N * T))."""
         with self._state_lock:
-            self.last = {key: seq for key, seq in self.last.items() if key[0] == round_}
+            self.last = {key: ids for key, ids in self.last.items() if key[0] == round_}

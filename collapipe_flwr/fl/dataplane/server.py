@@ -16,6 +16,10 @@ running the accepted steps one after another in the order they took the lock (re
 or its optimizer state. By default (``federation.decoder_update: per_cu``) each CU step is one decoder
 update, applied in arrival order, so CUs never wait for each other; ``joint`` follows Algorithm 1, line 14
 literally: one update per step on the activations of all N clusters (a barrier, see :mod:`.joint`).
+Under ``pipeline.schedule: 1f1b`` a CU's step arrives as m part requests, one per micro-batch: each part runs
+its micro-batch's head forward and backward under the lock, its head gradients summed apart from the head's
+(``pipeline.head_parts.HeadParts``, one per (t, n)), and the last part takes the step's one update; parts of
+different CUs may alternate, so a part sees the head as the updates before it left it.
 The round / cluster membership is checked again under the lock, so :meth:`DecoderHost.close_round`
 (which takes the same lock) is a clean cut: no step of a closed round runs after it returns.
 
@@ -245,8 +249,9 @@ class DecoderHost:
         return self._streams.idle_cancelled
 
     @property
-    def _last_seq(self) -> dict[tuple[int, int], int]:
-        """The highest step id claimed per (round, cluster) of the open round (the replay guard's state)."""
+    def _last_seq(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """The highest step id (seq, part) claimed per (round, cluster) of the open round (the replay guard's
+        state)."""
         return self._frames.step_ids.last
 
     # -- serving -----------------------------------------------------------------------------------

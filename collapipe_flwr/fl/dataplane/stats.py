@@ -45,11 +45,13 @@ class HostCounters:
         head: float = 0.0,
         wait: float = 0.0,
         total: float = 0.0,
+        whole: bool = True,
     ) -> None:
-        """One request frame answered by ``reply`` (a served step or a refusal) for cluster n (None: unknown)."""
+        """One request frame answered by ``reply`` (a served step or a refusal) for cluster n (None: unknown);
+        ``whole=False``: a served 1F1B part before the step's last (counted as a step with its last part)."""
         with self._state_lock:
             c = self._counters[cluster] if cluster is not None else self.unattributed
-            c.steps += int(served)
+            c.steps += int(served and whole)
             c.refused += int(not served)
             c.bytes_in += len(frame)
             c.bytes_out += len(reply)

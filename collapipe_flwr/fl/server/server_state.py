@@ -65,6 +65,7 @@ def count_workload(model: SplitModel, hidden: torch.Tensor, mask: torch.Tensor, 
         steps_per_round=cfg.federation.local_steps,
         embedding=model.embedding if wiring.embedding_travels(cfg) else None,  # uploaded or not
         head=model.head,
+        schedule=cfg.pipeline.schedule,  # C7's activation term (Workload.block_memory_bytes)
     )
 
 

@@ -52,6 +52,10 @@ class CausalLMHead(TaskHead):
         )
         return loss_sum, (targets != IGNORE).sum()
 
+    def target_count(self, attention_mask: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The next-token targets :meth:`loss_terms` counts: ``labels[:, 1:] != -100``."""
+        return (causal_labels(batch)[:, 1:] != IGNORE).sum()
+
     def predict(
         self, hidden: torch.Tensor, attention_mask: torch.Tensor, batch: Mapping[str, torch.Tensor] | None = None
     ) -> torch.Tensor:
