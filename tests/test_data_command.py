@@ -57,7 +57,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 def test_files_come_from_the_task_configs():
     names = {name for task in data.task_names() for g in data.file_groups(data.task_spec(task)) for name in g.names}
     assert names == set(FAKE)
-    assert set(data.task_names()) == {"translation", "ner", "classification"}
+    assert set(data.task_names()) == {"translation", "ner", "classification", "causal_lm"}
 
 
 def test_check_ok_prints_counts(tmp_path, capsys):

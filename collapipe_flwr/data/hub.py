@@ -72,15 +72,18 @@ def _hub_files(spec: TaskSpec) -> dict[str, Any]:
 
 
 def _hub_groups(tasks: Sequence[str]) -> list[FileGroup]:
-    """The file groups --from-hub writes: every task's splits and its vocab (once per file name)."""
+    """The file groups --from-hub writes: every task's splits and its vocab (once per file name). Tasks with a Hub
+    source go first, so a task that only reads their files (causal_lm: Multi30K's English side) needs none."""
     groups: list[FileGroup] = []
-    for task in tasks:
+    covered: set[str] = set()
+    for task in sorted(tasks, key=lambda name: name not in HUB_DEFAULTS):
         for group in file_groups(task_spec(task)):
-            if group.split == "extra" or any(g.names == group.names for g in groups):
-                continue  # extra corpora are not on the Hub in this form (docs/data.md); a shared vocab once
+            if group.split == "extra" or set(group.names) <= covered:
+                continue  # extra corpora are not on the Hub in this form (docs/data.md); a shared file once
             if task not in HUB_DEFAULTS and group.kind != "vocab":
                 raise ConfigError(f"--from-hub knows no Hub source for task {task!r}; use --from <folder>")
             groups.append(group)
+            covered |= set(group.names)
     return groups
 
 
