@@ -107,6 +107,7 @@ def test_federation_long_on_ner_carries_the_central_ner_recipe_and_overrides_sti
     assert cfg["task"]["extra_train_files"] == ["chinese_ner/supplementary_msra/msra_bio.txt"]
     assert (cfg["model"]["dropout"], cfg["model"]["optimizer"]["lr"]) == (0.2, 0.0007)
     assert cfg["model"]["lr_schedule"]["warmup_steps"] == 100 and cfg["model"]["lr_schedule"]["min_factor"] == 0.05
+    assert cfg["federation"]["num_rounds"] == 60 and cfg["network"]["uplink"]["energy_max_j"] == 1000.0
     assert compose(["task=ner", "federation=long", "task.batch_size=16"])["task"]["batch_size"] == 16
     assert compose(["task=ner"])["task"]["batch_size"] == 64  # federation=small: Table II's b
     assert compose(["task=classification", "federation=long"])["model"]["dropout"] == 0.1
