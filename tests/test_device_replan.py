@@ -23,6 +23,7 @@ from tests.test_dssra_bruteforce import brute_force, random_model
 def _drop_by_hand(model, k):
     arrays = ("flops_per_second", "flops_per_cycle", "f_hz", "d2d_rate", "d2d_power", "memory_cap")
     arrays += ("d2d_latency_s", "per_microbatch_s")  # per device since measured profiles
+    arrays += ("memory_bytes",)  # gamma_k^max per device since C7 follows the schedule (1F1B)
     return dataclasses.replace(model, **{a: np.delete(np.asarray(getattr(model, a)), k) for a in arrays})
 
 
