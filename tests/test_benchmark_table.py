@@ -32,6 +32,16 @@ def test_rows_say_met_missed_and_not_measured():
     assert speedup[1:4] == ["0.8 x", "<= 0.75 x", "no"]
     dp = rows["data plane, one 64 x 32 x 256 fp32 exchange"].cells(figures)
     assert dp[1:4] == ["2.5 ms", "<= 3 ms", "yes"]
+    figures |= {"data_plane_channel_ms": 2.0, "data_plane_head_ms": 0.5, "data_plane_shm_ms_median": 2.2}
+    figures |= {"data_plane_shm_channel_ms": 1.5}
+    channel = rows["data plane fp32 exchange less the host's head step (the channel alone)"].cells(figures)
+    assert channel[1:4] == ["2 ms", "<= 3 ms", "yes"]
+    head = rows["data plane, the host's head step within the fp32 exchange (trivial head)"].cells(figures)
+    assert head[1:4] == ["0.5 ms", "-", "-"]  # reported apart, no target of its own
+    shm = rows["data plane, the fp32 exchange through shared memory (CU on the server's host)"].cells(figures)
+    assert shm[1:4] == ["2.2 ms", "<= 2 ms", "no"]
+    shm_channel = rows["data plane shared-memory exchange less the host's head step (the channel alone)"].cells(figures)
+    assert shm_channel[1:4] == ["1.5 ms", "<= 2 ms", "yes"]
     share = rows["data plane exchange / plain BERT-small step (32 x 64)"].cells(figures)
     assert share[1] == "0.025" and share[3] == "yes"  # 2.5 ms of a 100 ms step
     missing = rows["DSSRA solve, (N, K, J) = (100, 10, 50), one round"].cells(figures)

@@ -19,6 +19,7 @@ import torch
 
 from collapipe_flwr.accelerator import batch_to, module_device
 from collapipe_flwr.models.split import TaskHead
+from collapipe_flwr.pipeline.finite import all_finite
 from collapipe_flwr.pipeline.head_parts import HeadParts
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.precision import autocast
@@ -84,8 +85,8 @@ def head_step(
     grads = [(z.grad if z.grad is not None else torch.zeros_like(z)).to(src.device) for z, src in zip(leaves, z_enc)]
     if (
         not math.isfinite(loss)
-        or not all(bool(torch.isfinite(g).all()) for g in grads)
-        or not all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in head.parameters())
+        or not all(all_finite(g) for g in grads)
+        or not all(p.grad is None or all_finite(p.grad) for p in head.parameters())
     ):
         head.zero_grad(set_to_none=True)
         raise ValueError(

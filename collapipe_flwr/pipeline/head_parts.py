@@ -23,6 +23,7 @@ import torch
 
 from collapipe_flwr.accelerator import batch_to, module_device
 from collapipe_flwr.models.split import TaskHead
+from collapipe_flwr.pipeline.finite import all_finite
 
 
 class HeadParts:
@@ -68,7 +69,7 @@ class HeadParts:
         grads = torch.autograd.grad(loss_sum / self.total.to(loss_sum.dtype), [leaf, *self.params], allow_unused=True)
         dz = grads[0] if grads[0] is not None else torch.zeros_like(leaf)
         value = float(loss_sum.detach())
-        if not math.isfinite(value) or not all(g is None or bool(torch.isfinite(g).all()) for g in grads):
+        if not math.isfinite(value) or not all(g is None or all_finite(g) for g in grads):
             raise ValueError(
                 f"micro-batch {i}'s loss or gradients are not finite (loss sum {value}); the head was not updated, "
                 "check the activations this CU sends (too large, NaN) and its learning rate"

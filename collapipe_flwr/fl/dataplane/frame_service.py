@@ -35,12 +35,13 @@ from collapipe_flwr.fl.dataplane.joint import JointSteps, StepResults
 from collapipe_flwr.fl.dataplane.protocol import (
     StepRequest,
     decode_step_request,
-    encode_error,
-    encode_step_reply,
+    error_frame,
     peek_step_header,
+    step_reply_frame,
 )
 from collapipe_flwr.fl.dataplane.rounds import RoundGate, StepIds
 from collapipe_flwr.fl.dataplane.stats import HostCounters
+from collapipe_flwr.fl.dataplane.wire import Frame
 from collapipe_flwr.models.split import TaskHead
 from collapipe_flwr.pipeline.head import head_step
 from collapipe_flwr.pipeline.head_parts import HeadParts
@@ -123,9 +124,10 @@ class FrameService:
         return None
 
     # -- one frame ---------------------------------------------------------------------------------
-    def serve(self, frame: bytes, stream: tuple[int, int] | None = None) -> tuple[bytes, int | None]:
+    def serve(self, frame: bytes | bytearray, stream: tuple[int, int] | None = None) -> tuple[Frame, int | None]:
         """(reply or error frame, the step's round t or None when refused) for one request frame that
-        arrived on the stream of (t, n) = ``stream`` (None: not known)."""
+        arrived on the stream of (t, n) = ``stream`` (None: not known). A ``bytearray`` frame is the host's own
+        copy (read out of a CU's segment): its tensors are decoded in place."""
         t0 = time.perf_counter()
         seq = cluster = round_ = None
         try:
@@ -139,17 +141,19 @@ class FrameService:
             req = self._admit(frame, round_, cluster, seq, stream)
             return self._answer(req, frame, t0, round_, cluster, seq), round_
         except DataPlaneError as err:
-            reply = encode_error(seq, str(err))
+            reply = error_frame(seq, str(err))
             self._counters.count(cluster, frame, reply, served=False, total=time.perf_counter() - t0)
             log.warning("data-plane request refused (round %s, cluster %s): %s", round_, cluster, err)
             return reply, None
         except Exception as err:  # a bug, not the CU's fault: answer it, keep serving, keep the trace in the log
             log.exception("data-plane request failed inside the decoder host")
-            reply = encode_error(seq, f"internal error in the decoder host: {err.__class__.__name__}: {err}")
+            reply = error_frame(seq, f"internal error in the decoder host: {err.__class__.__name__}: {err}")
             self._counters.count(cluster, frame, reply, served=False, total=time.perf_counter() - t0)
             return reply, None
 
-    def _admit(self, frame: bytes, round_: int, cluster: int, seq: int, stream: tuple[int, int] | None) -> StepRequest:
+    def _admit(
+        self, frame: bytes | bytearray, round_: int, cluster: int, seq: int, stream: tuple[int, int] | None
+    ) -> StepRequest:
         """The decoded request of an authenticated frame, once its stream, round, step id and tensors pass."""
         if stream is not None and (round_, cluster) != stream:
             raise DataPlaneError(
@@ -174,13 +178,15 @@ class FrameService:
         check_activation(req.part, req.z_enc[0], self.hidden_size, self.max_len, self.max_abs_activation, mode)
         return req
 
-    def _answer(self, req: StepRequest, frame: bytes, t0: float, round_: int, cluster: int, seq: int) -> bytes:
+    def _answer(
+        self, req: StepRequest, frame: bytes | bytearray, t0: float, round_: int, cluster: int, seq: int
+    ) -> Frame:
         """Run the step (joint barrier or alone under the lock) and encode loss and dL/dz_enc back."""
         t_wait = time.perf_counter()
         joint = self._joint.submit(req) if self._joint is not None else None
         if joint is not None:
             loss, grads = joint
-            reply = encode_step_reply(seq, loss, grads, compression=self.compression)
+            reply = step_reply_frame(seq, loss, grads, self.compression)
             wait = time.perf_counter() - t_wait
             self._counters.count(cluster, frame, reply, served=True, wait=wait, total=time.perf_counter() - t0)
             return reply
@@ -202,7 +208,7 @@ class FrameService:
                 self._counters.served(round_, cluster, seq)
         finally:
             self.lock.release()
-        reply = encode_step_reply(seq, loss, grads, compression=self.compression, part=req.part)
+        reply = step_reply_frame(seq, loss, grads, self.compression, req.part)
         head, wait, total = t_done - t_locked, t_locked - t_wait, time.perf_counter() - t0
         self._counters.count(cluster, frame, reply, served=True, head=head, wait=wait, total=total, whole=whole)
         return reply

@@ -28,10 +28,11 @@ import torch
 
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.wire import (
+    Frame,
     WireTensor,
     decode_frame,
     decode_header,
-    encode_frame,
+    frame_of,
     from_wire_int8,
     to_wire_fp16,
     to_wire_int8,
@@ -105,19 +106,34 @@ def encode_step_request(
     """Frame for one step: z_enc as float16 with a power-of-two scale when ``fp16``, as int8 with per-channel
     scales when ``compression="int8"`` (else as given)."""
     mode = wire_mode(fp16, compression)
+    return step_request_frame(secret, round_, cluster, seq, z_enc, micro_batches, mode).tobytes()
+
+
+def step_request_frame(
+    secret: str,
+    round_: int,
+    cluster: int,
+    seq: int,
+    z_enc: Sequence[torch.Tensor],
+    micro_batches: Sequence[dict[str, torch.Tensor]],
+    compression: str = "",
+) -> Frame:
+    """:func:`encode_step_request` as a :class:`~.wire.Frame` (its pieces, joined or written into shared
+    memory by the sender: the activations are copied once)."""
+    mode = wire_mode(False, compression)
     tensors = []
     for i, z in enumerate(z_enc):
         tensors.extend(_float_tensors("z", "zs", i, z, mode))
     for i, mb in enumerate(micro_batches):
         tensors.extend(_field_tensors(i, mb))
-    return encode_frame(_step_meta(secret, round_, cluster, seq, len(z_enc)), tensors)
+    return frame_of(_step_meta(secret, round_, cluster, seq, len(z_enc)), tensors)
 
 
 def _step_meta(secret: str, round_: int, cluster: int, seq: int, m: int) -> dict:
     return {"kind": "step", "secret": secret, "round": int(round_), "cluster": int(cluster), "seq": int(seq), "m": m}
 
 
-def encode_part_request(
+def part_request_frame(
     secret: str,
     round_: int,
     cluster: int,
@@ -126,7 +142,7 @@ def encode_part_request(
     z: torch.Tensor,
     micro_batches: Sequence[dict[str, torch.Tensor]],
     compression: str = "",
-) -> bytes:
+) -> Frame:
     """Frame for micro-batch ``part`` of step ``seq`` (1F1B, module docstring): its "z/<part>", and with part 0
     the fields of all m = len(micro_batches) micro-batches."""
     mode = wire_mode(False, compression)
@@ -135,7 +151,7 @@ def encode_part_request(
         tensors.extend(_field_tensors(i, mb))
     meta = _step_meta(secret, round_, cluster, seq, len(micro_batches))
     meta["part"] = int(part)
-    return encode_frame(meta, tensors)
+    return frame_of(meta, tensors)
 
 
 def _field_tensors(i: int, mb: dict[str, torch.Tensor]) -> list:
@@ -152,7 +168,7 @@ def _field_tensors(i: int, mb: dict[str, torch.Tensor]) -> list:
     return out
 
 
-def peek_step_header(data: bytes) -> tuple[str, int, int, int, int]:
+def peek_step_header(data: bytes | bytearray) -> tuple[str, int, int, int, int]:
     """(secret, round, cluster, seq, m) from a step request header, without decoding any tensor bytes."""
     meta = decode_header(data)
     if meta.get("kind") != "step":
@@ -168,7 +184,7 @@ def peek_step_header(data: bytes) -> tuple[str, int, int, int, int]:
     return secret, _int_field(meta, "round"), _int_field(meta, "cluster"), _int_field(meta, "seq"), m
 
 
-def decode_step_request(data: bytes) -> StepRequest:
+def decode_step_request(data: bytes | bytearray) -> StepRequest:
     """Parse a step request; names must be exactly z/0..z/{m-1} and mb/{i}/{key} for i < m."""
     secret, round_, cluster, seq, m = peek_step_header(data)
     meta, tensors = decode_frame(data)
@@ -249,21 +265,33 @@ def encode_step_reply(
     part: int | None = None,
 ) -> bytes:
     """The reply to a step request (or to its ``part``: then ``grads`` is that micro-batch's one gradient)."""
-    mode = wire_mode(fp16, compression)
+    return step_reply_frame(seq, loss, grads, wire_mode(fp16, compression), part).tobytes()
+
+
+def step_reply_frame(
+    seq: int, loss: float, grads: Sequence[torch.Tensor], compression: str = "", part: int | None = None
+) -> Frame:
+    """:func:`encode_step_reply` as a :class:`~.wire.Frame` (written straight into a CU's segment, or joined)."""
+    mode = wire_mode(False, compression)
     tensors = []
     for i, g in enumerate(grads):
         tensors.extend(_float_tensors("grad", "gs", i, g, mode))
     meta: dict = {"kind": "reply", "seq": int(seq), "loss": float(loss)}
     if part is not None:
         meta["part"] = int(part)
-    return encode_frame(meta, tensors)
+    return frame_of(meta, tensors)
 
 
 def encode_error(seq: int | None, message: str) -> bytes:
-    return encode_frame({"kind": "error", "seq": seq, "message": " ".join(str(message).split())}, [])
+    return error_frame(seq, message).tobytes()
 
 
-def decode_reply(data: bytes, expected_seq: int, m: int, part: int | None = None) -> StepReply:
+def error_frame(seq: int | None, message: str) -> Frame:
+    """The one-line refusal of step ``seq`` (None: not known) as a :class:`~.wire.Frame`."""
+    return frame_of({"kind": "error", "seq": seq, "message": " ".join(str(message).split())}, [])
+
+
+def decode_reply(data: bytes | bytearray, expected_seq: int, m: int, part: int | None = None) -> StepReply:
     """A step reply (to ``part`` of the step, when given) as float32 gradients; an error frame raises
     :class:`DataPlaneError` with its message."""
     meta, tensors = decode_frame(data)

@@ -271,8 +271,9 @@ class DecoderHost:
         # the CU's shared-memory segments (same-host shortcut, shm.py), no frame larger than the task's cap
         segments = HostSegments(max_bytes=self.max_message_mb * 2**20)
         try:
-            for frame in request_iterator:
+            for raw in request_iterator:
                 self._streams.mark_idle(context, busy=True)
+                frame: bytes | bytearray = raw  # a bytearray: the host's own copy out of the CU's segment
                 try:
                     pointer = read_pointer(frame)
                     if pointer is not None:
@@ -281,9 +282,8 @@ class DecoderHost:
                     self._streams.mark_idle(context, refused=True)
                     yield encode_error(None, str(err))
                     continue
-                reply, round_ = self._frames.serve(frame, stream)
-                if pointer is not None:
-                    reply = segments.reply(pointer[0], reply)
+                answer, round_ = self._frames.serve(frame, stream)
+                reply = segments.reply(pointer[0], answer) if pointer is not None else answer.tobytes()
                 if registered is None and round_ is not None:
                     registered = round_
                     self._streams.register(round_, context)

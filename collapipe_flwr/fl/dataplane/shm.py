@@ -25,7 +25,7 @@ import secrets
 from multiprocessing import resource_tracker, shared_memory
 
 from collapipe_flwr.errors import DataPlaneError
-from collapipe_flwr.fl.dataplane.wire import decode_header, encode_frame
+from collapipe_flwr.fl.dataplane.wire import Frame, decode_header, encode_frame
 
 KIND = "shm"
 PREFIX = "cpdp-"  # every segment this data plane makes; a pointer to any other name is refused
@@ -59,7 +59,7 @@ def pointer_frame(name: str, size: int) -> bytes:
     return encode_frame({"kind": KIND, "name": name, "size": int(size)}, [])
 
 
-def read_pointer(frame: bytes) -> tuple[str, int] | None:
+def read_pointer(frame: bytes | bytearray) -> tuple[str, int] | None:
     """(segment name, size) when ``frame`` is a pointer frame, else None; a malformed pointer is refused."""
     if len(frame) > 4096:  # pointer frames are tiny; anything larger is an inline step frame
         return None
@@ -82,6 +82,13 @@ def _buf(shm: shared_memory.SharedMemory) -> memoryview:
     return buf
 
 
+def _write(buf: memoryview, frame: bytes | Frame) -> None:
+    if isinstance(frame, Frame):
+        frame.write_into(buf)
+    else:
+        buf[: len(frame)] = frame
+
+
 class ClientSegment:
     """The CU's segment for one stream: request frames in, reply frames out (same bytes, in turn)."""
 
@@ -94,18 +101,20 @@ class ClientSegment:
     def size(self) -> int:
         return self.shm.size
 
-    def write(self, frame: bytes) -> bytes:
-        """Put ``frame`` in the segment; return the pointer frame to send instead."""
+    def write(self, frame: bytes | Frame) -> bytes:
+        """Put ``frame`` in the segment (a :class:`~.wire.Frame`'s pieces written in place: one copy of its
+        tensors); return the pointer frame to send instead."""
         if len(frame) > self.shm.size:
             raise DataPlaneError(f"a {len(frame)}-byte frame does not fit the {self.shm.size}-byte segment")
-        _buf(self.shm)[: len(frame)] = frame
+        _write(_buf(self.shm), frame)
         return pointer_frame(self.name, len(frame))
 
-    def read(self, size: int) -> bytes:
-        """The reply frame the host left in the segment (copied out: the next request overwrites it)."""
+    def read(self, size: int) -> bytearray:
+        """The reply frame the host left in the segment, copied out once into a private buffer (the next request
+        overwrites the segment) that :func:`~.wire.decode_frame` then views in place."""
         if not 0 < size <= self.shm.size:
             raise DataPlaneError(f"the host's reply pointer names {size} bytes of a {self.shm.size}-byte segment")
-        return bytes(_buf(self.shm)[:size])
+        return bytearray(_buf(self.shm)[:size])
 
     def close(self) -> None:
         """Detach and remove the segment (idempotent)."""
@@ -142,7 +151,7 @@ class HostSegments:
             self._open[name] = shm
         return self._open[name]
 
-    def read(self, name: str, size: int) -> bytes:
+    def read(self, name: str, size: int) -> bytearray:
         """The frame a CU's pointer names, copied out after its size is checked against the host's message
         cap (the same cap gRPC applies to an inline frame) and before the segment is even attached."""
         if self.max_bytes and not 0 < size <= self.max_bytes:
@@ -153,14 +162,16 @@ class HostSegments:
         shm = self._get(name)
         if size > shm.size:
             raise DataPlaneError(f"shared-memory pointer names {size} bytes of a {shm.size}-byte segment")
-        return bytes(_buf(shm)[:size])
+        # one private copy, before any byte is parsed: the CU may rewrite its segment at any time, so the key,
+        # round and cluster checked are those of the frame that is served
+        return bytearray(_buf(shm)[:size])
 
-    def reply(self, name: str, frame: bytes) -> bytes:
+    def reply(self, name: str, frame: Frame) -> bytes:
         """The reply to send: a pointer when ``frame`` fits the segment (written there), else ``frame`` itself."""
         shm = self._get(name)
         if len(frame) > shm.size:
-            return frame
-        _buf(shm)[: len(frame)] = frame
+            return frame.tobytes()
+        frame.write_into(_buf(shm))
         return pointer_frame(name, len(frame))
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Sized
 from dataclasses import asdict, dataclass
 
 
@@ -39,8 +40,8 @@ class HostCounters:
     def count(
         self,
         cluster: int | None,
-        frame: bytes,
-        reply: bytes,
+        frame: Sized,
+        reply: Sized,
         served: bool,
         head: float = 0.0,
         wait: float = 0.0,

@@ -113,5 +113,5 @@ class StreamRegistry:
                 for context in stale:
                     self._idle_since.pop(context, None)
             for context in stale:
+                context.cancel()  # before counting it: whoever reads the counter sees the stream already cancelled
                 self.idle_cancelled += 1
-                context.cancel()

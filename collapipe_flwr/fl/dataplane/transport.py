@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 MB = 1 << 20
+MAX_FRAME_BYTES = (1 << 24) - 1  # the largest HTTP/2 frame size a peer may announce (RFC 9113)
 
 
 # Integer fields a step may carry per token besides z_enc (attention mask, labels, decoder inputs, ...):
@@ -36,6 +37,9 @@ def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
         # a fixed window (no bandwidth-delay probing that grows it): what a peer can push before its frame
         # is read, and refused when oversized, stays within min(cap, 16 MB) per stream
         ("grpc.http2.bdp_probe", 0),
+        # HTTP/2 DATA frames up to 16 MiB (the default is 16 KiB: a 2 MiB z_enc went out as 128 frames, each
+        # framed, parsed and flow-controlled apart); flow control above still bounds what a peer can push
+        ("grpc.http2.max_frame_size", min(limit, MAX_FRAME_BYTES)),
         ("grpc.max_send_message_length", limit),
         ("grpc.max_receive_message_length", limit),
         ("grpc.keepalive_time_ms", 20_000),

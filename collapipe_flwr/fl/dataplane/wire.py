@@ -4,7 +4,8 @@ Layout of a frame (all integers little-endian)::
 
     b"CPDP" | version: u8 | header_len: u32 | header: UTF-8 JSON | payload
 
-The header is a JSON object; its ``"tensors"`` list names every tensor in payload order as
+The header is a JSON object, padded with spaces so the payload starts at a multiple of 8 in the frame (a
+decoder may view a frame it owns in place, aligned); its ``"tensors"`` list names every tensor in payload order as
 ``{"name": str, "dtype": str, "shape": [int, ...], "scale": float}``. Each tensor's bytes start at the
 next multiple of 8 in the payload (so every dtype view is aligned) and the payload ends right after the
 last tensor. Nothing is unpickled: only the dtypes in :data:`DTYPES` are accepted and every size is
@@ -83,16 +84,8 @@ def _padded(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def all_finite(t: torch.Tensor) -> bool:
-    """True when a float tensor holds no NaN/Inf (one fused pass: aminmax propagates NaN and Inf)."""
-    if not t.is_floating_point() or t.numel() == 0:
-        return True
-    lo, hi = torch.aminmax(t)
-    return math.isfinite(float(lo)) and math.isfinite(float(hi))
-
-
 def peak_magnitude(t: torch.Tensor) -> float:
-    """max |t| from the same single aminmax pass as :func:`all_finite`; inf when t holds NaN or Inf."""
+    """max |t| from one aminmax pass (as ``pipeline.finite.all_finite``); inf when t holds NaN or Inf."""
     if not t.is_floating_point() or t.numel() == 0:
         return 0.0
     lo, hi = (float(x) for x in torch.aminmax(t))
@@ -147,10 +140,45 @@ def from_wire_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return torch.mul(q, scales.to(torch.float32))  # int8 x float32 promotes to float32 in one pass
 
 
+class Frame:
+    """An encoded frame as its pieces (prefix and header, then each tensor's bytes and padding), not yet joined.
+
+    A tensor's bytes are copied once on the way out: joined into the ``bytes`` gRPC sends (:meth:`tobytes`) or
+    written straight into a shared-memory segment (:meth:`write_into`). The pieces view the tensors' storage,
+    so a frame is sent before its tensors change.
+    """
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self, pieces: list, size: int) -> None:
+        self.pieces = pieces
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def tobytes(self) -> bytes:
+        """The frame as one ``bytes`` object (what gRPC sends)."""
+        return b"".join(self.pieces)
+
+    def write_into(self, buf: memoryview) -> None:
+        """Copy the frame to the start of ``buf`` (a byte buffer of at least :attr:`size` bytes)."""
+        offset = 0
+        for piece in self.pieces:
+            n = len(piece)
+            buf[offset : offset + n] = piece
+            offset += n
+
+
 def encode_frame(meta: dict, tensors: Sequence[tuple[str, torch.Tensor, float]]) -> bytes:
     """One frame holding ``meta`` (JSON-safe dict without a "tensors" key) and ``(name, tensor, scale)``."""
+    return frame_of(meta, tensors).tobytes()
+
+
+def frame_of(meta: dict, tensors: Sequence[tuple[str, torch.Tensor, float]]) -> Frame:
+    """:func:`encode_frame` as a :class:`Frame` (its pieces: each tensor's bytes viewed, not copied)."""
     entries: list[dict] = []
-    pieces: list[bytes] = []
+    pieces: list = []
     offset = 0
     for name, tensor, scale in tensors:
         dtype_name = DTYPE_NAMES.get(tensor.dtype)
@@ -160,23 +188,26 @@ def encode_frame(meta: dict, tensors: Sequence[tuple[str, torch.Tensor, float]])
                 f"{', '.join(DTYPES)}"
             )
         flat = tensor.detach().cpu().contiguous().reshape(-1)
-        raw = flat.view(torch.uint8).numpy() if flat.numel() else b""
         nbytes = flat.numel() * flat.element_size()
         entries.append({"name": name, "dtype": dtype_name, "shape": list(tensor.shape), "scale": float(scale)})
-        pieces.append(raw)  # type: ignore[arg-type]  # an ndarray is a Buffer; numpy says so for Python >= 3.12 only
+        if nbytes:  # a flat uint8 view of the storage (one-dimensional, format "B": joins and copies as is)
+            pieces.append(memoryview(flat.view(torch.uint8).numpy()))  # type: ignore[arg-type]  # an ndarray is a Buffer
         pad = _padded(nbytes) - nbytes
         if pad:
             pieces.append(b"\0" * pad)
         offset += nbytes + pad
     header = json.dumps({**meta, "tensors": entries}, separators=(",", ":")).encode("utf-8")
-    return b"".join([_PREFIX.pack(MAGIC, VERSION, len(header)), header, *pieces])
+    header += b" " * (_padded(_PREFIX.size + len(header)) - _PREFIX.size - len(header))  # payload 8-aligned
+    prefix = _PREFIX.pack(MAGIC, VERSION, len(header)) + header
+    return Frame([prefix, *pieces], len(prefix) + offset)
 
 
 def decode_frame(data: bytes | bytearray | memoryview) -> tuple[dict, list[WireTensor]]:
     """Parse a frame from untrusted bytes: (header without "tensors", tensors in order).
 
-    Raises :class:`DataPlaneError` naming the first problem. The payload is copied once into a
-    writable buffer that the returned tensors share.
+    Raises :class:`DataPlaneError` naming the first problem. The returned tensors share one writable
+    buffer: a ``bytearray`` is taken as the caller's own (its private copy, e.g. read out of shared memory,
+    which the caller does not touch again), any other input is copied once into a new one.
     """
     meta = decode_header(data)
     view = memoryview(data)
@@ -194,15 +225,23 @@ def decode_frame(data: bytes | bytearray | memoryview) -> tuple[dict, list[WireT
             f"frame payload has {payload_len} bytes but its header describes {offset}; the sender's frame is corrupt "
             "or truncated"
         )
-    buffer = bytearray(view[start:])
+    buffer, base = (data, start) if _owned_aligned(data, start) else (bytearray(view[start:]), 0)
     out = []
     for name, dtype, shape, scale, off, count in layout:
         if count == 0:
             t = torch.empty(shape, dtype=dtype)
         else:
-            t = torch.frombuffer(buffer, dtype=dtype, count=count, offset=off).reshape(shape)
+            t = torch.frombuffer(buffer, dtype=dtype, count=count, offset=base + off).reshape(shape)
         out.append(WireTensor(name, t, scale))
     return meta, out
+
+
+def _owned_aligned(data: bytes | bytearray | memoryview, start: int) -> bool:
+    """Whether ``data`` is a bytearray (the caller's private copy) whose payload at ``start`` is 8-aligned in
+    memory, so the tensors can view it in place instead of a second copy."""
+    if not isinstance(data, bytearray) or start % ALIGN or len(data) == 0:
+        return False
+    return torch.frombuffer(data, dtype=torch.uint8, count=1).data_ptr() % ALIGN == 0
 
 
 def decode_header(data: bytes | bytearray | memoryview) -> dict:
