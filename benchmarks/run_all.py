@@ -1,17 +1,17 @@
 """Every benchmark in one command, one table: each figure with its target, whether it is met, and the
 command that measures it alone.
 
-    python benchmarks/run_all.py            # about 10 minutes on 2 idle cores (scaling.py: ~3 of them)
+    python benchmarks/run_all.py            # about 15 minutes on 2 idle cores (scaling.py: ~3, HF: ~5)
     python benchmarks/run_all.py --quick    # fewer steps and rounds (a smoke check of the table), ~4 minutes
 
 Runs ``pipeline_overhead.py`` (S = 1, 2, 3 x m = 1, 2, 4, 8), ``pipeline_1f1b_memory.py`` (S = 2, 3,
 m = 8), ``data_plane.py`` (no Flower comparison), ``dssra_solve.py`` (the target sizes), ``scaling.py``
-(round wall-clock, eq. (26) and server memory vs N and K) and ``gpu_speedup.py`` (GPU vs CPU; only
-``cuda_available: 0`` on a machine without CUDA) as subprocesses, reads their ``name: value`` lines and
-prints the
-machine it ran on and a Markdown table. Figures that no benchmark measures yet are listed as such, so the
-table says plainly what is missing. Ratios are taken within one run (this machine may be shared); the
-1-minute load average before and after is printed so a busy run can be recognised.
+(round wall-clock, eq. (26) and server memory vs N and K), ``gpu_speedup.py`` (GPU vs CPU; only
+``cuda_available: 0`` on a machine without CUDA) and ``hf_pipeline_memory.py`` (GPT-2 small's shape through the
+pipeline: per-device memory with and without LoRA, step time vs the un-split model) as subprocesses, reads their
+``name: value`` lines and prints the machine it ran on and a Markdown table. Figures that no benchmark measures
+yet are listed as such, so the table says plainly what is missing. Ratios are taken within one run (this machine
+may be shared); the 1-minute load average before and after is printed so a busy run can be recognised.
 """
 
 from __future__ import annotations
@@ -271,6 +271,27 @@ def scaling_rows(scale_args: str) -> list[Row]:
     ]
 
 
+def hf_rows(hf_args: str) -> list[Row]:
+    """GPT-2 small's shape (124M parameters, b = 4 x 128, fp32, AdamW) through the pipeline: the largest per-device
+    peak (params + gradients + optimizer state + saved activations) for S = 1, 2, 4 with and without LoRA (r = 8),
+    and the split model's step over the un-split HF model's in the same process (context: no targets)."""
+    command = f"python benchmarks/hf_pipeline_memory.py {hf_args}".strip()
+    memory = [
+        Row(
+            f"HF GPT-2 small, per-device peak memory, S = {S}, {how}",
+            _figure(f"peak_mib_S{S}_{key}"),
+            "MiB",
+            None,
+            command,
+        )
+        for key, how in (("full", "full fine-tuning"), ("lora", "LoRA r = 8"))
+        for S in (1, 2, 4)
+    ]
+    name = "HF GPT-2 small, split step S = {0}, m = {0} vs the un-split HF model"
+    ratio = [Row(name.format(S), _figure(f"step_ratio_split_vs_hf_S{S}_m{S}"), "x", None, command) for S in (1, 2)]
+    return memory + ratio
+
+
 def gpu_rows() -> list[Row]:
     """GPU speedups over the CPU (reported, not required: they need a CUDA GPU)."""
     return [
@@ -293,8 +314,10 @@ def gpu_rows() -> list[Row]:
     ]
 
 
-def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "", scale_args: str = "") -> list[Row]:
-    """Every row of the table, in order: pipeline, 1F1B memory, data plane, DSSRA, scaling, GPU."""
+def rows(
+    dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "", scale_args: str = "", hf_args: str = ""
+) -> list[Row]:
+    """Every row of the table, in order: pipeline, 1F1B memory, data plane, DSSRA, scaling, HF model, GPU."""
     return [
         *pipeline_rows(pipe_args),
         *schedule_memory_rows(mem_args),
@@ -308,6 +331,7 @@ def rows(dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "", scal
         *data_plane_rows(dp_args),
         *dssra_rows(dssra_args),
         *scaling_rows(scale_args),
+        *hf_rows(hf_args),
         *gpu_rows(),
     ]
 
@@ -343,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = []
     gpu = "" if args.quick else "--round"
     scale = "--quick" if args.quick else ""
+    hf = "--steps 1" if args.quick else ""
     benchmarks = [
         ("pipeline_overhead.py", pipe),
         ("pipeline_1f1b_memory.py", mem),
@@ -350,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         ("dssra_solve.py", dssra),
         ("gpu_speedup.py", gpu),
         ("scaling.py", scale),
+        ("hf_pipeline_memory.py", hf),
     ]
     for script, extra in benchmarks:
         found, problem = run_benchmark(script, extra.split(), args.timeout)
@@ -360,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average (1 min): {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     print(f"took: {time.monotonic() - started:.0f} s{' (--quick)' if args.quick else ''}\n")
     table = [["figure", "value", "target", "met", "command"]] + [
-        r.cells(figures) for r in rows(dp, pipe, dssra, mem, scale)
+        r.cells(figures) for r in rows(dp, pipe, dssra, mem, scale, hf)
     ]
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     for i, row in enumerate(table):

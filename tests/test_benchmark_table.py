@@ -90,3 +90,16 @@ def test_quick_scaling_rows_name_the_quick_sizes():
     row = next(r for r in run_all.rows("dp", "pipe", "dssra", "mem", "--quick") if r.figure.endswith("N = 10 CUs"))
     assert row.cells(figures)[1] == "4 s"
     assert "--quick" in row.command
+
+
+def test_hf_rows_read_the_per_device_memory_and_step_ratios():
+    rows = {r.figure: r for r in run_all.rows("dp", "pipe", "dssra", "mem", "", "--steps 1")}
+    hf = [f for f in rows if f.startswith("HF GPT-2 small")]
+    assert len(hf) == 8  # S = 1, 2, 4 x (full, LoRA), then S = 1, 2 step ratios
+    figures = {"peak_mib_S2_lora": 1234.5, "step_ratio_split_vs_hf_S2_m2": 1.07}
+    lora = rows["HF GPT-2 small, per-device peak memory, S = 2, LoRA r = 8"].cells(figures)
+    assert lora[1:4] == ["1,234 MiB", "-", "-"]
+    assert lora[4] == "`python benchmarks/hf_pipeline_memory.py --steps 1`"
+    ratio = rows["HF GPT-2 small, split step S = 2, m = 2 vs the un-split HF model"].cells(figures)
+    assert ratio[1:4] == ["1.07 x", "-", "-"]
+    assert rows["HF GPT-2 small, per-device peak memory, S = 4, full fine-tuning"].cells(figures)[1] == "not measured"

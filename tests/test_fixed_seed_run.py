@@ -70,6 +70,9 @@ def test_fixed_seed_rounds_match_the_pre_refactor_run(data_dir, tmp_path):
         parts = record.pop("partitions")
         assert {n: p["examples"] for n, p in parts.items()} == sizes
         assert all(sum(p["labels"]) == p["examples"] for p in parts.values())
+    # the bytes each CU's reply carried, recorded since the golden file was made: the same model every round
+    uploads = {c.pop("upload-bytes") for r in got[1:] for c in r["clients"].values()}
+    assert len(uploads) == 1 and uploads.pop() > 0
     _assert_close(got, want)
     # the run trained: every CU's loss fell over its six steps
     for cluster in ("0", "1"):

@@ -21,9 +21,10 @@ import torch
 from torch.nn import functional as F
 
 from collapipe_flwr import evaluate
-from collapipe_flwr.config import load_run_config
+from collapipe_flwr.config import compose, load_run_config
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.messages import TRAIN, WEIGHTS, unpack_weights
+from collapipe_flwr.fl.run_config import hydra_overrides
 from collapipe_flwr.fl.server.server_main import run_server
 from collapipe_flwr.models.hf import load_hf_model
 from collapipe_flwr.models.hf_arch import inline_config
@@ -97,6 +98,21 @@ def test_a_bad_hf_model_key_is_one_line_naming_it(over, match):
     with pytest.raises(ConfigError, match=match) as err:
         specs("causal_lm", "gpt2_tiny", None, over)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("enabled", ["true", "false"])
+def test_a_lora_key_with_the_task_alone_reaches_its_default_model(enabled):
+    """docs/hf_models.md's ``overrides="task=causal_lm model.lora.enabled=false"`` (and the flat ``task`` key with
+    ``model.lora.*`` in overrides, as results/hf_lora.py runs it): the config's default model has no ``lora``, so
+    the key used to fail to override before the task's default model (gpt2_tiny) was filled in."""
+    overrides = hydra_overrides({"task": "causal_lm", "overrides": f"model.lora.enabled={enabled} model.lora.r=2"})
+    composed = compose(overrides)
+    assert composed["model"]["name"] == "gpt2_tiny"
+    assert composed["model"]["lora"]["enabled"] is (enabled == "true") and composed["model"]["lora"]["r"] == 2
+    with pytest.raises(ConfigError, match="model.nokey"):  # a key the default model lacks too is still refused
+        compose(["task=causal_lm", "model.nokey=1"])
+    with pytest.raises(ConfigError, match="model.lora.enabled"):  # and so is one the chosen model lacks
+        compose(["task=causal_lm", "model=transformer_small", "model.lora.enabled=false"])
 
 
 def test_privacy_with_lora_is_refused_at_start_up(data_dir):
@@ -186,6 +202,10 @@ def test_lora_uplink_is_20x_smaller_and_dssra_plans_with_it(runs):
     lora_up = [tensor_bytes(u) for u in runs[True][2].uploads]
     full_up = [tensor_bytes(u) for u in runs[False][2].uploads]
     assert len(set(lora_up)) == 1 and len(set(full_up)) == 1
+    # each CU records what its reply carried (clients.<n>.upload-bytes in rounds.jsonl): the bytes measured here
+    for lora, sent in ((True, lora_up), (False, full_up)):
+        recorded = [c["upload-bytes"] for r in runs[lora][1][1:] for c in r["clients"].values()]
+        assert sorted(recorded) == sorted(sent)
     assert full_up[0] >= 20 * lora_up[0], (full_up[0], lora_up[0])
     # full fine-tuning uploads the embedding and every TEB weight
     assert set(runs[False][2].uploads[0]) == {"embedding", "encoder"}

@@ -67,12 +67,24 @@ def _refuse_renamed_keys(overrides: Sequence[str]) -> None:
 
 def compose(overrides: Sequence[str] | str = (), config_dir: Path | None = None) -> dict:
     """Compose ``conf/config.yaml`` with Hydra overrides, return a plain resolved mapping. Without a
-    ``model=`` override the model is the task's ``default_model``."""
+    ``model=`` override the model is the task's ``default_model``, also when an override names a key only that
+    model has (``task=causal_lm model.lora.enabled=false``: the config's default model has no ``lora``)."""
     if isinstance(overrides, str):
         overrides = split_overrides(overrides)
+    overrides = list(overrides)
     _refuse_renamed_keys(overrides)
-    composed = _compose_once(list(overrides), config_dir)
-    again = with_task_default_model(list(overrides), composed)
+    try:
+        composed = _compose_once(overrides, config_dir)
+    except ConfigError:
+        if names_group(overrides, "model"):
+            raise
+        # learn the task's default model from the group choices alone, then compose everything with it
+        choices = _compose_once([o for o in overrides if "." not in o.split("=", 1)[0]], config_dir)
+        again = with_task_default_model(overrides, choices)
+        if again is None:
+            raise
+        return _compose_once(again, config_dir)
+    again = with_task_default_model(overrides, composed)
     return composed if again is None else _compose_once(again, config_dir)
 
 

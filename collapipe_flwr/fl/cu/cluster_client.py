@@ -53,7 +53,7 @@ from collapipe_flwr.fl.messages import (
     pack_weights,
     unpack_weights,
 )
-from collapipe_flwr.models.trainable import only_trainable, with_frozen
+from collapipe_flwr.models.trainable import only_trainable, tensor_bytes, with_frozen
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.system.devices import DeviceProfile
 
@@ -188,6 +188,7 @@ def train_round(
         **clock.seconds(time.time()),
         **devices.metrics(steps.device_compute),
         **prepared,
+        "upload-bytes": tensor_bytes(reply_parts),  # what the reply's tensors hold (eq. 11's model term, uncompressed)
     }
     if instructions.report_profile:
         K, t = len(run.devices), instructions.round
