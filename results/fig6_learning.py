@@ -308,8 +308,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     figures: dict[str, float] = {}
-    learning = [f"# Learning per method (Fig. 6): training runs under `{args.root}`", ""]
-    grid = [f"# Learning over (S, m) (Figs. 9-10): training runs under `{args.root}`", ""]
+    where = "training runs under ROOT (`python results/trained_learning.py ROOT`, or results/training_runs.sh)"
+    learning = [f"# Learning per method (Fig. 6): {where}", ""]
+    grid = [f"# Learning over (S, m) (Figs. 9-10): {where}", ""]
     csv = [",".join(("task", "part", *CSV_KEYS))]
     for task in TASKS:
         gathered: dict[str, list[dict]] = {}

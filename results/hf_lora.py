@@ -172,7 +172,7 @@ def report(root: Path) -> str:
         "writes this file from their `rounds.jsonl`. The jobs (the Flower simulation, `collapipe run`):",
         "",
         "```bash",
-        *(command(root, name) for name in JOBS),
+        *(command(Path("ROOT"), name) for name in JOBS),
         "```",
         "",
     ]
