@@ -69,3 +69,38 @@ def test_repeat_section_pairs_collapipe_runs_of_the_same_seed(learning):
     assert figures["translation_repeat_seed0_metric_diff"] == pytest.approx(0.05)
     assert any(line.startswith("| 0 | 5.00e-01 | 0.5000 | 0.4500 | +0.0500 |") for line in lines)
     assert learning.repeat_section("translation", [first], [], {}) == []
+
+
+def test_a_margin_is_outside_the_noise_only_when_its_confidence_interval_excludes_zero_and_it_beats_the_floor(
+    learning,
+):
+    # gaps 10, 12, 11: mean 11, sd 1; Student's t(0.975, 2) = 4.3027, so the 95% half-width is 4.3027 / sqrt(3)
+    assert learning.margin_verdict([10.0, 12.0, 11.0], None) == "outside the noise (95% CI +- 2.48)"
+    assert learning.margin_verdict([10.0, 12.0, 11.0], 12.0).startswith("within")  # the same seed differs more
+    assert learning.margin_verdict([1.0, -1.0, 0.5], None).startswith("within")
+    assert learning.margin_verdict([3.0], None) == "one seed: no spread yet"
+
+
+def test_margins_are_relative_gaps_for_the_metric_and_the_floor_comes_from_the_same_seed_repeat(learning):
+    ours = [dict(run("collapipe", s, v, [5.0]), ok=True) for s, v in ((0, 30.0), (1, 28.0), (2, 29.0))]
+    base = [dict(run("pipeline", s, v, [6.0]), ok=True) for s, v in ((0, 25.0), (1, 25.0), (2, 25.0))]
+    again = [dict(run("collapipe", 0, 29.4, [5.0]), ok=True)]
+    figures: dict = {}
+    lines = learning.margins_section("translation", ours + base, again, figures)
+    # paired relative gaps 100 * (30 - 25) / 25 = 20, 12, 16: mean 16; the floor |30 - 29.4| / 30 = 2%
+    assert figures["translation_margin_final_metric_vs_pipeline"] == pytest.approx(16.0)
+    row = next(line for line in lines if line.startswith("| Fig. 6d") and "| pipeline |" in line)
+    assert "| 2% |" in row and "outside the noise" in row
+    assert any("| titanic | not run |" in line for line in lines)
+    early = next(line for line in lines if line.startswith("| Fig. 6a") and "| pipeline |" in line)
+    assert "-1.000 +- 0.000 (n=3)" in early  # loss 5 - 6 per seed, absolute
+
+
+def test_the_central_reference_sets_each_methods_mean_beside_it(learning):
+    methods = [dict(run("collapipe", s, v, [5.0]), ok=True, metric="bleu") for s, v in ((0, 27.0), (1, 29.0))]
+    central = {"steps": 1571, "train_seconds": 800.0, "seed": 0, "val": {"bleu": 30.0}}
+    figures: dict = {}
+    lines = learning.central_section("translation", central, methods, figures)
+    assert figures["translation_over_central_collapipe"] == pytest.approx(28.0 / 30.0)
+    assert "**bleu 30.0000**" in lines[0] and "collapipe 0.933x" in lines[0]
+    assert learning.central_section("translation", None, methods, {}) == []
