@@ -13,7 +13,9 @@ tokens, token-classification head, Adam. Prints one ``name: value`` per line:
 - the two fair figures (``--fair``, on by default; :func:`fair_figures`): ``overhead_ratio_equal_cores`` (S = 1,
   m = 1, one device actor with one core and one torch thread, the CU on one thread, over the plain model on one
   thread: what the framework costs) and ``device_speedup_S2_m4`` (S = 2, m = 4 with one core per device over
-  S = 1, m = 1 with one core: what a second device buys; GPipe's limit is (m + S - 1) / (S m) = 0.625);
+  S = 1, m = 1 with one core: what a second device buys; GPipe's limit is (m + S - 1) / (S m) = 0.625), with the
+  CU's view of both steps as a profile: ``fair_S{S}_m{m}_<phase>_s`` (median seconds of embed / forward / head /
+  backward / update / total, and each device's own compute ``device<k>_compute``);
 - ``mem_ratio_S{S}``: max over devices of (params + Adam state + peak saved activations) / the same
   count for the plain model (embedding + encoder + head, whole batch), both measured with
   ``SavedTensorMeter`` / ``memory_report``; ``mem_ratio_encoder_S{S}`` compares with the plain
@@ -166,6 +168,7 @@ def fair_figures(batch, warmup: int, steps: int, pin: str) -> dict[str, float]:
     plain = PlainTrainer(1)
     runtime = ClusterRuntime(RuntimeSpec(backend="ray", precision="fp32", pin_threads=pin), actor_threads=1)
     times: dict[str, list[float]] = {"plain": [], "S1_m1": [], "S2_m4": []}
+    phases: dict[str, list[dict[str, float]]] = {"S1_m1": [], "S2_m4": []}  # the CU's view of each step (a profile)
     one, two = make_model(), make_model()
     head_one, head_two = LocalHead(one.head, SPEC), LocalHead(two.head, SPEC)
     with (
@@ -174,14 +177,23 @@ def fair_figures(batch, warmup: int, steps: int, pin: str) -> dict[str, float]:
     ):
         for i in range(warmup + steps):
             plain_s = plain.step(batch)
-            one_s = pipe_one.train_step(batch, 1, head_one).timings.total
-            two_s = pipe_two.train_step(batch, 4, head_two).timings.total
+            one_t = pipe_one.train_step(batch, 1, head_one).timings
+            two_t = pipe_two.train_step(batch, 4, head_two).timings
             if i >= warmup:
-                for key, value in (("plain", plain_s), ("S1_m1", one_s), ("S2_m4", two_s)):
+                for key, value in (("plain", plain_s), ("S1_m1", one_t.total), ("S2_m4", two_t.total)):
                     times[key].append(value)
+                for key, t in (("S1_m1", one_t), ("S2_m4", two_t)):
+                    busy = {f"device{k}_compute": c for k, c in t.device_compute.items()}
+                    phases[key].append({**t.phases(), **busy})
     torch.set_num_threads(previous)
     median = {key: statistics.median(values) for key, values in times.items()}
+    profile = {
+        f"fair_{key}_{name}_s": statistics.median(step[name] for step in steps)
+        for key, steps in phases.items()
+        for name in steps[0]
+    }
     return {
+        **profile,
         "fair_plain_step_s_threads1": median["plain"],
         "fair_step_s_S1_m1": median["S1_m1"],
         "fair_step_s_S2_m4": median["S2_m4"],
