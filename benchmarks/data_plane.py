@@ -10,7 +10,8 @@ Prints ``name: value`` lines:
   fl/dataplane/shm.py): the frames through /dev/shm, only a pointer frame over gRPC.
 - data_plane_socket[_fp16|_int8]_ms_median: the same exchanges over ``dataplane.transport: socket`` (one TCP
   connection per CU, length-prefixed frames, fl/dataplane/socket_*.py) instead of gRPC streams.
-- data_plane_inline_best_ms_median / _transport: the fastest inline fp32 transport of this run (run_all's row).
+- data_plane_inline_best_ms_median / _head_ms / _channel_ms / _transport: the fastest inline fp32 transport of
+  this run (run_all's "data plane fp32 inline" rows); data_plane_socket_over_grpc: socket's median over gRPC's.
 - <prefix>_head_ms: of each exchange, the time the host spent in head_step (the trivial
   head's forward, backward and optimizer step), so exchange minus head (<prefix>_channel_ms) is the channel's own
   cost.
@@ -200,22 +201,24 @@ def main() -> None:
         ("int8", "off", "socket", "data_plane_socket_int8"),
         ("none", "auto", "grpc", "data_plane_shm"),
     )
-    inline: dict[str, float] = {}
+    inline: dict[str, tuple[float, float]] = {}  # transport -> (median ms, head ms) of the fp32 inline exchange
     for compression, shared, transport, prefix in modes:
         med, p90, nbytes, cpu_ms, head_ms = bench_data_plane(args.steps, compression, shared, transport)
         median = med if prefix == "data_plane" else median
         if compression == "none" and shared == "off":
-            inline[transport] = med
+            inline[transport] = (med, head_ms)
         print(f"{prefix}_ms_median: {med:.3f}")
         print(f"{prefix}_ms_p90: {p90:.3f}")
         print(f"{prefix}_head_ms: {head_ms:.3f}")
         print(f"{prefix}_channel_ms: {med - head_ms:.3f}")
         print(f"{prefix}_cpu_ms_per_step: {cpu_ms:.3f}")
         print(f"{prefix}_bytes_per_step: {nbytes}")
-    best = min(inline, key=inline.__getitem__)
-    print(f"data_plane_inline_best_ms_median: {inline[best]:.3f}")
+    best = min(inline, key=lambda name: inline[name][0])
+    print(f"data_plane_inline_best_ms_median: {inline[best][0]:.3f}")
+    print(f"data_plane_inline_best_head_ms: {inline[best][1]:.3f}")
+    print(f"data_plane_inline_best_channel_ms: {inline[best][0] - inline[best][1]:.3f}")
     print(f"data_plane_inline_best_transport: {best}")
-    print(f"data_plane_socket_over_grpc: {inline['socket'] / inline['grpc']:.3f}")
+    print(f"data_plane_socket_over_grpc: {inline['socket'][0] / inline['grpc'][0]:.3f}")
     print(f"data_plane_steps: {args.steps}")
     if not args.skip_flower:
         fmedian, fp90 = bench_flower(args.flower_steps)
