@@ -8,13 +8,20 @@ Prints ``name: value`` lines:
 - data_plane_int8_ms_median: the same with int8 and per-channel scales on the wire (dataplane.compression).
 - data_plane_shm_ms_median: the fp32 exchange through the same-host shortcut (dataplane.shared_memory: auto,
   fl/dataplane/shm.py): the frames through /dev/shm, only a pointer frame over gRPC.
-- data_plane[_fp16|_int8]_head_ms: of each exchange, the time the host spent in head_step (the trivial
-  head's forward, backward and optimizer step), so exchange minus head is the channel's own cost.
+- data_plane_socket[_fp16|_int8]_ms_median: the same exchanges over ``dataplane.transport: socket`` (one TCP
+  connection per CU, length-prefixed frames, fl/dataplane/socket_*.py) instead of gRPC streams.
+- data_plane_inline_best_ms_median / _head_ms / _channel_ms / _transport: the fastest inline fp32 transport of
+  this run (run_all's "data plane fp32 inline" rows); data_plane_socket_over_grpc: socket's median over gRPC's.
+- <prefix>_head_ms: of each exchange, the time the host spent in head_step (the trivial
+  head's forward, backward and optimizer step), so exchange minus head (<prefix>_channel_ms) is the channel's own
+  cost.
 - flower_message_ms_median: a ServerApp sends the activation in an ArrayRecord to a ClientApp in a Flower
   simulation (Ray backend, one SuperNode) and gets a same-size ArrayRecord back; median per round trip.
 
-Targets (benchmarks/run_all.py): the fp32 exchange <= 3 ms inline and <= 2 ms through shared memory, and each
-channel alone (exchange less head) within the same bound.
+The modes run one after another in one process, so their ratios come from the same machine state.
+
+Targets (benchmarks/run_all.py): the fp32 exchange <= 3 ms inline (the best transport) and <= 2 ms through
+shared memory, and each channel alone (exchange less head) within the same bound.
 
 Also printed: process CPU ms per data-plane step (client and server together, so less sensitive to
 other processes on a busy machine than wall time) and the 1-minute load average before and after.
@@ -69,10 +76,11 @@ def _cpu_seconds() -> float:
 
 
 def bench_data_plane(
-    steps: int, compression: str, shared_memory: str = "off"
+    steps: int, compression: str, shared_memory: str = "off", transport: str = "grpc"
 ) -> tuple[float, float, int, float, float]:
     """(median ms, p90 ms, bytes per step both ways, process CPU ms per step: client + server, head ms per
-    step on the host); ``shared_memory="auto"`` takes the same-host shortcut (frames through /dev/shm)."""
+    step on the host); ``shared_memory="auto"`` takes the same-host shortcut (frames through /dev/shm);
+    ``transport``: grpc | socket (dataplane.transport)."""
     head = TrivialHead()
     host = DecoderHost(
         head,
@@ -81,6 +89,7 @@ def bench_data_plane(
         bind="127.0.0.1",
         compression=compression,
         hidden_size=H,
+        transport=transport,
     )
     host.start()
     host.open_round(1, [0])
@@ -95,6 +104,7 @@ def bench_data_plane(
             0,
             compression=compression,
             shared_memory=shared_memory,
+            transport=transport,
         ) as client:
             for _ in range(10):
                 client(z, mbs)
@@ -183,20 +193,32 @@ def main() -> None:
     print(f"load_average_1min_before: {os.getloadavg()[0]:.2f}")
     median = 0.0
     modes = (
-        ("none", "off", "data_plane"),
-        ("fp16", "off", "data_plane_fp16"),
-        ("int8", "off", "data_plane_int8"),
-        ("none", "auto", "data_plane_shm"),
+        ("none", "off", "grpc", "data_plane"),
+        ("none", "off", "socket", "data_plane_socket"),
+        ("fp16", "off", "grpc", "data_plane_fp16"),
+        ("fp16", "off", "socket", "data_plane_socket_fp16"),
+        ("int8", "off", "grpc", "data_plane_int8"),
+        ("int8", "off", "socket", "data_plane_socket_int8"),
+        ("none", "auto", "grpc", "data_plane_shm"),
     )
-    for compression, shared, prefix in modes:
-        med, p90, nbytes, cpu_ms, head_ms = bench_data_plane(args.steps, compression, shared)
+    inline: dict[str, tuple[float, float]] = {}  # transport -> (median ms, head ms) of the fp32 inline exchange
+    for compression, shared, transport, prefix in modes:
+        med, p90, nbytes, cpu_ms, head_ms = bench_data_plane(args.steps, compression, shared, transport)
         median = med if prefix == "data_plane" else median
+        if compression == "none" and shared == "off":
+            inline[transport] = (med, head_ms)
         print(f"{prefix}_ms_median: {med:.3f}")
         print(f"{prefix}_ms_p90: {p90:.3f}")
         print(f"{prefix}_head_ms: {head_ms:.3f}")
         print(f"{prefix}_channel_ms: {med - head_ms:.3f}")
         print(f"{prefix}_cpu_ms_per_step: {cpu_ms:.3f}")
         print(f"{prefix}_bytes_per_step: {nbytes}")
+    best = min(inline, key=lambda name: inline[name][0])
+    print(f"data_plane_inline_best_ms_median: {inline[best][0]:.3f}")
+    print(f"data_plane_inline_best_head_ms: {inline[best][1]:.3f}")
+    print(f"data_plane_inline_best_channel_ms: {inline[best][0] - inline[best][1]:.3f}")
+    print(f"data_plane_inline_best_transport: {best}")
+    print(f"data_plane_socket_over_grpc: {inline['socket'][0] / inline['grpc'][0]:.3f}")
     print(f"data_plane_steps: {args.steps}")
     if not args.skip_flower:
         fmedian, fp90 = bench_flower(args.flower_steps)

@@ -158,16 +158,32 @@ def schedule_memory_rows(mem_args: str) -> list[Row]:
 
 
 def data_plane_rows(dp_args: str) -> list[Row]:
-    """One 64 x 32 x 256 exchange over the data plane (fp32 inline <= 3 ms, fp16, int8, through shared memory
-    <= 2 ms), each with the channel alone (less the host's head step, reported apart), then against a plain
-    BERT-small step."""
+    """One 64 x 32 x 256 exchange over the data plane: fp32 inline <= 3 ms over the best shipped transport
+    (dataplane.transport, both shown), fp16, int8, through shared memory <= 2 ms, each with the channel alone
+    (less the host's head step, reported apart), then against a plain BERT-small step."""
     command = f"python benchmarks/data_plane.py {dp_args}"
     exchanges = [  # (figure, printed name, target ms)
-        ("data plane, one 64 x 32 x 256 fp32 exchange", "data_plane_ms_median", 3.0),
-        ("data plane, the same exchange with fp16 on the wire", "data_plane_fp16_ms_median", None),
-        ("data plane, the same exchange with int8 (per-channel) on the wire", "data_plane_int8_ms_median", 3.0),
-        ("data plane fp32 exchange less the host's head step (the channel alone)", "data_plane_channel_ms", 3.0),
-        ("data plane, the host's head step within the fp32 exchange (trivial head)", "data_plane_head_ms", None),
+        (
+            "data plane fp32 inline, one 64 x 32 x 256 exchange, best shipped transport",
+            "data_plane_inline_best_ms_median",
+            3.0,
+        ),
+        ("data plane fp32 inline exchange, dataplane.transport=grpc", "data_plane_ms_median", None),
+        ("data plane fp32 inline exchange, dataplane.transport=socket", "data_plane_socket_ms_median", None),
+        ("data plane, the same exchange with fp16 on the wire (grpc)", "data_plane_fp16_ms_median", None),
+        ("data plane, the same exchange with int8 (per-channel) on the wire (grpc)", "data_plane_int8_ms_median", 3.0),
+        (
+            "data plane fp32 inline less the host's head step (the channel alone), best shipped transport",
+            "data_plane_inline_best_channel_ms",
+            3.0,
+        ),
+        ("data plane fp32 inline channel alone, dataplane.transport=grpc", "data_plane_channel_ms", None),
+        ("data plane fp32 inline channel alone, dataplane.transport=socket", "data_plane_socket_channel_ms", None),
+        (
+            "data plane, the host's head step within the fp32 inline exchange (trivial head, best transport)",
+            "data_plane_inline_best_head_ms",
+            None,
+        ),
         (
             "data plane, the fp32 exchange through shared memory (CU on the server's host)",
             "data_plane_shm_ms_median",
@@ -189,8 +205,8 @@ def data_plane_rows(dp_args: str) -> list[Row]:
             "both of the above",
         ),
         Row(
-            "data plane exchange / plain BERT-small step (32 x 64)",
-            lambda f: f["data_plane_ms_median"] / (1000 * f["plain_step_s"]),
+            "data plane fp32 inline exchange (best transport) / plain BERT-small step (32 x 64)",
+            lambda f: f["data_plane_inline_best_ms_median"] / (1000 * f["plain_step_s"]),
             "",
             0.05,
             "both of the above",

@@ -22,7 +22,7 @@ def test_figures_are_read_from_name_value_lines():
 
 def test_rows_say_met_missed_and_not_measured():
     rows = {r.figure: r for r in run_all.rows("dp", "pipe", "dssra")}
-    figures = {"step_ratio_S2_m4": 1.42, "data_plane_ms_median": 2.5, "plain_step_s": 0.1}
+    figures = {"step_ratio_S2_m4": 1.42, "data_plane_inline_best_ms_median": 2.5, "plain_step_s": 0.1}
     figures |= {"overhead_ratio_equal_cores": 1.05, "device_speedup_S2_m4": 0.8}
     pipe = rows["pipeline step, S = 2, m = 4, vs the plain model"].cells(figures)
     assert pipe[1:4] == ["1.42 x", "-", "-"]  # all cores against one per device: context, not a target
@@ -30,19 +30,28 @@ def test_rows_say_met_missed_and_not_measured():
     assert overhead[1:4] == ["1.05 x", "<= 1.1 x", "yes"]
     speedup = rows["pipeline speed-up: S = 2, m = 4, one core per device, vs S = 1, m = 1 on one core"].cells(figures)
     assert speedup[1:4] == ["0.8 x", "<= 0.75 x", "no"]
-    dp = rows["data plane, one 64 x 32 x 256 fp32 exchange"].cells(figures)
+    dp = rows["data plane fp32 inline, one 64 x 32 x 256 exchange, best shipped transport"].cells(figures)
     assert dp[1:4] == ["2.5 ms", "<= 3 ms", "yes"]
-    figures |= {"data_plane_channel_ms": 2.0, "data_plane_head_ms": 0.5, "data_plane_shm_ms_median": 2.2}
-    figures |= {"data_plane_shm_channel_ms": 1.5}
-    channel = rows["data plane fp32 exchange less the host's head step (the channel alone)"].cells(figures)
+    figures |= {"data_plane_ms_median": 7.5, "data_plane_socket_ms_median": 2.5}
+    grpc = rows["data plane fp32 inline exchange, dataplane.transport=grpc"].cells(figures)
+    assert grpc[1:4] == ["7.5 ms", "-", "-"]  # both transports shown, the target is the best one's
+    sock = rows["data plane fp32 inline exchange, dataplane.transport=socket"].cells(figures)
+    assert sock[1:4] == ["2.5 ms", "-", "-"]
+    figures |= {"data_plane_inline_best_channel_ms": 2.0, "data_plane_inline_best_head_ms": 0.5}
+    figures |= {"data_plane_shm_ms_median": 2.2, "data_plane_shm_channel_ms": 1.5}
+    channel = rows[
+        "data plane fp32 inline less the host's head step (the channel alone), best shipped transport"
+    ].cells(figures)
     assert channel[1:4] == ["2 ms", "<= 3 ms", "yes"]
-    head = rows["data plane, the host's head step within the fp32 exchange (trivial head)"].cells(figures)
+    head = rows[
+        "data plane, the host's head step within the fp32 inline exchange (trivial head, best transport)"
+    ].cells(figures)
     assert head[1:4] == ["0.5 ms", "-", "-"]  # reported apart, no target of its own
     shm = rows["data plane, the fp32 exchange through shared memory (CU on the server's host)"].cells(figures)
     assert shm[1:4] == ["2.2 ms", "<= 2 ms", "no"]
     shm_channel = rows["data plane shared-memory exchange less the host's head step (the channel alone)"].cells(figures)
     assert shm_channel[1:4] == ["1.5 ms", "<= 2 ms", "yes"]
-    share = rows["data plane exchange / plain BERT-small step (32 x 64)"].cells(figures)
+    share = rows["data plane fp32 inline exchange (best transport) / plain BERT-small step (32 x 64)"].cells(figures)
     assert share[1] == "0.025" and share[3] == "yes"  # 2.5 ms of a 100 ms step
     missing = rows["DSSRA solve, (N, K, J) = (100, 10, 50), one round"].cells(figures)
     assert missing[1:4] == ["not measured", "<= 150 ms", "-"]

@@ -20,6 +20,7 @@ from torch import nn
 from collapipe_flwr.errors import CollaPipeError, DataPlaneError
 from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost
 from collapipe_flwr.fl.dataplane.auth import call_metadata, cluster_key
+from collapipe_flwr.fl.dataplane.backend import TRANSPORTS
 from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_step_request, encode_step_request
 from collapipe_flwr.fl.dataplane.wire import DTYPES, decode_frame, decode_header, encode_frame, to_wire_fp16
 from collapipe_flwr.pipeline.head import head_step
@@ -112,9 +113,16 @@ class Served:
     """A started host with round 1 open for clusters 0 and 1, plus a pristine copy of its head/optimizer."""
 
     def __init__(
-        self, head: nn.Module, fp16: bool = False, max_message_mb: int = 256, hidden: int = H, **host_kw
+        self,
+        head: nn.Module,
+        fp16: bool = False,
+        max_message_mb: int = 256,
+        hidden: int = H,
+        transport: str = "grpc",
+        **host_kw,
     ) -> None:
         torch.manual_seed(0)
+        self.transport = transport  # dataplane.transport of the host and, by default, of its clients
         self.head = head
         self.optimizer = torch.optim.Adam(head.parameters(), lr=1e-2)
         self.ref_head = copy.deepcopy(head)
@@ -128,6 +136,7 @@ class Served:
             fp16=fp16,
             max_message_mb=max_message_mb,
             hidden_size=hidden,
+            transport=transport,
             **host_kw,
         )
         self.host.start()
@@ -144,6 +153,7 @@ class Served:
             "cluster": cluster,
             "timeout_s": 30,
             "start_seq": max((c._seq for c in earlier), default=0),
+            "transport": self.transport,
             **kw,
         }
         client = DecoderClient(self.host.address, **kw)
@@ -154,9 +164,17 @@ class Served:
 MAX_LEN, MAX_ABS = 16, 1e4  # the served decoder's positions and activation limit (make_step: t = 7, |z| ~ 10)
 
 
+@pytest.fixture(params=TRANSPORTS)
+def transport(request) -> str:
+    """dataplane.transport, for the tests that hold over both (they name this fixture)."""
+    return request.param
+
+
 @pytest.fixture
-def served():
-    s = Served(TokenHead(), max_len=MAX_LEN, max_abs_activation=MAX_ABS)
+def served(request):
+    """A served host over gRPC, or over each transport in turn when the test also names ``transport``."""
+    transport = request.getfixturevalue("transport") if "transport" in request.fixturenames else "grpc"
+    s = Served(TokenHead(), max_len=MAX_LEN, max_abs_activation=MAX_ABS, transport=transport)
     yield s
     s.host.stop(grace_s=0)
 
@@ -165,8 +183,8 @@ def served():
 # equivalence with the in-process head step
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("head_cls,sequence", [(TokenHead, False), (SequenceHead, True)])
-def test_remote_step_equals_in_process_head_step(head_cls, sequence):
-    s = Served(head_cls())
+def test_remote_step_equals_in_process_head_step(head_cls, sequence, transport):
+    s = Served(head_cls(), transport=transport)
     try:
         with s.client(0) as client:
             for step in range(3):
@@ -190,7 +208,7 @@ def test_remote_step_equals_in_process_head_step(head_cls, sequence):
         s.host.stop(grace_s=0)
 
 
-def test_loss_is_plain_mean_over_the_whole_batch(served):
+def test_loss_is_plain_mean_over_the_whole_batch(served, transport):
     """Independent check of loss scaling: the remote loss equals the unsplit model's mean token loss."""
     z, mbs = make_step(11, b=6, m=3)
     logits = [served.ref_head.out(torch.tanh(served.ref_head.proj(t))) for t in z]
@@ -217,10 +235,10 @@ def test_fp16_wire_round_trip_error_bound():
     assert bool(torch.isfinite(to_wire_fp16(big)[0]).all())
 
 
-def test_fp16_remote_step_close_to_fp32():
+def test_fp16_remote_step_close_to_fp32(transport):
     """fp16 on the wire perturbs z_enc and the gradients by float16 rounding (relative 2**-11 ~ 5e-4 per
     value). The head is smooth, so loss and gradients move by a few times that: 2e-3 relative."""
-    s = Served(TokenHead(), fp16=True)
+    s = Served(TokenHead(), fp16=True, transport=transport)
     try:
         with s.client(0, fp16=True) as client:
             for step in range(2):
@@ -240,7 +258,7 @@ def test_fp16_remote_step_close_to_fp32():
 # ---------------------------------------------------------------------------------------------------
 # concurrency
 # ---------------------------------------------------------------------------------------------------
-def test_two_concurrent_clients_equal_a_serial_order(served):
+def test_two_concurrent_clients_equal_a_serial_order(served, transport):
     steps = {c: [make_step(100 * c + k, m=1 + k % 2) for k in range(5)] for c in (0, 1)}
     results: dict[int, list] = {0: [], 1: []}
     errors: list = []
@@ -339,7 +357,7 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("case", list(MALFORMED))
-def test_malformed_request_is_refused_and_decoder_untouched(served, case):
+def test_malformed_request_is_refused_and_decoder_untouched(served, case, transport):
     client_kw, mutate, pattern = MALFORMED[case]
     with served.client(1) as warmup:  # give the optimizer state, so its untouchedness means something
         warmup(*make_step(1))
@@ -360,7 +378,7 @@ def test_malformed_request_is_refused_and_decoder_untouched(served, case):
     assert sum(c["refused"] for c in counters["clusters"].values()) + counters["unattributed"]["refused"] == 1
 
 
-def test_refused_request_leaves_the_stream_usable(served):
+def test_refused_request_leaves_the_stream_usable(served, transport):
     with served.client(0) as client:
         z, mbs = make_step(5)
         with pytest.raises(DataPlaneError, match="NaN"):
@@ -370,8 +388,8 @@ def test_refused_request_leaves_the_stream_usable(served):
     assert abs(loss - ref_loss) <= 1e-6
 
 
-def test_oversized_request_is_refused():
-    s = Served(TokenHead(hidden=256), max_message_mb=1, hidden=256)
+def test_oversized_request_is_refused(transport):
+    s = Served(TokenHead(hidden=256), max_message_mb=1, hidden=256, transport=transport)
     try:
         before = snapshot(s.head, s.optimizer)
         z, mbs = make_step(6, b=64, t=32, m=1, hidden=256)  # 2 MiB of float32 activations
@@ -389,7 +407,7 @@ def test_oversized_request_is_refused():
         s.host.stop(grace_s=0)
 
 
-def test_closed_round_is_refused(served):
+def test_closed_round_is_refused(served, transport):
     with served.client(0) as client:
         client(*make_step(8))
         served.host.close_round()
@@ -410,8 +428,8 @@ def test_closed_round_is_refused(served):
         fresh(*make_step(12))
 
 
-def test_busy_decoder_and_too_many_streams_are_refused():
-    s = Served(TokenHead(), max_streams=1, lock_timeout_s=0.2)
+def test_busy_decoder_and_too_many_streams_are_refused(transport):
+    s = Served(TokenHead(), max_streams=1, lock_timeout_s=0.2, transport=transport)
     try:
         with s.client(0) as first, s.client(1) as second:
             first(*make_step(30))  # holds the only stream slot
@@ -471,8 +489,8 @@ def test_server_survives_client_disconnect_mid_stream(served):
     assert_same_state(snapshot(served.head, served.optimizer), snapshot(served.ref_head, served.ref_optimizer))
 
 
-def test_client_times_out_and_recovers():
-    s = Served(GatedHead())
+def test_client_times_out_and_recovers(transport):
+    s = Served(GatedHead(), transport=transport)
     try:
         with s.client(0, timeout_s=0.3) as client:
             t0 = time.perf_counter()
@@ -486,11 +504,11 @@ def test_client_times_out_and_recovers():
         s.host.stop(grace_s=0)
 
 
-def test_unreachable_host_is_a_dataplane_error():
+def test_unreachable_host_is_a_dataplane_error(transport):
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    with DecoderClient(f"127.0.0.1:{port}", SECRET, 1, 0, timeout_s=10) as client:
+    with DecoderClient(f"127.0.0.1:{port}", SECRET, 1, 0, timeout_s=10, transport=transport) as client:
         with pytest.raises(DataPlaneError, match="cannot reach"):
             client(*make_step(16))
 
@@ -539,7 +557,7 @@ def test_decoder_of_untrusted_bytes_only_raises_dataplane_error(noise, cut):
 # ---------------------------------------------------------------------------------------------------
 # with the real pipeline and model
 # ---------------------------------------------------------------------------------------------------
-def test_pipeline_with_remote_decoder_equals_local_decoder():
+def test_pipeline_with_remote_decoder_equals_local_decoder(transport):
     """ClusterPipeline + the translation Transformer: the decoder behind the data plane gives the same
     losses, encoder and decoder weights as the in-process LocalHead (same numbers, no tolerance)."""
     from collapipe_flwr.models.transformer import build_transformer
@@ -554,14 +572,19 @@ def test_pipeline_with_remote_decoder_equals_local_decoder():
     remote_pipe = ClusterPipeline(remote_model.embedding, remote_model.blocks, (1, 1), spec)
     local_pipe = ClusterPipeline(local_model.embedding, local_model.blocks, (1, 1), spec)
     host = DecoderHost(
-        remote_model.head, spec.build(remote_model.head.parameters()), SECRET, bind="127.0.0.1", hidden_size=32
+        remote_model.head,
+        spec.build(remote_model.head.parameters()),
+        SECRET,
+        bind="127.0.0.1",
+        hidden_size=32,
+        transport=transport,
     )
     host.start()
     host.open_round(1, [0])
     local = LocalHead(local_model.head, spec)
     g = torch.Generator().manual_seed(1)
     try:
-        with DecoderClient(host.address, cluster_key(SECRET, 1, 0), 1, 0) as remote:
+        with DecoderClient(host.address, cluster_key(SECRET, 1, 0), 1, 0, transport=transport) as remote:
             for _ in range(3):
                 mask = torch.ones(6, 9, dtype=torch.long)
                 mask[:, -2:] = 0
@@ -648,9 +671,9 @@ def test_replayed_and_reordered_steps_are_refused(served):
     assert served.host.stats()["clusters"][0]["steps"] == 1
 
 
-def test_tls_round_trip_on_loopback(tmp_path):
+def test_tls_round_trip_on_loopback(tmp_path, transport):
     cert, key = self_signed(tmp_path)
-    s = Served(TokenHead(), tls=(cert.read_bytes(), key.read_bytes()))
+    s = Served(TokenHead(), tls=(cert.read_bytes(), key.read_bytes()), transport=transport)
     try:
         z, mbs = make_step(60)
         with s.client(0, root_certificate=cert.read_text()) as secure:
@@ -684,8 +707,8 @@ def test_message_cap_is_sized_from_the_task_by_hand():
     assert resolve_message_mb(0, 64, 128, 512, False) == 35
 
 
-def test_an_idle_stream_is_cancelled_and_the_cu_reopens_on_its_next_step():
-    s = Served(TokenHead(), max_len=MAX_LEN, idle_timeout_s=0.5)
+def test_an_idle_stream_is_cancelled_and_the_cu_reopens_on_its_next_step(transport):
+    s = Served(TokenHead(), max_len=MAX_LEN, idle_timeout_s=0.5, transport=transport)
     try:
         with s.client(0) as cu:
             cu(*make_step(60))
@@ -694,6 +717,24 @@ def test_an_idle_stream_is_cancelled_and_the_cu_reopens_on_its_next_step():
                 time.sleep(0.1)
             assert s.host.idle_cancelled >= 1  # the reaper ended the stream the CU left idle
             cu(*make_step(61))  # served on a fresh stream
+        assert s.host.stats()["clusters"][0]["steps"] == 2
+    finally:
+        s.host.stop(grace_s=0)
+
+
+def test_a_step_sent_as_the_host_reaps_its_stream_is_resent_once(transport):
+    """The race behind the flaky test above, made certain: the CU checked its stream just before the reaper
+    cancelled it, so it sends on a dead stream; the client resends that step once on a fresh one."""
+    s = Served(TokenHead(), max_len=MAX_LEN, idle_timeout_s=0.5, transport=transport)
+    try:
+        with s.client(0) as cu:
+            cu(*make_step(60))
+            deadline = time.time() + 10
+            while s.host.idle_cancelled == 0 and time.time() < deadline:
+                time.sleep(0.05)
+            assert s.host.idle_cancelled >= 1
+            cu._stream.ended = lambda: False  # type: ignore[union-attr, method-assign]  # the check ran too early
+            cu(*make_step(61))  # sent on the reaped stream, then resent on a fresh one
         assert s.host.stats()["clusters"][0]["steps"] == 2
     finally:
         s.host.stop(grace_s=0)

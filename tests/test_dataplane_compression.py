@@ -7,6 +7,7 @@ import torch
 
 from collapipe_flwr.config import DataPlaneSpec
 from collapipe_flwr.errors import ConfigError, DataPlaneError
+from collapipe_flwr.fl.dataplane.backend import TRANSPORTS
 from collapipe_flwr.fl.dataplane.protocol import (
     decode_reply,
     decode_step_request,
@@ -67,10 +68,11 @@ def test_int8_frame_is_a_quarter_of_fp32():
     assert none - int8 >= 3 * z_bytes - 256 * 4 - 64
 
 
-def test_int8_remote_step_matches_a_hand_quantised_reference():
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_int8_remote_step_matches_a_hand_quantised_reference(transport):
     """The decoder sees z rounded per channel (q s_c, computed here by hand); the CU gets dL/dz_enc within
     max|g[..., c]| / 254 of the reference gradient."""
-    s = Served(TokenHead(), compression="int8")
+    s = Served(TokenHead(), compression="int8", transport=transport)
     try:
         with s.client(0, compression="int8") as client:
             for step in range(2):
@@ -89,8 +91,9 @@ def test_int8_remote_step_matches_a_hand_quantised_reference():
         s.host.stop(grace_s=0)
 
 
-def test_mismatched_compression_is_refused_naming_the_key():
-    s = Served(TokenHead())  # host: none
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_mismatched_compression_is_refused_naming_the_key(transport):
+    s = Served(TokenHead(), transport=transport)  # host: none
     try:
         with s.client(0, compression="int8") as client:
             z, mbs = make_step(50)
@@ -113,3 +116,6 @@ def test_config_keys():
         DataPlaneSpec(compression="gzip")
     with pytest.raises(ConfigError, match="dataplane.fp16=true contradicts dataplane.compression=int8"):
         DataPlaneSpec(fp16=True, compression="int8")
+    assert DataPlaneSpec().transport == "grpc" and DataPlaneSpec(transport="socket").transport == "socket"
+    with pytest.raises(ConfigError, match="dataplane.transport='tcp' must be grpc or socket"):
+        DataPlaneSpec(transport="tcp")

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from collapipe_flwr.fl.server.server_main import run_server
 from tests.inprocess_grid import InProcessGrid
 from tests.tls_certs import self_signed
 
 
-def test_a_round_over_a_tls_data_plane(data_dir, tmp_path):
+@pytest.mark.parametrize("transport", ["grpc", "socket"])
+def test_a_round_over_a_tls_data_plane(data_dir, tmp_path, transport):
     cert, key = self_signed(tmp_path / "tls")
     overrides = (
         "task=classification model=bert_tiny federation=tiny network=small federation.num_rounds=1 "
         "federation.local_steps=2 runtime.backend=local task.batch_size=8 eval.max_examples=16 run_name=tls "
-        f"dataplane.tls_cert={cert} dataplane.tls_key={key}"
+        f"dataplane.tls_cert={cert} dataplane.tls_key={key} dataplane.transport={transport}"
     )
     folder = run_server(
         InProcessGrid(2, str(data_dir), run_id=41),

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from collapipe_flwr.fl.dataplane.auth import cluster_key
+from collapipe_flwr.fl.dataplane.backend import TRANSPORTS
 from collapipe_flwr.fl.dataplane.client import DecoderClient
 from collapipe_flwr.fl.dataplane.joint import JointSteps
 from collapipe_flwr.fl.dataplane.server import DecoderHost
@@ -51,12 +52,19 @@ def _micro_batch(seed: int, b: int, labelled: int):
     return z, {"attention_mask": torch.ones(b, T, dtype=torch.long), "labels": labels}
 
 
-def test_joint_update_equals_one_step_on_all_clusters(tmp_path):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_joint_update_equals_one_step_on_all_clusters(tmp_path, transport):
     torch.manual_seed(0)
     head = TokenHead()
     reference = copy.deepcopy(head)
     host = DecoderHost(
-        head, torch.optim.Adam(head.parameters(), lr=0.01), secret="s", bind="127.0.0.1", hidden_size=H, joint=True
+        head,
+        torch.optim.Adam(head.parameters(), lr=0.01),
+        secret="s",
+        bind="127.0.0.1",
+        hidden_size=H,
+        joint=True,
+        transport=transport,
     )
     ref_opt = torch.optim.Adam(reference.parameters(), lr=0.01)
     host.start()
@@ -67,7 +75,9 @@ def test_joint_update_equals_one_step_on_all_clusters(tmp_path):
     answers: dict[int, list] = {0: [], 1: []}
 
     def cu(c: int) -> None:
-        client = DecoderClient(host.address, cluster_key("s", 1, c), round=1, cluster=c, timeout_s=30)
+        client = DecoderClient(
+            host.address, cluster_key("s", 1, c), round=1, cluster=c, timeout_s=30, transport=transport
+        )
         try:
             for step in data[c]:
                 answers[c].append(client([z for z, _ in step], [mb for _, mb in step]))

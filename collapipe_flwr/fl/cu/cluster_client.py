@@ -118,6 +118,7 @@ def decoder_client(cfg: ClusterConfig, instructions: TrainInstructions, cluster:
         ),
         root_certificate=instructions.dataplane_root_certificate,
         shared_memory=cfg.dataplane.shared_memory,
+        transport=cfg.dataplane.transport,
     )
 
 

@@ -3,9 +3,13 @@
 - :mod:`.wire`: frame codec (JSON header + raw tensor bytes; scaled float16 or per-channel int8 on the
   wire), no pickle.
 - :mod:`.protocol`: step request / reply / error frames and the gRPC method name.
+- :mod:`.backend`: the one interface to the transport that carries the CUs' streams (``dataplane.transport``):
+  ``grpc`` (:mod:`.grpc_server`, :mod:`.grpc_client`; passes HTTP/2 proxies and load balancers) or ``socket``
+  (:mod:`.socket_server`, :mod:`.socket_client`, framing in :mod:`.socket_wire`; one TCP connection per CU, the
+  lowest latency); :mod:`.stream_session` serves one stream's frames whichever carries them.
 - :mod:`.checks`: what a step request must satisfy before the decoder runs it.
-- :mod:`.server`: :class:`DecoderHost`, the gRPC server's lifecycle (port, TLS, key interceptor, the
-  stream handler, rounds); it hands every frame to :mod:`.frame_service` (:class:`FrameService`: checks,
+- :mod:`.server`: :class:`DecoderHost`, the host's lifecycle (its transport's listener: port, TLS, key check
+  before any frame; rounds); it hands every frame to :mod:`.frame_service` (:class:`FrameService`: checks,
   ``head_step`` one update at a time, dL/dz_enc back), keeps its open streams in :mod:`.streams` (per
   (t, n) caps, idle reaper), the open round and the replay guard in :mod:`.rounds`, counters in :mod:`.stats`.
 - :mod:`.joint`: the barrier of ``federation.decoder_update: joint`` (one update on all clusters' step).
@@ -19,7 +23,8 @@ Wiring (one host per run, one client per CU per round)::
                        compression=cfg.dataplane.wire, hidden_size=H,   # none | fp16 | int8
                        max_message_mb=resolve_message_mb(cfg.dataplane.max_message_mb, b, max_len, H,
                                                          cfg.dataplane.wire != "none"),
-                       idle_timeout_s=cfg.dataplane.idle_timeout_s)
+                       idle_timeout_s=cfg.dataplane.idle_timeout_s,
+                       transport=cfg.dataplane.transport)         # grpc | socket (the CUs' clients: the same)
     host.start()                          # then announce f"{cfg.dataplane.host}:{host.port}" + secret
     host.open_round(t, selected_clusters) # before sending the round's train messages
     ...                                   # CUs: with DecoderClient(address, secret, t, n, ...) as head:
@@ -27,10 +32,11 @@ Wiring (one host per run, one client per CU per round)::
     with host.lock: evaluate(head)        # use the head outside the data plane only under its lock
     host.stop()
 
-Threat model: each CU holds its own key per round (:mod:`.auth`), checked from the stream's metadata
-before any frame is read; frames larger than the task can produce are refused by gRPC's cap
-(:func:`.transport.step_message_mb`); idle streams are reaped; with ``dataplane.tls_*`` the channel is
-TLS (grpc.ssl_server_credentials on the host, grpc.secure_channel on the client).
+Threat model: each CU holds its own key per round (:mod:`.auth`), checked from the stream's metadata (gRPC) or
+its connection's hello frame (socket) before any frame is read; frames larger than the task can produce are
+refused by gRPC's cap or from the socket frame's length prefix (:func:`.transport.step_message_mb`); idle
+streams are reaped; with ``dataplane.tls_*`` the channel is TLS (grpc.ssl_server_credentials /
+grpc.secure_channel, or the stdlib ``ssl`` for sockets), the server authenticated by its certificate.
 """
 
 from collapipe_flwr.fl.dataplane.client import DecoderClient

@@ -8,6 +8,8 @@ steps as another cluster or into another round. The key travels twice:
   of a round that is not open or of a cluster the open round did not select, is refused (UNAUTHENTICATED)
   before a single frame is read, so floods of large unauthenticated frames never reach memory, idle
   unauthenticated streams never hold a worker, and a key of a closed round opens nothing;
+  (with ``dataplane.transport: socket`` the same (t, n, key) travel in the connection's hello frame and are
+  checked by :func:`refusal` before any step frame is read);
 - in every frame's header, which the host checks again against the frame's own (t, n) and the stream's.
 Step ids (the frame's ``seq``) must increase strictly per (t, n): a replayed or reordered frame is refused.
 """
@@ -50,6 +52,19 @@ def identity_of(metadata: Sequence[tuple[str, str | bytes]] | None) -> tuple[int
         return None
 
 
+def refusal(
+    run_secret: str | bytes,
+    who: tuple[int, int, str] | None,
+    not_admitted: Callable[[int, int], str | None] | None = None,
+    carrier: str = "call metadata",
+) -> str | None:
+    """Why a stream presenting ``who`` = (t, n, key) in its ``carrier`` may not open (one line), None when it may:
+    no valid key (checked in constant time), else round t not open or cluster n not selected (``not_admitted``)."""
+    if who is None or not key_matches(run_secret, *who):
+        return f"no valid data-plane key in the {carrier}; use the key from this round's train message"
+    return not_admitted(who[0], who[1]) if not_admitted is not None else None
+
+
 class KeyInterceptor(grpc.ServerInterceptor):
     """Refuse a call whose metadata carries no valid (round, cluster, key) before its handler runs."""
 
@@ -76,13 +91,9 @@ class KeyInterceptor(grpc.ServerInterceptor):
         return grpc.stream_stream_rpc_method_handler(refuse)
 
     def intercept_service(self, continuation, handler_call_details):
-        who = identity_of(handler_call_details.invocation_metadata)
-        refusal = self._refusal
-        if who is not None and key_matches(self._secret, *who):
-            why = self._not_admitted(who[0], who[1]) if self._not_admitted is not None else None
-            if why is None:
-                return continuation(handler_call_details)
-            refusal = self._refuse_with(why)
+        why = refusal(self._secret, identity_of(handler_call_details.invocation_metadata), self._not_admitted)
+        if why is None:
+            return continuation(handler_call_details)
         if self._on_refused is not None:
             self._on_refused()
-        return refusal
+        return self._refusal if why.startswith("no valid data-plane key") else self._refuse_with(why)

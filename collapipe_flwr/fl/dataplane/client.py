@@ -4,12 +4,18 @@
 micro-batch fields the head needs (all but ``input_ids``) to the server's decoder (Algorithm 1, line 11)
 and returns the step loss and dL/dz_enc per micro-batch (line 15), as float32 tensors.
 
-Transport: one gRPC bidirectional stream per client (so per CU per round), opened on the first step.
-Requests go out through a queue the stream consumes; the caller reads each reply off the stream itself (no
-reader thread and second queue: one thread handoff less per step, ~0.1-1 ms on a loaded machine), and a
-watchdog thread cancels the stream when a reply is not in within ``timeout_s``, so every wait is bounded.
-A failed or timed-out stream is cancelled and a fresh one is opened by the next step; every failure reaches
-the caller as :class:`DataPlaneError`.
+Transport (``transport``: ``grpc``, :mod:`.grpc_client`, or ``socket``, :mod:`.socket_client`, reached only
+through :class:`~.backend.Dialer` / :class:`~.backend.Connection`): one stream per client (so per CU per round),
+opened on the first step with the CU's key; every wait for a reply is bounded by ``timeout_s``. A failed or
+timed-out stream is dropped and a fresh one is opened by the next step; every failure reaches the caller as
+:class:`DataPlaneError`.
+
+One resend: the host ends a stream it finds idle for ``idle_timeout_s`` (or the link drops), and that can happen
+just after the client checked the stream and while it sends the next step, so the step fails although nothing is
+wrong. When a stream that an earlier step used ends under a step (the transport reports it *lost*: cancelled or
+closed by the host, not a timeout and not a refusal), the step is sent once more on a fresh stream. That is safe
+under the host's increasing-step-id check: a step the host did serve before its stream ended is refused as a
+replay (the CU gets that error), never applied twice; a step on a stream opened for it is not resent.
 
 Under ``pipeline.schedule: 1f1b`` the client is also a :class:`~collapipe_flwr.pipeline.head.MicroHead`:
 ``begin_step(micro_batches)`` numbers the step, ``micro_step(i, z_enc_i)`` sends micro-batch i as part i of it
@@ -20,18 +26,14 @@ reply to the last part carried (the server updated its decoder once, with that p
 from __future__ import annotations
 
 import logging
-import math
-import queue
 import threading
-import time
 
-import grpc
 import torch
 
 from collapipe_flwr.errors import DataPlaneError
-from collapipe_flwr.fl.dataplane.auth import call_metadata
+from collapipe_flwr.fl.dataplane.backend import Connection, Dialer, check_transport
+from collapipe_flwr.fl.dataplane.grpc_client import GrpcDialer
 from collapipe_flwr.fl.dataplane.protocol import (
-    FULL_METHOD,
     StepReply,
     decode_reply,
     part_request_frame,
@@ -40,62 +42,11 @@ from collapipe_flwr.fl.dataplane.protocol import (
 )
 from collapipe_flwr.fl.dataplane.shm import MODES as SHM_MODES
 from collapipe_flwr.fl.dataplane.shm import ClientSegment, is_loopback, read_pointer, shm_room_for
-from collapipe_flwr.fl.dataplane.transport import MB, channel_options
+from collapipe_flwr.fl.dataplane.socket_client import SocketDialer
+from collapipe_flwr.fl.dataplane.transport import MB
 from collapipe_flwr.fl.dataplane.wire import Frame, decode_header
 
-_END = object()
 log = logging.getLogger(__name__)
-
-
-class _Stream:
-    """One open bidirectional stream: an outgoing queue gRPC consumes, replies read by the caller, and a
-    watchdog that cancels the call once a reply is overdue (checked every min(1 s, timeout_s / 4))."""
-
-    def __init__(self, call, metadata: tuple[tuple[str, str], ...], timeout_s: float) -> None:
-        self.outgoing: queue.Queue = queue.Queue()
-        self.responses = call(iter(self.outgoing.get, _END), metadata=metadata)
-        self.timeout_s = timeout_s
-        self.expired = False  # the watchdog cancelled the call: a reply was overdue
-        self._deadline = math.inf  # monotonic time by which the awaited reply is due (inf: none awaited)
-        self._stop = threading.Event()
-        self._watchdog = threading.Thread(target=self._watch, name="decoder-client-watchdog", daemon=True)
-        self._watchdog.start()
-
-    def exchange(self, frame: bytes) -> bytes:
-        """Send ``frame`` and return the next reply; raises grpc.RpcError (the call failed, or was cancelled
-        because the reply was overdue: :attr:`expired`) or DataPlaneError (the host ended the stream)."""
-        self._deadline = time.monotonic() + self.timeout_s
-        self.outgoing.put(frame)
-        try:
-            return next(self.responses)
-        except StopIteration:
-            raise DataPlaneError("the decoder host ended the stream; the round may be closed") from None
-        finally:
-            self._deadline = math.inf
-
-    def _watch(self) -> None:
-        period = min(1.0, self.timeout_s / 4)
-        while not self._stop.wait(period):
-            if time.monotonic() > self._deadline:
-                self.expired = True
-                self.responses.cancel()
-                return
-
-    def ended(self) -> bool:
-        """The server ended this stream (e.g. cancelled it for idling) before the next step was sent."""
-        return self.responses.done()
-
-    def close(self, cancel: bool) -> None:
-        """End the requests; ``cancel`` the call, or give the host up to 5 s to end it cleanly."""
-        self._stop.set()
-        self.outgoing.put(_END)
-        if cancel:
-            self.responses.cancel()
-            return
-        try:
-            self.responses.result(timeout=5.0)
-        except Exception:  # noqa: BLE001 - already failed, cancelled or slow: the channel's close ends it
-            pass
 
 
 class DecoderClient:
@@ -114,6 +65,7 @@ class DecoderClient:
         root_certificate: str = "",
         compression: str = "",
         shared_memory: str = "off",
+        transport: str = "grpc",
     ) -> None:
         if not address:
             raise DataPlaneError(
@@ -130,13 +82,12 @@ class DecoderClient:
         self.max_message_bytes = int(max_message_mb) * MB
         self._secret = secret
         self._seq = int(start_seq)  # step ids continue from here (a client reopened mid-round passes its last)
-        if root_certificate:  # TLS: trust the server certificate (or its CA) the train message carried
-            credentials = grpc.ssl_channel_credentials(root_certificates=root_certificate.encode("utf-8"))
-            self._channel = grpc.secure_channel(address, credentials, options=channel_options(max_message_mb))
-        else:
-            self._channel = grpc.insecure_channel(address, options=channel_options(max_message_mb))
-        self._call = self._channel.stream_stream(FULL_METHOD, request_serializer=None, response_deserializer=None)
-        self._stream: _Stream | None = None
+        self.transport = check_transport(transport)
+        # TLS when root_certificate is given: trust the server certificate (or its CA) the train message carried
+        dialer = SocketDialer if self.transport == "socket" else GrpcDialer
+        self._dialer: Dialer = dialer(address, root_certificate, int(max_message_mb), self.timeout_s)
+        self._stream: Connection | None = None
+        self._lost = False  # the last dropped stream ended under its step (see the module docstring: one resend)
         # same-host shortcut (shm.py): frames through a shared-memory segment when the host is on a loopback
         # address and the channel is plaintext (dataplane.shared_memory: auto)
         if shared_memory not in SHM_MODES:
@@ -218,20 +169,15 @@ class DecoderClient:
                 f"dataplane.max_message_mb={self.max_message_bytes // MB}; "
                 f"raise it on server and CUs, use more micro-batches, or set dataplane.fp16"
             )
-        if self._stream is not None and self._stream.ended():  # closed while idle: open a fresh one
-            self._drop_stream()
-        if self._stream is None:
-            self._stream = _Stream(self._call, call_metadata(self.round, self.cluster, self._secret), self.timeout_s)
-        sent = self._pointer_to(frame)
-        item: bytes | bytearray = self._exchange(sent if sent is not None else frame.tobytes())
-        if sent is not None:
-            if _is_shm_refusal(item):  # the host cannot read this CU's segment: inline frames from now on
-                self._stop_shm()
-                item = self._exchange(frame.tobytes())
-            else:
-                pointer = read_pointer(item)
-                if pointer is not None and self._segment is not None:
-                    item = self._segment.read(pointer[1])
+        for resend in (False, True):
+            reused = self._open_stream()
+            try:
+                item = self._send(frame)
+                break
+            except DataPlaneError:
+                if resend or not reused or not self._lost:
+                    raise
+                log.info("data plane: the stream ended under step %s; resending it once on a fresh stream", seq)
         self.bytes_out += len(frame)
         self.bytes_in += len(item)
         try:
@@ -241,20 +187,39 @@ class DecoderClient:
                 self._drop_stream()
             raise
 
-    def _exchange(self, frame: bytes) -> bytes:
+    def _open_stream(self) -> bool:
+        """Make sure a stream is open; True when it is one an earlier step used (False: opened now)."""
+        if self._stream is not None and self._stream.ended():  # closed while idle: open a fresh one
+            self._drop_stream()
+        if self._stream is not None:
+            return True
+        self._stream = self._dialer.open(self.round, self.cluster, self._secret)
+        return False
+
+    def _send(self, frame: Frame) -> bytes | bytearray:
+        """One request frame out (inline or through shared memory) and the host's answer (a reply or an error)."""
+        sent = self._pointer_to(frame)
+        item = self._exchange(sent if sent is not None else frame)
+        if sent is not None:
+            if _is_shm_refusal(item):  # the host cannot read this CU's segment: inline frames from now on
+                self._stop_shm()
+                item = self._exchange(frame)
+            else:
+                pointer = read_pointer(item)
+                if pointer is not None and self._segment is not None:
+                    item = self._segment.read(pointer[1])
+        return item
+
+    def _exchange(self, frame: Frame | bytes) -> bytes | bytearray:
         """Send one frame on the open stream and wait for the host's answer (bounded by timeout_s)."""
         stream = self._stream
         assert stream is not None, "the stream is opened before a frame is sent"
         try:
             return stream.exchange(frame)
-        except Exception as err:
+        except DataPlaneError:
+            self._lost = stream.lost
             self._drop_stream()
-            if stream.expired:
-                raise DataPlaneError(
-                    f"no reply from the decoder host at {self.address} within timeout_s={self.timeout_s:g}; "
-                    f"check the server or raise dataplane.timeout_s"
-                ) from None
-            raise _as_dataplane_error(err, self.address) from None
+            raise
 
     def _pointer_to(self, frame: Frame) -> bytes | None:
         """``frame`` written to this client's segment, as the pointer frame to send; None = send it inline
@@ -299,7 +264,7 @@ class DecoderClient:
                 self._stream.close(cancel=False)
                 self._stream = None
             self._close_segment()
-            self._channel.close()
+            self._dialer.close()
 
     def __enter__(self) -> DecoderClient:
         return self
@@ -323,32 +288,3 @@ def _is_protocol_error(frame: bytes | bytearray) -> bool:
         return decode_header(frame).get("kind") != "error"
     except DataPlaneError:
         return True
-
-
-def _as_dataplane_error(err: BaseException, address: str) -> DataPlaneError:
-    if isinstance(err, DataPlaneError):
-        return err
-    if isinstance(err, grpc.RpcError) and hasattr(err, "code"):
-        code = err.code()
-        details = " ".join(str(err.details() or "").split())
-        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "concurrent" in details.lower():
-            return DataPlaneError(
-                f"the decoder host at {address} already serves its maximum number of CU streams ({details}); raise "
-                "its max_streams"
-            )
-        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            return DataPlaneError(
-                f"the decoder host at {address} refused an oversized step ({details}); raise dataplane.max_message_mb "
-                "on the server or use more micro-batches / fp16"
-            )
-        if code == grpc.StatusCode.UNAVAILABLE:
-            return DataPlaneError(
-                f"cannot reach the decoder host at {address} ({details}); check dataplane.host / port and that the "
-                "server is running"
-            )
-        if code == grpc.StatusCode.CANCELLED:
-            return DataPlaneError(
-                f"the decoder host at {address} cancelled the stream ({details}); the round was probably closed"
-            )
-        return DataPlaneError(f"data-plane call to {address} failed with {code.name}: {details}")
-    return DataPlaneError(f"data-plane call to {address} failed: {err.__class__.__name__}: {err}")

@@ -1,14 +1,16 @@
-"""The edge server's decoder host: serves the head to every CU of a round over gRPC (Algorithm 1,
-lines 13-15: decoder forward and backward on the server, dL/dz_enc back to the CUs).
+"""The edge server's decoder host: serves the head to every CU of a round (Algorithm 1, lines 13-15: decoder
+forward and backward on the server, dL/dz_enc back to the CUs).
 
-This module holds the gRPC lifecycle: the server, its port and TLS, the key interceptor, the stream
-handler and the rounds it admits. A frame's work (checks, the decoder step, gradients back, counters)
+This module holds the host's lifecycle and the rounds it admits; the transport that carries the CUs' streams
+(``transport``: ``grpc``, :mod:`.grpc_server`, or ``socket``, :mod:`.socket_server`) is picked here and reached
+only through :class:`~.backend.Listener`. Who may open a stream and each stream's frames are
+:class:`~.stream_session.Sessions`'; a frame's work (checks, the decoder step, gradients back, counters)
 is :class:`~collapipe_flwr.fl.dataplane.frame_service.FrameService`'s; the open streams and their idle
 reaper are :class:`~collapipe_flwr.fl.dataplane.streams.StreamRegistry`'s.
 
-Concurrency scheme (documented contract): several CUs of a round keep one bidirectional stream each,
-and each stream is served by its own gRPC worker thread, which decodes and checks its requests in
-parallel with the others. The head itself is touched only inside one ``threading.Lock``: every accepted
+Concurrency scheme (documented contract): several CUs of a round keep one stream each (a gRPC bidirectional
+stream or a TCP connection), and each stream is served by its own worker thread, which decodes and checks its
+requests in parallel with the others. The head itself is touched only inside one ``threading.Lock``: every accepted
 request runs a whole :func:`~collapipe_flwr.pipeline.head.head_step` (zero grads, forward and backward of
 its m micro-batches, one optimizer step) while holding it. So the decoder's trajectory always equals
 running the accepted steps one after another in the order they took the lock (recorded in
@@ -25,8 +27,9 @@ The round / cluster membership is checked again under the lock, so :meth:`Decode
 
 Refusals (wrong secret, unknown or closed round, cluster not in the round, bad shape / dtype / values,
 a head that fails on the request) are answered with an error frame, one line, on the same stream; the
-stream stays usable. A frame over ``max_message_mb`` is refused by gRPC itself before any decoding
-(RESOURCE_EXHAUSTED ends that stream; the client reports it and reopens on its next step). A CU that
+stream stays usable. A frame over ``max_message_mb`` is refused before any decoding, by gRPC itself or by the
+socket transport from the frame's length prefix (either ends that stream; the client reports it and reopens on
+its next step). A CU that
 vanishes mid-stream only ends its own handler; a step it left behind still completes under the lock.
 """
 
@@ -34,20 +37,20 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from concurrent import futures
+from collections.abc import Callable
 
-import grpc
 import torch
 
 from collapipe_flwr.errors import DataPlaneError
-from collapipe_flwr.fl.dataplane.auth import KeyInterceptor, identity_of
+from collapipe_flwr.fl.dataplane.backend import Listener, check_transport
 from collapipe_flwr.fl.dataplane.frame_service import FrameService
-from collapipe_flwr.fl.dataplane.protocol import METHOD, SERVICE, encode_error, wire_mode
-from collapipe_flwr.fl.dataplane.shm import HostSegments, read_pointer
+from collapipe_flwr.fl.dataplane.grpc_server import GrpcListener
+from collapipe_flwr.fl.dataplane.protocol import wire_mode
+from collapipe_flwr.fl.dataplane.socket_server import SocketListener
 from collapipe_flwr.fl.dataplane.stats import HostCounters
+from collapipe_flwr.fl.dataplane.stream_session import Sessions
 from collapipe_flwr.fl.dataplane.streams import MAX_STREAMS_PER_CLUSTER, StreamRegistry
-from collapipe_flwr.fl.dataplane.transport import channel_options, format_address
+from collapipe_flwr.fl.dataplane.transport import format_address
 from collapipe_flwr.models.split import TaskHead
 
 __all__ = ["MAX_STREAMS_PER_CLUSTER", "DecoderHost"]
@@ -56,7 +59,7 @@ log = logging.getLogger(__name__)
 
 
 class DecoderHost:
-    """gRPC server of the task head / decoder for the CUs' per-step exchange.
+    """Server of the task head / decoder for the CUs' per-step exchange, over ``transport`` (grpc | socket).
 
     ``hidden_size`` is H, the encoder width every z_enc must have. ``advertise_host`` is the host part
     of :attr:`address` (default: ``bind``, or 127.0.0.1 when binding every interface). ``max_streams``
@@ -92,8 +95,10 @@ class DecoderHost:
         tls: tuple[bytes, bytes] | None = None,
         idle_timeout_s: float = 30.0,
         compression: str = "",
+        transport: str = "grpc",
     ) -> None:
         _check_settings(secret, port, max_message_mb, fp16, compression, idle_timeout_s)
+        self.transport = check_transport(transport)
         self.hidden_size = int(hidden_size)
         self.max_len = int(max_len)  # longest sequence a step may carry (the model's positions; 0 = no limit)
         self.max_abs_activation = float(max_abs_activation)  # largest |z_enc| accepted (0 = no limit)
@@ -105,7 +110,7 @@ class DecoderHost:
         self._tls = tls  # (certificate PEM, private key PEM): serve over TLS; None: plaintext
         self._advertise = advertise_host or ("127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind)
         self._max_streams = int(max_streams)
-        self._server: grpc.Server | None = None
+        self._listener: Listener | None = None
         self._bound_port: int | None = None
         self._lock = threading.Lock()  # guards the head, the optimizer and the round state
         self._state_lock = threading.Lock()  # guards counters, step ids and the stream registry
@@ -128,6 +133,7 @@ class DecoderHost:
             precision=precision,
             joint=joint,
         )
+        self._sessions = Sessions(self._secret, self._frames, self._streams, self._counters, self.max_message_mb)
 
     @property
     def head(self) -> TaskHead:
@@ -147,45 +153,21 @@ class DecoderHost:
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> int:
         """Start serving; returns the bound port (a free one when ``port=0``)."""
-        if self._server is not None:
+        if self._listener is not None:
             return self.port
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self._max_streams + 2, thread_name_prefix="decoder-host"),
-            options=channel_options(self.max_message_mb),
-            maximum_concurrent_rpcs=self._max_streams,
-            interceptors=(
-                KeyInterceptor(
-                    self._secret, on_refused=self._counters.refuse_unattributed, not_admitted=self._frames.not_admitted
-                ),
-            ),
-        )
-        handler = grpc.method_handlers_generic_handler(
-            SERVICE, {METHOD: grpc.stream_stream_rpc_method_handler(self._serve_stream)}
-        )
-        server.add_generic_rpc_handlers((handler,))
-        port = self._add_port(server)
-        server.start()
-        self._server, self._bound_port = server, port
-        self._streams.start_reaper()
-        log.info("decoder data plane listening on %s", self.address)
-        return port
-
-    def _add_port(self, server: grpc.Server) -> int:
-        """Bind ``server`` to bind:port, over TLS when given; the bound port (one-line error when taken)."""
-        try:
-            address = format_address(self._bind, self._port)
-            if self._tls is None:
-                port = server.add_insecure_port(address)
-            else:
-                cert, key = self._tls
-                port = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
-        except RuntimeError:
-            port = 0
-        if not port:
-            raise DataPlaneError(
-                f"cannot bind the data plane to {format_address(self._bind, self._port)}; choose a free "
-                "dataplane.port or another dataplane.bind"
+        listener: Listener
+        if self.transport == "socket":
+            listener = SocketListener(
+                self._sessions, bind=self._bind, port=self._port, tls=self._tls, max_streams=self._max_streams
             )
+        else:
+            listener = GrpcListener(
+                self._sessions, bind=self._bind, port=self._port, tls=self._tls, max_streams=self._max_streams
+            )
+        port = listener.start()
+        self._listener, self._bound_port = listener, port
+        self._streams.start_reaper()
+        log.info("decoder data plane listening on %s (%s)", self.address, self.transport)
         return port
 
     @property
@@ -204,9 +186,9 @@ class DecoderHost:
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving; open streams are cancelled after ``grace_s`` seconds."""
-        if self._server is not None:
-            self._server.stop(grace_s).wait(grace_s + 5.0)
-            self._server = None
+        if self._listener is not None:
+            self._listener.stop(grace_s)
+            self._listener = None
         self._streams.stop_reaper()
 
     def __enter__(self) -> DecoderHost:
@@ -253,47 +235,6 @@ class DecoderHost:
         """The highest step id (seq, part) claimed per (round, cluster) of the open round (the replay guard's
         state)."""
         return self._frames.step_ids.last
-
-    # -- serving -----------------------------------------------------------------------------------
-    def _serve_stream(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-        """One CU's bidirectional stream: each request frame (inline, or a pointer into the CU's shared
-        memory) answered in order by :meth:`FrameService.serve`."""
-        registered: int | None = None
-        who = identity_of(context.invocation_metadata())  # (t, n, key), checked by KeyInterceptor
-        stream = (who[0], who[1]) if who is not None else None
-        if not self._streams.open(stream):
-            context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"cluster {stream[1] if stream else '?'} already has {self.max_streams_per_cluster} open data-plane "
-                "streams; a CU needs one (close the others)",
-            )
-        self._streams.mark_idle(context)
-        # the CU's shared-memory segments (same-host shortcut, shm.py), no frame larger than the task's cap
-        segments = HostSegments(max_bytes=self.max_message_mb * 2**20)
-        try:
-            for raw in request_iterator:
-                self._streams.mark_idle(context, busy=True)
-                frame: bytes | bytearray = raw  # a bytearray: the host's own copy out of the CU's segment
-                try:
-                    pointer = read_pointer(frame)
-                    if pointer is not None:
-                        frame = segments.read(*pointer)
-                except DataPlaneError as err:  # before the step is claimed: the CU may resend it inline
-                    self._streams.mark_idle(context, refused=True)
-                    yield encode_error(None, str(err))
-                    continue
-                answer, round_ = self._frames.serve(frame, stream)
-                reply = segments.reply(pointer[0], answer) if pointer is not None else answer.tobytes()
-                if registered is None and round_ is not None:
-                    registered = round_
-                    self._streams.register(round_, context)
-                self._streams.mark_idle(context, refused=round_ is None)
-                yield reply
-        except Exception as err:  # the CU went away (cancel, disconnect, deadline) or the host stopped
-            log.debug("data-plane stream ended: %s", err)
-        finally:
-            segments.close()
-            self._streams.release(context, registered, stream)
 
 
 def _check_settings(

@@ -8,15 +8,15 @@ import math
 import threading
 import time
 
-import grpc
-
+from collapipe_flwr.fl.dataplane.backend import Cancellable
 from collapipe_flwr.fl.dataplane.stats import HostCounters
 
 MAX_STREAMS_PER_CLUSTER = 4  # open data-plane streams one (round, cluster) key may hold at once
 
 
 class StreamRegistry:
-    """Open streams by their gRPC context, guarded by the host's ``state_lock`` (shared with ``counters``).
+    """Open streams by their transport's handle (a gRPC context, a socket connection: anything with
+    ``cancel()``), guarded by the host's ``state_lock`` (shared with ``counters``).
 
     Each (t, n) may hold ``max_per_cluster`` streams at once (a CU needs one; a reopened one may overlap
     the old). A stream's idle clock runs from its opening or its last accepted step; the reaper cancels
@@ -32,8 +32,8 @@ class StreamRegistry:
         self._idle_timeout_s = float(idle_timeout_s)
         self._by_round: dict[int, set] = collections.defaultdict(set)
         # open stream's context -> when it last went idle (inf: busy)
-        self._idle_since: dict[grpc.ServicerContext, float] = {}
-        self._last_accepted: dict[grpc.ServicerContext, float] = {}  # when the stream last had a step accepted
+        self._idle_since: dict[Cancellable, float] = {}
+        self._last_accepted: dict[Cancellable, float] = {}  # when the stream last had a step accepted
         self._open_per_cluster: collections.Counter = collections.Counter()
         self._reaper_stop = threading.Event()
         self._reaper: threading.Thread | None = None
@@ -52,12 +52,12 @@ class StreamRegistry:
             self._open_per_cluster[stream] += 1
             return True
 
-    def register(self, round_: int, context: grpc.ServicerContext) -> None:
+    def register(self, round_: int, context: Cancellable) -> None:
         """The stream serves round t: :meth:`cancel_round` ends it."""
         with self._state_lock:
             self._by_round[round_].add(context)
 
-    def mark_idle(self, context: grpc.ServicerContext, busy: bool = False, refused: bool = False) -> None:
+    def mark_idle(self, context: Cancellable, busy: bool = False, refused: bool = False) -> None:
         """Idle since now, or busy (inf). Only an accepted step (or the stream's opening) starts the idle clock
         afresh: after a refused frame the stream is idle since its last accepted step, so a CU sending junk
         every few seconds is still reaped after ``idle_timeout_s``."""
@@ -72,7 +72,7 @@ class StreamRegistry:
                 self._idle_since[context] = now
                 self._last_accepted[context] = now
 
-    def release(self, context: grpc.ServicerContext, registered: int | None, stream: tuple[int, int] | None) -> None:
+    def release(self, context: Cancellable, registered: int | None, stream: tuple[int, int] | None) -> None:
         """The stream ended: forget its clocks, its round (``registered``) and its share of (t, n)."""
         with self._state_lock:
             self._idle_since.pop(context, None)

@@ -76,6 +76,7 @@ class DecoderService:
         max_len: int = 0,
         max_abs_activation: float = 0.0,
         tls: TlsFiles | None = None,
+        transport: str = "grpc",
     ) -> DecoderService:
         """Start serving ``head`` (when ``enabled``); ``lr_factor_of(round, seq)`` is the decoder's LR factor."""
         secret = secrets.token_hex(16)
@@ -98,6 +99,7 @@ class DecoderService:
             max_len=max_len,
             max_abs_activation=max_abs_activation,
             tls=(pems[0], pems[1]) if pems is not None else None,
+            transport=transport,
         )
         host.start()
         return cls(host, announce_host, secret, pems[2].decode("utf-8") if pems is not None else "")

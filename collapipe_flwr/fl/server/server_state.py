@@ -107,6 +107,7 @@ def start_decoder(cfg: RunConfig, model: SplitModel, hidden_size: int, precision
         max_len=cfg.model.max_len,
         max_abs_activation=dp.max_abs_activation,
         tls=TlsFiles(dp.tls_cert, dp.tls_key, dp.tls_ca) if dp.tls_cert else None,
+        transport=dp.transport,
     )
 
 
