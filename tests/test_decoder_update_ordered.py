@@ -6,6 +6,7 @@
 - two runs give bit-identical decoders whatever the arrival order;
 - a cluster that never arrives is left out after the timeout; one that finished early (its stream ended) or
   whose step was refused after its id was claimed holds nobody up;
+- the config: ``ordered`` is a choice, refused with 1F1B, and the simulation runs every CU at once for it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from collapipe_flwr.errors import DataPlaneError
+from collapipe_flwr.config import compose, load_run_config
+from collapipe_flwr.errors import ConfigError, DataPlaneError
+from collapipe_flwr.experiments.job import build_job
 from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.client import DecoderClient
 from collapipe_flwr.fl.dataplane.ordered import OrderedSteps
@@ -258,6 +261,24 @@ def test_closing_the_round_refuses_a_step_waiting_for_its_turn():
     steps.close_round()
     th.join(5)
     assert len(errors) == 1 and "closed while step 1 of cluster 1 waited" in str(errors[0])
+
+
+def test_ordered_is_a_config_choice_refused_with_1f1b_and_runs_every_cu_at_once(data_dir, tmp_path):
+    cfg = load_run_config(["federation=tiny", "federation.decoder_update=ordered"], data_dir=str(data_dir))
+    assert cfg.federation.decoder_update == "ordered"
+    with pytest.raises(
+        ConfigError, match=r"^federation\.decoder_update='sorted' must be one of per_cu, joint, ordered$"
+    ):
+        load_run_config(["federation=tiny", "federation.decoder_update=sorted"], data_dir=str(data_dir))
+    with pytest.raises(ConfigError, match=r"decoder_update=ordered .*set decoder_update=per_cu or schedule=gpipe$"):
+        load_run_config(
+            ["federation=tiny", "pipeline.schedule=1f1b", "federation.decoder_update=ordered"], data_dir=str(data_dir)
+        )
+    environ = {"COLLAPIPE_DATA_DIR": str(data_dir)}
+    ordered = ["federation.decoder_update=ordered", "federation.num_clusters=5"]
+    assert build_job(compose(ordered), [], tmp_path / "n", environ=environ).concurrent_cus == 5
+    capped = build_job(compose([*ordered, "runtime.concurrent_cus=2"]), [], tmp_path / "o", environ=environ)
+    assert capped.concurrent_cus == 2
 
 
 def test_a_host_cannot_be_both_joint_and_ordered():
