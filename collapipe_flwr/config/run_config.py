@@ -251,12 +251,21 @@ def _check_privacy(cfg: RunConfig) -> None:
 
 def _check_schedule(cfg: RunConfig) -> None:
     """1F1B sends the decoder one exchange per micro-batch, each answered at once; the joint decoder update
-    gathers whole steps of every cluster behind a barrier, so the two do not go together."""
-    if cfg.pipeline.schedule == "1f1b" and cfg.federation.decoder_update == "joint":
+    gathers whole steps of every cluster behind a barrier, and the ordered one queues whole steps in cluster
+    order, so neither goes with 1F1B."""
+    if cfg.pipeline.schedule != "1f1b":
+        return
+    if cfg.federation.decoder_update == "joint":
         raise ConfigError(
             "pipeline.schedule=1f1b exchanges each micro-batch with the decoder on its own, which "
             "federation.decoder_update=joint (one barrier per whole step) cannot gather; set decoder_update=per_cu "
             "or schedule=gpipe"
+        )
+    if cfg.federation.decoder_update == "ordered":
+        raise ConfigError(
+            "pipeline.schedule=1f1b exchanges each micro-batch with the decoder on its own, which "
+            "federation.decoder_update=ordered (whole steps in cluster order) cannot order; set "
+            "decoder_update=per_cu or schedule=gpipe"
         )
 
 

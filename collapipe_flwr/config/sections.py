@@ -10,7 +10,7 @@ from collapipe_flwr.spec_parsing import require
 from collapipe_flwr.system.pipeline_model import SCHEDULES
 
 OPTIMIZER_STATES = ("keep", "reset")
-DECODER_UPDATES = ("per_cu", "joint")
+DECODER_UPDATES = ("per_cu", "joint", "ordered")
 EMBEDDING_MODES = ("trained", "frozen")
 
 
@@ -34,7 +34,9 @@ class FederationSpec:
     server_beta_2: float = 0.99  # fedadam / fedyogi second moment, in [0, 1)
     server_tau: float = 1e-3  # fedadam / fedyogi / fedadagrad adaptivity, > 0
     # Algorithm 1 line 14: per_cu = one decoder update per CU step in arrival order | joint = one update
-    # per step on the concatenated activations of all participating clusters (a barrier on the data plane).
+    # per step on the concatenated activations of all participating clusters (a barrier on the data plane) |
+    # ordered = per_cu in cluster order: step seq of cluster 0, 1, ..., then step seq + 1 (a turnstile), so
+    # runs with the same seed give the same decoder.
     decoder_update: str = "per_cu"
     # The CU's embedding: trained (CUs train it and upload it with the encoder; FedAvg averages it) | frozen
     # (it keeps its initial values, so a CU uploads only z_enc and theta_enc, exactly eq. 11's terms).

@@ -22,6 +22,8 @@ GROUPS = ("task", "model", "method", "scheduler", "network", "federation")
 RUN_SUBDIR = "run"
 TIMEOUT_ENV = "COLLAPIPE_RUN_TIMEOUT_S"
 TIMEOUT_MARGIN_S = 600.0
+# Decoder updates whose CUs wait for each other's steps: the simulation trains all N CUs at once for them.
+WAITING_DECODER_UPDATES = ("joint", "ordered")
 
 
 def override_key(override: str) -> str:
@@ -38,10 +40,11 @@ def forwarded_overrides(task_overrides: Sequence[str], run_name: str = RUN_SUBDI
 def concurrent_cus(cfg: RunConfig) -> int:
     """How many CUs the simulation trains at once (Ray's CPU count, flwr's init-args-num-cpus; 0 = the cores):
     runtime.concurrent_cus when set, else all N for ``decoder_update: joint``, whose barrier waits for every
-    participating CU's step (with fewer workers than CUs the waiting CUs time out), else 0."""
+    participating CU's step, and for ``ordered``, whose turnstile waits for every lower-index CU's step (with
+    fewer workers than CUs the waiting CUs time out), else 0."""
     if cfg.runtime.concurrent_cus:
         return cfg.runtime.concurrent_cus
-    return cfg.federation.num_clusters if cfg.federation.decoder_update == "joint" else 0
+    return cfg.federation.num_clusters if cfg.federation.decoder_update in WAITING_DECODER_UPDATES else 0
 
 
 def run_timeout_s(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> float:

@@ -22,8 +22,8 @@ class RuntimeSpec:
     concurrent_cus: simulation only (``collapipe run`` and sweeps): how many CUs Flower's Ray backend trains at
     once. Each SuperNode claims one Ray CPU, and this is the CPU count Ray is started with (Flower's
     ``init-args-num-cpus``); 0 = the machine's cores (two of three CUs at a time on 2 cores), or all N with
-    ``federation.decoder_update: joint`` (its barrier waits for every CU). N trains every CU at once, as in a
-    deployment (they then share the cores);
+    ``federation.decoder_update: joint`` or ``ordered`` (its barrier / turnstile waits for every CU). N trains
+    every CU at once, as in a deployment (they then share the cores);
     device_timeout_s: the longest wait for one device's step; torch_threads: torch threads per process;
     precision: ``auto`` (bf16 autocast where the hardware has native bf16) | ``fp32`` | ``bf16``;
     device_resource: a Ray custom resource that pins device k's actor to device k's box: ``{k}`` replaced by

@@ -13,6 +13,8 @@
   ``head_step`` one update at a time, dL/dz_enc back), keeps its open streams in :mod:`.streams` (per
   (t, n) caps, idle reaper), the open round and the replay guard in :mod:`.rounds`, counters in :mod:`.stats`.
 - :mod:`.joint`: the barrier of ``federation.decoder_update: joint`` (one update on all clusters' step).
+- :mod:`.ordered`: the turnstile of ``federation.decoder_update: ordered`` (one update per CU step, in
+  cluster order: step seq of cluster 0, 1, ..., then step seq + 1).
 - :mod:`.client`: :class:`DecoderClient`, the CU's remote ``HeadFn``.
 - :mod:`.shm`: the same-host shortcut (``dataplane.shared_memory: auto``): a CU on the server's host puts
   its frames in a shared-memory segment it owns and sends only a pointer on its authenticated stream.

@@ -3,8 +3,9 @@ one reply frame (loss and dL/dz_enc per micro-batch) or one error line out.
 
 A frame is authenticated (the CU's own key for (t, n), on its own stream), its round / cluster checked,
 decoded, its step id claimed and its tensors checked (:mod:`.checks`) before the decoder is touched. The head then
-runs one whole :func:`~collapipe_flwr.pipeline.head.head_step` under the decoder's lock (per CU), or
-joins the barrier of step ``seq`` of every cluster (``joint``, :mod:`.joint`). A 1F1B part (micro-batch i of
+runs one whole :func:`~collapipe_flwr.pipeline.head.head_step` under the decoder's lock (per CU: in arrival
+order, or in cluster order behind the turnstile of ``ordered``, :mod:`.ordered`), or joins the barrier of step
+``seq`` of every cluster (``joint``, :mod:`.joint`). A 1F1B part (micro-batch i of
 step ``seq``, ``pipeline.schedule: 1f1b``) runs that micro-batch alone under the lock into the CU's open
 :class:`~collapipe_flwr.pipeline.head_parts.HeadParts`; the last part takes the step's one decoder update.
 The round is checked again under the lock, so a closed round runs no step after
@@ -32,6 +33,7 @@ from collapipe_flwr.fl.dataplane.checks import (
     check_wire_dtype,
 )
 from collapipe_flwr.fl.dataplane.joint import JointSteps, StepResults
+from collapipe_flwr.fl.dataplane.ordered import OrderedSteps
 from collapipe_flwr.fl.dataplane.protocol import (
     StepRequest,
     decode_step_request,
@@ -57,7 +59,8 @@ class FrameService:
     ``lock`` guards the head, the optimizer and the round state (:attr:`gate`); ``counters`` and
     :attr:`step_ids` share the host's ``state_lock``. Frames are checked against H = ``hidden_size``,
     ``max_len`` and ``max_abs_activation`` in the wire ``compression``; ``lr_factor_of(t, seq)`` is the
-    factor of the decoder's base lr for step seq (1..) of round t (None: the base lr).
+    factor of the decoder's base lr for step seq (1..) of round t (None: the base lr). ``joint`` gathers step seq
+    of every cluster into one update; ``ordered`` applies the CUs' steps one by one in cluster order.
     """
 
     def __init__(
@@ -77,7 +80,10 @@ class FrameService:
         lr_factor_of: Callable[[int, int], float] | None,
         precision: str,
         joint: bool,
+        ordered: bool = False,
     ) -> None:
+        if joint and ordered:
+            raise DataPlaneError("a decoder host updates either jointly or in cluster order; choose joint or ordered")
         self.head = head
         self.optimizer = optimizer
         self.precision = precision  # the decoder's forward under bf16 autocast or not (runtime.precision)
@@ -96,6 +102,8 @@ class FrameService:
         self._parts: dict[tuple[int, int], tuple[int, HeadParts]] = {}  # (t, n) -> its open 1F1B step (seq, parts)
         # decoder_update: joint (Algorithm 1 line 14, one update on all clusters' step) instead of per CU
         self._joint = JointSteps(self._run_joint, timeout_s=lock_timeout_s) if joint else None
+        # decoder_update: ordered (one update per CU step, in cluster order: a turnstile, same timeout)
+        self._ordered = OrderedSteps(timeout_s=lock_timeout_s) if ordered else None
 
     # -- rounds ------------------------------------------------------------------------------------
     def open_round(self, round_: int, clusters: list[int]) -> None:
@@ -106,14 +114,24 @@ class FrameService:
         self.step_ids.keep_round(int(round_))
         if self._joint is not None:
             self._joint.open_round(round_, clusters)
+        if self._ordered is not None:
+            self._ordered.open_round(round_, clusters)
 
     def close_round(self) -> int | None:
         """Refuse further steps of the open round; returns it (None if none was open) once no step runs."""
         if self._joint is not None:
             self._joint.close_round()
+        if self._ordered is not None:
+            self._ordered.close_round()
         with self.lock:
             self._parts.clear()  # a 1F1B step a CU left half done is never applied
             return self.gate.close()
+
+    def stream_ended(self, stream: tuple[int, int] | None) -> None:
+        """The CU of (t, n) = ``stream`` ended its stream cleanly (its client closed: no more steps this round);
+        under ``ordered`` the cluster leaves the order."""
+        if self._ordered is not None and stream is not None:
+            self._ordered.leave(*stream)
 
     def not_admitted(self, round_: int, cluster: int) -> str | None:
         """Why a stream of cluster n in round t may not open, None when it may (read without the lock)."""
@@ -162,12 +180,22 @@ class FrameService:
             )
         self.gate.check(round_, cluster)
         req = decode_step_request(frame)
-        if req.part is not None and self._joint is not None:
+        if req.part is not None and (self._joint is not None or self._ordered is not None):
+            mode = "joint" if self._joint is not None else "ordered"
             raise DataPlaneError(
-                "a 1F1B part (pipeline.schedule=1f1b) reached a decoder host that gathers whole steps "
-                "(federation.decoder_update=joint); use decoder_update=per_cu or schedule=gpipe"
+                "a 1F1B part (pipeline.schedule=1f1b) reached a decoder host that orders whole steps "
+                f"(federation.decoder_update={mode}); use decoder_update=per_cu or schedule=gpipe"
             )
         self.step_ids.claim(round_, cluster, seq, req.m if req.part is None else req.part)
+        try:
+            return self._check(req)
+        except Exception:
+            if self._ordered is not None:  # the claimed step can never come again: its slot must not hold the order
+                self._ordered.skip(round_, cluster, seq)
+            raise
+
+    def _check(self, req: StepRequest) -> StepRequest:
+        """The request, once its tensors pass (a whole step, or one 1F1B part)."""
         if req.part is None:
             check_step(req, self.hidden_size, False, self.max_len, self.max_abs_activation, self.compression)
             return req
@@ -181,7 +209,8 @@ class FrameService:
     def _answer(
         self, req: StepRequest, frame: bytes | bytearray, t0: float, round_: int, cluster: int, seq: int
     ) -> Frame:
-        """Run the step (joint barrier or alone under the lock) and encode loss and dL/dz_enc back."""
+        """Run the step (joint barrier, or alone under the lock: at once, or at its turn in cluster order) and
+        encode loss and dL/dz_enc back."""
         t_wait = time.perf_counter()
         joint = self._joint.submit(req) if self._joint is not None else None
         if joint is not None:
@@ -190,6 +219,15 @@ class FrameService:
             wait = time.perf_counter() - t_wait
             self._counters.count(cluster, frame, reply, served=True, wait=wait, total=time.perf_counter() - t0)
             return reply
+        if self._ordered is not None:
+            with self._ordered.turn(req):  # its slot is resolved however the step ends (served or refused)
+                return self._answer_alone(req, frame, t0, t_wait, round_, cluster, seq)
+        return self._answer_alone(req, frame, t0, t_wait, round_, cluster, seq)
+
+    def _answer_alone(
+        self, req: StepRequest, frame: bytes | bytearray, t0: float, t_wait: float, round_: int, cluster: int, seq: int
+    ) -> Frame:
+        """One CU's step (or 1F1B part) alone under the decoder's lock; its reply frame."""
         if not self.lock.acquire(timeout=self._lock_timeout_s):
             raise DataPlaneError(
                 f"the decoder stayed busy for {self._lock_timeout_s:g} s (other CUs' steps); retry, or give the "

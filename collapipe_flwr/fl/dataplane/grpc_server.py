@@ -93,6 +93,7 @@ class GrpcListener:
             for raw in request_iterator:
                 reply = session.answer(raw)
                 yield reply if isinstance(reply, bytes) else reply.tobytes()
+            session.ended()  # the iterator ran out: the CU closed its side (a cancel raises instead)
         except Exception as err:  # the CU went away (cancel, disconnect, deadline) or the host stopped
             log.debug("data-plane stream ended: %s", err)
         finally:

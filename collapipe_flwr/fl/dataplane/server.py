@@ -17,7 +17,10 @@ running the accepted steps one after another in the order they took the lock (re
 :attr:`DecoderHost.served_order`); steps never interleave and a refused request never changes the head
 or its optimizer state. By default (``federation.decoder_update: per_cu``) each CU step is one decoder
 update, applied in arrival order, so CUs never wait for each other; ``joint`` follows Algorithm 1, line 14
-literally: one update per step on the activations of all N clusters (a barrier, see :mod:`.joint`).
+literally: one update per step on the activations of all N clusters (a barrier, see :mod:`.joint`);
+``ordered`` keeps one update per CU step but applies step seq of the clusters in cluster order, then step
+seq + 1 (a turnstile, see :mod:`.ordered`), so the trajectory does not depend on thread timing. A stream that
+its CU ends cleanly (the client closed: its round's steps are over) takes its cluster out of that order.
 Under ``pipeline.schedule: 1f1b`` a CU's step arrives as m part requests, one per micro-batch: each part runs
 its micro-batch's head forward and backward under the lock, its head gradients summed apart from the head's
 (``pipeline.head_parts.HeadParts``, one per (t, n)), and the last part takes the step's one update; parts of
@@ -64,11 +67,13 @@ class DecoderHost:
     ``hidden_size`` is H, the encoder width every z_enc must have. ``advertise_host`` is the host part
     of :attr:`address` (default: ``bind``, or 127.0.0.1 when binding every interface). ``max_streams``
     bounds the concurrent CU streams (one worker thread each; more are refused). ``lock_timeout_s``
-    bounds how long a request waits for the decoder behind other CUs' steps. ``lr_factor_of(t, seq)`` is
-    the factor of the decoder's base lr for step seq (1..) of round t (None: the base lr). A stream that
-    sends no request for ``idle_timeout_s`` after its last reply (or after it opened) is cancelled by a
-    reaper thread (the CU's client opens a fresh one on its next step), so streams held open by a stuck
-    or hostile CU do not keep worker threads; keepalive pings end a stream whose CU's machine vanished,
+    bounds how long a request waits for the decoder behind other CUs' steps and, with ``joint`` / ``ordered``
+    (Algorithm 1 line 14 as one update on all clusters / per CU in cluster order), how long a silent cluster is
+    waited for before it is left out of the round's barrier / order. ``lr_factor_of(t, seq)`` is the factor of
+    the decoder's base lr for step seq (1..) of round t (None: the base lr). A stream that sends no request
+    for ``idle_timeout_s`` after its last reply (or after it opened) is cancelled by a reaper thread (the
+    CU's client opens a fresh one on its next step), so streams held open by a stuck or hostile CU do not
+    keep worker threads; keepalive pings end a stream whose CU's machine vanished,
     :meth:`close_round` cancels the round's streams, and :meth:`stop` cancels all.
     """
 
@@ -90,6 +95,7 @@ class DecoderHost:
         lr_factor_of: Callable[[int, int], float] | None = None,
         precision: str = "fp32",
         joint: bool = False,
+        ordered: bool = False,
         max_len: int = 0,
         max_abs_activation: float = 0.0,
         tls: tuple[bytes, bytes] | None = None,
@@ -132,6 +138,7 @@ class DecoderHost:
             lr_factor_of=lr_factor_of,
             precision=precision,
             joint=joint,
+            ordered=ordered,
         )
         self._sessions = Sessions(self._secret, self._frames, self._streams, self._counters, self.max_message_mb)
 

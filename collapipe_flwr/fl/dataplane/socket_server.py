@@ -64,8 +64,10 @@ class _Conn:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self.cancelled = False  # a shut-down socket reads as a clean close: this tells the two apart
 
     def cancel(self) -> None:
+        self.cancelled = True
         with contextlib.suppress(OSError):
             socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # the plain socket's: leaves TLS state alone
 
@@ -239,6 +241,8 @@ class SocketListener:
             except PeerClosed as closed:
                 if not closed.clean:
                     raise
+                if not conn.cancelled:
+                    session.ended()  # the CU closed between frames: no more steps from it this round
                 return
             try:
                 check_length(length, self._sessions.max_bytes, "the CU")

@@ -16,7 +16,7 @@ class ClusterCounters:
     bytes_in: int = 0  # request frame bytes received
     bytes_out: int = 0  # reply/error frame bytes sent
     seconds_head: float = 0.0  # time inside head_step (forward, backward, optimizer step)
-    seconds_wait: float = 0.0  # time waiting for the decoder lock (other CUs' steps)
+    seconds_wait: float = 0.0  # time waiting for the decoder lock (other CUs' steps; ordered: and its turn)
     seconds_total: float = 0.0  # time from frame received to reply encoded
 
     def to_dict(self) -> dict:

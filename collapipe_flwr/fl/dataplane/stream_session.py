@@ -60,6 +60,11 @@ class StreamSession:
         self._streams.mark_idle(self._handle, refused=round_ is None)
         return reply
 
+    def ended(self) -> None:
+        """The CU ended the stream cleanly (its client closed it: no more steps from it this round; under
+        ``federation.decoder_update: ordered`` its cluster leaves the order). Not called for a cancelled stream."""
+        self._frames.stream_ended(self._stream)
+
     def close(self) -> None:
         """The stream ended: detach the CU's segments and give back its place in the registry."""
         self._segments.close()
