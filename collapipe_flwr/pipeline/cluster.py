@@ -259,18 +259,25 @@ class ClusterPipeline:
 
     # -- one step ---------------------------------------------------------------------------------
     def train_step(
-        self, batch: dict[str, torch.Tensor], m: int, head: HeadFn | MicroHead, lr_factor: float = 1.0
+        self,
+        batch: dict[str, torch.Tensor],
+        m: int,
+        head: HeadFn | MicroHead,
+        lr_factor: float = 1.0,
+        step_seed: int | None = None,
     ) -> StepResult:
         """One step in the runtime's schedule (module docstring); ``lr_factor`` scales the base lr of every segment,
-        the embedding and the head for this step (the run's learning-rate clock, ``tasks.lr_schedule.LrClock``).
+        the embedding and the head for this step (the run's learning-rate clock, ``tasks.lr_schedule.LrClock``);
+        ``step_seed`` (``runtime.seeded_dropout``) fixes the dropout masks of the embedding and of every block, the
+        same whichever device holds it (``pipeline/dropout_seed.py``).
         Under 1F1B ``head`` must be a :class:`~collapipe_flwr.pipeline.head.MicroHead` (m exchanges a step)."""
         t0 = time.perf_counter()
         b = batch_size(batch)
         micro = split_batch(batch, m)
         m = len(micro)  # min(m, b): a short batch (an epoch's last) runs in fewer micro-batches
         self.check_memory(b, int(batch["input_ids"].shape[1]), m)
-        self._begin_step()
-        cu = CuEmbedding(self.embedding, self.precision)
+        self._begin_step(step_seed)
+        cu = CuEmbedding(self.embedding, self.precision, step_seed)
         if self.schedule == "1f1b":
             loss, phases = one_f_one_b_step(self._stages, self.S, cu, micro, head, lr_factor)  # type: ignore[arg-type]
         else:
@@ -290,10 +297,10 @@ class ClusterPipeline:
         count = int((batch["labels"] != -100).sum()) if "labels" in batch else b
         return StepResult(loss=float(loss), count=count, timings=timings)
 
-    def _begin_step(self) -> None:
+    def _begin_step(self, step_seed: int | None) -> None:
         self.embedding.train()
         self.embedding_optimizer.zero_grad(set_to_none=True)
-        self._gather("begin_step")
+        self._gather("begin_step", step_seed)
 
     def _update(self, lr_factor: float) -> list[float]:
         """Every segment and the embedding take one optimizer step; returns each stage's compute seconds."""
@@ -304,9 +311,9 @@ class ClusterPipeline:
         return [self._stages.get(h, s) for s, h in enumerate(steps)]
 
     # -- state ------------------------------------------------------------------------------------
-    def _gather(self, method: str) -> list:
+    def _gather(self, method: str, *args) -> list:
         self._stages.new_step()
-        handles = [self._stages.submit(s, method) for s in range(self.S)]
+        handles = [self._stages.submit(s, method, *args) for s in range(self.S)]
         return [self._stages.get(h, s) for s, h in enumerate(handles)]
 
     def encoder_state_dict(self) -> dict[str, torch.Tensor]:

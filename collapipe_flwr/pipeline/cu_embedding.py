@@ -11,6 +11,7 @@ import time
 import torch
 from torch import nn
 
+from collapipe_flwr.pipeline.dropout_seed import EMBEDDING, seed_block
 from collapipe_flwr.precision import autocast
 
 
@@ -18,15 +19,17 @@ class CuEmbedding:
     """theta^emb on the CU for one step: :meth:`forward` per micro-batch, :meth:`backward` per micro-batch;
     ``seconds`` sums the embedding forwards (the ``seconds-step-embed`` metric)."""
 
-    def __init__(self, embedding: nn.Module, precision: str) -> None:
+    def __init__(self, embedding: nn.Module, precision: str, step_seed: int | None = None) -> None:
         self.embedding = embedding
         self.precision = precision
+        self.step_seed = step_seed  # runtime.seeded_dropout: the embedding's masks from it (pipeline/dropout_seed.py)
         self.outputs: dict[int, torch.Tensor] = {}
         self.seconds = 0.0
 
     def forward(self, i: int, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """z^0 of micro-batch i, detached (stage 0's input); the graph is kept for :meth:`backward`."""
         start = time.perf_counter()
+        seed_block(self.step_seed, i, EMBEDDING)
         with autocast(self.precision):
             self.outputs[i] = self.embedding(micro_batch["input_ids"])
         self.seconds += time.perf_counter() - start

@@ -41,7 +41,10 @@ class RuntimeSpec:
     pin_threads: ``auto`` (each device actor of a CU on its own cores when the CU's host has at least S;
     see ``executors.core_sets``) | ``true`` (also with fewer cores, round-robin) | ``false`` (no pinning,
     the default: a CU pins without seeing other CUs' actors, so CUs sharing a host, as in the simulation,
-    could stack their actors on the same cores)."""
+    could stack their actors on the same cores);
+    seeded_dropout: every dropout mask drawn from the run's seed, the round, the cluster, the step, the micro-batch
+    and the block (``pipeline/dropout_seed.py``), so the same seed gives the same masks in any process and for any
+    split; the server's head too, per step (off: each process draws from its own generator)."""
 
     backend: str = "ray"
     ray_address: str = ""
@@ -57,6 +60,7 @@ class RuntimeSpec:
     server_device: str = ""
     actor_num_gpus: float = 0.0
     pin_threads: str = "false"
+    seeded_dropout: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pin_threads", str(self.pin_threads).lower())  # YAML reads true/false as bools

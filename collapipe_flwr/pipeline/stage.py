@@ -28,6 +28,7 @@ from torch import nn
 from collapipe_flwr.accelerator import resolve_device, to_host
 from collapipe_flwr.pipeline import profiling
 from collapipe_flwr.pipeline.device_process import DeviceProcess, this_process
+from collapipe_flwr.pipeline.dropout_seed import seed_block
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.precision import autocast, resolve_precision
@@ -70,6 +71,7 @@ class Stage:
         self.precision = resolve_precision(precision, self.device.type)
         self.load_segment(segment, optimizer_state, slowdown, offset)
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self._step_seed: int | None = None
         self._live_activation_bytes = 0
         self.peak_activation_bytes = 0
         self.compute_seconds = 0.0
@@ -104,8 +106,10 @@ class Stage:
         self._base_lrs = [group["lr"] for group in self.optimizer.param_groups]
 
     # -- the step ---------------------------------------------------------------------------------
-    def begin_step(self) -> int:
-        """Start a training step: zero gradients and drop anything left from a failed step."""
+    def begin_step(self, step_seed: int | None = None) -> int:
+        """Start a training step: zero gradients and drop anything left from a failed step. ``step_seed``
+        (``runtime.seeded_dropout``): each block's dropout masks this step come from it (pipeline/dropout_seed.py)."""
+        self._step_seed = step_seed
         self.optimizer.zero_grad(set_to_none=True)
         self._pending.clear()
         self._live_activation_bytes = 0
@@ -121,7 +125,8 @@ class Stage:
         with SavedTensorMeter(exclude=self.segment.parameters()) as meter:
             hidden = leaf
             with autocast(self.precision, self.device.type):
-                for block in self.segment:
+                for j, block in enumerate(self.segment):
+                    seed_block(self._step_seed, mb_index, self.offset + j)
                     hidden = block(hidden, attention_mask)
             hidden = hidden.to(leaf.dtype)  # stages exchange the input's dtype whatever the compute precision
         self._pending[mb_index] = (leaf, hidden, meter.bytes)

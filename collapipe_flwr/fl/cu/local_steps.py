@@ -21,6 +21,7 @@ from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.cu import data_parallel
 from collapipe_flwr.fl.cu.step_log import StepLog
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
+from collapipe_flwr.pipeline.dropout_seed import step_seed
 from collapipe_flwr.pipeline.head import HeadFn, LocalHead
 from collapipe_flwr.tasks.base import Task
 
@@ -43,15 +44,17 @@ def run_steps(
     lr_factor_of: Callable[[int], float],
     num_devices: int,
     select: Select | None = None,
+    step_seed_of: Callable[[int], int | None] = lambda i: None,
 ) -> StepLog:
     """One GPipe step per batch of ``batches`` with m micro-batches at ``lr_factor_of(i)`` for the i-th step;
-    ``select`` (a data user's share) maps a batch to the rows to train on (None: that user skips the batch)."""
+    ``select`` (a data user's share) maps a batch to the rows to train on (None: that user skips the batch);
+    ``step_seed_of(i)``: the i-th step's dropout seed (None: unseeded, ``runtime.seeded_dropout: false``)."""
     log = StepLog.empty(num_devices)
     for i, batch in enumerate(batches):
         rows = select(batch) if select is not None else batch
         if rows is None:  # this data user's share of a short batch is empty
             continue
-        result = pipeline.train_step(rows, m, head, lr_factor=lr_factor_of(i))
+        result = pipeline.train_step(rows, m, head, lr_factor=lr_factor_of(i), step_seed=step_seed_of(i))
         log = log.add(result, int(next(iter(rows.values())).shape[0]))
     return log
 
@@ -74,9 +77,12 @@ def train_local_steps(
     clock = wiring.lr_clock(cfg)
     steps = cfg.federation.local_steps
 
+    def seed_of(i: int) -> int | None:
+        return step_seed(cfg.seed, round_, cluster, i) if cfg.runtime.seeded_dropout else None
+
     def one_stream(select: Select | None = None) -> StepLog:
         batches = itertools.islice(round_batches(task, cfg, examples, round_, cluster), steps)
-        return run_steps(pipeline, head, batches, m, lambda i: clock.factor(round_, i), num_devices, select)
+        return run_steps(pipeline, head, batches, m, lambda i: clock.factor(round_, i), num_devices, select, seed_of)
 
     users = data_parallel.active_users(data_users, cfg.task.batch_size)
     if users == 1:

@@ -45,6 +45,7 @@ from collapipe_flwr.fl.dataplane.rounds import RoundGate, StepIds
 from collapipe_flwr.fl.dataplane.stats import HostCounters
 from collapipe_flwr.fl.dataplane.wire import Frame
 from collapipe_flwr.models.split import TaskHead
+from collapipe_flwr.pipeline.dropout_seed import HEAD, seed_block, step_seed
 from collapipe_flwr.pipeline.head import head_step
 from collapipe_flwr.pipeline.head_parts import HeadParts
 from collapipe_flwr.pipeline.optim import scale_lr
@@ -81,11 +82,14 @@ class FrameService:
         precision: str,
         joint: bool,
         ordered: bool = False,
+        dropout_seed: int | None = None,
     ) -> None:
         if joint and ordered:
             raise DataPlaneError("a decoder host updates either jointly or in cluster order; choose joint or ordered")
         self.head = head
         self.optimizer = optimizer
+        # runtime.seeded_dropout: the run's seed, from which each step's head masks are drawn (None: unseeded)
+        self._dropout_seed = dropout_seed
         self.precision = precision  # the decoder's forward under bf16 autocast or not (runtime.precision)
         self._lr_factor_of = lr_factor_of  # (round t, step seq 1..) -> factor of the decoder's base lr
         self._base_lrs = [g["lr"] for g in optimizer.param_groups] if optimizer is not None else []
@@ -236,6 +240,7 @@ class FrameService:
         try:
             t_locked = time.perf_counter()
             self.gate.check(round_, cluster)
+            self._seed_head(round_, cluster, seq, req.part or 0)
             whole = True
             if req.part is None:
                 loss, grads = self._run_head(req)
@@ -252,6 +257,12 @@ class FrameService:
         return reply
 
     # -- the decoder step --------------------------------------------------------------------------
+    def _seed_head(self, round_: int, cluster: int, seq: int, part: int) -> None:
+        """Under the lock, before a head step: its dropout masks from (seed, t, n, seq, part) when the run seeds
+        dropout (``pipeline/dropout_seed.py``), so they do not follow the order in which CUs' steps arrive."""
+        if self._dropout_seed is not None:
+            seed_block(step_seed(self._dropout_seed, round_, cluster, seq), part, HEAD)
+
     def _run_joint(self, reqs: list[StepRequest]) -> StepResults:
         """One head step on all clusters' micro-batches of one step (under the lock); per cluster its own
         mean loss and dL/dz_enc rescaled from the joint mean (x C / C_n)."""
@@ -262,6 +273,7 @@ class FrameService:
         try:
             for req in reqs:
                 self.gate.check(req.round, req.cluster)
+            self._seed_head(reqs[0].round, -1, reqs[0].seq, 0)  # one joint step of every cluster: cluster -1
             z = [t for req in reqs for t in req.z_enc]
             mbs = [mb for req in reqs for mb in req.micro_batches]
             joint_req = dataclasses.replace(reqs[0], z_enc=z, micro_batches=mbs)

@@ -74,7 +74,9 @@ class DecoderHost:
     for ``idle_timeout_s`` after its last reply (or after it opened) is cancelled by a reaper thread (the
     CU's client opens a fresh one on its next step), so streams held open by a stuck or hostile CU do not
     keep worker threads; keepalive pings end a stream whose CU's machine vanished,
-    :meth:`close_round` cancels the round's streams, and :meth:`stop` cancels all.
+    :meth:`close_round` cancels the round's streams, and :meth:`stop` cancels all. ``dropout_seed`` (the run's
+    seed under ``runtime.seeded_dropout``) draws each head step's dropout masks from (seed, t, n, seq), not from
+    the order the steps arrive in (``pipeline/dropout_seed.py``).
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class DecoderHost:
         precision: str = "fp32",
         joint: bool = False,
         ordered: bool = False,
+        dropout_seed: int | None = None,
         max_len: int = 0,
         max_abs_activation: float = 0.0,
         tls: tuple[bytes, bytes] | None = None,
@@ -139,6 +142,7 @@ class DecoderHost:
             precision=precision,
             joint=joint,
             ordered=ordered,
+            dropout_seed=dropout_seed,
         )
         self._sessions = Sessions(self._secret, self._frames, self._streams, self._counters, self.max_message_mb)
 

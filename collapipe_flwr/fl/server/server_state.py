@@ -105,6 +105,7 @@ def start_decoder(cfg: RunConfig, model: SplitModel, hidden_size: int, precision
         precision=precision,
         joint=cfg.federation.decoder_update == "joint",
         ordered=cfg.federation.decoder_update == "ordered",
+        dropout_seed=cfg.seed if cfg.runtime.seeded_dropout else None,
         max_len=cfg.model.max_len,
         max_abs_activation=dp.max_abs_activation,
         tls=TlsFiles(dp.tls_cert, dp.tls_key, dp.tls_ca) if dp.tls_cert else None,
