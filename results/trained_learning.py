@@ -28,7 +28,9 @@ seed 0 of every task and method first:
   model, no split, no federation, ``python -m collapipe_flwr.train_central``) at a fixed step count, scored on the
   same whole validation split: the reference each method's final metric is set beside;
 - ``<task>/grid/S<S>_m<m>``, translation and NER: Figs. 9-10, a uniform split over S devices with m fixed
-  (``method=collapipe_no_ss network.devices_per_cluster=S method.fixed_m=m``), seed 0.
+  (``method=collapipe_no_ss network.devices_per_cluster=S method.fixed_m=m``), seed 0, compared on learning alone:
+  ``federation.decoder_update=ordered`` (each step's CU updates applied in cluster order, per_cu's decoder step
+  count kept) and ``runtime.seeded_dropout=true`` (masks from the seed, the same for any S).
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ SEEDS = (0, 1, 2)
 GRID = ((1, 1), (1, 4), (2, 2), (3, 1), (3, 4))  # (S, m): the corners and S = m = 2 (Fig. 9's optimum)
 GRID_TASKS = ("translation", "ner")
 BUDGET = "federation=long runtime.backend=local checkpoint=false"
+# The grid compares settings on learning alone: the CUs' steps reach the decoder in cluster order and every dropout
+# mask follows the seed, so what differs between two points is what (S, m) changes, not thread timing.
+LEARNING_ALONE = "federation.decoder_update=ordered runtime.seeded_dropout=true"
 # The central recipes of docs/central_training.md, at the step counts they reached there in their time budget (a
 # fixed count, so the reference does not shrink on a busy machine; --minutes only bounds a runaway job).
 CENTRAL = {
@@ -96,7 +101,7 @@ def jobs() -> list[Job]:
     out.append(Job("translation/repeat/seed0_collapipe", "translation", f"{BUDGET} method=collapipe seed=0"))
     for task in GRID_TASKS:
         for s, m in GRID:
-            grid = f"method=collapipe_no_ss network.devices_per_cluster={s} method.fixed_m={m} seed=0"
+            grid = f"method=collapipe_no_ss network.devices_per_cluster={s} method.fixed_m={m} seed=0 {LEARNING_ALONE}"
             out.append(Job(f"{task}/grid/S{s}_m{m}", task, f"{BUDGET} {grid}"))
     return out
 

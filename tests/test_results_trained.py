@@ -34,6 +34,7 @@ def test_seed_0_of_every_task_and_method_comes_first_and_every_job_is_named_once
     grid = [job for job in trained.jobs() if "/grid/" in job.name]
     assert {j.task for j in grid} == {"translation", "ner"}
     assert all("method=collapipe_no_ss" in j.overrides and "federation=long" in j.overrides for j in grid)
+    assert all("decoder_update=ordered runtime.seeded_dropout=true" in j.overrides for j in grid)  # learning alone
 
 
 def fake_run(root: Path, name: str, wall_s: float) -> None:
