@@ -278,12 +278,13 @@ class ClusterPipeline:
         self.check_memory(b, int(batch["input_ids"].shape[1]), m)
         self._begin_step(step_seed)
         cu = CuEmbedding(self.embedding, self.precision, step_seed)
+        updates = None  # GPipe submits each stage's update behind its backward (pipeline/gpipe.py)
         if self.schedule == "1f1b":
             loss, phases = one_f_one_b_step(self._stages, self.S, cu, micro, head, lr_factor)  # type: ignore[arg-type]
         else:
-            loss, phases = gpipe_step(self._stages, self.S, cu, micro, head, lr_factor)  # type: ignore[arg-type]
+            loss, phases, updates = gpipe_step(self._stages, self.S, cu, micro, head, lr_factor)  # type: ignore[arg-type]
         t_bwd = time.perf_counter()
-        device_compute = self._update(lr_factor)
+        device_compute = self._update(lr_factor, updates)
         t_end = time.perf_counter()
         timings = StepTimings(
             embed=cu.seconds,
@@ -302,9 +303,12 @@ class ClusterPipeline:
         self.embedding_optimizer.zero_grad(set_to_none=True)
         self._gather("begin_step", step_seed)
 
-    def _update(self, lr_factor: float) -> list[float]:
-        """Every segment and the embedding take one optimizer step; returns each stage's compute seconds."""
-        steps = [self._stages.submit(s, "step", float(lr_factor)) for s in range(self.S)]
+    def _update(self, lr_factor: float, submitted: list | None = None) -> list[float]:
+        """Every segment and the embedding take one optimizer step (the segments' already ``submitted``, or now);
+        returns each stage's compute seconds."""
+        steps = submitted
+        if steps is None:
+            steps = [self._stages.submit(s, "step", float(lr_factor)) for s in range(self.S)]
         scale_lr(self.embedding_optimizer, self._embedding_base_lrs, lr_factor)
         self.embedding_optimizer.step()
         self.embedding_optimizer.zero_grad(set_to_none=True)

@@ -5,6 +5,11 @@ after stage k-1 (stage k on micro-batch i while k+1 is on i-1); the head (``Head
 the data plane, or ``LocalHead``) gets z^enc of all m micro-batches in ONE call, updates itself and returns
 dL/dz^enc per micro-batch; backward in the reverse clock order; the CU back-propagates each micro-batch into
 the embedding. Every stage holds all m micro-batches' activations when the head runs.
+
+Each stage's optimizer step is submitted right behind its last backward (a device runs its calls in the order
+they were submitted), so stage k updates while stages below it and the CU's embedding are still back-propagating
+(it needs only its own gradients, complete by then); :meth:`.stage.Stage.step` refuses to update a stage whose
+backward did not run for every micro-batch, so a failed step never applies part of its gradients.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles
 
 def gpipe_step(
     stages: Stages, S: int, cu: CuEmbedding, micro: list[dict], head: HeadFn, lr_factor: float
-) -> tuple[float, dict[str, float]]:
-    """Forward, one head call, backward over S stages and m = len(micro) micro-batches; returns the step loss and
-    the seconds of its phases (forward, head, backward; the embedding's in ``cu.seconds``)."""
+) -> tuple[float, dict[str, float], list[Any]]:
+    """Forward, one head call, backward over S stages and m = len(micro) micro-batches, each stage's update
+    submitted behind its backward (module docstring); returns the step loss, the seconds of its phases (forward,
+    head, backward; the embedding's in ``cu.seconds``) and the handles of the S stages' updates (each stage's
+    compute seconds, :meth:`.stage.Stage.step`)."""
     t0 = time.perf_counter()
     m = len(micro)
     masks = [stages.put(mb["attention_mask"]) for mb in micro]
@@ -43,7 +50,8 @@ def gpipe_step(
         for i, k in cycle:
             g = grads[i] if k == S - 1 else back[(i, k + 1)]
             back[(i, k)] = stages.submit(k, "backward", i, g)
+    updates = [stages.submit(k, "step", float(lr_factor)) for k in range(S)]  # each behind its own backward
     for i in reversed(range(m)):
         cu.backward(i, stages.get(back[(i, 0)], 0))
     t_bwd = time.perf_counter()
-    return float(loss), {"forward": t_fwd - t0, "head": t_head - t_fwd, "backward": t_bwd - t_head}
+    return float(loss), {"forward": t_fwd - t0, "head": t_head - t_fwd, "backward": t_bwd - t_head}, updates

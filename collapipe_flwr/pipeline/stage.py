@@ -202,7 +202,17 @@ class Stage:
 
     def step(self, lr_factor: float = 1.0) -> float:
         """One optimizer update of theta^s with the gradients of all m micro-batches at ``lr_factor`` times
-        the base lr (model.lr_schedule); returns this step's compute seconds."""
+        the base lr (model.lr_schedule); returns this step's compute seconds. Refused while a micro-batch's backward
+        has not run (its forward's graph still held): a step that failed part-way never applies part of its
+        gradients (the driver submits the update behind the backward, pipeline/gpipe.py)."""
+        if self._pending:
+            left = sorted(self._pending)
+            self._pending.clear()
+            self.optimizer.zero_grad(set_to_none=True)
+            raise RuntimeError(
+                f"device {self.device_index}: no update, the backward of micro-batch(es) {left} did not run this "
+                "step (an earlier call of the step failed); the step is dropped"
+            )
         scale_lr(self.optimizer, self._base_lrs, lr_factor)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
