@@ -410,10 +410,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", type=Path, help="the folder results/training_runs.sh wrote")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--source", default="training runs under ROOT (`bash results/training_runs.sh ROOT`)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     figures: dict[str, float] = {}
-    where = "training runs under ROOT (`python results/trained_learning.py ROOT`, or results/training_runs.sh)"
+    where = args.source
     learning = [f"# Learning per method (Fig. 6): {where}", ""]
     grid = [f"# Learning over (S, m) (Figs. 9-10): {where}", ""]
     csv = [",".join(("task", "part", *CSV_KEYS))]

@@ -173,7 +173,8 @@ def report(records: Path) -> int:
     """Rebuild results/trained/ from the kept records with results/fig6_learning.py (its figures printed)."""
     import fig6_learning
 
-    fig6_learning.main([str(records), "--out", str(OUT)])
+    source = "the campaign's kept records, results/trained/jobs/ (`python results/trained_learning.py ROOT`)"
+    fig6_learning.main([str(records), "--out", str(OUT), "--source", source])
     return 0
 
 
