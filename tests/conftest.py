@@ -3,6 +3,7 @@ else ./data as `python -m collapipe_flwr.data prepare` writes it), one torch thr
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,17 @@ def data_dir() -> Path:
 def _one_thread():
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A local Ray instance (2 CPUs) for a test module's Ray-backed pipelines, shut down after it if it started
+    it; skipped where Ray is not installed."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as pipeline.executors.ensure_ray does
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()

@@ -21,7 +21,6 @@ from tests.test_transparency import (
     make_batch,
     make_model,
     named_weights,
-    ray_session,  # noqa: F401  # the module's Ray fixture, used by name
     reference_step,
 )
 

@@ -60,14 +60,14 @@ def test_a_cu_that_loses_a_device_mid_round_replans_and_finishes_the_round(data_
     real_step = ClusterPipeline.train_step
     failed: list[tuple[str, int]] = []
 
-    def step(self, batch, m, head, lr_factor=1.0):
+    def step(self, batch, m, head, lr_factor=1.0, step_seed=None):
         used = [k for k, d in enumerate(self.delta) if d > 0]
         # cluster 0 loses the last device its plan uses, at its second step of round 1
         if self.name == "cluster0" and not failed and getattr(step, "calls", 0) == 1:
             failed.append((self.name, used[-1]))
             raise DeviceFailure(f"device {used[-1]} died during the step", device=used[-1])
         step.calls = getattr(step, "calls", 0) + (self.name == "cluster0")
-        return real_step(self, batch, m, head, lr_factor=lr_factor)
+        return real_step(self, batch, m, head, lr_factor=lr_factor, step_seed=step_seed)
 
     monkeypatch.setattr(ClusterPipeline, "train_step", step)
     run_config = {"overrides": OVERRIDES, "data-dir": str(data_dir), "output-dir": str(tmp_path)}

@@ -35,7 +35,6 @@ from collapipe_flwr.system.state import StateSampler
 from collapipe_flwr.system.workload import measure_workload
 from collapipe_flwr.testbed import cpu_quota_available
 from tests.runtimes import runtime
-from tests.test_transparency import ray_session  # noqa: F401  # the Ray fixture, used by name
 
 ADAM = OptimizerSpec(name="adam", lr=1e-3)
 B, T, WIDTH = 16, 32, 96  # a micro-batch big enough that one block's step takes milliseconds, not microseconds

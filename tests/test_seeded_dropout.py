@@ -10,7 +10,6 @@ often and in whatever process it is served.
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
@@ -112,18 +111,6 @@ def test_without_the_seed_the_masks_differ_so_the_check_can_fail():
     torch.manual_seed(99)
     with pytest.raises(AssertionError):
         assert_same(pipelined_grads(model, batch, DELTAS[2], "local", None), reference_grads(model, batch))
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as pipeline.executors.ensure_ray does
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 def test_ray_device_actors_draw_the_same_masks_in_their_own_processes(ray_session):

@@ -13,7 +13,6 @@ pipeline really applied, through its public API only. Everything runs in float64
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
@@ -185,18 +184,6 @@ def test_reference_actually_detects_a_wrong_pipeline():
     name = "0.layer.output.dense.weight"
     with pytest.raises(AssertionError):
         torch.testing.assert_close(before[name] - after[name], ref_grads[f"blocks.{name}"], rtol=1e-5, atol=1e-12)
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as pipeline.executors.ensure_ray does
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 @pytest.mark.parametrize(
