@@ -23,6 +23,7 @@ from collapipe_flwr.pipeline.executors.ray_actor import (
     leave_testbed,
     remote_stage_class,
 )
+from collapipe_flwr.pipeline.executors.wire_arrays import from_wire
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime
 
@@ -251,7 +252,7 @@ class RayStages:
         :class:`DeviceFailure` naming it."""
         ray = self._ray
         try:
-            return ray.get(handle, timeout=self.timeout_s)
+            return from_wire(ray.get(handle, timeout=self.timeout_s), copy=True)  # an activation or gradient
         except ray.exceptions.GetTimeoutError:
             stage = self._stuck_stage(stage)
             raise DeviceFailure(
