@@ -16,7 +16,6 @@ from typing import Any, Protocol
 
 import torch
 
-from collapipe_flwr.pipeline.executors.wire_arrays import from_wire, to_wire
 from collapipe_flwr.pipeline.stage import Stage
 from collapipe_flwr.testbed import remove_stale
 
@@ -52,14 +51,6 @@ class StageActor(Stage):
         self._all_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         torch.set_num_threads(max(1, int(threads)))
         super().__init__(*args, **kwargs)
-
-    def forward(self, mb_index: int, x: Any, attention_mask: Any) -> Any:
-        """:meth:`Stage.forward`, its input and output crossing as NumPy arrays (``wire_arrays``)."""
-        return to_wire(super().forward(mb_index, from_wire(x), from_wire(attention_mask)))
-
-    def backward(self, mb_index: int, grad_out: Any) -> Any:
-        """:meth:`Stage.backward`, its input and output crossing as NumPy arrays (``wire_arrays``)."""
-        return to_wire(super().backward(mb_index, from_wire(grad_out)))
 
     def pin(self, cores: Sequence[int] | None, threads: int, node_id: str) -> list[int]:
         """Run every thread of this process on ``cores`` (None, or a driver on another node: the cores

@@ -23,7 +23,6 @@ from collapipe_flwr.pipeline.executors.ray_actor import (
     leave_testbed,
     remote_stage_class,
 )
-from collapipe_flwr.pipeline.executors.wire_arrays import from_wire
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime
 
@@ -252,7 +251,7 @@ class RayStages:
         :class:`DeviceFailure` naming it."""
         ray = self._ray
         try:
-            return from_wire(ray.get(handle, timeout=self.timeout_s), copy=True)  # an activation or gradient
+            return ray.get(handle, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
             stage = self._stuck_stage(stage)
             raise DeviceFailure(
