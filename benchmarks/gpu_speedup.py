@@ -4,13 +4,18 @@ Prints ``name: value`` lines:
 - cuda_available: 1 or 0. Without CUDA nothing else is measured (the figures stay open; the CPU path is
   what every other benchmark measures).
 - decoder_step_cpu_ms / decoder_step_gpu_ms / decoder_step_gpu_speedup: one ``head_step`` (forward, loss,
-  backward, optimizer step) of the server's head for ``--overrides`` (default ``task=classification
-  model=bert_base``) on a real training batch of b = task.batch_size with z_enc drawn at random; median over
-  ``--steps`` steps after one warm-up, the GPU timed with ``torch.cuda.synchronize``.
+  backward, optimizer step) of the server's decoder for ``--overrides`` (default ``task=translation
+  model=transformer_small``, the model ``collapipe run`` trains) on a real training batch of b =
+  task.batch_size with z_enc drawn at random; median over ``--steps`` steps after one warm-up, the GPU timed
+  with ``torch.cuda.synchronize``. The CPU side runs on ``--cpu-threads`` threads (default 2, the cores of
+  the machine the CPU figures in docs/benchmarks.md come from).
+- <name>_cpu_ms / <name>_gpu_ms / <name>_gpu_speedup for each ``--also NAME=OVERRIDES`` (default: the
+  paper-size Transformer's decoder, ``paper_decoder_step``, and BERT's classification head,
+  ``bert_head_step``): the same measurement for other server modules.
 - round_cpu_s / round_gpu_s / round_gpu_speedup (with ``--round``): the mean measured round time
   (``measured_s.round_s`` of its rounds.jsonl) of ``collapipe run`` with ``preset='smoke'`` and
   2 CUs, all stages and the server on the CPU, then on the one GPU (``device='cuda'``, stages sharing it
-  through ``runtime.actor_num_gpus=0.25``).
+  through ``runtime.actor_num_gpus`` = 1 / (N x K), rounded down).
 
 Run: ``python benchmarks/gpu_speedup.py [--round] [--overrides "task=translation model=transformer_small"]``.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -61,10 +67,17 @@ def decoder_step_ms(overrides: list[str], device: str, steps: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def gpu_share(num_clusters: int) -> float:
+    """The GPU fraction per device actor that fits the smoke run's N x K actors on one GPU (0.166 for 2 CUs of
+    conf/network/small's 3 devices; 0.25 would leave 2 actors pending: collapipe run refuses that)."""
+    devices = load_run_config(["preset=smoke"]).network.devices_per_cluster
+    return math.floor(1000 / (num_clusters * devices)) / 1000
+
+
 def round_seconds(device: str, workdir: Path) -> float:
     """Mean measured round time of a smoke ``collapipe run`` with every role on ``device``."""
     out = workdir / f"run-{device}"
-    overrides = "runtime.actor_num_gpus=0.25" if device == "cuda" else ""
+    overrides = f"runtime.actor_num_gpus={gpu_share(2)}" if device == "cuda" else ""
     cmd = [
         sys.executable,
         "-m",
@@ -75,7 +88,12 @@ def round_seconds(device: str, workdir: Path) -> float:
     ]
     if overrides:
         cmd += ["--run-config", f"overrides='{overrides}'"]
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-15:]
+        log = out / "r" / "flwr.log"  # Flower's own log says why its side stopped
+        tail += log.read_text(errors="replace").strip().splitlines()[-25:] if log.is_file() else []
+        raise SystemExit(f"error: the {device} smoke run exited {done.returncode}:\n" + "\n".join(tail))
     rounds = [json.loads(line) for line in (out / "r" / "rounds.jsonl").read_text().splitlines() if line.strip()]
     measured = [r["measured_s"]["round_s"] for r in rounds if r.get("measured_s", {}).get("round_s")]
     return sum(measured) / len(measured)
@@ -83,7 +101,14 @@ def round_seconds(device: str, workdir: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--overrides", default="task=classification model=bert_base")
+    parser.add_argument("--overrides", default="task=translation model=transformer_small")
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=None,
+        help="NAME=OVERRIDES, another server module to time (repeatable)",
+    )
+    parser.add_argument("--cpu-threads", type=int, default=2, help="torch threads for the CPU side")
     parser.add_argument("--steps", type=int, default=3, help="timed decoder steps per device (after one warm-up)")
     parser.add_argument("--round", action="store_true", help="also time a whole smoke federated round per device")
     args = parser.parse_args()
@@ -92,13 +117,18 @@ def main() -> None:
     if not has_cuda:
         print("# no CUDA GPU visible: the GPU figures are not measured on this machine", file=sys.stderr)
         return
-    torch.set_num_threads(2)
-    overrides = args.overrides.split()
-    cpu = decoder_step_ms(overrides, "cpu", args.steps)
-    gpu = decoder_step_ms(overrides, "cuda", max(args.steps, 10))
-    print(f"decoder_step_cpu_ms: {cpu:.2f}")
-    print(f"decoder_step_gpu_ms: {gpu:.3f}")
-    print(f"decoder_step_gpu_speedup: {cpu / gpu:.2f}")
+    torch.set_num_threads(args.cpu_threads)
+    also = args.also or [
+        "paper_decoder_step=task=translation model=transformer_paper",
+        "bert_head_step=task=classification model=bert_base",
+    ]
+    modules = [("decoder_step", args.overrides)] + [tuple(item.split("=", 1)) for item in also]
+    for name, overrides in modules:
+        cpu = decoder_step_ms(overrides.split(), "cpu", args.steps)
+        gpu = decoder_step_ms(overrides.split(), "cuda", max(args.steps, 10))
+        print(f"{name}_cpu_ms: {cpu:.2f}")
+        print(f"{name}_gpu_ms: {gpu:.3f}")
+        print(f"{name}_gpu_speedup: {cpu / gpu:.2f}")
     if args.round:
         with tempfile.TemporaryDirectory(prefix="cp-gpu-") as tmp:
             cpu_s = round_seconds("cpu", Path(tmp))

@@ -312,10 +312,26 @@ def gpu_rows() -> list[Row]:
     """GPU speedups over the CPU (reported, not required: they need a CUDA GPU)."""
     return [
         Row(
-            "GPU: server decoder step, bert_base, b = 64, vs CPU",
+            "GPU: server decoder step, transformer_small translation, vs CPU on 2 threads",
             lambda f: f.get("decoder_step_gpu_speedup"),
             "x",
             20.0,
+            "python benchmarks/gpu_speedup.py --round (needs a CUDA GPU)",
+            False,
+        ),
+        Row(
+            "GPU: server decoder step, transformer_paper translation, vs CPU on 2 threads",
+            lambda f: f.get("paper_decoder_step_gpu_speedup"),
+            "x",
+            None,
+            "python benchmarks/gpu_speedup.py --round (needs a CUDA GPU)",
+            False,
+        ),
+        Row(
+            "GPU: server head step, bert_base classification, vs CPU on 2 threads",
+            lambda f: f.get("bert_head_step_gpu_speedup"),
+            "x",
+            None,
             "python benchmarks/gpu_speedup.py --round (needs a CUDA GPU)",
             False,
         ),

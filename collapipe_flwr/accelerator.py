@@ -18,6 +18,7 @@ nothing moves.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +45,28 @@ def resolve_device(name: str, key: str = "runtime.device") -> torch.device:
             f"CUDA build: {torch.version.cuda or 'none'}); use {key}=auto or cpu, or install a CUDA build of torch"
         )
     return torch.device("cuda", torch.cuda.current_device())  # indexed, so it compares equal to a parameter's
+
+
+def check_gpu_share(actor_num_gpus: float, devices_per_cu: int, cus_at_once: int, gpus: int) -> None:
+    """Refuse GPU shares that cannot all be granted at once on this machine.
+
+    Ray starts a device actor only once it can reserve ``runtime.actor_num_gpus`` of a GPU; an actor that can
+    never get it stays pending, so its CU waits out the actor start timeout while the other CUs train (seen
+    on an H100 with 2 CUs x 3 devices x 0.25). A CU's device actors live for the whole run (started with the
+    first round, or kept once a plan used them), so ``cus_at_once`` CUs hold ``devices_per_cu`` actors each and
+    the run needs
+    actor_num_gpus x devices_per_cu x cus_at_once <= gpus. Raises a ConfigError naming the largest share
+    that fits.
+    """
+    actors = max(devices_per_cu, 1) * max(cus_at_once, 1)
+    demand = actor_num_gpus * actors
+    if actor_num_gpus > 0 and demand > gpus + 1e-9:
+        fits = math.floor(gpus / actors * 1000) / 1000
+        raise ConfigError(
+            f"runtime.actor_num_gpus={actor_num_gpus:g} x {devices_per_cu} devices per CU x {cus_at_once} CUs "
+            f"training at once = {demand:g} GPUs, but this machine has {gpus}; set runtime.actor_num_gpus<={fits:g} "
+            "(or fewer CUs at once with runtime.concurrent_cus)"
+        )
 
 
 def module_device(module: nn.Module) -> torch.device:

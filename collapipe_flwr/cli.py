@@ -71,6 +71,7 @@ def plan_launch(run_config: Mapping[str, Any], cwd: Path | None = None):
     output_dir = output_dir if output_dir.is_absolute() else cwd / output_dir
     cfg = load_run_config(overrides, data_dir=str(run_config.get("data-dir") or ""), output_dir=str(output_dir))
     data_dir = resolve_data_dir(cfg.data_dir)
+    check_local_gpu_share(cfg)
     folder = run_folder(cfg)
     forwarded = [o for o in overrides if override_key(o) != "run_name"] + [f"run_name={folder.name}"]
     job = JobSpec(
@@ -85,6 +86,26 @@ def plan_launch(run_config: Mapping[str, Any], cwd: Path | None = None):
         concurrent_cus=concurrent_cus(cfg),
     )
     return cfg, job
+
+
+def check_local_gpu_share(cfg) -> None:
+    """A simulation whose device actors share this machine's GPUs (Ray backend, no outside Ray cluster, a
+    device that resolves to cuda) must fit them all at once (:func:`accelerator.check_gpu_share`)."""
+    import os
+
+    import torch
+
+    from collapipe_flwr.accelerator import check_gpu_share
+    from collapipe_flwr.experiments.job import concurrent_cus
+
+    rt = cfg.runtime
+    on_gpu = rt.device == "cuda" or (rt.device == "auto" and torch.cuda.is_available())
+    if rt.backend != "ray" or rt.ray_address or not on_gpu or not rt.actor_num_gpus:
+        return
+    cus = concurrent_cus(cfg) or min(cfg.federation.num_clusters, os.cpu_count() or 1)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # all K devices: started with the first round (runtime.prestart_devices), or kept alive once a plan used them
+    check_gpu_share(rt.actor_num_gpus, cfg.network.devices_per_cluster, cus, gpus)
 
 
 def keep_old_logs(folder: Path, names: Sequence[str]) -> None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from collapipe_flwr.cli import keep_old_logs, parse_run_config, plan_launch
 from collapipe_flwr.errors import ConfigError
@@ -162,3 +163,22 @@ def test_sigterm_stops_the_run_and_everything_it_started(tmp_path, data_dir, mon
     while time.time() < deadline and processes.alive(superlink):
         time.sleep(0.1)
     assert not processes.alive(superlink), "the SuperLink was left running after SIGTERM"
+
+
+def test_gpu_shares_that_cannot_all_be_granted_are_refused_before_flower_starts(tmp_path, data_dir, monkeypatch):
+    """2 CUs x 3 devices (conf/network/small) x 0.25 GPU = 1.5 GPUs on a 1-GPU machine left CU 0's actors pending
+    on an H100 while CU 1 trained; the launcher refuses it and names the share that fits (1 / 6, rounded down)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    rc = {"num-clusters": 2, "device": "cuda", "data-dir": str(data_dir), "output-dir": str(tmp_path)}
+    too_much = "runtime.actor_num_gpus=0.25 runtime.concurrent_cus=2 network=small"
+    with pytest.raises(
+        ConfigError,
+        match=r"0\.25 x 3 devices per CU x 2 CUs .* = 1\.5 GPUs, but this machine has 1; "
+        r"set runtime.actor_num_gpus<=0\.166",
+    ):
+        plan_launch({**rc, "overrides": too_much}, cwd=tmp_path)
+    plan_launch({**rc, "overrides": too_much.replace("0.25", "0.166")}, cwd=tmp_path)  # 6 x 0.166 = 0.996 fits
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # a second GPU takes the same share
+    plan_launch({**rc, "overrides": too_much}, cwd=tmp_path)
+    plan_launch({**rc, "device": "cpu", "overrides": too_much}, cwd=tmp_path)  # on the CPU no GPU is reserved

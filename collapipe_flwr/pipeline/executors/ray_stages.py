@@ -145,11 +145,14 @@ class RayStages:
             try:
                 ray.get(ref, timeout=start_timeout)
             except ray.exceptions.GetTimeoutError:
+                rt_cpus = float(self.runtime.spec.actor_num_cpus)
+                free_gpus = float(ray.available_resources().get("GPU", 0.0)) if self.num_gpus else 0.0
                 self.shutdown()
                 raise DeviceFailure(
                     f"{self.where}device {k}'s Ray actor did not start within {start_timeout:g}s; "
-                    "check the Ray cluster has room for it (runtime.actor_num_cpus) and that the device is up (with "
-                    "runtime.device_resource, that a node offers its resource)",
+                    f"check the Ray cluster has room for it (runtime.actor_num_cpus={rt_cpus:g}"
+                    + (f", runtime.actor_num_gpus={self.num_gpus:g}; GPUs free: {free_gpus:g}" if self.num_gpus else "")
+                    + ") and that the device is up (with runtime.device_resource, that a node offers its resource)",
                     device=k,
                 ) from None
             except ray.exceptions.RayActorError as err:
