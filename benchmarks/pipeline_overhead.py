@@ -132,7 +132,15 @@ class PlainTrainer:
 
 
 def pipeline_figures(
-    batch, S: int, ms, warmup: int, steps: int, threads: int | None, plain: PlainTrainer, pin: str = "false"
+    batch,
+    S: int,
+    ms,
+    warmup: int,
+    steps: int,
+    threads: int | None,
+    plain: PlainTrainer,
+    pin: str = "false",
+    handoff: str = "auto",
 ):
     """Per m: (median pipelined step s, median plain step s measured in alternation with it), and the
     largest per-device peak bytes. Alternating the two keeps the ratio fair when other jobs load the CPU."""
@@ -144,7 +152,9 @@ def pipeline_figures(
         model.blocks,
         DELTAS[S],
         SPEC,
-        runtime=ClusterRuntime(RuntimeSpec(backend="ray", precision="fp32", pin_threads=pin), actor_threads=threads),
+        runtime=ClusterRuntime(
+            RuntimeSpec(backend="ray", precision="fp32", pin_threads=pin, handoff=handoff), actor_threads=threads
+        ),
     ) as pipe:
         for m in ms:
             piped, plain_times = [], []
@@ -159,29 +169,42 @@ def pipeline_figures(
     return medians, peak
 
 
-def fair_figures(batch, warmup: int, steps: int, pin: str) -> dict[str, float]:
+def fair_figures(batch, warmup: int, steps: int, pin: str, handoff: str = "auto") -> dict[str, float]:
     """Issue 30's fair pipeline figures (module docstring): every device actor gets one core (``pin``) and one torch
-    thread, the CU (embedding, head, driver) one thread, the plain model one thread. The three trainers' steps
-    alternate, so they see the same background load; medians of ``steps`` steps after ``warmup``."""
+    thread, the CU (embedding, head, driver) one thread, the plain model one thread. The trainers' steps
+    alternate, so they see the same background load; medians of ``steps`` steps after ``warmup``. With a
+    ``handoff`` other than ``object_store`` (runtime.handoff), S = 2, m = 4 also runs through Ray's object store
+    in the same alternation (``fair_step_s_S2_m4_object_store``): the hand-over's gain measured within one run."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     plain = PlainTrainer(1)
-    runtime = ClusterRuntime(RuntimeSpec(backend="ray", precision="fp32", pin_threads=pin), actor_threads=1)
-    times: dict[str, list[float]] = {"plain": [], "S1_m1": [], "S2_m4": []}
+
+    def runtime(mode: str) -> ClusterRuntime:
+        spec = RuntimeSpec(backend="ray", precision="fp32", pin_threads=pin, handoff=mode)
+        return ClusterRuntime(spec, actor_threads=1)
+
+    compare = handoff != "object_store"
+    times: dict[str, list[float]] = {"plain": [], "S1_m1": [], "S2_m4": [], "S2_m4_object_store": []}
     phases: dict[str, list[dict[str, float]]] = {"S1_m1": [], "S2_m4": []}  # the CU's view of each step (a profile)
-    one, two = make_model(), make_model()
-    head_one, head_two = LocalHead(one.head, SPEC), LocalHead(two.head, SPEC)
+    one, two, three = make_model(), make_model(), make_model()
+    head_one, head_two, head_three = LocalHead(one.head, SPEC), LocalHead(two.head, SPEC), LocalHead(three.head, SPEC)
     with (
-        ClusterPipeline(one.embedding, one.blocks, DELTAS[1], SPEC, runtime=runtime) as pipe_one,
-        ClusterPipeline(two.embedding, two.blocks, DELTAS[2], SPEC, runtime=runtime) as pipe_two,
+        ClusterPipeline(one.embedding, one.blocks, DELTAS[1], SPEC, runtime=runtime(handoff)) as pipe_one,
+        ClusterPipeline(two.embedding, two.blocks, DELTAS[2], SPEC, runtime=runtime(handoff)) as pipe_two,
+        ClusterPipeline(
+            three.embedding, three.blocks, DELTAS[2], SPEC, runtime=runtime("object_store" if compare else handoff)
+        ) as pipe_three,
     ):
+        print(f"handoff: {pipe_two._stages.handoff}")
         for i in range(warmup + steps):
             plain_s = plain.step(batch)
             one_t = pipe_one.train_step(batch, 1, head_one).timings
             two_t = pipe_two.train_step(batch, 4, head_two).timings
+            three_s = pipe_three.train_step(batch, 4, head_three).timings.total if compare else 0.0
             if i >= warmup:
                 for key, value in (("plain", plain_s), ("S1_m1", one_t.total), ("S2_m4", two_t.total)):
                     times[key].append(value)
+                times["S2_m4_object_store"].append(three_s)
                 for key, t in (("S1_m1", one_t), ("S2_m4", two_t)):
                     busy = {f"device{k}_compute": c for k, c in t.device_compute.items()}
                     phases[key].append({**t.phases(), **busy})
@@ -199,6 +222,14 @@ def fair_figures(batch, warmup: int, steps: int, pin: str) -> dict[str, float]:
         "fair_step_s_S2_m4": median["S2_m4"],
         "overhead_ratio_equal_cores": median["S1_m1"] / median["plain"],
         "device_speedup_S2_m4": median["S2_m4"] / median["S1_m1"],
+        **(
+            {
+                "fair_step_s_S2_m4_object_store": median["S2_m4_object_store"],
+                "device_speedup_S2_m4_object_store": median["S2_m4_object_store"] / median["S1_m1"],
+            }
+            if compare
+            else {}
+        ),
     }
 
 
@@ -215,6 +246,12 @@ def main() -> None:
         choices=["auto", "true", "false"],
         default="false",
         help="runtime.pin_threads (default false, as conf/): each device actor on its own cores (auto: >= S cores)",
+    )
+    parser.add_argument(
+        "--handoff",
+        choices=["auto", "shm", "object_store"],
+        default="auto",
+        help="runtime.handoff (default auto, as conf/): how tensors move between the CU and its device actors",
     )
     parser.add_argument("--no-fair", dest="fair", action="store_false", help="skip the two fair figures")
     parser.add_argument("--fair-only", action="store_true", help="only the two fair figures")
@@ -237,7 +274,7 @@ def main() -> None:
     print(f"load_avg_1min: {os.getloadavg()[0]:.2f}")
     if args.fair or args.fair_only:
         fair_pin = "true" if args.pin == "false" else args.pin  # one core per device actor
-        for name, value in fair_figures(batch, args.warmup, args.steps, fair_pin).items():
+        for name, value in fair_figures(batch, args.warmup, args.steps, fair_pin, args.handoff).items():
             print(f"{name}: {value:.4f}")
         if args.fair_only:
             print(f"load_avg_1min_end: {os.getloadavg()[0]:.2f}")
@@ -257,7 +294,7 @@ def main() -> None:
         sets = core_sets(usable_cores_list(), S, args.pin)
         threads = args.actor_threads or (len(sets[0]) if sets else default_actor_threads(S))
         medians, peak = pipeline_figures(
-            batch, S, args.micro_batches, args.warmup, args.steps, args.actor_threads, plain, args.pin
+            batch, S, args.micro_batches, args.warmup, args.steps, args.actor_threads, plain, args.pin, args.handoff
         )
         print(f"actor_threads_S{S}: {threads}")
         print(f"actor_cores_S{S}: {' '.join(','.join(map(str, c)) for c in sets) if sets else 'any'}")

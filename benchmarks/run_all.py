@@ -114,6 +114,13 @@ def pipeline_rows(pipe_args: str) -> list[Row]:
             0.75,
             command,
         ),
+        Row(
+            "the same speed-up with tensors through Ray's object store (runtime.handoff=object_store), same run",
+            _figure("device_speedup_S2_m4_object_store"),
+            "x",
+            None,
+            command,
+        ),
         Row("pipeline step, S = 2, m = 4, vs the plain model", _figure("step_ratio_S2_m4"), "x", None, command),
     ]
     for S in PIPE_S:

@@ -11,6 +11,7 @@ from collapipe_flwr.spec_parsing import require, typed
 
 BACKENDS = ("ray", "local")
 PIN_MODES = ("auto", "true", "false")
+HANDOFFS = ("auto", "object_store", "shm")  # runtime.handoff (pipeline/executors/shm_handoff.py)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,10 @@ class RuntimeSpec:
     could stack their actors on the same cores);
     seeded_dropout: every dropout mask drawn from the run's seed, the round, the cluster, the step, the micro-batch
     and the block (``pipeline/dropout_seed.py``), so the same seed gives the same masks in any process and for any
-    split; the server's head too, per step (off: each process draws from its own generator)."""
+    split; the server's head too, per step (off: each process draws from its own generator);
+    handoff: how activations and gradients move between the CU and its device actors (``executors/shm_handoff.py``):
+    ``shm`` (through files in /dev/shm; every actor on the CU's host) | ``object_store`` (Ray's object store, any
+    host) | ``auto`` (``shm`` where every actor runs on the CU's host, else ``object_store``)."""
 
     backend: str = "ray"
     ray_address: str = ""
@@ -61,12 +65,14 @@ class RuntimeSpec:
     actor_num_gpus: float = 0.0
     pin_threads: str = "false"
     seeded_dropout: bool = False
+    handoff: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pin_threads", str(self.pin_threads).lower())  # YAML reads true/false as bools
         require(
             self.precision in PRECISIONS, f"runtime.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}"
         )
+        require(self.handoff in HANDOFFS, f"runtime.handoff={self.handoff!r} must be one of {', '.join(HANDOFFS)}")
         require(self.backend in BACKENDS, f"runtime.backend={self.backend!r} must be one of {', '.join(BACKENDS)}")
         require(self.actor_num_cpus >= 0, "runtime.actor_num_cpus must be >= 0")
         require(

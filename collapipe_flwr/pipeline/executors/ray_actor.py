@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
+from collapipe_flwr.pipeline.executors import shm_handoff
 from collapipe_flwr.pipeline.stage import Stage
 from collapipe_flwr.testbed import remove_stale
 
@@ -36,6 +37,8 @@ class DeviceActor(Protocol):
     layout: RemoteMethod
     ping: RemoteMethod
     pin: RemoteMethod
+    node_id: RemoteMethod
+    set_handoff: RemoteMethod
     _actor_id: Any
 
 
@@ -45,12 +48,47 @@ def actor_name(prefix: str, k: int) -> str:
 
 
 class StageActor(Stage):
-    """A :class:`Stage` inside a Ray actor, with its own torch thread count and (optionally) CPU cores."""
+    """A :class:`Stage` inside a Ray actor, with its own torch thread count and (optionally) CPU cores.
+
+    Its activations and gradients travel as the CU's :class:`RayStages` chose (``runtime.handoff``,
+    :meth:`set_handoff`): as tensors through Ray's object store, or parked in shared memory
+    (``shm_handoff``) with only their handles crossing Ray."""
 
     def __init__(self, threads: int, *args, **kwargs) -> None:
         self._all_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         torch.set_num_threads(max(1, int(threads)))
+        self._handoff = "object_store"
         super().__init__(*args, **kwargs)
+
+    def node_id(self) -> str:
+        """The Ray node this actor runs on (the CU compares it with its own for ``runtime.handoff``)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def set_handoff(self, mode: str) -> str:
+        """Send this actor's outputs as ``mode`` (``shm`` | ``object_store``) from now on."""
+        self._handoff = mode
+        return mode
+
+    def _handover(self, tensor):
+        return shm_handoff.handover(tensor) if self._handoff == "shm" else tensor
+
+    def begin_step(self, step_seed: int | None = None) -> int:
+        shm_handoff.clear()  # tensors a failed step parked and nobody read
+        return super().begin_step(step_seed)
+
+    def forward(self, mb_index: int, x, attention_mask):
+        return self._handover(super().forward(mb_index, shm_handoff.resolve(x), shm_handoff.resolve(attention_mask)))
+
+    def backward(self, mb_index: int, grad_out):
+        return self._handover(super().backward(mb_index, shm_handoff.resolve(grad_out)))
+
+    def send_payload(self, nbytes: int):
+        return self._handover(super().send_payload(nbytes))
+
+    def receive_payload(self, tensor) -> int:
+        return super().receive_payload(shm_handoff.resolve(tensor))
 
     def pin(self, cores: Sequence[int] | None, threads: int, node_id: str) -> list[int]:
         """Run every thread of this process on ``cores`` (None, or a driver on another node: the cores
@@ -131,6 +169,7 @@ def release(prefix: str, num_devices: int) -> int:
         ray.kill(actor, no_restart=True)
         killed += 1
     remove_stale()  # cgroups of actors that died without leaving theirs (their creator pid is gone)
+    shm_handoff.remove_stale()  # hand-over folders of actors that are gone
     return killed
 
 

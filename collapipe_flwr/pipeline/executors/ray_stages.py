@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from collapipe_flwr.errors import DeviceFailure
+from collapipe_flwr.errors import ConfigError, DeviceFailure
 from collapipe_flwr.pipeline.device_process import DeviceProcess
+from collapipe_flwr.pipeline.executors import shm_handoff
 from collapipe_flwr.pipeline.executors.cores import core_sets, default_actor_threads, usable_cores_list
 from collapipe_flwr.pipeline.executors.interface import StageSpec
 from collapipe_flwr.pipeline.executors.ray_actor import (
@@ -65,6 +66,8 @@ class RayStages:
         self.num_gpus = float(rt.actor_num_gpus) if rt.device != "cpu" else 0.0
         self.devices: dict[int, DeviceActor] = {}
         self._submitted: list[tuple[Any, int]] = []  # (ObjectRef, stage)
+        self.handoff = "object_store"  # until place() has seen where the actors run (runtime.handoff)
+        self._told: dict[int, tuple[str, str]] = {}  # device k -> (its node, the hand-over it was told)
         self.num_devices = max(num_devices, 1 + max((spec[0] for spec in specs), default=0))
         self._discover()
         self.place(specs)
@@ -101,8 +104,33 @@ class RayStages:
         self.device_indices = [spec[0] for spec in specs]
         self.actors = [self.devices[k] for k in self.device_indices]
         self._wait_started([(k, self.devices[k].ping.remote()) for k in started] + loads)
+        self._set_handoff()
         if pin and self.actors and self.runtime.spec.pin_threads != "false":
             self.pin_stages()
+
+    def _set_handoff(self) -> None:
+        """Choose how tensors move between this CU and its actors (``runtime.handoff``, ``shm_handoff.choose``)
+        from the nodes the actors run on, and tell every actor whose mode changes."""
+        mode = self.runtime.spec.handoff
+        if mode == "object_store" or not self.devices:
+            return
+        ray = self._ray
+        unknown = [k for k in self.devices if k not in self._told]
+        nodes = dict(zip(unknown, self._get_all([(k, self.devices[k].node_id.remote()) for k in unknown])))
+        nodes.update({k: told[0] for k, told in self._told.items() if k in self.devices})
+        try:
+            here = ray.get_runtime_context().get_node_id()
+            chosen = shm_handoff.choose(mode, here, [nodes[k] for k in sorted(nodes)], shm_handoff.available())
+        except ValueError as err:
+            raise ConfigError(f"{self.where}{err}") from None
+        changed = [k for k in sorted(nodes) if self._told.get(k, ("", ""))[1] != chosen]
+        self._get_all([(k, self.devices[k].set_handoff.remote(chosen)) for k in changed])
+        self._told = {k: (nodes[k], chosen) for k in nodes}
+        self.handoff = chosen
+
+    def _get_all(self, refs: list[tuple[int, Any]]) -> list[Any]:
+        """The answers of one call per device, each device named if it fails or gives no answer."""
+        return [self._get_device(ref, k) for k, ref in refs]
 
     def _actor_options(self, k: int) -> dict[str, Any]:
         """Ray options of device k's actor: its CPUs / GPU fraction, its node (``device_resource``), its name."""
@@ -209,6 +237,7 @@ class RayStages:
     def forget(self, k: int) -> None:
         """Drop device k's actor (it failed): killed if Ray still reaches it, never used again."""
         actor = self.devices.pop(k, None)
+        self._told.pop(k, None)
         if actor is not None:
             try:
                 self._ray.kill(cast(Any, actor), no_restart=True)
@@ -221,8 +250,8 @@ class RayStages:
         return {k: self.call_device(k, "process") for k in self.devices}
 
     def time_transfer(self, src: int, dst: int, nbytes: int) -> float:
-        """Device ``src`` makes the payload and hands it on through its link; device ``dst`` takes it from Ray's
-        object store, as stage k+1 takes stage k's activation (no round trip through the CU)."""
+        """Device ``src`` makes the payload and hands it on through its link; device ``dst`` takes it the way
+        stage k+1 takes stage k's activation (``runtime.handoff``: Ray's object store or shared memory)."""
         start = time.perf_counter()
         sent = cast(Any, self.devices[src]).send_payload.remote(nbytes)
         ref = cast(Any, self.devices[dst]).receive_payload.remote(sent)
@@ -235,8 +264,12 @@ class RayStages:
 
     def new_step(self) -> None:
         self._submitted = []
+        if self.handoff == "shm":
+            shm_handoff.clear()  # what a failed step parked here and no actor read
 
     def submit(self, stage: int, method: str, *args):
+        if self.handoff == "shm":  # the CU's own tensors (embedding output, the head's gradients) take it too
+            args = tuple(shm_handoff.handover(a) for a in args)
         ref = getattr(self.actors[stage], method).remote(*args)
         self._submitted.append((ref, stage))
         return ref
@@ -254,7 +287,7 @@ class RayStages:
         :class:`DeviceFailure` naming it."""
         ray = self._ray
         try:
-            return ray.get(handle, timeout=self.timeout_s)
+            return shm_handoff.resolve(ray.get(handle, timeout=self.timeout_s))
         except ray.exceptions.GetTimeoutError:
             stage = self._stuck_stage(stage)
             raise DeviceFailure(
@@ -305,3 +338,6 @@ class RayStages:
                 pass
         self.devices = {}
         self.actors = []
+        self._told = {}
+        shm_handoff.remove_own()
+        shm_handoff.remove_stale()

@@ -1,0 +1,120 @@
+"""runtime.handoff: activations and gradients between the CU and its device actors through /dev/shm files.
+
+The tensors must come back bit for bit (any dtype, shape, layout), each file read once and removed, a Ray
+pipeline handing over through shared memory must train exactly as through Ray's object store and as the plain
+model, and nothing may stay in /dev/shm after the run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from collapipe_flwr.config import load_run_config
+from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.pipeline.cluster import ClusterPipeline
+from collapipe_flwr.pipeline.executors import shm_handoff
+from collapipe_flwr.pipeline.head import LocalHead
+from collapipe_flwr.pipeline.optim import OptimizerSpec
+from tests.runtimes import runtime
+from tests.test_transparency import make_batch, make_model, named_weights, reference_step
+
+SGD_UNIT = OptimizerSpec(name="sgd", lr=1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool])
+def test_a_parked_tensor_comes_back_bit_for_bit_and_its_file_goes(tmp_path, dtype):
+    g = torch.Generator().manual_seed(3)
+    value = (torch.randn(5, 7, 3, generator=g) * 100).to(dtype)
+    view = value.transpose(0, 2)  # not contiguous: parked as its values, in its own shape
+    handle = shm_handoff.park(view, root=tmp_path)
+    assert Path(handle.path).is_file() and handle.shape == (3, 7, 5)
+    back = shm_handoff.fetch(handle)
+    assert back.dtype == dtype and torch.equal(back, view)
+    assert not Path(handle.path).exists()
+    with pytest.raises(RuntimeError, match="is gone: read twice.*runtime.handoff=object_store"):
+        shm_handoff.fetch(handle)
+    empty = shm_handoff.fetch(shm_handoff.park(torch.empty(0, 4), root=tmp_path))
+    assert empty.shape == (0, 4)
+
+
+def test_small_values_travel_as_they_are_and_large_tensors_are_parked(tmp_path):
+    small = torch.zeros(10)
+    assert shm_handoff.handover(small, root=tmp_path) is small
+    assert shm_handoff.handover(1.5, root=tmp_path) == 1.5
+    large = torch.arange(shm_handoff.PARK_MIN_BYTES // 4, dtype=torch.float32)
+    handle = shm_handoff.handover(large, root=tmp_path)
+    assert isinstance(handle, shm_handoff.ShmTensor)
+    assert torch.equal(shm_handoff.resolve(handle), large)
+
+
+def test_a_truncated_file_is_refused(tmp_path):
+    handle = shm_handoff.park(torch.ones(8), root=tmp_path)
+    Path(handle.path).write_bytes(b"\0" * 4)
+    with pytest.raises(RuntimeError, match="does not hold the 32 bytes"):
+        shm_handoff.fetch(handle)
+
+
+def test_the_choice_follows_where_the_actors_run():
+    choose = shm_handoff.choose
+    assert choose("auto", "cu", ["cu", "cu"], True) == "shm"
+    assert choose("auto", "cu", ["cu", "box1"], True) == "object_store"
+    assert choose("auto", "cu", ["cu"], False) == "object_store"
+    assert choose("object_store", "cu", ["cu"], True) == "object_store"
+    assert choose("shm", "cu", ["cu"], True) == "shm"
+    with pytest.raises(ValueError, match=r"handoff=shm but device actors \[1\] run on another host"):
+        choose("shm", "cu", ["cu", "box1"], True)
+    with pytest.raises(ValueError, match="is not writable here"):
+        choose("shm", "cu", ["cu"], False)
+    with pytest.raises(ConfigError, match="runtime.handoff='disk' must be one of auto, object_store, shm"):
+        load_run_config(["runtime.handoff=disk"])
+
+
+def test_folders_of_processes_that_are_gone_are_swept(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = shm_handoff.folder(tmp_path, pid=int(gone.stdout))
+    (dead / "t0").write_bytes(b"x")
+    mine = shm_handoff.folder(tmp_path)
+    assert shm_handoff.remove_stale(tmp_path) == [dead]
+    assert not dead.exists() and mine.is_dir()
+
+
+def _ours(pids) -> list[Path]:
+    """Hand-over folders of this test process and of its pipeline's device actors."""
+    folders = [Path("/dev/shm") / f"{shm_handoff.FOLDER_PREFIX}{pid}" for pid in (os.getpid(), *pids)]
+    return [folder for folder in folders if folder.is_dir()]
+
+
+def _train(model, batch, mode: str):
+    head = LocalHead(model.head, SGD_UNIT)
+    rt = runtime(backend="ray", handoff=mode)
+    with ClusterPipeline(model.embedding, model.blocks, (1, 3, 2), SGD_UNIT, runtime=rt) as pipe:
+        used = pipe._stages.handoff
+        before = named_weights(model.embedding, pipe.encoder_state_dict(), model.head)
+        result = pipe.train_step(batch, 4, head)
+        after = named_weights(model.embedding, pipe.encoder_state_dict(), model.head)
+        pids = [process.pid for process in pipe._stages.processes().values()]
+        left = [f for folder in _ours(pids) for f in folder.iterdir()]
+    return used, result.loss, {k: before[k] - after[k] for k in before}, left
+
+
+@pytest.mark.skipif(not shm_handoff.available(), reason="needs a writable /dev/shm")
+def test_a_ray_pipeline_trains_the_same_through_shared_memory(ray_session):
+    import copy
+
+    model, batch = make_model("transformer"), make_batch("transformer")
+    ref_loss, _, ref_grads, _ = reference_step(model, batch, SGD_UNIT)
+    used, loss, grads, left = _train(copy.deepcopy(model), batch, "shm")
+    used_os, loss_os, grads_os, _ = _train(copy.deepcopy(model), batch, "object_store")
+    assert (used, used_os) == ("shm", "object_store")  # the run really took the shared-memory way
+    assert left == []  # every parked tensor was read and removed within the step
+    assert loss == loss_os == pytest.approx(ref_loss, rel=1e-12)
+    for name, g in grads.items():
+        assert torch.equal(g, grads_os[name]), name  # the same bits either way
+        expected = ref_grads[name] if ref_grads[name] is not None else torch.zeros_like(g)
+        torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-12)
+    assert not (Path("/dev/shm") / f"{shm_handoff.FOLDER_PREFIX}{os.getpid()}").exists()  # gone with the run
