@@ -52,6 +52,33 @@ def test_small_values_travel_as_they_are_and_large_tensors_are_parked(tmp_path):
     assert torch.equal(shm_handoff.resolve(handle), large)
 
 
+def test_a_full_shared_memory_sends_the_tensor_itself_and_leaves_no_half_file(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    real_open = builtins.open
+
+    class Full:
+        def __init__(self, path, mode):
+            self.file = real_open(path, mode)
+
+        def __enter__(self):
+            return self
+
+        def write(self, data):
+            self.file.write(bytes(data)[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+    monkeypatch.setattr(builtins, "open", lambda path, mode="r", *a, **k: Full(path, mode))
+    large = torch.ones(shm_handoff.PARK_MIN_BYTES // 4)
+    assert shm_handoff.handover(large, root=tmp_path) is large
+    monkeypatch.undo()
+    assert [f for f in shm_handoff.folder(tmp_path).iterdir()] == []
+
+
 def test_a_truncated_file_is_refused(tmp_path):
     handle = shm_handoff.park(torch.ones(8), root=tmp_path)
     Path(handle.path).write_bytes(b"\0" * 4)

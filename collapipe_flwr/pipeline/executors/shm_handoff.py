@@ -64,8 +64,12 @@ def park(tensor: torch.Tensor, root: Path = SHM_ROOT) -> ShmTensor:
     data = tensor.detach().to("cpu").contiguous()
     raw = data.view(-1).view(torch.uint8) if data.numel() else torch.empty(0, dtype=torch.uint8)
     path = folder(root) / f"t{next(_serial)}"
-    with open(path, "wb") as file:
-        file.write(raw.numpy().data)
+    try:
+        with open(path, "wb") as file:
+            file.write(raw.numpy().data)
+    except OSError:
+        path.unlink(missing_ok=True)  # no half-written tensor left behind
+        raise
     return ShmTensor(str(path), tuple(data.shape), str(data.dtype).removeprefix("torch."), int(raw.numel()))
 
 
@@ -92,9 +96,13 @@ def fetch(handle: ShmTensor) -> torch.Tensor:
 
 def handover(value, root: Path = SHM_ROOT):
     """What a process sends on: a tensor of at least :data:`PARK_MIN_BYTES` parked in shared memory, anything
-    else as it is (Ray inlines small objects in the call itself, which is as short a way)."""
+    else as it is (Ray inlines small objects in the call itself, which is as short a way). A tensor that does not
+    fit (the shared-memory file system is full) goes on as it is, through Ray's object store."""
     if torch.is_tensor(value) and value.numel() * value.element_size() >= PARK_MIN_BYTES:
-        return park(value, root)
+        try:
+            return park(value, root)
+        except OSError:  # /dev/shm full (a container's default is 64 MiB): this one goes through Ray's store
+            return value
     return value
 
 
