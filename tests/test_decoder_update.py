@@ -28,6 +28,12 @@ from collapipe_flwr.pipeline.head import head_step
 H, T, CLASSES = 8, 5, 3
 
 
+def adam_host(head: nn.Module, **options) -> DecoderHost:
+    """A loopback DecoderHost training ``head`` with Adam (lr 0.01) under the key "s": these tests' common host."""
+    optimizer = torch.optim.Adam(head.parameters(), lr=0.01)
+    return DecoderHost(head, optimizer, secret="s", bind="127.0.0.1", hidden_size=H, **options)
+
+
 class TokenHead(nn.Module):
     """A linear token classifier: loss_terms = (sum of token cross-entropies, number of labelled tokens)."""
 
@@ -57,15 +63,7 @@ def test_joint_update_equals_one_step_on_all_clusters(tmp_path, transport):
     torch.manual_seed(0)
     head = TokenHead()
     reference = copy.deepcopy(head)
-    host = DecoderHost(
-        head,
-        torch.optim.Adam(head.parameters(), lr=0.01),
-        secret="s",
-        bind="127.0.0.1",
-        hidden_size=H,
-        joint=True,
-        transport=transport,
-    )
+    host = adam_host(head, joint=True, transport=transport)
     ref_opt = torch.optim.Adam(reference.parameters(), lr=0.01)
     host.start()
     host.open_round(1, [0, 1])

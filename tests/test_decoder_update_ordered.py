@@ -25,7 +25,7 @@ from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.client import DecoderClient
 from collapipe_flwr.fl.dataplane.ordered import OrderedSteps
 from collapipe_flwr.fl.dataplane.server import DecoderHost
-from tests.test_decoder_update import H, TokenHead, _micro_batch
+from tests.test_decoder_update import H, TokenHead, _micro_batch, adam_host
 
 STEPS = 3
 
@@ -43,16 +43,7 @@ def _serve(data, delays: dict[int, float], lock_timeout_s: float = 30.0, seed: i
     cluster order, CU n waiting ``delays[n]`` s before each step. Returns (head, host, replies per cluster)."""
     torch.manual_seed(seed)
     head = TokenHead()
-    host = DecoderHost(
-        head,
-        torch.optim.Adam(head.parameters(), lr=0.01),
-        secret="s",
-        bind="127.0.0.1",
-        hidden_size=H,
-        ordered=True,
-        lock_timeout_s=lock_timeout_s,
-        transport=transport,
-    )
+    host = adam_host(head, ordered=True, lock_timeout_s=lock_timeout_s, transport=transport)
     host.start()
     clusters = sorted(data)
     host.open_round(1, clusters)
@@ -154,10 +145,7 @@ def test_a_cluster_that_never_arrives_is_left_out_after_the_timeout(caplog):
 def test_a_silent_cluster_is_left_out_on_the_host_and_the_others_complete():
     data = _data((0, 2))
     head = TokenHead()
-    host = DecoderHost(
-        head, torch.optim.Adam(head.parameters(), lr=0.01), secret="s", bind="127.0.0.1", hidden_size=H,
-        ordered=True, lock_timeout_s=0.3,
-    )  # fmt: skip
+    host = adam_host(head, ordered=True, lock_timeout_s=0.3)
     host.start()
     host.open_round(1, [0, 1, 2])  # cluster 1 is selected but its CU never sends a step
 
@@ -183,10 +171,7 @@ def test_a_cluster_that_finished_early_or_had_a_step_refused_holds_nobody_up(tra
     for cluster 0's refused or missing steps would show."""
     data = _data((0, 1), steps=4)
     head = TokenHead()
-    host = DecoderHost(
-        head, torch.optim.Adam(head.parameters(), lr=0.01), secret="s", bind="127.0.0.1", hidden_size=H,
-        ordered=True, lock_timeout_s=30.0, transport=transport,
-    )  # fmt: skip
+    host = adam_host(head, ordered=True, lock_timeout_s=30.0, transport=transport)
     host.start()
     host.open_round(1, [0, 1])
     refused: list[str] = []
