@@ -74,6 +74,12 @@ class StageActor(Stage):
     def _handover(self, tensor):
         return shm_handoff.handover(tensor) if self._handoff == "shm" else tensor
 
+    def leave_host(self) -> None:
+        """Undo what this process holds on its host before it is killed: its testbed cgroup and throttle, its
+        hand-over folder in /dev/shm."""
+        self.clear_testbed()
+        shm_handoff.remove_own()
+
     def begin_step(self, step_seed: int | None = None) -> int:
         shm_handoff.clear()  # tensors a failed step parked and nobody read
         return super().begin_step(step_seed)
@@ -174,9 +180,10 @@ def release(prefix: str, num_devices: int) -> int:
 
 
 def leave_testbed(ray, actor, timeout_s: float = 5.0) -> None:
-    """Take a device actor out of its testbed cgroup (removing it) before it is killed: a killed process leaves
-    its cgroup behind otherwise. Best effort: an actor that is gone or stuck is killed anyway."""
+    """Take a device actor out of its testbed cgroup (removing it) and remove its hand-over folder before it is
+    killed: a killed process leaves both behind otherwise. Best effort: an actor that is gone or stuck is killed
+    anyway (``remove_stale`` and ``shm_handoff.remove_stale`` sweep later)."""
     try:
-        ray.get(actor.clear_testbed.remote(), timeout=timeout_s)
+        ray.get(actor.leave_host.remote(), timeout=timeout_s)
     except Exception:  # noqa: BLE001 - gone, stuck or never on the testbed: remove_stale sweeps later
         pass
