@@ -61,7 +61,14 @@ def parse_run_config(args: Sequence[str]) -> dict[str, Any]:
 def plan_launch(run_config: Mapping[str, Any], cwd: Path | None = None):
     """The validated config and the sweep-style job that runs it (run folder and data folder absolute)."""
     from collapipe_flwr.config import load_run_config, resolve_data_dir
-    from collapipe_flwr.experiments.job import JobSpec, concurrent_cus, labels_of, override_key, run_timeout_s
+    from collapipe_flwr.experiments.job import (
+        JobSpec,
+        check_local_gpu_share,
+        concurrent_cus,
+        labels_of,
+        override_key,
+        run_timeout_s,
+    )
     from collapipe_flwr.fl.run_config import hydra_overrides
     from collapipe_flwr.fl.server.server_main import run_folder
 
@@ -86,26 +93,6 @@ def plan_launch(run_config: Mapping[str, Any], cwd: Path | None = None):
         concurrent_cus=concurrent_cus(cfg),
     )
     return cfg, job
-
-
-def check_local_gpu_share(cfg) -> None:
-    """A simulation whose device actors share this machine's GPUs (Ray backend, no outside Ray cluster, a
-    device that resolves to cuda) must fit them all at once (:func:`accelerator.check_gpu_share`)."""
-    import os
-
-    import torch
-
-    from collapipe_flwr.accelerator import check_gpu_share
-    from collapipe_flwr.experiments.job import concurrent_cus
-
-    rt = cfg.runtime
-    on_gpu = rt.device == "cuda" or (rt.device == "auto" and torch.cuda.is_available())
-    if rt.backend != "ray" or rt.ray_address or not on_gpu or not rt.actor_num_gpus:
-        return
-    cus = concurrent_cus(cfg) or min(cfg.federation.num_clusters, os.cpu_count() or 1)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    # all K devices: started with the first round (runtime.prestart_devices), or kept alive once a plan used them
-    check_gpu_share(rt.actor_num_gpus, cfg.network.devices_per_cluster, cus, gpus)
 
 
 def keep_old_logs(folder: Path, names: Sequence[str]) -> None:

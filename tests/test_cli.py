@@ -15,8 +15,10 @@ import pytest
 import torch
 
 from collapipe_flwr.cli import keep_old_logs, parse_run_config, plan_launch
+from collapipe_flwr.config import compose
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.experiments import processes
+from collapipe_flwr.experiments.job import build_job
 from collapipe_flwr.experiments.launch import ConsoleEcho
 
 
@@ -182,3 +184,7 @@ def test_gpu_shares_that_cannot_all_be_granted_are_refused_before_flower_starts(
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # a second GPU takes the same share
     plan_launch({**rc, "overrides": too_much}, cwd=tmp_path)
     plan_launch({**rc, "device": "cpu", "overrides": too_much}, cwd=tmp_path)  # on the CPU no GPU is reserved
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    sweep_job = [*too_much.split(), "runtime.device=cuda", "federation.num_clusters=2", f"data_dir={data_dir}"]
+    with pytest.raises(ConfigError, match=r"= 1\.5 GPUs, but this machine has 1"):  # a sweep's job, the same check
+        build_job(compose(sweep_job), [], tmp_path / "job")

@@ -125,6 +125,23 @@ class JobSpec:
         return shlex.join(self.overrides)
 
 
+def check_local_gpu_share(cfg: RunConfig) -> None:
+    """A simulation whose device actors share this machine's GPUs (Ray backend, no outside Ray cluster, a
+    device that resolves to cuda) must fit them all at once (:func:`accelerator.check_gpu_share`)."""
+    import torch
+
+    from collapipe_flwr.accelerator import check_gpu_share
+
+    rt = cfg.runtime
+    on_gpu = rt.device == "cuda" or (rt.device == "auto" and torch.cuda.is_available())
+    if rt.backend != "ray" or rt.ray_address or not on_gpu or not rt.actor_num_gpus:
+        return
+    cus = concurrent_cus(cfg) or min(cfg.federation.num_clusters, os.cpu_count() or 1)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # all K devices: started with the first round (runtime.prestart_devices), or kept alive once a plan used them
+    check_gpu_share(rt.actor_num_gpus, cfg.network.devices_per_cluster, cus, gpus)
+
+
 def build_job(
     config: Mapping[str, Any],
     task_overrides: Sequence[str],
@@ -135,6 +152,7 @@ def build_job(
     """Validate the composed config once (one-line ConfigError) and describe the job to launch."""
     cfg = build_run_config(config)
     data_dir = resolve_data_dir(cfg.data_dir, environ)
+    check_local_gpu_share(cfg)
     return JobSpec(
         job_dir=Path(job_dir).resolve(),
         overrides=tuple(forwarded_overrides(task_overrides)),
