@@ -6,7 +6,6 @@ model, and nothing may stay in /dev/shm after the run."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,23 +30,24 @@ def test_a_parked_tensor_comes_back_bit_for_bit_and_its_file_goes(tmp_path, dtyp
     g = torch.Generator().manual_seed(3)
     value = (torch.randn(5, 7, 3, generator=g) * 100).to(dtype)
     view = value.transpose(0, 2)  # not contiguous: parked as its values, in its own shape
-    handle = shm_handoff.park(view, root=tmp_path)
+    handle = shm_handoff.ParkingLot(tmp_path).park(view)
     assert Path(handle.path).is_file() and handle.shape == (3, 7, 5)
     back = shm_handoff.fetch(handle)
     assert back.dtype == dtype and torch.equal(back, view)
     assert not Path(handle.path).exists()
     with pytest.raises(RuntimeError, match="is gone: read twice.*runtime.handoff=object_store"):
         shm_handoff.fetch(handle)
-    empty = shm_handoff.fetch(shm_handoff.park(torch.empty(0, 4), root=tmp_path))
+    empty = shm_handoff.fetch(shm_handoff.ParkingLot(tmp_path).park(torch.empty(0, 4)))
     assert empty.shape == (0, 4)
 
 
 def test_small_values_travel_as_they_are_and_large_tensors_are_parked(tmp_path):
+    lot = shm_handoff.ParkingLot(tmp_path)
     small = torch.zeros(10)
-    assert shm_handoff.handover(small, root=tmp_path) is small
-    assert shm_handoff.handover(1.5, root=tmp_path) == 1.5
+    assert lot.handover(small) is small
+    assert lot.handover(1.5) == 1.5
     large = torch.arange(shm_handoff.PARK_MIN_BYTES // 4, dtype=torch.float32)
-    handle = shm_handoff.handover(large, root=tmp_path)
+    handle = lot.handover(large)
     assert isinstance(handle, shm_handoff.ShmTensor)
     assert torch.equal(shm_handoff.resolve(handle), large)
 
@@ -74,13 +74,14 @@ def test_a_full_shared_memory_sends_the_tensor_itself_and_leaves_no_half_file(tm
 
     monkeypatch.setattr(builtins, "open", lambda path, mode="r", *a, **k: Full(path, mode))
     large = torch.ones(shm_handoff.PARK_MIN_BYTES // 4)
-    assert shm_handoff.handover(large, root=tmp_path) is large
+    lot = shm_handoff.ParkingLot(tmp_path)
+    assert lot.handover(large) is large
     monkeypatch.undo()
-    assert [f for f in shm_handoff.folder(tmp_path).iterdir()] == []
+    assert list(lot.path.iterdir()) == []
 
 
 def test_a_truncated_file_is_refused(tmp_path):
-    handle = shm_handoff.park(torch.ones(8), root=tmp_path)
+    handle = shm_handoff.ParkingLot(tmp_path).park(torch.ones(8))
     Path(handle.path).write_bytes(b"\0" * 4)
     with pytest.raises(RuntimeError, match="does not hold the 32 bytes"):
         shm_handoff.fetch(handle)
@@ -103,16 +104,28 @@ def test_the_choice_follows_where_the_actors_run():
 
 def test_folders_of_processes_that_are_gone_are_swept(tmp_path):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = shm_handoff.folder(tmp_path, pid=int(gone.stdout))
-    (dead / "t0").write_bytes(b"x")
-    mine = shm_handoff.folder(tmp_path)
-    assert shm_handoff.remove_stale(tmp_path) == [dead]
-    assert not dead.exists() and mine.is_dir()
+    dead = shm_handoff.ParkingLot(tmp_path, tag="ab12", pid=int(gone.stdout))
+    dead.park(torch.ones(3))
+    mine = shm_handoff.ParkingLot(tmp_path)
+    mine.park(torch.ones(3))
+    assert shm_handoff.remove_stale(tmp_path) == [dead.path]
+    assert not dead.path.exists() and mine.path.is_dir()
 
 
-def _ours(pids) -> list[Path]:
-    """Hand-over folders of this test process and of its pipeline's device actors."""
-    folders = [Path("/dev/shm") / f"{shm_handoff.FOLDER_PREFIX}{pid}" for pid in (os.getpid(), *pids)]
+def test_two_pipelines_of_one_process_keep_their_tensors_apart(tmp_path):
+    one, two = shm_handoff.ParkingLot(tmp_path, tag="a"), shm_handoff.ParkingLot(tmp_path, tag="b")
+    handle = one.park(torch.ones(4))
+    assert two.clear() == 0  # the other pipeline's step start leaves this one's tensor alone
+    assert torch.equal(shm_handoff.fetch(handle), torch.ones(4))
+    one.park(torch.ones(4))
+    assert one.clear() == 1
+    one.remove()
+    assert not one.path.exists() and two.path != one.path
+
+
+def _ours(cu_folder: Path, pids) -> list[Path]:
+    """The hand-over folders of a pipeline: the CU side's and its device actors'."""
+    folders = [cu_folder, *(Path("/dev/shm") / f"{shm_handoff.FOLDER_PREFIX}{pid}" for pid in pids)]
     return [folder for folder in folders if folder.is_dir()]
 
 
@@ -125,8 +138,9 @@ def _train(model, batch, mode: str):
         result = pipe.train_step(batch, 4, head)
         after = named_weights(model.embedding, pipe.encoder_state_dict(), model.head)
         pids = [process.pid for process in pipe._stages.processes().values()]
-        left = [f for folder in _ours(pids) for f in folder.iterdir()]
-    still = _ours(pids)  # after the run: the CU's and every actor's folder removed
+        cu_folder = pipe._stages._parking.path
+        left = [f for folder in _ours(cu_folder, pids) for f in folder.iterdir()]
+    still = _ours(cu_folder, pids)  # after the run: the CU's and every actor's folder removed
     return used, result.loss, {k: before[k] - after[k] for k in before}, left + still
 
 

@@ -58,6 +58,7 @@ class StageActor(Stage):
         self._all_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         torch.set_num_threads(max(1, int(threads)))
         self._handoff = "object_store"
+        self._parking = shm_handoff.ParkingLot()
         super().__init__(*args, **kwargs)
 
     def node_id(self) -> str:
@@ -72,16 +73,16 @@ class StageActor(Stage):
         return mode
 
     def _handover(self, tensor):
-        return shm_handoff.handover(tensor) if self._handoff == "shm" else tensor
+        return self._parking.handover(tensor) if self._handoff == "shm" else tensor
 
     def leave_host(self) -> None:
         """Undo what this process holds on its host before it is killed: its testbed cgroup and throttle, its
         hand-over folder in /dev/shm."""
         self.clear_testbed()
-        shm_handoff.remove_own()
+        self._parking.remove()
 
     def begin_step(self, step_seed: int | None = None) -> int:
-        shm_handoff.clear()  # tensors a failed step parked and nobody read
+        self._parking.clear()  # tensors a failed step parked and nobody read
         return super().begin_step(step_seed)
 
     def forward(self, mb_index: int, x, attention_mask):

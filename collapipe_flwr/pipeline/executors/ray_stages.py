@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -68,6 +69,7 @@ class RayStages:
         self._submitted: list[tuple[Any, int]] = []  # (ObjectRef, stage)
         self.handoff = "object_store"  # until place() has seen where the actors run (runtime.handoff)
         self._told: dict[int, tuple[str, str]] = {}  # device k -> (its node, the hand-over it was told)
+        self._parking = shm_handoff.ParkingLot(tag=uuid.uuid4().hex[:8])  # this pipeline's own tensors (CU side)
         self.num_devices = max(num_devices, 1 + max((spec[0] for spec in specs), default=0))
         self._discover()
         self.place(specs)
@@ -265,11 +267,11 @@ class RayStages:
     def new_step(self) -> None:
         self._submitted = []
         if self.handoff == "shm":
-            shm_handoff.clear()  # what a failed step parked here and no actor read
+            self._parking.clear()  # what a failed step parked here and no actor read
 
     def submit(self, stage: int, method: str, *args):
         if self.handoff == "shm":  # the CU's own tensors (embedding output, the head's gradients) take it too
-            args = tuple(shm_handoff.handover(a) for a in args)
+            args = tuple(self._parking.handover(a) for a in args)
         ref = getattr(self.actors[stage], method).remote(*args)
         self._submitted.append((ref, stage))
         return ref
@@ -339,5 +341,6 @@ class RayStages:
         self.devices = {}
         self.actors = []
         self._told = {}
-        shm_handoff.remove_own()
+        if hasattr(self, "_parking"):
+            self._parking.remove()
         shm_handoff.remove_stale()

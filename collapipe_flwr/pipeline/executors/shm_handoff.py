@@ -15,8 +15,9 @@ object's location through the owner (the CU's process); ``multiprocessing.shared
 resource tracker per process and leaks segments of killed actors. A file per tensor under one folder per
 process, removed by its reader, swept at each step and at the end, needs neither.
 
-Folders: ``/dev/shm/collapipe-handoff-<pid>`` per writing process (the CU's process or a device actor).
-:func:`remove_stale` removes those of processes that are gone (a killed actor's unread tensors).
+Folders: ``/dev/shm/collapipe-handoff-<pid>[-<tag>]`` per writer (:class:`ParkingLot`: a device actor, or one
+pipeline of a CU's process). :func:`remove_stale` removes those of processes that are gone (a killed actor's
+unread tensors).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from collapipe_flwr.pipeline.runtime_spec import HANDOFFS
 SHM_ROOT = Path("/dev/shm")
 FOLDER_PREFIX = "collapipe-handoff-"
 PARK_MIN_BYTES = 100 * 1024  # Ray's max_direct_call_object_size: smaller objects already travel inline
-_serial = count()
 
 
 @dataclass(frozen=True)
@@ -52,25 +52,55 @@ def available(root: Path = SHM_ROOT) -> bool:
     return root.is_dir() and os.access(root, os.W_OK)
 
 
-def folder(root: Path = SHM_ROOT, pid: int | None = None) -> Path:
-    """This process's hand-over folder (made on first use)."""
-    path = root / f"{FOLDER_PREFIX}{os.getpid() if pid is None else pid}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    return path
+class ParkingLot:
+    """One writer's hand-over folder, ``/dev/shm/collapipe-handoff-<pid>[-<tag>]``: a device actor has one, and
+    each of a CU's pipelines one of its own (``tag``), so two pipelines of one process never sweep each other's
+    tensors. The folder is made on the first tensor parked."""
 
+    def __init__(self, root: Path = SHM_ROOT, tag: str = "", pid: int | None = None) -> None:
+        self.root = root
+        self.path = root / f"{FOLDER_PREFIX}{os.getpid() if pid is None else pid}{'-' + tag if tag else ''}"
+        self._serial = count()
 
-def park(tensor: torch.Tensor, root: Path = SHM_ROOT) -> ShmTensor:
-    """Write ``tensor`` (moved to the CPU, made contiguous) into this process's folder; returns its handle."""
-    data = tensor.detach().to("cpu").contiguous()
-    raw = data.view(-1).view(torch.uint8) if data.numel() else torch.empty(0, dtype=torch.uint8)
-    path = folder(root) / f"t{next(_serial)}"
-    try:
-        with open(path, "wb") as file:
-            file.write(raw.numpy().data)
-    except OSError:
-        path.unlink(missing_ok=True)  # no half-written tensor left behind
-        raise
-    return ShmTensor(str(path), tuple(data.shape), str(data.dtype).removeprefix("torch."), int(raw.numel()))
+    def park(self, tensor: torch.Tensor) -> ShmTensor:
+        """Write ``tensor`` (moved to the CPU, made contiguous) into this folder; returns its handle."""
+        data = tensor.detach().to("cpu").contiguous()
+        raw = data.view(-1).view(torch.uint8) if data.numel() else torch.empty(0, dtype=torch.uint8)
+        self.path.mkdir(mode=0o700, exist_ok=True)
+        path = self.path / f"t{next(self._serial)}"
+        try:
+            with open(path, "wb") as file:
+                file.write(raw.numpy().data)
+        except OSError:
+            path.unlink(missing_ok=True)  # no half-written tensor left behind
+            raise
+        return ShmTensor(str(path), tuple(data.shape), str(data.dtype).removeprefix("torch."), int(raw.numel()))
+
+    def handover(self, value):
+        """What this writer sends on: a tensor of at least :data:`PARK_MIN_BYTES` parked here, anything else as it
+        is (Ray inlines small objects in the call itself, which is as short a way). A tensor that does not fit
+        (the shared-memory file system is full) goes on as it is, through Ray's object store."""
+        if torch.is_tensor(value) and value.numel() * value.element_size() >= PARK_MIN_BYTES:
+            try:
+                return self.park(value)
+            except OSError:  # /dev/shm full (a container's default is 64 MiB): this one goes through Ray's store
+                return value
+        return value
+
+    def clear(self) -> int:
+        """Remove the unread tensors parked here (left by a step that failed); returns how many."""
+        removed = 0
+        for file in self.path.glob("t*") if self.path.is_dir() else []:
+            try:
+                file.unlink()
+                removed += 1
+            except FileNotFoundError:  # its reader took it meanwhile
+                pass
+        return removed
+
+    def remove(self) -> None:
+        """Remove this folder and anything still in it (its writer's end)."""
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def fetch(handle: ShmTensor) -> torch.Tensor:
@@ -94,46 +124,16 @@ def fetch(handle: ShmTensor) -> torch.Tensor:
     return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).view(handle.shape)
 
 
-def handover(value, root: Path = SHM_ROOT):
-    """What a process sends on: a tensor of at least :data:`PARK_MIN_BYTES` parked in shared memory, anything
-    else as it is (Ray inlines small objects in the call itself, which is as short a way). A tensor that does not
-    fit (the shared-memory file system is full) goes on as it is, through Ray's object store."""
-    if torch.is_tensor(value) and value.numel() * value.element_size() >= PARK_MIN_BYTES:
-        try:
-            return park(value, root)
-        except OSError:  # /dev/shm full (a container's default is 64 MiB): this one goes through Ray's store
-            return value
-    return value
-
-
 def resolve(value):
     """``value`` itself, or the tensor behind it when it is a :class:`ShmTensor`."""
     return fetch(value) if isinstance(value, ShmTensor) else value
-
-
-def clear(root: Path = SHM_ROOT) -> int:
-    """Remove the unread tensors this process parked (left by a step that failed); returns how many."""
-    path = root / f"{FOLDER_PREFIX}{os.getpid()}"
-    removed = 0
-    for file in path.glob("t*") if path.is_dir() else []:
-        try:
-            file.unlink()
-            removed += 1
-        except FileNotFoundError:  # its reader took it meanwhile
-            pass
-    return removed
-
-
-def remove_own(root: Path = SHM_ROOT) -> None:
-    """Remove this process's folder and anything still in it (its run's end)."""
-    shutil.rmtree(root / f"{FOLDER_PREFIX}{os.getpid()}", ignore_errors=True)
 
 
 def remove_stale(root: Path = SHM_ROOT) -> list[Path]:
     """Remove the hand-over folders of processes that no longer run; returns the folders removed."""
     removed = []
     for path in sorted(root.glob(f"{FOLDER_PREFIX}*")) if root.is_dir() else []:
-        pid = path.name.removeprefix(FOLDER_PREFIX)
+        pid = path.name.removeprefix(FOLDER_PREFIX).split("-")[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
