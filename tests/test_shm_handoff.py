@@ -35,6 +35,7 @@ def test_a_parked_tensor_comes_back_bit_for_bit_and_its_file_goes(tmp_path, dtyp
     back = shm_handoff.fetch(handle)
     assert back.dtype == dtype and torch.equal(back, view)
     assert not Path(handle.path).exists()
+    assert not Path(handle.path).parent.exists()  # its last tensor read: the folder goes too
     with pytest.raises(RuntimeError, match="is gone: read twice.*runtime.handoff=object_store"):
         shm_handoff.fetch(handle)
     empty = shm_handoff.fetch(shm_handoff.ParkingLot(tmp_path).park(torch.empty(0, 4)))
@@ -115,8 +116,11 @@ def test_folders_of_processes_that_are_gone_are_swept(tmp_path):
 def test_two_pipelines_of_one_process_keep_their_tensors_apart(tmp_path):
     one, two = shm_handoff.ParkingLot(tmp_path, tag="a"), shm_handoff.ParkingLot(tmp_path, tag="b")
     handle = one.park(torch.ones(4))
+    kept = one.park(torch.zeros(4))
     assert two.clear() == 0  # the other pipeline's step start leaves this one's tensor alone
     assert torch.equal(shm_handoff.fetch(handle), torch.ones(4))
+    assert one.path.is_dir()  # a tensor still waits there
+    assert torch.equal(shm_handoff.fetch(kept), torch.zeros(4)) and not one.path.exists()
     one.park(torch.ones(4))
     assert one.clear() == 1
     one.remove()

@@ -70,6 +70,7 @@ class RayStages:
         self.handoff = "object_store"  # until place() has seen where the actors run (runtime.handoff)
         self._told: dict[int, tuple[str, str]] = {}  # device k -> (its node, the hand-over it was told)
         self._parking = shm_handoff.ParkingLot(tag=uuid.uuid4().hex[:8])  # this pipeline's own tensors (CU side)
+        shm_handoff.remove_stale()  # what processes of an earlier run that crashed left unread
         self.num_devices = max(num_devices, 1 + max((spec[0] for spec in specs), default=0))
         self._discover()
         self.place(specs)

@@ -55,7 +55,8 @@ def available(root: Path = SHM_ROOT) -> bool:
 class ParkingLot:
     """One writer's hand-over folder, ``/dev/shm/collapipe-handoff-<pid>[-<tag>]``: a device actor has one, and
     each of a CU's pipelines one of its own (``tag``), so two pipelines of one process never sweep each other's
-    tensors. The folder is made on the first tensor parked."""
+    tensors. The folder is made when a tensor is parked and removed by the reader of its last one (a Flower worker
+    holding a CU's pipeline is killed at the run's end, with no chance to clean up)."""
 
     def __init__(self, root: Path = SHM_ROOT, tag: str = "", pid: int | None = None) -> None:
         self.root = root
@@ -66,14 +67,19 @@ class ParkingLot:
         """Write ``tensor`` (moved to the CPU, made contiguous) into this folder; returns its handle."""
         data = tensor.detach().to("cpu").contiguous()
         raw = data.view(-1).view(torch.uint8) if data.numel() else torch.empty(0, dtype=torch.uint8)
-        self.path.mkdir(mode=0o700, exist_ok=True)
         path = self.path / f"t{next(self._serial)}"
-        try:
-            with open(path, "wb") as file:
-                file.write(raw.numpy().data)
-        except OSError:
-            path.unlink(missing_ok=True)  # no half-written tensor left behind
-            raise
+        for attempt in range(2):
+            self.path.mkdir(mode=0o700, exist_ok=True)
+            try:
+                with open(path, "wb") as file:
+                    file.write(raw.numpy().data)
+                break
+            except FileNotFoundError:  # a reader removed the emptied folder just now: make it again, once
+                if attempt:
+                    raise
+            except OSError:
+                path.unlink(missing_ok=True)  # no half-written tensor left behind
+                raise
         return ShmTensor(str(path), tuple(data.shape), str(data.dtype).removeprefix("torch."), int(raw.numel()))
 
     def handover(self, value):
@@ -112,6 +118,10 @@ def fetch(handle: ShmTensor) -> torch.Tensor:
             got = file.readinto(raw)
             extra = file.read(1)
         os.unlink(handle.path)
+        try:  # the folder goes with its last tensor, so a writer killed at a run's end leaves nothing behind
+            os.rmdir(os.path.dirname(handle.path))
+        except OSError:  # other tensors wait there
+            pass
     except FileNotFoundError:
         raise RuntimeError(
             f"the hand-over file {handle.path} is gone: read twice, or its writer's folder was swept; "
