@@ -8,12 +8,13 @@ every actor runs on the CU's host, the producer instead writes the tensor's byte
 (memory, not disk) and returns a :class:`ShmTensor` naming it: a few hundred bytes, which Ray inlines in the
 call's reply and the dependent call. The consumer reads the bytes back and removes the file. Ray still
 orders the calls and reports a dead producer exactly as before; only the bytes take the short way (1.2 ms a
-hop, measured the same way).
+hop, measured the same way). On a whole GPipe step the gain is smaller than the hops suggest: at S = 2, m = 4
+here, 0.746x of one device's step against 0.781x through the object store, over three runs.
 
 Why by hand: Ray's object store already uses shared memory, but its ownership protocol routes every
 object's location through the owner (the CU's process); ``multiprocessing.shared_memory`` would need a
 resource tracker per process and leaks segments of killed actors. A file per tensor under one folder per
-process, removed by its reader, swept at each step and at the end, needs neither.
+writer, removed by its reader (the folder with its last tensor), needs neither.
 
 Folders: ``/dev/shm/collapipe-handoff-<pid>[-<tag>]`` per writer (:class:`ParkingLot`: a device actor, or one
 pipeline of a CU's process). :func:`remove_stale` removes those of processes that are gone (a killed actor's
