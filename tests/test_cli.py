@@ -160,7 +160,7 @@ def test_sigterm_stops_the_run_and_everything_it_started(tmp_path, data_dir, mon
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130 and "interrupted" in err
+    assert proc.returncode == 130 and "interrupted" in err, (proc.returncode, err)  # the CLI's own words if not
     deadline = time.time() + 10
     while time.time() < deadline and processes.alive(superlink):
         time.sleep(0.1)
