@@ -15,7 +15,9 @@ tokens, token-classification head, Adam. Prints one ``name: value`` per line:
   thread: what the framework costs) and ``device_speedup_S2_m4`` (S = 2, m = 4 with one core per device over
   S = 1, m = 1 with one core: what a second device buys; GPipe's limit is (m + S - 1) / (S m) = 0.625), with the
   CU's view of both steps as a profile: ``fair_S{S}_m{m}_<phase>_s`` (median seconds of embed / forward / head /
-  backward / update / total, and each device's own compute ``device<k>_compute``);
+  backward / update / total, and each device's own compute ``device<k>_compute``) and where its core time goes
+  (``fair_S{S}_m{m}_cpu_<group>_s``: median CPU seconds per step of the CU's process, the step's device actors,
+  the other pipelines' idle actors and the rest of Ray, :class:`CpuMeter`);
 - ``mem_ratio_S{S}``: max over devices of (params + Adam state + peak saved activations) / the same
   count for the plain model (embedding + encoder + head, whole batch), both measured with
   ``SavedTensorMeter`` / ``memory_report``; ``mem_ratio_encoder_S{S}`` compares with the plain
@@ -170,6 +172,44 @@ def pipeline_figures(
     return medians, peak
 
 
+class CpuMeter:
+    """CPU seconds (user + system) spent by this process (the CU), by given groups of actor processes and by the
+    rest of this process's descendants (Ray's raylet, GCS, idle workers), over the calls between :meth:`start` and
+    :meth:`stop`: where a step's core time goes, beside its wall time. Read from psutil's per-process counters, so
+    the figures hold whatever else the machine runs."""
+
+    def __init__(self, groups: dict[str, set[int]]) -> None:
+        self.groups = groups
+        self.totals: dict[str, list[float]] = {name: [] for name in ["cu", *groups, "ray_system"]}
+        self._before: dict[str, float] = {}
+
+    def _read(self) -> dict[str, float]:
+        import psutil
+
+        me = psutil.Process()
+        seconds = dict.fromkeys(self.totals, 0.0)
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:  # a worker that ended meanwhile
+                continue
+            group = "cu" if proc.pid == me.pid else "ray_system"
+            group = next((name for name, pids in self.groups.items() if proc.pid in pids), group)
+            seconds[group] += times.user + times.system
+        return seconds
+
+    def start(self) -> None:
+        self._before = self._read()
+
+    def stop(self) -> None:
+        after = self._read()
+        for name in self.totals:
+            self.totals[name].append(after[name] - self._before[name])
+
+    def medians(self, prefix: str) -> dict[str, float]:
+        return {f"{prefix}_cpu_{name}_s": statistics.median(values) for name, values in self.totals.items()}
+
+
 def fair_figures(batch, warmup: int, steps: int, pin: str, handoff: str = "auto") -> dict[str, float]:
     """Issue 30's fair pipeline figures (module docstring): every device actor gets one core (``pin``) and one torch
     thread, the CU (embedding, head, driver) one thread, the plain model one thread. The trainers' steps
@@ -204,10 +244,21 @@ def fair_figures(batch, warmup: int, steps: int, pin: str, handoff: str = "auto"
                 ClusterPipeline(three.embedding, three.blocks, DELTAS[2], SPEC, runtime=runtime("object_store"))
             )
         print(f"handoff: {pipe_two._stages.handoff}")
+        pipes = {"S1": pipe_one, "S2": pipe_two, **({"S2_object_store": pipe_three} if compare else {})}
+        pids = {name: {p.pid for p in pipe._stages.processes().values()} for name, pipe in pipes.items()}
+        every_actor = set().union(*pids.values())
+        meters = {
+            key: CpuMeter({"devices": pids[key[:2]], "idle_actors": every_actor - pids[key[:2]]})
+            for key in ("S1_m1", "S2_m4")
+        }
         for i in range(warmup + steps):
             plain_s = plain.step(batch)
+            meters["S1_m1"].start()
             one_t = pipe_one.train_step(batch, 1, head_one).timings
+            meters["S1_m1"].stop()
+            meters["S2_m4"].start()
             two_t = pipe_two.train_step(batch, 4, head_two).timings
+            meters["S2_m4"].stop()
             three_s = pipe_three.train_step(batch, 4, head_three).timings.total if compare else 0.0
             if i >= warmup:
                 for key, value in (("plain", plain_s), ("S1_m1", one_t.total), ("S2_m4", two_t.total)):
@@ -223,8 +274,12 @@ def fair_figures(batch, warmup: int, steps: int, pin: str, handoff: str = "auto"
         for key, steps in phases.items()
         for name in steps[0]
     }
+    for meter in meters.values():  # the warm-up steps out
+        meter.totals = {name: values[warmup:] for name, values in meter.totals.items()}
+    cpu = {name: value for key, meter in meters.items() for name, value in meter.medians(f"fair_{key}").items()}
     return {
         **profile,
+        **cpu,
         "fair_plain_step_s_threads1": median["plain"],
         "fair_step_s_S1_m1": median["S1_m1"],
         "fair_step_s_S2_m4": median["S2_m4"],
