@@ -26,7 +26,7 @@ def trained(monkeypatch, tmp_path):
 
 def test_seed_0_of_every_task_and_method_comes_first_and_every_job_is_named_once(trained):
     names = [job.name for job in trained.jobs()]
-    assert len(names) == len(set(names)) == 3 * 3 * 5 + 3 + 1 + 2 * 5
+    assert len(names) == len(set(names)) == 3 * 3 * 5 + 3 + 3 + 2 * 5
     first = names[:15]
     assert names[15:18] == [f"{task}/central/seed0" for task in trained.TASKS]  # the references, after seed 0
     assert first[0] == "translation/methods/seed0/collapipe"
