@@ -5,7 +5,8 @@ command that measures it alone.
     python benchmarks/run_all.py --quick    # fewer steps and rounds (a smoke check of the table), ~4 minutes
 
 Runs ``pipeline_overhead.py`` (S = 1, 2, 3 x m = 1, 2, 4, 8), ``pipeline_1f1b_memory.py`` (S = 2, 3,
-m = 8), ``data_plane.py`` (no Flower comparison), ``dssra_solve.py`` (the target sizes), ``scaling.py``
+m = 8), ``data_plane.py`` (no Flower comparison), ``dssra_solve.py`` (the target sizes), ``optimizer_step.py``
+(the fused Adam kernel's gain on each task's model), ``scaling.py``
 (round wall-clock, eq. (26) and server memory vs N and K), ``gpu_speedup.py`` (GPU vs CPU; only
 ``cuda_available: 0`` on a machine without CUDA) and ``hf_pipeline_memory.py`` (GPT-2 small's shape through the
 pipeline: per-device memory with and without LoRA, step time vs the un-split model) as subprocesses, reads their
@@ -242,6 +243,22 @@ def dssra_rows(dssra_args: str) -> list[Row]:
     ]
 
 
+def optimizer_rows(opt_args: str = "") -> list[Row]:
+    """One Adam step over each task's whole default model, the fused kernel (pipeline/optim.py uses it) against
+    torch's default implementation: context for the step times, no target."""
+    return [
+        Row(
+            f"Adam step over the {task} model, speed-up of the fused kernel (1 thread)",
+            lambda f, task=task: f[f"adam_fused_speedup_{task}"],
+            "x",
+            None,
+            f"python benchmarks/optimizer_step.py {opt_args}".strip(),
+            lower_is_better=False,
+        )
+        for task in ("translation", "classification", "ner")
+    ]
+
+
 def scaling_rows(scale_args: str) -> list[Row]:
     """Wall-clock per round as N (CUs) and K (devices per cluster) grow, the modelled delay (eq. 26) and the
     server's peak RSS; ``--quick`` runs the smaller sizes."""
@@ -356,7 +373,8 @@ def gpu_rows() -> list[Row]:
 def rows(
     dp_args: str, pipe_args: str, dssra_args: str, mem_args: str = "", scale_args: str = "", hf_args: str = ""
 ) -> list[Row]:
-    """Every row of the table, in order: pipeline, 1F1B memory, data plane, DSSRA, scaling, HF model, GPU."""
+    """Every row of the table, in order: pipeline, 1F1B memory, data plane, DSSRA, optimizer, scaling, HF model,
+    GPU."""
     return [
         *pipeline_rows(pipe_args),
         *schedule_memory_rows(mem_args),
@@ -369,6 +387,7 @@ def rows(
         ),
         *data_plane_rows(dp_args),
         *dssra_rows(dssra_args),
+        *optimizer_rows(),
         *scaling_rows(scale_args),
         *hf_rows(hf_args),
         *gpu_rows(),
@@ -412,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         ("pipeline_1f1b_memory.py", mem),
         ("data_plane.py", dp),
         ("dssra_solve.py", dssra),
+        ("optimizer_step.py", "--steps 3" if args.quick else ""),
         ("gpu_speedup.py", gpu),
         ("scaling.py", scale),
         ("hf_pipeline_memory.py", hf),

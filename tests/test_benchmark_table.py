@@ -112,3 +112,22 @@ def test_hf_rows_read_the_per_device_memory_and_step_ratios():
     ratio = rows["HF GPT-2 small, split step S = 2, m = 2 vs the un-split HF model"].cells(figures)
     assert ratio[1:4] == ["1.07 x", "-", "-"]
     assert rows["HF GPT-2 small, per-device peak memory, S = 4, full fine-tuning"].cells(figures)[1] == "not measured"
+
+
+def test_optimizer_rows_read_each_tasks_fused_speedup():
+    rows = {r.figure: r for r in run_all.rows("dp", "pipe", "dssra")}
+    names = [f for f in rows if f.startswith("Adam step over the")]
+    assert len(names) == 3
+    figures = run_all.parse_figures("adam_fused_speedup_ner: 3.17\nadam_fused_speedup_translation: 4.6")
+    assert rows["Adam step over the ner model, speed-up of the fused kernel (1 thread)"].cells(figures)[1:4] == [
+        "3.17 x",
+        "-",
+        "-",
+    ]
+    assert rows["Adam step over the translation model, speed-up of the fused kernel (1 thread)"].cells(figures)[1] == (
+        "4.6 x"
+    )
+    assert (
+        rows["Adam step over the classification model, speed-up of the fused kernel (1 thread)"].cells(figures)[1]
+        == "not measured"
+    )
