@@ -5,6 +5,7 @@ interruptions.
     python results/trained_learning.py ROOT --status     # only say what is done (with its time) and what is left
     python results/trained_learning.py ROOT --report     # only rebuild results/trained/ from the finished jobs
     python results/trained_learning.py ROOT --only translation/methods/seed0   # jobs whose name starts so
+    python results/trained_learning.py ROOT --only ner --jobs 1              # the first NER job left, no more
     touch ROOT/STOP                                      # end the piece after the job that is running
 
 Every job is one ``collapipe run`` (the Flower simulation path) into ``ROOT/<job name>/``. When it finishes, its
@@ -207,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="folder of the campaign's runs (kept between pieces)")
     parser.add_argument("--only", default="", help="run only the jobs whose name starts with this")
+    parser.add_argument(
+        "--jobs", type=int, default=0, help="run at most this many of the jobs left in this piece (0: all of them)"
+    )
     parser.add_argument("--status", action="store_true", help="only print what is done and what is left")
     parser.add_argument("--report", action="store_true", help="only rebuild results/trained/ from finished jobs")
     args = parser.parse_args(argv)
@@ -218,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     _, left = status(args.root, todo, records)
     if args.status:
         return 0
+    if args.jobs < 0:
+        print(f"error: --jobs {args.jobs} must be >= 0 (0 runs every job left)", file=sys.stderr)
+        return 2
+    left = left[: args.jobs] if args.jobs else left
     failed = 0 if args.report else run_piece(args.root, left, records)
     if any((records / j.name / j.marker).is_file() for j in jobs()):
         report(records)

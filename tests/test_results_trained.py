@@ -144,3 +144,23 @@ def test_a_stop_file_ends_the_piece_before_its_next_job(trained, tmp_path, monke
     monkeypatch.setattr(trained, "report", lambda records: 0)
     assert trained.main([str(root), "--only", "translation/methods/seed0"]) == 0
     assert ran == ["translation/methods/seed0/collapipe"] and not (root / "STOP").exists()
+
+
+def test_jobs_limits_the_piece_to_the_first_jobs_left(trained, tmp_path, monkeypatch, capsys):
+    root = tmp_path / "root"
+    ran = []
+
+    def run_job(root_, name, overrides, flat=""):
+        ran.append(name)
+        fake_run(root_, name, 10.0)
+        return True
+
+    monkeypatch.setattr(trained.campaign, "run_job", run_job)
+    monkeypatch.setattr(trained, "report", lambda records: 0)
+    # "collapipe" is a prefix of "collapipe_no_ss" too: --jobs 1 takes only the first
+    assert trained.main([str(root), "--only", "translation/methods/seed0/collapipe", "--jobs", "1"]) == 0
+    assert ran == ["translation/methods/seed0/collapipe"]
+    assert trained.main([str(root), "--only", "translation/methods/seed0/collapipe", "--jobs", "1"]) == 0
+    assert ran == ["translation/methods/seed0/collapipe", "translation/methods/seed0/collapipe_no_ss"]
+    assert trained.main([str(root), "--only", "translation", "--jobs", "-1"]) == 2
+    assert "--jobs -1 must be >= 0" in capsys.readouterr().err
