@@ -47,6 +47,21 @@ def fake_run(root: Path, name: str, wall_s: float) -> None:
     (folder / "summary.json").write_text(json.dumps({"wall_s": wall_s}))
 
 
+def record_runs(trained, monkeypatch, wall_s: float = 300.0) -> list[str]:
+    """Stand in for ``collapipe run``: each job leaves a finished run folder (:func:`fake_run`) and its name in the
+    returned list; the report is skipped."""
+    ran: list[str] = []
+
+    def run_job(root, name, overrides, flat=""):
+        ran.append(name)
+        fake_run(root, name, wall_s)
+        return True
+
+    monkeypatch.setattr(trained.campaign, "run_job", run_job)
+    monkeypatch.setattr(trained, "report", lambda records: 0)
+    return ran
+
+
 def test_finished_jobs_are_skipped_and_a_rerun_with_everything_done_runs_nothing(trained, tmp_path, monkeypatch):
     ran, reported = [], []
 
@@ -70,15 +85,7 @@ def test_finished_jobs_are_skipped_and_a_rerun_with_everything_done_runs_nothing
 
 
 def test_the_kept_records_alone_resume_the_campaign_on_another_machine(trained, tmp_path, monkeypatch, capsys):
-    ran = []
-
-    def run_job(root, name, overrides, flat=""):
-        ran.append(name)
-        fake_run(root, name, 300.0)
-        return True
-
-    monkeypatch.setattr(trained.campaign, "run_job", run_job)
-    monkeypatch.setattr(trained, "report", lambda records: 0)
+    ran = record_runs(trained, monkeypatch)
     piece = "translation/methods/seed0"
     assert trained.main([str(tmp_path / "first_machine"), "--only", piece]) == 0
     kept = trained.RECORDS / piece / "vanilla_fl"
@@ -148,15 +155,7 @@ def test_a_stop_file_ends_the_piece_before_its_next_job(trained, tmp_path, monke
 
 def test_jobs_limits_the_piece_to_the_first_jobs_left(trained, tmp_path, monkeypatch, capsys):
     root = tmp_path / "root"
-    ran = []
-
-    def run_job(root_, name, overrides, flat=""):
-        ran.append(name)
-        fake_run(root_, name, 10.0)
-        return True
-
-    monkeypatch.setattr(trained.campaign, "run_job", run_job)
-    monkeypatch.setattr(trained, "report", lambda records: 0)
+    ran = record_runs(trained, monkeypatch, 10.0)
     # "collapipe" is a prefix of "collapipe_no_ss" too: --jobs 1 takes only the first
     assert trained.main([str(root), "--only", "translation/methods/seed0/collapipe", "--jobs", "1"]) == 0
     assert ran == ["translation/methods/seed0/collapipe"]
