@@ -12,10 +12,15 @@ Prints ``name: value`` lines:
 - <name>_cpu_ms / <name>_gpu_ms / <name>_gpu_speedup for each ``--also NAME=OVERRIDES`` (default: the
   paper-size Transformer's decoder, ``paper_decoder_step``, and BERT's classification head,
   ``bert_head_step``): the same measurement for other server modules.
-- round_cpu_s / round_gpu_s / round_gpu_speedup (with ``--round``): the mean measured round time
-  (``measured_s.round_s`` of its rounds.jsonl) of ``collapipe run`` with ``preset='smoke'`` and
-  2 CUs, all stages and the server on the CPU, then on the one GPU (``device='cuda'``, stages sharing it
-  through ``runtime.actor_num_gpus`` = 1 / (N x K), rounded down).
+- with ``--round``: ``collapipe run`` with ``preset='smoke'``, 2 CUs, ``--round-steps`` local steps (default 20)
+  and ``--round-rounds`` rounds (default 3), all stages and the server on the CPU, then on the one GPU
+  (``device='cuda'``, stages sharing it through ``runtime.actor_num_gpus`` = 1 / (N x K), rounded down). From
+  its rounds.jsonl (``measured_s.round_s``, the CUs' ``seconds-*``):
+  - round_first_cpu_s / round_first_gpu_s: the first round, which also starts each CU's device actors and
+    builds its modules (``seconds-setup``); the smoke preset's 3 steps leave it almost all set-up;
+  - round_cpu_s / round_gpu_s / round_gpu_speedup: the mean of the later rounds (actors and modules reused);
+  - step_cpu_s / step_gpu_s / step_gpu_speedup: the median pipeline step (``seconds-step-total`` / ``steps``: embed,
+    forward, head exchange, backward, update; a CU reports it summed over its round) over every CU and round.
 
 Run: ``python benchmarks/gpu_speedup.py [--round] [--overrides "task=translation model=transformer_small"]``.
 """
@@ -74,10 +79,13 @@ def gpu_share(num_clusters: int) -> float:
     return math.floor(1000 / (num_clusters * devices)) / 1000
 
 
-def round_seconds(device: str, workdir: Path) -> float:
-    """Mean measured round time of a smoke ``collapipe run`` with every role on ``device``."""
+def round_figures(device: str, workdir: Path, local_steps: int, rounds: int) -> dict[str, float]:
+    """The first round's, the later rounds' mean and the median step's seconds of a smoke ``collapipe run``
+    with every role on ``device`` (see the module docstring)."""
     out = workdir / f"run-{device}"
-    overrides = f"runtime.actor_num_gpus={gpu_share(2)}" if device == "cuda" else ""
+    overrides = [f"federation.local_steps={local_steps}", f"federation.num_rounds={rounds}"]
+    if device == "cuda":
+        overrides.append(f"runtime.actor_num_gpus={gpu_share(2)}")
     cmd = [
         sys.executable,
         "-m",
@@ -85,18 +93,31 @@ def round_seconds(device: str, workdir: Path) -> float:
         "run",
         "--run-config",
         f"preset='smoke' num-clusters=2 device='{device}' output-dir='{out}' run-name='r'",
+        "--run-config",
+        f"overrides='{' '.join(overrides)}'",
     ]
-    if overrides:
-        cmd += ["--run-config", f"overrides='{overrides}'"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
         tail = (done.stderr or done.stdout).strip().splitlines()[-15:]
         log = out / "r" / "flwr.log"  # Flower's own log says why its side stopped
         tail += log.read_text(errors="replace").strip().splitlines()[-25:] if log.is_file() else []
         raise SystemExit(f"error: the {device} smoke run exited {done.returncode}:\n" + "\n".join(tail))
-    rounds = [json.loads(line) for line in (out / "r" / "rounds.jsonl").read_text().splitlines() if line.strip()]
-    measured = [r["measured_s"]["round_s"] for r in rounds if r.get("measured_s", {}).get("round_s")]
-    return sum(measured) / len(measured)
+    records = [json.loads(line) for line in (out / "r" / "rounds.jsonl").read_text().splitlines() if line.strip()]
+    trained = [r for r in records if r.get("measured_s", {}).get("round_s")]
+    if len(trained) < 2:
+        raise SystemExit(f"error: the {device} smoke run recorded {len(trained)} timed rounds; --round-rounds >= 2")
+    steps = [
+        client["seconds-step-total"] / client["steps"]
+        for r in trained
+        for client in r.get("clients", {}).values()
+        if client.get("steps")
+    ]
+    later = [r["measured_s"]["round_s"] for r in trained[1:]]
+    return {
+        "round_first": trained[0]["measured_s"]["round_s"],
+        "round": sum(later) / len(later),
+        "step": statistics.median(steps),
+    }
 
 
 def main() -> None:
@@ -110,7 +131,9 @@ def main() -> None:
     )
     parser.add_argument("--cpu-threads", type=int, default=2, help="torch threads for the CPU side")
     parser.add_argument("--steps", type=int, default=3, help="timed decoder steps per device (after one warm-up)")
-    parser.add_argument("--round", action="store_true", help="also time a whole smoke federated round per device")
+    parser.add_argument("--round", action="store_true", help="also time whole smoke federated rounds per device")
+    parser.add_argument("--round-steps", type=int, default=20, help="local steps per CU and round (with --round)")
+    parser.add_argument("--round-rounds", type=int, default=3, help="rounds per run, the first being set-up (--round)")
     args = parser.parse_args()
     has_cuda = torch.cuda.is_available()
     print(f"cuda_available: {int(has_cuda)}")
@@ -131,11 +154,14 @@ def main() -> None:
         print(f"{name}_gpu_speedup: {cpu / gpu:.2f}")
     if args.round:
         with tempfile.TemporaryDirectory(prefix="cp-gpu-") as tmp:
-            cpu_s = round_seconds("cpu", Path(tmp))
-            gpu_s = round_seconds("cuda", Path(tmp))
-        print(f"round_cpu_s: {cpu_s:.2f}")
-        print(f"round_gpu_s: {gpu_s:.2f}")
-        print(f"round_gpu_speedup: {cpu_s / gpu_s:.2f}")
+            cpu = round_figures("cpu", Path(tmp), args.round_steps, args.round_rounds)
+            gpu = round_figures("cuda", Path(tmp), args.round_steps, args.round_rounds)
+        print(f"round_first_cpu_s: {cpu['round_first']:.2f}")
+        print(f"round_first_gpu_s: {gpu['round_first']:.2f}")
+        for name in ("round", "step"):
+            print(f"{name}_cpu_s: {cpu[name]:.3f}")
+            print(f"{name}_gpu_s: {gpu[name]:.3f}")
+            print(f"{name}_gpu_speedup: {cpu[name] / gpu[name]:.2f}")
 
 
 if __name__ == "__main__":
