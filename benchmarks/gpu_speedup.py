@@ -13,16 +13,19 @@ Prints ``name: value`` lines:
   paper-size Transformer's decoder, ``paper_decoder_step``, and BERT's classification head,
   ``bert_head_step``): the same measurement for other server modules.
 - with ``--round``: ``collapipe run`` with ``preset='smoke'``, 2 CUs, ``--round-steps`` local steps (default 20)
-  and ``--round-rounds`` rounds (default 3), all stages and the server on the CPU, then on the one GPU
+  and ``--round-rounds`` rounds (default 4), all stages and the server on the CPU, then on the one GPU
   (``device='cuda'``, stages sharing it through ``runtime.actor_num_gpus`` = 1 / (N x K), rounded down). From
   its rounds.jsonl (``measured_s.round_s``, the CUs' ``seconds-*``):
   - round_first_cpu_s / round_first_gpu_s: the first round, which also starts each CU's device actors and
     builds its modules (``seconds-setup``); the smoke preset's 3 steps leave it almost all set-up;
-  - round_cpu_s / round_gpu_s / round_gpu_speedup: the mean of the later rounds (actors and modules reused);
+  - round_cpu_s / round_gpu_s / round_gpu_speedup: the mean of the later rounds in which every CU reused its
+    pipeline (``pipeline-reused``; Flower's simulation may hand a CU's second round to another ClientApp actor,
+    which builds the CU's modules again), and warm_rounds_cpu / warm_rounds_gpu, how many there were;
   - step_cpu_s / step_gpu_s / step_gpu_speedup: the median pipeline step (``seconds-step-total`` / ``steps``: embed,
     forward, head exchange, backward, update; a CU reports it summed over its round) over every CU and round.
 
-Run: ``python benchmarks/gpu_speedup.py [--round] [--overrides "task=translation model=transformer_small"]``.
+Run: ``python benchmarks/gpu_speedup.py [--round | --round-only] [--overrides "task=translation
+model=transformer_small"]`` (``--round-only``: the rounds without the module rows).
 """
 
 from __future__ import annotations
@@ -112,10 +115,19 @@ def round_figures(device: str, workdir: Path, local_steps: int, rounds: int) -> 
         for client in r.get("clients", {}).values()
         if client.get("steps")
     ]
-    later = [r["measured_s"]["round_s"] for r in trained[1:]]
+    # warm rounds: every CU reused its pipeline. Flower's simulation hands a node's message to whichever
+    # ClientApp actor is free, and a CU's first round on another actor builds its modules there again.
+    warm = [
+        r["measured_s"]["round_s"]
+        for r in trained[1:]
+        if all(client.get("pipeline-reused") == 1 for client in r.get("clients", {}).values())
+    ]
+    if not warm:
+        raise SystemExit(f"error: no round of the {device} run reused every CU's pipeline; raise --round-rounds")
     return {
         "round_first": trained[0]["measured_s"]["round_s"],
-        "round": sum(later) / len(later),
+        "round": sum(warm) / len(warm),
+        "warm_rounds": len(warm),
         "step": statistics.median(steps),
     }
 
@@ -132,8 +144,9 @@ def main() -> None:
     parser.add_argument("--cpu-threads", type=int, default=2, help="torch threads for the CPU side")
     parser.add_argument("--steps", type=int, default=3, help="timed decoder steps per device (after one warm-up)")
     parser.add_argument("--round", action="store_true", help="also time whole smoke federated rounds per device")
+    parser.add_argument("--round-only", action="store_true", help="time the rounds alone (no module rows)")
     parser.add_argument("--round-steps", type=int, default=20, help="local steps per CU and round (with --round)")
-    parser.add_argument("--round-rounds", type=int, default=3, help="rounds per run, the first being set-up (--round)")
+    parser.add_argument("--round-rounds", type=int, default=4, help="rounds per run, the first being set-up (--round)")
     args = parser.parse_args()
     has_cuda = torch.cuda.is_available()
     print(f"cuda_available: {int(has_cuda)}")
@@ -145,19 +158,21 @@ def main() -> None:
         "paper_decoder_step=task=translation model=transformer_paper",
         "bert_head_step=task=classification model=bert_base",
     ]
-    modules = [("decoder_step", args.overrides)] + [tuple(item.split("=", 1)) for item in also]
+    modules = [] if args.round_only else [("decoder_step", args.overrides)] + [tuple(i.split("=", 1)) for i in also]
     for name, overrides in modules:
         cpu = decoder_step_ms(overrides.split(), "cpu", args.steps)
         gpu = decoder_step_ms(overrides.split(), "cuda", max(args.steps, 10))
         print(f"{name}_cpu_ms: {cpu:.2f}")
         print(f"{name}_gpu_ms: {gpu:.3f}")
         print(f"{name}_gpu_speedup: {cpu / gpu:.2f}")
-    if args.round:
+    if args.round or args.round_only:
         with tempfile.TemporaryDirectory(prefix="cp-gpu-") as tmp:
             cpu = round_figures("cpu", Path(tmp), args.round_steps, args.round_rounds)
             gpu = round_figures("cuda", Path(tmp), args.round_steps, args.round_rounds)
         print(f"round_first_cpu_s: {cpu['round_first']:.2f}")
         print(f"round_first_gpu_s: {gpu['round_first']:.2f}")
+        print(f"warm_rounds_cpu: {cpu['warm_rounds']}")
+        print(f"warm_rounds_gpu: {gpu['warm_rounds']}")
         for name in ("round", "step"):
             print(f"{name}_cpu_s: {cpu[name]:.3f}")
             print(f"{name}_gpu_s: {gpu[name]:.3f}")
