@@ -187,3 +187,47 @@ def test_optimizer_state_keep_and_reset_match_adam_by_hand(data_dir, optimizer_s
         keep = _adam_by_hand(w0["head"][name], [g1["head"][name], g2["head"][name]], spec.lr, b1, b2)
         assert not torch.allclose(keep, w2["head"][name].double(), rtol=1e-4, atol=2e-6)
     assert math.isfinite(m2["train-loss"])
+
+
+@pytest.mark.parametrize("method", ["collapipe", "vanilla_fl"])
+def test_a_cu_session_keeps_only_the_parts_the_cu_trains(data_dir, method):
+    """Once the pipeline holds the TEBs, the CU's session keeps no copy of them, nor of a head the server
+    trains: its parameters are the embedding's (and a CU-side head's), counted on a separately built model,
+    while the pipeline still gives back the encoder it was loaded with."""
+    cfg = load_run_config(
+        [
+            f"method={method}",
+            "task=classification",
+            "model=bert_tiny",
+            "federation=tiny",
+            "network=small",
+            "federation.num_clusters=1",
+            "runtime.backend=local",
+            "task.batch_size=8",
+        ],
+        data_dir=str(data_dir),
+    )
+    task = wiring.build_task(cfg)
+    reference = wiring.build_model(task, cfg)
+    parts = {"embedding": reference.embedding.state_dict(), "encoder": reference.blocks.state_dict()}
+    expected = sum(p.numel() for p in reference.embedding.parameters())
+    if method == "vanilla_fl":  # VanillaFL trains the head on the CU
+        parts["head"] = reference.head.state_dict()
+        expected += sum(p.numel() for p in reference.head.parameters())
+    server = ServerState.build(cfg)
+    devices = server.planner.devices_of(0)
+    server.shutdown()
+    ccfg = cfg.cluster_config().with_data_dir(str(data_dir))
+    session = cluster_session.session_for("release-test", 0, 1, ccfg)
+    try:
+        session.prepare(1, parts, (2, 0, 0), devices, None)
+        held = session.model.embedding, session.model.blocks, session.model.head
+        assert sum(p.numel() for mod in held for p in mod.parameters()) == expected
+        encoder = session.live_pipeline().encoder_state_dict()
+        assert encoder.keys() == parts["encoder"].keys()
+        for name, value in parts["encoder"].items():
+            torch.testing.assert_close(encoder[name], value)
+        with pytest.raises(RuntimeError, match="released its copy of the encoder blocks"):
+            list(session.model.blocks)
+    finally:
+        cluster_session.drop_session("release-test", 0, 3)

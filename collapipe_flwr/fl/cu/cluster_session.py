@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
@@ -26,7 +27,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from collapipe_flwr import wiring
 from collapipe_flwr.config import ClusterConfig, resolve_data_dir
 from collapipe_flwr.fl.cu.cu_checkpoint import load_cu_state, save_cu_state
-from collapipe_flwr.models.split import SplitModel
+from collapipe_flwr.models.split import SplitModel, TaskHead
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.executors import release
 from collapipe_flwr.pipeline.head import LocalHead
@@ -58,6 +59,23 @@ def cached_task(cfg: ClusterConfig) -> Task:
         _TASKS.clear()
         _TASKS[key] = wiring.build_task(cfg)
     return _TASKS[key]
+
+
+class ReleasedPart(torch.nn.ModuleList):
+    """Stands in for a part of the model this CU process no longer holds a copy of (the devices hold the TEBs,
+    the server the head): it has no parameters, and using it is a bug, so every use raises."""
+
+    def __init__(self, part: str) -> None:
+        super().__init__()
+        self.part = part
+
+    def _refuse(self, *args, **kwargs):
+        raise RuntimeError(
+            f"this CU released its copy of the {self.part} once the pipeline held it (ClusterSession.prepare); "
+            "read the trained values from the pipeline (encoder_state_dict) instead"
+        )
+
+    forward = __iter__ = __len__ = __getitem__ = _refuse
 
 
 def actor_prefix(run_key: str, cluster: int) -> str:
@@ -106,6 +124,7 @@ class ClusterSession:
                 cluster=self.cluster,
                 actor_prefix=actor_prefix(self.run_key, self.cluster) if cfg.runtime.backend == "ray" else "",
             )
+            self._release_held_copies()
         else:
             pipeline = self.pipeline
             pipeline.repartition(delta)
@@ -123,6 +142,19 @@ class ClusterSession:
         elif self.last_round != round_ - 1 or not reused:
             restored = int(self._restore(state) or self._restore_from_disk(round_))
         return {"pipeline-reused": int(reused), "blocks-moved": int(moved), "optimizer-restored": restored}
+
+    def _release_held_copies(self) -> None:
+        """Drop this process's copies of the parts others now hold: the TEBs theta^1..theta^L, copied into the
+        device stages (which train them and give theta^enc back, eq. 4), and the head when it trains on the
+        server. A CU session then holds what the CU trains (the embedding; a CU-side head). Flower's simulation
+        keeps a session per CU in each ClientApp worker; at BERT-base size a session's parameters fall from 390
+        to 63 MiB. Kept under LoRA (``model.adapters_only``): the frozen base weights fill in adapters-only
+        downloads."""
+        if self.cfg.model.adapters_only:
+            return
+        self.model.blocks = ReleasedPart("encoder blocks")
+        if self.cfg.head_on_server:
+            self.model.head = cast(TaskHead, ReleasedPart("head"))
 
     def recover(self, parts: dict[str, dict[str, torch.Tensor]], delta: tuple[int, ...], lost: list[int]) -> None:
         """After device failures mid-round: back to the round's starting weights (``parts``) with ``delta``
