@@ -153,11 +153,17 @@ class ClusterPipeline:
 
     def _gather_from(self, held: dict[int, tuple[int, int]]) -> tuple[dict, dict]:
         """Every block's weights and optimizer state from the devices in ``held``, in the encoder's numbering."""
-        weights, state = {}, {}
+        weights = {}
         for k, (a, _) in held.items():
             weights.update(renumber_blocks(self._stages.call_device(k, "get_weights"), a))
+        return weights, self._optimizer_state_from(held)
+
+    def _optimizer_state_from(self, held: dict[int, tuple[int, int]]) -> dict:
+        """Every block's optimizer state from the devices in ``held``, in the encoder's numbering."""
+        state: dict = {}
+        for k, (a, _) in held.items():
             state.update(renumber_blocks(self._stages.call_device(k, "get_optimizer_state"), a))
-        return weights, state
+        return state
 
     def _place(
         self,
@@ -344,7 +350,7 @@ class ClusterPipeline:
     def encoder_optimizer_state(self) -> dict[str, dict]:
         """Every block's optimizer state, names ``"{l}.{param}"`` (the whole encoder's numbering)."""
         held = self._holders()
-        return self._gather_from(held)[1] if held else {}
+        return self._optimizer_state_from(held) if held else {}
 
     def load_encoder_optimizer_state(self, state: dict[str, dict]) -> None:
         """Put optimizer state (names ``"{l}.{param}"``) back into the devices holding those blocks."""
