@@ -97,23 +97,31 @@ def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_pla
     assert released == 3  # the run's end kills every device actor of the cluster
 
 
-def _vanilla_cfg(data_dir, optimizer_state: str):
+def _bert_tiny_cfg(data_dir, *overrides: str):
+    """One cluster of bert_tiny classification on the in-process backend, with ``overrides`` on top."""
     return load_run_config(
         [
-            "method=vanilla_fl",
             "task=classification",
             "model=bert_tiny",
             "federation=tiny",
             "network=small",
             "federation.num_clusters=1",
-            "federation.local_steps=1",
             "runtime.backend=local",
             "task.batch_size=8",
-            "model.dropout=0.0",
-            "runtime.precision=fp32",
-            f"federation.optimizer_state={optimizer_state}",
+            *overrides,
         ],
         data_dir=str(data_dir),
+    )
+
+
+def _vanilla_cfg(data_dir, optimizer_state: str):
+    return _bert_tiny_cfg(
+        data_dir,
+        "method=vanilla_fl",
+        "federation.local_steps=1",
+        "model.dropout=0.0",
+        "runtime.precision=fp32",
+        f"federation.optimizer_state={optimizer_state}",
     )
 
 
@@ -194,19 +202,7 @@ def test_a_cu_session_keeps_only_the_parts_the_cu_trains(data_dir, method):
     """Once the pipeline holds the TEBs, the CU's session keeps no copy of them, nor of a head the server
     trains: its parameters are the embedding's (and a CU-side head's), counted on a separately built model,
     while the pipeline still gives back the encoder it was loaded with."""
-    cfg = load_run_config(
-        [
-            f"method={method}",
-            "task=classification",
-            "model=bert_tiny",
-            "federation=tiny",
-            "network=small",
-            "federation.num_clusters=1",
-            "runtime.backend=local",
-            "task.batch_size=8",
-        ],
-        data_dir=str(data_dir),
-    )
+    cfg = _bert_tiny_cfg(data_dir, f"method={method}")
     task = wiring.build_task(cfg)
     reference = wiring.build_model(task, cfg)
     parts = {"embedding": reference.embedding.state_dict(), "encoder": reference.blocks.state_dict()}
