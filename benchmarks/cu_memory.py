@@ -25,6 +25,11 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gpu_speedup import smoke_run_command  # noqa: E402
+
 DEFAULT = "task=classification model=bert_base federation.num_rounds=3 federation.local_steps=1 task.batch_size=8"
 CLIENT_WORKER = "ClientAppActor"  # the process title Ray gives Flower's simulation workers
 
@@ -52,16 +57,7 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=0.5, help="seconds between two samples")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cp-mem-") as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "collapipe_flwr",
-            "run",
-            "--run-config",
-            f"preset='smoke' num-clusters=2 output-dir='{tmp}' run-name='r'",
-            "--run-config",
-            f"overrides='{args.overrides}'",
-        ]
+        cmd = smoke_run_command(Path(tmp), args.overrides.split())
         log = Path(tmp) / "run.log"
         with log.open("w") as out:
             run = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)

@@ -83,14 +83,9 @@ def gpu_share(num_clusters: int) -> float:
     return math.floor(1000 / (num_clusters * devices)) / 1000
 
 
-def round_figures(device: str, workdir: Path, local_steps: int, rounds: int) -> dict[str, float]:
-    """The first round's, the later rounds' mean and the median step's seconds of a smoke ``collapipe run``
-    with every role on ``device`` (see the module docstring)."""
-    out = workdir / f"run-{device}"
-    overrides = [f"federation.local_steps={local_steps}", f"federation.num_rounds={rounds}"]
-    if device == "cuda":
-        overrides.append(f"runtime.actor_num_gpus={gpu_share(2)}")
-    cmd = [
+def smoke_run_command(out: Path, overrides: list[str], device: str = "cpu") -> list[str]:
+    """``collapipe run`` with ``preset='smoke'``, 2 CUs and ``overrides``, its run folder ``out/r``."""
+    return [
         sys.executable,
         "-m",
         "collapipe_flwr",
@@ -100,7 +95,16 @@ def round_figures(device: str, workdir: Path, local_steps: int, rounds: int) -> 
         "--run-config",
         f"overrides='{' '.join(overrides)}'",
     ]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+
+
+def round_figures(device: str, workdir: Path, local_steps: int, rounds: int) -> dict[str, float]:
+    """The first round's, the later rounds' mean and the median step's seconds of a smoke ``collapipe run``
+    with every role on ``device`` (see the module docstring)."""
+    out = workdir / f"run-{device}"
+    overrides = [f"federation.local_steps={local_steps}", f"federation.num_rounds={rounds}"]
+    if device == "cuda":
+        overrides.append(f"runtime.actor_num_gpus={gpu_share(2)}")
+    done = subprocess.run(smoke_run_command(out, overrides, device), cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
         tail = (done.stderr or done.stdout).strip().splitlines()[-15:]
         log = out / "r" / "flwr.log"  # Flower's own log says why its side stopped
