@@ -360,7 +360,7 @@ def gpu_rows() -> list[Row]:
             False,
         ),
         Row(
-            "GPU: federated round after the first, 2 CUs, 20 local steps, vs CPU",
+            "GPU: federated round from the third on, 2 CUs, 20 local steps, vs CPU",
             lambda f: f.get("round_gpu_speedup"),
             "x",
             5.0,
