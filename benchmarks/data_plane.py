@@ -7,7 +7,10 @@ Prints ``name: value`` lines:
 - data_plane_fp16_ms_median: the same with float16 on the wire (scaled, see fl/dataplane/wire.py).
 - data_plane_int8_ms_median: the same with int8 and per-channel scales on the wire (dataplane.compression).
 - data_plane_shm_ms_median: the fp32 exchange through the same-host shortcut (dataplane.shared_memory: auto,
-  fl/dataplane/shm.py): the frames through /dev/shm, only a pointer frame over gRPC.
+  fl/dataplane/shm.py): the frames through /dev/shm, only a pointer frame over gRPC;
+  data_plane_socket_shm_ms_median: the same with the pointer frame over ``dataplane.transport: socket``;
+  data_plane_shm_best_ms_median / _head_ms / _channel_ms / _transport: the faster of the two in this run
+  (run_all's shared-memory rows); data_plane_int8_best_*: the same for the int8 exchange.
 - data_plane_socket[_fp16|_int8]_ms_median: the same exchanges over ``dataplane.transport: socket`` (one TCP
   connection per CU, length-prefixed frames, fl/dataplane/socket_*.py) instead of gRPC streams.
 - data_plane_inline_best_ms_median / _head_ms / _channel_ms / _transport: the fastest inline fp32 transport of
@@ -200,24 +203,31 @@ def main() -> None:
         ("int8", "off", "grpc", "data_plane_int8"),
         ("int8", "off", "socket", "data_plane_socket_int8"),
         ("none", "auto", "grpc", "data_plane_shm"),
+        ("none", "auto", "socket", "data_plane_socket_shm"),
     )
-    inline: dict[str, tuple[float, float]] = {}  # transport -> (median ms, head ms) of the fp32 inline exchange
+    # transport -> (median ms, head ms): the fp32 inline exchange, the same through shared memory, int8 inline
+    inline: dict[str, tuple[float, float]] = {}
+    shared_mem: dict[str, tuple[float, float]] = {}
+    int8: dict[str, tuple[float, float]] = {}
     for compression, shared, transport, prefix in modes:
         med, p90, nbytes, cpu_ms, head_ms = bench_data_plane(args.steps, compression, shared, transport)
         median = med if prefix == "data_plane" else median
-        if compression == "none" and shared == "off":
-            inline[transport] = (med, head_ms)
+        if compression == "none":
+            (inline if shared == "off" else shared_mem)[transport] = (med, head_ms)
+        elif compression == "int8":
+            int8[transport] = (med, head_ms)
         print(f"{prefix}_ms_median: {med:.3f}")
         print(f"{prefix}_ms_p90: {p90:.3f}")
         print(f"{prefix}_head_ms: {head_ms:.3f}")
         print(f"{prefix}_channel_ms: {med - head_ms:.3f}")
         print(f"{prefix}_cpu_ms_per_step: {cpu_ms:.3f}")
         print(f"{prefix}_bytes_per_step: {nbytes}")
-    best = min(inline, key=lambda name: inline[name][0])
-    print(f"data_plane_inline_best_ms_median: {inline[best][0]:.3f}")
-    print(f"data_plane_inline_best_head_ms: {inline[best][1]:.3f}")
-    print(f"data_plane_inline_best_channel_ms: {inline[best][0] - inline[best][1]:.3f}")
-    print(f"data_plane_inline_best_transport: {best}")
+    for kind, found in (("inline", inline), ("shm", shared_mem), ("int8", int8)):
+        best = min(found, key=lambda name: found[name][0])
+        print(f"data_plane_{kind}_best_ms_median: {found[best][0]:.3f}")
+        print(f"data_plane_{kind}_best_head_ms: {found[best][1]:.3f}")
+        print(f"data_plane_{kind}_best_channel_ms: {found[best][0] - found[best][1]:.3f}")
+        print(f"data_plane_{kind}_best_transport: {best}")
     print(f"data_plane_socket_over_grpc: {inline['socket'][0] / inline['grpc'][0]:.3f}")
     print(f"data_plane_steps: {args.steps}")
     if not args.skip_flower:

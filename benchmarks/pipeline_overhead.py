@@ -18,6 +18,10 @@ tokens, token-classification head, Adam. Prints one ``name: value`` per line:
   backward / update / total, and each device's own compute ``device<k>_compute``) and where its core time goes
   (``fair_S{S}_m{m}_cpu_<group>_s``: median CPU seconds per step of the CU's process, the step's device actors,
   the other pipelines' idle actors and the rest of Ray, :class:`CpuMeter`);
+- ``device_speedup_S2_m4_quota`` (:func:`quota_figures`, with the fair figures, where cgroup CPU quotas work):
+  the same speed-up with every device an emulated one of ``--device-cores`` cores (default 0.7) under the testbed's
+  CPU quota, so the CU and Ray keep a share of their own as on a CU's own box (``quota_step_s_S{S}_m{m}``, and
+  the cores each device's cgroup granted, read back);
 - ``mem_ratio_S{S}``: max over devices of (params + Adam state + peak saved activations) / the same
   count for the plain model (embedding + encoder + head, whole batch), both measured with
   ``SavedTensorMeter`` / ``memory_report``; ``mem_ratio_encoder_S{S}`` compares with the plain
@@ -58,6 +62,8 @@ from collapipe_flwr.pipeline.head import LocalHead  # noqa: E402
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes  # noqa: E402
 from collapipe_flwr.pipeline.optim import OptimizerSpec  # noqa: E402
 from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime, RuntimeSpec  # noqa: E402
+from collapipe_flwr.system.profile import DeviceEmulation  # noqa: E402
+from collapipe_flwr.testbed import cpu_quota_available  # noqa: E402
 
 VOCAB, HIDDEN, HEADS, FFN, LAYERS, LABELS = 21128, 256, 4, 1024, 6, 7
 DELTAS = {1: (6,), 2: (3, 3), 3: (2, 2, 2)}
@@ -296,6 +302,50 @@ def fair_figures(batch, warmup: int, steps: int, pin: str, handoff: str = "auto"
     }
 
 
+def quota_figures(batch, warmup: int, steps: int, device_cores: float, pin: str, handoff: str) -> dict[str, float]:
+    """The device speed-up with every device an emulated one of ``device_cores`` cores (the testbed's cgroup CPU
+    quota, ``set_testbed``), so that S = 2 devices leave the CU and Ray a share of their own, as a CU's own box
+    would: S = 2, m = 4 over S = 1, m = 1, each device actor pinned to its own core under the same quota, the two
+    pipelines' steps alternating. ``fair_figures``' one-core figure cannot give the CU that share on a 2-core host
+    (its profile: the devices' 0.97 core-seconds, the CU's 0.08 and Ray's 0.055 share the two cores). Raises
+    TestbedError (one line) where cgroup quotas cannot be used."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    spec = RuntimeSpec(backend="ray", precision="fp32", pin_threads=pin, handoff=handoff)
+    one, two = make_model(), make_model()
+    head_one, head_two = LocalHead(one.head, SPEC), LocalHead(two.head, SPEC)
+    times: dict[str, list[float]] = {"S1_m1": [], "S2_m4": []}
+    granted: dict[str, float] = {}
+    with contextlib.ExitStack() as stack:
+        pipes = {}
+        for key, S in (("S1_m1", 1), ("S2_m4", 2)):
+            model = one if S == 1 else two
+            pipe = stack.enter_context(
+                ClusterPipeline(
+                    model.embedding, model.blocks, DELTAS[S], SPEC, runtime=ClusterRuntime(spec, actor_threads=1)
+                )
+            )
+            stack.callback(pipe.clear_testbed)  # the cgroups go before the actors do
+            emulation = DeviceEmulation((device_cores,) * S, (0.0,) * S, (0.0,) * S)
+            cores = pipe.set_testbed(emulation, f"collapipe-bench-{key}-")
+            granted.update({f"quota_{key}_device{k}_cores": c for k, c in cores.items()})
+            pipes[key] = pipe
+        for i in range(warmup + steps):
+            for key, head, m in (("S1_m1", head_one, 1), ("S2_m4", head_two, 4)):
+                seconds = pipes[key].train_step(batch, m, head).timings.total
+                if i >= warmup:
+                    times[key].append(seconds)
+    torch.set_num_threads(previous)
+    median = {key: statistics.median(values) for key, values in times.items()}
+    return {
+        **granted,
+        "quota_device_cores": device_cores,
+        "quota_step_s_S1_m1": median["S1_m1"],
+        "quota_step_s_S2_m4": median["S2_m4"],
+        "device_speedup_S2_m4_quota": median["S2_m4"] / median["S1_m1"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)
@@ -315,6 +365,13 @@ def main() -> None:
         choices=["auto", "shm", "object_store"],
         default="auto",
         help="runtime.handoff (default auto, as conf/): how tensors move between the CU and its device actors",
+    )
+    parser.add_argument(
+        "--device-cores",
+        type=float,
+        default=0.7,
+        help="cores each device gets in the quota figure (cgroup CPU quota; 0: skip it); with S = 2 on this 2-core "
+        "host, 0.7 leaves the CU and Ray 0.6 of a core",
     )
     parser.add_argument("--no-fair", dest="fair", action="store_false", help="skip the two fair figures")
     parser.add_argument("--fair-only", action="store_true", help="only the two fair figures")
@@ -339,6 +396,13 @@ def main() -> None:
         fair_pin = "true" if args.pin == "false" else args.pin  # one core per device actor
         for name, value in fair_figures(batch, args.warmup, args.steps, fair_pin, args.handoff).items():
             print(f"{name}: {value:.4f}")
+        reason = cpu_quota_available() if args.device_cores > 0 else "--device-cores 0"
+        if reason is None:
+            figures = quota_figures(batch, args.warmup, args.steps, args.device_cores, fair_pin, args.handoff)
+            for name, value in figures.items():
+                print(f"{name}: {value:.4f}")
+        else:
+            print(f"quota figure skipped ({reason})")
         if args.fair_only:
             print(f"load_avg_1min_end: {os.getloadavg()[0]:.2f}")
             ray.shutdown()

@@ -30,6 +30,9 @@ def test_rows_say_met_missed_and_not_measured():
     assert overhead[1:4] == ["1.05 x", "<= 1.1 x", "yes"]
     speedup = rows["pipeline speed-up: S = 2, m = 4, one core per device, vs S = 1, m = 1 on one core"].cells(figures)
     assert speedup[1:4] == ["0.8 x", "<= 0.75 x", "no"]
+    quota_row = "pipeline speed-up: S = 2, m = 4, devices of 0.7 core each (cgroup CPU quota), vs one such device"
+    assert rows[quota_row].cells(figures)[1:4] == ["not measured", "<= 0.75 x", "-"]  # no cgroups: no verdict
+    assert rows[quota_row].cells(figures | {"device_speedup_S2_m4_quota": 0.7})[1:4] == ["0.7 x", "<= 0.75 x", "yes"]
     dp = rows["data plane fp32 inline, one 64 x 32 x 256 exchange, best shipped transport"].cells(figures)
     assert dp[1:4] == ["2.5 ms", "<= 3 ms", "yes"]
     figures |= {"data_plane_ms_median": 7.5, "data_plane_socket_ms_median": 2.5}
@@ -38,7 +41,8 @@ def test_rows_say_met_missed_and_not_measured():
     sock = rows["data plane fp32 inline exchange, dataplane.transport=socket"].cells(figures)
     assert sock[1:4] == ["2.5 ms", "-", "-"]
     figures |= {"data_plane_inline_best_channel_ms": 2.0, "data_plane_inline_best_head_ms": 0.5}
-    figures |= {"data_plane_shm_ms_median": 2.2, "data_plane_shm_channel_ms": 1.5}
+    figures |= {"data_plane_shm_best_ms_median": 2.2, "data_plane_shm_best_channel_ms": 1.5}
+    figures |= {"data_plane_shm_ms_median": 2.4, "data_plane_socket_shm_ms_median": 2.2}
     channel = rows[
         "data plane fp32 inline less the host's head step (the channel alone), best shipped transport"
     ].cells(figures)
@@ -47,9 +51,13 @@ def test_rows_say_met_missed_and_not_measured():
         "data plane, the host's head step within the fp32 inline exchange (trivial head, best transport)"
     ].cells(figures)
     assert head[1:4] == ["0.5 ms", "-", "-"]  # reported apart, no target of its own
-    shm = rows["data plane, the fp32 exchange through shared memory (CU on the server's host)"].cells(figures)
-    assert shm[1:4] == ["2.2 ms", "<= 2 ms", "no"]
-    shm_channel = rows["data plane shared-memory exchange less the host's head step (the channel alone)"].cells(figures)
+    shm = rows["data plane, the fp32 exchange through shared memory (CU on the server's host), best transport"]
+    assert shm.cells(figures)[1:4] == ["2.2 ms", "<= 2 ms", "no"]
+    shm_grpc = rows["data plane shared-memory exchange, pointer frames over grpc"].cells(figures)
+    assert shm_grpc[1:4] == ["2.4 ms", "-", "-"]  # each transport shown, the target is the best one's
+    shm_channel = rows[
+        "data plane shared-memory exchange less the host's head step (the channel alone), best transport"
+    ].cells(figures)
     assert shm_channel[1:4] == ["1.5 ms", "<= 2 ms", "yes"]
     share = rows["data plane fp32 inline exchange (best transport) / plain BERT-small step (32 x 64)"].cells(figures)
     assert share[1] == "0.025" and share[3] == "yes"  # 2.5 ms of a 100 ms step
