@@ -45,6 +45,12 @@ from collapipe_flwr.system.profile import (
 )
 
 
+def _block_modules(block: nn.Module | None) -> list[str]:
+    """The modules that define ``block``'s classes (its own and its submodules'): what a device process imports
+    when it unpickles its first segment of such blocks (``Stage.warm_up`` does it ahead)."""
+    return sorted({type(m).__module__ for m in block.modules()}) if block is not None else []
+
+
 class ClusterPipeline:
     """A pipeline over device stages (see module docstring); signature as in docs/contracts.md.
 
@@ -99,7 +105,7 @@ class ClusterPipeline:
         if not self._adopt(self.delta):
             self._place(self.delta, blocks=blocks)
         if rt.prestart_devices and self.devices:
-            self._stages.start_idle(range(len(self.devices)))
+            self._stages.start_idle(range(len(self.devices)), _block_modules(self._template))
 
     # -- partition --------------------------------------------------------------------------------
     @property

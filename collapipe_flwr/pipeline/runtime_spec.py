@@ -33,7 +33,8 @@ class RuntimeSpec:
     form needs no quoting in a Hydra override); "" leaves placement to Ray's scheduler (one machine, a
     simulation);
     prestart_devices: start every device actor of a cluster with its first round (idle ones hold no
-    blocks), so a later plan that adds a device pays no process start-up inside its round;
+    blocks, and import the blocks' code in the background: ~130 MiB a process at BERT size), so a later plan
+    that adds a device pays no process start-up or import inside its round;
     device: where each device stage computes, ``cpu`` | ``cuda`` | ``auto`` (cuda where the stage's process
     sees a GPU), resolved inside the stage's process (collapipe_flwr/accelerator.py);
     server_device: the same for the server's decoder / head and evaluation ("" = ``device``);

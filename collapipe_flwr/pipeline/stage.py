@@ -18,7 +18,9 @@ leave as CPU tensors (aggregation, checkpoints, moving blocks between devices).
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 import time
 from collections.abc import Sequence
 
@@ -273,3 +275,20 @@ class Stage:
 
     def ping(self) -> int:
         return self.device_index
+
+    def warm_up(self, modules: Sequence[str]) -> list[str]:
+        """Import ``modules`` (the code of the encoder's blocks) now, while this device is idle: a segment is
+        pickled, so the first one this process receives would otherwise import its classes (at BERT size,
+        transformers' ``modeling_bert``: about 3 s) inside the round whose plan first uses this device. Returns
+        the modules that could not be imported; the segment's own load then raises the real error."""
+        failed = []
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001  # a warm-up only; load_segment reports what is wrong
+                failed.append(name)
+        return failed
+
+    def missing_modules(self, modules: Sequence[str]) -> list[str]:
+        """Those of ``modules`` this process has not imported (what a :meth:`warm_up` has still to do)."""
+        return [name for name in modules if name not in sys.modules]

@@ -28,8 +28,9 @@ class Stages(Protocol):
     def place(self, specs: Sequence[StageSpec], free_others: bool = True) -> None:
         """Make stage s = device specs[s].k, loading each spec's segment (when not None) into it."""
 
-    def start_idle(self, devices: Sequence[int]) -> None:
-        """Have ``devices`` ready (holding no blocks) before a plan uses them."""
+    def start_idle(self, devices: Sequence[int], warm_modules: Sequence[str] = ()) -> None:
+        """Have ``devices`` ready (holding no blocks) before a plan uses them, each importing ``warm_modules``
+        (the blocks' code) in the background."""
 
     def layout(self) -> dict[int, tuple[int, int]]:
         """{device k: (first block, last block + 1)} of every live device."""

@@ -53,8 +53,9 @@ class LocalStages:
             if free_others and specs and k not in self.device_indices and len(stage.segment):
                 stage.load_segment(nn.ModuleList(), None, 1.0, 0)
 
-    def start_idle(self, devices: Sequence[int]) -> None:
-        """Nothing to start: a device object here costs no process start-up when a plan first uses it."""
+    def start_idle(self, devices: Sequence[int], warm_modules: Sequence[str] = ()) -> None:
+        """Nothing to start: a device object here costs no process start-up when a plan first uses it (and the
+        blocks' code is imported in this process already)."""
 
     def layout(self) -> dict[int, tuple[int, int]]:
         """{device k: (first block, last block + 1)} of every live device."""

@@ -39,6 +39,7 @@ class DeviceActor(Protocol):
     pin: RemoteMethod
     node_id: RemoteMethod
     set_handoff: RemoteMethod
+    warm_up: RemoteMethod
     _actor_id: Any
 
 

@@ -209,14 +209,19 @@ class RayStages:
             refs.append((self.device_indices[s], actor.pin.remote(cores, threads, node)))
         return {k: self._get_device(ref, k) for k, ref in refs}
 
-    def start_idle(self, devices: Sequence[int]) -> None:
+    def start_idle(self, devices: Sequence[int], warm_modules: Sequence[str] = ()) -> None:
         """Start the actors of ``devices`` that are not alive yet, holding no blocks, so a later plan that
-        uses them pays no process start-up in its round."""
+        uses them pays no process start-up in its round; each then imports ``warm_modules`` (``Stage.warm_up``)
+        without this CU waiting for it. Ray runs an actor's calls in order, so a segment sent later waits for
+        the import at most, and a fresh device's first segment costs what a later move does."""
         idle = [(k, torch.nn.ModuleList(), None, 1.0, 0) for k in devices if k not in self.devices]
         if idle:
             keep = (list(self.device_indices), list(self.actors))
             self.place(idle, free_others=False, pin=False)
             self.device_indices, self.actors = keep
+            if warm_modules:
+                for k, *_ in idle:
+                    self.devices[k].warm_up.remote(list(warm_modules))  # not awaited: a background import
 
     def layout(self) -> dict[int, tuple[int, int]]:
         """{device k: (first block, last block + 1)} of every live device."""
