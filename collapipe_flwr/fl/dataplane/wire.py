@@ -124,7 +124,7 @@ def to_wire_int8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     flat = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
     amax = flat.abs().amax(dim=0) if flat.shape[0] else torch.zeros(flat.shape[1])
     scales = torch.where(amax > 0, amax / INT8_LEVELS, torch.ones_like(amax))
-    q = torch.round(x / scales).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
+    q = torch.div(x, scales).round_().clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)  # one float temporary
     return q, scales
 
 
@@ -137,7 +137,7 @@ def from_wire_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         )
     if not bool(torch.isfinite(scales).all()) or not bool((scales > 0).all()):
         raise DataPlaneError("int8 scales must be finite and positive; the sender's frame is corrupt")
-    return torch.mul(q, scales.to(torch.float32))  # int8 x float32 promotes to float32 in one pass
+    return q.to(torch.float32).mul_(scales.to(torch.float32))  # the same values as int8 x float32 promotion
 
 
 class Frame:
