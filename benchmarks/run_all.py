@@ -88,6 +88,7 @@ def run_benchmark(script: str, args: list[str], timeout_s: float) -> tuple[Figur
 
 
 PIPE_S, PIPE_M = (1, 2, 3), (1, 2, 4, 8)
+DEVICE_CORES = 0.7  # each device's CPU quota in the quota speed-up row (pipeline_overhead.py --device-cores)
 
 
 def _figure(name: str) -> Callable[[Figures], float]:
@@ -116,7 +117,8 @@ def pipeline_rows(pipe_args: str) -> list[Row]:
             command,
         ),
         Row(
-            "pipeline speed-up: S = 2, m = 4, devices of 0.7 core each (cgroup CPU quota), vs one such device",
+            f"pipeline speed-up: S = 2, m = 4, devices of {DEVICE_CORES:g} core each (cgroup CPU quota), vs one such "
+            "device",
             _figure("device_speedup_S2_m4_quota"),
             "x",
             0.75,
@@ -439,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer steps and rounds: a check of the table, not figures")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds each benchmark may take")
     args = ap.parse_args(argv)
-    pipe = "--S 1 2 3 --m 1 2 4 8" + (" --steps 2 --warmup 1" if args.quick else "")
+    pipe = f"--S 1 2 3 --m 1 2 4 8 --device-cores {DEVICE_CORES:g}" + (" --steps 2 --warmup 1" if args.quick else "")
     mem = "--S 2 3 --m 8"
     dp = "--skip-flower --steps " + ("20" if args.quick else "200")
     dssra = "--sizes 100,10,50 1000,10,200 --drifts gamma --rounds " + ("1" if args.quick else "2")
