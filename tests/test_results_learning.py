@@ -104,3 +104,51 @@ def test_the_central_reference_sets_each_methods_mean_beside_it(learning):
     assert figures["translation_over_central_collapipe"] == pytest.approx(28.0 / 30.0)
     assert "**bleu 30.0000**" in lines[0] and "collapipe 0.933x" in lines[0]
     assert learning.central_section("translation", None, methods, {}) == []
+
+
+def grid_point(S, m, final, early, method="collapipe_no_ss", seed=0):
+    return {
+        "ok": True,
+        "S": S,
+        "m": m,
+        "metric": "bleu",
+        "final_metric": final,
+        "early_loss": early,
+        "method": method,
+        "seed": seed,
+    }
+
+
+def test_grid_claims_name_the_best_point_and_the_m_gaps_against_the_methods_seed_spread(learning):
+    grid = [
+        grid_point(1, 1, 30.0, 3.0),
+        grid_point(1, 4, 29.0, 3.2),
+        grid_point(2, 2, 29.9, 3.1),
+        grid_point(3, 1, 28.0, 3.4),
+        grid_point(3, 4, 28.05, 3.35),
+    ]
+    # the grid's method at three seeds: BLEU sd = 0.2 (29.8, 30.0, 30.2), early-loss sd = 0.01
+    methods = [
+        grid_point(None, None, b, e, seed=s) for s, (b, e) in enumerate(((29.8, 3.0), (30.0, 3.01), (30.2, 3.02)))
+    ]
+    methods.append(grid_point(None, None, 10.0, 9.0, method="vanilla_fl"))  # another method: not the grid's noise
+    figures = {}
+    lines = learning.grid_claims_section("translation", grid, methods, figures)
+    fig9 = next(line for line in lines if line.startswith("| Fig. 9"))
+    assert "best bleu 30 at (1, 1)" in fig9 and "(2, 2) is not best" in fig9 and "within the seed sd" in fig9
+    assert figures["translation_grid_S2_m2_gap_to_best"] == pytest.approx(-0.1)
+    s1, s3 = (line for line in lines if line.startswith("| Fig. 10"))
+    # S = 1: BLEU +1.0 (> 0.2: larger), loss -0.2 (the paper's sign, > 0.01: larger)
+    assert "bleu: the paper's sign, larger than the seed sd" in s1 and "early loss: the paper's sign, larger" in s1
+    # S = 3: BLEU -0.05 (wrong sign, within), loss +0.05 (wrong sign, larger than 0.01)
+    assert "bleu: not the paper's sign, within the seed sd" in s3
+    assert "early loss: not the paper's sign, larger than the seed sd" in s3
+    assert figures["translation_grid_S3_m1_minus_m4_bleu"] == pytest.approx(-0.05)
+
+
+def test_grid_claims_without_a_seed_spread_say_so_and_without_points_say_nothing(learning):
+    grid = [grid_point(1, 1, 1.0, 2.0), grid_point(1, 4, 0.5, 2.5), grid_point(2, 2, 1.0, 2.1)]
+    lines = learning.grid_claims_section("ner", grid, [grid_point(None, None, 1.0, 2.0)], {})
+    assert any("(2, 2) is best" in line for line in lines)  # a tie with (1, 1) counts as best
+    assert any("no seed spread to judge it against" in line for line in lines)
+    assert learning.grid_claims_section("ner", [], [], {}) == []
