@@ -396,18 +396,18 @@ def grid_claims_section(task: str, grid: list[dict], methods: list[dict], figure
         if small is None or large is None:
             continue
         parts, verdicts = [], []
-        if small["final_metric"] is not None and large["final_metric"] is not None:
-            gap = small["final_metric"] - large["final_metric"]
-            parts.append(f"{metric} m={SMALL_M} minus m={LARGE_M}: {gap:+.3g}")
-            sign = "the paper's sign" if gap > 0 else "not the paper's sign"
-            verdicts.append(f"{metric}: {sign}, {against_noise(gap, sd_metric)}")
-            figures[f"{task}_grid_S{s}_m{SMALL_M}_minus_m{LARGE_M}_{metric}"] = gap
-        if small["early_loss"] is not None and large["early_loss"] is not None:
-            gap = small["early_loss"] - large["early_loss"]
-            parts.append(f"early loss m={SMALL_M} minus m={LARGE_M}: {gap:+.3g}")
-            sign = "the paper's sign" if gap < 0 else "not the paper's sign"
-            verdicts.append(f"early loss: {sign}, {against_noise(gap, sd_loss)}")
-            figures[f"{task}_grid_S{s}_m{SMALL_M}_minus_m{LARGE_M}_early_loss"] = gap
+        # (record key, its name, +1 where higher is better, the seed sd it is judged against)
+        for key, name, better, sd in (
+            ("final_metric", metric, 1, sd_metric),
+            ("early_loss", "early loss", -1, sd_loss),
+        ):
+            if small[key] is None or large[key] is None:
+                continue
+            gap = small[key] - large[key]
+            parts.append(f"{name} m={SMALL_M} minus m={LARGE_M}: {gap:+.3g}")
+            sign = "the paper's sign" if better * gap > 0 else "not the paper's sign"
+            verdicts.append(f"{name}: {sign}, {against_noise(gap, sd)}")
+            figures[f"{task}_grid_S{s}_m{SMALL_M}_minus_m{LARGE_M}_{name.replace(' ', '_')}"] = gap
         if parts:
             lines.append(
                 f"| Fig. 10 | smaller m converges better (NER) | S = {s}: {'; '.join(parts)} | {noise} | "
