@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     workload = generic_workload(
         args.d_model, args.heads, args.d_ff, args.layers, args.seq_len, args.batch_size, args.steps
     )
+    spec = spec.sized_to(workload.encoder_memory_bytes)  # device.memory_share: gamma_k^max of this workload
     results = {p: run(p, args.rounds, spec, workload, scheduler, cfg.seed) for p in policies}
     _write_records(args, policies, results, scheduler.V, workload)
     _plot(args, policies, results, scheduler.V, scheduler.gamma_max)

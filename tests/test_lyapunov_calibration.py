@@ -63,15 +63,17 @@ def test_hand_made_rounds_make_the_queue_grow_and_c10_bind():
 
 
 def test_default_setting_has_positive_queues_in_some_rounds():
-    """The DSSRA policy in the default setting (network small, N = 2, one batch a round) over 60 rounds of random
-    channels: some Y_n > 0 (before the calibration, Gamma never exceeded Gamma^max and Y_n stayed 0)."""
+    """The DSSRA policy in the default setting (network edge sized to the model, N = 3, one batch a round) over 60
+    rounds of random channels: some Y_n > 0 (before the calibration, Gamma never exceeded Gamma^max and Y_n stayed
+    0)."""
     cfg = load_run_config(["scheduler=dssra", "federation.local_steps=1"])
     sizes = cfg.model.sizes
     workload = generic_workload(
         cfg.model.width, sizes["n_heads"], sizes["d_ff"], sizes["enc_layers"], cfg.task.max_len, cfg.task.batch_size, 1
     )
-    policy = make_policy(cfg.scheduler, cfg.network, workload, cfg.seed)
-    sampler = StateSampler(cfg.network, cfg.seed)
+    network = cfg.network.sized_to(workload.encoder_memory_bytes)
+    policy = make_policy(cfg.scheduler, network, workload, cfg.seed)
+    sampler = StateSampler(network, cfg.seed)
     positive = 0
     for t in range(60):
         plan = policy.plan(t, sampler.sample(t))

@@ -52,6 +52,17 @@ def test_round_start_says_who_sits_out_and_why_on_one_line():
     assert lines == ["round 2/3 training CUs [1]; CU 0 sits out: all 1 usable channels went to other CUs [sic]"]
 
 
+def test_round_start_prints_each_selected_cus_segments():
+    console, out = _console()
+    progress = RoundProgress(3, "bleu", console=console, interval_s=0)
+    segments = {1: (2, 8, (2, 1, 0, 0)), 2: (3, 4, [0, 1, 1, 1])}
+    progress.round_started(1, [1, 2], {0: "all 2 usable channels went to other CUs"}, None, segments)
+    assert out.getvalue().splitlines() == [
+        "round 1/3 training CUs [1, 2]: CU 1 S=2 m=8 [2,1,0,0], CU 2 S=3 m=4 [0,1,1,1]; "
+        "CU 0 sits out: all 2 usable channels went to other CUs"
+    ]
+
+
 def test_progress_lines_count_the_steps_of_this_round_per_cu():
     console, out = _console()
     served = {0: 40, 1: 40}  # steps served in earlier rounds: not this round's progress

@@ -72,9 +72,54 @@ def test_network_from_paper_preset():
         spec.devices_of(3)
 
 
+def edge_network() -> dict:
+    return yaml.safe_load((CONF_DIR / "network" / "edge.yaml").read_text())
+
+
+def test_memory_shares_size_every_device_to_the_model_and_leave_the_other_draws_alone():
+    """gamma_k^max = share_k x L gamma_0 (by hand), drawn where memory_bytes would be: f_k, phi_k, p_k unchanged."""
+    net = edge_network()
+    shared = NetworkSpec.from_config(net, 3)
+    assert shared.needs_sizing
+    device = {k: v for k, v in net["device"].items() if k != "memory_share"}
+    absolute = dict(net, device={**device, "memory_bytes": [1e9, 2e9]})
+    plain = NetworkSpec.from_config(absolute, 3)
+    encoder = 115e6  # L gamma_0 of some model, bytes
+    sized = shared.sized_to(encoder)
+    assert not sized.needs_sizing and sized.sized_to(1.0) is sized  # absolute memories: nothing to size
+    lo, hi = net["device"]["memory_share"]
+    for n in range(3):
+        for d_sized, d_plain, share in zip(sized.devices_of(n), plain.devices_of(n), shared.memory_share[n]):
+            assert lo <= share <= hi
+            assert d_sized.memory_bytes == pytest.approx(share * encoder)
+            assert (d_sized.f_hz, d_sized.flops_per_cycle, d_sized.d2d_power_w) == (
+                d_plain.f_hz,
+                d_plain.flops_per_cycle,
+                d_plain.d2d_power_w,
+            )
+    with pytest.raises(ConfigError, match="> 0"):
+        shared.sized_to(0.0)
+
+
+def test_an_unsized_network_is_refused_by_the_planner():
+    from collapipe_flwr.dssra.cluster_model import ClusterModel
+
+    spec = NetworkSpec.from_config(edge_network(), 2)
+    state = StateSampler(spec, 0).sample(0)
+    workload = Workload.paper_preset(num_blocks=3)
+    with pytest.raises(ConfigError, match="sized_to"):
+        ClusterModel.build(spec, state, workload, 0)
+    model = ClusterModel.build(spec.sized_to(workload.encoder_memory_bytes), state, workload, 0)
+    # share x L gamma_0 / gamma_0 blocks, floored: no device of a share < 1 holds all L = 3 blocks
+    expected = [math.floor(s * 3) for s in spec.memory_share[0]]
+    assert model.memory_cap.tolist() == expected and max(expected) < 3
+
+
 @pytest.mark.parametrize(
     "edit, match",
     [
+        (lambda n: n["device"].update(memory_share=[0.4, 0.9]), "exactly one of memory_bytes"),
+        (lambda n: n["device"].pop("memory_bytes"), "exactly one of memory_bytes"),
         (lambda n: n.pop("num_channels"), "network.num_channels"),
         (lambda n: n.update(bogus=1), "network.bogus"),
         (lambda n: n["uplink"].update(fading="nakagami"), "network.uplink.fading"),

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from collapipe_flwr.errors import InfeasiblePlanError
+from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
 from collapipe_flwr.system import channel, pipeline_model
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.profile import ClusterProfile
@@ -93,6 +93,11 @@ class ClusterModel:
 
     @classmethod
     def _from_config(cls, spec: NetworkSpec, state: RoundState, workload: Workload, n: int) -> ClusterModel:
+        if spec.needs_sizing:
+            raise ConfigError(
+                f"network {spec.name!r} gives device memory as shares of the model's; size it first "
+                "(NetworkSpec.sized_to(workload.encoder_memory_bytes))"
+            )
         devices = spec.devices_of(n)
         avail = np.asarray(state.availability[n][: len(devices)], dtype=float)
         f_hz = np.array([d.f_hz for d in devices]) * avail

@@ -100,6 +100,9 @@ class ClusterPipeline:
         self.delta = self._check_delta(delta)
         self._bounds = segment_bounds(self.delta)
         self.moved_blocks = False  # whether the last partition change moved blocks between devices
+        # C7 as the round's planner computed it (blocks device k may hold, fl/cu/planned_memory.py); None = the
+        # CU's own per-block estimate (pipeline/memory.py) in check_memory
+        self.planned_caps: tuple[int, ...] | None = None
         num_devices = len(self.devices) if self.devices else len(self.delta)
         self._stages: Stages = open_stages(runtime, optimizer, num_devices=num_devices, segments=len(self._bounds))
         if not self._adopt(self.delta):
@@ -258,6 +261,10 @@ class ClusterPipeline:
         """Constraint C7 with activations: delta_k blocks at the samples stage k holds at once must fit
         gamma_k^max (the whole batch under GPipe, min(b, b_hat min(m, S - k)) under 1F1B)."""
         if not self.devices:
+            return
+        if self.planned_caps is not None:
+            note = "the planner's C7 caps (gamma_k^max / gamma_0 of the workload it planned with)"
+            validate_partition(self.delta, self.num_blocks, self.planned_caps, memory_note=note)
             return
         mem, name = [d.memory_bytes for d in self.devices], self.optimizer_spec.name
         per_block = module_block_memory_bytes(self._block(), batch_size_b, seq_len, name)

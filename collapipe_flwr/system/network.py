@@ -10,6 +10,7 @@ Units: Hz, W, J, bytes, dB for gains, dBm/Hz for the noise PSD. See docs/system_
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
         "f_hz",
         "flops_per_cycle",
         "memory_bytes",
+        "memory_share",
         "d2d_power_w",
         "d2d_power_max_w",
         "energy_max_j",
@@ -86,11 +88,37 @@ class NetworkSpec:
     cu_memory_bytes: float = 3e9
     d2d_latency_s: float = 0.0
     per_microbatch_s: float = 0.0
+    # memory_share[n][k]: gamma_k^max as a share of the whole encoder's C7 memory (``device.memory_share``);
+    # () = the device memories are absolute (``device.memory_bytes``). A spec with shares is sized to the model
+    # by :meth:`sized_to` before anything plans with it.
+    memory_share: tuple[tuple[float, ...], ...] = ()
     # the conf/network mapping this spec was drawn from (to_raw): the same mapping draws the same network
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def to_raw(self) -> dict[str, Any]:
         return dict(self.source)
+
+    @property
+    def needs_sizing(self) -> bool:
+        """Whether gamma_k^max is still a share of the model's memory (:meth:`sized_to` not applied yet)."""
+        return bool(self.memory_share)
+
+    def sized_to(self, encoder_memory_bytes: float) -> NetworkSpec:
+        """This network with every gamma_k^max = memory_share_k x ``encoder_memory_bytes`` (C7's memory of the
+        whole encoder, L gamma_0, for the model actually trained: ``Workload.encoder_memory_bytes``), so a share
+        below 1 is a device that cannot hold the encoder alone. A spec with absolute memories is returned as is."""
+        if not self.memory_share:
+            return self
+        if not encoder_memory_bytes > 0 or not np.isfinite(encoder_memory_bytes):
+            raise ConfigError(f"cannot size the network to an encoder of {encoder_memory_bytes!r} bytes; need > 0")
+        devices = tuple(
+            tuple(
+                dataclasses.replace(d, memory_bytes=float(share * encoder_memory_bytes))
+                for d, share in zip(cluster, shares)
+            )
+            for cluster, shares in zip(self.devices, self.memory_share)
+        )
+        return dataclasses.replace(self, devices=devices, memory_share=())
 
     @property
     def num_clusters(self) -> int:
@@ -129,7 +157,7 @@ class NetworkSpec:
 
         bandwidth = _draw(rng, network, "channel_bandwidth_hz", "network.channel_bandwidth_hz", J, positive=True)
         mean_gain_db = _draw(rng, up, "mean_gain_db", "network.uplink.mean_gain_db", num_clusters)
-        devices, p_k_max = _draw_devices(rng, dev, num_clusters, K)
+        devices, p_k_max, memory_share = _draw_devices(rng, dev, num_clusters, K)
         availability, interference = _checked_ranges(dev, up)
         return cls(
             name=str(network.get("name", "custom")),
@@ -159,6 +187,7 @@ class NetworkSpec:
                 if "per_microbatch_s" in dev
                 else 0.0
             ),
+            memory_share=memory_share,
             source=copy.deepcopy(dict(network)),
         )
 
@@ -181,11 +210,17 @@ def _check_layout(network: Mapping[str, Any], num_clusters: int) -> None:
 
 def _draw_devices(
     rng: np.random.Generator, dev: Mapping, num_clusters: int, K: int
-) -> tuple[tuple[tuple[DeviceProfile, ...], ...], float]:
-    """devices[n][k] (f_k, phi_k, gamma_k^max, p_k drawn in that order) and P_k^max, with p_k <= P_k^max."""
+) -> tuple[tuple[tuple[DeviceProfile, ...], ...], float, tuple[tuple[float, ...], ...]]:
+    """devices[n][k] (f_k, phi_k, gamma_k^max, p_k drawn in that order), P_k^max with p_k <= P_k^max, and the
+    memory shares when gamma_k^max is given as ``memory_share`` (drawn in gamma_k^max's place, so the other draws
+    are the same as with a memory_bytes range; the profiles then hold the share until :meth:`NetworkSpec.sized_to`)."""
     f_hz = _draw(rng, dev, "f_hz", "network.device.f_hz", num_clusters * K, positive=True)
     phi = _draw(rng, dev, "flops_per_cycle", "network.device.flops_per_cycle", num_clusters * K, positive=True)
-    memory = _draw(rng, dev, "memory_bytes", "network.device.memory_bytes", num_clusters * K, positive=True)
+    by_share = _memory_by_share(dev)
+    if by_share:
+        memory = _draw(rng, dev, "memory_share", "network.device.memory_share", num_clusters * K, positive=True)
+    else:
+        memory = _draw(rng, dev, "memory_bytes", "network.device.memory_bytes", num_clusters * K, positive=True)
     p_k = _draw(rng, dev, "d2d_power_w", "network.device.d2d_power_w", num_clusters * K, positive=True)
     p_k_max = _number(dev, "d2d_power_max_w", "network.device.d2d_power_max_w", positive=True)
     if p_k.max() > p_k_max:
@@ -193,14 +228,25 @@ def _draw_devices(
             f"network.device.d2d_power_w reaches {p_k.max():.4g} W above d2d_power_max_w={p_k_max:.4g} W "
             "(P_k^max); lower it"
         )
+    clusters = [range(n * K, (n + 1) * K) for n in range(num_clusters)]
     devices = tuple(
-        tuple(
-            DeviceProfile(float(f_hz[i]), float(phi[i]), float(memory[i]), float(p_k[i]))
-            for i in range(n * K, (n + 1) * K)
-        )
-        for n in range(num_clusters)
+        tuple(DeviceProfile(float(f_hz[i]), float(phi[i]), float(memory[i]), float(p_k[i])) for i in ids)
+        for ids in clusters
     )
-    return devices, p_k_max
+    shares = tuple(tuple(float(memory[i]) for i in ids) for ids in clusters) if by_share else ()
+    return devices, p_k_max, shares
+
+
+def _memory_by_share(dev: Mapping) -> bool:
+    """Whether gamma_k^max comes as ``memory_share`` (of the model's encoder memory) or ``memory_bytes``: exactly
+    one of the two."""
+    has_bytes, has_share = "memory_bytes" in dev, "memory_share" in dev
+    if has_bytes == has_share:
+        raise ConfigError(
+            "network.device needs exactly one of memory_bytes (gamma_k^max in bytes) and memory_share (gamma_k^max as "
+            f"a share of the model's encoder memory); it has {'both' if has_bytes else 'neither'}"
+        )
+    return has_share
 
 
 def _checked_ranges(dev: Mapping, up: Mapping) -> tuple[tuple[float, float], tuple[float, float]]:

@@ -108,6 +108,12 @@ class Workload:
         """What of theta^enc a CU uploads: the trainable bytes of all L blocks (all of theta^enc without LoRA)."""
         return float(sum(self.trainable_bytes)) if self.trainable_bytes else self.encoder_bytes
 
+    @property
+    def encoder_memory_bytes(self) -> float:
+        """L gamma_0: C7's memory for training the whole encoder on one device at the whole batch b (GPipe's bound).
+        A network preset's ``device.memory_share`` is a share of this (``NetworkSpec.sized_to``)."""
+        return float(self.num_blocks * self.block_memory_bytes())
+
     def block_static_bytes(self) -> float:
         """The part of gamma_0 that does not depend on the batch, for one TEB: its weights, plus gradients and
         optimizer slots of the parameters that train (all of them without LoRA: weights x (2 + slots))."""

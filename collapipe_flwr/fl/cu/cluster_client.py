@@ -39,6 +39,7 @@ from collapipe_flwr.fl.cu.cu_checkpoint import remove_cu_state
 from collapipe_flwr.fl.cu.device_loss import replan_after
 from collapipe_flwr.fl.cu.emulation import ThrottledHead, upload
 from collapipe_flwr.fl.cu.local_steps import train_local_steps
+from collapipe_flwr.fl.cu.planned_memory import planned_caps
 from collapipe_flwr.fl.cu.round_metrics import DeviceReport, RoundClock, device_report, step_metrics
 from collapipe_flwr.fl.cu.round_testbed import RoundTestbed, prepare_testbed, testbed_metrics
 from collapipe_flwr.fl.cu.step_log import StepLog
@@ -215,10 +216,19 @@ def _open_round(
 def _prepare(run: CuRound, state) -> dict[str, int]:
     """Load the weights and take delta; a device lost since the last round: re-plan before the first step."""
     try:
-        return run.session.prepare(run.instructions.round, run.parts, run.instructions.plan.delta, run.devices, state)
+        plan = run.instructions.plan
+        prepared = run.session.prepare(run.instructions.round, run.parts, plan.delta, run.devices, state)
     except DeviceFailure as failure:
         run.m = replan_after(failure, run.session, run.parts, run.instructions, run.lost, run.cluster)
-        return {"pipeline-reused": 1, "blocks-moved": 1, "optimizer-restored": 0}
+        prepared = {"pipeline-reused": 1, "blocks-moved": 1, "optimizer-restored": 0}
+    _take_planned_caps(run)
+    return prepared
+
+
+def _take_planned_caps(run: CuRound) -> None:
+    """C7 for the partition the pipeline now holds, as the planner computed it (fl/cu/planned_memory.py)."""
+    pipeline = run.session.live_pipeline()
+    pipeline.planned_caps = planned_caps(run.instructions, pipeline.delta, run.m)
 
 
 def _round_head(run: CuRound, testbed: RoundTestbed) -> DecoderClient | ThrottledHead | LocalHead:
@@ -251,6 +261,7 @@ def _train_with_replans(run: CuRound, head: DecoderClient | ThrottledHead | Loca
             )
         except DeviceFailure as failure:
             run.m = replan_after(failure, run.session, run.parts, run.instructions, run.lost, run.cluster)
+            _take_planned_caps(run)
 
 
 def _held_parts(session: ClusterSession, cfg: ClusterConfig) -> dict[str, torch.nn.Module]:

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from rich.console import Console
 from rich.markup import escape
 
 StepCounter = Callable[[], Mapping[int, int]]  # {cluster n: data-plane steps served so far in the run}
+
+
+def segment_text(n: int, S: int, m: int, delta: Sequence[int]) -> str:
+    """``CU 0 S=2 m=8 [2,1,0,0]``: cluster n's plan for the round: S stages, m micro-batches, delta_k per device."""
+    return f"CU {n} S={int(S)} m={int(m)} [{','.join(str(int(d)) for d in delta)}]"
 
 
 class RoundProgress:
@@ -44,10 +49,14 @@ class RoundProgress:
         selected: list[int],
         left_out: Mapping[int, str] | None = None,
         steps_of: StepCounter | None = None,
+        segments: Mapping[int, tuple[int, int, Sequence[int]]] | None = None,
     ) -> None:
         """Round t begins with the CUs in ``selected``; ``left_out`` says why the others sit out;
-        ``steps_of`` (the decoder's per-CU step counter) drives the in-round progress lines."""
+        ``steps_of`` (the decoder's per-CU step counter) drives the in-round progress lines; ``segments``
+        {n: (S, m, delta)} is each selected CU's plan, printed as ``CU 0 S=2 m=8 [2,1,0,0]``."""
         text = f"[bold]round {t}/{self.num_rounds}[/bold] training CUs {selected}"
+        if segments:
+            text += ": " + ", ".join(segment_text(n, *segments[n]) for n in selected if n in segments)
         if left_out:
             text += "; " + "; ".join(f"CU {n} sits out: {escape(reason)}" for n, reason in sorted(left_out.items()))
         self.console.print(text)

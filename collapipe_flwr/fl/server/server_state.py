@@ -80,7 +80,7 @@ def check_testbed(cfg: RunConfig) -> None:
 
 def build_planner(cfg: RunConfig, workload: Workload) -> RoundPlanner:
     """The round planner: the method's scheduling policy over the sampled channel/device state."""
-    network = cfg.network
+    network = cfg.network.sized_to(workload.encoder_memory_bytes)  # device.memory_share: gamma_k^max of this model
     policy = make_planner(cfg.method, cfg.scheduler, network, workload, cfg.seed)
     return RoundPlanner(network, StateSampler(network, cfg.seed), policy, cfg.scheduler.name, cfg.system, cfg.testbed)
 

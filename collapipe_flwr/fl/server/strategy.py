@@ -192,7 +192,8 @@ class CollaPipeStrategy(Strategy):
             messages.append(Message(train_content(weights, instructions), dst_node_id=node, message_type=TRAIN))
         if self.progress is not None:
             steps_of = self.server.decoder.steps_served if self.server.decoder.host is not None else None
-            self.progress.round_started(t, record.selected, plan.left_out, steps_of)
+            segments = {c.cluster: (c.S, c.m, c.delta) for c in plan.selected}
+            self.progress.round_started(t, record.selected, plan.left_out, steps_of, segments)
         return messages
 
     def aggregate_train(
