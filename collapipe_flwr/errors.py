@@ -34,11 +34,14 @@ class DataPlaneError(CollaPipeError):
 
 
 class DeviceFailure(CollaPipeError):
-    """A device actor died or timed out during a step; ``device`` is its index k in the cluster when known."""
+    """A device actor died or timed out during a step; ``device`` is its index k in the cluster when known;
+    ``reason`` is ``"memory"`` when the kernel killed it for going over its memory limit (C7 on the testbed),
+    else ``""``."""
 
-    def __init__(self, message: str, device: int | None = None) -> None:
+    def __init__(self, message: str, device: int | None = None, reason: str = "") -> None:
         super().__init__(message)
         self.device = device
+        self.reason = reason
 
 
 class UnsupportedModelError(CollaPipeError):

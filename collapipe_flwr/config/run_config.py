@@ -89,13 +89,16 @@ class RunConfig:
 
     def cluster_config(self) -> ClusterConfig:
         """The part of this config a CU uses: what the server sends in its hello and train messages."""
+        runtime = self.runtime
+        if self.testbed.enabled and self.testbed.memory_limit:  # C7 on the testbed: each device in a memory cgroup
+            runtime = dataclasses.replace(runtime, memory_cgroup=True)
         return ClusterConfig(
             seed=self.seed,
             data_dir=self.data_dir,
             task=self.task,
             model=self.model,
             federation=self.federation,
-            runtime=self.runtime,
+            runtime=runtime,
             dataplane=self.dataplane,
             head_on_server=self.method.head_on_server,
             privacy=self.privacy,
@@ -231,6 +234,11 @@ def _check_testbed(cfg: RunConfig) -> None:
         raise ConfigError(
             f"testbed.cpu_quota needs one process per device (runtime.backend=ray), not runtime.backend="
             f"{cfg.runtime.backend}; set runtime.backend=ray or testbed.cpu_quota=false (links throttled only)"
+        )
+    if (tb.enabled and tb.memory_limit or cfg.runtime.memory_cgroup) and cfg.runtime.backend != "ray":
+        raise ConfigError(
+            "testbed.memory_limit and runtime.memory_cgroup need one process per device (runtime.backend=ray), not "
+            f"runtime.backend={cfg.runtime.backend}; set runtime.backend=ray or testbed.memory_limit=false"
         )
 
 

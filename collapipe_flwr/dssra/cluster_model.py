@@ -69,9 +69,11 @@ class ClusterModel:
     per_microbatch_s: np.ndarray | float = 0.0
     # the CU's own seconds per local step outside the devices (measured profiles only; not in eq. 26)
     cu_step_s: float = 0.0
-    # C7 under 1F1B (pipeline.schedule): gamma_k^max per device and gamma_0's two parts (weights + gradients +
-    # optimizer slots; saved activation bytes per sample), so the cap can follow m; GPipe uses memory_cap alone
+    # C7 under 1F1B (pipeline.schedule): gamma_k^max - gamma_rt per device (what the blocks may use) and gamma_0's
+    # two parts (weights + gradients + optimizer slots; saved activation bytes per sample), so the cap can follow m;
+    # GPipe uses memory_cap alone
     memory_bytes: np.ndarray | float = 0.0
+    runtime_bytes: float = 0.0  # gamma_rt, the runtime's own working memory on every device (NetworkSpec)
     block_static_bytes: float = 0.0
     saved_bytes_per_sample: float = 0.0
     schedule: str = "gpipe"
@@ -106,7 +108,8 @@ class ClusterModel:
         gain = np.asarray(state.d2d_gain[n][: len(devices)], dtype=float)
         rate = channel.shannon_rate(spec.d2d_bandwidth_hz, p_k, gain, spec.d2d_interference_w, spec.noise_psd_w_hz)
         gamma0 = workload.block_memory_bytes()
-        mem = np.array([math.floor(d.memory_bytes / gamma0) for d in devices], dtype=int)
+        free = [max(0.0, d.memory_bytes - spec.device_runtime_bytes) for d in devices]  # gamma_k^max - gamma_rt
+        mem = np.array([math.floor(f / gamma0) for f in free], dtype=int)
         return cls(
             cluster=n,
             num_blocks=workload.num_blocks,
@@ -124,9 +127,10 @@ class ClusterModel:
             kappa=spec.effective_capacitance,
             d2d_latency_s=spec.d2d_latency_s,
             per_microbatch_s=spec.per_microbatch_s,
-            memory_bytes=np.array([d.memory_bytes for d in devices], dtype=float),
+            memory_bytes=np.array(free, dtype=float),
+            runtime_bytes=spec.device_runtime_bytes,
             block_static_bytes=workload.block_static_bytes(),
-            saved_bytes_per_sample=float(max(workload.saved_bytes)),
+            saved_bytes_per_sample=workload.saved_bytes_per_sample,
             schedule=workload.schedule,
         )
 
@@ -147,8 +151,9 @@ class ClusterModel:
             if dev is not None:
                 fps[k] = self.flops_per_sample_block / dev.seconds_per_sample_block
                 c0[k] = dev.microbatch_s
-                mem[k] = min(math.floor(dev.memory_bytes / gamma0), self.num_blocks)
-                gamma_max[k] = dev.memory_bytes
+                free = max(0.0, dev.memory_bytes - self.runtime_bytes)
+                mem[k] = min(math.floor(free / gamma0), self.num_blocks)
+                gamma_max[k] = free
             if link is not None:
                 rate[k] = 8.0 * link.bytes_per_s
                 latency[k] = link.latency_s

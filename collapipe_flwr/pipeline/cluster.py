@@ -225,10 +225,11 @@ class ClusterPipeline:
         return sorted(self._stages.layout())
 
     def set_testbed(self, emulation: DeviceEmulation, cgroup_prefix: str) -> dict[int, float]:
-        """Put every live device under the testbed's CPU quota and link throttle of ``emulation`` (one entry per
-        device k); returns {k: cores its cgroup grants, read back}. A device the OS cannot throttle raises
-        TestbedError (never a silent unthrottled run)."""
+        """Put every live device under the testbed's CPU quota, link throttle and memory limit gamma_k^max of
+        ``emulation`` (one entry per device k); returns {k: cores its cgroup grants, read back}. A device the OS
+        cannot throttle or limit raises TestbedError (never a silent unthrottled or unlimited run)."""
         self._on_testbed = True
+        memory = emulation.memory_bytes or (0.0,) * len(emulation.cpu_cores)
         return {
             k: float(
                 self._stages.call_device(
@@ -238,6 +239,7 @@ class ClusterPipeline:
                     emulation.d2d_bytes_per_s[k],
                     emulation.d2d_latency_s[k],
                     f"{cgroup_prefix}d{k}",
+                    memory[k],
                 )
             )
             for k in self.live_devices()

@@ -49,7 +49,11 @@ class RuntimeSpec:
     split; the server's head too, per step (off: each process draws from its own generator);
     handoff: how activations and gradients move between the CU and its device actors (``executors/shm_handoff.py``):
     ``shm`` (through files in /dev/shm; every actor on the CU's host) | ``object_store`` (Ray's object store, any
-    host) | ``auto`` (``shm`` where every actor runs on the CU's host, else ``object_store``)."""
+    host) | ``auto`` (``shm`` where every actor runs on the CU's host, else ``object_store``);
+    memory_cgroup: each device actor joins its own memory cgroup as it starts, idle (cgroup v1, root:
+    ``testbed/memory_limit.py``), so the kernel counts what it allocates for its segment and the round reports
+    that peak; the testbed's ``memory_limit`` sets gamma_k^max on it (the server turns this on with it). Without it
+    a device reports its peak RSS above its RSS at start."""
 
     backend: str = "ray"
     ray_address: str = ""
@@ -67,6 +71,7 @@ class RuntimeSpec:
     pin_threads: str = "false"
     seeded_dropout: bool = False
     handoff: str = "auto"
+    memory_cgroup: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pin_threads", str(self.pin_threads).lower())  # YAML reads true/false as bools

@@ -28,11 +28,13 @@ import torch
 from torch import nn
 
 from collapipe_flwr.accelerator import resolve_device, to_host
+from collapipe_flwr.errors import TestbedError
 from collapipe_flwr.pipeline import profiling
 from collapipe_flwr.pipeline.device_process import DeviceProcess, this_process
 from collapipe_flwr.pipeline.dropout_seed import seed_block
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
+from collapipe_flwr.pipeline.process_memory import ProcessMemory
 from collapipe_flwr.precision import autocast, resolve_precision
 from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.testbed.cpu_quota import CpuQuota
@@ -65,6 +67,7 @@ class Stage:
         precision: str = "fp32",
         device: str = "cpu",
         host_io: bool = False,
+        process_memory: ProcessMemory | None = None,
     ) -> None:
         self.device_index = device_index
         self.optimizer_spec = optimizer
@@ -80,6 +83,8 @@ class Stage:
         self._trace: list[tuple[str, int, float, float]] = []
         self.link: TokenBucket | None = None  # the testbed's D2D throttle on what this stage hands on
         self.cpu_quota: CpuQuota | None = None  # the testbed's CPU share of this process
+        # this process's memory figures and the testbed's limit (a device actor's own process; None in the CU's)
+        self.process_memory = process_memory
 
     def load_segment(self, segment: nn.ModuleList, optimizer_state: dict | None, slowdown: float, offset: int) -> int:
         """Hold ``segment`` (blocks ``offset .. offset + len - 1`` of the encoder) from now on: used when the
@@ -160,10 +165,20 @@ class Stage:
         return tensor
 
     # -- the testbed and measurement (system/profile.py) ---------------------------------------------
-    def set_testbed(self, cores: float, bytes_per_s: float, latency_s: float, cgroup_name: str) -> float:
-        """Emulate this device: its process under a CPU quota of ``cores`` (0 = none) and its outgoing link
-        throttled to ``bytes_per_s`` with ``latency_s`` per transfer (0 = unthrottled). Returns the cores the
-        cgroup now grants (read back), 0 without a quota."""
+    def set_testbed(
+        self, cores: float, bytes_per_s: float, latency_s: float, cgroup_name: str, memory_bytes: float = 0.0
+    ) -> float:
+        """Emulate this device: its process under a CPU quota of ``cores`` (0 = none), its outgoing link
+        throttled to ``bytes_per_s`` with ``latency_s`` per transfer (0 = unthrottled) and, with ``memory_bytes``
+        > 0, its memory cgroup limited to gamma_k^max (C7; the process joined it at start,
+        ``pipeline/process_memory.py``). Returns the cores the cgroup now grants (read back), 0 without a quota."""
+        if memory_bytes > 0:
+            if self.process_memory is None or self.process_memory.cgroup is None:
+                raise TestbedError(
+                    f"device {self.device_index} was started without a memory cgroup, so gamma_k^max cannot be "
+                    "enforced; start its actor with runtime.memory_cgroup=true (testbed.memory_limit sets it)"
+                )
+            self.process_memory.set_limit(memory_bytes)
         if cores <= 0 and self.cpu_quota is not None:
             self.cpu_quota.remove()
             self.cpu_quota = None
@@ -175,7 +190,9 @@ class Stage:
         return self.cpu_quota.read_back() if self.cpu_quota is not None else 0.0
 
     def clear_testbed(self) -> None:
-        """Back to the host's full CPU and an unthrottled link (the cgroup removed)."""
+        """Back to the host's full CPU and an unthrottled link (the cgroup removed), memory unlimited."""
+        if self.process_memory is not None and self.process_memory.cgroup is not None:
+            self.process_memory.set_limit(None)
         if self.cpu_quota is not None:
             self.cpu_quota.remove()
             self.cpu_quota = None
@@ -224,6 +241,8 @@ class Stage:
         if self.device.type == "cuda":  # the kernels queued so far are this call's compute time
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
+        if self.process_memory is not None:
+            self.process_memory.sample()  # a stage's memory peaks around its forwards and backwards
         if self.slowdown > 1.0:
             time.sleep((self.slowdown - 1.0) * elapsed)
         end = time.perf_counter()
@@ -262,8 +281,13 @@ class Stage:
                 }
 
     def memory_report(self) -> dict:
+        """Bytes this device holds: parameters, optimizer state and peak saved activations (counted on the
+        tensors: ``peak_bytes``), and in a device process of its own what the OS measured this round
+        (``pipeline/process_memory.py``: ``measured_peak_bytes``, ``rss_peak_bytes``, ``cgroup_peak_bytes``,
+        ``limit_bytes``), whose peaks then restart for the next round."""
         params = param_bytes(self.segment)
         optim = optimizer_state_bytes(self.optimizer)
+        measured = self.process_memory.peaks(reset=True) if self.process_memory is not None else {}
         return {
             "device": self.device_index,
             "blocks": len(self.segment),
@@ -271,6 +295,7 @@ class Stage:
             "optimizer_bytes": optim,
             "peak_activation_bytes": self.peak_activation_bytes,
             "peak_bytes": params + optim + self.peak_activation_bytes,
+            **measured,
         }
 
     def ping(self) -> int:

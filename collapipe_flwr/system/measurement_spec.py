@@ -52,7 +52,9 @@ class TestbedSpec:
     cpu_quota / d2d / uplink: which of the three the testbed imposes; d2d_rate_scale: multiplies the modelled
     r_k^dd before throttling (1 = the system model's rate); cpu_cores: explicit cores per device k (the same for
     every cluster) instead of the configured speeds, for a testbed whose devices differ from what the network
-    preset says (the value of measuring: ``system.profile: config`` then plans from wrong numbers)."""
+    preset says (the value of measuring: ``system.profile: config`` then plans from wrong numbers);
+    memory_limit: each device process under a memory cgroup limit of its gamma_k^max (C7 made real,
+    ``testbed/memory_limit.py``): a device over it is killed by the kernel and reported as a memory failure."""
 
     __test__ = False  # not a pytest test class despite its name
 
@@ -63,6 +65,7 @@ class TestbedSpec:
     uplink: bool = True
     d2d_rate_scale: float = 1.0
     cpu_cores: tuple[float, ...] = ()
+    memory_limit: bool = True
 
     def __post_init__(self) -> None:
         cores = self.cpu_cores

@@ -31,6 +31,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
         "flops_per_cycle",
         "memory_bytes",
         "memory_share",
+        "runtime_bytes",
         "d2d_power_w",
         "d2d_power_max_w",
         "energy_max_j",
@@ -92,6 +93,10 @@ class NetworkSpec:
     # () = the device memories are absolute (``device.memory_bytes``). A spec with shares is sized to the model
     # by :meth:`sized_to` before anything plans with it.
     memory_share: tuple[tuple[float, ...], ...] = ()
+    # gamma_rt: memory a device's runtime uses while it trains besides C7's tensors (the framework's working memory:
+    # allocator caches, autograd, kernel scratch, hand-off buffers); not in the paper, measured (docs/system_model.md)
+    # C7 reads gamma_rt + delta_k gamma_0 <= gamma_k^max; a memory_share preset sizes gamma_k^max on top of it.
+    device_runtime_bytes: float = 0.0
     # the conf/network mapping this spec was drawn from (to_raw): the same mapping draws the same network
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -104,8 +109,8 @@ class NetworkSpec:
         return bool(self.memory_share)
 
     def sized_to(self, encoder_memory_bytes: float) -> NetworkSpec:
-        """This network with every gamma_k^max = memory_share_k x ``encoder_memory_bytes`` (C7's memory of the
-        whole encoder, L gamma_0, for the model actually trained: ``Workload.encoder_memory_bytes``), so a share
+        """This network with every gamma_k^max = gamma_rt + memory_share_k x ``encoder_memory_bytes`` (C7's memory of
+        the whole encoder, L gamma_0, for the model actually trained: ``Workload.encoder_memory_bytes``), so a share
         below 1 is a device that cannot hold the encoder alone. A spec with absolute memories is returned as is."""
         if not self.memory_share:
             return self
@@ -113,7 +118,7 @@ class NetworkSpec:
             raise ConfigError(f"cannot size the network to an encoder of {encoder_memory_bytes!r} bytes; need > 0")
         devices = tuple(
             tuple(
-                dataclasses.replace(d, memory_bytes=float(share * encoder_memory_bytes))
+                dataclasses.replace(d, memory_bytes=float(self.device_runtime_bytes + share * encoder_memory_bytes))
                 for d, share in zip(cluster, shares)
             )
             for cluster, shares in zip(self.devices, self.memory_share)
@@ -188,6 +193,11 @@ class NetworkSpec:
                 else 0.0
             ),
             memory_share=memory_share,
+            device_runtime_bytes=(
+                _number(dev, "runtime_bytes", "network.device.runtime_bytes", nonneg=True)
+                if "runtime_bytes" in dev
+                else 0.0
+            ),
             source=copy.deepcopy(dict(network)),
         )
 

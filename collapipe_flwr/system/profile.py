@@ -123,12 +123,14 @@ class ClusterProfile:
 class DeviceEmulation:
     """What the testbed imposes on cluster n's devices in round t (one entry per device k): a CPU quota in cores
     (0 = none), the outgoing link's rate (bytes/s, 0 = unthrottled) and per-transfer latency, and the CU's
-    uplink rate (bytes/s) for the Shannon rate of the channel and power DSSRA chose (0 = unthrottled)."""
+    uplink rate (bytes/s) for the Shannon rate of the channel and power DSSRA chose (0 = unthrottled), and each
+    device's memory limit gamma_k^max in bytes (C7, ``testbed.memory_limit``; () = no limits)."""
 
     cpu_cores: tuple[float, ...]
     d2d_bytes_per_s: tuple[float, ...]
     d2d_latency_s: tuple[float, ...]
     uplink_bytes_per_s: float = 0.0
+    memory_bytes: tuple[float, ...] = ()
 
     def to_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
@@ -141,6 +143,7 @@ class DeviceEmulation:
                 tuple(float(x) for x in data["d2d_bytes_per_s"]),
                 tuple(float(x) for x in data["d2d_latency_s"]),
                 float(data.get("uplink_bytes_per_s", 0.0)),
+                tuple(float(x) for x in data.get("memory_bytes", ())),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ProfileError(

@@ -13,6 +13,7 @@ own sdpa formulas (forward 4 B h T_q T_k d; backward as flash attention, with th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ class Workload:
     still occupy param_bytes of memory.
     schedule: the stage order (``pipeline.schedule``: gpipe | 1f1b), which sets C7's activation term
     (:meth:`block_memory_bytes`).
+    memory_scale: multiplies gamma_0 (both its static and activation terms): 1 = as counted on the blocks; the
+    planner's correction from the devices' measured peaks (``system.profile: measured``, fl/server/memory_model.py).
     """
 
     forward_flops: tuple[float, ...]
@@ -61,8 +64,11 @@ class Workload:
     head_bytes: float = 0.0
     trainable_bytes: tuple[float, ...] = ()
     schedule: str = "gpipe"
+    memory_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        if not (self.memory_scale > 0 and self.memory_scale < float("inf")):
+            raise ConfigError(f"workload memory_scale={self.memory_scale!r} must be a finite number > 0")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"workload schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}")
         L = len(self.forward_flops)
@@ -110,16 +116,27 @@ class Workload:
 
     @property
     def encoder_memory_bytes(self) -> float:
-        """L gamma_0: C7's memory for training the whole encoder on one device at the whole batch b (GPipe's bound).
-        A network preset's ``device.memory_share`` is a share of this (``NetworkSpec.sized_to``)."""
-        return float(self.num_blocks * self.block_memory_bytes())
+        """L gamma_0: C7's memory for training the whole encoder on one device at the whole batch b (GPipe's bound),
+        as counted on the blocks (memory_scale 1). A network preset's ``device.memory_share`` is a share of this
+        (``NetworkSpec.sized_to``)."""
+        return float(self.num_blocks * self.block_memory_bytes()) / self.memory_scale
+
+    @property
+    def saved_bytes_per_sample(self) -> float:
+        """The activation bytes the heaviest block keeps per sample for the backward (x memory_scale)."""
+        return float(max(self.saved_bytes)) * self.memory_scale
+
+    def with_memory_scale(self, scale: float) -> Workload:
+        """This workload with gamma_0 multiplied by ``scale`` (the measured peaks over the model's figure)."""
+        return dataclasses.replace(self, memory_scale=float(scale))
 
     def block_static_bytes(self) -> float:
         """The part of gamma_0 that does not depend on the batch, for one TEB: its weights, plus gradients and
         optimizer slots of the parameters that train (all of them without LoRA: weights x (2 + slots))."""
         if not self.trainable_bytes:
-            return float(max(self.param_bytes) * (2 + self.optimizer_slots))
-        return float(max(self.param_bytes) + max(self.trainable_bytes) * (1 + self.optimizer_slots))
+            return float(max(self.param_bytes) * (2 + self.optimizer_slots)) * self.memory_scale
+        trainable = max(self.trainable_bytes) * (1 + self.optimizer_slots)
+        return float(max(self.param_bytes) + trainable) * self.memory_scale
 
     def block_memory_bytes(self, m: int | None = None, S: int = 1, k: int = 0) -> float:
         """gamma_0 (C7): memory to train one TEB on stage k of S with m micro-batches: weights + gradients +
@@ -128,7 +145,7 @@ class Workload:
         backward), min(b, ceil(b/m) min(m, S - k)) under 1F1B. ``m=None``: the whole batch (GPipe's figure,
         whatever the schedule: the bound that holds for every m)."""
         samples = self.batch_size if m is None else held_samples(self.schedule, self.batch_size, m, S, k)
-        return self.block_static_bytes() + float(max(self.saved_bytes) * samples)
+        return self.block_static_bytes() + self.saved_bytes_per_sample * samples
 
     def stage_memory_bytes(self, delta_k: int, m: int, S: int, k: int) -> float:
         """C7's left side delta_k gamma_0 for stage k of S holding delta_k TEBs, m micro-batches."""

@@ -5,12 +5,12 @@ Two kernel interfaces hold a CPU quota, and :func:`detect` picks the one whose `
 * cgroup v1: a hierarchy mounted with the ``cpu`` controller (``/sys/fs/cgroup/cpu``); a child cgroup's
   ``cpu.cfs_period_us`` and ``cpu.cfs_quota_us`` (``-1`` = unlimited), its members in ``cgroup.procs``;
 * cgroup v2 (unified): ``cpu`` listed in the root's ``cgroup.controllers``; ``+cpu`` written to each
-  ancestor's ``cgroup.subtree_control`` (:func:`enable_cpu`), then the child's ``cpu.max`` holds
+  ancestor's ``cgroup.subtree_control`` (:func:`enable_controller`), then the child's ``cpu.max`` holds
   ``"<quota> <period>"`` (``max`` = unlimited). On a hybrid system the cgroup2 mount exists but the ``cpu``
   controller is bound to v1, so v2 is not usable there and v1 is taken.
 
 Reads ``/proc/self/mountinfo`` and ``/proc/<pid>/cgroup`` (proc(5)); creates nothing except through
-:func:`write_value` and :func:`enable_cpu`, which the caller directs.
+:func:`write_value` and :func:`enable_controller`, which the caller directs.
 """
 
 from __future__ import annotations
@@ -89,29 +89,30 @@ def write_value(path: Path, text: str) -> None:
         os.close(fd)
 
 
-def _v2_reason(mount: Path) -> str | None:
-    """None when the cgroup2 mount's ``cpu`` controller can be used; else why not (one clause)."""
+def _v2_reason(mount: Path, controller: str = "cpu") -> str | None:
+    """None when the cgroup2 mount's ``controller`` can be used; else why not (one clause)."""
     try:
         controllers = read_value(mount / "cgroup.controllers").split()
     except OSError as err:
         return f"cannot read {mount / 'cgroup.controllers'}: {err.strerror}"
-    if "cpu" not in controllers:
+    if controller not in controllers:
         shown = " ".join(controllers) or "none"
-        return f"cgroup2 at {mount} has no cpu controller (cgroup.controllers: {shown}; bound to cgroup v1?)"
+        return f"cgroup2 at {mount} has no {controller} controller (cgroup.controllers: {shown}; bound to cgroup v1?)"
     try:
         enabled = read_value(mount / "cgroup.subtree_control").split()
         procs = read_value(mount / "cgroup.procs").split()
     except OSError as err:
         return f"cannot read the cgroup files in {mount}: {err.strerror}"
-    # The no-internal-process rule: +cpu cannot be enabled below a non-root cgroup that holds processes
+    # The no-internal-process rule: +<controller> cannot be enabled below a non-root cgroup that holds processes
     # (the namespace root in a container); the true root (no cgroup.type file) is exempt.
-    if "cpu" not in enabled and procs and (mount / "cgroup.type").exists():
-        return f"cgroup2 at {mount} holds processes, so +cpu cannot be enabled in its cgroup.subtree_control"
+    if controller not in enabled and procs and (mount / "cgroup.type").exists():
+        return f"cgroup2 at {mount} holds processes, so +{controller} cannot be enabled in its cgroup.subtree_control"
     return None
 
 
-def detect(mountinfo: str | None = None) -> Hierarchy | str:
-    """The hierarchy whose ``cpu`` controller is usable (v2 when usable, else v1), or why there is none.
+def detect(mountinfo: str | None = None, controller: str = "cpu") -> Hierarchy | str:
+    """The hierarchy whose ``controller`` (``cpu``, ``memory``) is usable (v2 when usable, else v1), or why there
+    is none.
 
     ``mountinfo`` defaults to ``/proc/self/mountinfo``'s text. Reads only; creates nothing.
     """
@@ -126,21 +127,25 @@ def detect(mountinfo: str | None = None) -> Hierarchy | str:
     reasons = []
     for mount, root, fstype, _ in mounts:
         if fstype == "cgroup2":
-            reason = _v2_reason(mount)
+            reason = _v2_reason(mount, controller)
             if reason is None:
                 return Hierarchy(2, mount, root)
             reasons.append(reason)
     for mount, root, fstype, opts in mounts:
-        if fstype == "cgroup" and "cpu" in opts:
+        if fstype == "cgroup" and controller in opts:
             return Hierarchy(1, mount, root)
     if not reasons:
-        return "no cgroup cpu controller mounted (no cgroup v1 'cpu' hierarchy nor cgroup2 in /proc/self/mountinfo)"
-    return "no cgroup v1 'cpu' hierarchy mounted and " + "; ".join(reasons)
+        return (
+            f"no cgroup {controller} controller mounted (no cgroup v1 '{controller}' hierarchy nor cgroup2 in "
+            "/proc/self/mountinfo)"
+        )
+    return f"no cgroup v1 '{controller}' hierarchy mounted and " + "; ".join(reasons)
 
 
-def available() -> str | None:
-    """None when CPU quotas can be applied here; else a one-line reason ("not root", "no cpu controller ...")."""
-    found = detect()
+def available(controller: str = "cpu") -> str | None:
+    """None when ``controller``'s cgroups (CPU quotas, memory limits) can be made here; else a one-line reason
+    ("not root", "no cpu controller ...")."""
+    found = detect(controller=controller)
     if isinstance(found, str):
         return found
     if not os.access(found.mount, os.W_OK):
@@ -150,8 +155,9 @@ def available() -> str | None:
     return None
 
 
-def cgroup_path_of(pid: int, hierarchy: Hierarchy) -> str:
-    """``pid``'s cgroup path in ``hierarchy``, from ``/proc/<pid>/cgroup`` (``id:controllers:path`` lines)."""
+def cgroup_path_of(pid: int, hierarchy: Hierarchy, controller: str = "cpu") -> str:
+    """``pid``'s cgroup path in ``hierarchy`` (the one holding ``controller``), from ``/proc/<pid>/cgroup``
+    (``id:controllers:path`` lines)."""
     try:
         lines = Path(f"/proc/{pid}/cgroup").read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
@@ -160,13 +166,14 @@ def cgroup_path_of(pid: int, hierarchy: Hierarchy) -> str:
         ident, controllers, path = line.split(":", 2)
         if hierarchy.version == 2 and ident == "0" and controllers == "":
             return path
-        if hierarchy.version == 1 and "cpu" in controllers.split(","):
+        if hierarchy.version == 1 and controller in controllers.split(","):
             return path
     return hierarchy.root
 
 
-def enable_cpu(directory: Path) -> None:
-    """v2: write ``+cpu`` to ``directory``'s ``cgroup.subtree_control`` unless already enabled there."""
+def enable_controller(directory: Path, controller: str = "cpu") -> None:
+    """v2: write ``+<controller>`` (default ``+cpu``) to ``directory``'s ``cgroup.subtree_control`` unless already
+    enabled there."""
     control = directory / "cgroup.subtree_control"
-    if "cpu" not in read_value(control).split():
-        write_value(control, "+cpu")
+    if controller not in read_value(control).split():
+        write_value(control, f"+{controller}")

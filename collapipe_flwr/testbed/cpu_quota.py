@@ -35,7 +35,7 @@ from collapipe_flwr.testbed.cgroup_hierarchy import (
     available,
     cgroup_path_of,
     detect,
-    enable_cpu,
+    enable_controller,
     read_value,
     write_value,
 )
@@ -150,10 +150,10 @@ class CpuQuota:
         for attempt in range(5):
             try:
                 if hierarchy.version == 2:
-                    enable_cpu(hierarchy.mount)
+                    enable_controller(hierarchy.mount)
                 parent.mkdir(exist_ok=True)
                 if hierarchy.version == 2:
-                    enable_cpu(parent)
+                    enable_controller(parent)
                 path.mkdir()
                 return path
             except FileNotFoundError:
@@ -280,17 +280,28 @@ class CpuQuota:
 
 
 def remove_stale(hierarchy: Hierarchy | None = None) -> list[Path]:
-    """Remove the ``collapipe/*`` cgroups left by runs that died before :meth:`CpuQuota.remove`.
+    """Remove the ``collapipe/*`` cgroups left by runs that died before :meth:`CpuQuota.remove` (and the memory
+    cgroups of device processes the kernel killed, ``memory_limit.py``).
 
     A child is stale when the pid in its name (``<name>-<creator pid>-<hex>``) is no longer running and it
-    holds no process; returns the directories removed (then the parent too when empty). Quotas of live
-    runs are never touched. Does nothing when quotas are not available.
+    holds no process; returns the directories removed (then the parent too when empty). Cgroups of live
+    runs are never touched. Without ``hierarchy``, the cpu and the memory controllers' hierarchies are swept
+    (those usable here).
     """
-    if hierarchy is None:
-        found = detect()
-        if isinstance(found, str) or available() is not None:
-            return []
-        hierarchy = found
+    if hierarchy is not None:
+        return _sweep(hierarchy)
+    removed: list[Path] = []
+    mounts: set[Path] = set()
+    for controller in ("cpu", "memory"):
+        found = detect(controller=controller)
+        if isinstance(found, str) or available(controller) is not None or found.mount in mounts:
+            continue
+        mounts.add(found.mount)
+        removed += _sweep(found)
+    return removed
+
+
+def _sweep(hierarchy: Hierarchy) -> list[Path]:
     parent = hierarchy.mount / PARENT
     removed = []
     for child in sorted(parent.glob("*")) if parent.is_dir() else []:

@@ -145,6 +145,7 @@ class CuRound:
     parts: dict[str, dict[str, torch.Tensor]]
     m: int
     lost: list[int] = field(default_factory=list)
+    lost_reasons: list[str] = field(default_factory=list)  # per lost device: "memory" (killed by the kernel) or ""
 
 
 def train_round(
@@ -220,6 +221,7 @@ def _prepare(run: CuRound, state) -> dict[str, int]:
         prepared = run.session.prepare(run.instructions.round, run.parts, plan.delta, run.devices, state)
     except DeviceFailure as failure:
         run.m = replan_after(failure, run.session, run.parts, run.instructions, run.lost, run.cluster)
+        run.lost_reasons.append(failure.reason)
         prepared = {"pipeline-reused": 1, "blocks-moved": 1, "optimizer-restored": 0}
     _take_planned_caps(run)
     return prepared
@@ -261,6 +263,7 @@ def _train_with_replans(run: CuRound, head: DecoderClient | ThrottledHead | Loca
             )
         except DeviceFailure as failure:
             run.m = replan_after(failure, run.session, run.parts, run.instructions, run.lost, run.cluster)
+            run.lost_reasons.append(failure.reason)
             _take_planned_caps(run)
 
 
@@ -292,6 +295,7 @@ def _device_report(run: CuRound) -> DeviceReport:
     report = device_report(pipeline.memory_report(), pipeline.processes(), len(run.devices))
     if run.lost:
         report.lost, report.final_delta, report.final_m = list(run.lost), list(pipeline.delta), run.m
+        report.lost_reasons = list(run.lost_reasons)
     return report
 
 

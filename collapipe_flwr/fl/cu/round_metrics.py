@@ -43,30 +43,58 @@ class DeviceReport:
     pids: list[int]
     netns: list[int] = field(default_factory=list)
     lost: list[int] = field(default_factory=list)
+    lost_reasons: list[str] = field(default_factory=list)
     final_delta: list[int] = field(default_factory=list)
     final_m: int = 0
+    # what the OS measured per device k this round (pipeline/process_memory.py; 0 for a device left idle or in
+    # the CU's own process): the figure reported (the cgroup's where there is one), both sources, the limit
+    measured_peak_bytes: list[float] = field(default_factory=list)
+    rss_peak_bytes: list[float] = field(default_factory=list)
+    cgroup_peak_bytes: list[float] = field(default_factory=list)
+    limit_bytes: list[float] = field(default_factory=list)
 
     def metrics(self, device_compute: list[float]) -> dict:
         out = {
             "device-peak-bytes": self.peak_bytes,
+            "device-measured-peak-bytes": self.measured_peak_bytes,
+            "device-rss-peak-bytes": self.rss_peak_bytes,
+            "device-cgroup-peak-bytes": self.cgroup_peak_bytes,
+            "device-memory-limit-bytes": self.limit_bytes,
             "device-compute-seconds": device_compute,
             "device-pids": self.pids,
             "device-netns": self.netns,
         }
         if self.lost:
             out.update(
-                {"lost-devices": list(self.lost), "replanned-delta": self.final_delta, "replanned-m": self.final_m}
+                {
+                    "lost-devices": list(self.lost),
+                    "lost-reasons": list(self.lost_reasons),
+                    "replanned-delta": self.final_delta,
+                    "replanned-m": self.final_m,
+                }
             )
         return out
 
 
 def device_report(memory: list[dict], processes: dict[int, DeviceProcess], num_devices: int) -> DeviceReport:
     """The pipeline's memory report and device processes as one entry per device k."""
-    peak = [0.0] * num_devices
+    figures = {
+        key: [0.0] * num_devices
+        for key in ("peak_bytes", "measured_peak_bytes", "rss_peak_bytes", "cgroup_peak_bytes", "limit_bytes")
+    }
     for report in memory:
-        peak[int(report["device"])] = float(report["peak_bytes"])
+        for key, values in figures.items():
+            values[int(report["device"])] = float(report.get(key, 0.0) or 0.0)
     live = sorted(processes)
-    return DeviceReport(peak, [processes[k].pid for k in live], [processes[k].netns for k in live])
+    return DeviceReport(
+        figures["peak_bytes"],
+        [processes[k].pid for k in live],
+        [processes[k].netns for k in live],
+        measured_peak_bytes=figures["measured_peak_bytes"],
+        rss_peak_bytes=figures["rss_peak_bytes"],
+        cgroup_peak_bytes=figures["cgroup_peak_bytes"],
+        limit_bytes=figures["limit_bytes"],
+    )
 
 
 def step_metrics(steps: StepLog, lr_factor_first: float) -> dict:

@@ -34,6 +34,8 @@ class RoundRecord:
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
     # {cluster: {"examples": |D_n|, "labels": examples per label}} (tasks/partition.py; the same every round)
     partitions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # C7's modelled bytes beside each device's measured peak, and the planner's memory term (fl/server/memory_model.py)
+    memory: dict[str, Any] = field(default_factory=dict)
 
     def fail(self, cluster: int, reason: str) -> None:
         self.failures.append({"cluster": cluster, "error": reason})
@@ -53,4 +55,6 @@ class RoundRecord:
             out["profiles"] = dict(self.profiles)
         if self.partitions:
             out["partitions"] = dict(self.partitions)
+        if self.memory:
+            out["memory"] = dict(self.memory)
         return out

@@ -13,11 +13,16 @@ throttled to this round: the configured network, made real (docs/testbed.md).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 from collapipe_flwr.dssra.cluster_model import ClusterModel
 from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
 from collapipe_flwr.dssra.policies import Policy
+from collapipe_flwr.fl.server.memory_model import MemoryCorrection, memory_rows
 from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.system.measurement_spec import SystemSpec, TestbedSpec
 from collapipe_flwr.system.network import NetworkSpec
@@ -46,6 +51,7 @@ class RoundPlanner:
         self.system = system or SystemSpec()
         self.testbed = testbed or TestbedSpec()
         self.profiles = ProfileStore(self.system.refresh_every, self.system.smoothing)
+        self.memory = MemoryCorrection(network.device_runtime_bytes)  # C7's terms fitted on the measured peaks
         self.last_plan: RoundPlan | None = None
 
     def plan(self, t: int) -> RoundPlan:
@@ -60,6 +66,21 @@ class RoundPlanner:
 
     def devices_of(self, cluster: int) -> list[DeviceProfile]:
         return self.network.devices_of(cluster)
+
+    def absorb_memory(self, plan: RoundPlan, workload: Workload, clients: Mapping[int, Mapping[str, Any]]) -> dict:
+        """C7 beside the devices' measured peaks for round t (the record's ``memory`` section) and C7's terms fitted
+        on them (gamma_rt, the slope on gamma_0); the policy plans with the fit under ``system.profile: measured`` and
+        on a testbed that enforces gamma_k^max (``testbed.memory_limit``: a plan over a limit kills a device), else
+        from the model as configured."""
+        rows = memory_rows(plan, workload, clients, self.network.device_runtime_bytes)
+        runtime_bytes, scale = self.memory.update(rows.pop("pairs"))
+        enforced = self.testbed.enabled and self.testbed.memory_limit
+        applied = (self.system.measured or enforced) and self.memory.measured
+        if applied:
+            self.policy.workload = workload.with_memory_scale(scale)
+            self.policy.spec = dataclasses.replace(self.network, device_runtime_bytes=runtime_bytes)
+        fit = {"runtime_bytes": runtime_bytes, "gamma0_scale": scale, "applied": applied}
+        return {**rows, "model": {"runtime_bytes": self.network.device_runtime_bytes}, "fit": fit}
 
     # ------------------------------------------------------------------ measured profiles
     @property
@@ -100,9 +121,11 @@ class RoundPlanner:
         row = last.modelled["clusters"][n] if last is not None else None
         if tb.uplink and last is not None and row is not None and row["uplink_s"] > 0:
             uplink = float(last.modelled["uplink_bits"]) / 8.0 / float(row["uplink_s"])
+        memory = tuple(d.memory_bytes for d in self.network.devices_of(n)) if tb.memory_limit else ()
         return DeviceEmulation(
             tuple(float(x) for x in cores),
             tuple(float(x) for x in rate),
             tuple(float(x) for x in latency),
             uplink,
+            memory,
         )

@@ -35,7 +35,7 @@ from collapipe_flwr.precision import resolve_precision
 from collapipe_flwr.system.state import StateSampler
 from collapipe_flwr.system.workload import Workload, measure_workload
 from collapipe_flwr.tasks.base import Task
-from collapipe_flwr.testbed import cpu_quota_available
+from collapipe_flwr.testbed import cpu_quota_available, memory_available
 
 PROBE_EXAMPLES = 8  # FLOPs and bytes are counted per sample, so a few real examples suffice
 
@@ -70,11 +70,18 @@ def count_workload(model: SplitModel, hidden: torch.Tensor, mask: torch.Tensor, 
 
 
 def check_testbed(cfg: RunConfig) -> None:
-    """The emulated testbed's CPU quotas need cgroups: refuse at start-up, before any CU trains unthrottled."""
+    """The emulated testbed's CPU quotas and memory limits need cgroups: refuse at start-up, before any CU trains
+    unthrottled or unlimited."""
     if cfg.testbed.enabled and cfg.testbed.cpu_quota and (reason := cpu_quota_available()) is not None:
         raise ConfigError(
             f"testbed=emulated needs cgroup CPU quotas on this host: {reason}; "
             "run as root on Linux, or set testbed.cpu_quota=false (links throttled only)"
+        )
+    wants_memory = cfg.testbed.enabled and cfg.testbed.memory_limit or cfg.runtime.memory_cgroup
+    if wants_memory and (reason := memory_available()) is not None:
+        raise ConfigError(
+            f"testbed.memory_limit / runtime.memory_cgroup need memory cgroups on this host: {reason}; "
+            "run as root on Linux, or set testbed.memory_limit=false"
         )
 
 

@@ -260,6 +260,8 @@ class CollaPipeStrategy(Strategy):
         total = sum(n_ex.values())
         record.train_loss = sum(float(m["train-loss"]) * n_ex[c] for c, m in clients.items()) / max(total, 1.0)
         record.clients = {str(c): dict(m) for c, m in clients.items()}
+        if record.plan is not None:
+            record.memory = self.server.planner.absorb_memory(record.plan, self.server.workload, clients)
         agg = MetricRecord({"train-loss": record.train_loss, NUM_EXAMPLES: int(total)})
         return self.server.global_model.array_record(), agg
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from collapipe_flwr.pipeline.executors import shm_handoff
+from collapipe_flwr.pipeline.process_memory import ProcessMemory
 from collapipe_flwr.pipeline.stage import Stage
 from collapipe_flwr.testbed import remove_stale
 
@@ -55,7 +56,10 @@ class StageActor(Stage):
     :meth:`set_handoff`): as tensors through Ray's object store, or parked in shared memory
     (``shm_handoff``) with only their handles crossing Ray."""
 
-    def __init__(self, threads: int, *args, **kwargs) -> None:
+    def __init__(self, threads: int, *args, memory_cgroup: str = "", **kwargs) -> None:
+        # first, idle: the memory figures count from here, and with ``memory_cgroup`` (its name) this process joins
+        # its own memory cgroup before it holds a block (pipeline/process_memory.py)
+        kwargs["process_memory"] = ProcessMemory.start(memory_cgroup)
         self._all_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         torch.set_num_threads(max(1, int(threads)))
         self._handoff = "object_store"
@@ -67,6 +71,11 @@ class StageActor(Stage):
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+    def memory_cgroup_path(self) -> str:
+        """This process's memory cgroup ("" = none): the CU reads its OOM-kill count if this process dies."""
+        group = self.process_memory.cgroup if self.process_memory is not None else None
+        return str(group.path) if group is not None else ""
 
     def set_handoff(self, mode: str) -> str:
         """Send this actor's outputs as ``mode`` (``shm`` | ``object_store``) from now on."""
@@ -81,6 +90,8 @@ class StageActor(Stage):
         hand-over folder in /dev/shm."""
         self.clear_testbed()
         self._parking.remove()
+        if self.process_memory is not None:
+            self.process_memory.remove()
 
     def begin_step(self, step_seed: int | None = None) -> int:
         self._parking.clear()  # tensors a failed step parked and nobody read

@@ -27,6 +27,8 @@ from collapipe_flwr.pipeline.executors.ray_actor import (
 )
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime
+from collapipe_flwr.testbed.memory_limit import oom_kills_at
+from collapipe_flwr.testbed.memory_limit import remove_path as remove_memory_cgroup
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -66,6 +68,7 @@ class RayStages:
         core_sets([], 1, rt.pin_threads)  # a bad mode fails here, before any actor starts
         self.num_gpus = float(rt.actor_num_gpus) if rt.device != "cpu" else 0.0
         self.devices: dict[int, DeviceActor] = {}
+        self.memory_paths: dict[int, str] = {}  # device k -> its memory cgroup (runtime.memory_cgroup), for OOM kills
         self._submitted: list[tuple[Any, int]] = []  # (ObjectRef, stage)
         self.handoff = "object_store"  # until place() has seen where the actors run (runtime.handoff)
         self._told: dict[int, tuple[str, str]] = {}  # device k -> (its node, the hand-over it was told)
@@ -86,7 +89,8 @@ class RayStages:
                     actor = self._ray.get_actor(actor_name(self.runtime.actor_prefix, k), namespace=NAMESPACE)
                     self.devices[k] = cast(DeviceActor, actor)
                 except ValueError:
-                    pass
+                    continue
+                self._learn_memory_paths([k])
 
     def place(self, specs: Sequence[StageSpec], free_others: bool = True, pin: bool = True) -> None:
         """Make stage s = device specs[s].k: start the actors not yet alive, load a spec's segment (if not
@@ -107,9 +111,31 @@ class RayStages:
         self.device_indices = [spec[0] for spec in specs]
         self.actors = [self.devices[k] for k in self.device_indices]
         self._wait_started([(k, self.devices[k].ping.remote()) for k in started] + loads)
+        self._learn_memory_paths(started)
         self._set_handoff()
         if pin and self.actors and self.runtime.spec.pin_threads != "false":
             self.pin_stages()
+
+    def _learn_memory_paths(self, devices: Sequence[int]) -> None:
+        """Where the memory cgroups of ``devices`` are (``runtime.memory_cgroup``), read while they live, so the
+        kernel's OOM-kill count can be read once one dies (:meth:`_death_cause`)."""
+        if not self.runtime.spec.memory_cgroup or not devices:
+            return
+        paths = self._get_all([(k, cast(Any, self.devices[k]).memory_cgroup_path.remote()) for k in devices])
+        self.memory_paths.update({k: str(p) for k, p in zip(devices, paths) if p})
+
+    def _death_cause(self, k: int) -> tuple[str, str]:
+        """(why device k's process died, its reason code): ``memory`` when its memory cgroup counts an OOM kill
+        (the kernel killed it over gamma_k^max); the cgroup it left behind is then removed."""
+        path = self.memory_paths.pop(k, "")
+        if not path or oom_kills_at(path) == 0:
+            return "", ""
+        remove_memory_cgroup(path)
+        return (
+            "the kernel killed it for memory: it needed more than its cgroup limit gamma_k^max (C7); "
+            "the planner's memory model is corrected from the measured peaks",
+            "memory",
+        )
 
     def _set_handoff(self) -> None:
         """Choose how tensors move between this CU and its actors (``runtime.handoff``, ``shm_handoff.choose``)
@@ -164,6 +190,7 @@ class RayStages:
                 precision=self.runtime.spec.precision,
                 device=self.runtime.spec.device,
                 host_io=True,
+                memory_cgroup=f"dev{k}" if self.runtime.spec.memory_cgroup else "",
             )
         )
 
@@ -235,7 +262,10 @@ class RayStages:
     def _get_device(self, ref, k: int):
         try:
             return self._ray.get(ref, timeout=self.timeout_s)
-        except (self._ray.exceptions.GetTimeoutError, self._ray.exceptions.RayActorError):
+        except (self._ray.exceptions.GetTimeoutError, self._ray.exceptions.RayActorError) as err:
+            cause, reason = self._death_cause(k) if isinstance(err, self._ray.exceptions.RayActorError) else ("", "")
+            if cause:
+                raise DeviceFailure(f"{self.where}device {k} died: {cause}", device=k, reason=reason) from None
             raise DeviceFailure(
                 f"{self.where}device {k} gave no answer (its Ray actor is gone or stuck); re-plan the cluster without "
                 "it",
@@ -314,6 +344,9 @@ class RayStages:
     def _died(self, err, stage: int) -> DeviceFailure:
         """The failure of the device whose actor died during the step (named by ``_dead_device``)."""
         dead = self._dead_device(err, stage)
+        cause, reason = self._death_cause(dead)
+        if cause:
+            return DeviceFailure(f"{self.where}device {dead} died during the step: {cause}", device=dead, reason=reason)
         return DeviceFailure(
             f"{self.where}device {dead} died during the step (its Ray actor is gone); re-plan the cluster without it",
             device=dead,

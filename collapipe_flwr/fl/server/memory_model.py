@@ -1,0 +1,109 @@
+"""C7 beside what the devices measured, each round, and the planner's memory term corrected from it.
+
+For every selected CU and every device k its (re-)plan used, the round record's ``memory`` section puts side by
+side C7's modelled bytes gamma_rt + delta_k gamma_0 (``Workload.stage_memory_bytes`` at the round's S, m and the
+stage's position, gamma_0 as counted on the blocks, gamma_rt the network's runtime term) and the peak the device
+measured (``pipeline/process_memory.py``: its memory cgroup's peak, else its resident set's), with the testbed's
+limit gamma_k^max where one was set. The median of |measured - modelled| / measured is the round's model error.
+
+:class:`MemoryCorrection` fits measured = gamma_rt' + s x delta_k gamma_0 by least squares over every device-round
+so far (the last ``KEEP`` of them): the planner's memory term after correction, a runtime term gamma_rt' and a
+slope s on gamma_0. With ``system.profile: measured``, and on a testbed that enforces gamma_k^max, the policy plans
+with them (C7's caps then follow what the devices really use); otherwise (the paper's way) it plans from the model
+and the record shows the fit.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from collapipe_flwr.dssra.plan import RoundPlan
+from collapipe_flwr.system.workload import Workload
+
+
+def _stage_bytes(workload: Workload, delta: list[int], m: int) -> list[float]:
+    """delta_k gamma_0(m, S, position of k among the used devices) for every device k (0 where idle)."""
+    S = sum(1 for d in delta if d > 0)
+    out, position = [], 0
+    for d in delta:
+        if d > 0:
+            out.append(workload.stage_memory_bytes(int(d), int(m), S, position))
+            position += 1
+        else:
+            out.append(0.0)
+    return out
+
+
+def memory_rows(
+    plan: RoundPlan, workload: Workload, clients: Mapping[int, Mapping[str, Any]], runtime_bytes: float = 0.0
+) -> dict[str, Any]:
+    """The round's ``memory`` section: per CU that replied, its final delta and m (after any re-plan), C7's bytes
+    per device (``runtime_bytes`` = gamma_rt added on every used device), the measured peaks and limits, the
+    devices lost for memory; the median relative error of the model, and the (delta_k gamma_0, measured) pairs."""
+    base = workload.with_memory_scale(1.0)
+    rows: dict[str, Any] = {}
+    errors: list[float] = []
+    pairs: list[tuple[float, float]] = []
+    for cplan in plan.selected:
+        metrics = clients.get(cplan.cluster)
+        if metrics is None:
+            continue
+        delta = [int(d) for d in (metrics.get("replanned-delta") or cplan.delta)]
+        m = int(metrics.get("replanned-m") or cplan.m)
+        tensors = _stage_bytes(base, delta, m)
+        modelled = [runtime_bytes + x if x > 0 else 0.0 for x in tensors]
+        measured = [float(x) for x in (metrics.get("device-measured-peak-bytes") or [0.0] * len(delta))]
+        limits = [float(x) for x in (metrics.get("device-memory-limit-bytes") or [0.0] * len(delta))]
+        lost = metrics.get("lost-devices") or []
+        reasons = metrics.get("lost-reasons") or [""] * len(lost)
+        rows[str(cplan.cluster)] = {
+            "delta": delta,
+            "m": m,
+            "modelled_bytes": modelled,
+            "measured_bytes": measured,
+            "limit_bytes": limits,
+            "lost_for_memory": [int(k) for k, why in zip(lost, reasons) if why == "memory"],
+        }
+        errors += [abs(meas - mod) / meas for mod, meas in zip(modelled, measured) if mod > 0 and meas > 0]
+        pairs += [(x, meas) for x, meas in zip(tensors, measured) if x > 0 and meas > 0]
+    return {
+        "clusters": rows,
+        "relative_error_median": statistics.median(errors) if errors else None,
+        "pairs": pairs,
+    }
+
+
+KEEP = 400  # device-rounds the fit remembers
+
+
+@dataclass
+class MemoryCorrection:
+    """The planner's memory term: measured = runtime_bytes + scale x delta_k gamma_0, fitted on the device-rounds
+    so far (until there are any: the network's gamma_rt and scale 1)."""
+
+    runtime_bytes: float = 0.0
+    scale: float = 1.0
+    measured: bool = False
+    pairs: list[tuple[float, float]] = field(default_factory=list)
+
+    def update(self, pairs: list[tuple[float, float]]) -> tuple[float, float]:
+        """Add a round's (delta_k gamma_0, measured peak) pairs and refit; returns (runtime_bytes, scale). One
+        distinct block count cannot separate the two: then the slope stays 1 and the runtime term is the median
+        of measured - modelled. A negative intercept or slope is noise: refit through the origin / slope 1."""
+        self.pairs = (self.pairs + [(float(x), float(y)) for x, y in pairs])[-KEEP:]
+        if not self.pairs:
+            return self.runtime_bytes, self.scale
+        x = np.array([p[0] for p in self.pairs])
+        y = np.array([p[1] for p in self.pairs])
+        slope, intercept = np.polyfit(x, y, 1) if np.unique(x).size >= 2 else (1.0, float(np.median(y - x)))
+        if not slope > 0:
+            slope, intercept = 1.0, float(np.median(y - x))
+        if intercept < 0:
+            slope, intercept = float(np.dot(x, y) / np.dot(x, x)), 0.0
+        self.runtime_bytes, self.scale, self.measured = float(intercept), float(slope), True
+        return self.runtime_bytes, self.scale

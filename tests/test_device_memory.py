@@ -1,0 +1,143 @@
+"""C7 made real: device actors in memory cgroups (testbed/memory_limit.py, pipeline/process_memory.py).
+
+Against the kernel's own figures, read here from the cgroup's files: a device over its limit gamma_k^max is killed
+by the kernel and named as a memory failure, the pipeline goes on re-planned without it; the peak a device reports
+from its resident set (what a run without cgroups reports) is within 15% of the cgroup's own peak."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from collapipe_flwr.errors import DeviceFailure
+from collapipe_flwr.models.bert import build_bert
+from collapipe_flwr.pipeline.cluster import ClusterPipeline
+from collapipe_flwr.pipeline.head import LocalHead
+from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.system.devices import DeviceProfile
+from collapipe_flwr.system.profile import DeviceEmulation
+from collapipe_flwr.testbed import memory_available
+from tests.runtimes import runtime
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.skipif(memory_available() is not None, reason=f"no memory cgroups: {memory_available()}")
+
+ADAM = OptimizerSpec(name="adam", lr=1e-3)
+DEVICES = [DeviceProfile(f_hz=1e9, flops_per_cycle=4, memory_bytes=1e12, d2d_power_w=0.1)] * 3
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    started = not ray.is_initialized()
+    if started:
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as pipeline.executors.ensure_ray does
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def bert():
+    torch.manual_seed(0)
+    return build_bert(
+        vocab_size=100, hidden=64, n_heads=2, d_ff=256, layers=3, dropout=0.0, max_len=64, head="token", num_labels=3
+    )
+
+
+def batch(B=32, T=48):
+    g = torch.Generator().manual_seed(0)
+    return {
+        "input_ids": torch.randint(1, 100, (B, T), generator=g),
+        "attention_mask": torch.ones(B, T, dtype=torch.long),
+        "labels": torch.randint(0, 3, (B, T), generator=g),
+    }
+
+
+def kernel_file(path: str, name: str) -> int:
+    return int((Path(path) / name).read_text().split()[0])
+
+
+def pipeline(model, delta):
+    rt = runtime(backend="ray", actor_threads=1, memory_cgroup=True, prestart_devices=False)
+    return ClusterPipeline(model.embedding, model.blocks, delta, ADAM, devices=DEVICES, runtime=rt)
+
+
+def test_a_device_over_its_memory_limit_is_killed_by_the_kernel_named_as_memory_and_the_pipeline_goes_on(ray_session):
+    model = bert()
+    start = {k: v.clone() for k, v in model.blocks.state_dict().items()}
+    with pipeline(model, (2, 1, 0)) as pipe:
+        head = LocalHead(model.head, ADAM)
+        path = pipe._stages.memory_paths[0]
+        held = kernel_file(path, "memory.usage_in_bytes")  # device 0's two blocks, charged since it joined idle
+        # gamma_0's activations for one step of 32 x 48 tokens are megabytes: a limit of what it holds + 256 KiB is
+        # a plan the kernel must refuse at the first forward
+        limit = held + 256 * 1024
+        zeros = (0.0, 0.0, 0.0)
+        pipe.set_testbed(DeviceEmulation(zeros, zeros, zeros, 0.0, (float(limit), 0.0, 0.0)), cgroup_prefix="t")
+        assert kernel_file(path, "memory.limit_in_bytes") == limit // 4096 * 4096  # the kernel holds it (pages)
+        with pytest.raises(DeviceFailure) as failure:
+            pipe.train_step(batch(), 2, head)
+        assert failure.value.device == 0 and failure.value.reason == "memory"
+        assert "killed it for memory" in str(failure.value) and "\n" not in str(failure.value)
+        assert not Path(path).exists()  # the dead device's cgroup is removed, nothing left behind
+        pipe.recover((0, 2, 1), start, [0])  # the re-plan over the devices left (fl/cu/device_loss.py does this)
+        assert math.isfinite(pipe.train_step(batch(), 2, head).loss)
+        report = {r["device"]: r for r in pipe.memory_report()}
+        assert report[1]["measured_peak_bytes"] > 0 and report[1]["limit_bytes"] == 0  # unlimited, measured
+
+
+def test_a_devices_reported_peak_is_within_15_percent_of_its_cgroups_own_figure(ray_session):
+    model = bert()
+    with pipeline(model, (2, 1, 0)) as pipe:
+        head = LocalHead(model.head, ADAM)
+        for _ in range(3):
+            pipe.train_step(batch(), 4, head)
+        kernel = {k: kernel_file(path, "memory.max_usage_in_bytes") for k, path in pipe._stages.memory_paths.items()}
+        report = {r["device"]: r for r in pipe.memory_report()}
+        for k in (0, 1):
+            rss, cgroup = report[k]["rss_peak_bytes"], kernel[k]
+            assert cgroup > 4 * 2**20, cgroup  # megabytes of weights, optimizer state and activations
+            assert report[k]["cgroup_peak_bytes"] == cgroup and report[k]["measured_peak_bytes"] == cgroup
+            assert abs(rss - cgroup) <= 0.15 * cgroup, (k, rss, cgroup)
+        # the peaks restart with each report (per round): the kernel's peak restarts at what the device holds now
+        path = pipe._stages.memory_paths[0]
+        assert kernel_file(path, "memory.max_usage_in_bytes") <= kernel_file(path, "memory.usage_in_bytes") + 2**20
+
+
+def test_the_round_record_sets_c7_beside_the_measured_peaks_and_the_fit_recovers_a_known_memory_line():
+    """memory_rows by hand (gamma_rt + delta_k gamma_0 per used device, the final delta after a re-plan) and the
+    fit: peaks made as 90 MB + 1.5 x delta_k gamma_0 give back 90 MB and 1.5."""
+    from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
+    from collapipe_flwr.fl.server.memory_model import MemoryCorrection, memory_rows
+    from collapipe_flwr.system.workload import Workload
+
+    workload = Workload.paper_preset(num_blocks=3, batch_size=8, seq_len=16, hidden=32)
+    gamma0 = workload.block_memory_bytes()
+    plans = (
+        ClusterPlan(cluster=0, selected=True, S=2, m=2, delta=(2, 1, 0), channel=0, power_w=0.5),
+        ClusterPlan(cluster=1, selected=True, S=2, m=2, delta=(1, 2, 0), channel=1, power_w=0.5),
+    )
+    plan = RoundPlan(round=1, clusters=plans, modelled={})
+    peak = lambda blocks: 9e7 + 1.5 * blocks * gamma0  # noqa: E731
+    clients = {
+        0: {"device-measured-peak-bytes": [peak(2), peak(1), 0.0]},
+        # cluster 1 lost device 1 to the kernel and finished on (1, 0, 2)
+        1: {
+            "device-measured-peak-bytes": [peak(1), 0.0, peak(2)],
+            "lost-devices": [1],
+            "lost-reasons": ["memory"],
+            "replanned-delta": [1, 0, 2],
+            "replanned-m": 2,
+        },
+    }
+    rows = memory_rows(plan, workload, clients, runtime_bytes=1e8)
+    assert rows["clusters"]["0"]["modelled_bytes"] == pytest.approx([1e8 + 2 * gamma0, 1e8 + gamma0, 0.0])
+    assert rows["clusters"]["1"]["delta"] == [1, 0, 2] and rows["clusters"]["1"]["lost_for_memory"] == [1]
+    errors = [abs(peak(b) - (1e8 + b * gamma0)) / peak(b) for b in (1, 1, 2, 2)]
+    assert rows["relative_error_median"] == pytest.approx(sorted(errors)[1] / 2 + sorted(errors)[2] / 2)
+    fit = MemoryCorrection(runtime_bytes=1e8)
+    assert fit.update(rows["pairs"]) == pytest.approx((9e7, 1.5))
