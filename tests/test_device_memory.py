@@ -22,6 +22,7 @@ from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.system.profile import DeviceEmulation
 from collapipe_flwr.testbed import memory_available
 from tests.runtimes import runtime
+from tests.test_pipeline_ray import batch as ray_batch
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.skipif(memory_available() is not None, reason=f"no memory cgroups: {memory_available()}")
@@ -44,17 +45,12 @@ def ray_session():
 def bert():
     torch.manual_seed(0)
     return build_bert(
-        vocab_size=100, hidden=64, n_heads=2, d_ff=256, layers=3, dropout=0.0, max_len=64, head="token", num_labels=3
+        vocab_size=50, hidden=64, n_heads=2, d_ff=256, layers=3, dropout=0.0, max_len=64, head="token", num_labels=3
     )
 
 
-def batch(B=32, T=48):
-    g = torch.Generator().manual_seed(0)
-    return {
-        "input_ids": torch.randint(1, 100, (B, T), generator=g),
-        "attention_mask": torch.ones(B, T, dtype=torch.long),
-        "labels": torch.randint(0, 3, (B, T), generator=g),
-    }
+def batch():
+    return ray_batch(B=32, T=48)
 
 
 def kernel_file(path: str, name: str) -> int:

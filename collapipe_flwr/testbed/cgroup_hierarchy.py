@@ -16,9 +16,11 @@ Reads ``/proc/self/mountinfo`` and ``/proc/<pid>/cgroup`` (proc(5)); creates not
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from collapipe_flwr.errors import TestbedError
@@ -177,3 +179,42 @@ def enable_controller(directory: Path, controller: str = "cpu") -> None:
     control = directory / "cgroup.subtree_control"
     if controller not in read_value(control).split():
         write_value(control, f"+{controller}")
+
+
+def procs_of(path: Path) -> list[int]:
+    """The processes (thread-group ids) in the cgroup at ``path`` now; [] once it is gone."""
+    try:
+        return [int(p) for p in read_value(path / "cgroup.procs").split()]
+    except FileNotFoundError:
+        return []
+
+
+def empty_and_remove(path: Path, targets: tuple[Path, ...]) -> None:
+    """Move every process of the cgroup at ``path`` to the first of ``targets`` that takes it (its origin, then the
+    hierarchy's root; one that exited meanwhile is skipped), rmdir it and then its parent when that is empty.
+    Raises TestbedError only when processes keep joining it."""
+    for _ in range(50):
+        for pid in procs_of(path):
+            for target in targets:
+                try:
+                    write_value(target / "cgroup.procs", str(pid))
+                    break
+                except ProcessLookupError:
+                    break
+                except OSError:
+                    continue
+        try:
+            path.rmdir()
+            break
+        except FileNotFoundError:
+            break
+        except OSError as err:
+            if err.errno not in (errno.EBUSY, errno.ENOTEMPTY):
+                raise TestbedError(f"cannot remove cgroup {path}: {err.strerror}") from None
+            time.sleep(0.01)
+    else:
+        raise TestbedError(f"cannot remove cgroup {path}: processes {procs_of(path)} keep joining it")
+    try:
+        path.parent.rmdir()  # only when empty: another cgroup of this project may still use it
+    except OSError:
+        pass

@@ -20,12 +20,10 @@ cannot be used, :meth:`CpuQuota.apply` raises :class:`TestbedError` with the rea
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import re
 import secrets
-import time
 from pathlib import Path
 from types import TracebackType
 
@@ -35,7 +33,9 @@ from collapipe_flwr.testbed.cgroup_hierarchy import (
     available,
     cgroup_path_of,
     detect,
+    empty_and_remove,
     enable_controller,
+    procs_of,
     read_value,
     write_value,
 )
@@ -209,10 +209,7 @@ class CpuQuota:
 
     def pids(self) -> list[int]:
         """The processes (thread-group ids) in the cgroup now, from its ``cgroup.procs``; [] once removed."""
-        try:
-            return [int(p) for p in read_value(self.path / "cgroup.procs").split()]
-        except FileNotFoundError:
-            return []
+        return procs_of(self.path)
 
     def throttled(self) -> tuple[int, float]:
         """``(periods throttled, seconds throttled)`` from the cgroup's ``cpu.stat``: proof the quota bites."""
@@ -236,35 +233,8 @@ class CpuQuota:
         """
         if self._removed:
             return
-        for _ in range(50):
-            for pid in self.pids():
-                self._move_back(pid)
-            try:
-                self.path.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError as err:
-                if err.errno not in (errno.EBUSY, errno.ENOTEMPTY):
-                    raise TestbedError(f"cannot remove cgroup {self.path}: {err.strerror}") from None
-                time.sleep(0.01)
-        else:
-            raise TestbedError(f"cannot remove cgroup {self.path}: processes {self.pids()} keep joining it")
+        empty_and_remove(self.path, (self.origin, self.hierarchy.mount))
         self._removed = True
-        try:
-            self.path.parent.rmdir()  # only when empty: another quota may still use it
-        except OSError:
-            pass
-
-    def _move_back(self, pid: int) -> None:
-        for target in (self.origin, self.hierarchy.mount):
-            try:
-                write_value(target / "cgroup.procs", str(pid))
-                return
-            except ProcessLookupError:
-                return
-            except OSError:
-                continue
 
     def __enter__(self) -> CpuQuota:
         return self

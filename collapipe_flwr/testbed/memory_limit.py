@@ -28,7 +28,6 @@ import errno
 import math
 import os
 import secrets
-import time
 from pathlib import Path
 
 from collapipe_flwr.errors import TestbedError
@@ -37,6 +36,8 @@ from collapipe_flwr.testbed.cgroup_hierarchy import (
     available,
     cgroup_path_of,
     detect,
+    empty_and_remove,
+    procs_of,
     read_value,
     write_value,
 )
@@ -167,38 +168,11 @@ class MemoryCgroup:
         """Move the process back to where it came from, remove the cgroup and the empty parent. Idempotent."""
         if self._removed:
             return
-        for _ in range(50):
-            for pid in self.pids():
-                for target in (self.origin, self.hierarchy.mount):
-                    try:
-                        write_value(target / "cgroup.procs", str(pid))
-                        break
-                    except ProcessLookupError:
-                        break
-                    except OSError:
-                        continue
-            try:
-                self.path.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError as err:
-                if err.errno not in (errno.EBUSY, errno.ENOTEMPTY):
-                    raise TestbedError(f"cannot remove memory cgroup {self.path}: {err.strerror}") from None
-                time.sleep(0.01)
-        else:
-            raise TestbedError(f"cannot remove memory cgroup {self.path}: processes {self.pids()} keep joining it")
+        empty_and_remove(self.path, (self.origin, self.hierarchy.mount))
         self._removed = True
-        try:
-            self.path.parent.rmdir()
-        except OSError:
-            pass
 
     def pids(self) -> list[int]:
-        try:
-            return [int(p) for p in read_value(self.path / "cgroup.procs").split()]
-        except FileNotFoundError:
-            return []
+        return procs_of(self.path)
 
     def __repr__(self) -> str:
         state = "removed" if self._removed else f"pids={self.pids()}"
