@@ -125,7 +125,7 @@ def test_the_round_record_sets_c7_beside_the_measured_peaks_and_the_fit_recovers
         1: {
             "device-measured-peak-bytes": [peak(1), 0.0, peak(2)],
             "lost-devices": [1],
-            "lost-reasons": ["memory"],
+            "lost-for-memory": [1],
             "replanned-delta": [1, 0, 2],
             "replanned-m": 2,
         },

@@ -77,7 +77,8 @@ def edge_network() -> dict:
 
 
 def test_memory_shares_size_every_device_to_the_model_and_leave_the_other_draws_alone():
-    """gamma_k^max = share_k x L gamma_0 (by hand), drawn where memory_bytes would be: f_k, phi_k, p_k unchanged."""
+    """gamma_k^max = gamma_rt + share_k x L gamma_0 (by hand), drawn where memory_bytes would be: f_k, phi_k, p_k
+    unchanged."""
     net = edge_network()
     shared = NetworkSpec.from_config(net, 3)
     assert shared.needs_sizing
@@ -91,7 +92,7 @@ def test_memory_shares_size_every_device_to_the_model_and_leave_the_other_draws_
     for n in range(3):
         for d_sized, d_plain, share in zip(sized.devices_of(n), plain.devices_of(n), shared.memory_share[n]):
             assert lo <= share <= hi
-            assert d_sized.memory_bytes == pytest.approx(share * encoder)
+            assert d_sized.memory_bytes == pytest.approx(net["device"]["runtime_bytes"] + share * encoder)
             assert (d_sized.f_hz, d_sized.flops_per_cycle, d_sized.d2d_power_w) == (
                 d_plain.f_hz,
                 d_plain.flops_per_cycle,

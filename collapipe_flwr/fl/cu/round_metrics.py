@@ -68,7 +68,8 @@ class DeviceReport:
             out.update(
                 {
                     "lost-devices": list(self.lost),
-                    "lost-reasons": list(self.lost_reasons),
+                    # Flower's metrics hold numbers only: the lost devices the kernel killed for memory (C7)
+                    "lost-for-memory": [k for k, why in zip(self.lost, self.lost_reasons) if why == "memory"],
                     "replanned-delta": self.final_delta,
                     "replanned-m": self.final_m,
                 }

@@ -59,15 +59,13 @@ def memory_rows(
         modelled = [runtime_bytes + x if x > 0 else 0.0 for x in tensors]
         measured = [float(x) for x in (metrics.get("device-measured-peak-bytes") or [0.0] * len(delta))]
         limits = [float(x) for x in (metrics.get("device-memory-limit-bytes") or [0.0] * len(delta))]
-        lost = metrics.get("lost-devices") or []
-        reasons = metrics.get("lost-reasons") or [""] * len(lost)
         rows[str(cplan.cluster)] = {
             "delta": delta,
             "m": m,
             "modelled_bytes": modelled,
             "measured_bytes": measured,
             "limit_bytes": limits,
-            "lost_for_memory": [int(k) for k, why in zip(lost, reasons) if why == "memory"],
+            "lost_for_memory": [int(k) for k in metrics.get("lost-for-memory") or []],
         }
         errors += [abs(meas - mod) / meas for mod, meas in zip(modelled, measured) if mod > 0 and meas > 0]
         pairs += [(x, meas) for x, meas in zip(tensors, measured) if x > 0 and meas > 0]
