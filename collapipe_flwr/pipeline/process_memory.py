@@ -64,7 +64,10 @@ class ProcessMemory:
         """gamma_k^max on this process's cgroup (None: unlimited); returns the limit the kernel holds (0 = none)."""
         if self.cgroup is None:
             return 0.0
-        self.cgroup.set_limit(limit_bytes)
+        held = self.cgroup.limit_bytes()
+        wanted = float("inf") if limit_bytes is None else float(limit_bytes) // 4096 * 4096
+        if held != wanted:  # the same limit every round: not rewritten (a rewrite below usage is refused)
+            self.cgroup.set_limit(limit_bytes)
         limit = self.cgroup.limit_bytes()
         return 0.0 if limit == float("inf") else limit
 
