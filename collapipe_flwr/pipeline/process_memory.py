@@ -65,7 +65,8 @@ class ProcessMemory:
         if self.cgroup is None:
             return 0.0
         held = self.cgroup.limit_bytes()
-        wanted = float("inf") if limit_bytes is None else float(limit_bytes) // 4096 * 4096
+        page = os.sysconf("SC_PAGE_SIZE")  # the kernel keeps the limit in whole pages
+        wanted = float("inf") if limit_bytes is None else float(limit_bytes) // page * page
         if held != wanted:  # the same limit every round: not rewritten (a rewrite below usage is refused)
             self.cgroup.set_limit(limit_bytes)
         limit = self.cgroup.limit_bytes()
