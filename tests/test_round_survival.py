@@ -16,7 +16,7 @@ from flwr.app import MetricRecord
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl import messages as msg
 from collapipe_flwr.fl.server.server_main import run_server
-from collapipe_flwr.model_store import read_meta
+from collapipe_flwr.fl.server.training_watch import NothingTrained
 from tests.inprocess_grid import InProcessGrid
 
 BASE = (
@@ -72,12 +72,16 @@ def test_a_bad_train_loss_is_one_refused_reply_and_the_run_goes_on(data_dir, tmp
     assert (folder / "summary.json").is_file() and (folder / "checkpoint.pt").is_file()
 
 
-def test_a_round_no_cu_can_upload_in_is_sat_out_and_the_run_finishes_with_its_model(data_dir, tmp_path):
-    """E_n^max = 1e-9 J: C8 fails for every CU on every channel in every round (the old server raised
-    InfeasiblePlanError in round 1 and saved nothing)."""
-    folder = _run(data_dir, tmp_path, "no_uplink", InProcessGrid(2, str(data_dir)), "network.uplink.energy_max_j=1e-9")
+def test_a_round_no_cu_can_upload_in_is_sat_out_and_a_run_of_only_such_rounds_fails_with_the_reason(data_dir, tmp_path):
+    """E_n^max = 1e-9 J: C8 fails for every CU on every channel in every round. The old server raised
+    InfeasiblePlanError in round 1 and saved nothing (issue 31); then it sat every round out and printed "done"
+    with the untrained model (issue 45). Now each round is sat out and recorded, and the run fails at its end
+    with C8's reason: nothing trained."""
+    with pytest.raises(NothingTrained, match=r"any of rounds 1-2; last: no CU was selected \(CU 0: .*E_n\^max"):
+        _run(data_dir, tmp_path, "no_uplink", InProcessGrid(2, str(data_dir)), "network.uplink.energy_max_j=1e-9")
+    folder = tmp_path / "no_uplink"
     rounds = [r for r in _rounds(folder) if r["round"] > 0]
-    assert [r["round"] for r in rounds] == [1, 2]
+    assert [r["round"] for r in rounds] == [1, 2]  # every round's record kept
     start = _rounds(folder)[0]
     for r in rounds:
         assert not r.get("clients") and r.get("train_loss") is None and r["failures"] == []
@@ -85,9 +89,46 @@ def test_a_round_no_cu_can_upload_in_is_sat_out_and_the_run_finishes_with_its_mo
         reasons = r["modelled"]["left_out"]
         assert sorted(reasons) == ["0", "1"] and all("E_n^max" in why and "C8" in why for why in reasons.values())
         assert r["val_loss"] == pytest.approx(start["val_loss"])  # the global model was kept as it was
-    summary = json.loads((folder / "summary.json").read_text())
-    assert summary["num_rounds"] == 2
-    assert read_meta(folder / "model")["format"] and list((folder / "model").glob("*.safetensors"))
+    assert not (folder / "summary.json").exists() and not (folder / "model").exists()
+
+
+class _EveryReplyBroken(InProcessGrid):
+    """Every CU's train reply loses its train-loss, so the server refuses every CU in every round."""
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = super().send_and_receive(messages, timeout)
+        for reply in replies:
+            if reply.metadata.message_type == msg.TRAIN and reply.has_content():
+                metrics = dict(reply.content.metric_records[msg.METRICS])
+                metrics.pop("train-loss")
+                reply.content.metric_records[msg.METRICS] = MetricRecord(metrics)
+        return replies
+
+
+def test_k_rounds_in_a_row_whose_cus_all_fail_stop_the_run_with_the_last_reason(
+    data_dir, tmp_path, capsys, monkeypatch
+):
+    """federation.max_failed_rounds=2 of 4 rounds: the run stops after round 2, both rounds recorded, no
+    summary.json, no model, and the one-line error names the CU and why its reply was refused. The failed run
+    still releases its CUs: the CU-state files they wrote after each round are gone."""
+    state_dir = tmp_path / "cu-state"
+    monkeypatch.setenv("COLLAPIPE_CU_STATE_DIR", str(state_dir))
+    grid = _EveryReplyBroken(2, str(data_dir))
+    with pytest.raises(NothingTrained, match=r"rounds 1-2 \(2 in a row.*last failure: cluster 1: .*train-loss"):
+        _run(data_dir, tmp_path, "all_fail", grid, "federation.num_rounds=4 federation.max_failed_rounds=2")
+    folder = tmp_path / "all_fail"
+    assert [r["round"] for r in _rounds(folder)] == [0, 1, 2]
+    assert all(sorted(f["cluster"] for f in r["failures"]) == [0, 1] for r in _rounds(folder)[1:])
+    assert not (folder / "summary.json").exists() and not (folder / "model").exists()
+    err = capsys.readouterr().err
+    assert "error: no CU completed a round" in err and "done:" not in err
+    assert state_dir.is_dir() and list(state_dir.rglob("*.pt")) == []  # written each round, removed on failure
+
+
+def test_a_run_whose_cus_all_fail_in_every_round_fails_at_its_end_when_k_is_off(data_dir, tmp_path):
+    with pytest.raises(NothingTrained, match="any of rounds 1-2"):
+        _run(data_dir, tmp_path, "all_fail", _EveryReplyBroken(2, str(data_dir)), "federation.max_failed_rounds=0")
+    assert not (tmp_path / "all_fail" / "summary.json").exists()
 
 
 def test_a_run_that_fails_to_start_does_not_block_its_name(data_dir, tmp_path, monkeypatch, capsys):

@@ -22,6 +22,9 @@ class FederationSpec:
     num_rounds: int = 3
     local_steps: int = 10
     round_timeout_s: float = 3600.0
+    # K: the run stops with an error after K consecutive rounds in which no CU completed a round (0: never
+    # early; a run in which no round trained fails at its end either way: fl/server/training_watch.py)
+    max_failed_rounds: int = 3
     # Optimizer moments on the CU and its devices across rounds: keep (the CU's Adam state survives the
     # round's weight reload) | reset (fresh optimizer state every round, as a stateless CU would have).
     optimizer_state: str = "keep"
@@ -71,6 +74,7 @@ class FederationSpec:
         require(self.num_rounds >= 1, f"federation.num_rounds={self.num_rounds} must be >= 1")
         require(self.local_steps >= 1, f"federation.local_steps={self.local_steps} must be >= 1")
         require(self.round_timeout_s > 0, "federation.round_timeout_s must be > 0")
+        require(self.max_failed_rounds >= 0, f"federation.max_failed_rounds={self.max_failed_rounds} must be >= 0")
 
 
 @dataclass(frozen=True)

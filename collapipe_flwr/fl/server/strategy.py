@@ -58,6 +58,7 @@ from collapipe_flwr.fl.server.global_model import RoundFold
 from collapipe_flwr.fl.server.reply_checks import check_reply
 from collapipe_flwr.fl.server.reply_stream import StreamingGrid
 from collapipe_flwr.fl.server.server_state import ServerState
+from collapipe_flwr.fl.server.training_watch import TrainingWatch
 
 
 class CollaPipeStrategy(Strategy):
@@ -86,6 +87,7 @@ class CollaPipeStrategy(Strategy):
         self.record: RoundRecord | None = None  # the round in flight: configure_train -> evaluate
         self.round_offset = round_offset  # rounds completed before this process (a resumed run)
         self.round_listeners = list(round_listeners)  # each gets every rounds.jsonl record (e.g. TensorBoard)
+        self.watch = TrainingWatch(self.cfg.federation.max_failed_rounds)  # a run that trains nothing fails
 
     def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Result:
         """Flower's round loop (``Strategy.start``) over a :class:`StreamingGrid`, so that the train replies reach
@@ -219,6 +221,8 @@ class CollaPipeStrategy(Strategy):
             log(WARNING, "round %s: cluster %s sent no reply within the round's timeout", t, cluster)
         self.server.decoder.close_round()
         record.measured_s["wait_clients_s"] = t0 - fold_s - record.started_at - record.measured_s.get("plan_s", 0.0)
+        trained = {c: m for c, m in clients.items() if int(m.get("steps", 1)) > 0}
+        self.watch.round_ended(t, bool(trained), record.failures, record.plan.left_out if record.plan else {})
         if not clients:
             log(WARNING, "round %s: no CU returned a result; the global model is unchanged", t)
             return None, None
@@ -301,6 +305,7 @@ class CollaPipeStrategy(Strategy):
             self.progress.round_finished(t, line)
         for listener in self.round_listeners:
             listener(line)
+        self.watch.check_streak()  # K rounds in a row whose CUs all failed: the run stops (its records kept)
         return MetricRecord({k: float(v) for k, v in metrics.items()}) if metrics else None
 
     def summary_record(self, result) -> dict:
