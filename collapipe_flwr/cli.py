@@ -95,17 +95,6 @@ def plan_launch(run_config: Mapping[str, Any], cwd: Path | None = None):
     return cfg, job
 
 
-def keep_old_logs(folder: Path, names: Sequence[str]) -> None:
-    """A resumed run keeps the logs of the attempts before it: ``flwr.log`` -> ``flwr.1.log``, ..."""
-    for name in names:
-        path = folder / name
-        if path.is_file():
-            n = 1
-            while (folder / f"{path.stem}.{n}{path.suffix}").exists():
-                n += 1
-            path.rename(folder / f"{path.stem}.{n}{path.suffix}")
-
-
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM (``kill``, a batch system's stop) handled as Ctrl-C: the launcher stops the local SuperLink and
@@ -126,7 +115,8 @@ def terminate_as_interrupt() -> Iterator[None]:
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None = None) -> int:
     """``collapipe run``; ``flwr_exe`` replaces the flwr CLI (tests use a stand-in)."""
-    from collapipe_flwr.experiments.launch import LOG_FILE, STATUS_FILE, SUPERLINK_LOG_FILE, ConsoleEcho, launch
+    from collapipe_flwr.experiments.launch import LOG_FILE, ConsoleEcho, launch
+    from collapipe_flwr.fl.records.run_claim import RunFolderBusy
     from collapipe_flwr.fl.records.run_log import check_run_folder
 
     t0 = time.monotonic()
@@ -139,8 +129,6 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None
     except CollaPipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if cfg.resume:
-        keep_old_logs(job.job_dir, (LOG_FILE, STATUS_FILE, SUPERLINK_LOG_FILE))
     f = cfg.federation
     out.write(
         f"collapipe: {cfg.task.name} / {cfg.model.name}, method {cfg.method.name} ({cfg.scheduler.name}), "
@@ -152,7 +140,13 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None
     out.flush()
     try:
         with terminate_as_interrupt():
-            status = launch(job, echo=ConsoleEcho(out, args.verbose), flwr_exe=flwr_exe)
+            status = launch(job, echo=ConsoleEcho(out, args.verbose), flwr_exe=flwr_exe, keep_logs=cfg.resume)
+    except RunFolderBusy as err:  # another live run of this name: refused before anything of it is touched
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except CollaPipeError as err:  # the run folder could not be made (a full or read-only disk)
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("error: interrupted; the run's processes were stopped", file=sys.stderr)
         return 130

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from collapipe_flwr.cli import keep_old_logs, parse_run_config, plan_launch
+from collapipe_flwr.cli import parse_run_config, plan_launch
 from collapipe_flwr.config import compose
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.experiments import processes
 from collapipe_flwr.experiments.job import build_job
-from collapipe_flwr.experiments.launch import ConsoleEcho
+from collapipe_flwr.experiments.launch import ConsoleEcho, keep_old_logs
 
 
 def test_run_config_is_read_like_flwr_run_and_unknown_keys_are_refused(tmp_path):
@@ -71,6 +71,52 @@ def test_console_echo_leaves_off_only_the_known_flower_lines():
     loud = io.StringIO()
     ConsoleEcho(loud, verbose=True).write("WARNING :   Since flwr 1.32, default simulated SuperNodes changed\n")
     assert loud.getvalue()
+
+
+FAILED_RUN_LOG = """\
+\x1b[91mERROR \x1b[0m:     error: runtime.server_device=cuda but this process sees no CUDA GPU
+error: runtime.server_device=cuda but this process sees no CUDA GPU
+\x1b[91mERROR \x1b[0m:     Simulation raised an exception
+Traceback (most recent call last):
+  File "/x/flwr/simulation/app.py", line 337, in run_simulation_process
+    simulation_result = _run_simulation(
+                        ^^^^^^^^^^^^^^^^
+ValueError: the cause
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/x/collapipe_flwr/accelerator.py", line 43, in resolve_device
+    raise ConfigError(
+collapipe_flwr.errors.ConfigError: runtime.server_device=cuda but this process sees no CUDA GPU
+\x1b[91mERROR \x1b[0m:     Exit Code: 700
+
+An unhandled exception occurred when running the simulation.
+
+For more information, visit: <https://flower.ai/docs/framework/1.42/en/ref-exit-codes/700.html>
+round 2 goes on
+"""
+
+
+def test_console_echo_leaves_a_failed_runs_traceback_in_the_log_and_keeps_its_error_line():
+    """Flower logs the ServerApp's traceback (about 40 lines) after the run's own one-line error: the console
+    keeps the error and a pointer, flwr.log (every line, the pump's other sink) the traceback."""
+    out = io.StringIO()
+    echo = ConsoleEcho(out)
+    for line in FAILED_RUN_LOG.splitlines(keepends=True):
+        echo.write(line)
+    shown = [line for line in out.getvalue().splitlines() if line.strip()]
+    assert shown == [
+        "\x1b[91mERROR \x1b[0m:     error: runtime.server_device=cuda but this process sees no CUDA GPU",
+        "error: runtime.server_device=cuda but this process sees no CUDA GPU",
+        "(the traceback is in the run's flwr.log; --verbose shows it here)",
+        "round 2 goes on",
+    ]
+    loud = io.StringIO()
+    verbose = ConsoleEcho(loud, verbose=True)
+    for line in FAILED_RUN_LOG.splitlines(keepends=True):
+        verbose.write(line)
+    assert loud.getvalue() == FAILED_RUN_LOG
 
 
 def test_a_resumed_run_keeps_the_earlier_logs(tmp_path):
@@ -188,3 +234,58 @@ def test_gpu_shares_that_cannot_all_be_granted_are_refused_before_flower_starts(
     sweep_job = [*too_much.split(), "runtime.device=cuda", "federation.num_clusters=2", f"data_dir={data_dir}"]
     with pytest.raises(ConfigError, match=r"= 1\.5 GPUs, but this machine has 1"):  # a sweep's job, the same check
         build_job(compose(sweep_job), [], tmp_path / "job")
+
+
+def test_a_second_launcher_of_a_live_run_name_exits_2_and_touches_none_of_its_files(tmp_path, data_dir):
+    """Two `collapipe run` of one run-name at once: the second is refused before it writes (the first's flwr.log
+    and status.json intact), exit 2, one line naming the holder's pid."""
+    from collapipe_flwr.fl.records.run_claim import LAUNCHER_LOCK
+    from tests.test_run_claim import _holder
+
+    folder = tmp_path / "runs" / "busy"
+    holder = _holder(folder, LAUNCHER_LOCK)  # the first launcher, mid-run
+    try:
+        for name in ("flwr.log", "status.json"):
+            (folder / name).write_text(f"first run's {name}")
+        proc = _cli(["--run-config", f"run-name='busy' data-dir='{data_dir}'"], tmp_path, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"in use by another collapipe launcher (pid {holder.pid})" in lines[0]
+    for name in ("flwr.log", "status.json"):
+        assert (folder / name).read_text() == f"first run's {name}"
+
+
+DISK_FULL_DRIVER = """
+import resource, signal, sys, tempfile
+import torch  # imported (and Python's temp folder probed) while files can still grow
+from collapipe_flwr.cli import main
+from collapipe_flwr.experiments import launch
+tempfile.gettempdir()
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write over the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_disk_that_takes_no_byte_at_start_is_one_line_exit_1_and_leaves_no_temp_folder(tmp_path, data_dir):
+    """No file can grow (RLIMIT_FSIZE = 0: every write fails as on a full disk; folders can still be made): the
+    launcher used to end with an OSError traceback and leave its private temp folder behind."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.run(
+        [sys.executable, "-c", DISK_FULL_DRIVER, "run", "--run-config", f"run-name='full' data-dir='{data_dir}'"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot write") and "run_config.toml" in lines[0], lines
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert list(temp.iterdir()) == []  # no private temp folder left

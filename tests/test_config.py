@@ -111,3 +111,27 @@ def test_federation_long_on_ner_carries_the_central_ner_recipe_and_overrides_sti
     assert compose(["task=ner", "federation=long", "task.batch_size=16"])["task"]["batch_size"] == 16
     assert compose(["task=ner"])["task"]["batch_size"] == 64  # federation=small: Table II's b
     assert compose(["task=classification", "federation=long"])["model"]["dropout"] == 0.1
+
+
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("testbed=emulated testbed.fastest_cores=inf", "testbed.fastest_cores=inf must be a finite number"),
+        ("task.partition=dirichlet task.alpha=inf", "task.alpha=inf must be a finite number"),
+        ("network.uplink.energy_max_j=nan", "network.uplink.energy_max_j=nan must be a finite number"),
+        ("federation.round_timeout_s=-inf", "federation.round_timeout_s=-inf must be a finite number"),
+    ],
+)
+def test_no_setting_takes_a_non_finite_number(override, needle):
+    with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace(".", r"\.")):
+        load_run_config(override.split())
+
+
+def test_testbed_cores_above_the_machines_are_refused_since_the_quota_would_throttle_nothing():
+    import os
+
+    have = len(os.sched_getaffinity(0))
+    for override in (f"testbed.fastest_cores={have + 1}", f"testbed.cpu_cores=[1,{have + 0.5}]"):
+        with pytest.raises(ConfigError, match=f"exceed this machine's {have} usable cores"):
+            load_run_config(["testbed=emulated", override])
+    assert load_run_config(["testbed=emulated", f"testbed.fastest_cores={have}"]).testbed.fastest_cores == have

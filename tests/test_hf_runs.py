@@ -144,6 +144,11 @@ def test_a_local_model_folder_gives_the_sizes_and_its_own_tokenizer(data_dir, ca
     model = task.build_model(seed=0)
     assert model.num_blocks == 3 and task.tokenizer().name_or_path == str(tmp_path)
     assert all("lora_" in n for n, p in model.blocks.named_parameters() if p.requires_grad)
+    # the same folder without its weights is refused when the config is read, not after the run started
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(ConfigError, match="holds no weights") as err:
+        parse_model(raw, task_spec)
+    assert "\n" not in str(err.value)
 
 
 # ----------------------------------------------------------------------------- federated runs

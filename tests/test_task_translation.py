@@ -54,6 +54,7 @@ def test_tokenizer_round_trip_and_special_ids(task):
 
 
 def test_tokenizer_is_cached_on_disk(task, data_dir, tmp_path):
+    task.tokenizers()  # built on first use (not by an earlier test): this test must pass alone and in any order
     cache = task.cache_dir / "tokenizers"
     files = sorted(p.name for p in cache.glob("*.json"))
     assert len(files) == 2

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,9 +170,25 @@ def build_cluster_config(data: Mapping[str, Any]) -> ClusterConfig:
 _TOP_KEYS = frozenset(field.name for field in dataclasses.fields(RunConfig))
 
 
+def check_finite(value: Any, key: str = "") -> None:
+    """No number anywhere in the config is nan or +-inf: no setting of this project takes one (a rate, a
+    speed, a core count or a concentration of inf is a typo or a test of the checks), and an infinite value
+    reaching the system model or the testbed fails late and obscurely (``testbed.fastest_cores=inf`` made every
+    CU's ``set_testbed`` fail in every round)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config key {key or '<root>'}={value} must be a finite number")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            check_finite(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_finite(v, f"{key}[{i}]")
+
+
 def build_run_config(data: Mapping[str, Any]) -> RunConfig:
     """Validate a composed config mapping once and freeze it."""
     data = to_plain(data)
+    check_finite(data)
     unknown = sorted(set(data) - _TOP_KEYS - {"hydra"})
     if unknown:
         raise ConfigError(f"unknown top-level config key {unknown[0]!r}; valid keys are {', '.join(sorted(_TOP_KEYS))}")

@@ -24,6 +24,7 @@ from collapipe_flwr.config import CONF_DIR, compose, with_task_default_model
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.experiments.job import build_job, labels_of
 from collapipe_flwr.experiments.launch import failed_status, launch
+from collapipe_flwr.fl.records.run_claim import RunFolderBusy
 
 
 def run_job(config: dict, task_overrides: list[str], job_dir: str, choices: dict | None = None) -> dict:
@@ -35,7 +36,10 @@ def run_job(config: dict, task_overrides: list[str], job_dir: str, choices: dict
         job = build_job(config, task_overrides, job_dir, choices)
     except CollaPipeError as err:
         return failed_status(job_dir, str(err), labels_of(config, choices), overrides=list(task_overrides))
-    return launch(job)
+    try:
+        return launch(job)
+    except RunFolderBusy as err:  # another live launcher holds the job's folder: its status.json is left alone
+        return {"ok": False, "error": str(err), "run_dir": str(job.run_dir), "labels": labels_of(config, choices)}
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

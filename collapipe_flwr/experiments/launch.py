@@ -35,6 +35,7 @@ virtual environment first. The command still runs in the project root.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -45,14 +46,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from collapipe_flwr.config import CONF_DIR
+from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.experiments.app_files import fab_include_patterns, stage_app
 from collapipe_flwr.experiments.flwr_process import start_flwr, stop_and_clean, wait_flwr
 from collapipe_flwr.experiments.job import TIMEOUT_ENV, JobSpec
+from collapipe_flwr.fl.records.run_claim import LAUNCHER_LOCK, claim_folder
 
 PROJECT_ROOT = CONF_DIR.parent
 STATUS_FILE = "status.json"
@@ -230,24 +233,63 @@ QUIET_LINES = (
     "To change federation size, use the following command:",
     "flwr federation simulation-config",
     "Manually terminating ClientAppActor",  # Flower stopping its simulation workers at the end of every run
+    # a ServerApp that raised: the run's own "error:" line says why, its traceback is in flwr.log
+    "Simulation raised an exception",
+    "Exit Code: 700",
+    "An unhandled exception occurred when running the simulation.",
+    "ref-exit-codes/700.html",
 )
 
 
 class ConsoleEcho:
     """A write-only stream for the launcher's log pump: every line to ``out`` (default: the current
-    ``sys.stdout``) except :data:`QUIET_LINES`, unless ``verbose``."""
+    ``sys.stdout``) except :data:`QUIET_LINES` and Python tracebacks, unless ``verbose``.
+
+    A run that fails prints its one-line ``error:`` first; the traceback Flower logs after it (about 40 lines of
+    Flower's and the project's frames) stays in flwr.log, and the console gets one line saying where it is."""
 
     def __init__(self, out: TextIO | None = None, verbose: bool = False) -> None:
         self.out = out
         self.verbose = verbose
+        self._traceback = ""  # "" | "in" (inside one) | "after" (its last line seen)
+        self._pointed = False  # the pointer to flwr.log was written for this traceback
 
     def write(self, line: str) -> int:
-        if self.verbose or not any(quiet in line for quiet in QUIET_LINES):
+        if self.verbose or not self._hidden(_ANSI.sub("", line)):
             (self.out or sys.stdout).write(line)
         return len(line)
 
+    def _hidden(self, plain: str) -> bool:
+        """Whether the line is one of QUIET_LINES or part of a traceback (chained ones included: after a
+        traceback's last line, blank lines and "The above exception ..." keep it going)."""
+        stripped = plain.strip()
+        if self._traceback == "after":  # the exception's own line was the last: does a chained part follow?
+            if not stripped:
+                return True
+            self._traceback = "in" if stripped.startswith(TRACEBACK_JOINS) else ""
+            if self._traceback:
+                return True
+            self._pointed = False
+        if plain.startswith("Traceback (most recent call last):"):
+            self._traceback = "in"
+            return True
+        if self._traceback == "in":
+            if stripped and not plain[:1].isspace() and not stripped.startswith(TRACEBACK_JOINS):
+                self._traceback = "after"  # the exception's own line: the run's error line said it already
+                if not self._pointed:
+                    (self.out or sys.stdout).write(
+                        "(the traceback is in the run's flwr.log; --verbose shows it here)\n"
+                    )
+                    self._pointed = True
+            return True
+        return any(quiet in plain for quiet in QUIET_LINES)
+
     def flush(self) -> None:
         (self.out or sys.stdout).flush()
+
+
+# lines of a chained traceback that join two of its parts (the traceback goes on after them)
+TRACEBACK_JOINS = ("The above exception was the direct cause", "During handling of the above exception", "Traceback")
 
 
 CONSOLE = ConsoleEcho()  # the default echo of a launch: this process's stdout, Flower's known noise left off
@@ -278,33 +320,93 @@ def launch(
     echo: LineSink | None = CONSOLE,
     base_env: Mapping[str, str] | None = None,
     flwr_exe: str | None = None,
+    keep_logs: bool = False,
 ) -> dict:
     """Run the job's `flwr run`, always clean up, write and return status.json's content.
 
-    ``flwr_exe`` replaces the `flwr` CLI (tests use a stand-in that mimics its processes).
+    The job folder is claimed first (fl/records/run_claim.py): a second launcher of the same folder is refused
+    with :class:`RunFolderBusy` before it writes anything there. ``keep_logs`` (a resumed run) renames the earlier
+    attempt's logs first. A disk error before `flwr run` starts (a full or read-only output disk) is a failed
+    status with one line naming the file, and the private temp folder is removed. ``flwr_exe`` replaces the
+    `flwr` CLI (tests use a stand-in that mimics its processes).
     """
-    job.job_dir.mkdir(parents=True, exist_ok=True)
+    with claim_folder(job.job_dir, LAUNCHER_LOCK, "collapipe launcher"):
+        try:
+            if keep_logs:
+                keep_old_logs(job.job_dir, (LOG_FILE, STATUS_FILE, SUPERLINK_LOG_FILE))
+            return _launch_claimed(job, project_root, echo, base_env, flwr_exe)
+        except DiskError as err:
+            status = {**_initial_status(job, [], job.job_dir / LOG_FILE), "error": str(err)}
+            with contextlib.suppress(OSError):  # the disk may be full: status.json is best effort here
+                write_status(job.job_dir, status)
+            return status
+
+
+class DiskError(CollaPipeError):
+    """The launcher could not write what a run needs before it starts."""
+
+
+@contextlib.contextmanager
+def _disk(path: Path, doing: str) -> Iterator[None]:
+    """OSError -> one-line :class:`DiskError` naming ``path``."""
+    try:
+        yield
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise DiskError(
+            f"cannot {doing} {path}: {reason}; free disk space or pick an output-dir you can write"
+        ) from None
+
+
+def keep_old_logs(folder: Path, names: Sequence[str]) -> None:
+    """A resumed run keeps the logs of the attempts before it: ``flwr.log`` -> ``flwr.1.log``, ..."""
+    for name in names:
+        path = folder / name
+        if path.is_file():
+            n = 1
+            while (folder / f"{path.stem}.{n}{path.suffix}").exists():
+                n += 1
+            with _disk(path, "rename"):
+                path.rename(folder / f"{path.stem}.{n}{path.suffix}")
+
+
+def _launch_claimed(
+    job: JobSpec,
+    project_root: Path,
+    echo: LineSink | None,
+    base_env: Mapping[str, str] | None,
+    flwr_exe: str | None,
+) -> dict:
     run_config_file = job.job_dir / RUN_CONFIG_FILE
-    run_config_file.write_text(run_config_toml(job))
-    scratch = private_temp_dir()  # the job's FLWR_HOME, Ray's session folders and other temp files
-    flwr_home = scratch / "flwr-home"
-    flwr_home.mkdir()
-    (flwr_home / "config.toml").write_text(LOCAL_CONNECTION_TOML)
+    with _disk(run_config_file, "write"):
+        run_config_file.write_text(run_config_toml(job))
+    with _disk(Path(tempfile.gettempdir()), "make a private temp folder in"):
+        scratch = private_temp_dir()  # the job's FLWR_HOME, Ray's session folders and other temp files
+    try:
+        with _disk(scratch, "prepare the run's Flower home and app in"):
+            flwr_home = scratch / "flwr-home"
+            flwr_home.mkdir()
+            (flwr_home / "config.toml").write_text(LOCAL_CONNECTION_TOML)
+            # Flower builds the FAB from a folder holding only the app's files (app_files.py: the same FAB, built
+            # in a fraction of a second instead of walking a project-local .venv)
+            use_stage = fab_include_patterns(project_root)
+            app_dir = stage_app(project_root, scratch / "app") if use_stage else project_root
+        log_path = job.job_dir / LOG_FILE
+        with _disk(log_path, "write"):
+            log = log_path.open("w", encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     env = flower_env(os.environ if base_env is None else base_env, flwr_home, job.data_dir, free_port(), free_port())
     env.update(private_temp_env(scratch))
-    # Flower builds the FAB from a folder holding only the app's files (app_files.py: the same FAB, built in a
-    # fraction of a second instead of walking a project-local .venv)
-    app_dir = stage_app(project_root, scratch / "app") if fab_include_patterns(project_root) else project_root
     cmd = flower_command(
         flwr_exe or flwr_executable(), app_dir, run_config_file, job.num_supernodes, job.concurrent_cus
     )
-    log_path = job.job_dir / LOG_FILE
     status = _initial_status(job, cmd, log_path)
     t0 = time.monotonic()
     status["started_epoch"] = time.time()  # judge(): only a summary.json written after this counts
     proc = pump = None
     interrupted = False
-    log = log_path.open("w", encoding="utf-8")
     try:
         shown = "$ " + shlex.join([f"FLWR_HOME={flwr_home}", *cmd]) + "\n"  # Flower's own command, visible
         for sink in [log] + ([echo] if echo else []):
@@ -323,7 +425,8 @@ def launch(
         status["wall_s"] = round(time.monotonic() - t0, 3)
         status["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         status.update(judge(status, job, interrupted))
-        write_status(job.job_dir, status)
+        with _disk(job.job_dir / STATUS_FILE, "write"):
+            write_status(job.job_dir, status)
     if interrupted:
         raise KeyboardInterrupt
     return status

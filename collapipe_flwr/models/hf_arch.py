@@ -59,6 +59,26 @@ def read_config_json(folder: str | Path) -> dict[str, Any]:
     return data
 
 
+# the weight files transformers' from_pretrained reads from a local folder, one of which must be there
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def check_weights(folder: str | Path) -> None:
+    """A local model folder holds its weights (checked at start-up: without them transformers fails only when the
+    model is built, after the run has started)."""
+    path = Path(folder).expanduser()
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise ConfigError(
+            f"model.hf_folder={str(folder)!r} holds no weights (none of {', '.join(WEIGHT_FILES)}); copy the model's "
+            "weight files into it (save_pretrained writes them)"
+        )
+
+
 def folder_sizes(config: Mapping[str, Any]) -> tuple[str, dict[str, int]]:
     """(model type, {hidden, n_heads, d_ff, layers, max_len}) of a config.json (GPT-2's n_inner null = 4 n_embd)."""
     model_type = check_model_type(str(config.get("model_type") or ""), "the folder's config.json model_type")

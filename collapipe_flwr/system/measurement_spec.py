@@ -10,6 +10,7 @@ token bucket at the rate the system model gives.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -76,10 +77,26 @@ class TestbedSpec:
         )
         object.__setattr__(self, "cpu_cores", tuple(float(c) for c in cores))
         require(self.fastest_cores > 0, f"testbed.fastest_cores={self.fastest_cores} must be > 0")
+        if self.enabled:  # the testbed throttles this machine's cores: a quota above them throttles nothing
+            have = machine_cores()
+            most = max((self.fastest_cores, *self.cpu_cores))
+            require(
+                most <= have,
+                f"testbed cores {most:g} exceed this machine's {have} usable cores; lower testbed.fastest_cores "
+                "(and testbed.cpu_cores) to at most the machine's cores",
+            )
         require(self.d2d_rate_scale > 0, f"testbed.d2d_rate_scale={self.d2d_rate_scale} must be > 0")
 
     def to_raw(self) -> dict[str, Any]:
         return {**asdict(self), "cpu_cores": list(self.cpu_cores)}
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity), which the testbed's CPU quotas divide."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux: the testbed itself refuses to start there
+        return os.cpu_count() or 1
 
 
 def parse_system(raw: Any) -> SystemSpec:

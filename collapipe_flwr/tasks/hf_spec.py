@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.models.hf_arch import check_model_type, folder_sizes, read_config_json
+from collapipe_flwr.models.hf_arch import check_model_type, check_weights, folder_sizes, read_config_json
 from collapipe_flwr.spec_parsing import require
 
 HF_KEYS = ("model_type", "hf_folder", "allow_hub", "lora")
@@ -115,7 +115,9 @@ class HfSpec:
 def _source_sizes(folder: str, allow_hub: bool) -> tuple[str, dict[str, int]]:
     """(type, sizes) of a local folder's config.json, or with ``allow_hub`` of a hub id's config (downloaded)."""
     if Path(folder).expanduser().is_dir():
-        return folder_sizes(read_config_json(folder))
+        sizes = folder_sizes(read_config_json(folder))  # a known architecture first, then its weights
+        check_weights(folder)
+        return sizes
     if not allow_hub:
         raise ConfigError(
             f"model.hf_folder={folder!r} is not a local folder; point it at a folder holding config.json, the weights "

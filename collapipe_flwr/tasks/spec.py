@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +65,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ----------------------------------------------------------------------------- task
@@ -111,6 +112,11 @@ class TaskSpec:
             f"task.bucket={self.bucket!r} must be an integer >= 0 (0 = no length bucketing)",
         )
         require(isinstance(self.hf_dataset, Mapping), "task.hf_dataset must be a mapping {enabled, id, ...}")
+        require(
+            self.partition != "domain" or bool(dict(self.options).get("extra_train_files")),
+            "task.partition=domain needs a second training corpus: name its file(s) in task.extra_train_files "
+            "(docs/partitions.md)",
+        )
         require(isinstance(self.options, Mapping), "task options must be a mapping")
         object.__setattr__(self, "alpha", float(self.alpha))
         object.__setattr__(self, "hf_dataset", copy.deepcopy(dict(self.hf_dataset)))

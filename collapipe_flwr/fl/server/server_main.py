@@ -17,7 +17,7 @@ import logging
 import secrets
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
@@ -30,16 +30,19 @@ from collapipe_flwr.config import RunConfig, load_run_config
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl.records.progress import RoundProgress
 from collapipe_flwr.fl.records.round_values import LOWER_IS_BETTER
+from collapipe_flwr.fl.records.run_claim import SERVER_LOCK, FolderClaim, claim_folder
 from collapipe_flwr.fl.records.run_log import RunLog, claim_run_folder
 from collapipe_flwr.fl.records.run_plots import TensorBoardLog, load_rounds, write_run_plots
 from collapipe_flwr.fl.run_config import hydra_overrides
 from collapipe_flwr.fl.server.checkpoint import load_checkpoint, restore
+from collapipe_flwr.fl.server.preflight import check_partitions
 from collapipe_flwr.fl.server.server_state import ServerState
 from collapipe_flwr.fl.server.strategy import CollaPipeStrategy
 from collapipe_flwr.model_store import save_model
 
 FLOWER_LOGGER_NAME = "flwr"  # the logger every Flower component logs through
 TENSORBOARD_SUBDIR = "tensorboard"  # <run folder>/tensorboard: the scalars of tensorboard=true
+RELEASE_ON_FAILURE_S = 30.0  # how long a failed run waits for the CUs to stop their actors and drop their state
 
 
 def config_from_flower(run_config: dict) -> RunConfig:
@@ -69,15 +72,31 @@ class _Closables:
     server: ServerState | None = None
     progress: RoundProgress | None = None
     tensorboard: TensorBoardLog | None = None
+    claim: FolderClaim | None = None
+    release: Callable[[], int] | None = None  # tells the CUs the run is over (their actors and CU-state files go)
+
+    def release_on_failure(self) -> None:
+        """A failed run still releases the CUs it reached: their device actors stop and their CU-state files of
+        this run are removed, so a failed run leaves nothing in the CU-state folder (best effort: a CU that is
+        gone cannot answer)."""
+        if self.release is None:
+            return
+        release, self.release = self.release, None
+        try:
+            release()
+        except Exception as err:  # noqa: BLE001 - the run's own error is the one the user must see
+            log(WARNING, "the CUs could not be released after the failure: %s", str(err).splitlines()[0][:200])
 
     def close(self) -> None:
-        """Close what was opened, in this order."""
+        """Close what was opened, in this order; the run folder is given up last."""
         if self.progress is not None:
             self.progress.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.server is not None:
             self.server.shutdown()
+        if self.claim is not None:
+            self.claim.release()
 
 
 def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | None:
@@ -87,10 +106,12 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
     try:
         cfg = cfg or config_from_flower(run_config)
         folder = run_folder(cfg)
+        opened.claim = claim_folder(folder, SERVER_LOCK, "ServerApp")  # before anything is read or written there
         run_log = open_run_log(cfg, folder)
         console = Console(stderr=True, highlight=False, soft_wrap=True)
         console.print(escape(start_line(cfg, folder)))
         opened.server = server = ServerState.build(cfg)
+        check_partitions(server.task, cfg.federation.num_clusters, cfg.task.batch_size)  # before any CU is asked
         claim_run(cfg, server, run_log)
         done = rounds_done(cfg, server, run_log, folder, console)
         opened.progress = RoundProgress(
@@ -102,9 +123,12 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
         opened.tensorboard = TensorBoardLog(folder / TENSORBOARD_SUBDIR) if cfg.tensorboard else None
         listeners = [opened.tensorboard.add_round] if opened.tensorboard is not None else []
         strategy = CollaPipeStrategy(server, run_log, opened.progress, round_offset=done, round_listeners=listeners)
+        opened.release = lambda: strategy.release_clusters(grid, timeout_s=RELEASE_ON_FAILURE_S)
         summary = train_rounds(grid, cfg, server, strategy, done)
+        strategy.watch.check_run()  # no CU completed a round: a failure, not "done" with the untrained model
         write_outputs(cfg, server, folder, summary, t_start)
         run_log.write_summary(summary)
+        opened.release = None
         released = strategy.release_clusters(grid)
         log(INFO, "CollaPipe: %d device actor(s) released on the CUs", released)
         for line in summary_lines(summary, folder, server.task.metric_name):
@@ -113,9 +137,17 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
     except CollaPipeError as err:
         log(ERROR, "error: %s", err)
         print(f"error: {err}", file=sys.stderr)
+        opened.release_on_failure()
         # Raised on, not SystemExit: a deployed SuperLink's flwr-serverapp catches only an Exception, records it
         # as the run's failure (`flwr ls`: "ServerApp failed with exception: ...") and flushes the run's logs;
         # a SystemExit would end the process before that and the run would read "No heartbeat received".
+        raise
+    except Exception as err:  # a bug, not a user error: one line first, Flower logs the traceback after it
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        line = f"{type(err).__name__}: {first} (an internal error: the traceback follows in the log; please report it)"
+        log(ERROR, "error: %s", line)
+        print(f"error: {line}", file=sys.stderr)
+        opened.release_on_failure()
         raise
     finally:
         opened.close()
