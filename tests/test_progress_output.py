@@ -63,6 +63,27 @@ def test_round_start_prints_each_selected_cus_segments():
     ]
 
 
+def test_a_thousand_cus_give_a_console_line_of_bounded_length():
+    """N = 1000 printed one 58 KB line per round (issue 45): the first 8 CUs are named, the rest counted."""
+    console, out = _console()
+    progress = RoundProgress(3, "bleu", console=console, interval_s=0)
+    selected = list(range(0, 1000, 2))
+    segments = {n: (2, 4, (1, 2, 0, 0)) for n in selected}
+    left_out = {n: "all 500 usable channels went to other CUs" for n in range(1, 1000, 2)}
+    progress.round_started(1, selected, left_out, None, segments)
+    (line,) = out.getvalue().splitlines()
+    assert line.startswith("round 1/3 training CUs 500 CUs: CU 0 S=2 m=4 [1,2,0,0], CU 2 S=2 m=4")
+    assert ", ... and 492 more plans (in rounds.jsonl); CU 1 sits out: all 500" in line
+    assert line.endswith("; ... and 492 more CUs sit out (in rounds.jsonl)") and len(line) < 1000
+    busy = progress.progress_line(1, selected, {n: n % 7 for n in selected}, 12.0)
+    # by hand: n = 0, 2, .., 998 gives residues 0,2,4,6,1,3,5 (21) 71 times, then 0+2+4: 1497
+    assert busy == "round 1/3: 500 CUs 0-6 steps, 1497 in all (12 s)"
+    console, out = _console()
+    record = {"failures": [{"cluster": n, "error": "no reply"} for n in range(20)]}
+    RoundProgress(3, "bleu", console=console, interval_s=0).round_finished(1, record)
+    assert out.getvalue().strip().endswith("CU 7: no reply; ... and 12 more failures (in rounds.jsonl)")
+
+
 def test_progress_lines_count_the_steps_of_this_round_per_cu():
     console, out = _console()
     served = {0: 40, 1: 40}  # steps served in earlier rounds: not this round's progress

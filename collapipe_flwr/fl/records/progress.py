@@ -16,6 +16,16 @@ from rich.console import Console
 from rich.markup import escape
 
 StepCounter = Callable[[], Mapping[int, int]]  # {cluster n: data-plane steps served so far in the run}
+# At most this many CUs are named one by one in a console line (plans, sit-out reasons, steps, failures); the
+# rest are counted, and rounds.jsonl keeps every CU's detail. A run of N = 1000 clusters printed one 58 KB line
+# per round before.
+SHOWN_CUS = 8
+
+
+def capped(items: Sequence[str], noun: str, sep: str = ", ") -> str:
+    """The first :data:`SHOWN_CUS` of ``items`` joined by ``sep``, then ``... and k more <noun> (in rounds.jsonl)``."""
+    more = len(items) - SHOWN_CUS
+    return sep.join(items[:SHOWN_CUS]) + (f"{sep}... and {more} more {noun} (in rounds.jsonl)" if more > 0 else "")
 
 
 def segment_text(n: int, S: int, m: int, delta: Sequence[int]) -> str:
@@ -54,11 +64,13 @@ class RoundProgress:
         """Round t begins with the CUs in ``selected``; ``left_out`` says why the others sit out;
         ``steps_of`` (the decoder's per-CU step counter) drives the in-round progress lines; ``segments``
         {n: (S, m, delta)} is each selected CU's plan, printed as ``CU 0 S=2 m=8 [2,1,0,0]``."""
-        text = f"[bold]round {t}/{self.num_rounds}[/bold] training CUs {selected}"
+        named = str(selected) if len(selected) <= SHOWN_CUS else f"{len(selected)} CUs"
+        text = f"[bold]round {t}/{self.num_rounds}[/bold] training CUs {named}"
         if segments:
-            text += ": " + ", ".join(segment_text(n, *segments[n]) for n in selected if n in segments)
+            text += ": " + capped([segment_text(n, *segments[n]) for n in selected if n in segments], "plans")
         if left_out:
-            text += "; " + "; ".join(f"CU {n} sits out: {escape(reason)}" for n, reason in sorted(left_out.items()))
+            reasons = [f"CU {n} sits out: {escape(reason)}" for n, reason in sorted(left_out.items())]
+            text += "; " + capped(reasons, "CUs sit out", sep="; ")
         self.console.print(text)
         self._stop_ticker()
         if self.interval_s > 0:
@@ -71,6 +83,10 @@ class RoundProgress:
     def progress_line(self, t: int, selected: list[int], done: Mapping[int, int], elapsed_s: float) -> str:
         """``round t/T: CU 0 12/40 steps, CU 1 10/40 steps (31 s)`` (no step counts: elapsed time only)."""
         of = f"/{self.steps_per_round}" if self.steps_per_round else ""
+        if done and len(selected) > SHOWN_CUS:  # many CUs: the spread, not each one
+            counts = [int(done.get(n, 0)) for n in selected]
+            text = f"{len(selected)} CUs {min(counts)}-{max(counts)}{of} steps, {sum(counts)} in all"
+            return f"round {t}/{self.num_rounds}: {text} ({elapsed_s:.0f} s)"
         parts = [f"CU {n} {int(done.get(n, 0))}{of} steps" for n in selected] if done else ["training"]
         return f"round {t}/{self.num_rounds}: {', '.join(parts)} ({elapsed_s:.0f} s)"
 
@@ -110,7 +126,8 @@ class RoundProgress:
             parts.append(f"overhead {overhead:.2f} s")
         failures = record.get("failures") or []
         if failures:
-            parts.append("failed: " + "; ".join(f"CU {f.get('cluster')}: {f.get('error', '')}" for f in failures))
+            said = [f"CU {f.get('cluster')}: {f.get('error', '')}" for f in failures]
+            parts.append("failed: " + capped(said, "failures", sep="; "))
         self.console.print(escape(" | ".join(parts)))
 
     def close(self) -> None:
