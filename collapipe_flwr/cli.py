@@ -118,6 +118,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None
     from collapipe_flwr.experiments.launch import LOG_FILE, ConsoleEcho, launch
     from collapipe_flwr.fl.records.run_claim import RunFolderBusy
     from collapipe_flwr.fl.records.run_log import check_run_folder
+    from collapipe_flwr.fl.server.checkpoint import load_checkpoint
 
     t0 = time.monotonic()
     try:
@@ -126,6 +127,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None
             job = job.with_timeout(float(args.timeout))
         # the server would refuse this folder: say so now, before flwr.log or status.json overwrite its files
         check_run_folder(job.run_dir, cfg.resume)
+        if cfg.resume:  # a missing, damaged or hostile checkpoint.pt: refused here with exit 2 (read, never run)
+            load_checkpoint(job.run_dir, mmap=True)
     except CollaPipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -44,6 +44,11 @@ class DeviceFailure(CollaPipeError):
         self.reason = reason
 
 
+class CannotContinue(CollaPipeError):
+    """A failure every later round would repeat until the user acts (a CU's damaged state file): a CU that hits
+    one says so in its reply, and the server stops the run with it instead of going on without that CU."""
+
+
 class UnsupportedModelError(CollaPipeError):
     """A Hugging Face model whose architecture the splitter (``models/hf``) cannot cut into embedding / TEBs / head."""
 

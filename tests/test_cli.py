@@ -289,3 +289,20 @@ def test_a_disk_that_takes_no_byte_at_start_is_one_line_exit_1_and_leaves_no_tem
     assert len(lines) == 1 and lines[0].startswith("error: cannot write") and "run_config.toml" in lines[0], lines
     assert "Traceback" not in proc.stderr + proc.stdout
     assert list(temp.iterdir()) == []  # no private temp folder left
+
+
+def test_a_resume_whose_checkpoint_would_run_code_exits_2_before_flower_starts(tmp_path, data_dir):
+    """`collapipe run ... resume=true` reads checkpoint.pt without running it before anything starts: a payload
+    whose unpickling would write a marker file is refused with one line naming the file, exit 2."""
+    from tests.test_safe_loading import _RunsCode
+
+    folder = tmp_path / "runs" / "hostile"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    torch.save({"format": 2, "round": 1, "model": _RunsCode(tmp_path / "marker")}, folder / "checkpoint.pt")
+    proc = _cli(["--run-config", f"run-name='hostile' resume=true data-dir='{data_dir}'"], tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(folder / "checkpoint.pt") in lines[0] and "could run code" in lines[0], lines
+    assert not (tmp_path / "marker").exists()
+    assert not (folder / "flwr.log").exists()  # refused before the launcher wrote anything

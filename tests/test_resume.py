@@ -37,13 +37,16 @@ class _DyingGrid(InProcessGrid):
 
     def __init__(self, *args, die_at: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.die_at, self.trains = die_at, 0
+        self.die_at, self.trains, self.dead = die_at, 0, False
 
     def send_and_receive(self, messages, timeout=None):
         messages = list(messages)
+        if self.dead:  # a killed server sends nothing more (not even the release a failed run sends)
+            raise _ServerKilled
         if messages and messages[0].metadata.message_type == TRAIN:
             self.trains += 1
             if self.trains == self.die_at:
+                self.dead = True
                 raise _ServerKilled
         return super().send_and_receive(messages, timeout)
 

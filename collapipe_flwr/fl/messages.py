@@ -27,7 +27,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from collapipe_flwr.dssra.plan import ClusterPlan
-from collapipe_flwr.errors import CollaPipeError
+from collapipe_flwr.errors import CannotContinue, CollaPipeError
 from collapipe_flwr.flower_internals import KEY_CLIPPING_NORM
 from collapipe_flwr.models.split import PARTS
 from collapipe_flwr.system.profile import ClusterProfile, DeviceMeasurement, LinkMeasurement, ProfileError
@@ -38,6 +38,10 @@ HELLO_ACTION = "hello"  # client_app: @app.query(HELLO_ACTION)
 RELEASE_ACTION = "release"  # client_app: @app.query(RELEASE_ACTION)
 HELLO = f"{MessageType.QUERY}.{HELLO_ACTION}"
 RELEASE = f"{MessageType.QUERY}.{RELEASE_ACTION}"
+# Error codes of a CU's error reply: a user error (config, data, device) that fails this CU's round, and one
+# every later round would repeat until the user acts (errors.CannotContinue: the server stops the run with it)
+USER_ERROR_CODE = 4200
+CANNOT_CONTINUE_CODE = 4201
 
 # ----------------------------------------------------------------------------- record keys
 WEIGHTS = "weights"
@@ -175,7 +179,8 @@ def reply_content(weights: ArrayRecord, metrics: dict) -> RecordDict:
 
 def read_reply(msg: Message) -> tuple[ArrayRecord, dict]:
     if msg.has_error():
-        raise CollaPipeError(f"CU on node {msg.metadata.src_node_id} failed: {msg.error.reason}")
+        kind = CannotContinue if msg.error.code == CANNOT_CONTINUE_CODE else CollaPipeError
+        raise kind(f"CU on node {msg.metadata.src_node_id} failed: {msg.error.reason}")
     content = msg.content
     if WEIGHTS not in content.array_records or METRICS not in content.metric_records:
         raise CollaPipeError(f"reply from node {msg.metadata.src_node_id} lacks weights or metrics")

@@ -9,23 +9,24 @@ from __future__ import annotations
 
 from flwr.app import Context, Error, Message, MetricRecord, RecordDict
 
-from collapipe_flwr.errors import CollaPipeError
+from collapipe_flwr.errors import CannotContinue, CollaPipeError
 from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, hello_metrics, release_run, train_round
 from collapipe_flwr.fl.messages import (
+    CANNOT_CONTINUE_CODE,
     DEVICE_ACTORS_RELEASED,
     HELLO_REPLY,
     RELEASE_REPLY,
+    USER_ERROR_CODE,
     read_cluster_config,
     read_release,
     read_train,
     reply_content,
 )
 
-USER_ERROR_CODE = 4200  # a CollaPipeError on the CU: its message is the reason
-
 
 def _error_reply(msg: Message, err: CollaPipeError) -> Message:
-    return Message(Error(code=USER_ERROR_CODE, reason=str(err)), reply_to=msg)
+    code = CANNOT_CONTINUE_CODE if isinstance(err, CannotContinue) else USER_ERROR_CODE
+    return Message(Error(code=code, reason=str(err)), reply_to=msg)
 
 
 def handle_hello(msg: Message, context: Context) -> Message:

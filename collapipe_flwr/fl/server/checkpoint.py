@@ -17,13 +17,20 @@ CUs (docs/federated_training.md).
 
 The file is ``<run folder>/checkpoint.pt``, written to a temporary file first and moved into place with
 ``os.replace``, so a crash mid-write leaves the previous round's checkpoint intact. It is a ``torch.save``
-pickle: load only checkpoints your own runs wrote.
+archive of tensors and plain Python values only (dicts, lists, tuples, strings, numbers): the server
+optimizer's moments, the NumPy random state and the policy's generator are converted to those when captured
+and rebuilt when restored. It is read back with ``torch.load(weights_only=True)``, whose unpickler builds
+tensors and plain values and nothing else, so a file someone else put there cannot run code in the
+ServerApp: a pickle that names any other Python object (a ``__reduce__`` calling ``os.system``, or a
+checkpoint of format 1, which held the server optimizer object itself), a text file or a truncated file is
+refused with one line naming the file (a :class:`ConfigError`).
 """
 
 from __future__ import annotations
 
 import pickle
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +38,18 @@ import numpy as np
 import torch
 
 from collapipe_flwr.atomic_files import replace_atomically
-from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.errors import CollaPipeError, ConfigError
+from collapipe_flwr.fl.server.server_optimizer import ServerOptimizer
 from collapipe_flwr.fl.server.server_state import ServerState
 
 CHECKPOINT_FILE = "checkpoint.pt"
-FORMAT = 1
+FORMAT = 2  # 2: plain values and tensors only, read with weights_only=True; 1 pickled the server optimizer object
+KEYS = ("format", "round", "model", "cluster_parts", "server_optimizer", "decoder_optimizer", "policy", "rng")
+# What Flower's strategies carry from round to round (fl/server/server_optimizer.py): FedAvgM's momentum (a list
+# of NumPy arrays), FedOpt's m_t and v_t (dicts of NumPy arrays). Their current arrays are set again every round.
+STRATEGY_STATE = ("momentum_vector", "m_t", "v_t")
+_PICKLED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+ZIP_MAGIC = b"PK\x03\x04"  # how every torch.save archive starts
 
 
 def checkpoint_path(folder: str | Path) -> Path:
@@ -43,7 +57,8 @@ def checkpoint_path(folder: str | Path) -> Path:
 
 
 def capture(server: ServerState, t: int) -> dict[str, Any]:
-    """Everything the server needs to continue after round t (see the module docstring)."""
+    """Everything the server needs to continue after round t (see the module docstring), as tensors and plain
+    values that ``torch.load(weights_only=True)`` reads back."""
     model = server.model
     host = server.decoder.host
     return {
@@ -55,39 +70,45 @@ def capture(server: ServerState, t: int) -> dict[str, Any]:
             "head": model.head.state_dict(),
         },
         "cluster_parts": server.global_model.cluster_parts,
-        "server_optimizer": server.global_model.server_optimizer,
+        "server_optimizer": server_optimizer_state(server.global_model.server_optimizer),
         "decoder_optimizer": host.optimizer.state_dict() if host is not None and host.optimizer is not None else None,
-        "policy": server.planner.policy.state_dict(),
-        "profiles": server.planner.profiles.state_dict(),  # the kept measured profiles (system.profile: measured)
+        "policy": plain(server.planner.policy.state_dict()),
+        "profiles": plain(server.planner.profiles.state_dict()),  # the kept measured profiles (system.profile)
         "cu_state_key": server.cu_state_key,  # names the CUs' own checkpoints of their moments (fl/cu/cu_checkpoint.py)
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        "rng": {"torch": torch.get_rng_state(), "numpy": numpy_rng_state(), "python": random.getstate()},
     }
 
 
 def restore(server: ServerState, payload: dict[str, Any]) -> int:
-    """Load a captured state into a freshly built server; returns the round it was captured after."""
+    """Load a captured state into a freshly built server; returns the round it was captured after. A payload
+    that does not fit this run is a one-line ConfigError."""
     if payload.get("format") != FORMAT:
         raise ConfigError(
             f"checkpoint format {payload.get('format')!r} is not {FORMAT}; it was written by another version"
         )
-    model = server.model
-    model.embedding.load_state_dict(payload["model"]["embedding"])
-    model.blocks.load_state_dict(payload["model"]["encoder"])
-    model.head.load_state_dict(payload["model"]["head"])
-    server.global_model.cluster_parts = dict(payload["cluster_parts"])
-    server.global_model.server_optimizer = payload["server_optimizer"]
-    host = server.decoder.host
-    if payload["decoder_optimizer"] is not None and host is not None and host.optimizer is not None:
-        host.optimizer.load_state_dict(payload["decoder_optimizer"])
-    server.planner.policy.load_state_dict(payload["policy"])
-    server.planner.profiles.load_state_dict(payload.get("profiles", {}))  # none in checkpoints before profiles
-    if payload.get("cu_state_key"):
-        server.cu_state_key = str(payload["cu_state_key"])
-    rng = payload["rng"]
-    torch.set_rng_state(rng["torch"])
-    np.random.set_state(rng["numpy"])
-    random.setstate(rng["python"])
-    return int(payload["round"])
+    try:
+        model = server.model
+        model.embedding.load_state_dict(payload["model"]["embedding"])
+        model.blocks.load_state_dict(payload["model"]["encoder"])
+        model.head.load_state_dict(payload["model"]["head"])
+        server.global_model.cluster_parts = dict(payload["cluster_parts"])
+        load_server_optimizer_state(server.global_model.server_optimizer, payload["server_optimizer"])
+        host = server.decoder.host
+        if payload["decoder_optimizer"] is not None and host is not None and host.optimizer is not None:
+            host.optimizer.load_state_dict(payload["decoder_optimizer"])
+        server.planner.policy.load_state_dict(payload["policy"])
+        server.planner.profiles.load_state_dict(payload.get("profiles", {}))
+        if payload.get("cu_state_key"):
+            server.cu_state_key = str(payload["cu_state_key"])
+        rng = payload["rng"]
+        torch.set_rng_state(rng["torch"])
+        load_numpy_rng_state(rng["numpy"])
+        random.setstate(rng["python"])
+        return int(payload["round"])
+    except CollaPipeError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as err:
+        raise ConfigError(f"the checkpoint does not fit this run ({_short(err)}); start the run afresh") from None
 
 
 def save_checkpoint(folder: str | Path, server: ServerState, t: int) -> Path:
@@ -98,15 +119,136 @@ def save_checkpoint(folder: str | Path, server: ServerState, t: int) -> Path:
     return path
 
 
-def load_checkpoint(folder: str | Path) -> dict[str, Any]:
-    """The checkpoint of a run folder; a one-line ConfigError when there is none or it cannot be read."""
+def load_checkpoint(folder: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint of a run folder, read without running any code from it (``weights_only=True``); a
+    one-line ConfigError naming the file when there is none, it cannot be read, it holds anything but
+    tensors and plain values, or it is of another format. ``mmap`` maps the tensors instead of reading them
+    (a cheap check of the file before a run starts)."""
     path = checkpoint_path(folder)
     if not path.is_file():
         raise ConfigError(f"resume=true but {path} does not exist; the run never completed a round, start it afresh")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
-    except (OSError, EOFError, pickle.UnpicklingError, RuntimeError) as err:
-        raise ConfigError(f"cannot read the checkpoint {path} ({err}); start the run afresh") from None
-    if not isinstance(payload, dict) or "round" not in payload:
+        with path.open("rb") as fh:
+            head = fh.read(len(ZIP_MAGIC))
+    except OSError as err:
+        raise ConfigError(f"cannot read the checkpoint {path} ({err.strerror}); start the run afresh") from None
+    if head != ZIP_MAGIC:  # a text file, a bare pickle, an empty file: never handed to an unpickler
+        what = "an empty file" if not head else "not a torch.save archive"
+        raise ConfigError(f"{path} is not a checkpoint ({what}); start the run afresh")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        raise ConfigError(_refused(path, err)) from None
+    except Exception as err:  # a damaged archive fails as RuntimeError, KeyError, EOFError ...
+        raise ConfigError(
+            f"cannot read the checkpoint {path} ({_short(err)}): it is truncated or damaged; start the run afresh"
+        ) from None
+    if not isinstance(payload, dict) or any(key not in payload for key in KEYS):
         raise ConfigError(f"{path} is not a CollaPipe checkpoint; start the run afresh")
+    if payload["format"] != FORMAT:
+        raise ConfigError(
+            f"{path} is a checkpoint of format {payload['format']!r}; this version reads format {FORMAT} only: "
+            "start the run afresh"
+        )
     return payload
+
+
+# ----------------------------------------------------------------------------- plain values
+def plain(value: Any) -> Any:
+    """``value`` with NumPy scalars and arrays turned into Python numbers and lists (the policy's and the
+    profiles' state dicts, which a ``weights_only`` load would refuse if a NumPy type slipped in)."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    return value
+
+
+def numpy_rng_state() -> dict[str, Any]:
+    """``np.random.get_state()`` (a tuple holding a uint32 array) as a tensor and plain values."""
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "kind": str(kind),
+        "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),  # uint32 values, held exactly by int64
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+
+
+def load_numpy_rng_state(state: dict[str, Any]) -> None:
+    keys = np.asarray(state["keys"].numpy(), dtype=np.uint32)
+    np.random.set_state(
+        (state["kind"], keys, int(state["pos"]), int(state["has_gauss"]), float(state["cached_gaussian"]))
+    )
+
+
+def _tensor(array: Any) -> torch.Tensor:
+    return torch.from_numpy(np.array(array, copy=True))  # a copy: the strategy's next step makes new arrays anyway
+
+
+def server_optimizer_state(optimizer: ServerOptimizer) -> dict[str, Any]:
+    """What a :class:`ServerOptimizer` carries between rounds, as tensors: its Flower strategy's moments
+    (:data:`STRATEGY_STATE`, NumPy arrays there) and the layout of the parameters they belong to. Its
+    hyperparameters come from the run's config, which a resumed run must repeat."""
+    state: dict[str, Any] = {"name": optimizer.name, "layout": optimizer._layout}
+    for attr in STRATEGY_STATE:
+        value = getattr(optimizer.strategy, attr, None)
+        if isinstance(value, dict):
+            state[attr] = {str(k): _tensor(v) for k, v in value.items()}
+        elif isinstance(value, (list, tuple)):
+            state[attr] = [_tensor(v) for v in value]
+        else:
+            state[attr] = None
+    return state
+
+
+def load_server_optimizer_state(optimizer: ServerOptimizer, state: dict[str, Any]) -> None:
+    """Put :func:`server_optimizer_state`'s values back into a freshly built optimizer of the same config."""
+    if state["name"] != optimizer.name:
+        raise ConfigError(
+            f"the checkpoint's server optimizer is {state['name']!r}, this run's {optimizer.name!r}; "
+            "resume with the run's own federation.server_optimizer"
+        )
+    layout = state["layout"]
+    optimizer._layout = None if layout is None else tuple((str(k), tuple(int(n) for n in s)) for k, s in layout)
+    for attr in STRATEGY_STATE:
+        value = state.get(attr)
+        if not hasattr(optimizer.strategy, attr):
+            continue
+        if isinstance(value, dict):
+            setattr(optimizer.strategy, attr, {k: v.numpy() for k, v in value.items()})
+        elif isinstance(value, list):
+            setattr(optimizer.strategy, attr, [v.numpy() for v in value])
+        else:
+            setattr(optimizer.strategy, attr, None)
+
+
+# ----------------------------------------------------------------------------- refusals
+def _short(err: BaseException) -> str:
+    """The telling line of an error (torch's weights_only messages are paragraphs of advice around it)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    noise = ("weights only load failed", "weights_only", "check the documentation", "please file an issue")
+    telling = [line for line in lines if not any(n in line.lower() for n in noise)]
+    first = telling[0].split(". ")[0].rstrip(".")[:100] if telling else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def _refused(path: Path, err: pickle.UnpicklingError) -> str:
+    """The one line for a checkpoint the weights_only unpickler refused."""
+    found = _PICKLED_GLOBAL.search(str(err))
+    if found is None:
+        return f"cannot read the checkpoint {path} ({_short(err)}): it is damaged; start the run afresh"
+    name = found.group(1)
+    if name.startswith("collapipe_flwr."):
+        return (
+            f"{path} is a checkpoint of format 1 (an earlier version, which pickled {name}); this version reads "
+            f"format {FORMAT} only, since loading Python objects can run code: start the run afresh, or finish it "
+            "with the version that wrote it"
+        )
+    return (
+        f"{path} is not a checkpoint this version loads: its pickle calls {name}, which could run code; refused. "
+        "Start the run afresh"
+    )

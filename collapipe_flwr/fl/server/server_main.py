@@ -85,7 +85,8 @@ class _Closables:
         try:
             release()
         except Exception as err:  # noqa: BLE001 - the run's own error is the one the user must see
-            log(WARNING, "the CUs could not be released after the failure: %s", str(err).splitlines()[0][:200])
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            log(WARNING, "the CUs could not be released after the failure: %s", first)
 
     def close(self) -> None:
         """Close what was opened, in this order; the run folder is given up last."""

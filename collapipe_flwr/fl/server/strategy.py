@@ -28,7 +28,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from collapipe_flwr.errors import CollaPipeError, ConfigError
+from collapipe_flwr.errors import CannotContinue, CollaPipeError, ConfigError
 from collapipe_flwr.fl.messages import (
     DEVICE_ACTORS_RELEASED,
     HELLO,
@@ -248,6 +248,8 @@ class CollaPipeStrategy(Strategy):
         except CollaPipeError as err:
             record.fail(cluster, str(err))
             log(WARNING, "round %s: cluster %s refused: %s (aggregating the other CUs)", t, cluster, err)
+            if isinstance(err, CannotContinue):
+                self.watch.cannot_continue(t, cluster, str(err))
             return
         if self.cfg.save_client_weights:
             self.run_log.save_cluster_weights(t, cluster, parts, int(metrics[NUM_EXAMPLES]))

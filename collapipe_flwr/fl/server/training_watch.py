@@ -10,6 +10,9 @@ made both CUs fail ``set_testbed`` in every round of such a run). So:
 - a run none of whose rounds in this process trained (the CUs failed, or none was selected) fails at its end,
   whatever K is; rounds.jsonl keeps every round's record.
 
+A CU whose failure every later round would repeat (:class:`~collapipe_flwr.errors.CannotContinue`: its
+optimizer-state file is damaged) stops the run after that round too, rather than the run going on without it.
+
 The run's failure is a one-line :class:`~collapipe_flwr.errors.CollaPipeError` naming the rounds and the last
 reason a CU gave; the launcher turns it into exit code 1.
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from collapipe_flwr.errors import CollaPipeError
+from collapipe_flwr.errors import CannotContinue, CollaPipeError
 
 
 class NothingTrained(CollaPipeError):
@@ -47,6 +50,7 @@ class TrainingWatch:
     untrained: list[int] = field(default_factory=list)  # the rounds t without a result since the last trained one
     failed_streak: int = 0  # of those, how many in a row had CUs selected that all failed
     last_failure: str = ""
+    fatal: str = ""  # a CU's failure that every later round would repeat (errors.CannotContinue)
 
     def round_ended(self, t: int, trained: bool, failures: list[dict], left_out: Mapping[int, str]) -> None:
         """Round t's training is over (its record is still to be written: :meth:`check_streak` comes after)."""
@@ -58,9 +62,16 @@ class TrainingWatch:
         self.last_failure = last_reason(failures, left_out)
         self.failed_streak = self.failed_streak + 1 if failures else 0
 
+    def cannot_continue(self, t: int, cluster: int, reason: str) -> None:
+        """CU ``cluster`` failed round t in a way every later round would repeat (a damaged CU-state file):
+        :meth:`check_streak` stops the run with it once the round's record is kept."""
+        self.fatal = self.fatal or f"round {t}: cluster {cluster} cannot go on: {reason}"
+
     def check_streak(self) -> None:
-        """After the round's record is kept: raise :class:`NothingTrained` on the K-th consecutive round whose
-        selected CUs all failed."""
+        """After the round's record is kept: raise the failure a CU cannot go on from, or :class:`NothingTrained`
+        on the K-th consecutive round whose selected CUs all failed."""
+        if self.fatal:
+            raise CannotContinue(self.fatal + "; the run stops (rounds.jsonl keeps its rounds)")
         k = self.max_failed_rounds
         if k and self.failed_streak >= k:
             raise NothingTrained(
