@@ -2,8 +2,10 @@
 
 Why hand-written: see :mod:`.socket_server` (Python gRPC alone costs more than the inline step's budget; no kept
 library sends the encoded pieces unjoined and receives in place with these checks). The connection opens with
-the CU's hello (its key for (t, n)) and waits for the host's ok, so a refusal (wrong key, closed round, too many
-streams) reaches the caller as the host's one-line reason. Then each step is one length-prefixed frame out
+the CU's hello (its key for (t, n)), sent at once (the host gives a connection ``hello_timeout_s``, 1.5 s, for its
+TLS handshake and hello, and under a keyless flood closes the oldest connections still without one first), and
+waits for the host's ok, so a refusal (wrong key, closed round, too many streams) reaches the caller as the host's
+one-line reason. Then each step is one length-prefixed frame out
 (``sendmsg`` of the frame's pieces, TCP_NODELAY) and one back (``recv_into`` a buffer of the announced size,
 checked against ``max_message_mb`` first). Every wait is bounded by ``timeout_s`` (the socket's timeout, reset to
 what is left of the step's deadline before each read). TLS with the stdlib ``ssl`` when the train message

@@ -6,11 +6,12 @@ inline step (docs/benchmarks.md); no library kept by this project gives a framed
 pieces without joining them, receives in place, and keeps the data plane's checks. This module is the stdlib
 ``socket`` / ``ssl`` doing just that, with every check the gRPC transport has:
 
-- authentication before any frame is read: a connection opens with a hello frame (at most 4 KiB, within
-  ``hello_timeout_s``) carrying (t, n, key), checked by :meth:`Sessions.refusal` (HMAC key compared in constant
-  time, round open, cluster selected; the gRPC interceptor's very decision) and answered by an ok or a one-line
-  error frame, then the connection is closed. An authenticated CU may hold ``max_streams_per_cluster`` streams;
-  at most ``max_streams`` are served at once, and at most ``max_pending`` connections may wait for their hello;
+- authentication before any frame is read: a connection opens with a hello frame (at most 4 KiB) carrying
+  (t, n, key), checked by :meth:`Sessions.refusal` (HMAC key compared in constant time, round open, cluster
+  selected; the gRPC interceptor's very decision) and answered by an ok or, for a refused one, a one-line error
+  frame, then the connection is closed. An authenticated CU may hold ``max_streams_per_cluster`` streams; at most
+  ``max_streams`` are served at once;
+- keyless floods (silent, slow or junk connections) as gRPC holds them: see :mod:`.socket_gate`;
 - per frame: the length prefix is checked against ``max_message_mb`` before a byte of the frame is read (an
   oversize one is answered with a one-line error and the connection closed, as gRPC's RESOURCE_EXHAUSTED ends its
   stream); the frame itself goes to :class:`~.stream_session.StreamSession` and :class:`~.frame_service.FrameService`
@@ -22,7 +23,7 @@ pieces without joining them, receives in place, and keeps the data plane's check
 - TLS when the host has a certificate (``ssl``, server-authenticated as the gRPC transport: the CU verifies the
   certificate it was sent; no client certificate), TLS 1.2 at least.
 
-One thread per connection (blocking reads, no event loop: a step is a strict request / reply on it).
+One thread per admitted connection (blocking reads, no event loop: a step is a strict request / reply on it).
 """
 
 from __future__ import annotations
@@ -35,15 +36,23 @@ import ssl
 import tempfile
 import threading
 import time
+from collections.abc import Sized
 
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.protocol import error_frame
+from collapipe_flwr.fl.dataplane.socket_gate import (
+    BACKLOG,
+    HELLO_TIMEOUT_S,
+    MAX_PENDING,
+    MAX_PENDING_PER_PEER,
+    GateBounds,
+    HelloGate,
+    Who,
+)
 from collapipe_flwr.fl.dataplane.socket_wire import (
-    HELLO_MAX_BYTES,
     HELLO_OK,
     PeerClosed,
     check_length,
-    hello_identity,
     recv_body,
     recv_length,
     send_frame,
@@ -51,7 +60,6 @@ from collapipe_flwr.fl.dataplane.socket_wire import (
 )
 from collapipe_flwr.fl.dataplane.stream_session import Sessions, StreamSession
 from collapipe_flwr.fl.dataplane.transport import format_address
-from collapipe_flwr.fl.dataplane.wire import decode_header
 
 log = logging.getLogger("collapipe_flwr.fl.dataplane.server")
 
@@ -96,7 +104,13 @@ def server_tls_context(tls: tuple[bytes, bytes]) -> ssl.SSLContext:
 
 
 class SocketListener:
-    """The data plane's TCP server on bind:port (TLS with ``tls`` = (certificate PEM, key PEM))."""
+    """The data plane's TCP server on bind:port (TLS with ``tls`` = (certificate PEM, key PEM)).
+
+    Its :class:`~.socket_gate.HelloGate` accepts connections and reads each one's TLS handshake and hello within
+    ``hello_timeout_s``, ``max_pending`` and ``max_pending_per_peer``, then hands it to :meth:`_hello_done`, which
+    admits or refuses it. An admitted connection gets its own handler thread (at most ``max_streams`` are served
+    at once).
+    """
 
     def __init__(
         self,
@@ -106,46 +120,78 @@ class SocketListener:
         port: int,
         tls: tuple[bytes, bytes] | None,
         max_streams: int,
-        hello_timeout_s: float = 10.0,
-        max_pending: int = 64,
+        hello_timeout_s: float = HELLO_TIMEOUT_S,
+        max_pending: int = MAX_PENDING,
+        max_pending_per_peer: int = MAX_PENDING_PER_PEER,
     ) -> None:
+        bounds = GateBounds(hello_timeout_s, max_pending, max_pending_per_peer)
         self._sessions = sessions
         self._bind, self._port = bind, int(port)
-        self._tls = server_tls_context(tls) if tls is not None else None
-        self._max_streams, self._max_pending = int(max_streams), int(max_pending)
-        self._hello_timeout_s = float(hello_timeout_s)
-        self._sock: socket.socket | None = None
-        self._acceptor: threading.Thread | None = None
-        self._lock = threading.Lock()  # guards the sets and counts below
+        self._max_streams = int(max_streams)
+        context = server_tls_context(tls) if tls is not None else None
+        self._gate = HelloGate(bounds, context, self._hello_done, sessions.refuse_unattributed)
+        self._lock = threading.Lock()  # guards the sets and count below
         self._conns: set[_Conn] = set()
         self._threads: set[threading.Thread] = set()
-        self._pending = 0  # connections not past their hello yet
         self._serving = 0  # authenticated streams being served
 
+    # -- the gate's counters and bounds, read (and, by tests, tuned on a running host) here as before -----------
+    @property
+    def evicted(self) -> int:
+        """Pending connections closed to make room for newer ones."""
+        return self._gate.evicted
+
+    @property
+    def timed_out(self) -> int:
+        """Pending connections closed for sending no whole hello within hello_timeout_s."""
+        return self._gate.timed_out
+
+    @property
+    def _pending(self) -> Sized:
+        return self._gate.pending
+
+    @property
+    def _hello_timeout_s(self) -> float:
+        return self._gate.bounds.hello_timeout_s
+
+    @_hello_timeout_s.setter
+    def _hello_timeout_s(self, value: float) -> None:
+        self._gate.bounds.hello_timeout_s = value
+
+    @property
+    def _max_pending(self) -> int:
+        return self._gate.bounds.max_pending
+
+    @_max_pending.setter
+    def _max_pending(self, value: int) -> None:
+        self._gate.bounds.max_pending = value
+
+    @property
+    def _max_pending_per_peer(self) -> int:
+        return self._gate.bounds.max_pending_per_peer
+
+    @_max_pending_per_peer.setter
+    def _max_pending_per_peer(self, value: int) -> None:
+        self._gate.bounds.max_pending_per_peer = value
+
+    # -- start / stop ------------------------------------------------------------------------------------------
     def start(self) -> int:
         family = socket.AF_INET6 if ":" in self._bind else socket.AF_INET
         try:
-            sock = socket.create_server((self._bind.strip("[]"), self._port), family=family, backlog=128)
+            sock = socket.create_server((self._bind.strip("[]"), self._port), family=family, backlog=BACKLOG)
         except OSError as err:
             raise DataPlaneError(
                 f"cannot bind the data plane to {format_address(self._bind, self._port)} ({err.strerror}); choose a "
                 "free dataplane.port or another dataplane.bind"
             ) from None
-        self._sock = sock
-        self._acceptor = threading.Thread(target=self._accept, name="decoder-host-accept", daemon=True)
-        self._acceptor.start()
-        return sock.getsockname()[1]
+        port = sock.getsockname()[1]
+        self._gate.start(sock)
+        return port
 
     def stop(self, grace_s: float) -> None:
         """Stop accepting; open connections are shut down after ``grace_s`` s (at once when none is busy)."""
-        sock, self._sock = self._sock, None
-        if sock is None:
-            return
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)  # wakes the acceptor's accept()
-        sock.close()
-        if self._acceptor is not None:
-            self._acceptor.join(timeout=5.0)
+        if not self._gate.stop():
+            return  # not started, or stopped already
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and self._serving:
             time.sleep(0.02)
@@ -156,62 +202,10 @@ class SocketListener:
         for thread in threads:
             thread.join(timeout=5.0)
 
-    # -- connections -------------------------------------------------------------------------------------------
-    def _accept(self) -> None:
-        while self._sock is not None:
-            try:
-                raw, _ = self._sock.accept()
-            except OSError:  # the listening socket was shut down (stop) or is gone
-                return
-            with self._lock:
-                if self._pending >= self._max_pending:
-                    raw.close()  # a flood of silent connections: refuse without a thread
-                    self._sessions.refuse_unattributed()
-                    continue
-                self._pending += 1
-                conn = _Conn(raw)
-                thread = threading.Thread(target=self._serve, args=(conn,), name="decoder-host-conn", daemon=True)
-                self._conns.add(conn)
-                self._threads.add(thread)
-            thread.start()
-
-    def _serve(self, conn: _Conn) -> None:
-        """One connection: TLS handshake and hello (within hello_timeout_s), then its frames until it ends."""
-        session: StreamSession | None = None
-        try:
-            tune(conn.sock)
-            conn.sock.settimeout(self._hello_timeout_s)
-            if self._tls is not None:
-                conn.sock = self._tls.wrap_socket(conn.sock, server_side=True)
-            session = self._hello(conn)
-            if session is not None:
-                send_frame(conn.sock, HELLO_OK)
-                conn.sock.settimeout(None)  # idleness is the reaper's: it shuts the socket down
-                self._frames(conn, session)
-        except (OSError, DataPlaneError) as err:  # the CU went away (mid-frame too), a failed handshake, a cancel
-            log.debug("data-plane connection ended: %s", err)
-        finally:
-            with self._lock:
-                if session is not None:
-                    self._serving -= 1
-                else:
-                    self._pending -= 1
-                self._conns.discard(conn)
-                self._threads.discard(threading.current_thread())
-            if session is not None:
-                session.close()
-            with contextlib.suppress(OSError):
-                conn.sock.close()
-
-    def _hello(self, conn: _Conn) -> StreamSession | None:
-        """The session of an admitted connection (counted as served), or None once it was refused (with a
-        one-line error frame)."""
-        try:
-            length = recv_length(conn.sock, bytearray(8))
-            check_length(length, HELLO_MAX_BYTES, "a connection hello")
-            who = hello_identity(decode_header(recv_body(conn.sock, length)))
-        except DataPlaneError:
-            who = None
+    # -- admission ---------------------------------------------------------------------------------------------
+    def _hello_done(self, sock: socket.socket, who: Who) -> None:
+        """Admit the connection that presented ``who`` (its handler thread takes it over) or refuse it with a
+        one-line error frame (called in the gate's thread)."""
         why = self._sessions.refusal(who, "connection hello")
         if why is None and who is not None:
             stream = (who[0], who[1])
@@ -223,14 +217,41 @@ class SocketListener:
                         f"{self._max_streams}); raise its max_streams"
                     )
                 else:
+                    conn = _Conn(sock)
                     session = self._sessions.open(stream, conn)
                     if session is not None:
-                        self._pending -= 1
                         self._serving += 1
-                        return session
+                        thread = threading.Thread(
+                            target=self._serve, args=(conn, session), name="decoder-host-conn", daemon=True
+                        )
+                        self._conns.add(conn)
+                        self._threads.add(thread)
+                        thread.start()
+                        return
                     why = self._sessions.full(stream)
-        send_frame(conn.sock, error_frame(None, why or "refused"))
-        return None
+        with contextlib.suppress(OSError):  # a few hundred bytes into an empty send buffer: it does not block
+            send_frame(sock, error_frame(None, why or "refused"))
+        with contextlib.suppress(OSError):
+            sock.close()
+
+    # -- an admitted connection ------------------------------------------------------------------------------
+    def _serve(self, conn: _Conn, session: StreamSession) -> None:
+        """One admitted connection, in its own thread: the ok to its hello, then its frames until it ends."""
+        try:
+            conn.sock.setblocking(True)  # idleness is the reaper's: it shuts the socket down
+            tune(conn.sock)
+            send_frame(conn.sock, HELLO_OK)
+            self._frames(conn, session)
+        except (OSError, DataPlaneError) as err:  # the CU went away (mid-frame too), a cancel
+            log.debug("data-plane connection ended: %s", err)
+        finally:
+            with self._lock:
+                self._serving -= 1
+                self._conns.discard(conn)
+                self._threads.discard(threading.current_thread())
+            session.close()
+            with contextlib.suppress(OSError):
+                conn.sock.close()
 
     def _frames(self, conn: _Conn, session: StreamSession) -> None:
         """Answer the connection's frames in order until the CU ends it (or it is cancelled)."""
