@@ -53,6 +53,17 @@ def _one_thread():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cu_sessions(monkeypatch):
+    """Each test starts with no CU session in this process: a direct ``train_round`` call without a run id names
+    its run by a digest of the config, which another test may share, and would take over that test's session
+    (its optimizer moments included). In random order that made a split-equivalence case differ by 1e-3."""
+    from collapipe_flwr.fl.cu import cluster_session
+
+    monkeypatch.setattr(cluster_session, "_SESSIONS", {})
+    yield
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     """A local Ray instance (2 CPUs) for a test module's Ray-backed pipelines, shut down after it if it started

@@ -20,7 +20,7 @@ class _CountingServer:
     def __init__(self, every: int, rounds: int) -> None:
         self.cfg = SimpleNamespace(
             eval=EvalSpec(every=every),
-            federation=SimpleNamespace(num_rounds=rounds),
+            federation=SimpleNamespace(num_rounds=rounds, max_failed_rounds=3),
             method=SimpleNamespace(name="collapipe"),
             checkpoint=False,
         )

@@ -5,6 +5,7 @@ single-process training of the whole model step for step."""
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 
@@ -16,6 +17,7 @@ from collapipe_flwr.fl.server.server_state import ServerState
 from tests.plain_reference import plain_losses
 
 STEPS = 5
+_RUN_IDS = itertools.count(9100)  # a fresh run per case: a CU session (and its optimizer moments) never carries over
 
 
 def _config(data_dir, task: str, model: str):
@@ -57,7 +59,10 @@ def test_split_training_reproduces_plain_training(data_dir, task, model, S, m):
         server.decoder.open_round(1, [0])
         instructions = server.instructions_for(1, plan)
         _, metrics = train_round(
-            ClusterIdentity(0, 1, str(data_dir)), copy.deepcopy(server.global_model.array_record()), instructions
+            ClusterIdentity(0, 1, str(data_dir)),
+            copy.deepcopy(server.global_model.array_record()),
+            instructions,
+            run_id=next(_RUN_IDS),  # without it the run is named by its config, which another test may share
         )
         server.decoder.close_round()
     finally:
