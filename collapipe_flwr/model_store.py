@@ -16,6 +16,8 @@ A LoRA model (``model.lora.enabled``) saves only what trained: each part's file 
 (the adapters of the TEBs; an empty file for a frozen part) and model.json records ``"tensors": "trainable"``.
 The frozen base is the config's reference: ``model.hf_folder`` (the base model's folder), or the inline
 architecture and seed that rebuild it; :func:`load_model` rebuilds it that way and loads the adapters over it.
+A LoRA causal LM also goes out as ``peft/`` (the adapters in PEFT's own format) and ``merged/`` (the un-split
+model with them merged, a plain Hugging Face folder), listed under model.json's ``"exports"`` (docs/hf_export.md).
 """
 
 from __future__ import annotations
@@ -128,9 +130,31 @@ def save_model(
         "info": dict(info or {}),
         "tokenizer": describe_tokenizer(task, target) if task is not None else _tokenizer_config(config["task"]),
     }
+    exports = _export_lora_causal_lm(target, config, (embedding, blocks, head))
+    if exports:
+        meta["exports"] = exports
     text = json.dumps(meta, indent=2, sort_keys=False, default=str) + "\n"
     _atomic(target / META_FILE, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return target
+
+
+def _export_lora_causal_lm(target: Path, config: Mapping[str, Any], parts: tuple) -> dict:
+    """A LoRA causal LM (head frozen) also goes out as ``peft/`` (the adapters in PEFT's own format) and ``merged/``
+    (a plain Hugging Face folder), docs/hf_export.md; {} for every other model (what each folder holds)."""
+    from collapipe_flwr.tasks.hf_spec import parse_lora
+
+    if not adapters_only(config) or config["task"].get("name") != "causal_lm":
+        return {}
+    lora = parse_lora(config["model"].get("lora"))
+    if lora.train_head:
+        return {"skipped": "model.lora.train_head: the trained head is no LoRA adapter, so no PEFT export"}
+    from collapipe_flwr.models.hf.lora import lora_config
+    from collapipe_flwr.models.hf.peft_export import export_lora, model_type_of
+
+    settings = lora_config(model_type_of(parts[1]), lora.r, lora.alpha, lora.dropout, lora.target_modules or None)
+    folder = str(config["model"].get("hf_folder") or "")
+    base = str(Path(folder).expanduser().resolve()) if folder and Path(folder).expanduser().is_dir() else folder
+    return export_lora(target, parts, settings, base or None)
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -149,8 +173,9 @@ def describe_tokenizer(task, target: Path) -> dict:
     """Copy the task's tokenizer files to ``target/tokenizer/`` and describe them (kind, sizes, sources)."""
     folder = Path(target) / TOKENIZER_DIR
     tokenizer: Any = task.tokenizer() if callable(getattr(task, "tokenizer", None)) else None
-    if callable(getattr(tokenizer, "save_pretrained", None)) and not task.options.get("vocab_file"):
-        tokenizer.save_pretrained(str(folder))  # a Hugging Face tokenizer (causal_lm): its own folder format
+    from_folder = getattr(getattr(task, "model_spec", None), "hf", None) is not None  # a model folder's tokenizer
+    if callable(getattr(tokenizer, "save_pretrained", None)) and (from_folder or not task.options.get("vocab_file")):
+        tokenizer.save_pretrained(str(folder))  # a Hugging Face tokenizer (causal_lm, HF encoders): its folder format
         return {
             "kind": "hf_tokenizer",
             "library": "transformers",

@@ -83,7 +83,10 @@ def pack_weights(parts: dict[str, dict[str, torch.Tensor]]) -> ArrayRecord:
         raise ValueError(f"unknown weight part {unknown[0]!r}")
     for part in sorted(parts, key=PARTS.index):
         for name, tensor in parts[part].items():
-            flat[f"{part}.{name}"] = tensor.detach().cpu().contiguous()
+            tensor = tensor.detach().cpu()
+            if tensor.dtype == torch.bfloat16:  # Flower's arrays are numpy's, which has no bfloat16: exact in fp32
+                tensor = tensor.float()  # (a bf16 frozen base, model.base_dtype; loading it back rounds exactly)
+            flat[f"{part}.{name}"] = tensor.contiguous()
     return ArrayRecord(torch_state_dict=flat)
 
 

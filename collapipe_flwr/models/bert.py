@@ -24,7 +24,7 @@ from transformers import BertConfig
 from transformers.models.bert.modeling_bert import BertEmbeddings, BertLayer, BertPooler
 
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.models.crf import LinearChainCRF, pack_left
+from collapipe_flwr.models.crf import LinearChainCRF
 from collapipe_flwr.models.split import SplitModel, TaskHead
 
 HEADS = ("token", "token_crf", "sequence")
@@ -107,27 +107,12 @@ class CRFTokenClassificationHead(TokenClassificationHead):
         self.crf = LinearChainCRF(num_labels)
 
     def loss_terms(self, hidden, attention_mask, batch: Mapping[str, torch.Tensor]):
-        labels = batch["labels"]
-        keep = labels != -100
-        emissions, mask, _ = pack_left(self.logits(hidden), keep)
-        tags, _, _ = pack_left(labels, keep)
-        nll = -self.crf.log_likelihood(emissions, tags, mask)
-        return nll.sum(), keep.sum()
+        return self.crf.token_loss_terms(self.logits(hidden), batch["labels"])
 
     def predict(self, hidden, attention_mask, batch=None) -> torch.Tensor:
         """Viterbi tag per labelled token, scattered back to [B,T] (0 elsewhere)."""
-        if batch is not None and "labels" in batch:
-            keep = batch["labels"] != -100
-        else:
-            keep = attention_mask.bool().clone()
-            keep[:, 0] = False
-            keep[torch.arange(keep.shape[0], device=keep.device), attention_mask.sum(1) - 1] = False
-        emissions, mask, source = pack_left(self.logits(hidden), keep)
-        out = torch.zeros(keep.shape, dtype=torch.long, device=hidden.device)
-        for row, path in enumerate(self.crf.viterbi(emissions, mask)):
-            if path:
-                out[row, source[row, : len(path)]] = torch.tensor(path, dtype=torch.long, device=hidden.device)
-        return out
+        labels = batch["labels"] if batch is not None and "labels" in batch else None
+        return self.crf.token_predict(self.logits(hidden), attention_mask, labels)
 
 
 class SequenceClassificationHead(TaskHead):

@@ -98,3 +98,32 @@ class LinearChainCRF(nn.Module):
                 path.append(tag)
             paths.append(path[::-1])
         return paths
+
+    # ---- over a token-classification head's [B,T,C] logits (NER: models/bert.py, models/hf/classification_head.py)
+    def token_loss_terms(self, emissions: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(negative log-likelihood of the gold tags summed over sentences, number of labelled tokens) over the
+        positions with a label (labels != -100: each word's first token, not [CLS]/[SEP]/padding), packed to the
+        left of each row: the scale of a per-token cross-entropy."""
+        keep = labels != -100
+        packed, mask, _ = pack_left(emissions, keep)
+        tags, _, _ = pack_left(labels, keep)
+        return -self.log_likelihood(packed, tags, mask).sum(), keep.sum()
+
+    @torch.no_grad()
+    def token_predict(
+        self, emissions: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Viterbi tag per labelled token scattered back to [B,T] (0 elsewhere); without labels over every real
+        token but the first and last ([CLS] and [SEP])."""
+        if labels is not None:
+            keep = labels != -100
+        else:
+            keep = attention_mask.bool().clone()
+            keep[:, 0] = False
+            keep[torch.arange(keep.shape[0], device=keep.device), attention_mask.sum(1) - 1] = False
+        packed, mask, source = pack_left(emissions, keep)
+        out = torch.zeros(keep.shape, dtype=torch.long, device=emissions.device)
+        for row, path in enumerate(self.viterbi(packed, mask)):
+            if path:
+                out[row, source[row, : len(path)]] = torch.tensor(path, dtype=torch.long, device=emissions.device)
+        return out

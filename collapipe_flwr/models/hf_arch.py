@@ -1,5 +1,5 @@
-"""Architecture sizes of the causal LMs, in the project's words and in each Hugging Face config's words (imports
-no transformers until a config is built, so parsing a model config stays fast).
+"""Architecture sizes of the causal LMs (and of the BERT / RoBERTa encoders), in the project's words and in each
+Hugging Face config's words (imports no transformers until a config is built, so parsing a model config stays fast).
 
 ``model.hidden / n_heads / d_ff / layers / max_len`` (conf/model/<name>.yaml) map onto the config keys of
 each model type (GPT-2: ``n_embd``, ``n_head``, ``n_inner``, ``n_layer``, ``n_positions``; Llama-style:
@@ -33,13 +33,19 @@ CONFIG_KEYS: dict[str, dict[str, str]] = {
     "qwen2": _LLAMA_KEYS,
     "mistral": _LLAMA_KEYS,
 }
+CAUSAL_LM_TYPES = tuple(CONFIG_KEYS)
+# the encoders (support.BERT_LIKE) the ner and classification tasks run from a model folder (tasks/hf_encoder.py);
+# their config.json names the sizes as Llama-style configs do
+ENCODER_TYPES = ("bert", "roberta")
+CONFIG_KEYS.update({model_type: _LLAMA_KEYS for model_type in ENCODER_TYPES})
 MODEL_TYPES = tuple(CONFIG_KEYS)
 
 
 def check_model_type(model_type: str, key: str = "model.model_type") -> str:
     if model_type not in CONFIG_KEYS:
         raise ConfigError(
-            f"{key}={model_type!r} is not a causal LM type this project splits; pick one of {', '.join(MODEL_TYPES)}"
+            f"{key}={model_type!r} is not a model type this project splits; pick one of {', '.join(MODEL_TYPES)} "
+            f"(causal LMs: {', '.join(CAUSAL_LM_TYPES)}; encoders for ner / classification: {', '.join(ENCODER_TYPES)})"
         )
     return model_type
 
@@ -68,10 +74,16 @@ WEIGHT_FILES = (
 )
 
 
-def check_weights(folder: str | Path) -> None:
+def check_weights(folder: str | Path, gguf_file: str = "") -> None:
     """A local model folder holds its weights (checked at start-up: without them transformers fails only when the
-    model is built, after the run has started)."""
+    model is built, after the run has started); with ``gguf_file`` the weights are that GGUF file in it."""
     path = Path(folder).expanduser()
+    if gguf_file:
+        if not (path / gguf_file).is_file():
+            raise ConfigError(
+                f"model.gguf_file={gguf_file!r} is not a file in {str(folder)!r}; name a .gguf file of the folder"
+            )
+        return
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise ConfigError(
             f"model.hf_folder={str(folder)!r} holds no weights (none of {', '.join(WEIGHT_FILES)}); copy the model's "
@@ -86,6 +98,8 @@ def folder_sizes(config: Mapping[str, Any]) -> tuple[str, dict[str, int]]:
     sizes: dict[str, Any] = {size: config.get(key) for size, key in keys.items()}
     if model_type == "gpt2" and sizes["d_ff"] is None and isinstance(sizes["hidden"], int):
         sizes["d_ff"] = 4 * sizes["hidden"]
+    if model_type == "roberta" and isinstance(sizes["max_len"], int):  # positions count from pad_token_id + 1
+        sizes["max_len"] -= int(config.get("pad_token_id") or 0) + 1
     bad = [size for size, value in sizes.items() if not isinstance(value, int) or isinstance(value, bool)]
     if bad:
         raise ConfigError(f"the folder's config.json has no integer {keys[bad[0]]}; the model folder is damaged")

@@ -227,7 +227,7 @@ def measure_workload(
     blocks: nn.ModuleList,
     hidden: torch.Tensor,
     attention_mask: torch.Tensor,
-    bytes_per_param: int = 4,
+    bytes_per_param: int | None = None,
     batch_size: int | None = None,
     steps_per_round: int = 1,
     embedding: nn.Module | None = None,
@@ -239,12 +239,14 @@ def measure_workload(
     ``batch_size`` is b (default: the probe's B); ``embedding`` adds its parameters to the upload; ``head``
     (the server-side decoder / task head) sets ``head_bytes``, which vanilla_fl uploads. Uploads count the
     trainable parameters; blocks with frozen ones (LoRA) also set ``trainable_bytes``. ``schedule`` is the
-    pipeline's (gpipe | 1f1b), for C7.
+    pipeline's (gpipe | 1f1b), for C7. ``bytes_per_param``: None (default) counts every tensor in its real dtype
+    (a bf16 frozen base, ``model.base_dtype``, is half an fp32 one); a number counts every element that size.
     """
     if hidden.dim() != 3:
         raise ConfigError(f"measure_workload needs hidden of shape [B, T, H], got {tuple(hidden.shape)}")
     B = int(hidden.shape[0])
-    fwd, bwd, saved, params, boundary = [], [], [], [], [float(hidden[0].numel() * bytes_per_param)]
+    act_bytes = hidden.element_size() if bytes_per_param is None else bytes_per_param
+    fwd, bwd, saved, params, boundary = [], [], [], [], [float(hidden[0].numel() * act_bytes)]
     trainable = [_count_bytes(blk, bytes_per_param, trainable=True) for blk in blocks]
     x = hidden.detach()
     extra = _extra_flop_formulas()
@@ -261,7 +263,7 @@ def measure_workload(
         bwd.append(counter.get_total_flops() / B)
         blk.zero_grad(set_to_none=True)
         params.append(_count_bytes(blk, bytes_per_param))
-        boundary.append(float(out[0].numel() * bytes_per_param))
+        boundary.append(float(out[0].numel() * act_bytes))
         x = out.detach()
     for blk, mode in zip(blocks, was_training):
         blk.train(mode)
@@ -281,6 +283,13 @@ def measure_workload(
     )
 
 
-def _count_bytes(module: nn.Module, bytes_per_param: int, trainable: bool = False) -> float:
-    """Bytes of ``module``'s parameters (``trainable``: of those with requires_grad only)."""
-    return float(sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable) * bytes_per_param)
+def _count_bytes(module: nn.Module, bytes_per_param: int | None, trainable: bool = False) -> float:
+    """Bytes of ``module``'s parameters (``trainable``: of those with requires_grad only), each in its own dtype
+    (``bytes_per_param`` None) or at ``bytes_per_param`` bytes an element."""
+    return float(
+        sum(
+            p.numel() * (p.element_size() if bytes_per_param is None else bytes_per_param)
+            for p in module.parameters()
+            if p.requires_grad or not trainable
+        )
+    )

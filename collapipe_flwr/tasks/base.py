@@ -43,7 +43,10 @@ class Task(ABC):
 
     name: ClassVar[str]
     metric_name: ClassVar[str]  # "bleu" | "f1" | "accuracy"
-    model_family: ClassVar[str]  # "transformer" | "bert"
+    model_family: ClassVar[str]  # "transformer" | "bert" | "hf"
+    # the task also runs a pretrained Hugging Face encoder (family hf, model_type bert | roberta, model.hf_folder):
+    # tasks/hf_encoder.py, docs/hf_bert_tasks.md
+    hf_encoders: ClassVar[bool] = False
     task_keys: ClassVar[frozenset[str]] = frozenset()  # the keys of TaskSpec.options this task accepts
 
     def __init__(
@@ -54,7 +57,7 @@ class Task(ABC):
         seed: int,
         cache_dir: Path | None = None,
     ) -> None:
-        if task.name != self.name or model.family != self.model_family:
+        if task.name != self.name or not self.runs_family(model.family):
             raise ConfigError(
                 f"task {self.name} needs task.name={self.name} and a {self.model_family} model, "
                 f"got task.name={task.name} and model.family={model.family}"
@@ -69,6 +72,11 @@ class Task(ABC):
         self._corpus_sizes: list[int] = []  # examples per training corpus, set by read_split (domain partition)
 
     # ---- configuration -------------------------------------------------------------------------
+    @classmethod
+    def runs_family(cls, family: str) -> bool:
+        """Whether a model of ``family`` can run this task: its own, or ``hf`` for a task that runs HF encoders."""
+        return family == cls.model_family or (family == "hf" and cls.hf_encoders)
+
     @classmethod  # noqa: B027 - an optional hook, a no-op unless a task overrides it
     def validate_options(cls, options: Mapping[str, Any]) -> None:
         """Check the task-specific keys (file names, tokenizer settings); one-line ConfigError naming the key.

@@ -72,7 +72,7 @@ class CausalLMTask(Task):
         if not hasattr(self, "_tokenizer"):
             hf = self.model_spec.hf
             if hf is not None and hf.from_folder:
-                self._tokenizer = hf_tokenizer.folder_tokenizer(hf.hf_folder, hf.allow_hub)
+                self._tokenizer = hf_tokenizer.folder_tokenizer(hf.hf_folder, hf.allow_hub, hf.gguf_file)
             else:
                 settings = hf_tokenizer.check_settings(self.options.get("tokenizer"))
                 source = self._file("train")

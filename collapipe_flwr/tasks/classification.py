@@ -2,7 +2,8 @@
 
 File format (docs/data.md): ``title_!_labelid`` a line, label ids 0..14 (BertWithPretrained's
 ``label_map`` of the original codes 100..116). Titles are tokenised by BertTokenizerFast over the
-bert-base-chinese vocab and cut at max_len tokens ([CLS] ... [SEP]). Batches: ``labels`` [B].
+bert-base-chinese vocab and cut at max_len tokens ([CLS] ... [SEP]); with a pretrained Hugging Face encoder
+(``model.hf_folder``, tasks/hf_encoder.py) by the folder's own tokenizer. Batches: ``labels`` [B].
 Metrics: accuracy and macro-F1. Partitions may be label-skewed (Dirichlet over ``labels``).
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from collapipe_flwr.errors import ConfigError, DataFormatError
-from collapipe_flwr.tasks import model_config
+from collapipe_flwr.tasks import hf_encoder, model_config
 from collapipe_flwr.tasks.base import HUB_SPLITS, Task
 from collapipe_flwr.tasks.batching import attention_mask, pad
 from collapipe_flwr.tasks.bert_vocab import bert_tokenizer
@@ -84,6 +85,7 @@ class ClassificationTask(Task):
     name = "classification"
     metric_name = "accuracy"
     model_family = "bert"
+    hf_encoders = True  # or a pretrained BERT / RoBERTa folder (family hf, tasks/hf_encoder.py)
     task_keys = SPLIT_FILE_KEYS | {"num_labels"}
 
     @classmethod
@@ -121,6 +123,9 @@ class ClassificationTask(Task):
         return [Title(r["sentence"], code_to_id[int(names[r["label"]])]) for r in rows if r["label"] >= 0]
 
     def tokenizer(self):
+        """The bert-base-chinese vocab of ``vocab_file``, or a model folder's own tokenizer."""
+        if hf_encoder.uses_folder(self.model_spec):
+            return hf_encoder.folder_tokenizer(self.model_spec)
         return bert_tokenizer(self.data_dir, self.options["vocab_file"])
 
     def encode(self, examples: Sequence[Title]) -> list[dict]:
@@ -143,6 +148,8 @@ class ClassificationTask(Task):
 
     def build_model(self, seed: int):
         torch.manual_seed(seed)
+        if hf_encoder.uses_folder(self.model_spec):
+            return hf_encoder.build_encoder_model(self.model_spec, len(self.tokenizer()), "sequence", self.num_labels)
         return model_config.build_bert_model(self.model_spec, len(self.tokenizer()), "sequence", self.num_labels)
 
     def predict_batch(self, model, hidden, batch, indices, beam_size):

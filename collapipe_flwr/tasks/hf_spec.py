@@ -4,7 +4,10 @@
   into segments delta_k): a from-scratch model built from that config (nothing downloaded);
 - ``hf_folder``: a local model folder (config.json, weights, tokenizer files); its config.json decides the
   type and sizes (given sizes must match it). With ``allow_hub: true`` (off by default) it may be a hub id,
-  downloaded once by transformers' cache;
+  downloaded once by transformers' cache. ``package:<module>[/<sub>]`` names a folder inside an installed Python
+  package (models/packaged.py), resolved on each machine where the folder is read;
+- ``gguf_file``: a GGUF file in that folder holding config, weights (dequantised on load) and tokenizer;
+- ``base_dtype`` (fp32 | bf16, LoRA only): the dtype the TEBs' frozen base weights are stored in;
 - ``lora`` {enabled, r, alpha, dropout, target_modules: auto | [names], train_head}: LoRA adapters on every
   TEB. The devices then train only theta^s_LoRA of their delta_k, and the CU's upload (eq. 11, the bits of C9
   / eq. 26) and the server's average carry only the trainable tensors.
@@ -18,10 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.models.hf_arch import check_model_type, check_weights, folder_sizes, read_config_json
+from collapipe_flwr.models.gguf_header import gguf_config
+from collapipe_flwr.models.hf_arch import (
+    ENCODER_TYPES,
+    check_model_type,
+    check_weights,
+    folder_sizes,
+    read_config_json,
+)
+from collapipe_flwr.models.packaged import resolve_folder
 from collapipe_flwr.spec_parsing import require
 
-HF_KEYS = ("model_type", "hf_folder", "allow_hub", "lora")
+HF_KEYS = ("model_type", "hf_folder", "allow_hub", "lora", "gguf_file", "base_dtype")
+# model.base_dtype: what the frozen (non-LoRA) weights of the TEBs are stored in (models/hf/frozen_base.py)
+BASE_DTYPES = ("fp32", "bf16")
 _LORA_KEYS = ("enabled", "r", "alpha", "dropout", "target_modules", "train_head")
 
 
@@ -88,16 +101,39 @@ def parse_lora(raw: Any) -> LoraSpec:
 
 @dataclass(frozen=True)
 class HfSpec:
-    """The Hugging Face part of ``model``: the type, the folder ("" = from scratch), the hub opt-in, LoRA."""
+    """The Hugging Face part of ``model``: the type, the folder ("" = from scratch; ``package:<module>[/<sub>]`` = a
+    folder inside an installed package, models/packaged.py), the hub opt-in, LoRA, the GGUF file in the folder that
+    holds config, weights and tokenizer ("" = the folder's config.json and weight files), and the dtype of the TEBs'
+    frozen base weights (bf16 halves them on the devices; LoRA adapters stay fp32)."""
 
     model_type: str
     hf_folder: str = ""
     allow_hub: bool = False
     lora: LoraSpec = field(default_factory=LoraSpec)
+    gguf_file: str = ""
+    base_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         check_model_type(self.model_type)
         require(isinstance(self.allow_hub, bool), f"model.allow_hub={self.allow_hub!r} must be true or false")
+        require(
+            bool(self.hf_folder) or self.model_type not in ENCODER_TYPES,
+            f"model.model_type={self.model_type} needs model.hf_folder (a pretrained {self.model_type} folder, "
+            "docs/hf_bert_tasks.md); a from-scratch BERT is model=bert_tiny / bert_small",
+        )
+        require(
+            isinstance(self.gguf_file, str) and (not self.gguf_file or bool(self.hf_folder)),
+            f"model.gguf_file={self.gguf_file!r} names a file in model.hf_folder; set model.hf_folder too",
+        )
+        require(
+            self.base_dtype in BASE_DTYPES,
+            f"model.base_dtype={self.base_dtype!r} is not one of {', '.join(BASE_DTYPES)}",
+        )
+        require(
+            self.base_dtype == "fp32" or self.lora.enabled,
+            f"model.base_dtype={self.base_dtype} stores the frozen base weights and needs model.lora.enabled=true "
+            "(without LoRA every weight trains, in fp32)",
+        )
 
     @property
     def from_folder(self) -> bool:
@@ -109,14 +145,21 @@ class HfSpec:
             "hf_folder": self.hf_folder,
             "allow_hub": self.allow_hub,
             "lora": self.lora.to_raw(),
+            "gguf_file": self.gguf_file,
+            "base_dtype": self.base_dtype,
         }
 
 
-def _source_sizes(folder: str, allow_hub: bool) -> tuple[str, dict[str, int]]:
-    """(type, sizes) of a local folder's config.json, or with ``allow_hub`` of a hub id's config (downloaded)."""
-    if Path(folder).expanduser().is_dir():
-        sizes = folder_sizes(read_config_json(folder))  # a known architecture first, then its weights
-        check_weights(folder)
+def _source_sizes(folder: str, allow_hub: bool, gguf_file: str = "") -> tuple[str, dict[str, int]]:
+    """(type, sizes) of a local folder's config.json (of its GGUF file's header with ``gguf_file``), or with
+    ``allow_hub`` of a hub id's config (downloaded). A ``package:`` folder is resolved here, on this machine."""
+    local = resolve_folder(folder)
+    if Path(local).expanduser().is_dir():
+        if gguf_file:  # config, weights and tokenizer are all in the GGUF file
+            check_weights(local, gguf_file)
+            return folder_sizes(gguf_config(Path(local).expanduser() / gguf_file))
+        sizes = folder_sizes(read_config_json(local))  # a known architecture first, then its weights
+        check_weights(local)
         return sizes
     if not allow_hub:
         raise ConfigError(
@@ -125,19 +168,21 @@ def _source_sizes(folder: str, allow_hub: bool) -> tuple[str, dict[str, int]]:
         )
     from transformers import AutoConfig
 
-    return folder_sizes(AutoConfig.from_pretrained(folder).to_dict())
+    return folder_sizes(AutoConfig.from_pretrained(folder, **({"gguf_file": gguf_file} if gguf_file else {})).to_dict())
 
 
 def parse_hf(raw: Mapping[str, Any], size_keys: tuple[str, ...]) -> tuple[HfSpec, dict[str, Any]]:
     """(HfSpec, {size: value} incl. max_len) of a ``family: hf`` model section; a folder fills absent sizes and
     must agree with the given ones."""
     folder = str(raw.get("hf_folder") or "")
+    gguf_file = raw.get("gguf_file") or ""
+    require(isinstance(gguf_file, str), f"model.gguf_file={gguf_file!r} must be a file name")
     allow_hub = raw.get("allow_hub", False)
     require(isinstance(allow_hub, bool), f"model.allow_hub={allow_hub!r} must be true or false")
     given: dict[str, Any] = {k: raw.get(k) for k in (*size_keys, "max_len") if raw.get(k) is not None}
     model_type = str(raw.get("model_type") or "")
     if folder:
-        found_type, found = _source_sizes(folder, allow_hub)
+        found_type, found = _source_sizes(folder, allow_hub, gguf_file)
         if model_type and model_type != found_type:
             raise ConfigError(
                 f"model.model_type={model_type!r} but {folder} holds a {found_type} model; remove the key"
@@ -152,5 +197,6 @@ def parse_hf(raw: Mapping[str, Any], size_keys: tuple[str, ...]) -> tuple[HfSpec
                     f"model.{key}={value!r} but {folder} has {bound}; remove the key (the folder's config decides it)"
                 )
         given = {**found, **given}
-    spec = HfSpec(model_type, folder, allow_hub, parse_lora(raw.get("lora")))
+    base_dtype = raw.get("base_dtype") or "fp32"
+    spec = HfSpec(model_type, folder, allow_hub, parse_lora(raw.get("lora")), gguf_file, base_dtype)
     return spec, given

@@ -1,7 +1,7 @@
 """The tokenizer of a Hugging Face causal LM: the model folder's own, or a byte-level BPE trained once here.
 
 - ``model.hf_folder`` set: ``AutoTokenizer.from_pretrained(folder, local_files_only=True)`` (a hub id only with
-  ``model.allow_hub``);
+  ``model.allow_hub``; with ``model.gguf_file`` the tokenizer inside the GGUF file);
 - a from-scratch model (no folder): a byte-level BPE (GPT-2's scheme: every byte string is encodable, no
   unknown token) trained with ``tokenizers`` on the training file, saved as a Hugging Face tokenizer folder
   under ``<cache_dir>/tokenizers/`` and loaded back with ``AutoTokenizer``. The folder's name hashes the
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.models.packaged import resolve_folder
 
 BOUNDARY = "<|endoftext|>"  # begin / end of a sequence (GPT-2's token), also the unknown token
 PAD = "<pad>"
@@ -43,16 +44,21 @@ def check_settings(settings: Any) -> dict[str, int]:
     return out
 
 
-def folder_tokenizer(source: str, allow_hub: bool = False):
-    """The tokenizer stored with the model (``local_files_only`` unless the hub is allowed)."""
+def folder_tokenizer(source: str, allow_hub: bool = False, gguf_file: str = ""):
+    """The tokenizer stored with the model (``local_files_only`` unless the hub is allowed): the folder's tokenizer
+    files, or with ``gguf_file`` the tokenizer inside that GGUF file. ``source`` may be ``package:...``
+    (models/packaged.py), resolved here."""
     from transformers import AutoTokenizer
 
-    local = Path(source).expanduser().is_dir()
+    folder = resolve_folder(source)
+    local = Path(folder).expanduser().is_dir()
     if not local and not allow_hub:  # parse_model refuses this earlier; never download by accident
         raise ConfigError(f"model.hf_folder={source!r} is not a local folder and model.allow_hub is false")
     try:
         return AutoTokenizer.from_pretrained(
-            str(Path(source).expanduser()) if local else source, local_files_only=local
+            str(Path(folder).expanduser()) if local else source,
+            local_files_only=local,
+            **({"gguf_file": gguf_file} if gguf_file else {}),
         )
     except (OSError, ValueError) as err:
         raise ConfigError(

@@ -61,8 +61,9 @@ def build_bert_model(model: ModelSpec, vocab_size: int, head: str, num_labels: i
 
 def build_causal_lm(model: ModelSpec, vocab_size: int, special_ids: Mapping[str, int]):
     """A Hugging Face causal LM cut into embedding (CU) | L TEBs (devices, segments delta_k) | norm + LM head
-    (server): from ``model.hf_folder``, else from scratch (``model_type`` and sizes, the tokenizer's vocabulary);
-    with ``model.lora.enabled`` LoRA adapters on every TEB and every base weight frozen (models/hf/lora.py)."""
+    (server): from ``model.hf_folder`` (``package:...`` resolved here; ``model.gguf_file``: from that GGUF file),
+    else from scratch (``model_type`` and sizes, the tokenizer's vocabulary); with ``model.lora.enabled`` LoRA
+    adapters on every TEB and every base weight frozen (models/hf/lora.py), stored in ``model.base_dtype``."""
     from collapipe_flwr.models.hf import apply_lora, load_hf_model, lora_config, split_hf_model
     from collapipe_flwr.models.hf_arch import inline_config
 
@@ -70,7 +71,7 @@ def build_causal_lm(model: ModelSpec, vocab_size: int, special_ids: Mapping[str,
     if hf is None:
         raise ConfigError(f"model {model.name!r} is a {model.family} model; a causal LM task needs family: hf")
     if hf.from_folder:
-        net = load_hf_model(hf.hf_folder, "causal_lm", allow_hub=hf.allow_hub)
+        net = load_hf_model(hf.hf_folder, "causal_lm", allow_hub=hf.allow_hub, gguf_file=hf.gguf_file)
         if int(net.config.vocab_size) < vocab_size:
             raise ConfigError(
                 f"{hf.hf_folder} has vocab_size={net.config.vocab_size} but its tokenizer has {vocab_size} tokens; "
@@ -86,4 +87,8 @@ def build_causal_lm(model: ModelSpec, vocab_size: int, special_ids: Mapping[str,
         targets = lora.target_modules or None
         config = lora_config(hf.model_type, lora.r, lora.alpha, lora.dropout, targets)
         apply_lora(split, config, train_head=lora.train_head)
+        if hf.base_dtype != "fp32":  # the TEBs' frozen base weights in bf16 (models/hf/frozen_base.py)
+            from collapipe_flwr.models.hf.frozen_base import frozen_base_dtype, store_frozen_base
+
+            store_frozen_base(split.blocks, frozen_base_dtype(hf.base_dtype))
     return split

@@ -2,8 +2,9 @@
 
 File format (docs/data.md): ``char<SPACE>tag`` a line, a blank line ends a sentence; 7 BIO
 tags over PER/LOC/ORG with BertWithPretrained's ids. Tokenisation is character-level: the characters of a
-sentence go to BertTokenizerFast with ``is_split_into_words=True``; each character's tag sits on its first
-token, [CLS]/[SEP]/padding get -100. Sentences longer than max_len - 2 characters are cut (upstream
+sentence go to BertTokenizerFast with ``is_split_into_words=True`` (a pretrained encoder's own tokenizer with
+``model.hf_folder``, tasks/hf_encoder.py); each character's tag sits on its first token, [CLS]/[SEP]/padding
+get -100. Sentences longer than max_len - 2 characters are cut (upstream
 does the same); at evaluation the cut-off characters count as predicted ``O`` against the full gold
 sentence, so the score is never flattered by the cut. Metric: entity-level P/R/F1 (seqeval).
 """
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from collapipe_flwr.errors import ConfigError, DataFormatError
-from collapipe_flwr.tasks import model_config
+from collapipe_flwr.tasks import hf_encoder, model_config
 from collapipe_flwr.tasks.base import HUB_SPLITS, Task
 from collapipe_flwr.tasks.batching import IGNORE_INDEX, attention_mask, pad
 from collapipe_flwr.tasks.bert_vocab import bert_tokenizer
@@ -100,6 +101,7 @@ class NerTask(Task):
     name = "ner"
     metric_name = "f1"
     model_family = "bert"
+    hf_encoders = True  # or a pretrained BERT / RoBERTa folder (family hf, tasks/hf_encoder.py)
     task_keys = SPLIT_FILE_KEYS | {"crf"}
 
     @classmethod
@@ -138,11 +140,22 @@ class NerTask(Task):
         return [TaggedSentence(tuple(r["tokens"]), tuple(names[t] for t in r["ner_tags"])) for r in rows]
 
     def tokenizer(self):
+        """The bert-base-chinese vocab of ``vocab_file``, or a model folder's own tokenizer."""
+        if hf_encoder.uses_folder(self.model_spec):
+            return hf_encoder.folder_tokenizer(self.model_spec)
         return bert_tokenizer(self.data_dir, self.options["vocab_file"])
 
     def encode(self, examples: Sequence[TaggedSentence]) -> list[dict]:
         tok = self.tokenizer()
-        enc = tok([list(s.chars) for s in examples], is_split_into_words=True, truncation=True, max_length=self.max_len)
+        try:
+            enc = tok(
+                [list(s.chars) for s in examples], is_split_into_words=True, truncation=True, max_length=self.max_len
+            )
+        except ValueError as err:  # a model folder's tokenizer that refuses pre-split words
+            raise ConfigError(
+                f"the tokenizer {type(tok).__name__} cannot take the sentences as lists of characters "
+                f"({str(err).splitlines()[0][:120]}); NER needs one that does (a BERT folder's WordPiece vocab.txt)"
+            ) from None
         out = []
         for i, sentence in enumerate(examples):
             words = enc.word_ids(i)
@@ -164,6 +177,8 @@ class NerTask(Task):
     def build_model(self, seed: int):
         torch.manual_seed(seed)
         head = "token_crf" if self.options.get("crf", False) else "token"
+        if hf_encoder.uses_folder(self.model_spec):
+            return hf_encoder.build_encoder_model(self.model_spec, len(self.tokenizer()), head, len(LABELS))
         return model_config.build_bert_model(self.model_spec, len(self.tokenizer()), head, len(LABELS))
 
     def predict_batch(self, model, hidden, batch, indices, beam_size):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.models.hf_arch import CAUSAL_LM_TYPES, ENCODER_TYPES
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.spec_parsing import mapping, require
 from collapipe_flwr.tasks.hf_spec import HF_KEYS, HfSpec, parse_hf
@@ -42,7 +43,7 @@ __all__ = [
 SIZE_KEYS: dict[str, tuple[str, ...]] = {
     "transformer": ("d_model", "n_heads", "d_ff", "enc_layers", "dec_layers"),
     "bert": ("hidden", "n_heads", "d_ff", "layers"),
-    "hf": ("hidden", "n_heads", "d_ff", "layers"),  # a Hugging Face causal LM (tasks/hf_spec.py)
+    "hf": ("hidden", "n_heads", "d_ff", "layers"),  # a Hugging Face causal LM or encoder (tasks/hf_spec.py)
 }
 DEFAULT_MODELS = {"transformer": "transformer_small", "bert": "bert_small", "hf": "gpt2_tiny"}
 FAMILIES = tuple(SIZE_KEYS)
@@ -238,8 +239,16 @@ class ModelSpec:
 def parse_model(raw: Any, task: TaskSpec) -> ModelSpec:
     """The ``model`` section as a ModelSpec for ``task`` (its family, positions >= task.max_len + 1)."""
     require(isinstance(raw, Mapping), "config group model is missing; add model=<name> (see conf/model)")
-    family = task_class(task.name).model_family
+    cls = task_class(task.name)
+    family = cls.model_family
     got = raw.get("family")
+    if got == "hf" and cls.hf_encoders:  # a pretrained BERT / RoBERTa folder (tasks/hf_encoder.py)
+        family = got
+        require(
+            bool(raw.get("hf_folder")),
+            f"task {task.name} runs a family: hf model from a pretrained BERT / RoBERTa folder: set "
+            "model.hf_folder=<folder> (docs/hf_bert_tasks.md)",
+        )
     require(
         got == family,
         f"model.family={got!r} cannot run task {task.name!r}, which needs a {family} model; "
@@ -257,6 +266,13 @@ def parse_model(raw: Any, task: TaskSpec) -> ModelSpec:
         raise ConfigError(f"unknown config key model.{unknown[0]}; a {family} model has {valid}")
     given: Any
     hf, given = parse_hf(raw, sizes) if family == "hf" else (None, raw)
+    if hf is not None:  # an encoder for ner / classification, a causal LM for causal_lm
+        encoders = cls.model_family != "hf"
+        wanted = f"a pretrained {' or '.join(ENCODER_TYPES)} folder" if encoders else ", ".join(CAUSAL_LM_TYPES)
+        require(
+            (hf.model_type in ENCODER_TYPES) == encoders,
+            f"model.model_type={hf.model_type!r} cannot run task {task.name!r}, which needs {wanted}",
+        )
     spec = ModelSpec(
         name=str(raw.get("name") or ""),
         family=family,

@@ -22,6 +22,7 @@ from transformers import (
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.models.hf.splitter import split_hf_model
 from collapipe_flwr.models.hf.support import check_supported
+from collapipe_flwr.models.packaged import resolve_folder
 from collapipe_flwr.models.split import SplitModel
 
 TASKS: dict[str, Any] = {
@@ -43,16 +44,21 @@ def load_hf_model(
     *,
     allow_hub: bool = False,
     dtype: torch.dtype = torch.float32,
+    config_kwargs: dict[str, Any] | None = None,
+    gguf_file: str = "",
     **model_kwargs: Any,
 ) -> Any:
     """The ``task`` model of ``source``: a config object (random init), a local folder (``local_files_only``) or,
     only with ``allow_hub=True``, a hub model id. ``model_kwargs`` go to ``from_pretrained`` / ``from_config``
-    (e.g. ``num_labels``, ``attn_implementation``)."""
+    (e.g. ``attn_implementation``); ``config_kwargs`` override the folder's config.json (e.g. ``num_labels`` of a
+    fresh classifier, dropout). ``source`` may be ``package:<module>[/<sub>]`` (a folder inside an installed package,
+    models/packaged.py); ``gguf_file``: config and weights (dequantised to ``dtype``) come from that GGUF file in
+    the folder (transformers reads it with the ``gguf`` package)."""
     auto = _auto_class(task)
     if isinstance(source, PretrainedConfig):
         check_supported(source)
         return auto.from_config(source, dtype=dtype, **model_kwargs)
-    folder = Path(source).expanduser()
+    folder = Path(resolve_folder(source)).expanduser()
     local = folder.is_dir()
     if not local and not allow_hub:
         raise ConfigError(
@@ -60,9 +66,10 @@ def load_hf_model(
             "allow_hub=True to download it"
         )
     where = str(folder) if local else str(source)
-    config = AutoConfig.from_pretrained(where, local_files_only=local)
+    gguf = {"gguf_file": gguf_file} if gguf_file else {}
+    config = AutoConfig.from_pretrained(where, local_files_only=local, **gguf, **(config_kwargs or {}))
     check_supported(config)
-    return auto.from_pretrained(where, config=config, local_files_only=local, dtype=dtype, **model_kwargs)
+    return auto.from_pretrained(where, config=config, local_files_only=local, dtype=dtype, **gguf, **model_kwargs)
 
 
 def load_split(

@@ -1,0 +1,110 @@
+"""The architecture of a GGUF file (``model.gguf_file``) read from its header, as the config.json keys of its
+model type, so a config is checked without transformers or the weights (``hf_arch.folder_sizes`` reads it).
+
+A GGUF file starts with ``GGUF``, a version, the tensor count, the metadata count and the metadata (key, type,
+value); the architecture is ``general.architecture`` and the sizes ``<arch>.embedding_length``,
+``<arch>.attention.head_count``, ``<arch>.feed_forward_length``, ``<arch>.block_count``,
+``<arch>.context_length`` (what transformers' own GGUF loader maps to the same config keys). Only the metadata is
+read; the tokenizer's arrays are skipped. The weights load with transformers (``from_pretrained(folder,
+gguf_file=...)``, dequantised, models/hf/loading.py).
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from pathlib import Path
+from typing import Any
+
+from collapipe_flwr.errors import ConfigError
+
+# GGUF metadata value types: (struct format, size) of the fixed-size ones; 8 = string, 9 = array
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+# GGUF architecture -> Hugging Face model type (those the splitter cuts)
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral", "gpt2": "gpt2"}
+# project size -> GGUF key under "<arch>."
+SIZE_KEYS = {
+    "hidden": "embedding_length",
+    "n_heads": "attention.head_count",
+    "d_ff": "feed_forward_length",
+    "layers": "block_count",
+    "max_len": "context_length",
+}
+
+
+def _read_metadata(data: Any) -> dict[str, Any]:
+    """{key: value} of the header's scalar and string metadata (arrays skipped) of the bytes ``data``."""
+    if bytes(data[:4]) != b"GGUF":
+        raise ValueError("no GGUF magic")
+    _version, _tensors, count = struct.unpack_from("<IQQ", data, 4)
+    pos = 24
+
+    def string(at: int) -> tuple[str, int]:
+        (length,) = struct.unpack_from("<Q", data, at)
+        return bytes(data[at + 8 : at + 8 + length]).decode("utf-8", "replace"), at + 8 + length
+
+    def skip(kind: int, at: int) -> int:
+        if kind in _SCALARS:
+            return at + struct.calcsize(_SCALARS[kind])
+        if kind == _STRING:
+            return at + 8 + struct.unpack_from("<Q", data, at)[0]
+        if kind == _ARRAY:
+            item, n = struct.unpack_from("<IQ", data, at)
+            at += 12
+            if item in _SCALARS:
+                return at + n * struct.calcsize(_SCALARS[item])
+            if item == _STRING:  # the tokenizer's tokens and merges: lengths only
+                length = struct.Struct("<Q").unpack_from
+                for _ in range(n):
+                    at += 8 + length(data, at)[0]
+                return at
+            for _ in range(n):
+                at = skip(item, at)
+            return at
+        raise ValueError(f"unknown GGUF value type {kind}")
+
+    out: dict[str, Any] = {}
+    for _ in range(count):
+        key, pos = string(pos)
+        (kind,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        if kind in _SCALARS:
+            (out[key],) = struct.unpack_from(_SCALARS[kind], data, pos)
+        elif kind == _STRING:
+            out[key] = string(pos)[0]
+        pos = skip(kind, pos)
+    return out
+
+
+def gguf_metadata(path: str | Path) -> dict[str, Any]:
+    """The scalar and string metadata of the GGUF file ``path`` (one-line ConfigError when it is not one)."""
+    try:
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return _read_metadata(data)
+    except (OSError, ValueError, struct.error, IndexError) as err:
+        raise ConfigError(
+            f"model.gguf_file: cannot read {path} as a GGUF file ({err.__class__.__name__}: {str(err)[:80]}); "
+            "the file is damaged or not GGUF"
+        ) from None
+
+
+def gguf_config(path: str | Path) -> dict[str, Any]:
+    """The config.json keys (``model_type`` + the sizes in the type's own words) of the GGUF file ``path``."""
+    from collapipe_flwr.models.hf_arch import CONFIG_KEYS
+
+    meta = gguf_metadata(path)
+    arch = str(meta.get("general.architecture", ""))
+    model_type = ARCHITECTURES.get(arch)
+    if model_type is None or model_type not in CONFIG_KEYS:
+        raise ConfigError(
+            f"model.gguf_file: {Path(path).name} holds a {arch or '(no architecture)'!r} model; GGUF files of "
+            f"{', '.join(ARCHITECTURES)} load here"
+        )
+    config: dict[str, Any] = {"model_type": model_type}
+    for size, key in SIZE_KEYS.items():
+        if f"{arch}.{key}" in meta:
+            config[CONFIG_KEYS[model_type][size]] = meta[f"{arch}.{key}"]
+    if model_type == "gpt2" and "n_inner" not in config:
+        config["n_inner"] = None  # folder_sizes: 4 n_embd
+    return config
