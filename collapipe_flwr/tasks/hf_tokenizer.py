@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.models.hf.generation import special_ids  # noqa: F401 - the task reads the ids through here
 from collapipe_flwr.models.packaged import resolve_folder
 
 BOUNDARY = "<|endoftext|>"  # begin / end of a sequence (GPT-2's token), also the unknown token
@@ -119,13 +120,3 @@ def _save_folder(tokenizer, folder: Path) -> None:
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def special_ids(tokenizer) -> dict[str, int]:
-    """bos / eos / pad ids of ``tokenizer`` (pad falls back to eos, bos to eos: padding is masked anyway)."""
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ConfigError("the model's tokenizer has no end-of-sequence token; a causal LM needs one")
-    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    return {"bos_token_id": int(bos), "eos_token_id": int(eos), "pad_token_id": int(pad)}

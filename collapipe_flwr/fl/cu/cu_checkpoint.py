@@ -27,18 +27,16 @@ on fresh moments.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import re
 import stat
-import tempfile
 from pathlib import Path
 
 import torch
 
-from collapipe_flwr.atomic_files import file_errors
+from collapipe_flwr.atomic_files import file_errors, replace_atomically_by_name
 from collapipe_flwr.errors import CannotContinue
 
 STATE_DIR_ENV = "COLLAPIPE_CU_STATE_DIR"
@@ -220,21 +218,6 @@ def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: di
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    with file_errors(path, "write"):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        try:
-            save_file(tensors, tmp, metadata=metadata)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except (RuntimeError, SafetensorError) as err:  # how safetensors reports a full disk
-            Path(tmp).unlink(missing_ok=True)
-            first = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
-            raise OSError(errno.ENOSPC, f"the writer failed ({first}); is the disk full?") from None
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    replace_atomically_by_name(
+        path, lambda tmp: save_file(tensors, tmp, metadata=metadata), (RuntimeError, SafetensorError)
+    )
