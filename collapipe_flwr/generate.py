@@ -130,9 +130,9 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     device = resolve_device(args.device, "--device")
     model_dir = causal_lm_dir(args.folder)
     from collapipe_flwr.models.hf.generation import check_lengths, continuations
-    from collapipe_flwr.models.hf.peft_export import quietly
+    from collapipe_flwr.models.hf.loading import quiet_transformers
 
-    with quietly():  # no progress bars: stderr says what was loaded, stdout holds the texts alone
+    with quiet_transformers():  # no progress bars: stderr says what was loaded, stdout holds the texts alone
         model, tokenizer = (
             load_merged(model_dir) if args.source == "merged" else load_adapters(model_dir, args.data_dir)
         )

@@ -15,12 +15,11 @@ roberta read from ``model.hf_folder``'s config.json (docs/hf_bert_tasks.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.models.hf.loading import quiet_transformers
 from collapipe_flwr.tasks import hf_tokenizer
 
 if TYPE_CHECKING:  # spec.py imports the registry, which imports the tasks that import this module
@@ -36,22 +35,6 @@ HEAD_TASKS = {
 
 # what may start random: the new task head (and the pooler, which some checkpoints do not hold)
 FRESH = ("classifier.", "bert.pooler.", "roberta.pooler.")
-
-
-@contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """transformers' warnings and progress bars off for a while (process-wide settings, restored)."""
-    from transformers.utils import logging as hf_logging
-
-    level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bar:
-            hf_logging.enable_progress_bar()
 
 
 def uses_folder(model: ModelSpec) -> bool:
@@ -91,7 +74,7 @@ def build_encoder_model(model: ModelSpec, vocab_size: int, head: str, num_labels
         "attention_probs_dropout_prob": model.dropout,
         "classifier_dropout": None,  # the classifier's dropout follows hidden_dropout_prob
     }
-    with _quiet_transformers():  # its load report (and progress bar) per process; what matters is checked below
+    with quiet_transformers():  # its load report (and progress bar) per process; what matters is checked below
         net, info = load_hf_model(
             hf.hf_folder,
             HEAD_TASKS[head],

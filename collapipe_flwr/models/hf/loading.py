@@ -7,6 +7,9 @@ default: the pipeline exchanges fp32 activations and applies ``runtime.precision
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,25 @@ def _auto_class(task: str) -> Any:
     return TASKS[task]
 
 
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' progress bars (a GGUF file's "Converting and de-quantizing", "Loading weights") and library
+    warnings off for a while, so a run's log keeps one line per event (process-wide settings, restored after)."""
+    from transformers.utils import logging as hf_logging
+
+    level, shown = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def load_hf_model(
     source: str | Path | PretrainedConfig,
     task: str = "causal_lm",
@@ -67,9 +89,10 @@ def load_hf_model(
         )
     where = str(folder) if local else str(source)
     gguf = {"gguf_file": gguf_file} if gguf_file else {}
-    config = AutoConfig.from_pretrained(where, local_files_only=local, **gguf, **(config_kwargs or {}))
-    check_supported(config)
-    return auto.from_pretrained(where, config=config, local_files_only=local, dtype=dtype, **gguf, **model_kwargs)
+    with quiet_transformers():
+        config = AutoConfig.from_pretrained(where, local_files_only=local, **gguf, **(config_kwargs or {}))
+        check_supported(config)
+        return auto.from_pretrained(where, config=config, local_files_only=local, dtype=dtype, **gguf, **model_kwargs)
 
 
 def load_split(

@@ -22,9 +22,7 @@ import json
 import os
 import shutil
 import tempfile
-import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +30,10 @@ import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from torch import nn
 from transformers import AutoModelForCausalLM
-from transformers.utils import logging as hf_logging
 
 from collapipe_flwr.atomic_files import file_errors, replace_atomically, write_atomic
 from collapipe_flwr.errors import CollaPipeError, UnsupportedModelError
+from collapipe_flwr.models.hf.loading import quiet_transformers
 
 _LLAMA = ("model.", "model.layers.", "model.norm.")
 # model type -> (prefix of the embedding's tensors, of the TEB stack, of the final norm) in the *ForCausalLM
@@ -157,23 +155,9 @@ def write_adapters(folder: Path, blocks: nn.ModuleList, config: LoraConfig) -> P
     return folder
 
 
-@contextmanager
-def quietly() -> Iterator[None]:
-    """No progress bars or library warnings (peft's renamed base, transformers' deprecations) in a run's output."""
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
-
-
 def merged_model(embedding: nn.Module, blocks: nn.ModuleList, head: nn.Module, config: LoraConfig) -> Any:
     """The un-split model with the split's adapters merged into its weights (peft's ``merge_and_unload``)."""
-    with quietly():
+    with quiet_transformers():
         peft_model = get_peft_model(unsplit_model(embedding, blocks, head), copy.deepcopy(config))
     result: Any = set_peft_model_state_dict(peft_model, adapter_state(blocks))
     if result.unexpected_keys:
@@ -185,7 +169,7 @@ def write_merged(folder: Path, model: Any, tokenizer_dir: Path | None = None) ->
     """``model.save_pretrained`` (+ the tokenizer files of ``tokenizer_dir``) into ``folder``, replaced whole."""
 
     def fill(tmp: Path) -> None:
-        with quietly():
+        with quiet_transformers():
             model.save_pretrained(str(tmp))
         if tokenizer_dir is not None and tokenizer_dir.is_dir():
             for source in tokenizer_dir.iterdir():
