@@ -76,3 +76,13 @@ def ray_session():
     yield ray
     if started:
         ray.shutdown()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The random order's seed at the end of every run (pytest-randomly prints it in the header, which ``-q``
+    hides), so a failure seen in CI can be replayed in the same order."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int):
+        terminalreporter.write_line(
+            f"test order: --randomly-seed={seed} (replay: python -m pytest -q -p randomly --randomly-seed={seed})"
+        )
