@@ -65,6 +65,15 @@ def _fresh_cu_sessions(monkeypatch):
 
 
 @pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One tokenizer cache (``COLLAPIPE_CACHE_DIR``) for a test module: a byte-level BPE is trained once."""
+    path = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COLLAPIPE_CACHE_DIR", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
 def ray_session():
     """A local Ray instance (2 CPUs) for a test module's Ray-backed pipelines, shut down after it if it started
     it; skipped where Ray is not installed."""

@@ -42,15 +42,6 @@ RUN = (
 )
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """One tokenizer cache for the module (the byte-level BPE is trained once)."""
-    path = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("COLLAPIPE_CACHE_DIR", str(path))
-        yield path
-
-
 def _task(data_dir, cache, model_over=None):
     return build_task(*specs("causal_lm", "gpt2_tiny", None, model_over), data_dir, seed=0, cache_dir=cache)
 

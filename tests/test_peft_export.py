@@ -48,14 +48,6 @@ QUIET = (
 )
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("COLLAPIPE_CACHE_DIR", str(path))
-        yield path
-
-
 def _task(cfg, data_dir, cache):
     task_spec = parse_task(cfg["task"])
     return build_task(task_spec, parse_model(cfg["model"], task_spec), data_dir, seed=0, cache_dir=cache)
