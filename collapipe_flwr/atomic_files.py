@@ -21,13 +21,13 @@ from collapipe_flwr.errors import CollaPipeError
 
 
 @contextmanager
-def file_errors(path: Path, doing: str) -> Iterator[None]:
-    """OSError -> one-line CollaPipeError naming the file and what to do."""
+def file_errors(path: Path, doing: str, error: type[CollaPipeError] = CollaPipeError) -> Iterator[None]:
+    """OSError -> one-line ``error`` (a CollaPipeError) naming the file and what to do."""
     try:
         yield
     except OSError as err:
         reason = err.strerror or type(err).__name__
-        raise CollaPipeError(
+        raise error(
             f"cannot {doing} {path}: {reason}; free disk space or set output-dir to a folder you can write"
         ) from None
 

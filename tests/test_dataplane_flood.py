@@ -152,7 +152,7 @@ def test_a_real_cu_keeps_its_pace_under_a_keyless_connection_flood(transport):
         assert flood_median <= max(2 * normal_median, normal_median + 0.050), (normal_median, flood_median)
         assert served.host.stats()["clusters"][0]["steps"] == 3 + 10 + 12
         if transport == "socket":  # the flood outnumbered the pending bounds: the eviction path was taken
-            assert served.host._listener.evicted > 0  # type: ignore[union-attr]
+            assert served.host._listener.gate.evicted > 0  # type: ignore[union-attr]
     finally:
         served.host.stop(grace_s=0)
 
@@ -161,7 +161,7 @@ def _socket_served(**listener) -> Served:
     """A socket host whose listener bounds are set to ``listener`` (the host passes only its defaults)."""
     served = Served(TokenHead(), max_len=MAX_LEN, max_abs_activation=MAX_ABS, transport="socket")
     for name, value in listener.items():
-        setattr(served.host._listener, f"_{name}", value)
+        setattr(served.host._listener.gate.bounds, name, value)  # type: ignore[union-attr]
     return served
 
 
@@ -199,14 +199,14 @@ def test_a_full_pending_pool_evicts_the_flooding_address_s_oldest_connection():
     try:
         opened.append(_silent(served.host.address, "127.0.0.3"))  # a quiet peer's, the oldest
         opened += [_silent(served.host.address, "127.0.0.2") for _ in range(3)]  # the flooder's: the pool is full
-        _wait_for(lambda: len(listener._pending) == 4)  # type: ignore[attr-defined]
+        _wait_for(lambda: len(listener.gate.pending) == 4)  # type: ignore[attr-defined]
         with served.client(0) as real:
             real(*make_step(1))  # the CU's connection evicts the flooder's oldest
         assert [_closed_by_host(s, 0.05) for s in opened] == [False, True, False, False]
         opened.append(_silent(served.host.address, "127.0.0.2"))  # the flooder's 3rd again: the pool is full
-        _wait_for(lambda: len(listener._pending) == 4)  # type: ignore[attr-defined]
+        _wait_for(lambda: len(listener.gate.pending) == 4)  # type: ignore[attr-defined]
         opened.append(_silent(served.host.address, "127.0.0.2"))  # over the flooder's own bound: its next oldest
-        _wait_for(lambda: listener.evicted == 2)  # type: ignore[attr-defined]
+        _wait_for(lambda: listener.gate.evicted == 2)  # type: ignore[attr-defined]
         assert [_closed_by_host(s, 0.05) for s in opened] == [False, True, True, False, False, False]
         assert served.host.stats()["clusters"][0]["steps"] == 1
     finally:
@@ -237,7 +237,7 @@ def test_a_hello_must_be_whole_within_the_hello_timeout_however_it_drips():
             real(*make_step(2))
         assert set(closed) == {"silent", "drip"}, closed
         assert all(1.0 <= s <= 3.0 for s in closed.values()), closed
-        assert served.host._listener.timed_out == 2  # type: ignore[union-attr]
+        assert served.host._listener.gate.timed_out == 2  # type: ignore[union-attr]
     finally:
         silent.close()
         drip.close()

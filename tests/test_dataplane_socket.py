@@ -141,7 +141,7 @@ def test_steps_on_another_cluster_s_connection_and_replays_are_refused(served):
 
 
 def test_a_connection_that_sends_no_hello_is_closed(served):
-    served.host._listener._hello_timeout_s = 0.3  # type: ignore[union-attr]
+    served.host._listener.gate.bounds.hello_timeout_s = 0.3  # type: ignore[union-attr]
     sock = _connect(served.host.address)
     with sock:
         t0 = time.time()

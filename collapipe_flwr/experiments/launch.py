@@ -46,10 +46,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from collapipe_flwr.atomic_files import file_errors
 from collapipe_flwr.config import CONF_DIR
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.experiments.app_files import fab_include_patterns, stage_app
@@ -346,18 +347,6 @@ class DiskError(CollaPipeError):
     """The launcher could not write what a run needs before it starts."""
 
 
-@contextlib.contextmanager
-def _disk(path: Path, doing: str) -> Iterator[None]:
-    """OSError -> one-line :class:`DiskError` naming ``path``."""
-    try:
-        yield
-    except OSError as err:
-        reason = err.strerror or type(err).__name__
-        raise DiskError(
-            f"cannot {doing} {path}: {reason}; free disk space or pick an output-dir you can write"
-        ) from None
-
-
 def keep_old_logs(folder: Path, names: Sequence[str]) -> None:
     """A resumed run keeps the logs of the attempts before it: ``flwr.log`` -> ``flwr.1.log``, ..."""
     for name in names:
@@ -366,7 +355,7 @@ def keep_old_logs(folder: Path, names: Sequence[str]) -> None:
             n = 1
             while (folder / f"{path.stem}.{n}{path.suffix}").exists():
                 n += 1
-            with _disk(path, "rename"):
+            with file_errors(path, "rename", DiskError):
                 path.rename(folder / f"{path.stem}.{n}{path.suffix}")
 
 
@@ -378,12 +367,12 @@ def _launch_claimed(
     flwr_exe: str | None,
 ) -> dict:
     run_config_file = job.job_dir / RUN_CONFIG_FILE
-    with _disk(run_config_file, "write"):
+    with file_errors(run_config_file, "write", DiskError):
         run_config_file.write_text(run_config_toml(job))
-    with _disk(Path(tempfile.gettempdir()), "make a private temp folder in"):
+    with file_errors(Path(tempfile.gettempdir()), "make a private temp folder in", DiskError):
         scratch = private_temp_dir()  # the job's FLWR_HOME, Ray's session folders and other temp files
     try:
-        with _disk(scratch, "prepare the run's Flower home and app in"):
+        with file_errors(scratch, "prepare the run's Flower home and app in", DiskError):
             flwr_home = scratch / "flwr-home"
             flwr_home.mkdir()
             (flwr_home / "config.toml").write_text(LOCAL_CONNECTION_TOML)
@@ -392,7 +381,7 @@ def _launch_claimed(
             use_stage = fab_include_patterns(project_root)
             app_dir = stage_app(project_root, scratch / "app") if use_stage else project_root
         log_path = job.job_dir / LOG_FILE
-        with _disk(log_path, "write"):
+        with file_errors(log_path, "write", DiskError):
             log = log_path.open("w", encoding="utf-8")
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -425,7 +414,7 @@ def _launch_claimed(
         status["wall_s"] = round(time.monotonic() - t0, 3)
         status["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         status.update(judge(status, job, interrupted))
-        with _disk(job.job_dir / STATUS_FILE, "write"):
+        with file_errors(job.job_dir / STATUS_FILE, "write", DiskError):
             write_status(job.job_dir, status)
     if interrupted:
         raise KeyboardInterrupt

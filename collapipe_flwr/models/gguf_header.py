@@ -7,6 +7,10 @@ value); the architecture is ``general.architecture`` and the sizes ``<arch>.embe
 ``<arch>.context_length`` (what transformers' own GGUF loader maps to the same config keys). Only the metadata is
 read; the tokenizer's arrays are skipped. The weights load with transformers (``from_pretrained(folder,
 gguf_file=...)``, dequantised, models/hf/loading.py).
+
+Why by hand, beside the ``gguf`` package's ``GGUFReader``: the config is parsed at every start-up (the launcher,
+the ServerApp, each CU), and ``GGUFReader`` maps every tensor and every tokenizer array of the file: 3.0 s for
+SmolLM2's 98 MB file here (loaded machine), against 13 ms for these ~100 lines that stop at the metadata.
 """
 
 from __future__ import annotations

@@ -36,7 +36,6 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Sized
 
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.protocol import error_frame
@@ -129,50 +128,11 @@ class SocketListener:
         self._bind, self._port = bind, int(port)
         self._max_streams = int(max_streams)
         context = server_tls_context(tls) if tls is not None else None
-        self._gate = HelloGate(bounds, context, self._hello_done, sessions.refuse_unattributed)
+        self.gate = HelloGate(bounds, context, self._hello_done, sessions.refuse_unattributed)
         self._lock = threading.Lock()  # guards the sets and count below
         self._conns: set[_Conn] = set()
         self._threads: set[threading.Thread] = set()
         self._serving = 0  # authenticated streams being served
-
-    # -- the gate's counters and bounds, read (and, by tests, tuned on a running host) here as before -----------
-    @property
-    def evicted(self) -> int:
-        """Pending connections closed to make room for newer ones."""
-        return self._gate.evicted
-
-    @property
-    def timed_out(self) -> int:
-        """Pending connections closed for sending no whole hello within hello_timeout_s."""
-        return self._gate.timed_out
-
-    @property
-    def _pending(self) -> Sized:
-        return self._gate.pending
-
-    @property
-    def _hello_timeout_s(self) -> float:
-        return self._gate.bounds.hello_timeout_s
-
-    @_hello_timeout_s.setter
-    def _hello_timeout_s(self, value: float) -> None:
-        self._gate.bounds.hello_timeout_s = value
-
-    @property
-    def _max_pending(self) -> int:
-        return self._gate.bounds.max_pending
-
-    @_max_pending.setter
-    def _max_pending(self, value: int) -> None:
-        self._gate.bounds.max_pending = value
-
-    @property
-    def _max_pending_per_peer(self) -> int:
-        return self._gate.bounds.max_pending_per_peer
-
-    @_max_pending_per_peer.setter
-    def _max_pending_per_peer(self, value: int) -> None:
-        self._gate.bounds.max_pending_per_peer = value
 
     # -- start / stop ------------------------------------------------------------------------------------------
     def start(self) -> int:
@@ -185,12 +145,12 @@ class SocketListener:
                 "free dataplane.port or another dataplane.bind"
             ) from None
         port = sock.getsockname()[1]
-        self._gate.start(sock)
+        self.gate.start(sock)
         return port
 
     def stop(self, grace_s: float) -> None:
         """Stop accepting; open connections are shut down after ``grace_s`` s (at once when none is busy)."""
-        if not self._gate.stop():
+        if not self.gate.stop():
             return  # not started, or stopped already
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and self._serving:
