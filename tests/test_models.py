@@ -12,6 +12,7 @@ from transformers import BertConfig, BertForTokenClassification, BertModel
 
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.models.bert import build_bert
+from collapipe_flwr.models.decoder_cache import DecoderCache
 from collapipe_flwr.models.transformer import build_transformer, sinusoidal_positions
 
 SIZES = dict(vocab_size=40, hidden=16, n_heads=2, d_ff=24, layers=3, dropout=0.0, max_len=12)
@@ -195,6 +196,25 @@ def sequence_logprob(model, z, mask, seq, bos, eos) -> float:
     dec = torch.tensor([[bos] + seq[:-1]])
     logp = torch.log_softmax(model.head.logits(z, mask, dec), -1)[0]
     return float(sum(logp[t, tok] for t, tok in enumerate(seq)))
+
+
+def test_cached_decoding_step_equals_the_full_prefix_forward():
+    """DecoderCache's logits at every position equal nn.TransformerDecoder's teacher-forced logits of the prefix
+    (padded sources included): the cache changes the cost, not the function."""
+    model = tiny_translation(tgt_vocab=30)
+    ids, mask = inputs()
+    ids = ids % 20
+    g = torch.Generator().manual_seed(7)
+    targets = torch.randint(3, 30, (3, 8), generator=g)  # no padding, no BOS
+    with torch.no_grad():
+        z = model.encode(ids, mask)
+        head = model.head
+        cache = DecoderCache(head.decoder.layers, head.memory_norm(z), mask == 0)
+        for t in range(targets.shape[1]):
+            step = head._incremental_logits(targets[:, t], cache)
+            full = head.logits(z, mask, targets[:, : t + 1])[:, -1]
+            torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
+        assert cache.length == targets.shape[1]
 
 
 @pytest.mark.parametrize("head_mode", ["eval", "train"])  # eval: incremental (cached) decoding; train: full prefix

@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.models.decoder_cache import DecoderCache
 from collapipe_flwr.models.split import SplitModel, TaskHead
 
 
@@ -164,29 +165,18 @@ class TranslationHead(TaskHead):
         logp[:, bos_id] = -math.inf
         return logp
 
-    def _incremental_logits(
-        self, memory: torch.Tensor, memory_pad: torch.Tensor, token: torch.Tensor, cache: list
-    ) -> torch.Tensor:
-        """Logits [B,V] of the next token after appending ``token`` [B] at the next position (the number of
-        tokens already in ``cache``).
+    def _incremental_logits(self, token: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+        """Logits [B,V] of the next token after appending ``token`` [B] at the next position (``cache.length``).
 
         The same computation as :meth:`logits` on the whole prefix, restricted to the last position (valid
-        because the decoder is causal): each pre-LN layer keeps norm1(x) of the earlier positions in
-        ``cache[layer]`` (its self-attention keys and values), so a step costs O(T) instead of O(T^2).
-        ``memory`` is already normalised (memory_norm); eval mode only (dropout off)."""
-        t = cache[0].shape[1] if cache[0] is not None else 0
-        x = self.tgt_embedding(token[:, None], start=t)
-        for i, layer in enumerate(self.decoder.layers):
-            h = layer.norm1(x)
-            cache[i] = h if cache[i] is None else torch.cat([cache[i], h], dim=1)
-            x = x + layer.self_attn(h, cache[i], cache[i], need_weights=False)[0]
-            h = layer.norm2(x)
-            x = x + layer.multihead_attn(h, memory, memory, key_padding_mask=memory_pad, need_weights=False)[0]
-            x = x + layer.linear2(layer.activation(layer.linear1(layer.norm3(x))))
+        because the decoder is causal): ``cache`` (models/decoder_cache.py) holds each layer's self-attention
+        keys and values of the earlier positions and its cross-attention keys and values of the memory, so a
+        step projects one position only. Eval mode only (dropout off)."""
+        x = self.tgt_embedding(token[:, None], start=cache.length)
         norm = self.decoder.norm
         if norm is None:  # unreachable: __init__ builds the decoder with its final LayerNorm
             raise ValueError("incremental decoding needs the decoder's final LayerNorm")
-        return self.generator(norm(x))[:, 0]
+        return self.generator(norm(cache.step(x)))[:, 0]
 
     @torch.no_grad()
     def greedy_decode(
@@ -195,20 +185,16 @@ class TranslationHead(TaskHead):
         """Batched greedy decoding; per sentence the token ids after BOS up to (not including) EOS.
 
         In eval mode it decodes incrementally (:meth:`_incremental_logits`, a cache of the decoder's
-        self-attention inputs); in train mode (dropout on) it re-runs :meth:`logits` on the whole prefix."""
+        keys and values); in train mode (dropout on) it re-runs :meth:`logits` on the whole prefix."""
         B = memory.shape[0]
         prefix = torch.full((B, 1), bos_id, dtype=torch.long, device=memory.device)
         done = torch.zeros(B, dtype=torch.bool, device=memory.device)
         incremental = not self.training
         if incremental:
-            normed, pad_mask, cache = (
-                self.memory_norm(memory),
-                padding_mask(memory_mask),
-                [None] * len(self.decoder.layers),
-            )
+            cache = DecoderCache(self.decoder.layers, self.memory_norm(memory), padding_mask(memory_mask))
         for _ in range(max_len):
             if incremental:
-                logits = self._incremental_logits(normed, pad_mask, prefix[:, -1], cache)
+                logits = self._incremental_logits(prefix[:, -1], cache)
                 nxt = self._decoding_log_probs(logits, bos_id).argmax(-1)
             else:
                 nxt = self._next_log_probs(memory, memory_mask, prefix).argmax(-1)
