@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from collapipe_flwr.dssra.channels import match_channels
-from collapipe_flwr.dssra.dinkelbach import c11_power_floor, dinkelbach_sca_power
+from collapipe_flwr.dssra.dinkelbach import PowerProblem, c11_power_floor, dinkelbach_sca_power
 from collapipe_flwr.dssra.power import optimal_power
 
 
@@ -105,7 +105,7 @@ def random_pairs(seed: int, P: int = 40):
 def test_dinkelbach_sca_within_half_percent_of_grid_and_equal_to_direct(seed):
     """The DSSRA power path (Dinkelbach + SCA, CVXPY) against a fine grid and the direct convex solver."""
     V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max = random_pairs(100 + seed)
-    result = dinkelbach_sca_power(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max)
+    result = dinkelbach_sca_power(PowerProblem(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max))
     p = result.power_w
     direct = optimal_power(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max)
     assert result.iterations >= 2  # interior optima (w_lin > 0) really iterate
@@ -132,7 +132,7 @@ def test_dinkelbach_respects_the_c11_floor():
     """With a C11' lower bound above the unconstrained optimum, the power sits on the bound (grid check)."""
     V, bits, B, g, h, I, _, _, E_max, P_max = random_pairs(7, 12)
     w_lin = np.full(12, 400.0)  # pushes the power down, so a floor binds
-    free = dinkelbach_sca_power(V, bits, B, g, h, I, 0.0, w_lin, E_max, P_max).power_w
+    free = dinkelbach_sca_power(PowerProblem(V, bits, B, g, h, I, 0.0, w_lin, E_max, P_max)).power_w
     checked = 0
     for i in range(12):
         q = np.linspace(P_max[i] * 1e-6, P_max[i], 200001)
@@ -142,9 +142,8 @@ def test_dinkelbach_respects_the_c11_floor():
             continue
         cap = q[feasible].max()
         floor = min(1.5 * free[i], cap)
-        got = dinkelbach_sca_power(
-            V[i], bits[i], B[i], g[i], h[i], I[i], 0.0, w_lin[i], E_max[i], P_max[i], p_floor=floor
-        ).power_w
+        problem = PowerProblem(V[i], bits[i], B[i], g[i], h[i], I[i], 0.0, w_lin[i], E_max[i], P_max[i], p_floor=floor)
+        got = dinkelbach_sca_power(problem).power_w
         obj = np.where(feasible & (q >= floor), V[i] * delay + w_lin[i] * q, np.inf)
         got_delay = bits[i] / (B[i] * np.log2(1 + g[i] * got))
         assert got >= floor * (1 - 1e-7)

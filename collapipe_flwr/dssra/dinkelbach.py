@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import cvxpy as cp
 import numpy as np
+from numpy.typing import ArrayLike
 
 from collapipe_flwr.dssra.power import LN2, feasible_pairs, max_energy_power
 
@@ -128,6 +129,32 @@ def curvature_bound(interference, interference_noise) -> np.ndarray:
 def _rho_prime(x, I, Ip):
     D = I + Ip * x
     return 1.0 / ((1 + x) * D) - np.log1p(x) * Ip / D**2
+
+
+@dataclass(frozen=True)
+class PowerProblem:
+    """Sub-2's power problem (eq. 42 under C6, C8', C11') for a set of (CU n, channel j) pairs; every field
+    broadcasts to one shape, one entry per pair.
+
+    V: the Lyapunov weight.  bits: D, the uplink size.  bandwidth: B_j (Hz).  slope: g = h_{n,j} / (I_j + B N_0).
+    gain: h_{n,j}.  interference: I_j (W) without the noise floor.  w_gamma: the weight of 1 / (p h + I)
+    (Y_n's Gamma_n drift, eq. 28).  w_lin: the weight of p (the paper's Y_n p_n, eq. 32).  energy_max: E^max
+    (J, C8').  pmax: P^max (W, C6).  p_floor: the C11' lower bound p_C11 (W).  p_cap: the largest power within
+    C6 and C8', max_energy_power(slope, D ln2 / (B E^max), P^max), where the caller has it (None: computed).
+    """
+
+    V: ArrayLike
+    bits: ArrayLike
+    bandwidth: ArrayLike
+    slope: ArrayLike
+    gain: ArrayLike
+    interference: ArrayLike
+    w_gamma: ArrayLike
+    w_lin: ArrayLike
+    energy_max: ArrayLike
+    pmax: ArrayLike
+    p_floor: ArrayLike = 0.0
+    p_cap: ArrayLike | None = None
 
 
 @dataclass(frozen=True)
@@ -230,33 +257,24 @@ def _dinkelbach_step(terms: _PairTerms, idx, x, lam) -> np.ndarray | None:
     return decrease
 
 
-def dinkelbach_sca_power(
-    V,
-    bits,
-    bandwidth,
-    slope,
-    gain,
-    interference,
-    w_gamma,
-    w_lin,
-    energy_max,
-    pmax,
-    p_floor=0.0,
-    tol: float = 1e-9,
-    max_iters: int = 30,
-    p_cap=None,
-) -> PowerResult:
-    """Optimal p per pair by Dinkelbach + SCA (see module docstring); inputs broadcast to one shape.
-
-    interference is I_j (W) without the noise floor; slope = h / (I + B N_0). p_floor: C11' lower bound (W).
-    p_cap: max_energy_power(slope, D ln2 / (B E^max), P^max) where the caller has it already (else computed).
-    """
-    arrays = np.broadcast_arrays(
-        *(
-            np.asarray(a, dtype=float)
-            for a in (V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin, energy_max, pmax, p_floor)
-        )
+def dinkelbach_sca_power(problem: PowerProblem, tol: float = 1e-9, max_iters: int = 30) -> PowerResult:
+    """Optimal p per pair of ``problem`` by Dinkelbach + SCA (see module docstring); stops when every pair's
+    relative decrease of f is at most ``tol`` or after ``max_iters`` surrogate solves."""
+    q = problem
+    inputs = (
+        q.V,
+        q.bits,
+        q.bandwidth,
+        q.slope,
+        q.gain,
+        q.interference,
+        q.w_gamma,
+        q.w_lin,
+        q.energy_max,
+        q.pmax,
+        q.p_floor,
     )
+    arrays = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in inputs))
     shape = arrays[0].shape
     V, bits, B, g, h, I, w_gamma, w_lin, E, pmax, p_floor = (a.ravel().copy() for a in arrays)
     energy = bits * LN2 / (B * E)
@@ -264,10 +282,10 @@ def dinkelbach_sca_power(
     power = np.full(V.size, np.nan)
     if not ok.any():
         return PowerResult(power.reshape(shape), 0, ())
-    if p_cap is None:
+    if problem.p_cap is None:
         p_cap = max_energy_power(np.where(ok, g, 1.0), np.where(ok, energy, 0.0), pmax)
     else:
-        p_cap = np.broadcast_to(np.asarray(p_cap, dtype=float), shape).ravel()
+        p_cap = np.broadcast_to(np.asarray(problem.p_cap, dtype=float), shape).ravel()
     terms = _pair_terms(ok, V, bits, B, g, h, I, w_gamma, w_lin, energy, p_cap, p_floor)
     x = terms.x_max.copy()  # warm start: the largest C6/C8'-feasible power
     lam = np.where(ok, terms.f(x), 0.0)

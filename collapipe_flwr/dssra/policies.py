@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from collapipe_flwr.dssra.cluster_model import ClusterModel
-from collapipe_flwr.dssra.dinkelbach import c11_power_floor, dinkelbach_sca_power
+from collapipe_flwr.dssra.dinkelbach import PowerProblem, c11_power_floor, dinkelbach_sca_power
 from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
 from collapipe_flwr.dssra.power import LN2, max_energy_power
 from collapipe_flwr.dssra.replan import sub1_inputs
@@ -34,6 +34,7 @@ from collapipe_flwr.dssra.segments import (
 from collapipe_flwr.dssra.selectors import SELECTORS, ChannelProblem, sit_out_reason, taken_channels
 from collapipe_flwr.dssra.specs import SchedulerSpec
 from collapipe_flwr.dssra.sub1_round import RoundSub1
+from collapipe_flwr.dssra.sub2_data import RadioState, Sub2Result
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.system import pipeline_model
 from collapipe_flwr.system.convergence import ConvergenceParams, queue_update
@@ -161,7 +162,7 @@ class Policy:
         history = [self._bcd_objective(segs, sub2, radio)]
         passes = 1
         while passes < max_passes:
-            new_flags = [c is not None for c in sub2["channel"]]
+            new_flags = [c is not None for c in sub2.channel]
             if new_flags == flags:
                 break
             flags = new_flags
@@ -172,7 +173,7 @@ class Policy:
             passes += 1
         return self._assemble(t, models, segs, sub2, radio, history, passes)
 
-    def _radio(self, state: RoundState) -> dict:
+    def _radio(self, state: RoundState) -> RadioState:
         spec = self.spec
         N, J = spec.num_clusters, spec.num_channels
         gain, interf = state.gain_matrix()[:N, :J], state.interference()[:J]
@@ -180,9 +181,9 @@ class Policy:
         slope = gain / (interf[None, :] + bandwidth * spec.noise_psd_w_hz)
         energy = self.uplink_bits * LN2 / (bandwidth * spec.cu_energy_max_j)  # C8': D ln2 / (B E^max)
         p_cap = max_energy_power(slope, energy, np.full(energy.shape, spec.cu_power_max_w))  # C6, C8'
-        return {"gain": gain, "interf": interf, "bandwidth": bandwidth, "slope": slope, "p_cap": p_cap}
+        return RadioState(gain, interf, bandwidth, slope, p_cap)
 
-    def _weights(self, radio: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _weights(self, radio: RadioState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(w_gamma [N], w_lin [N], sit-out drift [N]) of Sub-2: drift = gamma gives Y_n scale C / (p h + I)
         (eq. 28) and, for a CU left without a channel, its value at p = 0 with the mean interference;
         drift = paper gives the printed Y_n p_n (eq. 32). Baselines without queues, and methods that do not
@@ -193,14 +194,14 @@ class Policy:
             return zero, zero, zero
         if self.sched.drift == "gamma":
             w_gamma = self.Y * self.conv.scale * self.conv.interference_c
-            return w_gamma, zero, w_gamma / radio["interf"].mean()
+            return w_gamma, zero, w_gamma / radio.interf.mean()
         return zero, self.Y.copy(), zero
 
-    def _sub2(self, t: int, segs, radio: dict, power_cache: dict) -> dict:
+    def _sub2(self, t: int, segs, radio: RadioState, power_cache: dict) -> Sub2Result:
         """Power for every (CU, channel) pair (Dinkelbach + SCA under C6, C8', C11') and the matching."""
         spec, V = self.spec, self.sched.V
         N = spec.num_clusters
-        gain, interf, bandwidth, slope = radio["gain"], radio["interf"], radio["bandwidth"], radio["slope"]
+        gain, interf, bandwidth, slope = radio.gain, radio.interf, radio.bandwidth, radio.slope
         bits = self.uplink_bits
         w_gamma, w_lin, virtual = self._weights(radio)
         rows = [n for n in range(N) if (n, segs[n].S) not in power_cache]
@@ -229,21 +230,13 @@ class Policy:
                 f"round {t} (raise network.uplink.energy_max_j or shrink the model)"
                 for n, reason in left_out.items()
             }
-        return {
-            "channel": channel,
-            "power": power,
-            "uplink": uplink,
-            "cost": cost,
-            "virtual": virtual,
-            "left_out": left_out,
-        }
+        return Sub2Result(channel, power, uplink, cost, virtual, left_out)
 
-    def _pair_powers(self, rows: list[int], segs, radio: dict, w_gamma, w_lin) -> np.ndarray:
+    def _pair_powers(self, rows: list[int], segs, radio: RadioState, w_gamma, w_lin) -> np.ndarray:
         """p_{n,j} [len(rows), J] of the CUs ``rows`` given their S_n: Dinkelbach + SCA under C6, C8' and the
         C11' floor (Gamma_n(S_n, p) <= Gamma^max, only when the power drift is on)."""
         spec, bits = self.spec, self.uplink_bits
-        gain, interf, bandwidth, slope = radio["gain"], radio["interf"], radio["bandwidth"], radio["slope"]
-        p_cap = radio["p_cap"]
+        gain, interf, bandwidth, slope, p_cap = radio.gain, radio.interf, radio.bandwidth, radio.slope, radio.p_cap
         idx = np.asarray(rows)
         p_floor: float | np.ndarray = 0.0
         if self.uses_queues and self.shape.optimise_power and self.conv.interference_c > 0:
@@ -252,39 +245,40 @@ class Policy:
             p_floor = c11_power_floor(
                 budget[:, None], self.conv.scale * self.conv.interference_c, gain[idx], interf[None, :], p_cap[idx]
             )
-        result = dinkelbach_sca_power(
-            self.sched.V,
-            bits,
-            bandwidth[idx],
-            slope[idx],
-            gain[idx],
-            interf[None, :],
-            w_gamma[idx, None],
-            w_lin[idx, None],
-            spec.cu_energy_max_j,
-            spec.cu_power_max_w,
-            p_floor,
+        problem = PowerProblem(
+            V=self.sched.V,
+            bits=bits,
+            bandwidth=bandwidth[idx],
+            slope=slope[idx],
+            gain=gain[idx],
+            interference=interf[None, :],
+            w_gamma=w_gamma[idx, None],
+            w_lin=w_lin[idx, None],
+            energy_max=spec.cu_energy_max_j,
+            pmax=spec.cu_power_max_w,
+            p_floor=p_floor,
             p_cap=p_cap[idx],
         )
+        result = dinkelbach_sca_power(problem)
         return result.power_w
 
-    def _bcd_objective(self, segs, sub2: dict, radio: dict) -> float:
+    def _bcd_objective(self, segs, sub2: Sub2Result, radio: RadioState) -> float:
         """sum_{n selected} [V (tau^pipe + tau^Up) + power drift] + sum_{n idle} sit-out drift + sum_n drift(S_n),
         recomputed from the segments (Sub-2's cost matrix may hold another iteration's pipeline delays)."""
         V = self.sched.V
         w_gamma, w_lin, _ = self._weights(radio)
         total = 0.0
-        for n, (seg, j) in enumerate(zip(segs, sub2["channel"])):
+        for n, (seg, j) in enumerate(zip(segs, sub2.channel)):
             total += float(self._segment_drift(n, len(seg.delta))[seg.S])
             if j is None:
-                total += float(sub2["virtual"][n])
+                total += float(sub2.virtual[n])
                 continue
-            p = float(sub2["power"][n, j])
-            total += V * (seg.pipeline_s + float(sub2["uplink"][n, j]))
-            total += float(w_gamma[n] / (p * radio["gain"][n, j] + radio["interf"][j]) + w_lin[n] * p)
+            p = float(sub2.power[n, j])
+            total += V * (seg.pipeline_s + float(sub2.uplink[n, j]))
+            total += float(w_gamma[n] / (p * radio.gain[n, j] + radio.interf[j]) + w_lin[n] * p)
         return total
 
-    def _assemble(self, t, models, segs, sub2, radio, history, passes: int) -> RoundPlan:
+    def _assemble(self, t, models, segs, sub2: Sub2Result, radio: RadioState, history, passes: int) -> RoundPlan:
         clusters, rows, gammas, delays = [], [], [], []
         for n in range(len(models)):
             cluster, row, delay = self._cluster_outcome(n, models[n], segs[n], sub2, radio)
@@ -307,8 +301,8 @@ class Policy:
             "gamma_mean": float(np.mean(gammas)),
             "clusters": rows,
         }
-        if sub2.get("left_out"):  # only when a CU sits out: why (dssra/selectors.py: sit_out_reason)
-            modelled["left_out"] = {str(n): reason for n, reason in sorted(sub2["left_out"].items())}
+        if sub2.left_out:  # only when a CU sits out: why (dssra/selectors.py: sit_out_reason)
+            modelled["left_out"] = {str(n): reason for n, reason in sorted(sub2.left_out.items())}
         solves_m = self.shape.segments is None and self.sched.segment_scheduling
         replan = {
             n: sub1_inputs(
@@ -319,16 +313,16 @@ class Policy:
         }
         return RoundPlan(round=int(t), clusters=tuple(clusters), modelled=modelled, replan_inputs=replan)
 
-    def _cluster_outcome(self, n: int, model: ClusterModel, seg: SegmentPlan, sub2: dict, radio: dict):
+    def _cluster_outcome(self, n: int, model: ClusterModel, seg: SegmentPlan, sub2: Sub2Result, radio: RadioState):
         """(ClusterPlan, modelled row, tau_n^pipe + tau_n^Up or None if idle) of cluster n: its S, m, delta_k,
         channel and p_n, evaluated (eq. 26), with Gamma_n (eq. 28)."""
-        j = sub2["channel"][n]
+        j = sub2.channel[n]
         ev = self.shape.evaluate(model, seg) if self.shape.evaluate else model.evaluate(seg.delta, seg.m)
         selected = j is not None
-        p = float(sub2["power"][n, j]) if selected else 0.0
-        up = float(sub2["uplink"][n, j]) if selected else 0.0
-        h = float(radio["gain"][n, j]) if selected else 0.0
-        I = float(radio["interf"][j]) if selected else float(radio["interf"].mean())
+        p = float(sub2.power[n, j]) if selected else 0.0
+        up = float(sub2.uplink[n, j]) if selected else 0.0
+        h = float(radio.gain[n, j]) if selected else 0.0
+        I = float(radio.interf[j]) if selected else float(radio.interf.mean())
         gamma = float(self.conv.gamma(seg.S, p, h, I))
         cluster = ClusterPlan(
             cluster=n,
