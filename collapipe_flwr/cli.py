@@ -11,7 +11,7 @@ do by hand:
 - gives the run a private FLWR_HOME and free local SuperLink ports, so two runs on one machine never meet,
   and one simulated SuperNode per cluster (``num-supernodes`` follows ``num-clusters``);
 - streams the log to the console and to ``<run folder>/flwr.log`` (a few known Flower lines that do not
-  apply here are left off the console only: ``launch.QUIET_LINES``; ``--verbose`` shows them);
+  apply here are left off the console only: ``console_echo.QUIET_LINES``; ``--verbose`` shows them);
 - stops the local SuperLink and every process it started, by pid, when the run ends, fails, times out
   or is interrupted;
 - exits 0 only when the run wrote its summary.json (``flwr run`` itself exits 0 when the ServerApp fails),
@@ -115,7 +115,9 @@ def terminate_as_interrupt() -> Iterator[None]:
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None = None) -> int:
     """``collapipe run``; ``flwr_exe`` replaces the flwr CLI (tests use a stand-in)."""
-    from collapipe_flwr.experiments.launch import LOG_FILE, ConsoleEcho, launch
+    from collapipe_flwr.experiments.console_echo import ConsoleEcho
+    from collapipe_flwr.experiments.job_status import LOG_FILE
+    from collapipe_flwr.experiments.launch import launch
     from collapipe_flwr.fl.records.run_claim import RunFolderBusy
     from collapipe_flwr.fl.records.run_log import check_run_folder
     from collapipe_flwr.fl.server.checkpoint import load_checkpoint

@@ -18,8 +18,9 @@ from collapipe_flwr.cli import parse_run_config, plan_launch
 from collapipe_flwr.config import compose
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.experiments import processes
+from collapipe_flwr.experiments.console_echo import ConsoleEcho
 from collapipe_flwr.experiments.job import build_job
-from collapipe_flwr.experiments.launch import ConsoleEcho, keep_old_logs
+from collapipe_flwr.experiments.launch import keep_old_logs
 
 
 def test_run_config_is_read_like_flwr_run_and_unknown_keys_are_refused(tmp_path):

@@ -25,18 +25,18 @@ import pytest
 from collapipe_flwr.config import build_run_config, compose, split_overrides
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.experiments import aggregate, processes, reductions
-from collapipe_flwr.experiments.job import JobSpec, build_job, forwarded_overrides, override_key, run_timeout_s
-from collapipe_flwr.experiments.launch import (
+from collapipe_flwr.experiments.flower_command import (
     MAX_UNIX_SOCKET_PATH,
     RAY_SOCKET_SUFFIX,
     TEMP_PREFIX,
-    error_line,
     flower_command,
-    launch,
     private_temp_dir,
     private_temp_env,
     run_config_toml,
 )
+from collapipe_flwr.experiments.job import JobSpec, build_job, forwarded_overrides, override_key, run_timeout_s
+from collapipe_flwr.experiments.launch import launch
+from collapipe_flwr.experiments.log_errors import error_line
 from collapipe_flwr.experiments.report import main as report_main
 from collapipe_flwr.experiments.report import write_report
 

@@ -1,7 +1,9 @@
 """Sweeps and reports of the paper's experiments (Section VI).
 
 - ``python -m collapipe_flwr.experiments [overrides]`` (``__main__``): the Hydra entry point; each job
-  is validated (``job``) and trained through `flwr run` in simulation (``launch``, ``processes``).
+  is validated (``job``) and trained through `flwr run` in simulation (``launch``: its command and
+  environment ``flower_command``, its console ``console_echo``, its ``status.json`` ``job_status`` and
+  ``log_errors``; ``processes``).
 - ``python -m collapipe_flwr.experiments.report DIR`` (``report``): reads the job / run folders
   (``runs``), aggregates them (``aggregate``, ``reductions``: pure functions) and writes results.md,
   results.csv (``tables``) and PNG figures (``figures``).

@@ -23,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from collapipe_flwr.config import CONF_DIR, compose, with_task_default_model
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.experiments.job import build_job, labels_of
-from collapipe_flwr.experiments.launch import failed_status, launch
+from collapipe_flwr.experiments.job_status import failed_status
+from collapipe_flwr.experiments.launch import launch
 from collapipe_flwr.fl.records.run_claim import RunFolderBusy
 
 
