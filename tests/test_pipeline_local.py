@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from collapipe_flwr.errors import ConfigError, PartitionError
 from collapipe_flwr.models.bert import build_bert
 from collapipe_flwr.models.transformer import build_transformer
-from collapipe_flwr.pipeline import cluster
+from collapipe_flwr.pipeline import cluster, cluster_profile, cluster_step, placement
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.memory import (
@@ -252,9 +252,11 @@ def test_step_result_and_bad_arguments():
         ClusterPipeline(model.embedding, model.blocks, (2, 3), ADAM)
 
 
-def test_the_driver_never_touches_ray():
-    """pipeline/cluster.py is backend-neutral: no Ray import, no ``ray.*`` call, even inside a function."""
-    tree = ast.parse(inspect.getsource(cluster))
+@pytest.mark.parametrize("module", [cluster, cluster_profile, cluster_step, placement])
+def test_the_driver_never_touches_ray(module):
+    """The driver (pipeline/cluster.py and its parts) is backend-neutral: no Ray import, no ``ray.*`` call, even
+    inside a function."""
+    tree = ast.parse(inspect.getsource(module))
     imported = {
         alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
     }

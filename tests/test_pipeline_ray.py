@@ -226,7 +226,7 @@ def test_an_idle_device_has_the_blocks_code_imported_before_a_plan_uses_it(ray_s
     with ClusterPipeline(model.embedding, model.blocks, (4, 0, 0), ADAM, [profile(1.0)] * 3, runtime=rt) as pipe:
         assert sorted(pipe.processes()) == [0, 1, 2]  # devices 1 and 2 alive, idle
         # Ray runs an actor's calls in order: this one answers after the warm-up the pipeline queued
-        assert pipe._stages.call_device(2, "missing_modules", needed) == []
+        assert pipe._stages.missing_modules(2, needed) == []
         pipe.repartition((0, 0, 4))
         loss = pipe.train_step(batch(), 2, LocalHead(model.head, ADAM)).loss
         assert math.isfinite(loss)

@@ -20,17 +20,18 @@ from typing import Any
 from collapipe_flwr.accelerator import to_host
 from collapipe_flwr.pipeline.cu_embedding import CuEmbedding
 from collapipe_flwr.pipeline.executors import Stages
-from collapipe_flwr.pipeline.head import HeadFn
+from collapipe_flwr.pipeline.head import HeadFn, MicroHead
 from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles
 
 
 def gpipe_step(
-    stages: Stages, S: int, cu: CuEmbedding, micro: list[dict], head: HeadFn, lr_factor: float
+    stages: Stages, S: int, cu: CuEmbedding, micro: list[dict], head: HeadFn | MicroHead, lr_factor: float
 ) -> tuple[float, dict[str, float], list[Any]]:
     """Forward, one head call, backward over S stages and m = len(micro) micro-batches, each stage's update
     submitted behind its backward (module docstring); returns the step loss, the seconds of its phases (forward,
     head, backward; the embedding's in ``cu.seconds``) and the handles of the S stages' updates (each stage's
-    compute seconds, :meth:`.stage.Stage.step`)."""
+    compute seconds, :meth:`.stage.Stage.step`). ``head`` is called once with all m z^enc (a ``HeadFn``; a head
+    that only takes micro-batches one at a time raises TypeError there)."""
     t0 = time.perf_counter()
     m = len(micro)
     masks = [stages.put(mb["attention_mask"]) for mb in micro]
@@ -38,9 +39,14 @@ def gpipe_step(
     for cycle in forward_cycles(m, S):
         for i, k in cycle:
             x = cu.forward(i, micro[i]) if k == 0 else out[(i, k - 1)]
-            out[(i, k)] = stages.submit(k, "forward", i, x, masks[i])
+            out[(i, k)] = stages.submit_forward(k, i, x, masks[i])
     z_enc = [to_host(stages.get(out[(i, S - 1)], S - 1)) for i in range(m)]  # the head is across a wire
     t_fwd = time.perf_counter()
+    if not callable(head):
+        raise TypeError(
+            f"pipeline.schedule=gpipe needs a head called with all m micro-batches' z^enc at once (HeadFn: LocalHead, "
+            f"DecoderClient), not {type(head).__name__}"
+        )
     loss, grads = head(z_enc, micro, float(lr_factor))
     t_head = time.perf_counter()
     if len(grads) != m:
@@ -49,8 +55,8 @@ def gpipe_step(
     for cycle in backward_cycles(m, S):
         for i, k in cycle:
             g = grads[i] if k == S - 1 else back[(i, k + 1)]
-            back[(i, k)] = stages.submit(k, "backward", i, g)
-    updates = [stages.submit(k, "step", float(lr_factor)) for k in range(S)]  # each behind its own backward
+            back[(i, k)] = stages.submit_backward(k, i, g)
+    updates = [stages.submit_step(k, float(lr_factor)) for k in range(S)]  # each behind its own backward
     for i in reversed(range(m)):
         cu.backward(i, stages.get(back[(i, 0)], 0))
     t_bwd = time.perf_counter()

@@ -24,7 +24,7 @@ import torch
 from collapipe_flwr.accelerator import to_host
 from collapipe_flwr.pipeline.cu_embedding import CuEmbedding
 from collapipe_flwr.pipeline.executors import Stages
-from collapipe_flwr.pipeline.head import MicroHead
+from collapipe_flwr.pipeline.head import HeadFn, MicroHead
 from collapipe_flwr.pipeline.schedule import one_f_one_b_order
 
 
@@ -60,10 +60,10 @@ class _Step:
     def _submit(self, k: int, kind: str, i: int) -> None:
         if kind == "F":
             x = self.cu.forward(i, self.micro[i]) if k == 0 else self.out[(i, k - 1)]
-            self.out[(i, k)] = self.stages.submit(k, "forward", i, x, self.masks[i])
+            self.out[(i, k)] = self.stages.submit_forward(k, i, x, self.masks[i])
         else:
             g = self.head_grads.pop(i) if k == self.S - 1 else self.back[(i, k + 1)]
-            self.back[(i, k)] = self.stages.submit(k, "backward", i, g)
+            self.back[(i, k)] = self.stages.submit_backward(k, i, g)
 
     def waiting_for_head(self) -> int:
         """The micro-batch the last stage waits on (its next call is that micro-batch's backward)."""
@@ -74,12 +74,12 @@ class _Step:
 
 
 def one_f_one_b_step(
-    stages: Stages, S: int, cu: CuEmbedding, micro: list[dict], head: MicroHead, lr_factor: float
+    stages: Stages, S: int, cu: CuEmbedding, micro: list[dict], head: HeadFn | MicroHead, lr_factor: float
 ) -> tuple[float, dict[str, float]]:
     """1F1B over S stages and m = len(micro) micro-batches with m head exchanges; returns the step loss and the
     seconds of its phases: forward (the interleaved forwards and backwards on the stages, head exchanges
     excluded), head (the m exchanges and the head's update), backward (the CU's wait for stage 0's last
-    backwards and the embedding's backward)."""
+    backwards and the embedding's backward). A ``head`` that is not a :class:`MicroHead` raises TypeError."""
     t0 = time.perf_counter()
     if not isinstance(head, MicroHead):
         raise TypeError(

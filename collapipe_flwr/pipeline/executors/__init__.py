@@ -1,9 +1,10 @@
 """Where the stages run: in this process (``local.LocalStages``) or one Ray actor per device
 (``ray_stages.RayStages``), with the cores each actor gets (``cores``).
 
-The CU's driver (``pipeline/cluster.py``) is backend-neutral: everything it does with a device goes through the
-:class:`~collapipe_flwr.pipeline.executors.interface.Stages` interface, so only ``ray_actor`` and ``ray_stages``
-know Ray (an import-linter contract in pyproject.toml keeps it so).
+The CU's driver (``pipeline/cluster.py`` and its parts) is backend-neutral: everything it does with a device goes
+through the typed methods of the :class:`~collapipe_flwr.pipeline.executors.interface.Stages` interface, so only
+``ray_actor``, ``ray_calls`` and ``ray_stages`` know Ray actors (an import-linter contract in pyproject.toml keeps
+Ray's import to ``ray_actor`` and ``ray_stages``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
+import torch
 from torch import nn
 
 from collapipe_flwr.pipeline.device_process import DeviceProcess
@@ -61,22 +63,75 @@ class LocalStages:
         """{device k: (first block, last block + 1)} of every live device."""
         return {k: stage.layout() for k, stage in self.devices.items()}
 
-    def call_device(self, k: int, method: str, *args):
-        return getattr(self.devices[k], method)(*args)
-
+    # -- one step's calls: each runs now, its handle is its value -----------------------------------------
     def new_step(self) -> None:
         pass
-
-    def submit(self, stage: int, method: str, *args):
-        return getattr(self.stages[stage], method)(*args)
 
     def put(self, value):
         """A value later submits may take as an argument (here: the value itself)."""
         return value
 
+    def submit_begin_step(self, stage: int, step_seed: int | None) -> int:
+        return self.stages[stage].begin_step(step_seed)
+
+    def submit_forward(self, stage: int, mb_index: int, x: Any, attention_mask: Any) -> torch.Tensor:
+        return self.stages[stage].forward(mb_index, x, attention_mask)
+
+    def submit_backward(self, stage: int, mb_index: int, grad_out: Any) -> torch.Tensor:
+        return self.stages[stage].backward(mb_index, grad_out)
+
+    def submit_step(self, stage: int, lr_factor: float) -> float:
+        return self.stages[stage].step(lr_factor)
+
+    def submit_get_weights(self, stage: int) -> dict[str, torch.Tensor]:
+        return self.stages[stage].get_weights()
+
+    def submit_set_weights(self, stage: int, state: dict) -> None:
+        self.stages[stage].set_weights(state)
+
+    def submit_trace(self, stage: int) -> list[tuple[str, int, float, float]]:
+        return self.stages[stage].trace()
+
+    def submit_memory_report(self, stage: int) -> dict:
+        return self.stages[stage].memory_report()
+
     def get(self, handle, stage: int):
         """The value of ``handle`` (here: the handle itself; the call already ran)."""
         return handle
+
+    # -- calls on one device k ---------------------------------------------------------------------------
+    def get_weights(self, k: int) -> dict:
+        return self.devices[k].get_weights()
+
+    def get_optimizer_state(self, k: int) -> dict:
+        return self.devices[k].get_optimizer_state()
+
+    def load_optimizer_state(self, k: int, state: dict) -> None:
+        self.devices[k].load_optimizer_state(state)
+
+    def reset_optimizer(self, k: int) -> None:
+        self.devices[k].reset_optimizer()
+
+    def set_testbed(
+        self, k: int, cores: float, bytes_per_s: float, latency_s: float, cgroup_name: str, memory_bytes: float
+    ) -> float:
+        return self.devices[k].set_testbed(cores, bytes_per_s, latency_s, cgroup_name, memory_bytes)
+
+    def clear_testbed(self, k: int) -> None:
+        self.devices[k].clear_testbed()
+
+    def profile_compute(
+        self, k: int, block: nn.Module, sizes: list[int], seq_len: int, width: int, repeats: int
+    ) -> dict:
+        return self.devices[k].profile_compute(block, sizes, seq_len, width, repeats)
+
+    def process(self, k: int) -> DeviceProcess:
+        return self.devices[k].process()
+
+    def missing_modules(self, k: int, modules: Sequence[str]) -> list[str]:
+        return self.devices[k].missing_modules(modules)
+
+    # -- the devices ---------------------------------------------------------------------------------------
 
     def processes(self) -> dict[int, DeviceProcess]:
         return {k: stage.process() for k, stage in self.devices.items()}

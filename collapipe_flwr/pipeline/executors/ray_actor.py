@@ -32,8 +32,9 @@ class RemoteMethod(Protocol):
 
 class DeviceActor(Protocol):
     """The Ray actor handle of a :class:`StageActor` as :class:`RayStages` uses it (Ray types a handle's
-    methods dynamically, so this names the ones called here; ``getattr(handle, m).remote`` reaches the rest)."""
+    methods dynamically, so this names every one called: each a :class:`StageActor` method)."""
 
+    # placement and the actor's process
     load_segment: RemoteMethod
     layout: RemoteMethod
     ping: RemoteMethod
@@ -41,6 +42,29 @@ class DeviceActor(Protocol):
     node_id: RemoteMethod
     set_handoff: RemoteMethod
     warm_up: RemoteMethod
+    missing_modules: RemoteMethod
+    process: RemoteMethod
+    memory_cgroup_path: RemoteMethod
+    leave_host: RemoteMethod
+    # one step
+    begin_step: RemoteMethod
+    forward: RemoteMethod
+    backward: RemoteMethod
+    step: RemoteMethod
+    trace: RemoteMethod
+    memory_report: RemoteMethod
+    # weights and optimizer state
+    get_weights: RemoteMethod
+    set_weights: RemoteMethod
+    get_optimizer_state: RemoteMethod
+    load_optimizer_state: RemoteMethod
+    reset_optimizer: RemoteMethod
+    # the testbed and measurement
+    set_testbed: RemoteMethod
+    clear_testbed: RemoteMethod
+    profile_compute: RemoteMethod
+    send_payload: RemoteMethod
+    receive_payload: RemoteMethod
     _actor_id: Any
 
 

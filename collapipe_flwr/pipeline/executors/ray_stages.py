@@ -25,6 +25,7 @@ from collapipe_flwr.pipeline.executors.ray_actor import (
     leave_testbed,
     remote_stage_class,
 )
+from collapipe_flwr.pipeline.executors.ray_calls import RayStageCalls
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime
 from collapipe_flwr.testbed.memory_limit import oom_kills_at
@@ -36,12 +37,13 @@ if TYPE_CHECKING:
 START_TIMEOUT_S = 120.0
 
 
-class RayStages:
+class RayStages(RayStageCalls):
     """One Ray actor per device holding its segment and optimizer (module docstring). Everything about where
     and how the actors run comes from ``runtime`` (:class:`~collapipe_flwr.pipeline.runtime_spec.ClusterRuntime`):
     ``ray_address``, ``actor_num_cpus``, ``actor_num_gpus`` (reserved only when ``device`` is not cpu),
     ``device_resource``, ``pin_threads``, ``device_timeout_s``, ``precision``, ``device``; the cluster's ``name``,
-    ``actor_prefix`` and ``actor_threads``."""
+    ``actor_prefix`` and ``actor_threads``. The typed stage and device calls of the protocol come from
+    :class:`~collapipe_flwr.pipeline.executors.ray_calls.RayStageCalls`."""
 
     backend = "ray"
 
@@ -121,7 +123,7 @@ class RayStages:
         kernel's OOM-kill count can be read once one dies (:meth:`_death_cause`)."""
         if not self.runtime.spec.memory_cgroup or not devices:
             return
-        paths = self._get_all([(k, cast(Any, self.devices[k]).memory_cgroup_path.remote()) for k in devices])
+        paths = self._get_all([(k, self.devices[k].memory_cgroup_path.remote()) for k in devices])
         self.memory_paths.update({k: str(p) for k, p in zip(devices, paths) if p})
 
     def _death_cause(self, k: int) -> tuple[str, str]:
@@ -256,9 +258,6 @@ class RayStages:
         refs = {k: actor.layout.remote() for k, actor in self.devices.items()}
         return {k: tuple(self._get_device(ref, k)) for k, ref in refs.items()}
 
-    def call_device(self, k: int, method: str, *args):
-        return self._get_device(getattr(self.devices[k], method).remote(*args), k)
-
     def _get_device(self, ref, k: int):
         try:
             return self._ray.get(ref, timeout=self.timeout_s)
@@ -285,14 +284,14 @@ class RayStages:
     def processes(self) -> dict[int, DeviceProcess]:
         """{device k: its actor's process and network namespace} (tests check actors are reused across rounds
         and run on the boxes they were placed on)."""
-        return {k: self.call_device(k, "process") for k in self.devices}
+        return {k: self.process(k) for k in self.devices}
 
     def time_transfer(self, src: int, dst: int, nbytes: int) -> float:
         """Device ``src`` makes the payload and hands it on through its link; device ``dst`` takes it the way
         stage k+1 takes stage k's activation (``runtime.handoff``: Ray's object store or shared memory)."""
         start = time.perf_counter()
-        sent = cast(Any, self.devices[src]).send_payload.remote(nbytes)
-        ref = cast(Any, self.devices[dst]).receive_payload.remote(sent)
+        sent = self.devices[src].send_payload.remote(nbytes)
+        ref = self.devices[dst].receive_payload.remote(sent)
         self._get_device(ref, dst)
         return time.perf_counter() - start
 
@@ -304,13 +303,6 @@ class RayStages:
         self._submitted = []
         if self.handoff == "shm":
             self._parking.clear()  # what a failed step parked here and no actor read
-
-    def submit(self, stage: int, method: str, *args):
-        if self.handoff == "shm":  # the CU's own tensors (embedding output, the head's gradients) take it too
-            args = tuple(self._parking.handover(a) for a in args)
-        ref = getattr(self.actors[stage], method).remote(*args)
-        self._submitted.append((ref, stage))
-        return ref
 
     def _stuck_stage(self, default: int) -> int:
         """The stage of the earliest call (in submission, hence dependency, order) still not done."""

@@ -1,0 +1,98 @@
+"""The typed calls of :class:`~collapipe_flwr.pipeline.executors.interface.Stages` as calls on Ray actors
+(:class:`RayStageCalls`, a base of :class:`~collapipe_flwr.pipeline.executors.ray_stages.RayStages`).
+
+``submit_<method>(stage, ...)`` starts ``<method>`` on the actor of stage ``stage`` of the current plan and answers
+its ObjectRef, remembered for the step's failure report (``RayStages.new_step`` / ``RayStages.get``); with
+``runtime.handoff: shm`` the CU's own tensors among its arguments are parked in shared memory first.
+``<method>(k, ...)`` runs it on device k's actor and waits for the answer, a failure naming device k.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from collapipe_flwr.pipeline.device_process import DeviceProcess
+from collapipe_flwr.pipeline.executors import shm_handoff
+from collapipe_flwr.pipeline.executors.ray_actor import DeviceActor, RemoteMethod
+
+
+class RayStageCalls:
+    """One method per stage call of the :class:`Stages` protocol, each on the actor handle's typed method."""
+
+    devices: dict[int, DeviceActor]  # device k -> its actor
+    actors: list[DeviceActor]  # stage s -> its device's actor
+    handoff: str
+    _parking: shm_handoff.ParkingLot
+    _submitted: list[tuple[Any, int]]  # (ObjectRef, stage) of this step's submits, in submission order
+
+    def _get_device(self, ref: Any, k: int) -> Any:
+        """The value of ``ref`` from device k, which a failure names (``RayStages._get_device``)."""
+        raise NotImplementedError
+
+    def _submit(self, stage: int, method: RemoteMethod, *args: Any) -> Any:
+        if self.handoff == "shm":  # the CU's own tensors (embedding output, the head's gradients) take it too
+            args = tuple(self._parking.handover(a) for a in args)
+        ref = method.remote(*args)
+        self._submitted.append((ref, stage))
+        return ref
+
+    # -- one step's calls on the stages of the plan ----------------------------------------------------------
+    def submit_begin_step(self, stage: int, step_seed: int | None) -> Any:
+        return self._submit(stage, self.actors[stage].begin_step, step_seed)
+
+    def submit_forward(self, stage: int, mb_index: int, x: Any, attention_mask: Any) -> Any:
+        return self._submit(stage, self.actors[stage].forward, mb_index, x, attention_mask)
+
+    def submit_backward(self, stage: int, mb_index: int, grad_out: Any) -> Any:
+        return self._submit(stage, self.actors[stage].backward, mb_index, grad_out)
+
+    def submit_step(self, stage: int, lr_factor: float) -> Any:
+        return self._submit(stage, self.actors[stage].step, lr_factor)
+
+    def submit_get_weights(self, stage: int) -> Any:
+        return self._submit(stage, self.actors[stage].get_weights)
+
+    def submit_set_weights(self, stage: int, state: dict) -> Any:
+        return self._submit(stage, self.actors[stage].set_weights, state)
+
+    def submit_trace(self, stage: int) -> Any:
+        return self._submit(stage, self.actors[stage].trace)
+
+    def submit_memory_report(self, stage: int) -> Any:
+        return self._submit(stage, self.actors[stage].memory_report)
+
+    # -- calls on one device k, answered at once -------------------------------------------------------------
+    def get_weights(self, k: int) -> dict:
+        return self._get_device(self.devices[k].get_weights.remote(), k)
+
+    def get_optimizer_state(self, k: int) -> dict:
+        return self._get_device(self.devices[k].get_optimizer_state.remote(), k)
+
+    def load_optimizer_state(self, k: int, state: dict) -> None:
+        self._get_device(self.devices[k].load_optimizer_state.remote(state), k)
+
+    def reset_optimizer(self, k: int) -> None:
+        self._get_device(self.devices[k].reset_optimizer.remote(), k)
+
+    def set_testbed(
+        self, k: int, cores: float, bytes_per_s: float, latency_s: float, cgroup_name: str, memory_bytes: float
+    ) -> float:
+        ref = self.devices[k].set_testbed.remote(cores, bytes_per_s, latency_s, cgroup_name, memory_bytes)
+        return self._get_device(ref, k)
+
+    def clear_testbed(self, k: int) -> None:
+        self._get_device(self.devices[k].clear_testbed.remote(), k)
+
+    def profile_compute(
+        self, k: int, block: nn.Module, sizes: list[int], seq_len: int, width: int, repeats: int
+    ) -> dict:
+        return self._get_device(self.devices[k].profile_compute.remote(block, sizes, seq_len, width, repeats), k)
+
+    def process(self, k: int) -> DeviceProcess:
+        return self._get_device(self.devices[k].process.remote(), k)
+
+    def missing_modules(self, k: int, modules: Sequence[str]) -> list[str]:
+        return self._get_device(self.devices[k].missing_modules.remote(modules), k)
