@@ -41,7 +41,7 @@ from collapipe_flwr.config import RunConfig, load_run_config  # noqa: E402
 from collapipe_flwr.dssra.plan import ClusterPlan  # noqa: E402
 from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, release_run, run_key_of, train_round  # noqa: E402
 from collapipe_flwr.fl.cu.cluster_session import cached_task  # noqa: E402
-from collapipe_flwr.fl.messages import unpack_weights  # noqa: E402
+from collapipe_flwr.fl.messages import NUM_EXAMPLES, unpack_weights  # noqa: E402
 from collapipe_flwr.fl.server.server_state import ServerState  # noqa: E402
 from collapipe_flwr.precision import autocast, resolve_precision  # noqa: E402
 
@@ -118,6 +118,14 @@ def _round_examples_and_train_s(args: argparse.Namespace, results: list) -> tupl
     return seen, train_s
 
 
+def _absorb(server: ServerState, t: int, results: list) -> None:
+    """Round t's replies [(n, weights, metrics)] folded in as the strategy folds them, then the new global model."""
+    fold = server.global_model.new_round()
+    for n, parts, metrics in results:
+        fold.add(n, parts, float(metrics[NUM_EXAMPLES]))
+    server.absorb_round(t, fold, {n: float(metrics["train-loss"]) for n, _, metrics in results})
+
+
 def federated(args, base: list[str]) -> dict:
     cfg, rounds = _federated_config(args, base)
     torch.set_num_threads(cfg.runtime.torch_threads)
@@ -137,7 +145,7 @@ def federated(args, base: list[str]) -> dict:
             examples, train_s = _round_examples_and_train_s(args, results)
             seen += examples
             server.decoder.close_round()
-            server.absorb_results(t, results)
+            _absorb(server, t, results)
             overheads.append(time.monotonic() - t_round - train_s)
             loss = sum(m["train-loss"] for _, _, m in results) / len(results)
             print(

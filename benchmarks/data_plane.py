@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost  # noqa: E402
+from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost, DecoderHostSpec  # noqa: E402
 from collapipe_flwr.fl.dataplane.auth import cluster_key  # noqa: E402
 
 B, T, H = 64, 32, 256
@@ -89,10 +89,7 @@ def bench_data_plane(
         head,
         torch.optim.SGD(head.parameters(), lr=1e-3),
         "bench-secret",
-        bind="127.0.0.1",
-        compression=compression,
-        hidden_size=H,
-        transport=transport,
+        DecoderHostSpec(hidden_size=H, bind="127.0.0.1", compression=compression, transport=transport),
     )
     host.start()
     host.open_round(1, [0])

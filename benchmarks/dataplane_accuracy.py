@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost  # noqa: E402
+from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost, DecoderHostSpec  # noqa: E402
 from collapipe_flwr.fl.dataplane.auth import cluster_key  # noqa: E402
 
 V, C, H, B, T = 200, 10, 64, 32, 16
@@ -46,9 +46,8 @@ def run(mode: str, steps: int) -> list[float]:
     layer = nn.TransformerEncoderLayer(H, 4, 128, dropout=0.0, batch_first=True)
     enc_opt = torch.optim.Adam([*embed.parameters(), *layer.parameters()], lr=3e-3)
     head = TokenHead()
-    host = DecoderHost(
-        head, torch.optim.Adam(head.parameters(), lr=3e-3), "acc", bind="127.0.0.1", compression=mode, hidden_size=H
-    )
+    spec = DecoderHostSpec(hidden_size=H, bind="127.0.0.1", compression=mode)
+    host = DecoderHost(head, torch.optim.Adam(head.parameters(), lr=3e-3), "acc", spec)
     host.start()
     host.open_round(1, [0])
     g = torch.Generator().manual_seed(1)

@@ -24,6 +24,7 @@ from collapipe_flwr.fl.cu import cluster_session
 from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, release_run, run_key_of, train_round
 from collapipe_flwr.fl.messages import TrainInstructions, pack_weights, unpack_weights
 from collapipe_flwr.fl.server.server_state import ServerState
+from tests.fold_replies import absorb_replies
 from tests.plain_reference import plain_losses
 
 STEPS = 3
@@ -78,7 +79,7 @@ def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_pla
             record, m = train_round(identity, weights, _instructions(cfg, server, t, delta), state=state)
             server.decoder.close_round()
             metrics.append(m)
-            server.absorb_results(t, [(0, unpack_weights(record), m)])
+            absorb_replies(server, t, [(0, unpack_weights(record), m)])
             weights = server.global_model.array_record()
     finally:
         released = release_run(identity, run_key_of(cfg.cluster_config().with_data_dir(str(data_dir)), None), 3)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from collapipe_flwr.errors import CollaPipeError, DataPlaneError
-from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost
+from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost, DecoderHostSpec
 from collapipe_flwr.fl.dataplane.auth import call_metadata, cluster_key
 from collapipe_flwr.fl.dataplane.backend import TRANSPORTS
 from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_step_request, encode_step_request
@@ -115,11 +115,11 @@ class Served:
     def __init__(
         self,
         head: nn.Module,
-        fp16: bool = False,
         max_message_mb: int = 256,
         hidden: int = H,
         transport: str = "grpc",
-        **host_kw,
+        tls: tuple[bytes, bytes] | None = None,
+        **spec_kw,
     ) -> None:
         torch.manual_seed(0)
         self.transport = transport  # dataplane.transport of the host and, by default, of its clients
@@ -127,18 +127,15 @@ class Served:
         self.optimizer = torch.optim.Adam(head.parameters(), lr=1e-2)
         self.ref_head = copy.deepcopy(head)
         self.ref_optimizer = torch.optim.Adam(self.ref_head.parameters(), lr=1e-2)
-        self.host = DecoderHost(
-            head,
-            self.optimizer,
-            SECRET,
+        spec = DecoderHostSpec(
+            hidden_size=hidden,
             bind="127.0.0.1",
             port=0,
-            fp16=fp16,
             max_message_mb=max_message_mb,
-            hidden_size=hidden,
             transport=transport,
-            **host_kw,
+            **spec_kw,
         )
+        self.host = DecoderHost(head, self.optimizer, SECRET, spec, tls=tls)
         self.host.start()
         self.host.open_round(1, [0, 1])
         self._clients: dict[tuple[int, int], list[DecoderClient]] = {}
@@ -238,9 +235,9 @@ def test_fp16_wire_round_trip_error_bound():
 def test_fp16_remote_step_close_to_fp32(transport):
     """fp16 on the wire perturbs z_enc and the gradients by float16 rounding (relative 2**-11 ~ 5e-4 per
     value). The head is smooth, so loss and gradients move by a few times that: 2e-3 relative."""
-    s = Served(TokenHead(), fp16=True, transport=transport)
+    s = Served(TokenHead(), compression="fp16", transport=transport)
     try:
-        with s.client(0, fp16=True) as client:
+        with s.client(0, compression="fp16") as client:
             for step in range(2):
                 z, mbs = make_step(20 + step, m=2)
                 loss, grads = client(z, mbs)
@@ -345,7 +342,7 @@ MALFORMED = {
     "mask shape": ({}, _with("attention_mask", lambda t: t[:, :-1]), "attention_mask has shape"),
     "missing mask": ({}, _drop_mask, "no attention_mask"),
     "z dtype float64": ({}, _float64_z, "float64 but the decoder host expects float32"),
-    "z sent as fp16": ({"fp16": True}, None, "float16 but the decoder host expects float32"),
+    "z sent as fp16": ({"compression": "fp16"}, None, "float16 but the decoder host expects float32"),
     "labels dtype float": ({}, _with("labels", lambda t: t.float()), "integer"),
     "nan": ({}, _nan, "NaN or Inf"),
     "huge but finite z": ({}, lambda z, mbs: ([t * 0 + 3e38 for t in z], mbs), "max_abs_activation"),
@@ -458,7 +455,7 @@ def _raw_stream(address: str, round_: int = 1, cluster: int = 0, key: str | None
 
 def test_server_survives_client_disconnect_mid_stream(served):
     z, mbs = make_step(12)
-    frame = encode_step_request(cluster_key(SECRET, 1, 0), 1, 0, 1, z, mbs, fp16=False)
+    frame = encode_step_request(cluster_key(SECRET, 1, 0), 1, 0, 1, z, mbs)
     hold = threading.Event()
 
     def requests():
@@ -534,7 +531,7 @@ def test_codec_round_trips_every_dtype_and_shape():
 
 def test_step_request_carries_everything_but_input_ids():
     z, mbs = make_step(40, m=3)
-    req = decode_step_request(encode_step_request(SECRET, 4, 2, 9, z, mbs, fp16=False))
+    req = decode_step_request(encode_step_request(SECRET, 4, 2, 9, z, mbs))
     assert (req.secret, req.round, req.cluster, req.seq, req.wire_dtype) == (SECRET, 4, 2, 9, "float32")
     for got, mb, zz, sent in zip(req.micro_batches, mbs, req.z_enc, z):
         assert set(got) == set(mb) - {"input_ids"}
@@ -575,9 +572,7 @@ def test_pipeline_with_remote_decoder_equals_local_decoder(transport):
         remote_model.head,
         spec.build(remote_model.head.parameters()),
         SECRET,
-        bind="127.0.0.1",
-        hidden_size=32,
-        transport=transport,
+        DecoderHostSpec(hidden_size=32, bind="127.0.0.1", transport=transport),
     )
     host.start()
     host.open_round(1, [0])
@@ -649,22 +644,22 @@ def _exchange(address: str, frame: bytes, round_: int = 1, cluster: int = 0) -> 
 def test_a_cu_cannot_send_steps_as_another_cluster(served):
     z, mbs = make_step(51)
     # its own (valid) stream, but a frame claiming cluster 1 with cluster 0's key
-    forged = encode_step_request(cluster_key(SECRET, 1, 0), 1, 1, 1, z, mbs, fp16=False)
+    forged = encode_step_request(cluster_key(SECRET, 1, 0), 1, 1, 1, z, mbs)
     meta = _exchange(served.host.address, forged, 1, 0)
     assert meta["kind"] == "error" and "wrong data-plane key" in meta["message"]
     # a frame for cluster 1 with cluster 1's key, sent on cluster 0's stream
-    other = encode_step_request(cluster_key(SECRET, 1, 1), 1, 1, 1, z, mbs, fp16=False)
+    other = encode_step_request(cluster_key(SECRET, 1, 1), 1, 1, 1, z, mbs)
     assert "on the stream of round 1, cluster 0" in _exchange(served.host.address, other, 1, 0)["message"]
     assert served.host.stats()["clusters"].get(1, {"steps": 0})["steps"] == 0
 
 
 def test_replayed_and_reordered_steps_are_refused(served):
     z, mbs = make_step(52)
-    frame = encode_step_request(cluster_key(SECRET, 1, 0), 1, 0, 5, z, mbs, fp16=False)
+    frame = encode_step_request(cluster_key(SECRET, 1, 0), 1, 0, 5, z, mbs)
     assert _exchange(served.host.address, frame)["kind"] == "reply"
     before_replay = snapshot(served.head, served.optimizer)
     for step_id in (5, 3):  # the same frame again (captured and replayed), then an older step id
-        again = encode_step_request(cluster_key(SECRET, 1, 0), 1, 0, step_id, z, mbs, fp16=False)
+        again = encode_step_request(cluster_key(SECRET, 1, 0), 1, 0, step_id, z, mbs)
         meta = _exchange(served.host.address, again)
         assert meta["kind"] == "error" and "replayed or reordered" in meta["message"]
     assert_same_state(before_replay, snapshot(served.head, served.optimizer))  # one frame = one step, not two
@@ -700,11 +695,44 @@ def test_message_cap_is_sized_from_the_task_by_hand():
 
     # b = 64 sequences of max_len = 128 tokens, H = 512 fp32 values + 8 int64 fields a token, + 1 MiB,
     # doubled: 2 * (64 * 128 * (2048 + 64) + 2**20) bytes = 35 MiB exactly
-    assert step_message_mb(64, 128, 512, fp16=False) == 35
+    assert step_message_mb(64, 128, 512, "none") == 35
     # fp16 wire: 2 * (64 * 128 * (1024 + 64) + 2**20) = 19,431,424 bytes -> 18.53 MiB, rounded up
-    assert step_message_mb(64, 128, 512, fp16=True) == 19
-    assert resolve_message_mb(7, 64, 128, 512, False) == 7  # a configured cap wins
-    assert resolve_message_mb(0, 64, 128, 512, False) == 35
+    assert step_message_mb(64, 128, 512, "fp16") == 19
+    assert step_message_mb(64, 128, 512, "int8") == 19  # int8 is sized as fp16: room for its scales
+    assert resolve_message_mb(7, 64, 128, 512, "none") == 7  # a configured cap wins
+    assert resolve_message_mb(0, 64, 128, 512, "none") == 35
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        ({"port": 70000}, "data-plane port 70000 is out of range"),
+        ({"max_message_mb": 0}, "max_message_mb=0 must be >= 1"),
+        ({"compression": "zip"}, "dataplane.compression='zip'; use one of none, fp16, int8"),
+        ({"idle_timeout_s": 0}, "idle_timeout_s=0 must be > 0"),
+        ({"decoder_update": "both"}, "decoder_update='both'; a decoder host updates one of per_cu, joint, ordered"),
+        ({"transport": "tcp"}, "dataplane.transport='tcp'"),
+    ],
+)
+def test_a_bad_host_setting_is_one_line_error_when_the_spec_is_built(bad, match):
+    with pytest.raises(DataPlaneError, match=match) as err:
+        DecoderHostSpec(hidden_size=H, **bad)
+    assert "\n" not in str(err.value)
+    with pytest.raises(DataPlaneError, match="the data-plane secret is empty"):
+        DecoderHost(TokenHead(), None, "", DecoderHostSpec(hidden_size=H))
+
+
+def test_the_host_spec_of_a_run_comes_from_its_config(data_dir):
+    from collapipe_flwr.config import load_run_config
+    from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
+
+    over = "federation.decoder_update=ordered dataplane.compression=int8 runtime.seeded_dropout=true"
+    cfg = load_run_config(over, data_dir=str(data_dir))
+    spec = DecoderHostSpec.from_config(cfg, hidden_size=cfg.model.width, precision="fp32")
+    assert (spec.decoder_update, spec.compression, spec.dropout_seed) == ("ordered", "int8", cfg.seed)
+    assert spec.bind == cfg.dataplane.host and spec.max_len == cfg.model.max_len  # dataplane.bind "": the host
+    mb = resolve_message_mb(0, cfg.task.batch_size, cfg.model.max_len, cfg.model.width, "int8")
+    assert spec.max_message_mb == mb
 
 
 def test_an_idle_stream_is_cancelled_and_the_cu_reopens_on_its_next_step(transport):
@@ -896,12 +924,12 @@ def test_replay_guard_keeps_only_the_open_rounds_step_ids(served):
     for t in (1, 2, 3, 4):
         served.host.open_round(t, [0, 1])
         for n in (0, 1):
-            frame = encode_step_request(cluster_key(SECRET, t, n), t, n, 1, z, mbs, fp16=False)
+            frame = encode_step_request(cluster_key(SECRET, t, n), t, n, 1, z, mbs)
             assert _exchange(served.host.address, frame, t, n)["kind"] == "reply"
     assert sorted(served.host._last_seq) == [(4, 0), (4, 1)]  # 2 entries after 4 rounds of 2 CUs, not 8
-    again = encode_step_request(cluster_key(SECRET, 4, 0), 4, 0, 1, z, mbs, fp16=False)
+    again = encode_step_request(cluster_key(SECRET, 4, 0), 4, 0, 1, z, mbs)
     assert "replayed or reordered" in _exchange(served.host.address, again, 4, 0)["message"]
-    old = encode_step_request(cluster_key(SECRET, 3, 0), 3, 0, 2, z, mbs, fp16=False)
+    old = encode_step_request(cluster_key(SECRET, 3, 0), 3, 0, 2, z, mbs)
     with pytest.raises(grpc.RpcError) as info:  # a closed round stays refused: its key opens no stream
         _exchange(served.host.address, old, 3, 0)
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED and "round 3 is closed" in info.value.details()

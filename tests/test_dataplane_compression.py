@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from collapipe_flwr.config import DataPlaneSpec
+from collapipe_flwr.config import DataPlaneSpec, compose
+from collapipe_flwr.config.sections import parse_dataplane
 from collapipe_flwr.errors import ConfigError, DataPlaneError
 from collapipe_flwr.fl.dataplane.backend import TRANSPORTS
 from collapipe_flwr.fl.dataplane.protocol import (
@@ -109,13 +110,28 @@ def test_unknown_compression_is_refused():
 
 
 def test_config_keys():
-    assert DataPlaneSpec().wire == "none"
-    assert DataPlaneSpec(fp16=True).wire == "fp16"  # the older key keeps working
-    assert DataPlaneSpec(compression="int8").wire == "int8"
+    assert DataPlaneSpec().compression == "none"
+    assert parse_dataplane({"compression": "int8"}).compression == "int8"
     with pytest.raises(ConfigError, match="dataplane.compression='gzip'"):
         DataPlaneSpec(compression="gzip")
-    with pytest.raises(ConfigError, match="dataplane.fp16=true contradicts dataplane.compression=int8"):
-        DataPlaneSpec(fp16=True, compression="int8")
     assert DataPlaneSpec().transport == "grpc" and DataPlaneSpec(transport="socket").transport == "socket"
     with pytest.raises(ConfigError, match="dataplane.transport='tcp' must be grpc or socket"):
         DataPlaneSpec(transport="tcp")
+
+
+OLD_FP16 = r"^dataplane.fp16 was removed; use dataplane.compression: fp16 instead"
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_the_old_fp16_key_in_a_config_is_refused_naming_compression(value):
+    with pytest.raises(ConfigError, match=OLD_FP16) as err:
+        parse_dataplane({"fp16": value, "compression": "none"})
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("override", ["dataplane.fp16=true", "+dataplane.fp16=false"])
+def test_an_override_of_the_old_fp16_key_is_refused_naming_compression(override):
+    with pytest.raises(ConfigError, match=OLD_FP16) as err:
+        compose(["task=translation", override])
+    assert "\n" not in str(err.value)
+    assert compose(["task=translation", "dataplane.compression=fp16"])["dataplane"]["compression"] == "fp16"

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost
+from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost, DecoderHostSpec
 from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.protocol import encode_step_request
 from collapipe_flwr.fl.dataplane.socket_wire import LENGTH, hello_frame
@@ -162,10 +162,7 @@ def test_socket_gives_the_grpc_transport_s_gradients_to_the_bit(compression, sch
             own,
             torch.optim.Adam(own.parameters(), lr=1e-2),
             SECRET,
-            bind="127.0.0.1",
-            hidden_size=16,
-            compression=compression,
-            transport=transport,
+            DecoderHostSpec(hidden_size=16, bind="127.0.0.1", compression=compression, transport=transport),
         )
         host.start()
         host.open_round(1, [0])

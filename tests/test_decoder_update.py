@@ -22,16 +22,17 @@ from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.backend import TRANSPORTS
 from collapipe_flwr.fl.dataplane.client import DecoderClient
 from collapipe_flwr.fl.dataplane.joint import JointSteps
-from collapipe_flwr.fl.dataplane.server import DecoderHost
+from collapipe_flwr.fl.dataplane.server import DecoderHost, DecoderHostSpec
 from collapipe_flwr.pipeline.head import head_step
 
 H, T, CLASSES = 8, 5, 3
 
 
 def adam_host(head: nn.Module, **options) -> DecoderHost:
-    """A loopback DecoderHost training ``head`` with Adam (lr 0.01) under the key "s": these tests' common host."""
+    """A loopback DecoderHost training ``head`` with Adam (lr 0.01) under the key "s": these tests' common host
+    (``options``: its DecoderHostSpec's other settings)."""
     optimizer = torch.optim.Adam(head.parameters(), lr=0.01)
-    return DecoderHost(head, optimizer, secret="s", bind="127.0.0.1", hidden_size=H, **options)
+    return DecoderHost(head, optimizer, "s", DecoderHostSpec(hidden_size=H, bind="127.0.0.1", **options))
 
 
 class TokenHead(nn.Module):
@@ -63,7 +64,7 @@ def test_joint_update_equals_one_step_on_all_clusters(tmp_path, transport):
     torch.manual_seed(0)
     head = TokenHead()
     reference = copy.deepcopy(head)
-    host = adam_host(head, joint=True, transport=transport)
+    host = adam_host(head, decoder_update="joint", transport=transport)
     ref_opt = torch.optim.Adam(reference.parameters(), lr=0.01)
     host.start()
     host.open_round(1, [0, 1])

@@ -23,8 +23,8 @@ from collapipe_flwr.errors import ConfigError, DataPlaneError
 from collapipe_flwr.experiments.job import build_job
 from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.client import DecoderClient
+from collapipe_flwr.fl.dataplane.host_spec import DecoderHostSpec
 from collapipe_flwr.fl.dataplane.ordered import OrderedSteps
-from collapipe_flwr.fl.dataplane.server import DecoderHost
 from tests.test_decoder_update import H, TokenHead, _micro_batch, adam_host
 
 STEPS = 3
@@ -43,7 +43,7 @@ def _serve(data, delays: dict[int, float], lock_timeout_s: float = 30.0, seed: i
     cluster order, CU n waiting ``delays[n]`` s before each step. Returns (head, host, replies per cluster)."""
     torch.manual_seed(seed)
     head = TokenHead()
-    host = adam_host(head, ordered=True, lock_timeout_s=lock_timeout_s, transport=transport)
+    host = adam_host(head, decoder_update="ordered", lock_timeout_s=lock_timeout_s, transport=transport)
     host.start()
     clusters = sorted(data)
     host.open_round(1, clusters)
@@ -145,7 +145,7 @@ def test_a_cluster_that_never_arrives_is_left_out_after_the_timeout(caplog):
 def test_a_silent_cluster_is_left_out_on_the_host_and_the_others_complete():
     data = _data((0, 2))
     head = TokenHead()
-    host = adam_host(head, ordered=True, lock_timeout_s=0.3)
+    host = adam_host(head, decoder_update="ordered", lock_timeout_s=0.3)
     host.start()
     host.open_round(1, [0, 1, 2])  # cluster 1 is selected but its CU never sends a step
 
@@ -171,7 +171,7 @@ def test_a_cluster_that_finished_early_or_had_a_step_refused_holds_nobody_up(tra
     for cluster 0's refused or missing steps would show."""
     data = _data((0, 1), steps=4)
     head = TokenHead()
-    host = adam_host(head, ordered=True, lock_timeout_s=30.0, transport=transport)
+    host = adam_host(head, decoder_update="ordered", lock_timeout_s=30.0, transport=transport)
     host.start()
     host.open_round(1, [0, 1])
     refused: list[str] = []
@@ -272,6 +272,6 @@ def test_ordered_is_a_config_choice_refused_with_1f1b_and_runs_every_cu_at_once(
     assert capped.concurrent_cus == 2
 
 
-def test_a_host_cannot_be_both_joint_and_ordered():
-    with pytest.raises(DataPlaneError, match="joint or ordered"):
-        DecoderHost(TokenHead(), None, secret="s", hidden_size=H, joint=True, ordered=True)
+def test_a_host_takes_one_known_decoder_update():
+    with pytest.raises(DataPlaneError, match=r"decoder_update='both'; a decoder host updates one of per_cu, joint"):
+        DecoderHostSpec(hidden_size=H, decoder_update="both")

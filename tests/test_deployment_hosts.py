@@ -1,10 +1,11 @@
-"""The README's deployment across hosts, run as written with every box in its own Linux network namespace.
+"""The deployment across hosts of docs/deployment.md (the README links to it), run as written with every box in
+its own Linux network namespace.
 
 Boxes: the edge server (SuperLink, ServerApp, decoder data plane), two CU boxes (a Ray head and a SuperNode each),
 two device boxes per CU (Ray worker nodes offering ``device_0`` / ``device_1``), a rogue box (a SuperNode with a
 key nobody registered) and the operator's commands, run on the server box. They reach each other only through a
 bridge (tests/netns_lab.py), at 10.213.0.x. TLS is on for Flower's APIs and for the data plane; SuperNode
-authentication is on. The commands are the README's ``deploy-hosts`` block with its placeholders filled in; the
+authentication is on. The commands are that page's ``deploy-hosts`` block with its placeholders filled in; the
 run itself only adds a small model and one short round (``TEST_OVERRIDES``) and an output folder.
 
 Asserted: the round finished on both clusters; device k of cluster n ran in device box (n, k)'s namespace (the
@@ -26,7 +27,6 @@ import pytest
 
 from tests.flower_env import ROOT, flower_env
 from tests.netns_lab import NetnsLab, why_not_available
-from tests.test_readme_commands import README
 from tests.tls_certs import self_signed
 
 pytestmark = pytest.mark.slow
@@ -42,13 +42,15 @@ PLACEHOLDER = re.compile(r"(?<![A-Za-z0-9-])(SERVER|CU|DEVICE|CERTS|KEYS|N|K)(?!
 ROGUE = 9  # the rogue SuperNode's index: its key is KEYS/cu_9, which nobody registers
 STARTED = "block forever"  # what `ray start --block` prints once its node is up
 
+DEPLOYMENT_DOC = ROOT / "docs" / "deployment.md"  # the deploy-hosts blocks (the README links there)
+
 
 def readme_steps(marker: str) -> list[tuple[str, str]]:
-    """(box kind, command) of the README's bash block after ``<!-- readme:<marker> -->``, in order; the kind is
+    """(box kind, command) of the page's bash block after ``<!-- readme:<marker> -->``, in order; the kind is
     the ``# [kind]`` comment above each group of lines."""
-    text = README.read_text(encoding="utf-8")
+    text = DEPLOYMENT_DOC.read_text(encoding="utf-8")
     block = re.search(r"```bash\n(.*?)```", text[text.index(f"<!-- readme:{marker} -->") :], re.S)
-    assert block is not None, f"no bash block after the README's {marker} marker"
+    assert block is not None, f"no bash block after docs/deployment.md's {marker} marker"
     steps, kind = [], ""
     for line in block.group(1).splitlines():
         tag = re.match(r"#\s*\[(\w+)\]", line)
@@ -60,9 +62,9 @@ def readme_steps(marker: str) -> list[tuple[str, str]]:
 
 
 def readme_toml(marker: str) -> str:
-    text = README.read_text(encoding="utf-8")
+    text = DEPLOYMENT_DOC.read_text(encoding="utf-8")
     block = re.search(r"```toml\n(.*?)```", text[text.index(f"<!-- readme:{marker} -->") :], re.S)
-    assert block is not None, f"no toml block after the README's {marker} marker"
+    assert block is not None, f"no toml block after docs/deployment.md's {marker} marker"
     return block.group(1)
 
 
@@ -80,7 +82,7 @@ def _wait_for(path: Path, text: str, timeout_s: float) -> None:
 
 
 class Deployment:
-    """The boxes, their folders and environments, and the README's steps run in them."""
+    """The boxes, their folders and environments, and the page's steps run in them."""
 
     def __init__(self, lab: NetnsLab, work: Path, data_dir: Path) -> None:
         self.lab, self.work = lab, work

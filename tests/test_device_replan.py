@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from collapipe_flwr.dssra.replan import replan_without, sub1_inputs
+from collapipe_flwr.dssra.replan import Sub1Inputs, replan_without, sub1_inputs
 from collapipe_flwr.errors import DeviceFailure, InfeasiblePlanError
 from collapipe_flwr.fl.server.server_main import run_server
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
@@ -37,7 +37,8 @@ def test_replan_equals_brute_force_over_the_devices_left():
         V = float(10 ** rng.uniform(-2, 2))
         drift = np.concatenate([[0.0], np.sort(rng.uniform(0, 5, model.K))])
         lost = int(rng.integers(0, model.K))
-        inputs = json.loads(json.dumps(sub1_inputs(model, V, drift, range(1, model.batch_size + 1))))  # the wire
+        sent = json.loads(json.dumps(sub1_inputs(model, V, drift, range(1, model.batch_size + 1)).to_dict()))
+        inputs = Sub1Inputs.from_dict(sent)  # through the wire
         expected = brute_force(_drop_by_hand(model, lost), V, drift[: model.K])
         if math.isinf(expected):
             with pytest.raises(InfeasiblePlanError):

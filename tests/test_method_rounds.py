@@ -10,6 +10,7 @@ from collapipe_flwr.config import load_run_config
 from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, train_round
 from collapipe_flwr.fl.messages import unpack_weights
 from collapipe_flwr.fl.server.server_state import ServerState
+from tests.fold_replies import absorb_replies
 
 
 def _one_round(data_dir, method: str, *extra: str):
@@ -44,7 +45,7 @@ def _one_round(data_dir, method: str, *extra: str):
             )
             results.append((cplan.cluster, unpack_weights(record), metrics))
         server.decoder.close_round()
-        server.absorb_results(1, results)
+        absorb_replies(server, 1, results)
         scores = server.evaluate()
     finally:
         server.shutdown()

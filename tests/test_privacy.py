@@ -72,7 +72,9 @@ def _train_message(privacy: dict, sent: np.ndarray) -> Message:
     from collapipe_flwr.fl.messages import TrainInstructions, train_content
 
     plan = ClusterPlan(cluster=0, selected=True, channel=0, power_w=0.1, S=1, m=1, delta=(2,))
-    instructions = TrainInstructions(round=1, plan=plan, cluster_config={"privacy": privacy}, devices=[])
+    overrides = [f"privacy.{key}={value}" for key, value in privacy.items()]
+    cluster_config = load_run_config(overrides).cluster_config()
+    instructions = TrainInstructions(round=1, plan=plan, cluster_config=cluster_config, devices=[])
     weights = ArrayRecord({"encoder.w": Array(sent)})
     return Message(train_content(weights, instructions), dst_node_id=1, message_type=MessageType.TRAIN)
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.client import DecoderClient
-from collapipe_flwr.fl.dataplane.server import DecoderHost
+from collapipe_flwr.fl.dataplane.server import DecoderHost, DecoderHostSpec
 from collapipe_flwr.models.bert import build_bert
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.dropout_seed import EMBEDDING, block_seed, seed_block, step_seed
@@ -136,10 +136,8 @@ def served_grads(dropout_seed: int | None, rng_before: int) -> torch.Tensor:
     """dL/dz_enc of one step (round 1, cluster 0, step id 1) through a fresh host whose head takes no optimizer
     step (lr 0), the process's torch generator set to ``rng_before`` first."""
     head = DropoutHead()
-    host = DecoderHost(
-        head, torch.optim.SGD(head.parameters(), lr=0.0), secret="s", bind="127.0.0.1", hidden_size=H,
-        dropout_seed=dropout_seed,
-    )  # fmt: skip
+    spec = DecoderHostSpec(hidden_size=H, bind="127.0.0.1", dropout_seed=dropout_seed)
+    host = DecoderHost(head, torch.optim.SGD(head.parameters(), lr=0.0), "s", spec)
     with host:
         host.open_round(1, [0])
         z, mb = _micro_batch(5, 2, 5)

@@ -19,7 +19,7 @@ network     ``system.network.NetworkSpec``       ``system.network.NetworkSpec.fr
 runtime     ``pipeline.runtime_spec.RuntimeSpec`` ``pipeline.runtime_spec.parse_runtime``
 federation  :class:`FederationSpec`              ``spec_parsing.typed`` (here)
 pipeline    :class:`PipelineSpec`                ``spec_parsing.typed`` (here)
-dataplane   :class:`DataPlaneSpec`               ``spec_parsing.typed`` (here)
+dataplane   :class:`DataPlaneSpec`               ``sections.parse_dataplane`` (here)
 eval        :class:`EvalSpec`                    ``spec_parsing.typed`` (here)
 system      ``system.measurement_spec.SystemSpec`` ``system.measurement_spec.parse_system``
 testbed     ``system.measurement_spec.TestbedSpec`` ``system.measurement_spec.parse_testbed``

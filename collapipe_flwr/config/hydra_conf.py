@@ -1,5 +1,5 @@
 """Composing ``conf/config.yaml`` with Hydra overrides into a plain mapping (the overrides string split
-shell-style, renamed keys refused with their new name, the task's default model filled in)."""
+shell-style, renamed or removed keys refused with what to write instead, the task's default model filled in)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from collapipe_flwr.config.data_dir import CONF_DIR
+from collapipe_flwr.config.sections import FP16_REMOVED
 from collapipe_flwr.errors import ConfigError
 
 
@@ -54,15 +55,19 @@ def with_task_default_model(overrides: list[str], composed: Mapping[str, Any]) -
 
 
 _RENAMED = {"model.schedule": "model.lr_schedule"}
+_REMOVED = {"dataplane.fp16": FP16_REMOVED}  # a removed key -> its one-line refusal (what to write instead)
 
 
 def _refuse_renamed_keys(overrides: Sequence[str]) -> None:
-    """An override of a renamed key says its new name (Hydra alone would only say it cannot override it)."""
+    """An override of a renamed or removed key says what to write instead (Hydra alone would only say it cannot
+    override it)."""
     for item in overrides:
         key = item.split("=", 1)[0].lstrip("+~")
         for old, new in _RENAMED.items():
             if key == old or key.startswith(old + "."):
                 raise ConfigError(f"{old} was renamed to {new}; write {new + key[len(old) :]}=... instead of {item!r}")
+        if key in _REMOVED:
+            raise ConfigError(_REMOVED[key])
 
 
 def compose(overrides: Sequence[str] | str = (), config_dir: Path | None = None) -> dict:

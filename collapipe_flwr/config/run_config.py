@@ -13,7 +13,7 @@ from typing import Any
 from collapipe_flwr.config.data_dir import resolve_data_dir
 from collapipe_flwr.config.hydra_conf import to_plain
 from collapipe_flwr.config.privacy import PrivacySpec
-from collapipe_flwr.config.sections import DataPlaneSpec, EvalSpec, FederationSpec, PipelineSpec
+from collapipe_flwr.config.sections import DataPlaneSpec, EvalSpec, FederationSpec, PipelineSpec, parse_dataplane
 from collapipe_flwr.dssra.specs import MethodSpec, SchedulerSpec, parse_method, parse_scheduler
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.pipeline.runtime_spec import RuntimeSpec, parse_runtime
@@ -160,7 +160,7 @@ def build_cluster_config(data: Mapping[str, Any]) -> ClusterConfig:
         model=parse_model(data.get("model"), task),
         federation=typed("federation", FederationSpec, data.get("federation")),
         runtime=parse_runtime(data.get("runtime")),
-        dataplane=typed("dataplane", DataPlaneSpec, data.get("dataplane")),
+        dataplane=parse_dataplane(data.get("dataplane")),
         head_on_server=scalar("", "head_on_server", data.get("head_on_server", True), bool),
         privacy=typed("privacy", PrivacySpec, data.get("privacy")),
         pipeline=typed("pipeline", PipelineSpec, data.get("pipeline")),
@@ -212,7 +212,7 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         network=NetworkSpec.from_config(data["network"], federation.num_clusters),
         federation=federation,
         runtime=parse_runtime(data.get("runtime")),
-        dataplane=typed("dataplane", DataPlaneSpec, data.get("dataplane")),
+        dataplane=parse_dataplane(data.get("dataplane")),
         eval=typed("eval", EvalSpec, data.get("eval")),
         save_client_weights=scalar("", "save_client_weights", data.get("save_client_weights", False), bool),
         checkpoint=scalar("", "checkpoint", data.get("checkpoint", True), bool),

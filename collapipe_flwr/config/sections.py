@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from collapipe_flwr.config.server_optimizer_rules import check_server_optimizer
-from collapipe_flwr.spec_parsing import require
+from collapipe_flwr.spec_parsing import mapping, require, typed
 from collapipe_flwr.system.pipeline_model import SCHEDULES
 
 OPTIMIZER_STATES = ("keep", "reset")
 DECODER_UPDATES = ("per_cu", "joint", "ordered")
+# the refusal of the dataplane section's old fp16 switch (in a config mapping or as an override: config.hydra_conf)
+FP16_REMOVED = (
+    "dataplane.fp16 was removed; use dataplane.compression: fp16 instead (override: dataplane.compression=fp16)"
+)
 EMBEDDING_MODES = ("trained", "frozen")
 
 
@@ -100,7 +105,6 @@ class DataPlaneSpec:
     host: str = "127.0.0.1"
     bind: str = ""  # "" = the announced host only; "0.0.0.0" listens on every interface
     port: int = 0
-    fp16: bool = False  # the older switch: true = compression fp16
     # what z_enc and dL/dz_enc travel as: none (float32) | fp16 (scaled float16) | int8 (per-channel scales)
     compression: str = "none"
     # largest step frame either end accepts; 0 = sized from the task (fl/dataplane/transport.step_message_mb:
@@ -144,15 +148,13 @@ class DataPlaneSpec:
             self.compression in ("none", "fp16", "int8"),
             f"dataplane.compression={self.compression!r} must be none, fp16 or int8",
         )
-        require(
-            not self.fp16 or self.compression in ("none", "fp16"),
-            f"dataplane.fp16=true contradicts dataplane.compression={self.compression}; drop fp16 (use compression)",
-        )
 
-    @property
-    def wire(self) -> str:
-        """The effective wire compression: ``compression``, or fp16 when the older ``fp16`` switch is on."""
-        return "fp16" if self.fp16 else self.compression
+
+def parse_dataplane(raw: Any) -> DataPlaneSpec:
+    """The ``dataplane`` section: the old ``fp16`` switch refused with what replaces it, the rest typed."""
+    raw = mapping("dataplane", raw)
+    require("fp16" not in raw, FP16_REMOVED)
+    return typed("dataplane", DataPlaneSpec, raw)
 
 
 @dataclass(frozen=True)

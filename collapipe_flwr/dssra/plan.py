@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from collapipe_flwr.dssra.replan import Sub1Inputs
+
 
 @dataclass(frozen=True)
 class ClusterPlan:
@@ -59,7 +61,7 @@ class RoundPlan:
     modelled: dict = field(default_factory=dict)
     # {n: Sub-1's inputs for cluster n} (dssra/replan.py: sub1_inputs), sent to CU n so it can re-plan over
     # the devices it has left when one fails mid-round; not part of the record
-    replan_inputs: dict = field(default_factory=dict, compare=False, repr=False)
+    replan_inputs: dict[int, Sub1Inputs] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def selected(self) -> tuple[ClusterPlan, ...]:

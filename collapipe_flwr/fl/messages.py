@@ -26,11 +26,20 @@ from dataclasses import dataclass
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
+from collapipe_flwr.config import ClusterConfig, build_cluster_config
 from collapipe_flwr.dssra.plan import ClusterPlan
-from collapipe_flwr.errors import CannotContinue, CollaPipeError
+from collapipe_flwr.dssra.replan import Sub1Inputs
+from collapipe_flwr.errors import CannotContinue, CollaPipeError, ConfigError
 from collapipe_flwr.flower_internals import KEY_CLIPPING_NORM
 from collapipe_flwr.models.split import PARTS
-from collapipe_flwr.system.profile import ClusterProfile, DeviceMeasurement, LinkMeasurement, ProfileError
+from collapipe_flwr.system.devices import DeviceProfile
+from collapipe_flwr.system.profile import (
+    ClusterProfile,
+    DeviceEmulation,
+    DeviceMeasurement,
+    LinkMeasurement,
+    ProfileError,
+)
 
 # ----------------------------------------------------------------------------- message types
 TRAIN = MessageType.TRAIN
@@ -109,14 +118,14 @@ class TrainInstructions:
 
     round: int
     plan: ClusterPlan
-    cluster_config: dict  # ClusterConfig.to_dict(): the part of the run config a CU uses
-    devices: list[dict]
+    cluster_config: ClusterConfig  # the part of the run config a CU uses (its data folder set by the CU)
+    devices: list[DeviceProfile]  # the cluster's K devices as the planner models them
     dataplane_address: str = ""
     dataplane_secret: str = ""  # this CU's own data-plane key for this round (fl/dataplane/auth.py)
     dataplane_root_certificate: str = ""  # PEM the CU trusts for the data plane's TLS ("" = plaintext)
-    replan: dict | None = None  # Sub-1's inputs for this cluster (dssra/replan.py), for a device lost mid-round
+    replan: Sub1Inputs | None = None  # Sub-1's inputs for this cluster (dssra/replan.py), for a device lost mid-round
     measure: int = 0  # measure the devices and links this round with this many timed calls per size (0 = not)
-    emulation: dict | None = None  # DeviceEmulation.to_dict(): the testbed's quotas and link rates (testbed=emulated)
+    emulation: DeviceEmulation | None = None  # the testbed's quotas and link rates (testbed=emulated)
     report_profile: bool = False  # reply with the profile metrics (system.profile: measured, or the testbed on)
     cu_state_key: str = ""  # save the CU's optimizer moments under this run key each round (fl/cu/cu_checkpoint.py)
 
@@ -124,41 +133,45 @@ class TrainInstructions:
         payload = {
             "round": self.round,
             "plan": self.plan.to_dict(),
-            "cluster_config": self.cluster_config,
-            "devices": self.devices,
+            "cluster_config": self.cluster_config.to_dict(),
+            "devices": [d.to_dict() for d in self.devices],
             "dataplane_address": self.dataplane_address,
             "dataplane_secret": self.dataplane_secret,
             "dataplane_root_certificate": self.dataplane_root_certificate,
-            "replan": self.replan,
+            "replan": self.replan.to_dict() if self.replan is not None else None,
             "measure": self.measure,
-            "emulation": self.emulation,
+            "emulation": self.emulation.to_dict() if self.emulation is not None else None,
             "report_profile": self.report_profile,
             "cu_state_key": self.cu_state_key,
         }
         record = ConfigRecord({"json": json.dumps(payload)})
-        privacy = self.cluster_config.get("privacy") or {}
-        if privacy.get("mode") == "central":  # Flower's fixedclipping_mod reads C from the train message's record
-            record[KEY_CLIPPING_NORM] = float(privacy["clipping_norm"])
+        privacy = self.cluster_config.privacy
+        if privacy.mode == "central":  # Flower's fixedclipping_mod reads C from the train message's record
+            record[KEY_CLIPPING_NORM] = float(privacy.clipping_norm)
         return record
 
     @classmethod
     def from_record(cls, record: ConfigRecord) -> TrainInstructions:
+        """The instructions decoded once, into the typed objects the CU uses as they are."""
         try:
             payload = json.loads(str(record["json"]))
+            replan, emulation = payload.get("replan"), payload.get("emulation")
             return cls(
                 round=int(payload["round"]),
                 plan=ClusterPlan.from_dict(payload["plan"]),
-                cluster_config=dict(payload["cluster_config"]),
-                devices=list(payload["devices"]),
+                cluster_config=build_cluster_config(payload["cluster_config"]),
+                devices=[DeviceProfile.from_dict(d) for d in payload["devices"]],
                 dataplane_address=str(payload.get("dataplane_address", "")),
                 dataplane_secret=str(payload.get("dataplane_secret", "")),
                 dataplane_root_certificate=str(payload.get("dataplane_root_certificate", "")),
-                replan=payload.get("replan"),
+                replan=Sub1Inputs.from_dict(replan) if replan is not None else None,
                 measure=int(payload.get("measure", 0)),
-                emulation=payload.get("emulation"),
+                emulation=DeviceEmulation.from_dict(emulation) if emulation is not None else None,
                 report_profile=bool(payload.get("report_profile", False)),
                 cu_state_key=str(payload.get("cu_state_key", "")),
             )
+        except ConfigError:
+            raise  # the cluster config names its own bad key
         except (KeyError, TypeError, ValueError) as err:
             raise CollaPipeError(
                 f"malformed train instructions ({err}); the server and CU run different versions"

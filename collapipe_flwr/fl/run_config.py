@@ -4,7 +4,7 @@ The settings users change most have flat keys of their own; everything else goes
 (Hydra syntax, one string). A flat key left at its default (``""`` or ``0``) means "as ``conf/`` says".
 
     flwr run . --run-config "num-server-rounds=3 task='ner' local-steps=10"
-    flwr run . --run-config 'overrides="scheduler.V=10 dataplane.fp16=true"'
+    flwr run . --run-config 'overrides="scheduler.V=10 dataplane.compression=fp16"'
 
 Naming one setting both ways is refused: there would be no telling which one wins.
 """

@@ -40,7 +40,13 @@ from collapipe_flwr.fl.cu.device_loss import replan_after
 from collapipe_flwr.fl.cu.emulation import ThrottledHead, upload
 from collapipe_flwr.fl.cu.local_steps import train_local_steps
 from collapipe_flwr.fl.cu.planned_memory import planned_caps
-from collapipe_flwr.fl.cu.round_metrics import DeviceReport, RoundClock, device_report, step_metrics
+from collapipe_flwr.fl.cu.round_metrics import (
+    DeviceReport,
+    RoundClock,
+    RoundPreparation,
+    device_report,
+    step_metrics,
+)
 from collapipe_flwr.fl.cu.round_testbed import RoundTestbed, prepare_testbed, testbed_metrics
 from collapipe_flwr.fl.cu.step_log import StepLog
 from collapipe_flwr.fl.dataplane import DecoderClient
@@ -108,14 +114,14 @@ def decoder_client(cfg: ClusterConfig, instructions: TrainInstructions, cluster:
         instructions.dataplane_secret,
         round=instructions.round,
         cluster=cluster,
-        compression=cfg.dataplane.wire,
+        compression=cfg.dataplane.compression,
         timeout_s=cfg.dataplane.timeout_s,
         max_message_mb=resolve_message_mb(
             cfg.dataplane.max_message_mb,
             cfg.task.batch_size,
             cfg.model.max_len,
             cfg.model.width,
-            cfg.dataplane.wire != "none",
+            cfg.dataplane.compression,
         ),
         root_certificate=instructions.dataplane_root_certificate,
         shared_memory=cfg.dataplane.shared_memory,
@@ -190,7 +196,7 @@ def train_round(
         **step_metrics(steps, wiring.lr_clock(run.cfg).factor(instructions.round, 0)),
         **clock.seconds(time.time()),
         **devices.metrics(steps.device_compute),
-        **prepared,
+        **prepared.metrics(),
         "upload-bytes": tensor_bytes(reply_parts),  # what the reply's tensors hold (eq. 11's model term, uncompressed)
     }
     if instructions.report_profile:
@@ -203,18 +209,18 @@ def _open_round(
     identity: ClusterIdentity, weights_record, instructions: TrainInstructions, state, run_id: int | None
 ) -> CuRound:
     """The round's config (this box's data folder), torch threads, this run's session and the global weights."""
-    cfg = build_cluster_config(instructions.cluster_config).with_data_dir(identity.data_dir)
+    cfg = instructions.cluster_config.with_data_dir(identity.data_dir)
     torch.set_num_threads(cfg.runtime.torch_threads)
     session = session_for(run_key_of(cfg, run_id), identity.partition_id, identity.num_partitions, cfg, state)
     session.state_key = instructions.cu_state_key
-    devices = [DeviceProfile.from_dict(d) for d in instructions.devices]
+    devices = instructions.devices
     parts = unpack_weights(weights_record)
     if cfg.model.adapters_only:  # LoRA: after its first download a CU gets the trainable tensors only
         parts = with_frozen(parts, _held_parts(session, cfg))
     return CuRound(cfg, instructions, identity.partition_id, devices, session, parts, instructions.plan.m)
 
 
-def _prepare(run: CuRound, state) -> dict[str, int]:
+def _prepare(run: CuRound, state) -> RoundPreparation:
     """Load the weights and take delta; a device lost since the last round: re-plan before the first step."""
     try:
         plan = run.instructions.plan
@@ -222,7 +228,7 @@ def _prepare(run: CuRound, state) -> dict[str, int]:
     except DeviceFailure as failure:
         run.m = replan_after(failure, run.session, run.parts, run.instructions, run.lost, run.cluster)
         run.lost_reasons.append(failure.reason)
-        prepared = {"pipeline-reused": 1, "blocks-moved": 1, "optimizer-restored": 0}
+        prepared = RoundPreparation(pipeline_reused=True, blocks_moved=True, optimizer_restored=False)
     _take_planned_caps(run)
     return prepared
 
@@ -238,7 +244,11 @@ def _round_head(run: CuRound, testbed: RoundTestbed) -> DecoderClient | Throttle
     own head (methods that keep the whole model on the CU)."""
     if run.cfg.head_on_server:
         remote = decoder_client(run.cfg, run.instructions, run.cluster)
-        return ThrottledHead(remote, testbed.bucket, run.cfg.dataplane.wire) if testbed.bucket is not None else remote
+        return (
+            ThrottledHead(remote, testbed.bucket, run.cfg.dataplane.compression)
+            if testbed.bucket is not None
+            else remote
+        )
     if run.session.local_head is None:
         raise RuntimeError(f"cluster {run.cluster}: no local head though head_on_server=false")
     return run.session.local_head

@@ -27,6 +27,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from collapipe_flwr import wiring
 from collapipe_flwr.config import ClusterConfig, resolve_data_dir
 from collapipe_flwr.fl.cu.cu_checkpoint import load_cu_state, save_cu_state
+from collapipe_flwr.fl.cu.round_metrics import RoundPreparation
 from collapipe_flwr.models.split import SplitModel, TaskHead
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.executors import release
@@ -105,9 +106,9 @@ class ClusterSession:
         delta: tuple[int, ...],
         devices: list[DeviceProfile],
         state: RecordDict | None,
-    ) -> dict[str, int]:
-        """Load the global weights in place, (re)partition, set the optimizer state for round ``round_``.
-        Returns what happened: {"pipeline-reused", "blocks-moved", "optimizer-restored"} as 0/1."""
+    ) -> RoundPreparation:
+        """Load the global weights in place, (re)partition, set the optimizer state for round ``round_``;
+        returns what that did."""
         cfg = self.cfg
         self.model.embedding.load_state_dict(parts["embedding"])
         if "head" in parts:
@@ -134,14 +135,14 @@ class ClusterSession:
             self.local_head = LocalHead(
                 self.model.head, wiring.optimizer_spec(cfg), resolve_precision(cfg.runtime.precision)
             )
-        restored = 0
+        restored = False
         if cfg.federation.optimizer_state == "reset":
             pipeline.reset_optimizers()
             if self.local_head is not None:
                 self.local_head.reset_optimizer()
         elif self.last_round != round_ - 1 or not reused:
-            restored = int(self._restore(state) or self._restore_from_disk(round_))
-        return {"pipeline-reused": int(reused), "blocks-moved": int(moved), "optimizer-restored": restored}
+            restored = bool(self._restore(state) or self._restore_from_disk(round_))
+        return RoundPreparation(pipeline_reused=reused, blocks_moved=moved, optimizer_restored=restored)
 
     def _release_held_copies(self) -> None:
         """Drop this process's copies of the parts others now hold: the TEBs theta^1..theta^L, copied into the

@@ -18,7 +18,7 @@ def replan_after(
     the round's starting weights (``parts``) back on the new partition; adds the device to ``lost`` and returns
     the new m. Re-raises when the failed device is unknown, no inputs came with the round, or no partition fits
     the devices left."""
-    if failure.device is None or not instructions.replan or failure.device in lost or session.pipeline is None:
+    if failure.device is None or instructions.replan is None or failure.device in lost or session.pipeline is None:
         raise failure
     lost.append(int(failure.device))
     try:

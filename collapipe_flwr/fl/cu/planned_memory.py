@@ -12,16 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from collapipe_flwr.dssra.replan import cluster_model_of
 from collapipe_flwr.fl.messages import TrainInstructions
 
 
 def planned_caps(instructions: TrainInstructions, delta: Sequence[int], m: int) -> tuple[int, ...] | None:
     """Blocks device k may hold under C7 for partition ``delta`` with m micro-batches, from the planner's cluster
     model of this round (1F1B: stage by stage); None when no Sub-1 inputs came with the round."""
-    if not instructions.replan:
+    if instructions.replan is None:
         return None
-    model = cluster_model_of(instructions.replan)
+    model = instructions.replan.model
     if len(delta) != model.K:
         return None
     return tuple(int(c) for c in model.stage_memory_cap(list(delta), int(m)))

@@ -16,7 +16,6 @@ from flwr.clientapp.mod import LocalDpMod, fixedclipping_mod
 from collapipe_flwr.config import PrivacySpec
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.fl.messages import INSTRUCTIONS, TrainInstructions
-from collapipe_flwr.spec_parsing import typed
 
 CallNext = Callable[[Message, Context], Message]
 
@@ -26,7 +25,7 @@ def privacy_of(msg: Message) -> PrivacySpec:
     record = msg.content.config_records.get(INSTRUCTIONS)
     if record is None:
         raise CollaPipeError("train message lacks its instructions; the server and CU run different versions")
-    return typed("privacy", PrivacySpec, TrainInstructions.from_record(record).cluster_config.get("privacy"))
+    return TrainInstructions.from_record(record).cluster_config.privacy
 
 
 def privacy_mod(msg: Message, context: Context, call_next: CallNext) -> Message:

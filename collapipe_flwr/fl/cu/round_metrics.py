@@ -8,6 +8,24 @@ from collapipe_flwr.fl.cu.step_log import StepLog
 from collapipe_flwr.pipeline.device_process import DeviceProcess
 
 
+@dataclass(frozen=True)
+class RoundPreparation:
+    """What loading the round's weights did on the CU: the pipeline of the last round reused, blocks moved between
+    devices (a new partition delta_k), the optimizer moments restored (metrics ``pipeline-reused``,
+    ``blocks-moved``, ``optimizer-restored``, each 0 or 1)."""
+
+    pipeline_reused: bool
+    blocks_moved: bool
+    optimizer_restored: bool
+
+    def metrics(self) -> dict[str, int]:
+        return {
+            "pipeline-reused": int(self.pipeline_reused),
+            "blocks-moved": int(self.blocks_moved),
+            "optimizer-restored": int(self.optimizer_restored),
+        }
+
+
 @dataclass
 class RoundClock:
     """Wall-clock marks of one CU round (``time.time()``): start, weights loaded and partitioned, testbed set and

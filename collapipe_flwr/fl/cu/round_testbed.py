@@ -10,7 +10,7 @@ from collapipe_flwr.config import ClusterConfig
 from collapipe_flwr.fl.cu.emulation import ThrottledHead, apply_emulation, cu_step_seconds, uplink_bucket, with_cu_step
 from collapipe_flwr.fl.cu.local_steps import round_batches
 from collapipe_flwr.fl.messages import TrainInstructions, profile_metrics
-from collapipe_flwr.system.profile import ClusterProfile, DeviceEmulation
+from collapipe_flwr.system.profile import ClusterProfile
 from collapipe_flwr.testbed.token_bucket import TokenBucket
 
 
@@ -29,8 +29,8 @@ def prepare_testbed(session, cfg: ClusterConfig, instructions: TrainInstructions
     links (when asked) at the shape of this round's first batch: measured under the emulation, as the round runs."""
     out = RoundTestbed()
     pipeline = session.live_pipeline()
-    if instructions.emulation:
-        emulation = DeviceEmulation.from_dict(instructions.emulation)
+    emulation = instructions.emulation
+    if emulation is not None:
         out.cores = apply_emulation(pipeline, emulation, cluster)
         out.bucket = uplink_bucket(emulation)
     else:

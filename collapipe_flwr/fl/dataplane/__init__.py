@@ -8,6 +8,8 @@
   (:mod:`.socket_server`, :mod:`.socket_client`, framing in :mod:`.socket_wire`; one TCP connection per CU, the
   lowest latency); :mod:`.stream_session` serves one stream's frames whichever carries them.
 - :mod:`.checks`: what a step request must satisfy before the decoder runs it.
+- :mod:`.host_spec`: :class:`DecoderHostSpec`, the host's settings (address, wire compression, frame cap,
+  ``decoder_update``, limits), checked once and built from the run's config in one place.
 - :mod:`.server`: :class:`DecoderHost`, the host's lifecycle (its transport's listener: port, TLS, key check
   before any frame; rounds); it hands every frame to :mod:`.frame_service` (:class:`FrameService`: checks,
   ``head_step`` one update at a time, dL/dz_enc back), keeps its open streams in :mod:`.streams` (per
@@ -21,12 +23,8 @@
 
 Wiring (one host per run, one client per CU per round)::
 
-    host = DecoderHost(head, head_optimizer, secret, bind=cfg.dataplane.bind, port=cfg.dataplane.port,
-                       compression=cfg.dataplane.wire, hidden_size=H,   # none | fp16 | int8
-                       max_message_mb=resolve_message_mb(cfg.dataplane.max_message_mb, b, max_len, H,
-                                                         cfg.dataplane.wire != "none"),
-                       idle_timeout_s=cfg.dataplane.idle_timeout_s,
-                       transport=cfg.dataplane.transport)         # grpc | socket (the CUs' clients: the same)
+    spec = DecoderHostSpec.from_config(cfg, hidden_size=H, precision=p)  # dataplane.*, decoder_update, ...
+    host = DecoderHost(head, head_optimizer, secret, spec, lr_factor_of=f)  # or DecoderHostSpec(hidden_size=H, ...)
     host.start()                          # then announce f"{cfg.dataplane.host}:{host.port}" + secret
     host.open_round(t, selected_clusters) # before sending the round's train messages
     ...                                   # CUs: with DecoderClient(address, secret, t, n, ...) as head:
@@ -42,6 +40,7 @@ grpc.secure_channel, or the stdlib ``ssl`` for sockets), the server authenticate
 """
 
 from collapipe_flwr.fl.dataplane.client import DecoderClient
+from collapipe_flwr.fl.dataplane.host_spec import DecoderHostSpec
 from collapipe_flwr.fl.dataplane.server import DecoderHost
 
-__all__ = ["DecoderClient", "DecoderHost"]
+__all__ = ["DecoderClient", "DecoderHost", "DecoderHostSpec"]

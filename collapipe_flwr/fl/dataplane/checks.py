@@ -19,36 +19,33 @@ from collapipe_flwr.fl.dataplane.wire import peak_magnitude
 _LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 
 
-def expected_wire_dtype(fp16: bool, compression: str = "") -> str:
+def expected_wire_dtype(compression: str) -> str:
     """The dtype z_enc travels in for the wire compression: float32 (none), float16 (fp16) or int8."""
-    return {"none": "float32", "fp16": "float16", "int8": "int8"}[wire_mode(fp16, compression)]
+    return {"none": "float32", "fp16": "float16", "int8": "int8"}[wire_mode(compression)]
 
 
-def check_step(
-    req: StepRequest, hidden_size: int, fp16: bool, max_len: int = 0, max_abs: float = 0.0, compression: str = ""
-) -> None:
+def check_step(req: StepRequest, hidden_size: int, compression: str, max_len: int = 0, max_abs: float = 0.0) -> None:
     """z_enc[i] is [B_i, T_i, H] with H = ``hidden_size``, finite, in the agreed wire dtype; every
     micro-batch has an ``attention_mask`` [B_i, T_i] and every field has B_i rows; fields are integer.
     With ``max_len`` > 0 no sequence (T_i, or a field's second dim) is longer than the model's positions;
     with ``max_abs`` > 0 no activation is larger in magnitude (a finite but huge z_enc would overflow the
     decoder's loss). The first problem found raises, micro-batch by micro-batch."""
-    check_wire_dtype(req, fp16, compression)
-    mode = wire_mode(fp16, compression)
+    check_wire_dtype(req, compression)
+    mode = wire_mode(compression)
     keys = set(req.micro_batches[0])
     for i, (z, mb) in enumerate(zip(req.z_enc, req.micro_batches)):
         check_activation(i, z, hidden_size, max_len, max_abs, mode)
         check_micro_batch(i, z, mb, keys, max_len)
 
 
-def check_wire_dtype(req: StepRequest, fp16: bool, compression: str = "") -> None:
+def check_wire_dtype(req: StepRequest, compression: str) -> None:
     """The activations arrive in the dtype of the agreed wire compression (none | fp16 | int8)."""
-    mode = wire_mode(fp16, compression)
-    want = expected_wire_dtype(fp16, compression)
+    mode = wire_mode(compression)
+    want = expected_wire_dtype(mode)
     if req.wire_dtype != want:
         raise DataPlaneError(
             f"encoder outputs arrive as {req.wire_dtype} but the decoder host expects {want}; "
-            f"set dataplane.compression={mode} (dataplane.fp16={mode == 'fp16'}) on the CU too (and send float32 "
-            "activations)"
+            f"set dataplane.compression={mode} on the CU too (and send float32 activations)"
         )
 
 

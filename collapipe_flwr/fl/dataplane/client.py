@@ -56,14 +56,13 @@ class DecoderClient:
         self,
         address: str,
         secret: str,
-        round: int,
+        round: int,  # noqa: A002
         cluster: int,
-        fp16: bool = False,  # noqa: A002
         timeout_s: float = 120,
         max_message_mb: int = 256,
         start_seq: int = 0,
         root_certificate: str = "",
-        compression: str = "",
+        compression: str = "none",
         shared_memory: str = "off",
         transport: str = "grpc",
     ) -> None:
@@ -76,8 +75,7 @@ class DecoderClient:
         self.address = address
         self.round = int(round)
         self.cluster = int(cluster)
-        self.compression = wire_mode(fp16, compression)  # "none" | "fp16" | "int8" ("" = from fp16)
-        self.fp16 = self.compression == "fp16"
+        self.compression = wire_mode(compression)  # "none" | "fp16" | "int8"
         self.timeout_s = float(timeout_s)
         self.max_message_bytes = int(max_message_mb) * MB
         self._secret = secret
@@ -167,7 +165,7 @@ class DecoderClient:
             raise DataPlaneError(
                 f"step request of {len(frame) / MB:.1f} MiB exceeds "
                 f"dataplane.max_message_mb={self.max_message_bytes // MB}; "
-                f"raise it on server and CUs, use more micro-batches, or set dataplane.fp16"
+                f"raise it on server and CUs, use more micro-batches, or set dataplane.compression=fp16"
             )
         for resend in (False, True):
             reused = self._open_stream()

@@ -4,8 +4,8 @@ one reply frame (loss and dL/dz_enc per micro-batch) or one error line out.
 A frame is authenticated (the CU's own key for (t, n), on its own stream), its round / cluster checked,
 decoded, its step id claimed and its tensors checked (:mod:`.checks`) before the decoder is touched. The head then
 runs one whole :func:`~collapipe_flwr.pipeline.head.head_step` under the decoder's lock (per CU: in arrival
-order, or in cluster order behind the turnstile of ``ordered``, :mod:`.ordered`), or joins the barrier of step
-``seq`` of every cluster (``joint``, :mod:`.joint`). A 1F1B part (micro-batch i of
+order, or in cluster order behind the turnstile of ``decoder_update: ordered``, :mod:`.ordered`), or joins the
+barrier of step ``seq`` of every cluster (``decoder_update: joint``, :mod:`.joint`). A 1F1B part (micro-batch i of
 step ``seq``, ``pipeline.schedule: 1f1b``) runs that micro-batch alone under the lock into the CU's open
 :class:`~collapipe_flwr.pipeline.head_parts.HeadParts`; the last part takes the step's one decoder update.
 The round is checked again under the lock, so a closed round runs no step after
@@ -32,6 +32,7 @@ from collapipe_flwr.fl.dataplane.checks import (
     check_step,
     check_wire_dtype,
 )
+from collapipe_flwr.fl.dataplane.host_spec import DecoderHostSpec
 from collapipe_flwr.fl.dataplane.joint import JointSteps, StepResults
 from collapipe_flwr.fl.dataplane.ordered import OrderedSteps
 from collapipe_flwr.fl.dataplane.protocol import (
@@ -57,11 +58,12 @@ log = logging.getLogger("collapipe_flwr.fl.dataplane.server")  # the host's log,
 class FrameService:
     """Serves step request frames on the task head / decoder (and its optimizer, or None).
 
-    ``lock`` guards the head, the optimizer and the round state (:attr:`gate`); ``counters`` and
-    :attr:`step_ids` share the host's ``state_lock``. Frames are checked against H = ``hidden_size``,
-    ``max_len`` and ``max_abs_activation`` in the wire ``compression``; ``lr_factor_of(t, seq)`` is the
-    factor of the decoder's base lr for step seq (1..) of round t (None: the base lr). ``joint`` gathers step seq
-    of every cluster into one update; ``ordered`` applies the CUs' steps one by one in cluster order.
+    :attr:`lock` (its own) guards the head, the optimizer and the round state (:attr:`gate`); ``counters`` and
+    :attr:`step_ids` share the host's state lock (``counters.state_lock``). Frames are checked against
+    ``spec.hidden_size``, ``spec.max_len`` and ``spec.max_abs_activation`` in the wire ``spec.compression``;
+    ``lr_factor_of(t, seq)`` is the factor of the decoder's base lr for step seq (1..) of round t (None: the base
+    lr). ``spec.decoder_update`` joint gathers step seq of every cluster into one update; ordered applies the
+    CUs' steps one by one in cluster order; per_cu one by one in arrival order.
     """
 
     def __init__(
@@ -69,45 +71,35 @@ class FrameService:
         head: TaskHead,
         optimizer: torch.optim.Optimizer | None,
         secret: bytes,
+        spec: DecoderHostSpec,
         *,
-        lock: threading.Lock,
-        state_lock: threading.Lock,
         counters: HostCounters,
-        hidden_size: int,
-        max_len: int,
-        max_abs_activation: float,
-        compression: str,
-        lock_timeout_s: float,
-        lr_factor_of: Callable[[int, int], float] | None,
-        precision: str,
-        joint: bool,
-        ordered: bool = False,
-        dropout_seed: int | None = None,
+        lr_factor_of: Callable[[int, int], float] | None = None,
     ) -> None:
-        if joint and ordered:
-            raise DataPlaneError("a decoder host updates either jointly or in cluster order; choose joint or ordered")
         self.head = head
         self.optimizer = optimizer
         # runtime.seeded_dropout: the run's seed, from which each step's head masks are drawn (None: unseeded)
-        self._dropout_seed = dropout_seed
-        self.precision = precision  # the decoder's forward under bf16 autocast or not (runtime.precision)
+        self._dropout_seed = spec.dropout_seed
+        self.precision = spec.precision  # the decoder's forward under bf16 autocast or not (runtime.precision)
         self._lr_factor_of = lr_factor_of  # (round t, step seq 1..) -> factor of the decoder's base lr
         self._base_lrs = [g["lr"] for g in optimizer.param_groups] if optimizer is not None else []
         self._secret = secret
-        self.hidden_size = hidden_size
-        self.max_len = max_len  # longest sequence a step may carry (the model's positions; 0 = no limit)
-        self.max_abs_activation = max_abs_activation  # largest |z_enc| accepted (0 = no limit)
-        self.compression = compression  # "none" | "fp16" | "int8"
-        self.lock = lock
-        self._lock_timeout_s = lock_timeout_s
+        self.hidden_size = int(spec.hidden_size)
+        self.max_len = int(spec.max_len)  # longest sequence a step may carry (the model's positions; 0 = no limit)
+        self.max_abs_activation = float(spec.max_abs_activation)  # largest |z_enc| accepted (0 = no limit)
+        self.compression = spec.compression  # "none" | "fp16" | "int8"
+        self.lock = threading.Lock()  # guards the head, the optimizer and the round state
+        self._lock_timeout_s = float(spec.lock_timeout_s)
         self._counters = counters
         self.gate = RoundGate()
-        self.step_ids = StepIds(state_lock)
+        self.step_ids = StepIds(counters.state_lock)
         self._parts: dict[tuple[int, int], tuple[int, HeadParts]] = {}  # (t, n) -> its open 1F1B step (seq, parts)
         # decoder_update: joint (Algorithm 1 line 14, one update on all clusters' step) instead of per CU
-        self._joint = JointSteps(self._run_joint, timeout_s=lock_timeout_s) if joint else None
+        joint = spec.decoder_update == "joint"
+        self._joint = JointSteps(self._run_joint, timeout_s=self._lock_timeout_s) if joint else None
         # decoder_update: ordered (one update per CU step, in cluster order: a turnstile, same timeout)
-        self._ordered = OrderedSteps(timeout_s=lock_timeout_s) if ordered else None
+        ordered = spec.decoder_update == "ordered"
+        self._ordered = OrderedSteps(timeout_s=self._lock_timeout_s) if ordered else None
 
     # -- rounds ------------------------------------------------------------------------------------
     def open_round(self, round_: int, clusters: list[int]) -> None:
@@ -201,9 +193,9 @@ class FrameService:
     def _check(self, req: StepRequest) -> StepRequest:
         """The request, once its tensors pass (a whole step, or one 1F1B part)."""
         if req.part is None:
-            check_step(req, self.hidden_size, False, self.max_len, self.max_abs_activation, self.compression)
+            check_step(req, self.hidden_size, self.compression, self.max_len, self.max_abs_activation)
             return req
-        check_wire_dtype(req, False, self.compression)
+        check_wire_dtype(req, self.compression)
         if req.part == 0:
             check_part_fields(req.micro_batches, self.max_len)
         mode = self.compression

@@ -120,7 +120,7 @@ def _as_dataplane_error(err: BaseException, address: str) -> DataPlaneError:
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             return DataPlaneError(
                 f"the decoder host at {address} refused an oversized step ({details}); raise dataplane.max_message_mb "
-                "on the server or use more micro-batches / fp16"
+                "on the server or use more micro-batches / dataplane.compression=fp16"
             )
         if code == grpc.StatusCode.UNAVAILABLE:
             return DataPlaneError(

@@ -45,12 +45,11 @@ LOCAL_ONLY_KEYS = ("input_ids",)
 COMPRESSIONS = ("none", "fp16", "int8")
 
 
-def wire_mode(fp16: bool = False, compression: str = "") -> str:
-    """The wire compression: ``compression`` when given, else "fp16" or "none" from the older ``fp16`` flag."""
-    mode = compression or ("fp16" if fp16 else "none")
-    if mode not in COMPRESSIONS:
-        raise DataPlaneError(f"dataplane.compression={mode!r}; use one of {', '.join(COMPRESSIONS)}")
-    return mode
+def wire_mode(compression: str = "none") -> str:
+    """The wire compression ``compression`` (none | fp16 | int8), else a one-line :class:`DataPlaneError`."""
+    if compression not in COMPRESSIONS:
+        raise DataPlaneError(f"dataplane.compression={compression!r}; use one of {', '.join(COMPRESSIONS)}")
+    return compression
 
 
 def _float_tensors(prefix: str, scale_prefix: str, i: int, t: torch.Tensor, mode: str) -> list:
@@ -100,12 +99,11 @@ def encode_step_request(
     seq: int,
     z_enc: Sequence[torch.Tensor],
     micro_batches: Sequence[dict[str, torch.Tensor]],
-    fp16: bool = False,
-    compression: str = "",
+    compression: str = "none",
 ) -> bytes:
-    """Frame for one step: z_enc as float16 with a power-of-two scale when ``fp16``, as int8 with per-channel
-    scales when ``compression="int8"`` (else as given)."""
-    mode = wire_mode(fp16, compression)
+    """Frame for one step: z_enc as float16 with a power-of-two scale when ``compression="fp16"``, as int8 with
+    per-channel scales when ``compression="int8"`` (else as given)."""
+    mode = wire_mode(compression)
     return step_request_frame(secret, round_, cluster, seq, z_enc, micro_batches, mode).tobytes()
 
 
@@ -116,11 +114,11 @@ def step_request_frame(
     seq: int,
     z_enc: Sequence[torch.Tensor],
     micro_batches: Sequence[dict[str, torch.Tensor]],
-    compression: str = "",
+    compression: str = "none",
 ) -> Frame:
     """:func:`encode_step_request` as a :class:`~.wire.Frame` (its pieces, joined or written into shared
     memory by the sender: the activations are copied once)."""
-    mode = wire_mode(False, compression)
+    mode = wire_mode(compression)
     tensors = []
     for i, z in enumerate(z_enc):
         tensors.extend(_float_tensors("z", "zs", i, z, mode))
@@ -141,11 +139,11 @@ def part_request_frame(
     part: int,
     z: torch.Tensor,
     micro_batches: Sequence[dict[str, torch.Tensor]],
-    compression: str = "",
+    compression: str = "none",
 ) -> Frame:
     """Frame for micro-batch ``part`` of step ``seq`` (1F1B, module docstring): its "z/<part>", and with part 0
     the fields of all m = len(micro_batches) micro-batches."""
-    mode = wire_mode(False, compression)
+    mode = wire_mode(compression)
     tensors = _float_tensors("z", "zs", part, z, mode)
     for i, mb in enumerate(micro_batches if part == 0 else ()):
         tensors.extend(_field_tensors(i, mb))
@@ -260,19 +258,18 @@ def encode_step_reply(
     seq: int,
     loss: float,
     grads: Sequence[torch.Tensor],
-    fp16: bool = False,
-    compression: str = "",
+    compression: str = "none",
     part: int | None = None,
 ) -> bytes:
     """The reply to a step request (or to its ``part``: then ``grads`` is that micro-batch's one gradient)."""
-    return step_reply_frame(seq, loss, grads, wire_mode(fp16, compression), part).tobytes()
+    return step_reply_frame(seq, loss, grads, wire_mode(compression), part).tobytes()
 
 
 def step_reply_frame(
-    seq: int, loss: float, grads: Sequence[torch.Tensor], compression: str = "", part: int | None = None
+    seq: int, loss: float, grads: Sequence[torch.Tensor], compression: str = "none", part: int | None = None
 ) -> Frame:
     """:func:`encode_step_reply` as a :class:`~.wire.Frame` (written straight into a CU's segment, or joined)."""
-    mode = wire_mode(False, compression)
+    mode = wire_mode(compression)
     tensors = []
     for i, g in enumerate(grads):
         tensors.extend(_float_tensors("grad", "gs", i, g, mode))

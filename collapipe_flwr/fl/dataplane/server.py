@@ -45,10 +45,10 @@ from collections.abc import Callable
 import torch
 
 from collapipe_flwr.errors import DataPlaneError
-from collapipe_flwr.fl.dataplane.backend import Listener, check_transport
+from collapipe_flwr.fl.dataplane.backend import Listener
 from collapipe_flwr.fl.dataplane.frame_service import FrameService
 from collapipe_flwr.fl.dataplane.grpc_server import GrpcListener
-from collapipe_flwr.fl.dataplane.protocol import wire_mode
+from collapipe_flwr.fl.dataplane.host_spec import DecoderHostSpec
 from collapipe_flwr.fl.dataplane.socket_server import SocketListener
 from collapipe_flwr.fl.dataplane.stats import HostCounters
 from collapipe_flwr.fl.dataplane.stream_session import Sessions
@@ -56,27 +56,27 @@ from collapipe_flwr.fl.dataplane.streams import MAX_STREAMS_PER_CLUSTER, StreamR
 from collapipe_flwr.fl.dataplane.transport import format_address
 from collapipe_flwr.models.split import TaskHead
 
-__all__ = ["MAX_STREAMS_PER_CLUSTER", "DecoderHost"]
+__all__ = ["MAX_STREAMS_PER_CLUSTER", "DecoderHost", "DecoderHostSpec"]
 
 log = logging.getLogger(__name__)
 
 
 class DecoderHost:
-    """Server of the task head / decoder for the CUs' per-step exchange, over ``transport`` (grpc | socket).
+    """Server of the task head / decoder for the CUs' per-step exchange, over ``spec.transport`` (grpc | socket).
 
-    ``hidden_size`` is H, the encoder width every z_enc must have. ``advertise_host`` is the host part
-    of :attr:`address` (default: ``bind``, or 127.0.0.1 when binding every interface). ``max_streams``
-    bounds the concurrent CU streams (one worker thread each; more are refused). ``lock_timeout_s``
-    bounds how long a request waits for the decoder behind other CUs' steps and, with ``joint`` / ``ordered``
-    (Algorithm 1 line 14 as one update on all clusters / per CU in cluster order), how long a silent cluster is
-    waited for before it is left out of the round's barrier / order. ``lr_factor_of(t, seq)`` is the factor of
-    the decoder's base lr for step seq (1..) of round t (None: the base lr). A stream that sends no request
-    for ``idle_timeout_s`` after its last reply (or after it opened) is cancelled by a reaper thread (the
-    CU's client opens a fresh one on its next step), so streams held open by a stuck or hostile CU do not
-    keep worker threads; keepalive pings end a stream whose CU's machine vanished,
-    :meth:`close_round` cancels the round's streams, and :meth:`stop` cancels all. ``dropout_seed`` (the run's
-    seed under ``runtime.seeded_dropout``) draws each head step's dropout masks from (seed, t, n, seq), not from
-    the order the steps arrive in (``pipeline/dropout_seed.py``).
+    ``spec`` holds the host's settings (:class:`~.host_spec.DecoderHostSpec`): H, the bound and advertised
+    address, the wire compression, the frame cap, ``max_streams`` (concurrent CU streams, one worker thread each;
+    more are refused), ``lock_timeout_s`` (how long a request waits for the decoder behind other CUs' steps and,
+    with ``decoder_update`` joint / ordered, Algorithm 1 line 14 as one update on all clusters / per CU in
+    cluster order, how long a silent cluster is waited for before it is left out of the round's barrier /
+    order). ``lr_factor_of(t, seq)`` is the factor of the decoder's base lr for step seq (1..) of round t
+    (None: the base lr). A stream that sends no request for ``spec.idle_timeout_s`` after its last reply (or
+    after it opened) is cancelled by a reaper thread (the CU's client opens a fresh one on its next step), so
+    streams held open by a stuck or hostile CU do not keep worker threads; keepalive pings end a stream whose
+    CU's machine vanished, :meth:`close_round` cancels the round's streams, and :meth:`stop` cancels all.
+    ``spec.dropout_seed`` (the run's seed under ``runtime.seeded_dropout``) draws each head step's dropout masks
+    from (seed, t, n, seq), not from the order the steps arrive in (``pipeline/dropout_seed.py``). ``tls`` is
+    (certificate PEM, private key PEM): serve over TLS; None: plaintext.
     """
 
     def __init__(
@@ -84,65 +84,35 @@ class DecoderHost:
         head: TaskHead,
         optimizer: torch.optim.Optimizer | None,
         secret: str,
-        bind: str = "0.0.0.0",
-        port: int = 0,
-        fp16: bool = False,
-        max_message_mb: int = 256,
+        spec: DecoderHostSpec,
         *,
-        hidden_size: int,
-        advertise_host: str | None = None,
-        max_streams: int = 32,
-        lock_timeout_s: float = 120.0,
-        keep_order: int = 100_000,
         lr_factor_of: Callable[[int, int], float] | None = None,
-        precision: str = "fp32",
-        joint: bool = False,
-        ordered: bool = False,
-        dropout_seed: int | None = None,
-        max_len: int = 0,
-        max_abs_activation: float = 0.0,
         tls: tuple[bytes, bytes] | None = None,
-        idle_timeout_s: float = 30.0,
-        compression: str = "",
-        transport: str = "grpc",
     ) -> None:
-        _check_settings(secret, port, max_message_mb, fp16, compression, idle_timeout_s)
-        self.transport = check_transport(transport)
-        self.hidden_size = int(hidden_size)
-        self.max_len = int(max_len)  # longest sequence a step may carry (the model's positions; 0 = no limit)
-        self.max_abs_activation = float(max_abs_activation)  # largest |z_enc| accepted (0 = no limit)
-        self.compression = wire_mode(fp16, compression)  # "none" | "fp16" | "int8" ("" = from fp16)
-        self.fp16 = self.compression == "fp16"
-        self.max_message_mb = int(max_message_mb)
+        if not secret:
+            raise DataPlaneError("the data-plane secret is empty; give DecoderHost a per-run random secret")
+        self.spec = spec
+        self.transport = spec.transport
+        self.hidden_size = int(spec.hidden_size)
+        self.max_len = int(spec.max_len)  # longest sequence a step may carry (the model's positions; 0 = no limit)
+        self.max_abs_activation = float(spec.max_abs_activation)  # largest |z_enc| accepted (0 = no limit)
+        self.compression = spec.compression  # "none" | "fp16" | "int8"
+        self.max_message_mb = int(spec.max_message_mb)
         self._secret = secret.encode("utf-8")
-        self._bind, self._port = bind, int(port)
+        self._bind, self._port = spec.bind, int(spec.port)
         self._tls = tls  # (certificate PEM, private key PEM): serve over TLS; None: plaintext
-        self._advertise = advertise_host or ("127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind)
-        self._max_streams = int(max_streams)
+        wildcard = spec.bind in ("0.0.0.0", "::", "")
+        self._advertise = spec.advertise_host or ("127.0.0.1" if wildcard else spec.bind)
+        self._max_streams = int(spec.max_streams)
         self._listener: Listener | None = None
         self._bound_port: int | None = None
-        self._lock = threading.Lock()  # guards the head, the optimizer and the round state
-        self._state_lock = threading.Lock()  # guards counters, step ids and the stream registry
-        self._counters = HostCounters(self._state_lock, keep_order)
+        state_lock = threading.Lock()  # guards counters, step ids and the stream registry
+        self._counters = HostCounters(state_lock, spec.keep_order)
         self.max_streams_per_cluster = max(1, min(MAX_STREAMS_PER_CLUSTER, self._max_streams))
-        self._streams = StreamRegistry(self._state_lock, self._counters, self.max_streams_per_cluster, idle_timeout_s)
+        self._streams = StreamRegistry(state_lock, self._counters, self.max_streams_per_cluster, spec.idle_timeout_s)
+        # the frame service owns the decoder's lock: it guards the head, the optimizer and the round state
         self._frames = FrameService(
-            head,
-            optimizer,
-            self._secret,
-            lock=self._lock,
-            state_lock=self._state_lock,
-            counters=self._counters,
-            hidden_size=self.hidden_size,
-            max_len=self.max_len,
-            max_abs_activation=self.max_abs_activation,
-            compression=self.compression,
-            lock_timeout_s=float(lock_timeout_s),
-            lr_factor_of=lr_factor_of,
-            precision=precision,
-            joint=joint,
-            ordered=ordered,
-            dropout_seed=dropout_seed,
+            head, optimizer, self._secret, spec, counters=self._counters, lr_factor_of=lr_factor_of
         )
         self._sessions = Sessions(self._secret, self._frames, self._streams, self._counters, self.max_message_mb)
 
@@ -224,7 +194,7 @@ class DecoderHost:
     @property
     def lock(self) -> threading.Lock:
         """Hold this to use the head outside the data plane (e.g. evaluation between rounds)."""
-        return self._lock
+        return self._frames.lock
 
     # -- counters ----------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -246,19 +216,3 @@ class DecoderHost:
         """The highest step id (seq, part) claimed per (round, cluster) of the open round (the replay guard's
         state)."""
         return self._frames.step_ids.last
-
-
-def _check_settings(
-    secret: str, port: int, max_message_mb: int, fp16: bool, compression: str, idle_timeout_s: float
-) -> None:
-    """One-line errors, in this order, for a host that could not serve: no secret, a port or a frame cap out of
-    range, an unknown wire compression, an idle timeout that is not positive."""
-    if not secret:
-        raise DataPlaneError("the data-plane secret is empty; give DecoderHost a per-run random secret")
-    if not 0 <= int(port) < 65536:
-        raise DataPlaneError(f"data-plane port {port} is out of range; use 0..65535 (0 = any free port)")
-    if int(max_message_mb) < 1:
-        raise DataPlaneError(f"max_message_mb={max_message_mb} must be >= 1")
-    wire_mode(fp16, compression)  # raises on an unknown compression
-    if not idle_timeout_s > 0:
-        raise DataPlaneError(f"idle_timeout_s={idle_timeout_s} must be > 0")

@@ -37,6 +37,11 @@ class HostCounters:
         self.unattributed = ClusterCounters()
         self._order: collections.deque = collections.deque(maxlen=keep_order)
 
+    @property
+    def state_lock(self) -> threading.Lock:
+        """The host's bookkeeping lock these counters are guarded by (the replay guard's step ids share it)."""
+        return self._state_lock
+
     def count(
         self,
         cluster: int | None,

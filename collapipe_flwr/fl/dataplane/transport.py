@@ -12,19 +12,20 @@ FIELDS_PER_TOKEN = 8
 FRAME_OVERHEAD = 1 * MB  # header and per-tensor records
 
 
-def step_message_mb(batch_size: int, max_len: int, hidden_size: int, fp16: bool) -> int:
+def step_message_mb(batch_size: int, max_len: int, hidden_size: int, compression: str) -> int:
     """The largest step frame a CU of this task can send, in MB, doubled for headroom: b sequences of at most
-    ``max_len`` tokens, each with its z_enc row (H values, 2 bytes on the fp16 wire, else 4) and up to
+    ``max_len`` tokens, each with its z_enc row (H values: 4 bytes with ``compression`` none, else counted as
+    2, the fp16 width, which also bounds int8 and its per-channel scales) and up to
     :data:`FIELDS_PER_TOKEN` int64 fields. Both ends use it as gRPC's message cap when
     ``dataplane.max_message_mb`` is 0, so no frame larger than the task can produce is ever buffered."""
-    per_token = int(hidden_size) * (2 if fp16 else 4) + FIELDS_PER_TOKEN * 8
+    per_token = int(hidden_size) * (4 if compression == "none" else 2) + FIELDS_PER_TOKEN * 8
     largest = int(batch_size) * int(max_len) * per_token + FRAME_OVERHEAD
     return max(1, -(-2 * largest // MB))
 
 
-def resolve_message_mb(configured: int, batch_size: int, max_len: int, hidden_size: int, fp16: bool) -> int:
+def resolve_message_mb(configured: int, batch_size: int, max_len: int, hidden_size: int, compression: str) -> int:
     """dataplane.max_message_mb when set (> 0), else :func:`step_message_mb` of the task (both ends agree)."""
-    return int(configured) if configured else step_message_mb(batch_size, max_len, hidden_size, fp16)
+    return int(configured) if configured else step_message_mb(batch_size, max_len, hidden_size, compression)
 
 
 def channel_options(max_message_mb: int) -> list[tuple[str, int]]:

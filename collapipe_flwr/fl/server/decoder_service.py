@@ -20,6 +20,7 @@ import torch
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.dataplane import DecoderHost
 from collapipe_flwr.fl.dataplane.auth import cluster_key
+from collapipe_flwr.fl.dataplane.host_spec import DecoderHostSpec
 from collapipe_flwr.models.split import TaskHead
 
 
@@ -61,49 +62,25 @@ class DecoderService:
         cls,
         head: TaskHead,
         optimizer: torch.optim.Optimizer,
+        spec: DecoderHostSpec | None,
         *,
-        enabled: bool,
         announce_host: str,
-        bind: str,
-        port: int,
-        compression: str,
-        max_message_mb: int,
-        hidden_size: int,
-        idle_timeout_s: float = 30.0,
         lr_factor_of: Callable[[int, int], float],
-        precision: str,
-        joint: bool,
-        ordered: bool = False,
-        dropout_seed: int | None = None,
-        max_len: int = 0,
-        max_abs_activation: float = 0.0,
         tls: TlsFiles | None = None,
-        transport: str = "grpc",
     ) -> DecoderService:
-        """Start serving ``head`` (when ``enabled``); ``lr_factor_of(round, seq)`` is the decoder's LR factor."""
+        """Start serving ``head`` with the host settings ``spec`` (None: the method keeps the head on the CU, no
+        data plane); ``lr_factor_of(round, seq)`` is the decoder's LR factor."""
         secret = secrets.token_hex(16)
-        if not enabled:
+        if spec is None:
             return cls(None, announce_host, secret)
         pems = tls.read() if tls is not None else None
         host = DecoderHost(
             head,
             optimizer,
-            secret=secret,
-            bind=bind,
-            port=port,
-            compression=compression,
-            max_message_mb=max_message_mb,
-            hidden_size=hidden_size,
-            idle_timeout_s=idle_timeout_s,
+            secret,
+            spec,
             lr_factor_of=lr_factor_of,
-            precision=precision,
-            joint=joint,
-            ordered=ordered,
-            dropout_seed=dropout_seed,
-            max_len=max_len,
-            max_abs_activation=max_abs_activation,
             tls=(pems[0], pems[1]) if pems is not None else None,
-            transport=transport,
         )
         host.start()
         return cls(host, announce_host, secret, pems[2].decode("utf-8") if pems is not None else "")

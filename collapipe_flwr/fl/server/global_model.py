@@ -22,7 +22,7 @@ from flwr.app import ArrayRecord
 
 from collapipe_flwr.config import PrivacySpec
 from collapipe_flwr.dssra.specs import MethodSpec
-from collapipe_flwr.fl.messages import NUM_EXAMPLES, pack_weights
+from collapipe_flwr.fl.messages import pack_weights
 from collapipe_flwr.fl.server.central_dp import add_central_noise
 from collapipe_flwr.fl.server.server_optimizer import ServerOptimizer
 from collapipe_flwr.fl.server.weighted_sum import WeightedSum
@@ -30,7 +30,6 @@ from collapipe_flwr.models.split import SplitModel
 from collapipe_flwr.models.trainable import only_trainable
 
 Parts = dict[str, dict[str, torch.Tensor]]
-ClusterResult = tuple[int, Parts, dict]  # (cluster n, returned parts, reply metrics)
 
 
 def flatten_parts(parts: Parts) -> dict[str, torch.Tensor]:
@@ -179,13 +178,6 @@ class GlobalModel:
             new = add_central_noise(new, self.privacy, fold.count, self.seed, t)
         for part, state in unflatten_parts(new).items():  # under LoRA the trainable tensors only
             modules[part].load_state_dict(state, strict=not self.trainable_only)
-
-    def absorb(self, t: int, results: list[ClusterResult]) -> None:
-        """:meth:`absorb_round` over a list of replies (weighted by each CU's num-examples)."""
-        fold = self.new_round()
-        for cluster, parts, metrics in results:
-            fold.add(cluster, parts, float(metrics[NUM_EXAMPLES]))
-        self.absorb_round(t, fold)
 
     def models_to_evaluate(self) -> list[SplitModel]:
         """The model itself, or without aggregation one copy per cluster with its own embedding + encoder

@@ -5,7 +5,7 @@ Run config keys (``[tool.flwr.app.config]``, overridable with ``flwr run . --run
   ``model``, ``method``, ``scheduler``, ``num-clusters``, ``local-steps``, ``precision``, ``run-name``,
   ``resume``) for the settings changed most;
 - ``overrides``: any other Hydra override of ``conf/config.yaml`` as one string
-  (``"scheduler.V=10 dataplane.fp16=true"``);
+  (``"scheduler.V=10 dataplane.compression=fp16"``);
 - ``data-dir``: the dataset folder (else ``$COLLAPIPE_DATA_DIR``);
 - ``output-dir``: where the run folder is created (relative paths: from where ``flwr run`` started).
 """

@@ -22,12 +22,13 @@ from collapipe_flwr.accelerator import resolve_device
 from collapipe_flwr.config import FederationSpec, RunConfig
 from collapipe_flwr.dssra.methods import make_planner
 from collapipe_flwr.dssra.plan import ClusterPlan
+from collapipe_flwr.dssra.replan import Sub1Inputs
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
+from collapipe_flwr.fl.dataplane.host_spec import DecoderHostSpec
 from collapipe_flwr.fl.messages import TrainInstructions
 from collapipe_flwr.fl.server.decoder_service import DecoderService, TlsFiles
 from collapipe_flwr.fl.server.evaluator import Evaluator
-from collapipe_flwr.fl.server.global_model import ClusterResult, GlobalModel, RoundFold
+from collapipe_flwr.fl.server.global_model import GlobalModel, RoundFold
 from collapipe_flwr.fl.server.round_planner import RoundPlanner
 from collapipe_flwr.fl.server.server_optimizer import ServerOptimizer
 from collapipe_flwr.models.split import SplitModel
@@ -95,28 +96,17 @@ def build_planner(cfg: RunConfig, workload: Workload) -> RoundPlanner:
 def start_decoder(cfg: RunConfig, model: SplitModel, hidden_size: int, precision: str) -> DecoderService:
     """The decoder / task head and its optimizer, served to the CUs over the data plane."""
     dp = cfg.dataplane
+    # the host's settings; None when the method trains the head on the CU (no data plane)
+    spec: DecoderHostSpec | None = None
+    if cfg.method.head_on_server:
+        spec = DecoderHostSpec.from_config(cfg, hidden_size=hidden_size, precision=precision)
     return DecoderService.start(
         model.head,
         wiring.optimizer_spec(cfg).build(model.head.parameters()),
-        enabled=cfg.method.head_on_server,
+        spec,
         announce_host=dp.host,
-        bind=dp.bind or dp.host,
-        port=dp.port,
-        compression=dp.wire,
-        max_message_mb=resolve_message_mb(
-            dp.max_message_mb, cfg.task.batch_size, cfg.model.max_len, cfg.model.width, dp.wire != "none"
-        ),
-        idle_timeout_s=dp.idle_timeout_s,
-        hidden_size=hidden_size,
         lr_factor_of=decoder_lr_factor(cfg),
-        precision=precision,
-        joint=cfg.federation.decoder_update == "joint",
-        ordered=cfg.federation.decoder_update == "ordered",
-        dropout_seed=cfg.seed if cfg.runtime.seeded_dropout else None,
-        max_len=cfg.model.max_len,
-        max_abs_activation=dp.max_abs_activation,
         tls=TlsFiles(dp.tls_cert, dp.tls_key, dp.tls_ca) if dp.tls_cert else None,
-        transport=dp.transport,
     )
 
 
@@ -187,29 +177,24 @@ class ServerState:
         """The most examples a CU can train on in one round (local_steps x b): bounds its FedAvg weight."""
         return self.cfg.federation.local_steps * wiring.batch_size(self.cfg)
 
-    def instructions_for(self, t: int, plan: ClusterPlan, replan: dict | None = None) -> TrainInstructions:
+    def instructions_for(self, t: int, plan: ClusterPlan, replan: Sub1Inputs | None = None) -> TrainInstructions:
         """What CU n needs for round t besides the weights: its plan, devices and the data-plane address; on the
         testbed what its devices and uplink are throttled to, and whether to measure its devices this round."""
         emulation = self.planner.emulation_for(t, plan, self.workload)
         return TrainInstructions(
             round=t,
             plan=plan,
-            cluster_config=self.cfg.cluster_config().to_dict(),
-            devices=[d.to_dict() for d in self.planner.devices_of(plan.cluster)],
+            cluster_config=self.cfg.cluster_config(),
+            devices=list(self.planner.devices_of(plan.cluster)),
             dataplane_address=self.decoder.address,
             dataplane_secret=self.decoder.key_for(t, plan.cluster),
             dataplane_root_certificate=self.decoder.root_certificate,
             replan=replan,
             measure=self.planner.measure_repeats(plan.cluster, t),
-            emulation=emulation.to_dict() if emulation is not None else None,
+            emulation=emulation,
             report_profile=self.planner.uses_profiles,
             cu_state_key=self.cu_state_key,
         )
-
-    def absorb_results(self, t: int, results: list[ClusterResult]) -> None:
-        """Aggregate the round's valid replies and hand their losses to the policy's queues."""
-        self.global_model.absorb(t, results)
-        self.planner.observe({cluster: float(metrics["train-loss"]) for cluster, _, metrics in results})
 
     def absorb_round(self, t: int, fold: RoundFold, losses: dict[int, float]) -> None:
         """Aggregate the round's replies, folded in as they arrived, and hand the CUs' losses to the queues."""

@@ -51,7 +51,7 @@ from collapipe_flwr.fl.messages import (
     unpack_weights,
 )
 from collapipe_flwr.fl.records.progress import RoundProgress
-from collapipe_flwr.fl.records.round_record import RoundRecord
+from collapipe_flwr.fl.records.round_ledger import RoundLedger
 from collapipe_flwr.fl.records.run_log import RunLog
 from collapipe_flwr.fl.server.checkpoint import save_checkpoint
 from collapipe_flwr.fl.server.global_model import RoundFold
@@ -65,8 +65,10 @@ class CollaPipeStrategy(Strategy):
     """Owns the global embedding + encoder, the server-side head, the plan and the aggregation.
 
     ``server`` is the run's :class:`~collapipe_flwr.fl.server.server_state.ServerState` (global model, round planner,
-    decoder service, evaluator); one :class:`~collapipe_flwr.fl.records.round_record.RoundRecord` carries each round
-    from ``configure_train`` to ``evaluate`` and rounds.jsonl.
+    decoder service, evaluator). The hooks configure, aggregate and evaluate only; the round's record, from
+    ``configure_train`` to ``evaluate``, and its side effects (rounds.jsonl, the checkpoint, the progress display,
+    the round listeners, the training watch's check) are kept by a
+    :class:`~collapipe_flwr.fl.records.round_ledger.RoundLedger`.
     """
 
     def __init__(
@@ -80,14 +82,24 @@ class CollaPipeStrategy(Strategy):
         self.server = server
         self.cfg = server.cfg
         self.run_log = run_log
-        self.progress = progress
         self.node_of_cluster: dict[int, int] = {}
         self.examples_of_cluster: dict[int, int] = {}
         self.labels_of_cluster: dict[int, list[int]] = {}  # D_n's examples per label (hello reply)
-        self.record: RoundRecord | None = None  # the round in flight: configure_train -> evaluate
         self.round_offset = round_offset  # rounds completed before this process (a resumed run)
-        self.round_listeners = list(round_listeners)  # each gets every rounds.jsonl record (e.g. TensorBoard)
         self.watch = TrainingWatch(self.cfg.federation.max_failed_rounds)  # a run that trains nothing fails
+        self.ledger = RoundLedger(
+            run_log,
+            progress,
+            round_listeners,  # each gets every rounds.jsonl record (e.g. TensorBoard)
+            self._save_checkpoint if self.cfg.checkpoint else None,
+            self.watch.check_streak,  # K rounds in a row whose CUs all failed: the run stops (its records kept)
+        )
+
+    def _save_checkpoint(self, t: int) -> None:
+        save_checkpoint(self.run_log.folder, self.server, t)
+
+    def _open_round(self, t: int, started_at: float | None = None) -> None:
+        self.ledger.open(t, self.cfg.method.name, self.server.planner.policy_name, started_at)
 
     def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Result:
         """Flower's round loop (``Strategy.start``) over a :class:`StreamingGrid`, so that the train replies reach
@@ -174,17 +186,13 @@ class CollaPipeStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         t = server_round + self.round_offset  # Flower counts the rounds of this process from 1
-        record = RoundRecord(t, self.cfg.method.name, self.server.planner.policy_name)
-        self.record = record
+        self._open_round(t)
         if not self.node_of_cluster:
             self.discover_clusters(grid)
         t0 = time.time()
         plan = self.server.planner.plan(t)
-        record.plan = plan
-        record.partitions = self.partitions()
-        record.measured_s["plan_s"] = time.time() - t0
-        record.selected = [c.cluster for c in plan.selected]
-        self.server.decoder.open_round(t, record.selected)
+        self.ledger.note_plan(plan, self.partitions(), time.time() - t0)
+        self.server.decoder.open_round(t, [c.cluster for c in plan.selected])
         messages = []
         downloads = self.server.global_model.packed_for([c.cluster for c in plan.selected])
         for cplan in plan.selected:
@@ -192,10 +200,7 @@ class CollaPipeStrategy(Strategy):
             instructions = self.server.instructions_for(t, cplan, plan.replan_inputs.get(cplan.cluster))
             node = self.node_of_cluster[cplan.cluster]
             messages.append(Message(train_content(weights, instructions), dst_node_id=node, message_type=TRAIN))
-        if self.progress is not None:
-            steps_of = self.server.decoder.steps_served if self.server.decoder.host is not None else None
-            segments = {c.cluster: (c.S, c.m, c.delta) for c in plan.selected}
-            self.progress.round_started(t, record.selected, plan.left_out, steps_of, segments)
+        self.ledger.started(self.server.decoder.steps_served if self.server.decoder.host is not None else None)
         return messages
 
     def aggregate_train(
@@ -204,8 +209,6 @@ class CollaPipeStrategy(Strategy):
         """Fold each CU's reply into the round's running sum as it arrives (``replies`` is the
         :class:`~collapipe_flwr.fl.server.reply_stream.StreamingGrid`'s generator), then step the global model."""
         t = server_round + self.round_offset
-        record = self.record
-        assert record is not None and record.round == t, "aggregate_train without configure_train"
         cluster_of_node = {v: k for k, v in self.node_of_cluster.items()}
         fold = self.server.global_model.new_round()
         clients: dict[int, dict] = {}  # cluster n -> its reply's metrics, in arrival order
@@ -216,13 +219,14 @@ class CollaPipeStrategy(Strategy):
             del reply  # folded in (or refused): its arrays go before the next reply is pulled
             fold_s += time.time() - t_fold
         t0 = time.time()
-        for cluster in sorted(set(record.selected) - {f["cluster"] for f in record.failures} - set(clients)):
-            record.fail(cluster, "no reply within federation.round_timeout_s")
+        for cluster in self.ledger.unanswered(set(clients)):
+            self.ledger.fail(cluster, "no reply within federation.round_timeout_s")
             log(WARNING, "round %s: cluster %s sent no reply within the round's timeout", t, cluster)
         self.server.decoder.close_round()
-        record.measured_s["wait_clients_s"] = t0 - fold_s - record.started_at - record.measured_s.get("plan_s", 0.0)
+        self.ledger.note_wait(t0, fold_s)
         trained = {c: m for c, m in clients.items() if int(m.get("steps", 1)) > 0}
-        self.watch.round_ended(t, bool(trained), record.failures, record.plan.left_out if record.plan else {})
+        plan = self.ledger.plan
+        self.watch.round_ended(t, bool(trained), self.ledger.failures, plan.left_out if plan else {})
         if not clients:
             log(WARNING, "round %s: no CU returned a result; the global model is unchanged", t)
             return None, None
@@ -230,13 +234,11 @@ class CollaPipeStrategy(Strategy):
         del fold
         if self.cfg.save_client_weights:
             self.run_log.save_global_weights(t, self.server.global_model.parts())
-        record.measured_s["aggregate_s"] = fold_s + time.time() - t0
-        return self._round_metrics(record, clients)
+        self.ledger.note_seconds("aggregate_s", fold_s + time.time() - t0)
+        return self._round_metrics(clients)
 
     def _fold_reply(self, t: int, reply: Message, cluster: int, fold: RoundFold, clients: dict[int, dict]) -> None:
         """Check CU ``cluster``'s reply (reply_checks) and fold it in; a bad reply is the round's failure."""
-        record = self.record
-        assert record is not None
         try:
             weights, metrics = read_reply(reply)
             parts = unpack_weights(weights)
@@ -246,7 +248,7 @@ class CollaPipeStrategy(Strategy):
             profile = read_profile(metrics, t) if self.server.planner.uses_profiles else None
             fold.add(cluster, parts, float(metrics[NUM_EXAMPLES]))  # refused whole or folded whole
         except CollaPipeError as err:
-            record.fail(cluster, str(err))
+            self.ledger.fail(cluster, str(err))
             log(WARNING, "round %s: cluster %s refused: %s (aggregating the other CUs)", t, cluster, err)
             if isinstance(err, CannotContinue):
                 self.watch.cannot_continue(t, cluster, str(err))
@@ -255,20 +257,20 @@ class CollaPipeStrategy(Strategy):
             self.run_log.save_cluster_weights(t, cluster, parts, int(metrics[NUM_EXAMPLES]))
         clients[cluster] = metrics
         if profile is not None:
-            record.profiles[str(cluster)] = self.server.planner.absorb_profile(cluster, profile).to_dict()
+            self.ledger.note_profile(cluster, self.server.planner.absorb_profile(cluster, profile).to_dict())
 
-    def _round_metrics(self, record: RoundRecord, clients: dict[int, dict]) -> tuple[ArrayRecord, MetricRecord]:
+    def _round_metrics(self, clients: dict[int, dict]) -> tuple[ArrayRecord, MetricRecord]:
         """The round's record (example-weighted train loss, each CU's metrics, the overhead) and Flower's return."""
         # what a round costs beyond the CUs' training loops (messages, weight loads, set-up, aggregation)
-        train_s = max(float(m.get("seconds-train", 0.0)) for m in clients.values())
-        record.measured_s["overhead_s"] = time.time() - record.started_at - train_s
+        self.ledger.note_overhead(max(float(m.get("seconds-train", 0.0)) for m in clients.values()))
         n_ex = {c: float(m[NUM_EXAMPLES]) for c, m in clients.items()}
         total = sum(n_ex.values())
-        record.train_loss = sum(float(m["train-loss"]) * n_ex[c] for c, m in clients.items()) / max(total, 1.0)
-        record.clients = {str(c): dict(m) for c, m in clients.items()}
-        if record.plan is not None:
-            record.memory = self.server.planner.absorb_memory(record.plan, self.server.workload, clients)
-        agg = MetricRecord({"train-loss": record.train_loss, NUM_EXAMPLES: int(total)})
+        train_loss = sum(float(m["train-loss"]) * n_ex[c] for c, m in clients.items()) / max(total, 1.0)
+        self.ledger.note_training(train_loss, clients)
+        plan = self.ledger.plan
+        if plan is not None:
+            self.ledger.note_memory(self.server.planner.absorb_memory(plan, self.server.workload, clients))
+        agg = MetricRecord({"train-loss": train_loss, NUM_EXAMPLES: int(total)})
         return self.server.global_model.array_record(), agg
 
     # ------------------------------------------------------------------ evaluation (server side)
@@ -291,23 +293,11 @@ class CollaPipeStrategy(Strategy):
         due = (t == 0 and self.cfg.eval.at_start) or (t > 0 and t % every == 0) or t >= self.cfg.federation.num_rounds
         metrics = self.server.evaluate() if due else {}
         if t == 0:
-            self.run_log.append_round({"round": 0, **{f"val_{k}": v for k, v in metrics.items()}})
+            self.ledger.initial(metrics)
             return MetricRecord({k: float(v) for k, v in metrics.items()})
-        record = self.record
-        if record is None or record.round != t:  # a round whose training was never configured
-            record = RoundRecord(t, self.cfg.method.name, self.server.planner.policy_name, started_at=t0)
-        record.val = dict(metrics)
-        record.measured_s["evaluate_s"] = time.time() - t0
-        record.measured_s["round_s"] = time.time() - record.started_at
-        line = record.to_json()
-        self.run_log.append_round(line)
-        if self.cfg.checkpoint:  # after the record: a resumed run never repeats a logged round
-            save_checkpoint(self.run_log.folder, self.server, t)
-        if self.progress is not None:
-            self.progress.round_finished(t, line)
-        for listener in self.round_listeners:
-            listener(line)
-        self.watch.check_streak()  # K rounds in a row whose CUs all failed: the run stops (its records kept)
+        if not self.ledger.is_open(t):  # a round whose training was never configured
+            self._open_round(t, started_at=t0)
+        self.ledger.close(t, metrics, evaluated_since=t0)  # its line, checkpoint, progress, listeners, watch
         return MetricRecord({k: float(v) for k, v in metrics.items()}) if metrics else None
 
     def summary_record(self, result) -> dict:
