@@ -51,8 +51,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost, DecoderHostSpec  # noqa: E402
+from collapipe_flwr.fl.dataplane import DecoderClient  # noqa: E402
 from collapipe_flwr.fl.dataplane.auth import cluster_key  # noqa: E402
+from collapipe_flwr.fl.server.decoder.host import DecoderHost  # noqa: E402
+from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec  # noqa: E402
 
 B, T, H = 64, 32, 256
 

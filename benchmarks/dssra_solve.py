@@ -21,10 +21,10 @@ import time
 
 import numpy as np
 
+from collapipe_flwr.apps.simulate import generic_workload
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra import dinkelbach
 from collapipe_flwr.dssra.policies import make_policy
-from collapipe_flwr.simulate import generic_workload
 from collapipe_flwr.system.state import StateSampler
 
 SIZES = ((3, 6, 4), (20, 8, 10), (100, 10, 50), (1000, 10, 200))

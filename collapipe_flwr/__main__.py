@@ -1,5 +1,5 @@
-"""``python -m collapipe_flwr run ...``: the same as the ``collapipe`` console script (collapipe_flwr/cli.py)."""
+"""``python -m collapipe_flwr run ...``: the same as the ``collapipe`` console script (collapipe_flwr/apps/cli.py)."""
 
-from collapipe_flwr.cli import main
+from collapipe_flwr.apps.cli import main
 
 raise SystemExit(main())

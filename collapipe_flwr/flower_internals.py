@@ -12,8 +12,8 @@ moves one of these, this module is the one to change.
   norm under this key from the train message, and the noise of Flower's
   ``DifferentialPrivacyClientSideFixedClipping`` wrapper. The wrapper itself cannot wrap this project's strategy
   (it noises the arrays a strategy returns; this strategy keeps the global model in its server state), so the
-  server applies the same sigma to its aggregate (``fl/server/central_dp.py``), drawn from a seeded generator so
-  that a run is reproducible (Flower's ``add_gaussian_noise_inplace`` draws from NumPy's global state).
+  server applies the same sigma to its aggregate (``fl/server/aggregation/central_dp.py``), drawn from a seeded
+  generator so that a run is reproducible (Flower's ``add_gaussian_noise_inplace`` draws from NumPy's global state).
 - ``TaskIdentity`` (``flwr.supercore.task_identity``): a ``Message`` can only be built inside a Flower run (it
   reads the run, node and task ids from there); the in-process grid of the tests and the scaling benchmark give
   their process that identity, as a SuperNode's task worker does. Never used by the package itself.

@@ -5,7 +5,7 @@ selection at work (N = 10 CUs > J = 4 channels), over several seeds.
 
 The paper (Fig. 11, BERT on Toutiao, V = 0.01): DSSRA lowers the total latency by 46.44% against loss-only,
 15.48% against delay-only and 7.12% against random scheduling. This drives each policy alone
-(``collapipe_flwr.simulate.run``: no training, proxy losses for loss-only) on ``network=selection`` with
+(``collapipe_flwr.apps.simulate.run``: no training, proxy losses for loss-only) on ``network=selection`` with
 N = 10, one batch per round (Algorithm 1), the classification task's BERT-small workload, and Gamma^max for
 N = 10, J = 4 (0.95, docs/system_model.md). Writes ``OUT/table.md`` (reductions, mean and spread over seeds,
 beside the paper's), ``OUT/policies.csv``, ``OUT/cumulative_delay.png``; prints ``name: value`` lines.
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fig7_8_methods import task_workload  # noqa: E402
 
 from collapipe_flwr.config import load_run_config  # noqa: E402
-from collapipe_flwr.simulate import run  # noqa: E402
+from collapipe_flwr.apps.simulate import run  # noqa: E402
 
 PAPER = {"loss_only": 46.44, "delay_only": 15.48, "random": 7.12}
 SETTING = ["network=selection", "federation.num_clusters=10", "scheduler.convergence.gamma_max=0.95"]

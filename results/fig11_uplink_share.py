@@ -2,7 +2,7 @@
 
     python results/fig11_uplink_share.py [--rounds 150] [--seeds 0]
 
-The same runs as ``fig11_policies.py`` (``collapipe_flwr.simulate.run``: N = 10 CUs, J = 4 channels, BERT-small
+The same runs as ``fig11_policies.py`` (``collapipe_flwr.apps.simulate.run``: N = 10 CUs, J = 4 channels, BERT-small
 classification workload, proxy losses for loss-only). Per round the delay is set by the slowest selected CU
 (tau^pipe_n + uplink_n); this prints, per policy, the mean round delay, the share of the summed round delays
 that is that bottleneck CU's uplink time and the mean number of CUs selected per round:
@@ -26,7 +26,7 @@ from fig7_8_methods import task_workload  # noqa: E402
 from fig11_policies import PAPER, SETTING  # noqa: E402
 
 from collapipe_flwr.config import load_run_config  # noqa: E402
-from collapipe_flwr.simulate import run  # noqa: E402
+from collapipe_flwr.apps.simulate import run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

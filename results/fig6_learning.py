@@ -219,7 +219,7 @@ def repeat_section(task: str, methods: list[dict], repeats: list[dict], figures:
 
 def read_central(root: Path, task: str) -> dict | None:
     """The central reference of ``task`` (``<task>/central/seed0/central.json``, written by
-    ``python -m collapipe_flwr.train_central --json``), None when it has not run."""
+    ``python -m collapipe_flwr.apps.train_central --json``), None when it has not run."""
     import json
 
     path = root / task / "central" / "seed0" / "central.json"

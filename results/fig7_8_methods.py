@@ -15,7 +15,7 @@ Per round the on-device computation time is the largest ``compute_s`` among the 
 slowest cluster's time on its devices, eq. 15's compute part with c0, D2D excluded); it is summed over the
 rounds. The same is reported with D2D (``pipeline_s``) and for the whole modelled round delay (eq. 26). Every
 method sees the same channel and device states (same seed); loss_only-style policies get the proxy loss of
-``collapipe_flwr.simulate``. Writes ``OUT/methods.csv`` (per seed and method), ``OUT/summary.json``,
+``collapipe_flwr.apps.simulate``. Writes ``OUT/methods.csv`` (per seed and method), ``OUT/summary.json``,
 ``OUT/table.md`` (mean and spread over seeds, the margins beside the paper's) and ``OUT/accumulated.png``, and
 prints ``name: value`` lines.
 """

@@ -57,6 +57,6 @@ run results/fig11/bandwidth python results/fig11_bandwidth.py --rounds 150 --see
 run results/lyapunov/default python results/lyapunov.py --rounds 150 --out results/lyapunov/default
 run results/lyapunov/selection python results/lyapunov.py --rounds 150 --out results/lyapunov/selection \
   network=selection federation.num_clusters=10 scheduler.convergence.gamma_max=0.95
-run results/selection python -m collapipe_flwr.simulate --rounds 150 --out results/selection --network selection \
+run results/selection python -m collapipe_flwr.apps.simulate --rounds 150 --out results/selection --network selection \
   --clusters 10 --policies dssra,loss_only,delay_only,random --layers 3 --d-model 256 --d-ff 512 --seq-len 64 \
   scheduler.convergence.gamma_max=0.95

@@ -9,7 +9,7 @@ bf16 on the devices):
   delta_k from the model's real per-layer memory and FLOPs on ``network=edge``), ``ROUNDS`` rounds of ``STEPS``
   local steps, validation perplexity on the first ``EVAL`` captions before round 1 (the pretrained base) and
   after every round;
-- ``central``: ``python -m collapipe_flwr.train_central`` of the same model and LoRA setting for ROUNDS x STEPS
+- ``central``: ``python -m collapipe_flwr.apps.train_central`` of the same model and LoRA setting for ROUNDS x STEPS
   optimizer steps on the whole training set (the federated global model also takes ROUNDS x STEPS steps of
   averaged updates), evaluated on the same captions;
 - ``memory``: per-device peak memory of one pipeline step (params + gradients + Adam state + saved activations,
@@ -17,7 +17,7 @@ bf16 on the devices):
   bf16-base LoRA model against fp32 full fine-tuning of the same model, on one real batch of captions;
 - ``samples``: greedy continuations of a few validation captions' first words by the base and by the federated
   run's saved model (its merged export, ``model/merged``), with the project's generation helper (the one
-  ``python -m collapipe_flwr.generate`` uses).
+  ``python -m collapipe_flwr.apps.generate`` uses).
 
 Records kept in ``results/pretrained_lora/``: the federated run's ``rounds.jsonl`` (gzip) and ``summary.json``,
 ``central.json``, ``memory.json``, ``samples.json``; ``--report`` rebuilds ``README.md`` from them alone. Each
@@ -74,7 +74,7 @@ def run_central(root: Path) -> None:
     if out.is_file():
         return
     cmd = [
-        sys.executable, "-m", "collapipe_flwr.train_central", *COMMON.split(),
+        sys.executable, "-m", "collapipe_flwr.apps.train_central", *COMMON.split(),
         "--max-steps", str(ROUNDS * STEPS), "--minutes", "120", "--json", str(root / "central.json"),
     ]  # fmt: skip
     start = time.time()

@@ -26,7 +26,7 @@ seed 0 of every task and method first:
 - ``<task>/repeat/seed0_collapipe``: CollaPipe at seed 0 again, the same-seed noise floor (only the order in
   which the server's decoder takes the CUs' steps differs) that each paper margin is judged against;
 - ``<task>/central/seed0``, after seed 0 of the methods: the central recipe of docs/central_training.md (the plain
-  model, no split, no federation, ``python -m collapipe_flwr.train_central``) at a fixed step count, scored on the
+  model, no split, no federation, ``python -m collapipe_flwr.apps.train_central``) at a fixed step count, scored on the
   same whole validation split: the reference each method's final metric is set beside;
 - ``<task>/grid/S<S>_m<m>``, translation and NER: Figs. 9-10, a uniform split over S devices with m fixed
   (``method=collapipe_no_ss network.devices_per_cluster=S method.fixed_m=m``), seed 0, compared on learning alone:
@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "trained"
 RECORDS = OUT / "jobs"  # the finished jobs' records, kept in the repository (module docstring)
 STOP_FILE = "STOP"  # ROOT/STOP: the piece ends before its next job (the file is removed)
-CENTRAL_RECORD = "central.json"  # what python -m collapipe_flwr.train_central --json writes: a central job's record
+CENTRAL_RECORD = "central.json"  # what python -m collapipe_flwr.apps.train_central --json writes: a central job's record
 # A job's marker last (its presence means "done"): summary.json for a run, central.json for a central job.
 RECORD_FILES = ("config.json", "rounds.jsonl", "summary.json", CENTRAL_RECORD)
 TASKS = ("translation", "classification", "ner")
@@ -140,12 +140,12 @@ def seconds_taken(records: Path) -> float | None:
 
 
 def run_central(root: Path, job: Job) -> bool:
-    """``python -m collapipe_flwr.train_central task=<task> <recipe> --json ROOT/<name>/central.json``; its output
+    """``python -m collapipe_flwr.apps.train_central task=<task> <recipe> --json ROOT/<name>/central.json``; its output
     goes to ``ROOT/<name with / as _>.log``. True when it finished."""
     folder = root / job.name
     folder.mkdir(parents=True, exist_ok=True)
     args = [a for a in job.overrides.split(" ") if a]
-    cmd = [sys.executable, "-m", "collapipe_flwr.train_central", f"task={job.task}", *args, "--minutes", "120"]
+    cmd = [sys.executable, "-m", "collapipe_flwr.apps.train_central", f"task={job.task}", *args, "--minutes", "120"]
     cmd += ["--quiet", "--json", str(folder / (CENTRAL_RECORD + ".part"))]
     start = time.time()
     with open(root / (job.name.replace("/", "_") + ".log"), "w") as log:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from collapipe_flwr.cli import parse_run_config, plan_launch
+from collapipe_flwr.apps.cli import parse_run_config, plan_launch
 from collapipe_flwr.config import compose
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.experiments import processes
@@ -173,7 +173,7 @@ def test_two_unnamed_runs_in_the_same_second_get_their_own_folders(tmp_path, dat
 
 DRIVER = """
 import sys
-from collapipe_flwr.cli import build_parser, run
+from collapipe_flwr.apps.cli import build_parser, run
 sys.exit(run(build_parser().parse_args(sys.argv[2:]), flwr_exe=sys.argv[1]))
 """
 
@@ -262,7 +262,7 @@ def test_a_second_launcher_of_a_live_run_name_exits_2_and_touches_none_of_its_fi
 DISK_FULL_DRIVER = """
 import resource, signal, sys, tempfile
 import torch  # imported (and Python's temp folder probed) while files can still grow
-from collapipe_flwr.cli import main
+from collapipe_flwr.apps.cli import main
 from collapipe_flwr.experiments import launch
 tempfile.gettempdir()
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write over the limit fails with EFBIG, as on a full disk

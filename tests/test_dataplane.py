@@ -18,11 +18,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 from collapipe_flwr.errors import CollaPipeError, DataPlaneError
-from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost, DecoderHostSpec
+from collapipe_flwr.fl.dataplane import DecoderClient
 from collapipe_flwr.fl.dataplane.auth import call_metadata, cluster_key
 from collapipe_flwr.fl.dataplane.backend import TRANSPORTS
 from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_step_request, encode_step_request
 from collapipe_flwr.fl.dataplane.wire import DTYPES, decode_frame, decode_header, encode_frame, to_wire_fp16
+from collapipe_flwr.fl.server.decoder.host import DecoderHost
+from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
 from collapipe_flwr.pipeline.head import head_step
 from collapipe_flwr.pipeline.microbatch import split_batch
 from tests.tls_certs import self_signed

@@ -10,11 +10,13 @@ import time
 import pytest
 import torch
 
-from collapipe_flwr.fl.dataplane import DecoderClient, DecoderHost, DecoderHostSpec
+from collapipe_flwr.fl.dataplane import DecoderClient
 from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.protocol import encode_step_request
 from collapipe_flwr.fl.dataplane.socket_wire import LENGTH, hello_frame
 from collapipe_flwr.fl.dataplane.wire import decode_frame
+from collapipe_flwr.fl.server.decoder.host import DecoderHost
+from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
 from tests.test_dataplane import MAX_LEN, SECRET, Served, TokenHead, assert_same_state, make_step, snapshot
 
 

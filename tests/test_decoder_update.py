@@ -21,8 +21,8 @@ from torch import nn
 from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.backend import TRANSPORTS
 from collapipe_flwr.fl.dataplane.client import DecoderClient
-from collapipe_flwr.fl.dataplane.joint import JointSteps
-from collapipe_flwr.fl.dataplane.server import DecoderHost, DecoderHostSpec
+from collapipe_flwr.fl.server.decoder.host import DecoderHost, DecoderHostSpec
+from collapipe_flwr.fl.server.decoder.joint import JointSteps
 from collapipe_flwr.pipeline.head import head_step
 
 H, T, CLASSES = 8, 5, 3

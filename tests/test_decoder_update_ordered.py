@@ -23,8 +23,8 @@ from collapipe_flwr.errors import ConfigError, DataPlaneError
 from collapipe_flwr.experiments.job import build_job
 from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.client import DecoderClient
-from collapipe_flwr.fl.dataplane.host_spec import DecoderHostSpec
-from collapipe_flwr.fl.dataplane.ordered import OrderedSteps
+from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
+from collapipe_flwr.fl.server.decoder.ordered import OrderedSteps
 from tests.test_decoder_update import H, TokenHead, _micro_batch, adam_host
 
 STEPS = 3

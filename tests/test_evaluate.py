@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from collapipe_flwr import evaluate, train_central
+from collapipe_flwr.apps import evaluate, train_central
 
 
 @pytest.fixture(scope="module")

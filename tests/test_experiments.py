@@ -714,7 +714,7 @@ def test_two_run_multirun_of_the_tiny_config_end_to_end(tmp_path, data_dir):
 def test_collapipe_run_exits_1_when_the_server_failed_though_flwr_run_exited_0(
     tmp_path, fake_flwr, monkeypatch, data_dir, capsys
 ):
-    from collapipe_flwr import cli
+    from collapipe_flwr.apps import cli
 
     monkeypatch.setenv("PIDFILE", str(tmp_path / "superlink.pid"))
     monkeypatch.setenv("FAKE_MODE", "server_failed")

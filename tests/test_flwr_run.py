@@ -72,9 +72,9 @@ def test_global_encoder_is_example_weighted_mean(e2e_run):
 
 
 def test_saved_model_reproduces_the_logged_validation_metric(e2e_run):
-    """The run's saved model (runs/<name>/model/), evaluated by `python -m collapipe_flwr.evaluate`, gives
+    """The run's saved model (runs/<name>/model/), evaluated by `python -m collapipe_flwr.apps.evaluate`, gives
     the validation BLEU the run logged for its last round."""
-    from collapipe_flwr import evaluate
+    from collapipe_flwr.apps import evaluate
 
     proc, folder = e2e_run
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -19,7 +19,7 @@ import math
 import pytest
 import torch
 
-from collapipe_flwr import evaluate
+from collapipe_flwr.apps import evaluate
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.server.server_main import run_server
 from collapipe_flwr.models.hf.classification_head import CRFClassificationHead

@@ -4,7 +4,7 @@ and the save / evaluate round trip.
 
 References independent of the code under test: perplexity recomputed from the un-split Hugging Face model's
 logits; the uplink measured on the tensors the CUs actually put in their replies (an InProcessGrid that
-records them); the saved model re-evaluated by ``python -m collapipe_flwr.evaluate``. Tiny GPT-2s built from
+records them); the saved model re-evaluated by ``python -m collapipe_flwr.apps.evaluate``. Tiny GPT-2s built from
 configs, a byte-level BPE trained on the Multi30K English side; nothing is downloaded.
 """
 
@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from collapipe_flwr import evaluate
+from collapipe_flwr.apps import evaluate
 from collapipe_flwr.config import compose, load_run_config
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.messages import TRAIN, WEIGHTS, unpack_weights

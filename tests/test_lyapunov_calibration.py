@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
+from collapipe_flwr.apps.simulate import generic_workload
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.policies import make_policy
-from collapipe_flwr.simulate import generic_workload
 from collapipe_flwr.system.convergence import ConvergenceParams, fair_share_gamma, queue_update
 from collapipe_flwr.system.state import StateSampler
 from tests.conf_files import conf_group
@@ -85,7 +85,7 @@ def test_default_setting_has_positive_queues_in_some_rounds():
 def test_simulate_run_splits_each_round_delay_into_the_bottleneck_parts():
     """simulate.run's per-round record: the slowest selected CU's tau^pipe + uplink is the round delay tau(t)
     (eq. 26, read off the cumulative delay), and no more CUs than the J = 4 channels are selected (N = 10)."""
-    from collapipe_flwr.simulate import run
+    from collapipe_flwr.apps.simulate import run
 
     cfg = load_run_config(["network=selection", "federation.num_clusters=10", "scheduler.convergence.gamma_max=0.95"])
     workload = generic_workload(64, 4, 128, 3, 16, 64, 1)

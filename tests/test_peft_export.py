@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from torch.nn import functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from collapipe_flwr import evaluate, generate
+from collapipe_flwr.apps import evaluate, generate
 from collapipe_flwr.config import compose
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.fl.server.server_main import run_server
@@ -232,7 +232,7 @@ def test_bad_generate_inputs_are_one_line_and_exit_2(runs, tmp_path, args, match
 
 def test_the_command_line_refuses_a_missing_folder_in_one_line(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "collapipe_flwr.generate", str(tmp_path / "nothing"), "--prompt", "a"],
+        [sys.executable, "-m", "collapipe_flwr.apps.generate", str(tmp_path / "nothing"), "--prompt", "a"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -341,7 +341,7 @@ def test_1f1b_through_the_data_plane_updates_the_decoder_as_gpipe(data_dir, monk
     """One step of m = 4 micro-batches: the same z_enc reach the decoder in 4 exchanges instead of 1, the decoder
     sums their gradients and steps once, so its parameters after the step equal GPipe's (float32, the same sums in
     the same order); the loss and the CU's gradients too."""
-    from collapipe_flwr.fl.dataplane.frame_service import FrameService
+    from collapipe_flwr.fl.server.decoder.frame_service import FrameService
 
     parts = []
     run_part = FrameService._run_part

@@ -17,7 +17,7 @@ from collapipe_flwr.config import PrivacySpec, load_run_config
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.cu.privacy_mod import privacy_mod
 from collapipe_flwr.fl.messages import INSTRUCTIONS, WEIGHTS
-from collapipe_flwr.fl.server.central_dp import add_central_noise, noise_sigma
+from collapipe_flwr.fl.server.aggregation.central_dp import add_central_noise, noise_sigma
 from collapipe_flwr.fl.server.server_main import run_server
 from collapipe_flwr.fl.server.server_state import ServerState
 from tests.inprocess_grid import InProcessGrid

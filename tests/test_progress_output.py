@@ -123,4 +123,4 @@ def test_summary_lines_say_metric_times_folder_and_plots(tmp_path: Path):
     assert lines[1].startswith("time: 276 s wall, 250 s in rounds; modelled delay of the plans 540.2 s")
     assert lines[2].startswith(f"run folder: {tmp_path} ")
     assert lines[3] == f"plots: {tmp_path / 'plots'}/ (loss.png, metric.png)"
-    assert lines[-1] == f"evaluate again: python -m collapipe_flwr.evaluate {tmp_path}"
+    assert lines[-1] == f"evaluate again: python -m collapipe_flwr.apps.evaluate {tmp_path}"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from collapipe_flwr.errors import CollaPipeError
-from collapipe_flwr.fl.server.reply_checks import check_reply
+from collapipe_flwr.fl.server.aggregation.reply_checks import check_reply
 
 EXPECTED = {
     "embedding": {"weight": torch.zeros(4, 3)},

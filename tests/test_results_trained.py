@@ -129,7 +129,7 @@ def test_a_central_job_runs_the_central_recipe_and_keeps_its_record(trained, tmp
     root = tmp_path / "root"
     assert trained.main([str(root), "--only", "translation/central"]) == 0
     (cmd,) = calls
-    assert cmd[1:4] == ["-m", "collapipe_flwr.train_central", "task=translation"]
+    assert cmd[1:4] == ["-m", "collapipe_flwr.apps.train_central", "task=translation"]
     assert "model.optimizer.lr=0.002" in cmd and cmd[cmd.index("--max-steps") + 1] == "1571"
     kept = trained.RECORDS / "translation/central/seed0"
     assert json.loads((kept / "central.json").read_text())["val"] == {"bleu": 30.0}

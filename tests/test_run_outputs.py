@@ -54,4 +54,4 @@ def test_a_run_writes_console_summary_plots_and_tensorboard(data_dir, tmp_path, 
     assert [line for line in lines if line.startswith("round 2/2 done")][0].startswith(
         f"round 2/2 done | train loss {trained[1]['train_loss']:.4f} | val bleu"
     )
-    assert lines[-1] == f"evaluate again: python -m collapipe_flwr.evaluate {folder}"
+    assert lines[-1] == f"evaluate again: python -m collapipe_flwr.apps.evaluate {folder}"

@@ -29,6 +29,7 @@ from collapipe_flwr.fl.cu.cu_checkpoint import (
     save_cu_state,
     state_path,
 )
+from collapipe_flwr.fl.server.aggregation.server_optimizer import ServerOptimizer
 from collapipe_flwr.fl.server.checkpoint import (
     CHECKPOINT_FILE,
     FORMAT,
@@ -38,7 +39,6 @@ from collapipe_flwr.fl.server.checkpoint import (
     numpy_rng_state,
     server_optimizer_state,
 )
-from collapipe_flwr.fl.server.server_optimizer import ServerOptimizer
 
 
 class _RunsCode:

@@ -17,7 +17,7 @@ from torch import nn
 
 from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.client import DecoderClient
-from collapipe_flwr.fl.dataplane.server import DecoderHost, DecoderHostSpec
+from collapipe_flwr.fl.server.decoder.host import DecoderHost, DecoderHostSpec
 from collapipe_flwr.models.bert import build_bert
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.dropout_seed import EMBEDDING, block_seed, seed_block, step_seed

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from collapipe_flwr.errors import CollaPipeError, ConfigError
-from collapipe_flwr.fl.server.server_optimizer import SERVER_OPTIMIZERS, ServerOptimizer
+from collapipe_flwr.fl.server.aggregation.server_optimizer import SERVER_OPTIMIZERS, ServerOptimizer
 
 SHAPES = {"embedding.weight": (7, 4), "encoder.0.attn.q.weight": (4, 4), "encoder.0.attn.q.bias": (4,)}
 HYPER = {"lr": 0.3, "momentum": 0.8, "beta_2": 0.95, "tau": 1e-2}

@@ -20,10 +20,10 @@ from torch import nn
 from collapipe_flwr.config import PrivacySpec
 from collapipe_flwr.dssra.specs import MethodSpec
 from collapipe_flwr.errors import CollaPipeError
-from collapipe_flwr.fl.server.global_model import GlobalModel, flatten_parts
+from collapipe_flwr.fl.server.aggregation.global_model import GlobalModel, flatten_parts
+from collapipe_flwr.fl.server.aggregation.server_optimizer import ServerOptimizer
+from collapipe_flwr.fl.server.aggregation.weighted_sum import WeightedSum
 from collapipe_flwr.fl.server.reply_stream import StreamingGrid
-from collapipe_flwr.fl.server.server_optimizer import ServerOptimizer
-from collapipe_flwr.fl.server.weighted_sum import WeightedSum
 from collapipe_flwr.models.split import SplitModel
 from tests.test_server_optimizer import HYPER, Reference
 

@@ -63,7 +63,7 @@ def test_evaluate_restores_training_mode_and_translates(data_dir, tmp_path):
 def test_cli_prints_the_metric_last(data_dir, tmp_path, capsys, monkeypatch, precision):
     import json
 
-    from collapipe_flwr import train_central
+    from collapipe_flwr.apps import train_central
 
     monkeypatch.setenv("COLLAPIPE_CACHE_DIR", str(tmp_path))
     summary = train_central.main(
@@ -99,7 +99,7 @@ def test_cli_picks_the_task_default_model(data_dir):
 
 
 def test_cli_user_error_is_one_line(capsys):
-    from collapipe_flwr import train_central
+    from collapipe_flwr.apps import train_central
 
     with pytest.raises(SystemExit) as exit_info:
         train_central.main(["task=classification", "model=transformer_tiny", "--max-steps", "1"])

@@ -43,7 +43,7 @@ for s in "$SITE"/bin/*; do
 done
 # `collapipe` console script (not needed by gpu_speedup.py, which runs `python -m collapipe_flwr`)
 mkdir -p /tmp/bin
-printf '#!/bin/sh\nexec "%s" -m collapipe_flwr.cli "$@"\n' "$PYEXE" > /tmp/bin/collapipe
+printf '#!/bin/sh\nexec "%s" -m collapipe_flwr.apps.cli "$@"\n' "$PYEXE" > /tmp/bin/collapipe
 chmod +x /tmp/bin/collapipe
 
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"

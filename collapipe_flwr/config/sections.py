@@ -34,8 +34,8 @@ class FederationSpec:
     # round's weight reload) | reset (fresh optimizer state every round, as a stateless CU would have).
     optimizer_state: str = "keep"
     # Server update of the aggregated parts (embedding, encoder): fedavg | fedavgm | fedadam | fedyogi |
-    # fedadagrad (Flower's own strategy maths, see fl/server/server_optimizer.py); the choices and the ranges
-    # below are config/server_optimizer_rules.py's.
+    # fedadagrad (Flower's own strategy maths, see fl/server/aggregation/server_optimizer.py); the choices and
+    # the ranges below are config/server_optimizer_rules.py's.
     server_optimizer: str = "fedavg"
     server_lr: float = 1.0  # eta: server step size (fedavgm: server_learning_rate), > 0
     server_momentum: float = 0.9  # fedavgm momentum; fedadam/fedyogi beta_1, in [0, 1)

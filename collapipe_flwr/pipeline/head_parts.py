@@ -11,7 +11,7 @@ makes the m exchanges equal GPipe's single call (:func:`~collapipe_flwr.pipeline
   GPipe's backward accumulates them), never in ``p.grad`` until :meth:`HeadParts.apply` puts them there and
   takes the one optimizer step of the step (GPipe's synchronous update, Algorithm 1 line 14).
 
-The same class runs in-process (``LocalHead``) and on the decoder host (``fl/dataplane/frame_service.py``).
+The same class runs in-process (``LocalHead``) and on the decoder host (``fl/server/decoder/frame_service.py``).
 """
 
 from __future__ import annotations

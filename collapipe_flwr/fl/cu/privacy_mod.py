@@ -3,7 +3,7 @@
 A Flower ClientApp takes its mods when it is built, before any run config exists; this mod reads the run's
 ``privacy`` section from each train message's instructions and hands the message to Flower's ``LocalDpMod``
 (``local``: clip to C, Gaussian noise on the CU) or ``fixedclipping_mod`` (``central``: clip to C; the server adds
-the noise, fl/server/central_dp.py), or straight on (``none``; every message that is not a train message).
+the noise, fl/server/aggregation/central_dp.py), or straight on (``none``; every message that is not a train message).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The metrics of a CU's reply to a train instruction (the keys the server checks, fl/server/reply_checks.py)."""
+"""The metrics of a CU's reply to a train instruction (the keys the server checks,
+fl/server/aggregation/reply_checks.py)."""
 
 from __future__ import annotations
 

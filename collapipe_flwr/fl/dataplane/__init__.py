@@ -1,4 +1,6 @@
-"""The per-step data plane between a CU and the server's decoder (paper Section III.B, Algorithm 1).
+"""The per-step data plane between a CU and the server's decoder (paper Section III.B, Algorithm 1): transport
+only. The decoder it carries the frames to (its host, per-frame work, joint and ordered updates) is the server's,
+in :mod:`collapipe_flwr.fl.server.decoder`.
 
 - :mod:`.wire`: frame codec (JSON header + raw tensor bytes; scaled float16 or per-channel int8 on the
   wire), no pickle.
@@ -8,20 +10,12 @@
   (:mod:`.socket_server`, :mod:`.socket_client`, framing in :mod:`.socket_wire`; one TCP connection per CU, the
   lowest latency); :mod:`.stream_session` serves one stream's frames whichever carries them.
 - :mod:`.checks`: what a step request must satisfy before the decoder runs it.
-- :mod:`.host_spec`: :class:`DecoderHostSpec`, the host's settings (address, wire compression, frame cap,
-  ``decoder_update``, limits), checked once and built from the run's config in one place.
-- :mod:`.server`: :class:`DecoderHost`, the host's lifecycle (its transport's listener: port, TLS, key check
-  before any frame; rounds); it hands every frame to :mod:`.frame_service` (:class:`FrameService`: checks,
-  ``head_step`` one update at a time, dL/dz_enc back), keeps its open streams in :mod:`.streams` (per
-  (t, n) caps, idle reaper), the open round and the replay guard in :mod:`.rounds`, counters in :mod:`.stats`.
-- :mod:`.joint`: the barrier of ``federation.decoder_update: joint`` (one update on all clusters' step).
-- :mod:`.ordered`: the turnstile of ``federation.decoder_update: ordered`` (one update per CU step, in
-  cluster order: step seq of cluster 0, 1, ..., then step seq + 1).
+- :mod:`.streams`: the host's open streams (per (t, n) caps, idle reaper); :mod:`.stats`: its counters.
 - :mod:`.client`: :class:`DecoderClient`, the CU's remote ``HeadFn``.
 - :mod:`.shm`: the same-host shortcut (``dataplane.shared_memory: auto``): a CU on the server's host puts
   its frames in a shared-memory segment it owns and sends only a pointer on its authenticated stream.
 
-Wiring (one host per run, one client per CU per round)::
+Wiring (one host per run, one client per CU per round; the host: ``fl/server/decoder/host.py``)::
 
     spec = DecoderHostSpec.from_config(cfg, hidden_size=H, precision=p)  # dataplane.*, decoder_update, ...
     host = DecoderHost(head, head_optimizer, secret, spec, lr_factor_of=f)  # or DecoderHostSpec(hidden_size=H, ...)
@@ -40,7 +34,5 @@ grpc.secure_channel, or the stdlib ``ssl`` for sockets), the server authenticate
 """
 
 from collapipe_flwr.fl.dataplane.client import DecoderClient
-from collapipe_flwr.fl.dataplane.host_spec import DecoderHostSpec
-from collapipe_flwr.fl.dataplane.server import DecoderHost
 
-__all__ = ["DecoderClient", "DecoderHost", "DecoderHostSpec"]
+__all__ = ["DecoderClient"]

@@ -4,18 +4,19 @@
 (t, n, key) a stream presents before any frame is read, whether it may open (the same decision for the gRPC
 interceptor and the socket hello), and :meth:`Sessions.open` starts a :class:`StreamSession` unless cluster n
 already holds its share of streams. A session answers each request frame (inline, or a pointer into the CU's
-shared memory, :mod:`.shm`) through :meth:`FrameService.serve`, keeping the stream's idle clock and round in
+shared memory, :mod:`.shm`) through its :class:`FrameServer` (the server's decoder, ``fl/server/decoder/
+frame_service.py``), keeping the stream's idle clock and round in
 the host's :class:`~.streams.StreamRegistry`, so both transports are reaped, counted and refused alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.auth import refusal
 from collapipe_flwr.fl.dataplane.backend import Cancellable
-from collapipe_flwr.fl.dataplane.frame_service import FrameService
 from collapipe_flwr.fl.dataplane.protocol import error_frame
 from collapipe_flwr.fl.dataplane.shm import HostSegments, read_pointer
 from collapipe_flwr.fl.dataplane.stats import HostCounters
@@ -23,12 +24,26 @@ from collapipe_flwr.fl.dataplane.streams import StreamRegistry
 from collapipe_flwr.fl.dataplane.wire import Frame
 
 
+class FrameServer(Protocol):
+    """What answers a stream's frames: the server's decoder (``fl/server/decoder/frame_service.py``), which the
+    transport knows only by these three calls."""
+
+    def serve(self, frame: bytes | bytearray, stream: tuple[int, int] | None = None) -> tuple[Frame, int | None]:
+        """(reply or error frame, the step's round t or None when refused) for one request frame."""
+
+    def stream_ended(self, stream: tuple[int, int] | None) -> None:
+        """The CU of (t, n) = ``stream`` ended its stream cleanly."""
+
+    def not_admitted(self, round_: int, cluster: int) -> str | None:
+        """Why a stream of cluster n in round t may not open now, None when it may."""
+
+
 class StreamSession:
     """The frames of one open stream of (t, n) = ``stream``, whose transport handle is ``handle``."""
 
     def __init__(
         self,
-        frames: FrameService,
+        frames: FrameServer,
         streams: StreamRegistry,
         handle: Cancellable,
         stream: tuple[int, int] | None,
@@ -77,7 +92,7 @@ class Sessions:
     def __init__(
         self,
         secret: bytes,
-        frames: FrameService,
+        frames: FrameServer,
         streams: StreamRegistry,
         counters: HostCounters,
         max_message_mb: int,

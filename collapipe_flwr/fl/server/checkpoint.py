@@ -39,14 +39,15 @@ import torch
 
 from collapipe_flwr.atomic_files import replace_atomically
 from collapipe_flwr.errors import CollaPipeError, ConfigError
-from collapipe_flwr.fl.server.server_optimizer import ServerOptimizer
+from collapipe_flwr.fl.server.aggregation.server_optimizer import ServerOptimizer
 from collapipe_flwr.fl.server.server_state import ServerState
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT = 2  # 2: plain values and tensors only, read with weights_only=True; 1 pickled the server optimizer object
 KEYS = ("format", "round", "model", "cluster_parts", "server_optimizer", "decoder_optimizer", "policy", "rng")
-# What Flower's strategies carry from round to round (fl/server/server_optimizer.py): FedAvgM's momentum (a list
-# of NumPy arrays), FedOpt's m_t and v_t (dicts of NumPy arrays). Their current arrays are set again every round.
+# What Flower's strategies carry from round to round (fl/server/aggregation/server_optimizer.py): FedAvgM's
+# momentum (a list of NumPy arrays), FedOpt's m_t and v_t (dicts of NumPy arrays). Their current arrays are set
+# again every round.
 STRATEGY_STATE = ("momentum_vector", "m_t", "v_t")
 _PICKLED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 ZIP_MAGIC = b"PK\x03\x04"  # how every torch.save archive starts

@@ -16,7 +16,7 @@ import torch
 
 from collapipe_flwr.accelerator import module_device
 from collapipe_flwr.config import EvalSpec
-from collapipe_flwr.fl.server.decoder_service import DecoderService
+from collapipe_flwr.fl.server.decoder.service import DecoderService
 from collapipe_flwr.models.split import SplitModel
 from collapipe_flwr.precision import autocast
 from collapipe_flwr.tasks.base import Task

@@ -269,7 +269,7 @@ def summary_lines(summary: dict, folder: Path, metric: str) -> list[str]:
     plots = summary.get("plots") or []
     if plots:
         lines.append(f"plots: {Path(plots[0]).parent}/ ({', '.join(Path(p).name for p in plots)})")
-    lines.append(f"evaluate again: python -m collapipe_flwr.evaluate {folder}")
+    lines.append(f"evaluate again: python -m collapipe_flwr.apps.evaluate {folder}")
     return lines
 
 

@@ -1,10 +1,10 @@
 """What the edge server holds for a run, built once from the config: each part does one job.
 
-- :class:`~collapipe_flwr.fl.server.global_model.GlobalModel`: theta^emb + theta^enc that CUs download and that
-  aggregation replaces (eqs. 6-9);
+- :class:`~collapipe_flwr.fl.server.aggregation.global_model.GlobalModel`: theta^emb + theta^enc that CUs
+  download and that aggregation replaces (eqs. 6-9);
 - :class:`~collapipe_flwr.fl.server.round_planner.RoundPlanner`: the round's channel/device state and the
   scheduling policy that turns it into a plan X(t) (eq. 27), whose queues Y_n it updates (eq. 29);
-- :class:`~collapipe_flwr.fl.server.decoder_service.DecoderService`: the decoder / task head and its optimizer,
+- :class:`~collapipe_flwr.fl.server.decoder.service.DecoderService`: the decoder / task head and its optimizer,
   served to the CUs over the data plane and trained on the server from every CU's activations;
 - :class:`~collapipe_flwr.fl.server.evaluator.Evaluator`: the full model on the validation split.
 The strategy (``fl/server/strategy.py``) only speaks Flower and drives these parts.
@@ -24,13 +24,13 @@ from collapipe_flwr.dssra.methods import make_planner
 from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.dssra.replan import Sub1Inputs
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.fl.dataplane.host_spec import DecoderHostSpec
 from collapipe_flwr.fl.messages import TrainInstructions
-from collapipe_flwr.fl.server.decoder_service import DecoderService, TlsFiles
+from collapipe_flwr.fl.server.aggregation.global_model import GlobalModel, RoundFold
+from collapipe_flwr.fl.server.aggregation.server_optimizer import ServerOptimizer
+from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
+from collapipe_flwr.fl.server.decoder.service import DecoderService, TlsFiles
 from collapipe_flwr.fl.server.evaluator import Evaluator
-from collapipe_flwr.fl.server.global_model import GlobalModel, RoundFold
 from collapipe_flwr.fl.server.round_planner import RoundPlanner
-from collapipe_flwr.fl.server.server_optimizer import ServerOptimizer
 from collapipe_flwr.models.split import SplitModel
 from collapipe_flwr.precision import resolve_precision
 from collapipe_flwr.system.state import StateSampler

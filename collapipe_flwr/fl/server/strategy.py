@@ -53,9 +53,9 @@ from collapipe_flwr.fl.messages import (
 from collapipe_flwr.fl.records.progress import RoundProgress
 from collapipe_flwr.fl.records.round_ledger import RoundLedger
 from collapipe_flwr.fl.records.run_log import RunLog
+from collapipe_flwr.fl.server.aggregation.global_model import RoundFold
+from collapipe_flwr.fl.server.aggregation.reply_checks import check_reply
 from collapipe_flwr.fl.server.checkpoint import save_checkpoint
-from collapipe_flwr.fl.server.global_model import RoundFold
-from collapipe_flwr.fl.server.reply_checks import check_reply
 from collapipe_flwr.fl.server.reply_stream import StreamingGrid
 from collapipe_flwr.fl.server.server_state import ServerState
 from collapipe_flwr.fl.server.training_watch import TrainingWatch

@@ -5,7 +5,7 @@ This module holds the host's lifecycle and the rounds it admits; the transport t
 (``transport``: ``grpc``, :mod:`.grpc_server`, or ``socket``, :mod:`.socket_server`) is picked here and reached
 only through :class:`~.backend.Listener`. Who may open a stream and each stream's frames are
 :class:`~.stream_session.Sessions`'; a frame's work (checks, the decoder step, gradients back, counters)
-is :class:`~collapipe_flwr.fl.dataplane.frame_service.FrameService`'s; the open streams and their idle
+is :class:`~collapipe_flwr.fl.server.decoder.frame_service.FrameService`'s; the open streams and their idle
 reaper are :class:`~collapipe_flwr.fl.dataplane.streams.StreamRegistry`'s.
 
 Concurrency scheme (documented contract): several CUs of a round keep one stream each (a gRPC bidirectional
@@ -46,14 +46,14 @@ import torch
 
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.backend import Listener
-from collapipe_flwr.fl.dataplane.frame_service import FrameService
 from collapipe_flwr.fl.dataplane.grpc_server import GrpcListener
-from collapipe_flwr.fl.dataplane.host_spec import DecoderHostSpec
 from collapipe_flwr.fl.dataplane.socket_server import SocketListener
 from collapipe_flwr.fl.dataplane.stats import HostCounters
 from collapipe_flwr.fl.dataplane.stream_session import Sessions
 from collapipe_flwr.fl.dataplane.streams import MAX_STREAMS_PER_CLUSTER, StreamRegistry
 from collapipe_flwr.fl.dataplane.transport import format_address
+from collapipe_flwr.fl.server.decoder.frame_service import FrameService
+from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
 from collapipe_flwr.models.split import TaskHead
 
 __all__ = ["MAX_STREAMS_PER_CLUSTER", "DecoderHost", "DecoderHostSpec"]

@@ -1,6 +1,6 @@
 """Evaluate a saved model (collapipe_flwr.model_store format) on the validation or test split.
 
-    python -m collapipe_flwr.evaluate RUN_FOLDER [task.<key>=<value> ...] [--split val|test] [--data-dir DIR]
+    python -m collapipe_flwr.apps.evaluate RUN_FOLDER [task.<key>=<value> ...] [--split val|test] [--data-dir DIR]
         [--max-examples N] [--batch-size N] [--beam-size N] [--precision auto|fp32|bf16] [--threads 1] [--json FILE]
         [--samples 3]
 
@@ -38,7 +38,9 @@ EVALUATED_SPLITS = ("val", "test")  # the splits a saved model can be evaluated 
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m collapipe_flwr.evaluate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m collapipe_flwr.apps.evaluate", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("folder", help="run folder holding model/ (or the model/ folder itself)")
     parser.add_argument("overrides", nargs="*", help="task.<key>=<value> changes to the saved task config")
     parser.add_argument(

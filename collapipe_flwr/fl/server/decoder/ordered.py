@@ -34,7 +34,7 @@ from contextlib import contextmanager
 
 from collapipe_flwr.errors import DataPlaneError
 
-log = logging.getLogger("collapipe_flwr.fl.dataplane.server")  # the host's log
+log = logging.getLogger("collapipe_flwr.fl.server.decoder.host")  # the host's log
 
 
 class OrderedSteps:

@@ -1,6 +1,6 @@
 """Generate text from a saved causal-LM run on the un-split Hugging Face model (docs/hf_export.md).
 
-    python -m collapipe_flwr.generate RUN_FOLDER --prompt TEXT [--prompt TEXT ...] [--max-new-tokens N]
+    python -m collapipe_flwr.apps.generate RUN_FOLDER --prompt TEXT [--prompt TEXT ...] [--max-new-tokens N]
         [--greedy | --temperature T --top-p P --seed S] [--from merged|adapters] [--data-dir DIR] [--device cpu]
 
 RUN_FOLDER is a LoRA causal-LM run (or its ``model/`` folder). ``--from merged`` (the default) loads
@@ -32,11 +32,11 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one ``error:`` line and exit code 2 (``exit_on_user_error``)."""
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message}; see python -m collapipe_flwr.generate --help")
+        raise ConfigError(f"{message}; see python -m collapipe_flwr.apps.generate --help")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = _Parser(prog="python -m collapipe_flwr.generate", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python -m collapipe_flwr.apps.generate", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", help="run folder holding model/ (or the model/ folder itself)")
     parser.add_argument("--prompt", action="append", required=True, help="text to continue (repeat for several)")
     parser.add_argument("--max-new-tokens", type=int, default=20, help="tokens to generate at most (default 20)")

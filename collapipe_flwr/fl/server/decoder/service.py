@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.fl.dataplane import DecoderHost
 from collapipe_flwr.fl.dataplane.auth import cluster_key
-from collapipe_flwr.fl.dataplane.host_spec import DecoderHostSpec
+from collapipe_flwr.fl.server.decoder.host import DecoderHost
+from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
 from collapipe_flwr.models.split import TaskHead
 
 

@@ -23,9 +23,9 @@ from flwr.app import ArrayRecord
 from collapipe_flwr.config import PrivacySpec
 from collapipe_flwr.dssra.specs import MethodSpec
 from collapipe_flwr.fl.messages import pack_weights
-from collapipe_flwr.fl.server.central_dp import add_central_noise
-from collapipe_flwr.fl.server.server_optimizer import ServerOptimizer
-from collapipe_flwr.fl.server.weighted_sum import WeightedSum
+from collapipe_flwr.fl.server.aggregation.central_dp import add_central_noise
+from collapipe_flwr.fl.server.aggregation.server_optimizer import ServerOptimizer
+from collapipe_flwr.fl.server.aggregation.weighted_sum import WeightedSum
 from collapipe_flwr.models.split import SplitModel
 from collapipe_flwr.models.trainable import only_trainable
 

@@ -1,7 +1,7 @@
 """The decoder host's settings in one frozen value: :class:`DecoderHostSpec`, checked once on construction and
 built from the run's config in one place (:meth:`DecoderHostSpec.from_config`). The host
-(:class:`~collapipe_flwr.fl.dataplane.server.DecoderHost`) and its frame service
-(:class:`~collapipe_flwr.fl.dataplane.frame_service.FrameService`) read their settings from it; runtime
+(:class:`~collapipe_flwr.fl.server.decoder.host.DecoderHost`) and its frame service
+(:class:`~collapipe_flwr.fl.server.decoder.frame_service.FrameService`) read their settings from it; runtime
 objects (the head, its optimizer, the secret, TLS material, the lr clock) stay separate arguments.
 """
 

@@ -9,7 +9,8 @@ strategies (``flwr.serverapp.strategy``) through exactly the calls Flower's ``St
    called, since it samples nodes from a Grid (global ``random`` state, waiting for nodes);
 2. one train instruction ``Message`` (ArrayRecord under ``strategy.arrayrecord_key``, ConfigRecord with
    ``server-round`` under ``strategy.configrecord_key``) and one reply ``Message(content, reply_to=...)``
-   carrying the clients' example-weighted mean (a :class:`~collapipe_flwr.fl.server.weighted_sum.WeightedSum`
+   carrying the clients' example-weighted mean (a
+   :class:`~collapipe_flwr.fl.server.aggregation.weighted_sum.WeightedSum`
    the server folded every CU's reply into as it arrived) and a MetricRecord with their total weight W under
    ``strategy.weighted_by_key``: Flower's FedAvg of that one reply is the mean itself (w / W = 1), and every
    strategy here uses only that mean (FedAvgM/FedOpt: the pseudo-gradient between it and the global arrays);
@@ -50,7 +51,7 @@ from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedYog
 
 from collapipe_flwr.config.server_optimizer_rules import SERVER_OPTIMIZERS, check_server_optimizer
 from collapipe_flwr.errors import CollaPipeError
-from collapipe_flwr.fl.server.weighted_sum import WeightedSum, sum_dtype
+from collapipe_flwr.fl.server.aggregation.weighted_sum import WeightedSum, sum_dtype
 
 __all__ = ["SERVER_OPTIMIZERS", "ServerOptimizer"]
 

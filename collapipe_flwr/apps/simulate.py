@@ -1,6 +1,6 @@
 """Run the optimizer alone for T rounds per policy and plot cumulative modelled delay (paper Fig. 11).
 
-    python -m collapipe_flwr.simulate --rounds T --out DIR [--network paper_table2] [--clusters 3]
+    python -m collapipe_flwr.apps.simulate --rounds T --out DIR [--network paper_table2] [--clusters 3]
         [--scheduler dssra] [--V V] [hydra overrides, e.g. network.num_channels=4]
 
 The network, scheduler and seed come from the same config path as ``flwr run`` (``config.load_run_config``;
@@ -106,8 +106,8 @@ def run(
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m collapipe_flwr.simulate``."""
-    ap = argparse.ArgumentParser(prog="python -m collapipe_flwr.simulate", description=__doc__.splitlines()[0])
+    """The command line of ``python -m collapipe_flwr.apps.simulate``."""
+    ap = argparse.ArgumentParser(prog="python -m collapipe_flwr.apps.simulate", description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml (network.*, scheduler.*)")
     ap.add_argument("--rounds", type=int, required=True)
     ap.add_argument("--out", type=Path, required=True)

@@ -1,6 +1,6 @@
 """Central reference training: one task, the plain (unsplit, unfederated) model, a wall-clock budget.
 
-    python -m collapipe_flwr.train_central task=<translation|ner|classification> [hydra overrides]
+    python -m collapipe_flwr.apps.train_central task=<translation|ner|classification> [hydra overrides]
         [--minutes 15] [--max-steps N] [--train-examples N] [--threads 1] [--precision auto|fp32|bf16]
         [--device cpu|cuda|auto] [--test] [--save DIR] [--json FILE]
 
@@ -14,7 +14,7 @@ the forward passes (training and evaluation) under ``torch.autocast`` with bfloa
 and optimizer state stay fp32); on CPUs with AVX512-BF16 a translation step took 0.37-0.45 s instead of
 0.66-0.69 s here. Without ``--precision`` the config's ``runtime.precision`` (default ``auto``: bf16 only
 where the CPU has it natively, see collapipe_flwr/precision.py) decides. ``--save DIR`` writes the trained
-model in the collapipe_flwr.model_store format to ``DIR/model/`` (``python -m collapipe_flwr.evaluate DIR``
+model in the collapipe_flwr.model_store format to ``DIR/model/`` (``python -m collapipe_flwr.apps.evaluate DIR``
 evaluates it again).
 """
 
@@ -44,7 +44,7 @@ from collapipe_flwr.tasks.metrics import format_metric
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m collapipe_flwr.train_central", description=__doc__.split("\n\n")[0]
+        prog="python -m collapipe_flwr.apps.train_central", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "overrides", nargs="*", help="Hydra overrides, e.g. task=ner model=bert_small task.batch_size=32"

@@ -32,9 +32,6 @@ from collapipe_flwr.fl.dataplane.checks import (
     check_step,
     check_wire_dtype,
 )
-from collapipe_flwr.fl.dataplane.host_spec import DecoderHostSpec
-from collapipe_flwr.fl.dataplane.joint import JointSteps, StepResults
-from collapipe_flwr.fl.dataplane.ordered import OrderedSteps
 from collapipe_flwr.fl.dataplane.protocol import (
     StepRequest,
     decode_step_request,
@@ -42,9 +39,12 @@ from collapipe_flwr.fl.dataplane.protocol import (
     peek_step_header,
     step_reply_frame,
 )
-from collapipe_flwr.fl.dataplane.rounds import RoundGate, StepIds
 from collapipe_flwr.fl.dataplane.stats import HostCounters
 from collapipe_flwr.fl.dataplane.wire import Frame
+from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
+from collapipe_flwr.fl.server.decoder.joint import JointSteps, StepResults
+from collapipe_flwr.fl.server.decoder.ordered import OrderedSteps
+from collapipe_flwr.fl.server.decoder.rounds import RoundGate, StepIds
 from collapipe_flwr.models.split import TaskHead
 from collapipe_flwr.pipeline.dropout_seed import HEAD, seed_block, step_seed
 from collapipe_flwr.pipeline.head import head_step
@@ -52,7 +52,7 @@ from collapipe_flwr.pipeline.head_parts import HeadParts
 from collapipe_flwr.pipeline.optim import scale_lr
 from collapipe_flwr.precision import autocast
 
-log = logging.getLogger("collapipe_flwr.fl.dataplane.server")  # the host's log, as before the split
+log = logging.getLogger("collapipe_flwr.fl.server.decoder.host")  # the host's log, as before the split
 
 
 class FrameService:
