@@ -6,15 +6,21 @@ Entry points catch :class:`CollaPipeError` and print ``error: <message>`` instea
 from __future__ import annotations
 
 
-class CollaPipeError(ValueError):
-    """Base of every error caused by user input (config, data file, message, device)."""
+class CollaPipeError(Exception):
+    """Base of every error caused by user input (config, data file, message, device). Not a ``ValueError``: a
+    device failure or a refused data-plane frame is not a bad argument; only :class:`ConfigError` is one."""
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(str(message).split()))
 
 
-class ConfigError(CollaPipeError):
-    """A configuration value is missing, of the wrong type or out of range."""
+class ConfigError(CollaPipeError, ValueError):
+    """A configuration value is missing, of the wrong type or out of range (also a ``ValueError``)."""
+
+
+class StateMismatchError(CollaPipeError):
+    """Weights or optimizer state that do not fit the module they are loaded into at run time (another model
+    config, a damaged or foreign upload): not a configuration error, though a config change is the usual cause."""
 
 
 class PartitionError(CollaPipeError):

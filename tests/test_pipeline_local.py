@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from collapipe_flwr.errors import ConfigError, PartitionError
+from collapipe_flwr.errors import ConfigError, PartitionError, StateMismatchError
 from collapipe_flwr.models.bert import build_bert
 from collapipe_flwr.models.transformer import build_transformer
 from collapipe_flwr.pipeline import cluster, cluster_profile, cluster_step, placement
@@ -122,9 +122,9 @@ def test_blocks_are_copied_and_state_dicts_round_trip():
     pipe.load_encoder_state_dict(original)
     for k, v in pipe.encoder_state_dict().items():
         assert torch.equal(v, original[k])
-    with pytest.raises(ConfigError, match=r"lacks 5\.layer\..* \(\d+ missing, 0 unexpected\).*L=6"):
+    with pytest.raises(StateMismatchError, match=r"lacks 5\.layer\..* \(\d+ missing, 0 unexpected\).*L=6"):
         pipe.load_encoder_state_dict({k: v for k, v in original.items() if not k.startswith("5.")})
-    with pytest.raises(ConfigError, match="embedding state dict does not fit"):
+    with pytest.raises(StateMismatchError, match="embedding state dict does not fit"):
         pipe.load_embedding_state_dict({"tokens.weight": torch.zeros(3, 3)})
     emb = pipe.embedding_state_dict()
     pipe.load_embedding_state_dict({k: torch.zeros_like(v) for k, v in emb.items()})

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.errors import ConfigError, StateMismatchError
 from collapipe_flwr.models.split import concat_segments, renumber_blocks
 from collapipe_flwr.pipeline.cluster_profile import ClusterTestbed
 from collapipe_flwr.pipeline.cluster_step import ClusterStep, gather
@@ -189,7 +189,7 @@ class ClusterPipeline:
         extra = [k for k in state if k not in set(self._encoder_keys)]
         if missing or extra:
             what = f"lacks {missing[0]}" if missing else f"has unexpected {extra[0]}"
-            raise ConfigError(
+            raise StateMismatchError(
                 f"encoder state dict {what} ({len(missing)} missing, {len(extra)} unexpected); it must come from an "
                 f"encoder with the same model config (L={self.num_blocks})"
             )
@@ -217,7 +217,7 @@ class ClusterPipeline:
             self.embedding.load_state_dict(state, strict=True)
         except RuntimeError as err:
             first = str(err).strip().splitlines()[0]
-            raise ConfigError(
+            raise StateMismatchError(
                 f"embedding state dict does not fit the CU's embedding ({first}); it must come from the same model "
                 "config"
             ) from None
