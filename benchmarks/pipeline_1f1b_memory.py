@@ -50,7 +50,7 @@ from collapipe_flwr.pipeline.stage import Stage  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline_overhead import FFN, HEADS, HIDDEN, LABELS, LAYERS, SPEC, VOCAB, make_batch  # noqa: E402
 
-from collapipe_flwr.models.bert import build_bert  # noqa: E402
+from collapipe_flwr.models.bert import BertSplitConfig, build_bert  # noqa: E402
 
 ORDERS = ("gpipe", "1f1b_head_once", "1f1b")
 
@@ -193,7 +193,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     # dropout 0: the orders draw dropout masks in different sequences, which would hide the gradient check
-    model = build_bert(VOCAB, HIDDEN, HEADS, FFN, LAYERS, 0.0, 128, "token", LABELS)
+    model = build_bert(BertSplitConfig(VOCAB, HIDDEN, HEADS, FFN, LAYERS, 0.0, 128, "token", LABELS))
     batch = make_batch(args.batch, args.seq_len)
     for S in args.S:
         for m in args.m:

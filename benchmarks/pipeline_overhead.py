@@ -50,7 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from collapipe_flwr.models.bert import build_bert  # noqa: E402
+from collapipe_flwr.models.bert import BertSplitConfig, build_bert  # noqa: E402
 from collapipe_flwr.pipeline.cluster import ClusterPipeline  # noqa: E402
 from collapipe_flwr.pipeline.executors import (  # noqa: E402
     core_sets,
@@ -72,7 +72,7 @@ SPEC = OptimizerSpec(name="adam", lr=1e-4)
 
 def make_model():
     torch.manual_seed(0)
-    return build_bert(VOCAB, HIDDEN, HEADS, FFN, LAYERS, 0.1, 128, "token", LABELS)
+    return build_bert(BertSplitConfig(VOCAB, HIDDEN, HEADS, FFN, LAYERS, 0.1, 128, "token", LABELS))
 
 
 def make_batch(b: int, t: int) -> dict[str, torch.Tensor]:

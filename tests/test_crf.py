@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from collapipe_flwr.models.bert import build_bert
+from collapipe_flwr.models.bert import BertSplitConfig, build_bert
 from collapipe_flwr.models.crf import LinearChainCRF, pack_left
 
 
@@ -73,7 +73,17 @@ def test_pack_left_moves_kept_positions_first_in_order():
 def test_crf_head_loss_is_the_nll_of_the_labelled_tokens_and_predicts_at_them():
     torch.manual_seed(0)
     model = build_bert(
-        vocab_size=50, hidden=16, n_heads=2, d_ff=32, layers=1, dropout=0.0, max_len=16, head="token_crf", num_labels=3
+        BertSplitConfig(
+            vocab_size=50,
+            hidden=16,
+            n_heads=2,
+            d_ff=32,
+            layers=1,
+            dropout=0.0,
+            max_len=16,
+            head="token_crf",
+            num_labels=3,
+        )
     )
     head = model.head.eval()
     hidden = torch.randn(2, 6, 16)

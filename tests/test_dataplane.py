@@ -559,13 +559,13 @@ def test_decoder_of_untrusted_bytes_only_raises_dataplane_error(noise, cut):
 def test_pipeline_with_remote_decoder_equals_local_decoder(transport):
     """ClusterPipeline + the translation Transformer: the decoder behind the data plane gives the same
     losses, encoder and decoder weights as the in-process LocalHead (same numbers, no tolerance)."""
-    from collapipe_flwr.models.transformer import build_transformer
+    from collapipe_flwr.models.transformer import TransformerConfig, build_transformer
     from collapipe_flwr.pipeline.cluster import ClusterPipeline
     from collapipe_flwr.pipeline.head import LocalHead
     from collapipe_flwr.pipeline.optim import OptimizerSpec
 
     torch.manual_seed(0)
-    remote_model = build_transformer(50, 60, 32, 4, 64, 2, 2, 0.0, 40, 0)
+    remote_model = build_transformer(TransformerConfig(50, 60, 32, 4, 64, 2, 2, 0.0, 40, 0))
     local_model = copy.deepcopy(remote_model)
     spec = OptimizerSpec("adam", 1e-3)
     remote_pipe = ClusterPipeline(remote_model.embedding, remote_model.blocks, (1, 1), spec)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from collapipe_flwr.errors import DeviceFailure
-from collapipe_flwr.models.bert import build_bert
+from collapipe_flwr.models.bert import BertSplitConfig, build_bert
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec
@@ -45,7 +45,9 @@ def ray_session():
 def bert():
     torch.manual_seed(0)
     return build_bert(
-        vocab_size=50, hidden=64, n_heads=2, d_ff=256, layers=3, dropout=0.0, max_len=64, head="token", num_labels=3
+        BertSplitConfig(
+            vocab_size=50, hidden=64, n_heads=2, d_ff=256, layers=3, dropout=0.0, max_len=64, head="token", num_labels=3
+        )
     )
 
 

@@ -19,7 +19,7 @@ from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.cluster_model import ClusterModel
 from collapipe_flwr.dssra.segments import solve_segments
 from collapipe_flwr.fl.messages import profile_metrics, read_profile
-from collapipe_flwr.models.transformer import build_transformer
+from collapipe_flwr.models.transformer import TransformerConfig, build_transformer
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.system.devices import DeviceProfile
@@ -43,9 +43,19 @@ B, T, WIDTH = 16, 32, 96  # a micro-batch big enough that one block's step takes
 def make_model(layers: int = 4, width: int = WIDTH):
     torch.manual_seed(0)
     return build_transformer(
-        src_vocab=50, tgt_vocab=50, d_model=width, n_heads=4, d_ff=4 * width, enc_layers=layers, dec_layers=1,
-        dropout=0.0, max_len=T + 1, pad_id=0,
-    )  # fmt: skip
+        TransformerConfig(
+            src_vocab=50,
+            tgt_vocab=50,
+            d_model=width,
+            n_heads=4,
+            d_ff=4 * width,
+            enc_layers=layers,
+            dec_layers=1,
+            dropout=0.0,
+            max_len=T + 1,
+            pad_id=0,
+        )
+    )
 
 
 def device(f_hz: float) -> DeviceProfile:

@@ -3,6 +3,7 @@ hand-written formulas."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -11,9 +12,14 @@ import torch
 from transformers import BertConfig, BertForTokenClassification, BertModel
 
 from collapipe_flwr.errors import CollaPipeError, ConfigError
-from collapipe_flwr.models.bert import build_bert
+from collapipe_flwr.models.bert import BertSplitConfig, build_bert
 from collapipe_flwr.models.decoder_cache import DecoderCache
-from collapipe_flwr.models.transformer import build_transformer, sinusoidal_positions
+from collapipe_flwr.models.transformer import (
+    TransformerConfig,
+    TranslationHead,
+    build_transformer,
+    sinusoidal_positions,
+)
 
 SIZES = dict(vocab_size=40, hidden=16, n_heads=2, d_ff=24, layers=3, dropout=0.0, max_len=12)
 
@@ -45,7 +51,7 @@ def test_bert_split_equals_transformers_bertmodel(tmp_path, head):
     torch.manual_seed(0)
     reference = BertModel(hf_config()).eval()
     reference.save_pretrained(tmp_path)  # model.safetensors, names embeddings.* / encoder.layer.{l}.*
-    model = build_bert(**SIZES, head=head, num_labels=4, pretrained_dir=str(tmp_path)).eval()
+    model = build_bert(BertSplitConfig(**SIZES, head=head, num_labels=4), pretrained_dir=str(tmp_path)).eval()
     ids, mask = inputs()
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=mask)
@@ -65,7 +71,7 @@ def test_bert_loads_prefixed_bin_checkpoint_with_old_layernorm_names(tmp_path):
     }
     assert any(k.startswith("bert.encoder.layer.3.") for k in state)
     torch.save(state, tmp_path / "pytorch_model.bin")
-    model = build_bert(**SIZES, head="token", num_labels=4, pretrained_dir=str(tmp_path))
+    model = build_bert(BertSplitConfig(**SIZES, head="token", num_labels=4), pretrained_dir=str(tmp_path))
     for l in range(3):
         ours = model.blocks[l].layer.attention.output.LayerNorm.weight
         theirs = reference.bert.encoder.layer[l].attention.output.LayerNorm.weight
@@ -77,18 +83,21 @@ def test_bert_loads_prefixed_bin_checkpoint_with_old_layernorm_names(tmp_path):
 
 def test_bert_pretrained_errors_name_the_problem(tmp_path):
     with pytest.raises(ConfigError, match="is not a folder"):
-        build_bert(**SIZES, head="token", num_labels=4, pretrained_dir=str(tmp_path / "nope"))
+        build_bert(BertSplitConfig(**SIZES, head="token", num_labels=4), pretrained_dir=str(tmp_path / "nope"))
     with pytest.raises(ConfigError, match="neither model.safetensors nor pytorch_model.bin"):
-        build_bert(**SIZES, head="token", num_labels=4, pretrained_dir=str(tmp_path))
+        build_bert(BertSplitConfig(**SIZES, head="token", num_labels=4), pretrained_dir=str(tmp_path))
     BertModel(hf_config(layers=2)).save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match="at least 3 encoder layers"):
-        build_bert(**SIZES, head="token", num_labels=4, pretrained_dir=str(tmp_path))
+        build_bert(BertSplitConfig(**SIZES, head="token", num_labels=4), pretrained_dir=str(tmp_path))
     with pytest.raises(ConfigError, match=r"shape \(40, 16\) but the model expects \(50, 16\)"):
-        build_bert(**{**SIZES, "vocab_size": 50, "layers": 2}, head="token", num_labels=4, pretrained_dir=str(tmp_path))
+        build_bert(
+            BertSplitConfig(**{**SIZES, "vocab_size": 50, "layers": 2}, head="token", num_labels=4),
+            pretrained_dir=str(tmp_path),
+        )
 
 
 def test_bert_token_and_sequence_losses_are_sums_with_counts():
-    model = build_bert(**SIZES, head="token", num_labels=4).eval()
+    model = build_bert(BertSplitConfig(**SIZES, head="token", num_labels=4)).eval()
     ids, mask = inputs()
     labels = torch.randint(0, 4, ids.shape).masked_fill(mask == 0, -100)
     labels[:, 0] = -100
@@ -101,7 +110,7 @@ def test_bert_token_and_sequence_losses_are_sums_with_counts():
     torch.testing.assert_close(loss_sum, manual)
     assert model.head.predict(z, mask).shape == ids.shape
 
-    seq = build_bert(**SIZES, head="sequence", num_labels=4).eval()
+    seq = build_bert(BertSplitConfig(**SIZES, head="sequence", num_labels=4)).eval()
     z = seq.encode(ids, mask)
     y = torch.tensor([0, 3, 1])
     loss_sum, count = seq.head.loss_terms(z, mask, {"labels": y})
@@ -113,7 +122,7 @@ def test_bert_token_and_sequence_losses_are_sums_with_counts():
 
 
 def test_bert_padding_does_not_leak_into_real_tokens():
-    model = build_bert(**SIZES, head="token", num_labels=4).eval()
+    model = build_bert(BertSplitConfig(**SIZES, head="token", num_labels=4)).eval()
     ids, mask = inputs()
     other = ids.clone()
     other[mask == 0] = 7
@@ -133,16 +142,18 @@ def test_sinusoidal_positions_match_the_formula():
 def tiny_translation(tgt_vocab: int = 12):
     torch.manual_seed(5)
     model = build_transformer(
-        src_vocab=20,
-        tgt_vocab=tgt_vocab,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        enc_layers=2,
-        dec_layers=2,
-        dropout=0.0,
-        max_len=12,
-        pad_id=0,
+        TransformerConfig(
+            src_vocab=20,
+            tgt_vocab=tgt_vocab,
+            d_model=16,
+            n_heads=2,
+            d_ff=32,
+            enc_layers=2,
+            dec_layers=2,
+            dropout=0.0,
+            max_len=12,
+            pad_id=0,
+        )
     ).eval()
     # make the output distribution peaked enough that decoding choices are not ties
     with torch.no_grad():
@@ -268,9 +279,10 @@ def test_beam_search_with_a_wide_beam_finds_the_brute_force_best(alpha):
         (dict(d_model=15, n_heads=2), "not divisible"),
         (dict(enc_layers=0), "enc_layers=0"),
         (dict(dropout=1.5), "dropout"),
+        (dict(label_smoothing=1.0), "task.label_smoothing=1.0"),
     ],
 )
-def test_transformer_builder_rejects_bad_sizes(kwargs, words):
+def test_transformer_config_rejects_bad_sizes(kwargs, words):
     base = dict(
         src_vocab=20,
         tgt_vocab=12,
@@ -284,12 +296,29 @@ def test_transformer_builder_rejects_bad_sizes(kwargs, words):
         pad_id=0,
     )
     with pytest.raises(CollaPipeError, match=words):
-        build_transformer(**{**base, **kwargs})
+        TransformerConfig(**{**base, **kwargs})
 
 
-def test_bert_builder_rejects_bad_head_and_long_inputs():
+def test_configs_are_frozen_and_the_translation_head_takes_the_same_config():
+    config = TransformerConfig(20, 12, 16, 2, 32, 2, 3, 0.0, 12, 0, label_smoothing=0.1, tie_embeddings=True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.d_model = 32  # type: ignore[misc]
+    built = build_transformer(config).head
+    head = TranslationHead(config)
+    assert len(head.decoder.layers) == 3 and head.label_smoothing == 0.1
+    assert head.generator.weight is head.tgt_embedding.tokens.weight
+    assert set(head.state_dict()) == set(built.state_dict())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        BertSplitConfig(**SIZES, head="token", num_labels=4).layers = 1  # type: ignore[misc]
+
+
+def test_bert_config_rejects_bad_head_and_labels_and_the_model_long_inputs():
     with pytest.raises(ConfigError, match="token or token_crf .NER. or sequence"):
-        build_bert(**SIZES, head="lm", num_labels=4)
-    model = build_bert(**SIZES, head="token", num_labels=4)
+        BertSplitConfig(**SIZES, head="lm", num_labels=4)
+    with pytest.raises(ConfigError, match="num_labels=1 must be >= 2"):
+        BertSplitConfig(**SIZES, head="token", num_labels=1)
+    with pytest.raises(ConfigError, match="model.hidden=16 is not divisible by model.n_heads=3"):
+        BertSplitConfig(**{**SIZES, "n_heads": 3}, head="token", num_labels=4)
+    model = build_bert(BertSplitConfig(**SIZES, head="token", num_labels=4))
     with pytest.raises(ConfigError, match="max_len=12"):
         model.embedding(torch.ones(1, 13, dtype=torch.long))

@@ -18,7 +18,7 @@ from collapipe_flwr.dssra.cluster_model import ClusterModel
 from collapipe_flwr.dssra.segments import fixed_segments
 from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
 from collapipe_flwr.fl.messages import unpack_weights
-from collapipe_flwr.models.bert import build_bert
+from collapipe_flwr.models.bert import BertSplitConfig, build_bert
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec
@@ -37,9 +37,18 @@ PARTITIONS = {2: ((3, 3, 0), (2, 0, 4)), 3: ((2, 2, 2), (1, 3, 2))}
 def bert(hidden: int = 16, dtype=torch.float64):
     torch.manual_seed(0)
     model = build_bert(
-        vocab_size=29, hidden=hidden, n_heads=2, d_ff=2 * hidden, layers=L, dropout=0.0, max_len=64, head="token",
-        num_labels=5,
-    )  # fmt: skip
+        BertSplitConfig(
+            vocab_size=29,
+            hidden=hidden,
+            n_heads=2,
+            d_ff=2 * hidden,
+            layers=L,
+            dropout=0.0,
+            max_len=64,
+            head="token",
+            num_labels=5,
+        )
+    )
     for part in model.parts():
         part.to(dtype)
     return model

@@ -12,8 +12,8 @@ import torch
 from torch.nn import functional as F
 
 from collapipe_flwr.errors import ConfigError, PartitionError, StateMismatchError
-from collapipe_flwr.models.bert import build_bert
-from collapipe_flwr.models.transformer import build_transformer
+from collapipe_flwr.models.bert import BertSplitConfig, build_bert
+from collapipe_flwr.models.transformer import TransformerConfig, build_transformer
 from collapipe_flwr.pipeline import cluster, cluster_profile, cluster_step, placement
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
@@ -176,9 +176,9 @@ def test_memory_report_counts_params_optimizer_state_and_gpipe_activations():
 def test_activation_estimate_is_an_upper_bound_within_3x(family, H, F_, h, T):
     torch.manual_seed(0)
     if family == "bert":
-        block = build_bert(50, H, h, F_, 1, 0.0, 128, "token", 3).blocks[0]
+        block = build_bert(BertSplitConfig(50, H, h, F_, 1, 0.0, 128, "token", 3)).blocks[0]
     else:
-        block = build_transformer(50, 50, H, h, F_, 1, 1, 0.0, 128, 0).blocks[0]
+        block = build_transformer(TransformerConfig(50, 50, H, h, F_, 1, 1, 0.0, 128, 0)).blocks[0]
     assert sum(p.numel() for p in block.parameters()) == block_param_count(H, F_)
     x = torch.randn(3, T, H, requires_grad=True)
     mask = torch.ones(3, T, dtype=torch.long)

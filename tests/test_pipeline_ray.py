@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from collapipe_flwr.errors import DeviceFailure
-from collapipe_flwr.models.bert import build_bert
+from collapipe_flwr.models.bert import BertSplitConfig, build_bert
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec
@@ -45,15 +45,17 @@ def ray_session():
 def bert(hidden=16, layers=4):
     torch.manual_seed(0)
     return build_bert(
-        vocab_size=50,
-        hidden=hidden,
-        n_heads=2,
-        d_ff=4 * hidden,
-        layers=layers,
-        dropout=0.0,
-        max_len=64,
-        head="token",
-        num_labels=3,
+        BertSplitConfig(
+            vocab_size=50,
+            hidden=hidden,
+            n_heads=2,
+            d_ff=4 * hidden,
+            layers=layers,
+            dropout=0.0,
+            max_len=64,
+            head="token",
+            num_labels=3,
+        )
     )
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.client import DecoderClient
 from collapipe_flwr.fl.server.decoder.host import DecoderHost, DecoderHostSpec
-from collapipe_flwr.models.bert import build_bert
+from collapipe_flwr.models.bert import BertSplitConfig, build_bert
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.dropout_seed import EMBEDDING, block_seed, seed_block, step_seed
 from collapipe_flwr.pipeline.head import LocalHead
@@ -35,7 +35,9 @@ STEP = step_seed(7, round_=3, cluster=1, step=5)
 def make_model():
     torch.manual_seed(0)
     model = build_bert(
-        vocab_size=29, hidden=16, n_heads=2, d_ff=32, layers=L, dropout=0.4, max_len=16, head="token", num_labels=5
+        BertSplitConfig(
+            vocab_size=29, hidden=16, n_heads=2, d_ff=32, layers=L, dropout=0.4, max_len=16, head="token", num_labels=5
+        )
     )
     model.head.dropout.p = 0.0  # the CU-side head here: its masks are the server's concern (test below)
     for part in model.parts():

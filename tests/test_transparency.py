@@ -17,9 +17,9 @@ import copy
 import pytest
 import torch
 
-from collapipe_flwr.models.bert import build_bert
+from collapipe_flwr.models.bert import BertSplitConfig, build_bert
 from collapipe_flwr.models.split import SplitModel
-from collapipe_flwr.models.transformer import build_transformer
+from collapipe_flwr.models.transformer import TransformerConfig, build_transformer
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec
@@ -36,20 +36,24 @@ def make_model(family: str, head: str = "token") -> SplitModel:
     torch.manual_seed(0)
     if family == "transformer":
         model = build_transformer(
-            src_vocab=23,
-            tgt_vocab=19,
-            d_model=16,
-            n_heads=2,
-            d_ff=32,
-            enc_layers=L,
-            dec_layers=2,
-            dropout=0.0,
-            max_len=16,
-            pad_id=0,
+            TransformerConfig(
+                src_vocab=23,
+                tgt_vocab=19,
+                d_model=16,
+                n_heads=2,
+                d_ff=32,
+                enc_layers=L,
+                dec_layers=2,
+                dropout=0.0,
+                max_len=16,
+                pad_id=0,
+            )
         )
     else:
         model = build_bert(
-            vocab_size=29, hidden=16, n_heads=2, d_ff=32, layers=L, dropout=0.0, max_len=16, head=head, num_labels=5
+            BertSplitConfig(
+                vocab_size=29, hidden=16, n_heads=2, d_ff=32, layers=L, dropout=0.0, max_len=16, head=head, num_labels=5
+            )
         )
     for part in model.parts():
         part.double()

@@ -15,6 +15,7 @@ local folder: ``bert.embeddings.*`` -> embedding, ``bert.encoder.layer.{l}.*`` -
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -137,70 +138,75 @@ class SequenceClassificationHead(TaskHead):
         return self.logits(hidden).argmax(-1)
 
 
-def bert_config(vocab_size, hidden, n_heads, d_ff, layers, dropout, max_len) -> BertConfig:
-    for name, value in (
-        ("vocab_size", vocab_size),
-        ("hidden", hidden),
-        ("n_heads", n_heads),
-        ("d_ff", d_ff),
-        ("layers", layers),
-        ("max_len", max_len),
-    ):
-        if int(value) < 1:
-            raise ConfigError(f"model.{name}={value} must be >= 1")
-    if hidden % n_heads:
-        raise ConfigError(
-            f"model.hidden={hidden} is not divisible by model.n_heads={n_heads}; pick n_heads dividing hidden"
+@dataclass(frozen=True)
+class BertSplitConfig:
+    """BERT's sizes and task head, checked when made (``transformers.BertConfig`` is :meth:`hf_config`).
+
+    ``vocab_size``, ``head`` (token / token_crf / sequence) and ``num_labels`` come from the task, the rest
+    from the model spec (tasks/model_config.py)."""
+
+    vocab_size: int
+    hidden: int
+    n_heads: int
+    d_ff: int
+    layers: int
+    dropout: float
+    max_len: int
+    head: str
+    num_labels: int
+
+    def __post_init__(self) -> None:
+        if self.head not in HEADS:
+            raise ConfigError(
+                f"model head {self.head!r} is not one of {', '.join(HEADS)}; use token or token_crf (NER) or "
+                "sequence (classification)"
+            )
+        if int(self.num_labels) < 2:
+            raise ConfigError(f"num_labels={self.num_labels} must be >= 2")
+        for name in ("vocab_size", "hidden", "n_heads", "d_ff", "layers", "max_len"):
+            value = getattr(self, name)
+            if int(value) < 1:
+                raise ConfigError(f"model.{name}={value} must be >= 1")
+        if self.hidden % self.n_heads:
+            raise ConfigError(
+                f"model.hidden={self.hidden} is not divisible by model.n_heads={self.n_heads}; pick n_heads "
+                "dividing hidden"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
+
+    def hf_config(self) -> BertConfig:
+        """The ``transformers.BertConfig`` of these sizes (sdpa attention)."""
+        config = BertConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.n_heads,
+            intermediate_size=self.d_ff,
+            hidden_dropout_prob=self.dropout,
+            attention_probs_dropout_prob=self.dropout,
+            max_position_embeddings=self.max_len,
         )
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"model.dropout={dropout} must be in [0, 1)")
-    config = BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=n_heads,
-        intermediate_size=d_ff,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-        max_position_embeddings=max_len,
-    )
-    config._attn_implementation = "sdpa"
-    return config
+        config._attn_implementation = "sdpa"
+        return config
 
 
-def build_bert(
-    vocab_size: int,
-    hidden: int,
-    n_heads: int,
-    d_ff: int,
-    layers: int,
-    dropout: float,
-    max_len: int,
-    head: str,
-    num_labels: int,
-    pretrained_dir: str | None = None,
-) -> SplitModel:
-    """BERT split into embedding / L BertLayers / task head; optional bert-base-chinese weights."""
-    if head not in HEADS:
-        raise ConfigError(
-            f"model head {head!r} is not one of {', '.join(HEADS)}; use token or token_crf (NER) or sequence "
-            "(classification)"
-        )
-    if int(num_labels) < 2:
-        raise ConfigError(f"num_labels={num_labels} must be >= 2")
-    config = bert_config(vocab_size, hidden, n_heads, d_ff, layers, dropout, max_len)
+def build_bert(config: BertSplitConfig, pretrained_dir: str | None = None) -> SplitModel:
+    """BERT split into embedding / L BertLayers / task head; optional bert-base-chinese weights from the local
+    folder ``pretrained_dir`` (a runtime choice, not a size: None or "" = random init)."""
+    hf = config.hf_config()
     model = _init_weights(
         SplitModel(
-            embedding=BertEmbedding(config),
-            blocks=nn.ModuleList(BertBlock(config, l) for l in range(layers)),
+            embedding=BertEmbedding(hf),
+            blocks=nn.ModuleList(BertBlock(hf, l) for l in range(config.layers)),
             head={
                 "token": TokenClassificationHead,
                 "token_crf": CRFTokenClassificationHead,
                 "sequence": SequenceClassificationHead,
-            }[head](config, num_labels),
+            }[config.head](hf, config.num_labels),
             family="bert",
         ),
-        config.initializer_range,
+        hf.initializer_range,
     )
     if pretrained_dir:
         load_pretrained(model, pretrained_dir)

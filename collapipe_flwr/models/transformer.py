@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,6 +21,42 @@ from torch.nn import functional as F
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.models.decoder_cache import DecoderCache
 from collapipe_flwr.models.split import SplitModel, TaskHead
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """The translation model's sizes (paper: 6 + 6 blocks) and its loss options, checked when built.
+
+    ``src_vocab`` / ``tgt_vocab``, ``pad_id`` and ``label_smoothing`` come from the task, the rest from the
+    model spec (tasks/model_config.py); ``tie_embeddings`` shares the generator with the target embedding."""
+
+    src_vocab: int
+    tgt_vocab: int
+    d_model: int
+    n_heads: int
+    d_ff: int
+    enc_layers: int
+    dec_layers: int
+    dropout: float
+    max_len: int
+    pad_id: int
+    label_smoothing: float = 0.0
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab", "tgt_vocab", "d_model", "n_heads", "d_ff", "enc_layers", "dec_layers", "max_len"):
+            value = getattr(self, name)
+            if int(value) < 1:
+                raise ConfigError(f"model.{name}={value} must be >= 1")
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; pick n_heads "
+                "dividing d_model"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"task.label_smoothing={self.label_smoothing} must be in [0, 1)")
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
@@ -91,28 +128,19 @@ def causal_mask(T: int, device=None) -> torch.Tensor:
 class TranslationHead(TaskHead):
     """Server side: encoder LayerNorm, target embedding, decoder stack, generator (ServerHead)."""
 
-    def __init__(
-        self,
-        tgt_vocab: int,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        dec_layers: int,
-        dropout: float,
-        max_len: int,
-        pad_id: int,
-        label_smoothing: float = 0.0,
-        tie_embeddings: bool = False,
-    ) -> None:
+    def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        self.pad_id = pad_id
-        self.label_smoothing = float(label_smoothing)
-        self.memory_norm = nn.LayerNorm(d_model)
-        self.tgt_embedding = TokenEmbedding(tgt_vocab, d_model, max_len, dropout, pad_id)
-        layer = nn.TransformerDecoderLayer(d_model, n_heads, d_ff, dropout=dropout, batch_first=True, norm_first=True)
-        self.decoder = nn.TransformerDecoder(layer, dec_layers, norm=nn.LayerNorm(d_model))
-        self.generator = nn.Linear(d_model, tgt_vocab)
-        if tie_embeddings:  # Press & Wolf (2017): the generator shares the target embedding matrix
+        c = config
+        self.pad_id = c.pad_id
+        self.label_smoothing = float(c.label_smoothing)
+        self.memory_norm = nn.LayerNorm(c.d_model)
+        self.tgt_embedding = TokenEmbedding(c.tgt_vocab, c.d_model, c.max_len, c.dropout, c.pad_id)
+        layer = nn.TransformerDecoderLayer(
+            c.d_model, c.n_heads, c.d_ff, dropout=c.dropout, batch_first=True, norm_first=True
+        )
+        self.decoder = nn.TransformerDecoder(layer, c.dec_layers, norm=nn.LayerNorm(c.d_model))
+        self.generator = nn.Linear(c.d_model, c.tgt_vocab)
+        if c.tie_embeddings:  # Press & Wolf (2017): the generator shares the target embedding matrix
             self.generator.weight = self.tgt_embedding.tokens.weight
 
     def logits(self, memory: torch.Tensor, memory_mask: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
@@ -271,44 +299,10 @@ def _strip(tokens: list[int], eos_id: int, pad_id: int) -> list[int]:
     return out
 
 
-def build_transformer(
-    src_vocab: int,
-    tgt_vocab: int,
-    d_model: int,
-    n_heads: int,
-    d_ff: int,
-    enc_layers: int,
-    dec_layers: int,
-    dropout: float,
-    max_len: int,
-    pad_id: int,
-    label_smoothing: float = 0.0,
-    tie_embeddings: bool = False,
-) -> SplitModel:
-    """The translation model (paper: 6 + 6 blocks), random init, sizes from the arguments."""
-    for name, value in (
-        ("src_vocab", src_vocab),
-        ("tgt_vocab", tgt_vocab),
-        ("d_model", d_model),
-        ("n_heads", n_heads),
-        ("d_ff", d_ff),
-        ("enc_layers", enc_layers),
-        ("dec_layers", dec_layers),
-        ("max_len", max_len),
-    ):
-        if int(value) < 1:
-            raise ConfigError(f"model.{name}={value} must be >= 1")
-    if d_model % n_heads:
-        raise ConfigError(
-            f"model.d_model={d_model} is not divisible by model.n_heads={n_heads}; pick n_heads dividing d_model"
-        )
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"model.dropout={dropout} must be in [0, 1)")
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ConfigError(f"task.label_smoothing={label_smoothing} must be in [0, 1)")
-    embedding = TokenEmbedding(src_vocab, d_model, max_len, dropout, pad_id)
-    blocks = nn.ModuleList(EncoderBlock(d_model, n_heads, d_ff, dropout) for _ in range(enc_layers))
-    head = TranslationHead(
-        tgt_vocab, d_model, n_heads, d_ff, dec_layers, dropout, max_len, pad_id, label_smoothing, tie_embeddings
-    )
+def build_transformer(config: TransformerConfig) -> SplitModel:
+    """The translation model (paper: 6 + 6 blocks), random init, sizes from ``config`` (checked when it was made)."""
+    c = config
+    embedding = TokenEmbedding(c.src_vocab, c.d_model, c.max_len, c.dropout, c.pad_id)
+    blocks = nn.ModuleList(EncoderBlock(c.d_model, c.n_heads, c.d_ff, c.dropout) for _ in range(c.enc_layers))
+    head = TranslationHead(config)
     return SplitModel(embedding=embedding, blocks=blocks, head=head, family="transformer")

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.models.transformer import build_transformer
+from collapipe_flwr.models.transformer import TransformerConfig, build_transformer
 
 if TYPE_CHECKING:  # spec.py imports the registry, which imports the tasks that import this module
     from collapipe_flwr.tasks.spec import ModelSpec
@@ -22,7 +22,7 @@ def build_translation_model(
 ):
     """The encoder-decoder Transformer: L = enc_layers TEBs split over the devices, the decoder on the server."""
     sizes = model.sizes
-    return build_transformer(
+    config = TransformerConfig(
         src_vocab=src_vocab,
         tgt_vocab=tgt_vocab,
         d_model=sizes["d_model"],
@@ -36,16 +36,17 @@ def build_translation_model(
         label_smoothing=label_smoothing,
         tie_embeddings=model.tie_embeddings,
     )
+    return build_transformer(config)
 
 
 def build_bert_model(model: ModelSpec, vocab_size: int, head: str, num_labels: int):
     """BERT with L = layers TEBs and a token / token_crf / sequence head on the server."""
     # Imported here on purpose: models.bert imports transformers (seconds), which a translation run, or the
     # registry listing its tasks, never needs.
-    from collapipe_flwr.models.bert import build_bert
+    from collapipe_flwr.models.bert import BertSplitConfig, build_bert
 
     sizes = model.sizes
-    return build_bert(
+    config = BertSplitConfig(
         vocab_size=vocab_size,
         hidden=sizes["hidden"],
         n_heads=sizes["n_heads"],
@@ -55,8 +56,8 @@ def build_bert_model(model: ModelSpec, vocab_size: int, head: str, num_labels: i
         max_len=model.max_len,
         head=head,
         num_labels=num_labels,
-        pretrained_dir=model.pretrained_dir or None,
     )
+    return build_bert(config, pretrained_dir=model.pretrained_dir or None)
 
 
 def build_causal_lm(model: ModelSpec, vocab_size: int, special_ids: Mapping[str, int]):
