@@ -182,7 +182,8 @@ def central(args, base: list[str]) -> dict:
     precision = resolve_precision(args.precision)
     indices = list(range(len(task.train_examples())))
     eval_cfg = dataclasses.replace(cfg.eval, max_examples=0)
-    summary = train_central.train(task, model, 10_000.0, steps, indices, cfg.seed, eval_cfg, True, precision)
+    settings = train_central.TrainSettings(10_000.0, steps, precision, quiet=True)
+    summary = train_central.train(task, model, settings, indices, cfg.seed, eval_cfg)
     for part in (model.embedding, model.blocks, model.head):
         part.eval()
     with torch.no_grad(), autocast(precision):

@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from collapipe_flwr.fl.dataplane import DecoderClient  # noqa: E402
+from collapipe_flwr.fl.dataplane import DecoderClient, DecoderClientSpec  # noqa: E402
 from collapipe_flwr.fl.dataplane.auth import cluster_key  # noqa: E402
 from collapipe_flwr.fl.server.decoder.host import DecoderHost  # noqa: E402
 from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec  # noqa: E402
@@ -99,15 +99,8 @@ def bench_data_plane(
     mbs = [{"input_ids": torch.ones(B, T, dtype=torch.long), "attention_mask": torch.ones(B, T, dtype=torch.long)}]
     times = []
     try:
-        with DecoderClient(
-            host.address,
-            cluster_key("bench-secret", 1, 0),
-            1,
-            0,
-            compression=compression,
-            shared_memory=shared_memory,
-            transport=transport,
-        ) as client:
+        spec = DecoderClientSpec(compression=compression, shared_memory=shared_memory, transport=transport)
+        with DecoderClient(host.address, cluster_key("bench-secret", 1, 0), 1, 0, spec) as client:
             for _ in range(10):
                 client(z, mbs)
             head0 = host.stats()["clusters"][0]["seconds_head"]

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from collapipe_flwr.fl.dataplane import DecoderClient  # noqa: E402
+from collapipe_flwr.fl.dataplane import DecoderClient, DecoderClientSpec  # noqa: E402
 from collapipe_flwr.fl.dataplane.auth import cluster_key  # noqa: E402
 from collapipe_flwr.fl.server.decoder.host import DecoderHost  # noqa: E402
 from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec  # noqa: E402
@@ -56,7 +56,8 @@ def run(mode: str, steps: int) -> list[float]:
     classes = torch.randint(0, C, (V,), generator=g)
     losses = []
     try:
-        with DecoderClient(host.address, cluster_key("acc", 1, 0), 1, 0, compression=mode) as client:
+        spec = DecoderClientSpec(compression=mode)
+        with DecoderClient(host.address, cluster_key("acc", 1, 0), 1, 0, spec) as client:
             for _ in range(steps):
                 ids = torch.randint(0, V, (B, T), generator=g)
                 mb = {"attention_mask": torch.ones(B, T, dtype=torch.long), "labels": classes[ids]}

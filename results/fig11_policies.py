@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fig7_8_methods import task_workload  # noqa: E402
 
-from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.apps.simulate import run  # noqa: E402
+from collapipe_flwr.config import load_run_config  # noqa: E402
 
 PAPER = {"loss_only": 46.44, "delay_only": 15.48, "random": 7.12}
 SETTING = ["network=selection", "federation.num_clusters=10", "scheduler.convergence.gamma_max=0.95"]

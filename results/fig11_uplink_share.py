@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fig7_8_methods import task_workload  # noqa: E402
 from fig11_policies import PAPER, SETTING  # noqa: E402
 
-from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.apps.simulate import run  # noqa: E402
+from collapipe_flwr.config import load_run_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

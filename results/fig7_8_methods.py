@@ -39,7 +39,7 @@ from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.dssra.method_registry import make_planner  # noqa: E402
 from collapipe_flwr.fl.server.server_state import sample_hidden  # noqa: E402
 from collapipe_flwr.system.state import StateSampler  # noqa: E402
-from collapipe_flwr.system.workload import Workload, measure_workload  # noqa: E402
+from collapipe_flwr.system.workload import RoundShape, Workload, measure_workload  # noqa: E402
 
 METHODS = ("collapipe", "collapipe_no_ss", "vanilla_fl", "titanic", "pipeline")
 PAPER = {"vanilla_fl": 15.09, "titanic": 18.94, "pipeline": 40.55}  # CollaPipe's reduction vs each (Figs. 7-8)
@@ -60,8 +60,7 @@ def task_workload(task_name: str, overrides: list[str], model_name: str = "") ->
         model.blocks,
         hidden,
         mask,
-        batch_size=wiring.batch_size(cfg),
-        steps_per_round=1,
+        round_shape=RoundShape(batch_size=wiring.batch_size(cfg), steps_per_round=1),
         embedding=model.embedding if cfg.federation.embedding == "trained" else None,
         head=model.head,
     )

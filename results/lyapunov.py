@@ -27,9 +27,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from collapipe_flwr.apps.simulate import generic_workload  # noqa: E402
 from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.dssra.policies import make_policy  # noqa: E402
-from collapipe_flwr.apps.simulate import generic_workload  # noqa: E402
 from collapipe_flwr.system.state import StateSampler  # noqa: E402
 
 V_VALUES = (0.01, 1.0, 10.0, 100.0)

@@ -132,8 +132,9 @@ def table(folder: Path = HERE) -> str:
             "",
             f"## federation=long at the new operating point (seed 0; target >= {TARGET}x the central recipe)",
             "",
-            "| task | final validation metric (over central) | target | S >= 2 of CU-rounds, mean S / m | wall (ServerApp) "
-            "| central recipe | before (campaign seed 0, network=small): metric, S >= 2, mean S / m, wall |",
+            "| task | final validation metric (over central) | target | S >= 2 of CU-rounds, mean S / m "
+            "| wall (ServerApp) | central recipe "
+            "| before (campaign seed 0, network=small): metric, S >= 2, mean S / m, wall |",
             "|---|---|---|---|---|---|---|",
             *longs,
         ]

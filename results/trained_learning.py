@@ -52,7 +52,8 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "trained"
 RECORDS = OUT / "jobs"  # the finished jobs' records, kept in the repository (module docstring)
 STOP_FILE = "STOP"  # ROOT/STOP: the piece ends before its next job (the file is removed)
-CENTRAL_RECORD = "central.json"  # what python -m collapipe_flwr.apps.train_central --json writes: a central job's record
+# what python -m collapipe_flwr.apps.train_central --json writes: a central job's record
+CENTRAL_RECORD = "central.json"
 # A job's marker last (its presence means "done"): summary.json for a run, central.json for a central job.
 RECORD_FILES = ("config.json", "rounds.jsonl", "summary.json", CENTRAL_RECORD)
 TASKS = ("translation", "classification", "ner")

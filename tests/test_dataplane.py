@@ -5,6 +5,7 @@ malformed request without touching the decoder's weights or optimizer state."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import socket
 import threading
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from collapipe_flwr.errors import CollaPipeError, DataPlaneError
-from collapipe_flwr.fl.dataplane import DecoderClient
+from collapipe_flwr.fl.dataplane import DecoderClient, DecoderClientSpec
 from collapipe_flwr.fl.dataplane.auth import call_metadata, cluster_key
 from collapipe_flwr.fl.dataplane.backend import TRANSPORTS
 from collapipe_flwr.fl.dataplane.protocol import FULL_METHOD, decode_step_request, encode_step_request
@@ -155,7 +156,9 @@ class Served:
             "transport": self.transport,
             **kw,
         }
-        client = DecoderClient(self.host.address, **kw)
+        spec_keys = {f.name for f in dataclasses.fields(DecoderClientSpec)}  # the rest are DecoderClient's own
+        spec = DecoderClientSpec(**{k: v for k, v in kw.items() if k in spec_keys})
+        client = DecoderClient(self.host.address, spec=spec, **{k: v for k, v in kw.items() if k not in spec_keys})
         earlier.append(client)
         return client
 
@@ -507,7 +510,8 @@ def test_unreachable_host_is_a_dataplane_error(transport):
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    with DecoderClient(f"127.0.0.1:{port}", SECRET, 1, 0, timeout_s=10, transport=transport) as client:
+    spec = DecoderClientSpec(timeout_s=10, transport=transport)
+    with DecoderClient(f"127.0.0.1:{port}", SECRET, 1, 0, spec) as client:
         with pytest.raises(DataPlaneError, match="cannot reach"):
             client(*make_step(16))
 
@@ -581,7 +585,8 @@ def test_pipeline_with_remote_decoder_equals_local_decoder(transport):
     local = LocalHead(local_model.head, spec)
     g = torch.Generator().manual_seed(1)
     try:
-        with DecoderClient(host.address, cluster_key(SECRET, 1, 0), 1, 0, transport=transport) as remote:
+        spec = DecoderClientSpec(transport=transport)
+        with DecoderClient(host.address, cluster_key(SECRET, 1, 0), 1, 0, spec) as remote:
             for _ in range(3):
                 mask = torch.ones(6, 9, dtype=torch.long)
                 mask[:, -2:] = 0

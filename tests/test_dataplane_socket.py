@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from collapipe_flwr.fl.dataplane import DecoderClient
+from collapipe_flwr.fl.dataplane import DecoderClient, DecoderClientSpec
 from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.protocol import encode_step_request
 from collapipe_flwr.fl.dataplane.socket_wire import LENGTH, hello_frame
@@ -170,9 +170,8 @@ def test_socket_gives_the_grpc_transport_s_gradients_to_the_bit(compression, sch
         host.open_round(1, [0])
         results = []
         try:
-            with DecoderClient(
-                host.address, cluster_key(SECRET, 1, 0), 1, 0, compression=compression, transport=transport
-            ) as cu:
+            spec = DecoderClientSpec(compression=compression, transport=transport)
+            with DecoderClient(host.address, cluster_key(SECRET, 1, 0), 1, 0, spec) as cu:
                 for k in range(3):
                     z, mbs = make_step(40 + k, m=2)
                     if schedule == "gpipe":

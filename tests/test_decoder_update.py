@@ -20,7 +20,7 @@ from torch import nn
 
 from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.backend import TRANSPORTS
-from collapipe_flwr.fl.dataplane.client import DecoderClient
+from collapipe_flwr.fl.dataplane.client import DecoderClient, DecoderClientSpec
 from collapipe_flwr.fl.server.decoder.host import DecoderHost, DecoderHostSpec
 from collapipe_flwr.fl.server.decoder.joint import JointSteps
 from collapipe_flwr.pipeline.head import head_step
@@ -74,9 +74,8 @@ def test_joint_update_equals_one_step_on_all_clusters(tmp_path, transport):
     answers: dict[int, list] = {0: [], 1: []}
 
     def cu(c: int) -> None:
-        client = DecoderClient(
-            host.address, cluster_key("s", 1, c), round=1, cluster=c, timeout_s=30, transport=transport
-        )
+        spec = DecoderClientSpec(timeout_s=30, transport=transport)
+        client = DecoderClient(host.address, cluster_key("s", 1, c), round=1, cluster=c, spec=spec)
         try:
             for step in data[c]:
                 answers[c].append(client([z for z, _ in step], [mb for _, mb in step]))

@@ -22,7 +22,7 @@ from collapipe_flwr.config import compose, load_run_config
 from collapipe_flwr.errors import ConfigError, DataPlaneError
 from collapipe_flwr.experiments.job import build_job
 from collapipe_flwr.fl.dataplane.auth import cluster_key
-from collapipe_flwr.fl.dataplane.client import DecoderClient
+from collapipe_flwr.fl.dataplane.client import DecoderClient, DecoderClientSpec
 from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
 from collapipe_flwr.fl.server.decoder.ordered import OrderedSteps
 from tests.test_decoder_update import H, TokenHead, _micro_batch, adam_host
@@ -51,9 +51,8 @@ def _serve(data, delays: dict[int, float], lock_timeout_s: float = 30.0, seed: i
     errors: list[BaseException] = []
 
     def cu(c: int) -> None:
-        client = DecoderClient(
-            host.address, cluster_key("s", 1, c), round=1, cluster=c, timeout_s=30, transport=transport
-        )
+        spec = DecoderClientSpec(timeout_s=30, transport=transport)
+        client = DecoderClient(host.address, cluster_key("s", 1, c), round=1, cluster=c, spec=spec)
         try:
             for step in data[c]:
                 time.sleep(delays.get(c, 0.0))
@@ -150,7 +149,8 @@ def test_a_silent_cluster_is_left_out_on_the_host_and_the_others_complete():
     host.open_round(1, [0, 1, 2])  # cluster 1 is selected but its CU never sends a step
 
     def cu(c: int) -> None:
-        with DecoderClient(host.address, cluster_key("s", 1, c), round=1, cluster=c, timeout_s=30) as client:
+        spec = DecoderClientSpec(timeout_s=30)
+        with DecoderClient(host.address, cluster_key("s", 1, c), round=1, cluster=c, spec=spec) as client:
             for step in data[c]:
                 client([z for z, _ in step], [mb for _, mb in step])
 
@@ -178,7 +178,8 @@ def test_a_cluster_that_finished_early_or_had_a_step_refused_holds_nobody_up(tra
 
     def cu(c: int, steps: int) -> None:
         key = cluster_key("s", 1, c)
-        with DecoderClient(host.address, key, round=1, cluster=c, timeout_s=30, transport=transport) as client:
+        spec = DecoderClientSpec(timeout_s=30, transport=transport)
+        with DecoderClient(host.address, key, round=1, cluster=c, spec=spec) as client:
             for s, step in enumerate(data[c][:steps]):
                 zs = [z for z, _ in step]
                 if c == 0 and s == 1:

@@ -22,7 +22,7 @@ from collapipe_flwr.dssra.specs import SchedulerSpec, parse_scheduler
 from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.state import RoundState, StateSampler
-from collapipe_flwr.system.workload import Workload, measure_workload
+from collapipe_flwr.system.workload import RoundShape, Workload, measure_workload
 
 
 class Block(nn.Module):
@@ -38,7 +38,8 @@ class Block(nn.Module):
 def workload():
     torch.manual_seed(0)
     blocks = nn.ModuleList([Block() for _ in range(5)])
-    return measure_workload(blocks, torch.randn(2, 16, 64), torch.ones(2, 16, dtype=torch.long), batch_size=16)
+    shape = RoundShape(batch_size=16)
+    return measure_workload(blocks, torch.randn(2, 16, 64), torch.ones(2, 16, dtype=torch.long), round_shape=shape)
 
 
 def conf(group: str, name: str) -> dict:

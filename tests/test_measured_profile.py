@@ -32,7 +32,7 @@ from collapipe_flwr.system.profile import (
     fit_chunk_cost,
 )
 from collapipe_flwr.system.state import StateSampler
-from collapipe_flwr.system.workload import measure_workload
+from collapipe_flwr.system.workload import RoundShape, measure_workload
 from collapipe_flwr.testbed import cpu_quota_available
 from tests.runtimes import runtime
 
@@ -108,7 +108,9 @@ def _two_ray_devices() -> ClusterPipeline:
 def _workload(model, steps: int = 2):
     hidden = model.embedding(torch.randint(1, 50, (4, T)))
     mask = torch.ones(4, T, dtype=torch.long)
-    return measure_workload(model.blocks, hidden.detach(), mask, batch_size=B, steps_per_round=steps)
+    return measure_workload(
+        model.blocks, hidden.detach(), mask, round_shape=RoundShape(batch_size=B, steps_per_round=steps)
+    )
 
 
 def _by_hand(model: ClusterModel, profile: ClusterProfile, workload) -> ClusterModel:

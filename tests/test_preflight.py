@@ -10,7 +10,7 @@ import pytest
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.server.preflight import check_partitions
 from collapipe_flwr.fl.server.server_main import run_server
-from collapipe_flwr.tasks.partition import partition_indices
+from collapipe_flwr.tasks.partition import Skew, partition_indices
 from tests.inprocess_grid import InProcessGrid
 
 
@@ -26,7 +26,7 @@ class _Corpus:
 
     def partition(self, num_partitions: int, partition_id: int) -> list[int]:
         scheme = self.spec.partition
-        return partition_indices(self.n, num_partitions, partition_id, 0, scheme, self.labels, **self.kw)
+        return partition_indices(self.n, num_partitions, partition_id, 0, scheme, self.labels, Skew(**self.kw))
 
 
 def test_more_clusters_than_examples_is_one_line_naming_the_limit():

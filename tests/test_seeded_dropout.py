@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from collapipe_flwr.fl.dataplane.auth import cluster_key
-from collapipe_flwr.fl.dataplane.client import DecoderClient
+from collapipe_flwr.fl.dataplane.client import DecoderClient, DecoderClientSpec
 from collapipe_flwr.fl.server.decoder.host import DecoderHost, DecoderHostSpec
 from collapipe_flwr.models.bert import BertSplitConfig, build_bert
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
@@ -144,7 +144,8 @@ def served_grads(dropout_seed: int | None, rng_before: int) -> torch.Tensor:
         host.open_round(1, [0])
         z, mb = _micro_batch(5, 2, 5)
         torch.manual_seed(rng_before)
-        with DecoderClient(host.address, cluster_key("s", 1, 0), round=1, cluster=0, timeout_s=30) as client:
+        spec = DecoderClientSpec(timeout_s=30)
+        with DecoderClient(host.address, cluster_key("s", 1, 0), round=1, cluster=0, spec=spec) as client:
             _, grads = client([z], [mb])
         host.close_round()
     return grads[0]

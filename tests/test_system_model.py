@@ -17,7 +17,7 @@ from collapipe_flwr.system.convergence import ConvergenceParams, queue_update
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.state import RoundState, StateSampler
 from collapipe_flwr.system.units import db_to_linear, dbm_to_watt
-from collapipe_flwr.system.workload import Workload, measure_workload
+from collapipe_flwr.system.workload import RoundShape, Workload, measure_workload
 
 
 def paper_network() -> dict:
@@ -164,7 +164,7 @@ def test_measured_flops_match_the_textbook_formula():
     torch.manual_seed(0)
     B, T, H, F, L = 3, 10, 32, 64, 2
     blocks = nn.ModuleList([Block(H, F, 4) for _ in range(L)])
-    w = measure_workload(blocks, torch.randn(B, T, H), torch.ones(B, T, dtype=torch.long), batch_size=64)
+    w = measure_workload(blocks, torch.randn(B, T, H), torch.ones(B, T, dtype=torch.long), round_shape=RoundShape(64))
     # per sample, 2 FLOPs per multiply-add: QKV + output projections 8TH^2, FFN 4THF, scores and A.V 4T^2H
     fwd = 8 * T * H * H + 4 * T * H * F + 4 * T * T * H
     # backward: twice the linear layers; attention as flash backward (recompute QK^T + 4 products) = 10T^2H

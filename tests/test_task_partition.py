@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.tasks.partition import partition_indices
+from collapipe_flwr.tasks.partition import Skew, partition_indices
 
 
 def _all(n, N, seed, **kw):
@@ -31,10 +31,10 @@ def test_iid_partitions_are_reproducible_and_seeded():
 
 def test_dirichlet_partitions_skew_labels_and_cover_everything():
     labels = [i % 5 for i in range(2000)]
-    parts = _all(2000, 4, seed=3, scheme="dirichlet", labels=labels, alpha=0.1)
+    parts = _all(2000, 4, seed=3, scheme="dirichlet", labels=labels, skew=Skew(alpha=0.1))
     flat = [i for p in parts for i in p]
     assert sorted(flat) == list(range(2000))
-    assert parts == _all(2000, 4, seed=3, scheme="dirichlet", labels=labels, alpha=0.1)
+    assert parts == _all(2000, 4, seed=3, scheme="dirichlet", labels=labels, skew=Skew(alpha=0.1))
     # with alpha = 0.1 some partition holds a class at more than twice its global share (0.2)
     shares = [max(Counter(labels[i] for i in p).values()) / len(p) for p in parts if p]
     assert max(shares) > 0.4
@@ -50,7 +50,7 @@ def test_bad_partition_arguments_are_config_errors():
     with pytest.raises(ConfigError, match="task.partition"):
         partition_indices(10, 2, 0, seed=0, scheme="by_moon_phase")
     with pytest.raises(ConfigError, match="task.quantity"):
-        partition_indices(10, 2, 0, seed=0, scheme="quantity", quantity="cubic")
+        partition_indices(10, 2, 0, seed=0, scheme="quantity", skew=Skew(quantity="cubic"))
     with pytest.raises(ConfigError, match="two or more training corpora"):
         partition_indices(10, 2, 0, seed=0, scheme="domain", labels=[0] * 10)
     with pytest.raises(ConfigError, match="at least 3 clusters"):
@@ -59,7 +59,7 @@ def test_bad_partition_arguments_are_config_errors():
 
 @pytest.mark.parametrize("shape,weight", [("linear", lambda n: n + 1), ("square", lambda n: (n + 1) ** 2)])
 def test_quantity_skew_sizes_follow_the_shape_and_content_stays_iid(shape, weight):
-    parts = _all(3000, 4, seed=5, scheme="quantity", quantity=shape)
+    parts = _all(3000, 4, seed=5, scheme="quantity", skew=Skew(quantity=shape))
     assert sorted(i for p in parts for i in p) == list(range(3000))
     total = sum(weight(n) for n in range(4))
     for n, part in enumerate(parts):  # sizes by the shape's weights, to rounding
@@ -69,10 +69,10 @@ def test_quantity_skew_sizes_follow_the_shape_and_content_stays_iid(shape, weigh
 
 def test_pathological_partitions_hold_only_their_classes():
     labels = [i % 6 for i in range(1200)]
-    parts = _all(1200, 6, seed=2, scheme="pathological", labels=labels, classes_per_partition=2)
+    parts = _all(1200, 6, seed=2, scheme="pathological", labels=labels, skew=Skew(classes_per_partition=2))
     assert sorted(i for p in parts for i in p) == list(range(1200))
     assert [sorted({labels[i] for i in p}) for p in parts] == [[0, 1], [1, 2], [2, 3], [3, 4], [4, 5], [0, 5]]
-    few = _all(1200, 3, seed=2, scheme="pathological", labels=labels, classes_per_partition=2)
+    few = _all(1200, 3, seed=2, scheme="pathological", labels=labels, skew=Skew(classes_per_partition=2))
     assert {labels[i] for p in few for i in p} == {0, 1, 2, 3}  # N + k - 1 < C: classes 4 and 5 are left out
 
 

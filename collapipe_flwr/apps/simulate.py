@@ -33,7 +33,7 @@ from collapipe_flwr.dssra.specs import SchedulerSpec
 from collapipe_flwr.errors import ConfigError, exit_on_user_error
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.state import StateSampler
-from collapipe_flwr.system.workload import Workload, measure_workload
+from collapipe_flwr.system.workload import RoundShape, Workload, measure_workload
 
 POLICY_ORDER = ("dssra", "uniform", "random", "loss_only", "delay_only")
 
@@ -54,9 +54,8 @@ def generic_workload(
     torch.manual_seed(0)
     blocks = nn.ModuleList([Block() for _ in range(layers)])
     hidden = torch.randn(2, seq_len, d_model)
-    return measure_workload(
-        blocks, hidden, torch.ones(2, seq_len, dtype=torch.long), batch_size=batch_size, steps_per_round=steps
-    )
+    round_shape = RoundShape(batch_size=batch_size, steps_per_round=steps)
+    return measure_workload(blocks, hidden, torch.ones(2, seq_len, dtype=torch.long), round_shape=round_shape)
 
 
 def run(

@@ -26,6 +26,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -149,24 +150,28 @@ def _probe_midway(
     return reserve
 
 
+@dataclass(frozen=True)
+class TrainSettings:
+    """How one central run trains: a wall-clock budget of ``minutes`` (training plus the final evaluation it leaves
+    room for), at most ``max_steps`` optimizer steps (0 = the budget alone), the forward passes under ``precision``
+    on ``device`` (the model's parts must be there already; batches are moved), a progress bar unless ``quiet``."""
+
+    minutes: float
+    max_steps: int = 0
+    precision: str = "fp32"
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    quiet: bool = False
+
+
 def train(
-    task: Task,
-    model: SplitModel,
-    minutes: float,
-    max_steps: int,
-    indices: list[int],
-    seed: int,
-    eval_cfg: EvalSpec,
-    quiet: bool,
-    precision: str = "fp32",
-    device: torch.device | None = None,
+    task: Task, model: SplitModel, settings: TrainSettings, indices: list[int], seed: int, eval_cfg: EvalSpec
 ) -> dict:
-    """Train until the budget (minus the evaluation it must leave room for) or ``max_steps`` is used, on
-    ``device`` (the model's parts must be there already; batches are moved)."""
-    device = device if device is not None else torch.device("cpu")
+    """Train on ``indices`` until the budget (minus the evaluation it must leave room for) or ``max_steps`` of
+    ``settings`` is used."""
+    max_steps, precision, device, quiet = settings.max_steps, settings.precision, settings.device, settings.quiet
     optimizer, base_lrs = _optimizer(task, model)
     lr_schedule = task.model_spec.lr_schedule
-    budget = minutes * 60.0
+    budget = settings.minutes * 60.0
     start = time.monotonic()
     reserve = _eval_reserve_guess(task, eval_cfg)
     step, epoch, losses, history = 0, 0, [], []
@@ -309,9 +314,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     task.features("val")
     print(_describe(task, model, len(indices), args, device, requested), file=sys.stderr)
     t0 = time.monotonic()
-    summary = train(
-        task, model, args.minutes, args.max_steps, indices, seed, eval_cfg, args.quiet, args.precision, device
-    )
+    settings = TrainSettings(args.minutes, args.max_steps, args.precision, device, args.quiet)
+    summary = train(task, model, settings, indices, seed, eval_cfg)
     with autocast(args.precision, device.type):
         metrics = task.evaluate(
             model, max_examples=eval_cfg.max_examples, batch_size=eval_cfg.batch_size, beam_size=eval_cfg.beam_size

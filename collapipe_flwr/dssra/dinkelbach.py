@@ -228,7 +228,11 @@ class _PairTerms:
 
 def _pair_terms(ok, V, bits, B, g, h, I, w_gamma, w_lin, energy, p_cap, p_floor) -> _PairTerms:
     """Scale eq. (42) by A = V D ln2 / B per feasible pair and bound x to [g p_C11, g p_cap] (C11'; p_cap: the
-    largest power within C6 and C8')."""
+    largest power within C6 and C8').
+
+    Over eight parameters: one per symbol of eq. (42) and its bounds C6/C8'/C11', plus the feasibility mask ``ok``.
+    They are V, D, B, g, h, I, w_gamma, w_lin, e = D ln2 / (B E^max), p_cap and p_C11, flat arrays over the pairs
+    (the caller broadcast them together from its PowerProblem) combined element-wise."""
     A = np.where(ok, V * bits * LN2 / B, 1.0)
     a_g, a_l = np.where(ok, w_gamma / A, 0.0), np.where(ok, w_lin / A, 0.0)
     g_safe = np.where(ok, g, 1.0)

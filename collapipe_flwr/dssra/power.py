@@ -83,7 +83,11 @@ def max_energy_power(slope, energy, pmax) -> np.ndarray:
 
 
 def uplink_objective(p, V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin):
-    """The per-pair objective above, evaluated directly (used by callers and tests)."""
+    """The per-pair objective above, evaluated directly (used by callers and tests).
+
+    Over eight parameters: one per symbol of eq. (42)'s objective (p, V, D, B, g, h, I, w_gamma, w_lin), broadcast.
+    The objective V D ln2 / (B ln(1 + g p)) + w_gamma / (p h + I) + w_lin p written out, each parameter an array
+    over the (CU n, channel j) pairs broadcast together; a grouping object would only be unpacked again here."""
     p = np.asarray(p, dtype=float)
     with np.errstate(divide="ignore"):
         delay = bits * LN2 / (bandwidth * np.log1p(slope * p))
@@ -96,7 +100,11 @@ def feasible_pairs(slope, energy) -> np.ndarray:
 
 
 def optimal_power(V, bits, bandwidth, slope, gain, interference, w_gamma, w_lin, energy_max, pmax) -> np.ndarray:
-    """Optimal p per pair (NaN where C8' cannot hold); all inputs broadcast to one shape [P]."""
+    """Optimal p per pair (NaN where C8' cannot hold); all inputs broadcast to one shape [P].
+
+    Over eight parameters: one per symbol of eq. (42) with C6 and C8' (V, D, B, g, h, I, w_gamma, w_lin, E^max, P^max).
+    Each is an array over the (CU n, channel j) pairs, broadcast together into one vectorised solve (module
+    docstring); a grouping object would only be unpacked again here."""
     arrays = np.broadcast_arrays(
         *(
             np.asarray(x, dtype=float)

@@ -43,11 +43,10 @@ def time_block(
     device: torch.device | None = None,
     precision: str = "fp32",
     after_each: Callable[[float], float] | None = None,
-    window_s: float = WINDOW_S,
 ) -> list[float]:
     """Seconds of one forward + backward of ``block`` on a [b_hat, seq_len, width] micro-batch, per size.
 
-    Calls run back to back in ``repeats`` windows of at least ``window_s`` each; a size's figure is the median
+    Calls run back to back in ``repeats`` windows of at least ``WINDOW_S`` each; a size's figure is the median
     of the windows' mean call times. A window's mean spans several periods of a CFS CPU quota (the testbed's
     period is 10 ms), which lets a short burst through at full speed and throttles the rest of its period, so
     it is the rate the device trains at (a minimum or median of single short calls would miss the quota); the
@@ -66,7 +65,7 @@ def time_block(
         means = []
         for _ in range(max(1, repeats)):
             total, calls = 0.0, 0
-            while calls == 0 or total < window_s:
+            while calls == 0 or total < WINDOW_S:
                 elapsed = _one_call(work, x, mask, device, precision)
                 if after_each is not None:
                     elapsed += after_each(elapsed)

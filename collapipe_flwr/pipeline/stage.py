@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -53,6 +54,17 @@ def emulation_slowdowns(devices: Sequence[DeviceProfile], used: Sequence[int]) -
     return {k: fastest / devices[k].flops_per_second for k in used}
 
 
+@dataclass(frozen=True)
+class StageCompute:
+    """Where and how a stage computes (see the module docstring): ``device`` (auto | cpu | cuda) and ``precision``
+    as the config names them, resolved in the stage's own process; ``host_io``: its outputs go back as CPU tensors
+    (a Ray actor, whose results cross a process)."""
+
+    device: str = "cpu"
+    precision: str = "fp32"
+    host_io: bool = False
+
+
 class Stage:
     """Device k's segment: forward / backward per micro-batch, step, weights, memory report."""
 
@@ -64,16 +76,15 @@ class Stage:
         optimizer_state: dict | None = None,
         slowdown: float = 1.0,
         offset: int = 0,
-        precision: str = "fp32",
-        device: str = "cpu",
-        host_io: bool = False,
+        compute: StageCompute | None = None,
         process_memory: ProcessMemory | None = None,
     ) -> None:
+        compute = compute if compute is not None else StageCompute()
         self.device_index = device_index
         self.optimizer_spec = optimizer
-        self.device = resolve_device(device)
-        self.host_io = bool(host_io)
-        self.precision = resolve_precision(precision, self.device.type)
+        self.device = resolve_device(compute.device)
+        self.host_io = bool(compute.host_io)
+        self.precision = resolve_precision(compute.precision, self.device.type)
         self.load_segment(segment, optimizer_state, slowdown, offset)
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
         self._step_seed: int | None = None

@@ -223,25 +223,34 @@ def _saved_bytes(fn: Callable[[], T]) -> tuple[T, float]:
     return out, float(total)
 
 
+@dataclass(frozen=True)
+class RoundShape:
+    """What one round runs, as :class:`Workload` records it: b = ``batch_size`` (None: the probe's B),
+    ``steps_per_round`` local optimizer steps, and the pipeline's ``schedule`` (gpipe | 1f1b, for C7)."""
+
+    batch_size: int | None = None
+    steps_per_round: int = 1
+    schedule: str = "gpipe"
+
+
 def measure_workload(
     blocks: nn.ModuleList,
     hidden: torch.Tensor,
     attention_mask: torch.Tensor,
     bytes_per_param: int | None = None,
-    batch_size: int | None = None,
-    steps_per_round: int = 1,
+    round_shape: RoundShape | None = None,
     embedding: nn.Module | None = None,
     head: nn.Module | None = None,
-    schedule: str = "gpipe",
 ) -> Workload:
     """Count o_l, o'_l, saved activations and sizes on the real ``blocks`` with a probe ``hidden`` [B, T, H].
 
-    ``batch_size`` is b (default: the probe's B); ``embedding`` adds its parameters to the upload; ``head``
-    (the server-side decoder / task head) sets ``head_bytes``, which vanilla_fl uploads. Uploads count the
-    trainable parameters; blocks with frozen ones (LoRA) also set ``trainable_bytes``. ``schedule`` is the
-    pipeline's (gpipe | 1f1b), for C7. ``bytes_per_param``: None (default) counts every tensor in its real dtype
+    ``round_shape``: b, the local steps per round and the schedule (default: ``RoundShape()``, b = the probe's
+    B); ``embedding`` adds its parameters to the upload; ``head`` (the server-side decoder / task head) sets
+    ``head_bytes``, which vanilla_fl uploads. Uploads count the trainable parameters; blocks with frozen ones
+    (LoRA) also set ``trainable_bytes``. ``bytes_per_param``: None (default) counts every tensor in its real dtype
     (a bf16 frozen base, ``model.base_dtype``, is half an fp32 one); a number counts every element that size.
     """
+    shape = round_shape if round_shape is not None else RoundShape()
     if hidden.dim() != 3:
         raise ConfigError(f"measure_workload needs hidden of shape [B, T, H], got {tuple(hidden.shape)}")
     B = int(hidden.shape[0])
@@ -274,12 +283,12 @@ def measure_workload(
         boundary_bytes=tuple(boundary),
         param_bytes=tuple(params),
         saved_bytes=tuple(saved),
-        batch_size=int(batch_size or B),
-        steps_per_round=int(steps_per_round),
+        batch_size=int(shape.batch_size or B),
+        steps_per_round=int(shape.steps_per_round),
         extra_upload_bytes=embedding_bytes,
         head_bytes=_count_bytes(head, bytes_per_param, trainable=True) if head is not None else 0.0,
         trainable_bytes=tuple(trainable) if trainable != params else (),
-        schedule=schedule,
+        schedule=shape.schedule,
     )
 
 

@@ -21,7 +21,7 @@ from collapipe_flwr.accelerator import batch_to, module_device
 from collapipe_flwr.errors import ConfigError, DataFormatError
 from collapipe_flwr.tasks import domain_validation
 from collapipe_flwr.tasks.batching import batch_order
-from collapipe_flwr.tasks.partition import LABEL_SCHEMES, partition_indices
+from collapipe_flwr.tasks.partition import LABEL_SCHEMES, Skew, partition_indices
 
 if TYPE_CHECKING:  # spec.py imports the registry, which imports this module
     from collapipe_flwr.tasks.spec import ModelSpec, TaskSpec
@@ -210,9 +210,11 @@ class Task(ABC):
             seed=self.seed,
             scheme=scheme,
             labels=labels,
-            alpha=self.spec.alpha,
-            quantity=self.spec.quantity,
-            classes_per_partition=self.spec.classes_per_partition,
+            skew=Skew(
+                alpha=self.spec.alpha,
+                quantity=self.spec.quantity,
+                classes_per_partition=self.spec.classes_per_partition,
+            ),
         )
 
     def batches(

@@ -23,12 +23,25 @@ for the classes a pathological split leaves out).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from collapipe_flwr.errors import ConfigError
 
 SCHEMES = ("iid", "quantity", "dirichlet", "pathological", "domain")
 LABEL_SCHEMES = ("dirichlet", "pathological")
 QUANTITY_SHAPES = ("linear", "square", "exponential")
+
+
+@dataclass(frozen=True)
+class Skew:
+    """How uneven a non-IID kind makes the partitions (the task config's settings of the same names; each kind
+    reads its own): ``alpha`` and ``min_partition_size`` for ``dirichlet``, ``quantity`` for ``quantity``,
+    ``classes_per_partition`` for ``pathological``."""
+
+    alpha: float = 0.5
+    min_partition_size: int = 1
+    quantity: str = "linear"
+    classes_per_partition: int = 2
 
 
 def partition_indices(
@@ -38,24 +51,23 @@ def partition_indices(
     seed: int,
     scheme: str = "iid",
     labels: Sequence[int] | None = None,
-    alpha: float = 0.5,
-    min_partition_size: int = 1,
-    quantity: str = "linear",
-    classes_per_partition: int = 2,
+    skew: Skew | None = None,
 ) -> list[int]:
     """Indices (ascending) of partition ``partition_id`` of ``num_partitions`` over ``num_examples``. ``labels``:
-    one per example, the class for ``dirichlet`` / ``pathological``, the corpus for ``domain``."""
+    one per example, the class for ``dirichlet`` / ``pathological``, the corpus for ``domain``; ``skew``: the
+    non-IID kinds' settings (default: ``Skew()``)."""
+    skew = skew if skew is not None else Skew()
     _check_arguments(num_examples, num_partitions, partition_id, scheme)
     if scheme == "domain":
         return _domain_partition(num_partitions, partition_id, seed, _checked_labels(labels, num_examples, scheme))
     if scheme in LABEL_SCHEMES:
         _checked_labels(labels, num_examples, scheme)
     if scheme == "pathological":
-        partitioner = _pathological(num_partitions, seed, classes_per_partition)
+        partitioner = _pathological(num_partitions, seed, skew.classes_per_partition)
     elif scheme == "dirichlet":
-        partitioner = _dirichlet(num_partitions, seed, alpha, min_partition_size)
+        partitioner = _dirichlet(num_partitions, seed, skew.alpha, skew.min_partition_size)
     else:
-        partitioner = _by_size(scheme, num_partitions, quantity)
+        partitioner = _by_size(scheme, num_partitions, skew.quantity)
     partitioner.dataset = _index_dataset(num_examples, labels if scheme in LABEL_SCHEMES else None, seed, scheme)
     try:
         part = partitioner.load_partition(partition_id)

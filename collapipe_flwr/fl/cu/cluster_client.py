@@ -38,7 +38,7 @@ from collapipe_flwr.fl.cu.cluster_session import (
 from collapipe_flwr.fl.cu.cu_checkpoint import remove_cu_state
 from collapipe_flwr.fl.cu.device_loss import replan_after
 from collapipe_flwr.fl.cu.emulation import ThrottledHead, upload
-from collapipe_flwr.fl.cu.local_steps import train_local_steps
+from collapipe_flwr.fl.cu.local_steps import LocalRound, train_local_steps
 from collapipe_flwr.fl.cu.planned_memory import planned_caps
 from collapipe_flwr.fl.cu.round_metrics import (
     DeviceReport,
@@ -49,7 +49,7 @@ from collapipe_flwr.fl.cu.round_metrics import (
 )
 from collapipe_flwr.fl.cu.round_testbed import RoundTestbed, prepare_testbed, testbed_metrics
 from collapipe_flwr.fl.cu.step_log import StepLog
-from collapipe_flwr.fl.dataplane import DecoderClient
+from collapipe_flwr.fl.dataplane import DecoderClient, DecoderClientSpec
 from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
 from collapipe_flwr.fl.messages import (
     LABEL_HISTOGRAM,
@@ -109,12 +109,7 @@ def hello_metrics(identity: ClusterIdentity, cluster_config: dict) -> dict:
 
 def decoder_client(cfg: ClusterConfig, instructions: TrainInstructions, cluster: int) -> DecoderClient:
     """The remote head (the server's decoder over the data plane) for this CU's round."""
-    return DecoderClient(
-        instructions.dataplane_address,
-        instructions.dataplane_secret,
-        round=instructions.round,
-        cluster=cluster,
-        compression=cfg.dataplane.compression,
+    spec = DecoderClientSpec(
         timeout_s=cfg.dataplane.timeout_s,
         max_message_mb=resolve_message_mb(
             cfg.dataplane.max_message_mb,
@@ -123,9 +118,17 @@ def decoder_client(cfg: ClusterConfig, instructions: TrainInstructions, cluster:
             cfg.model.width,
             cfg.dataplane.compression,
         ),
-        root_certificate=instructions.dataplane_root_certificate,
+        compression=cfg.dataplane.compression,
         shared_memory=cfg.dataplane.shared_memory,
         transport=cfg.dataplane.transport,
+    )
+    return DecoderClient(
+        instructions.dataplane_address,
+        instructions.dataplane_secret,
+        round=instructions.round,
+        cluster=cluster,
+        spec=spec,
+        root_certificate=instructions.dataplane_root_certificate,
     )
 
 
@@ -259,17 +262,11 @@ def _train_with_replans(run: CuRound, head: DecoderClient | ThrottledHead | Loca
     from its global weights on the devices left (``fl/cu/device_loss.py``)."""
     while True:
         try:
+            at = LocalRound(
+                run.instructions.round, run.cluster, run.m, run.instructions.plan.data_users, len(run.devices)
+            )
             return train_local_steps(
-                run.session.live_pipeline(),
-                head,
-                run.cfg,
-                run.session.task,
-                run.session.examples,
-                round_=run.instructions.round,
-                cluster=run.cluster,
-                m=run.m,
-                data_users=run.instructions.plan.data_users,
-                num_devices=len(run.devices),
+                run.session.live_pipeline(), head, run.cfg, run.session.task, run.session.examples, at
             )
         except DeviceFailure as failure:
             run.m = replan_after(failure, run.session, run.parts, run.instructions, run.lost, run.cluster)

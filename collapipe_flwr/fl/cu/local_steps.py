@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -59,23 +60,26 @@ def run_steps(
     return log
 
 
+@dataclass(frozen=True)
+class LocalRound:
+    """Which round this is and what its plan asks of this CU: round t, cluster n, m micro-batches per step,
+    D = ``data_users`` data users, and the K = ``num_devices`` devices the step log counts."""
+
+    round: int
+    cluster: int
+    m: int
+    data_users: int
+    num_devices: int
+
+
 def train_local_steps(
-    pipeline: ClusterPipeline,
-    head: HeadFn,
-    cfg: ClusterConfig,
-    task: Task,
-    examples: list[int],
-    *,
-    round_: int,
-    cluster: int,
-    m: int,
-    data_users: int,
-    num_devices: int,
+    pipeline: ClusterPipeline, head: HeadFn, cfg: ClusterConfig, task: Task, examples: list[int], at: LocalRound
 ) -> StepLog:
-    """Round t's ``federation.local_steps`` steps on cluster n with m micro-batches, by one data stream, or by
-    D = ``data_users`` data users each on its share, averaged."""
+    """Round t's ``federation.local_steps`` steps on cluster n with m micro-batches (``at``), by one data stream,
+    or by D = ``at.data_users`` data users each on its share, averaged."""
     clock = wiring.lr_clock(cfg)
     steps = cfg.federation.local_steps
+    round_, cluster, m, num_devices = at.round, at.cluster, at.m, at.num_devices
 
     def seed_of(i: int) -> int | None:
         return step_seed(cfg.seed, round_, cluster, i) if cfg.runtime.seeded_dropout else None
@@ -84,7 +88,7 @@ def train_local_steps(
         batches = itertools.islice(round_batches(task, cfg, examples, round_, cluster), steps)
         return run_steps(pipeline, head, batches, m, lambda i: clock.factor(round_, i), num_devices, select, seed_of)
 
-    users = data_parallel.active_users(data_users, cfg.task.batch_size)
+    users = data_parallel.active_users(at.data_users, cfg.task.batch_size)
     if users == 1:
         return one_stream()
     if not isinstance(head, LocalHead):

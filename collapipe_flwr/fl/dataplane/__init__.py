@@ -11,7 +11,7 @@ in :mod:`collapipe_flwr.fl.server.decoder`.
   lowest latency); :mod:`.stream_session` serves one stream's frames whichever carries them.
 - :mod:`.checks`: what a step request must satisfy before the decoder runs it.
 - :mod:`.streams`: the host's open streams (per (t, n) caps, idle reaper); :mod:`.stats`: its counters.
-- :mod:`.client`: :class:`DecoderClient`, the CU's remote ``HeadFn``.
+- :mod:`.client`: :class:`DecoderClient`, the CU's remote ``HeadFn`` (its settings: :class:`DecoderClientSpec`).
 - :mod:`.shm`: the same-host shortcut (``dataplane.shared_memory: auto``): a CU on the server's host puts
   its frames in a shared-memory segment it owns and sends only a pointer on its authenticated stream.
 
@@ -21,7 +21,7 @@ Wiring (one host per run, one client per CU per round; the host: ``fl/server/dec
     host = DecoderHost(head, head_optimizer, secret, spec, lr_factor_of=f)  # or DecoderHostSpec(hidden_size=H, ...)
     host.start()                          # then announce f"{cfg.dataplane.host}:{host.port}" + secret
     host.open_round(t, selected_clusters) # before sending the round's train messages
-    ...                                   # CUs: with DecoderClient(address, secret, t, n, ...) as head:
+    ...                                   # CUs: with DecoderClient(address, secret, t, n, spec) as head:
     host.close_round()                    #          pipeline.train_step(batch, m, head)
     with host.lock: evaluate(head)        # use the head outside the data plane only under its lock
     host.stop()
@@ -33,6 +33,6 @@ streams are reaped; with ``dataplane.tls_*`` the channel is TLS (grpc.ssl_server
 grpc.secure_channel, or the stdlib ``ssl`` for sockets), the server authenticated by its certificate.
 """
 
-from collapipe_flwr.fl.dataplane.client import DecoderClient
+from collapipe_flwr.fl.dataplane.client import DecoderClient, DecoderClientSpec
 
-__all__ = ["DecoderClient"]
+__all__ = ["DecoderClient", "DecoderClientSpec"]

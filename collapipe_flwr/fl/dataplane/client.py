@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 
 import torch
 
@@ -49,8 +50,24 @@ from collapipe_flwr.fl.dataplane.wire import Frame, decode_header
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class DecoderClientSpec:
+    """How a CU's client talks to the decoder host (every field a plain setting, the ``dataplane`` section's;
+    :class:`DecoderClient` checks them): ``timeout_s`` bounds every wait for a reply; ``max_message_mb`` is the
+    largest frame either end accepts; ``compression`` the wire codec of z_enc and dL/dz_enc (none | fp16 | int8);
+    ``shared_memory`` (auto | off) the same-host shortcut; ``transport`` grpc | socket."""
+
+    timeout_s: float = 120
+    max_message_mb: int = 256
+    compression: str = "none"
+    shared_memory: str = "off"
+    transport: str = "grpc"
+
+
 class DecoderClient:
-    """Remote head for cluster ``cluster`` in round ``round`` at ``address`` (host:port)."""
+    """Remote head for cluster ``cluster`` in round ``round`` at ``address`` (host:port), with the CU's key
+    ``secret``, set up as ``spec`` says; step ids continue from ``start_seq``; ``root_certificate`` (PEM, the one
+    the train message carried): TLS, trusting that server certificate (or its CA)."""
 
     def __init__(
         self,
@@ -58,14 +75,12 @@ class DecoderClient:
         secret: str,
         round: int,  # noqa: A002
         cluster: int,
-        timeout_s: float = 120,
-        max_message_mb: int = 256,
+        spec: DecoderClientSpec | None = None,
         start_seq: int = 0,
         root_certificate: str = "",
-        compression: str = "none",
-        shared_memory: str = "off",
-        transport: str = "grpc",
     ) -> None:
+        spec = spec if spec is not None else DecoderClientSpec()
+        timeout_s, max_message_mb, shared_memory = spec.timeout_s, spec.max_message_mb, spec.shared_memory
         if not address:
             raise DataPlaneError(
                 "no data-plane address given; the train message must carry the server's dataplane address"
@@ -75,12 +90,12 @@ class DecoderClient:
         self.address = address
         self.round = int(round)
         self.cluster = int(cluster)
-        self.compression = wire_mode(compression)  # "none" | "fp16" | "int8"
+        self.compression = wire_mode(spec.compression)  # "none" | "fp16" | "int8"
         self.timeout_s = float(timeout_s)
         self.max_message_bytes = int(max_message_mb) * MB
         self._secret = secret
         self._seq = int(start_seq)  # step ids continue from here (a client reopened mid-round passes its last)
-        self.transport = check_transport(transport)
+        self.transport = check_transport(spec.transport)
         # TLS when root_certificate is given: trust the server certificate (or its CA) the train message carried
         dialer = SocketDialer if self.transport == "socket" else GrpcDialer
         self._dialer: Dialer = dialer(address, root_certificate, int(max_message_mb), self.timeout_s)

@@ -34,7 +34,7 @@ from collapipe_flwr.fl.server.round_planner import RoundPlanner
 from collapipe_flwr.models.split import SplitModel
 from collapipe_flwr.precision import resolve_precision
 from collapipe_flwr.system.state import StateSampler
-from collapipe_flwr.system.workload import Workload, measure_workload
+from collapipe_flwr.system.workload import RoundShape, Workload, measure_workload
 from collapipe_flwr.tasks.base import Task
 from collapipe_flwr.testbed import cpu_quota_available, memory_available
 
@@ -58,15 +58,18 @@ def decoder_lr_factor(cfg: RunConfig) -> Callable[[int, int], float]:
 
 def count_workload(model: SplitModel, hidden: torch.Tensor, mask: torch.Tensor, cfg: RunConfig) -> Workload:
     """FLOPs and bytes of a round (the workload the policy plans with), counted on ``hidden``."""
+    round_shape = RoundShape(
+        batch_size=wiring.batch_size(cfg),
+        steps_per_round=cfg.federation.local_steps,
+        schedule=cfg.pipeline.schedule,  # C7's activation term (Workload.block_memory_bytes)
+    )
     return measure_workload(
         model.blocks,
         hidden,
         mask,
-        batch_size=wiring.batch_size(cfg),
-        steps_per_round=cfg.federation.local_steps,
+        round_shape=round_shape,
         embedding=model.embedding if wiring.embedding_travels(cfg) else None,  # uploaded or not
         head=model.head,
-        schedule=cfg.pipeline.schedule,  # C7's activation term (Workload.block_memory_bytes)
     )
 
 

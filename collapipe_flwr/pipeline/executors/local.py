@@ -13,7 +13,7 @@ from collapipe_flwr.pipeline.device_process import DeviceProcess
 from collapipe_flwr.pipeline.executors.interface import StageSpec
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.runtime_spec import LOCAL_RUNTIME, ClusterRuntime
-from collapipe_flwr.pipeline.stage import Stage
+from collapipe_flwr.pipeline.stage import Stage, StageCompute
 
 
 class LocalStages:
@@ -44,8 +44,7 @@ class LocalStages:
                     optimizer_state=state,
                     slowdown=slowdown,
                     offset=offset,
-                    precision=self.precision,
-                    device=self.device,
+                    compute=StageCompute(device=self.device, precision=self.precision),
                 )
             elif segment is not None:
                 self.devices[k].load_segment(segment, state, slowdown, offset)

@@ -28,6 +28,7 @@ from collapipe_flwr.pipeline.executors.ray_actor import (
 from collapipe_flwr.pipeline.executors.ray_calls import RayStageCalls
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime
+from collapipe_flwr.pipeline.stage import StageCompute
 from collapipe_flwr.testbed.memory_limit import oom_kills_at
 from collapipe_flwr.testbed.memory_limit import remove_path as remove_memory_cgroup
 
@@ -189,9 +190,9 @@ class RayStages(RayStageCalls):
                 optimizer_state=state,
                 slowdown=slowdown,
                 offset=offset,
-                precision=self.runtime.spec.precision,
-                device=self.runtime.spec.device,
-                host_io=True,
+                compute=StageCompute(
+                    device=self.runtime.spec.device, precision=self.runtime.spec.precision, host_io=True
+                ),
                 memory_cgroup=f"dev{k}" if self.runtime.spec.memory_cgroup else "",
             )
         )
