@@ -139,22 +139,23 @@ def test_sinusoidal_positions_match_the_formula():
     assert pe[7, 5] == pytest.approx(math.cos(7 / 10000 ** (4 / 6)), abs=1e-6)
 
 
+TINY = TransformerConfig(
+    src_vocab=20,
+    tgt_vocab=12,
+    d_model=16,
+    n_heads=2,
+    d_ff=32,
+    enc_layers=2,
+    dec_layers=2,
+    dropout=0.0,
+    max_len=12,
+    pad_id=0,
+)
+
+
 def tiny_translation(tgt_vocab: int = 12):
     torch.manual_seed(5)
-    model = build_transformer(
-        TransformerConfig(
-            src_vocab=20,
-            tgt_vocab=tgt_vocab,
-            d_model=16,
-            n_heads=2,
-            d_ff=32,
-            enc_layers=2,
-            dec_layers=2,
-            dropout=0.0,
-            max_len=12,
-            pad_id=0,
-        )
-    ).eval()
+    model = build_transformer(dataclasses.replace(TINY, tgt_vocab=tgt_vocab)).eval()
     # make the output distribution peaked enough that decoding choices are not ties
     with torch.no_grad():
         model.head.generator.weight.mul_(8)
@@ -283,20 +284,8 @@ def test_beam_search_with_a_wide_beam_finds_the_brute_force_best(alpha):
     ],
 )
 def test_transformer_config_rejects_bad_sizes(kwargs, words):
-    base = dict(
-        src_vocab=20,
-        tgt_vocab=12,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        enc_layers=2,
-        dec_layers=2,
-        dropout=0.0,
-        max_len=12,
-        pad_id=0,
-    )
     with pytest.raises(CollaPipeError, match=words):
-        TransformerConfig(**{**base, **kwargs})
+        dataclasses.replace(TINY, **kwargs)
 
 
 def test_configs_are_frozen_and_the_translation_head_takes_the_same_config():
