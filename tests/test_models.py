@@ -203,6 +203,27 @@ def test_transformer_loss_is_token_sum_over_non_ignored_labels():
     torch.testing.assert_close(loss_sum, manual)
 
 
+def test_transformer_smoothed_loss_and_gradients_equal_the_all_positions_cross_entropy():
+    """The generator runs on target positions only; the reference runs it on every position and lets
+    cross_entropy ignore the padding: the same label-smoothed loss and the same gradient of every weight."""
+    model = build_transformer(dataclasses.replace(TINY, label_smoothing=0.1)).train()
+    ids, mask = inputs()
+    ids = ids % 20
+    dec = torch.tensor([[1, 4, 5, 6], [1, 7, 0, 0], [1, 3, 3, 0]])
+    labels = torch.tensor([[4, 5, 6, 2], [7, 2, -100, -100], [3, 3, 2, -100]])
+    z = model.encode(ids, mask).detach()
+    loss_sum, _ = model.head.loss_terms(z, mask, {"decoder_input_ids": dec, "labels": labels})
+    got = torch.autograd.grad(loss_sum, list(model.head.parameters()))
+    logits = model.head.logits(z, mask, dec)
+    ref = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, 12), labels.reshape(-1), ignore_index=-100, reduction="sum", label_smoothing=0.1
+    )
+    want = torch.autograd.grad(ref, list(model.head.parameters()))
+    torch.testing.assert_close(loss_sum, ref)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
 def sequence_logprob(model, z, mask, seq, bos, eos) -> float:
     """log p(seq) by teacher forcing the whole sequence at once (independent of the decoders' loops)."""
     dec = torch.tensor([[bos] + seq[:-1]])

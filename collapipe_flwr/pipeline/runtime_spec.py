@@ -26,6 +26,12 @@ class RuntimeSpec:
     ``federation.decoder_update: joint`` or ``ordered`` (its barrier / turnstile waits for every CU). N trains
     every CU at once, as in a deployment (they then share the cores);
     device_timeout_s: the longest wait for one device's step; torch_threads: torch threads per process;
+    server_threads: torch threads of the server's process while rounds train (its decoder / head steps): 1 by
+    default, because in a simulation the server shares the cores with the device actors, which Ray runs at a
+    lower priority (nice 15): a head on 2 threads of a 2-core machine took both cores and left a device actor 5-9%
+    of its speed for a 26-34% faster head (benchmarks/server_threads.py); 0 = torch's default (every core: a server
+    on its own machine, docs/deployment.md). The evaluation between rounds, when no CU trains, uses every usable
+    core either way;
     precision: ``auto`` (bf16 autocast where the hardware has native bf16) | ``fp32`` | ``bf16``;
     device_resource: a Ray custom resource that pins device k's actor to device k's box: ``{k}`` replaced by
     k, or k appended when the name has no ``{k}`` (``device_`` and ``device_{k}`` both give ``device_0`` for
@@ -62,6 +68,7 @@ class RuntimeSpec:
     concurrent_cus: int = 0
     device_timeout_s: float = 300.0
     torch_threads: int = 1
+    server_threads: int = 1
     precision: str = "auto"
     prestart_devices: bool = True
     device_resource: str = ""
@@ -97,6 +104,10 @@ class RuntimeSpec:
         )
         require(self.device_timeout_s > 0, "runtime.device_timeout_s must be > 0")
         require(self.torch_threads >= 1, "runtime.torch_threads must be >= 1")
+        require(
+            self.server_threads >= 0,
+            f"runtime.server_threads={self.server_threads} must be >= 0 (0 = every core of the server's machine)",
+        )
         require(
             self.pin_threads in PIN_MODES,
             f"runtime.pin_threads={self.pin_threads!r} must be one of {', '.join(PIN_MODES)}",

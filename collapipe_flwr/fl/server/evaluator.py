@@ -17,7 +17,9 @@ import torch
 from collapipe_flwr.accelerator import module_device
 from collapipe_flwr.config import EvalSpec
 from collapipe_flwr.fl.server.decoder.service import DecoderService
+from collapipe_flwr.fl.server.threads import torch_threads
 from collapipe_flwr.models.split import SplitModel
+from collapipe_flwr.pipeline.executors import usable_cores
 from collapipe_flwr.precision import autocast
 from collapipe_flwr.tasks.base import Task
 
@@ -40,7 +42,7 @@ class Evaluator:
         self.device = device if device is not None else torch.device("cpu")
 
     def evaluate(self, models: list[SplitModel]) -> dict[str, float]:
-        with self.decoder.head_locked():
+        with self.decoder.head_locked(), torch_threads(usable_cores()):  # no CU trains meanwhile (fl/server/threads.py)
             scores = [self._score(model) for model in models]
         return {k: sum(s[k] for s in scores) / len(scores) for k in scores[0]}
 

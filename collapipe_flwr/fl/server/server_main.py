@@ -38,6 +38,7 @@ from collapipe_flwr.fl.server.checkpoint import load_checkpoint, restore
 from collapipe_flwr.fl.server.preflight import check_partitions
 from collapipe_flwr.fl.server.server_state import ServerState
 from collapipe_flwr.fl.server.strategy import CollaPipeStrategy
+from collapipe_flwr.fl.server.threads import torch_threads
 from collapipe_flwr.model_store import save_model
 
 FLOWER_LOGGER_NAME = "flwr"  # the logger every Flower component logs through
@@ -189,7 +190,7 @@ def rounds_done(cfg: RunConfig, server: ServerState, run_log: RunLog, folder: Pa
 
 def train_rounds(grid, cfg: RunConfig, server: ServerState, strategy: CollaPipeStrategy, done: int) -> dict:
     """Rounds done+1..T through Flower's strategy loop; returns the run's summary record."""
-    with flower_log_level(cfg.flower_log):
+    with flower_log_level(cfg.flower_log), torch_threads(cfg.runtime.server_threads):
         result = strategy.start(
             grid,
             initial_arrays=server.global_model.array_record(),
