@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,8 @@ from collapipe_flwr.system.profile import DeviceEmulation
 from collapipe_flwr.testbed import memory_available
 from tests.runtimes import runtime
 from tests.test_pipeline_ray import batch as ray_batch
+
+ROOT = Path(__file__).resolve().parent.parent
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.skipif(memory_available() is not None, reason=f"no memory cgroups: {memory_available()}")
@@ -139,3 +143,26 @@ def test_the_round_record_sets_c7_beside_the_measured_peaks_and_the_fit_recovers
     assert rows["relative_error_median"] == pytest.approx(sorted(errors)[1] / 2 + sorted(errors)[2] / 2)
     fit = MemoryCorrection(runtime_bytes=1e8)
     assert fit.update(rows["pairs"]) == pytest.approx((9e7, 1.5))
+
+
+def _actor_env(preset: str | None) -> str:
+    """ONEDNN_PRIMITIVE_CACHE_CAPACITY as a device actor's process sees it once built (a fresh interpreter, so
+    the variable this test sets is not this process's)."""
+    code = (
+        "import os, torch\n"
+        "from collapipe_flwr.pipeline.executors.ray_actor import StageActor\n"
+        "from collapipe_flwr.pipeline.optim import OptimizerSpec\n"
+        "StageActor(1, 0, torch.nn.ModuleList(), OptimizerSpec())\n"
+        "print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY', 'unset'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    if preset is not None:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = preset
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()[-1]
+
+
+def test_a_device_process_bounds_onednns_primitive_cache_unless_the_user_set_it():
+    assert _actor_env(None) == "32"
+    assert _actor_env("256") == "256"
