@@ -1,0 +1,161 @@
+"""The paper's headline claims beside this repository's kept records, one verdict rule for every row (issue 44).
+
+``python results/claims.py`` writes ``results/claims/table.md`` from records kept in this repository only:
+
+* computation efficiency (Section VI on Figs. 7-8: CollaPipe's accumulated computation delay 18.94% below
+  TITANIC's, 15.09% below VanillaFL's, 40.55% below PipeLine's, and 22.45% more without segment scheduling, i.e.
+  18.33% below w/o SS's) and the round delay (the abstract's "end-to-end latency at least 48.98% lower") from
+  ``results/fig7_8/<task>_paper_size/methods.csv``: the planner over the system model at the paper's model sizes
+  (transformer_paper, bert_base), seeds 0, 1, 2 -- **modelled** (eqs. 10-16, 26), no clock measured them;
+* inference quality (the contribution list: "up to 2.76% in inference accuracy") from
+  ``results/trained/runs.csv``: the trained-budget campaign's final validation metric per task, method and seed --
+  **measured** (training runs);
+* the claims no kept record measures yet (the end-to-end latency and per-device memory on the testbed) as rows
+  saying so.
+
+Per seed s, the paired difference is CollaPipe's gain over the baseline in percent of the baseline:
+``100 (base_s - ours_s) / base_s`` for a delay, ``100 (ours_s - base_s) / base_s`` for a quality metric; the table
+gives its mean over the seeds and the 95% Student-t interval of that mean (n = 3, 2 degrees of freedom).
+
+**The verdict rule, for every row**: *reproduced* when the mean has the paper's sign (a gain) and the interval
+excludes 0; *same sign within noise* when the mean is a gain but the interval includes 0; *opposite sign* when the
+mean is a loss (with "outside noise" when the interval excludes 0). The size is not judged: the paper's number and
+ours stand side by side. ``tests/test_results_claims.py`` regenerates the table from the records and fails when
+the committed text differs.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from scipy import stats
+
+RESULTS = Path(__file__).resolve().parent
+OUT = RESULTS / "claims" / "table.md"
+BASELINES = ("titanic", "vanilla_fl", "pipeline", "collapipe_no_ss")
+# Section VI (Figs. 7-8): CollaPipe's accumulated computation delay below each baseline's, in percent; w/o SS's
+# "+22.45% latency" is 22.45 / 122.45 = 18.33% below it
+PAPER_COMPUTE = {"titanic": 18.94, "vanilla_fl": 15.09, "pipeline": 40.55, "collapipe_no_ss": 100 * 22.45 / 122.45}
+PAPER_LATENCY = 48.98  # abstract: "reduces end-to-end latency by at least 48.98%"
+PAPER_QUALITY = 2.76  # contribution 4: "improvements of up to 2.76% in inference accuracy"
+FIG7_8 = {"translation": "translation_paper_size", "classification": "classification_paper_size"}
+QUALITY_TASKS = ("translation", "classification", "ner")
+
+
+@dataclass(frozen=True)
+class Paired:
+    """CollaPipe's per-seed gains over one baseline (percent of the baseline) and their summary."""
+
+    gains: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return statistics.mean(self.gains)
+
+    @property
+    def half_width(self) -> float:
+        """Half the 95% Student-t interval of the mean (n - 1 degrees of freedom)."""
+        n = len(self.gains)
+        if n < 2:
+            return math.inf
+        return float(stats.t.ppf(0.975, n - 1)) * statistics.stdev(self.gains) / math.sqrt(n)
+
+    def verdict(self) -> str:
+        low, high = self.mean - self.half_width, self.mean + self.half_width
+        if self.mean > 0:
+            return "reproduced" if low > 0 else "same sign within noise"
+        return "opposite sign, outside noise" if high < 0 else "opposite sign"
+
+    def cell(self) -> str:
+        return f"{self.mean:+.2f}% [{self.mean - self.half_width:+.2f}, {self.mean + self.half_width:+.2f}]"
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def paired(rows: list[dict[str, str]], baseline: str, column: str, lower_is_better: bool) -> Paired:
+    """CollaPipe against ``baseline`` on ``column``, paired by seed (only seeds both have)."""
+    ours = {r["seed"]: float(r[column]) for r in rows if r["method"] == "collapipe"}
+    base = {r["seed"]: float(r[column]) for r in rows if r["method"] == baseline}
+    seeds = sorted(set(ours) & set(base), key=int)
+    if not seeds:
+        raise ValueError(f"no seed has both collapipe and {baseline} in the records")
+    sign = 1.0 if lower_is_better else -1.0
+    return Paired(tuple(sign * 100.0 * (base[s] - ours[s]) / base[s] for s in seeds))
+
+
+def delay_rows() -> list[str]:
+    lines = []
+    for task, folder in FIG7_8.items():
+        rows = _rows(RESULTS / "fig7_8" / folder / "methods.csv")
+        source = f"`fig7_8/{folder}/methods.csv`"
+        for baseline in BASELINES:
+            p = paired(rows, baseline, "compute_s", lower_is_better=True)
+            lines.append(
+                f"| computation delay below {baseline} (Figs. 7-8) | {task} | {PAPER_COMPUTE[baseline]:.2f}% | "
+                f"{p.cell()} | modelled | {source} | {p.verdict()} |"
+            )
+        for baseline in BASELINES:
+            p = paired(rows, baseline, "round_delay_s", lower_is_better=True)
+            lines.append(
+                f"| end-to-end round delay below {baseline} | {task} | at least {PAPER_LATENCY:.2f}% | "
+                f"{p.cell()} | modelled (eq. 26) | {source} | {p.verdict()} |"
+            )
+    return lines
+
+
+def quality_rows() -> list[str]:
+    """The campaign ran before issue 43's operating point (network=small), where CollaPipe seldom split: its mean S
+    per task is shown with each row."""
+    rows = [r for r in _rows(RESULTS / "trained" / "runs.csv") if r["part"] == "methods" and r["ok"] == "True"]
+    lines = []
+    for task in QUALITY_TASKS:
+        task_rows = [r for r in rows if r["task"] == task]
+        mean_s = statistics.mean(float(r["S"]) for r in task_rows if r["method"] == "collapipe")
+        for baseline in BASELINES:
+            p = paired(task_rows, baseline, "final_metric", lower_is_better=False)
+            lines.append(
+                f"| final validation metric above {baseline} | {task} | up to {PAPER_QUALITY:.2f}% | {p.cell()} | "
+                f"measured (training; CollaPipe's mean S {mean_s:.2f}) | `trained/runs.csv` | {p.verdict()} |"
+            )
+    return lines
+
+
+NOT_MEASURED = (
+    "| end-to-end latency on the testbed | all | at least 48.98% | no kept record | measured | - | "
+    "not measured yet: the testbed campaign at N = 3, K = 6 with kept records is issue 44's |",
+    "| single-device memory below VanillaFL's (Table III) | all | more than half | no kept record | measured "
+    "| - | not measured yet: per-device peaks per method on the testbed are issue 44's |",
+)
+
+
+def table() -> str:
+    head = [
+        "# The paper's headline claims against the kept records (generated by results/claims.py)",
+        "",
+        "Ours: CollaPipe's gain over the baseline in percent of the baseline, paired by seed (0, 1, 2): mean [95% "
+        "Student-t interval]. Verdict: *reproduced* = the paper's sign and the interval excludes 0; *same sign "
+        "within noise* = the paper's sign, the interval includes 0; *opposite sign* = a loss (outside noise: the "
+        "interval excludes 0). Sizes are not judged; the paper's number stands beside ours. *Modelled* rows come "
+        "from the planner over the system model, not from a clock.",
+        "",
+        "| claim | task | paper | ours | kind | record | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    return "\n".join([*head, *delay_rows(), *quality_rows(), *NOT_MEASURED]) + "\n"
+
+
+def main() -> None:
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(table(), encoding="utf-8")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
