@@ -145,14 +145,15 @@ def test_the_round_record_sets_c7_beside_the_measured_peaks_and_the_fit_recovers
     assert fit.update(rows["pairs"]) == pytest.approx((9e7, 1.5))
 
 
-def _actor_env(preset: str | None) -> str:
-    """ONEDNN_PRIMITIVE_CACHE_CAPACITY as a device actor's process sees it once built (a fresh interpreter, so
-    the variable this test sets is not this process's)."""
+def _actor_env(preset: str | None, memory_counted: bool) -> str:
+    """ONEDNN_PRIMITIVE_CACHE_CAPACITY as a device process sees it after building its stage (without a cgroup) or
+    after the bound a cgroup's device applies (a fresh interpreter, so this process's environment is not touched)."""
     code = (
         "import os, torch\n"
-        "from collapipe_flwr.pipeline.executors.ray_actor import StageActor\n"
+        "from collapipe_flwr.pipeline.executors.ray_actor import StageActor, bound_onednn_cache\n"
         "from collapipe_flwr.pipeline.optim import OptimizerSpec\n"
         "StageActor(1, 0, torch.nn.ModuleList(), OptimizerSpec())\n"
+        f"bound_onednn_cache({memory_counted})\n"
         "print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY', 'unset'))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
@@ -163,6 +164,7 @@ def _actor_env(preset: str | None) -> str:
     return out.stdout.split()[-1]
 
 
-def test_a_device_process_bounds_onednns_primitive_cache_unless_the_user_set_it():
-    assert _actor_env(None) == "32"
-    assert _actor_env("256") == "256"
+def test_a_device_whose_memory_the_kernel_counts_bounds_onednns_cache_unless_the_user_set_it():
+    assert _actor_env(None, memory_counted=False) == "unset"  # a device without a cgroup keeps oneDNN's default
+    assert _actor_env(None, memory_counted=True) == "32"
+    assert _actor_env("256", memory_counted=True) == "256"

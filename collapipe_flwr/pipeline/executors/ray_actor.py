@@ -68,10 +68,20 @@ class DeviceActor(Protocol):
     _actor_id: Any
 
 
-# oneDNN's primitive cache in a device process (StageActor.__init__): 32 bounded a 2-block stage's resident set at
-# 808 MiB against 1242 MiB at oneDNN's default over 250 steps of 240 micro-batch shapes, at the same speed
 ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 ONEDNN_CACHE_CAPACITY = 32
+
+
+def bound_onednn_cache(memory_counted: bool) -> None:
+    """Bound oneDNN's primitive cache at :data:`ONEDNN_CACHE_CAPACITY` in a device process whose memory the kernel
+    counts (a memory cgroup: C7 measured or enforced), unless the environment sets it already.
+
+    oneDNN keeps a compiled primitive per matmul shape (1024 by default); under bf16 autocast the batches' varying
+    lengths fill it round after round. On 6 rounds of the default run, 32 cut each device's measured peak by 40-80
+    MiB (the median relative error against C7 from 39-62% to 26-52% a round), but the primitives it recompiles cost
+    1-2 s a round (docs/testbed.md), so a device that nothing limits keeps oneDNN's default."""
+    if memory_counted:
+        os.environ.setdefault(ONEDNN_CACHE_ENV, str(ONEDNN_CACHE_CAPACITY))
 
 
 def actor_name(prefix: str, k: int) -> str:
@@ -90,10 +100,7 @@ class StageActor(Stage):
         # first, idle: the memory figures count from here, and with ``memory_cgroup`` (its name) this process joins
         # its own memory cgroup before it holds a block (pipeline/process_memory.py)
         kwargs["process_memory"] = ProcessMemory.start(memory_cgroup)
-        # oneDNN keeps a compiled primitive per matmul shape (1024 by default); under bf16 autocast the batches'
-        # varying lengths fill it round after round, and a device's memory grew ~50-90 MiB over C7's count
-        # (issue 43). Read at oneDNN's first primitive, so set before any compute; a user's own setting stays.
-        os.environ.setdefault(ONEDNN_CACHE_ENV, str(ONEDNN_CACHE_CAPACITY))
+        bound_onednn_cache(bool(memory_cgroup))  # before any compute: oneDNN reads it at its first primitive
         self._all_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         torch.set_num_threads(max(1, int(threads)))
         self._handoff = "object_store"
