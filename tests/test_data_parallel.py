@@ -85,6 +85,9 @@ def test_vanilla_fl_round_is_d_users_trained_on_their_shares_and_averaged(data_d
         # network=small: every device holds bert_tiny, so all K = 3 are data users (ClusterModel.data_users)
         assert users == len(server.planner.devices_of(cplan.cluster)) == 3
         assert plan.modelled["clusters"][cplan.cluster]["data_users"] == users
+        # one device per user, the first the one delta names
+        assert sorted(cplan.user_devices) == [0, 1, 2]
+        assert cplan.delta[cplan.user_devices[0]] == sum(cplan.delta)
         record, metrics = train_round(
             ClusterIdentity(cplan.cluster, cfg.federation.num_clusters, str(data_dir)),
             server.global_model.array_record(),
@@ -96,6 +99,11 @@ def test_vanilla_fl_round_is_d_users_trained_on_their_shares_and_averaged(data_d
     reply = unpack_weights(record)
     expected, rows = _by_hand(cfg, task, before, cplan.cluster, users)
     assert metrics["num-examples"] == rows
+    # each user trained on its own device: every device computed and held the whole model once, and each user's
+    # seconds are reported apart (the parallel round is the slowest user's)
+    assert len(metrics["seconds-users"]) == users and all(s > 0 for s in metrics["seconds-users"])
+    assert all(c > 0 for c in metrics["device-compute-seconds"])
+    assert all(p > 0 for p in metrics["device-peak-bytes"])
     assert metrics["steps"] == cfg.federation.local_steps
     assert ("embedding" in reply) == (embedding == "trained")  # a frozen embedding is not uploaded (eq. 11)
     for part in reply:
@@ -125,6 +133,25 @@ def test_plan_names_data_users_only_for_data_parallel_methods(data_dir):
 def test_plan_refuses_zero_data_users():
     with pytest.raises(ValueError, match="data_users=0"):
         ClusterPlan(cluster=0, selected=True, channel=0, power_w=0.1, S=1, m=1, delta=(2,), data_users=0)
+
+
+@pytest.mark.parametrize(
+    ("user_devices", "message"),
+    [((0,), "1 user_devices for data_users=2"), ((0, 0), "distinct devices"), ((0, 3), "distinct devices in 0..2")],
+)
+def test_plan_refuses_user_devices_that_do_not_name_one_device_per_user(user_devices, message):
+    with pytest.raises(ValueError, match=message):
+        ClusterPlan(
+            cluster=0,
+            selected=True,
+            channel=0,
+            power_w=0.1,
+            S=1,
+            m=1,
+            delta=(2, 0, 0),
+            data_users=2,
+            user_devices=user_devices,
+        )
 
 
 def test_average_weighs_by_examples_and_keeps_non_float_leaves():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from collapipe_flwr.config import load_run_config
+from collapipe_flwr.config import build_cluster_config, load_run_config
 from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, train_round
 from collapipe_flwr.fl.messages import unpack_weights
 from collapipe_flwr.fl.server.server_state import ServerState
@@ -86,6 +86,13 @@ def test_pipeline_keeps_one_encoder_per_cluster_and_reports_their_mean(data_dir)
     for cluster, parts, _ in results:
         kept = server.global_model.for_cluster(cluster)
         assert all(torch.equal(kept["encoder"][k], parts["encoder"][k]) for k in parts["encoder"])
+    # no FedAvg, so no model upload (eq. 11 charges PipeLine z_enc only): the weights travel back for evaluation,
+    # counted apart, and the CU was told so by the config it received (no emulated uplink for them)
+    assert cfg.cluster_config().aggregated is False
+    assert build_cluster_config(cfg.cluster_config().to_dict()).aggregated is False
+    for _cluster, parts, metrics in results:
+        carried = sum(t.numel() * t.element_size() for part in parts.values() for t in part.values())
+        assert metrics["upload-bytes"] == 0 and metrics["carried-bytes"] == carried > 0
     # the reported score is the mean over the clusters' models (recomputed here one by one)
     import copy
 

@@ -102,6 +102,7 @@ class RunConfig:
             runtime=runtime,
             dataplane=self.dataplane,
             head_on_server=self.method.head_on_server,
+            aggregated=self.method.aggregate,
             privacy=self.privacy,
             pipeline=self.pipeline,
         )
@@ -111,7 +112,9 @@ class RunConfig:
 class ClusterConfig:
     """What a CU needs of the run config (a CU never sees the scheduler, network, method or eval sections):
     the task and model, the federation's round / step counts, the runtime of its devices, the data plane's
-    wire settings, and whether the head is the server's (data plane) or its own (``method.head_on_server``)."""
+    wire settings, whether the head is the server's (data plane) or its own (``method.head_on_server``), and
+    whether the server averages what the CU trains (``method.aggregate``; False for the PipeLine baseline, whose
+    weights then pass no emulated uplink: eq. (11) charges it z_enc only)."""
 
     seed: int
     data_dir: str
@@ -121,6 +124,7 @@ class ClusterConfig:
     runtime: RuntimeSpec
     dataplane: DataPlaneSpec
     head_on_server: bool
+    aggregated: bool = True
     privacy: PrivacySpec = PrivacySpec()
     pipeline: PipelineSpec = PipelineSpec()
 
@@ -135,6 +139,7 @@ class ClusterConfig:
             "runtime": self.runtime.to_raw(),
             "dataplane": dataclasses.asdict(self.dataplane),
             "head_on_server": self.head_on_server,
+            "aggregated": self.aggregated,
             "privacy": dataclasses.asdict(self.privacy),
             "pipeline": dataclasses.asdict(self.pipeline),
         }
@@ -162,6 +167,7 @@ def build_cluster_config(data: Mapping[str, Any]) -> ClusterConfig:
         runtime=parse_runtime(data.get("runtime")),
         dataplane=parse_dataplane(data.get("dataplane")),
         head_on_server=scalar("", "head_on_server", data.get("head_on_server", True), bool),
+        aggregated=scalar("", "aggregated", data.get("aggregated", True), bool),
         privacy=typed("privacy", PrivacySpec, data.get("privacy")),
         pipeline=typed("pipeline", PipelineSpec, data.get("pipeline")),
     )

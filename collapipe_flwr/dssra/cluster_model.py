@@ -308,9 +308,11 @@ class ClusterModel:
             + self.per_microbatch_s
         )
         slowest = float(np.max(np.where(users, comp, -np.inf))) if D else 0.0
+        fastest_first = np.argsort(-np.where(users, self.flops_per_second, -np.inf), kind="stable")[:D]
         return {
             "S": 1,
             "data_users": D,
+            "user_devices": [int(k) for k in fastest_first],
             "pipeline_s": float(self.steps * slowest),
             "compute_s": float(self.steps * slowest),
             "d2d_s": 0.0,

@@ -16,6 +16,8 @@ class ClusterPlan:
     S: number of non-zero entries of delta.  m: micro-batches.  delta: delta_k per device, sum L.
     data_users: D, the devices that each train the whole model on their own share of the batch (data
     parallel, VanillaFL read the paper's way); 1 for every pipelined method (the CU's batch is one stream).
+    user_devices: the devices k of those D users, fastest first (the first is the one delta names); empty for
+    a pipelined plan. The CU trains user d on device ``user_devices[d]``.
     """
 
     cluster: int
@@ -26,16 +28,32 @@ class ClusterPlan:
     m: int
     delta: tuple[int, ...]
     data_users: int = 1
+    user_devices: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.data_users < 1:
             raise ValueError(f"cluster {self.cluster}: data_users={self.data_users} must be >= 1")
+        if self.user_devices and len(self.user_devices) != self.data_users:
+            raise ValueError(
+                f"cluster {self.cluster}: {len(self.user_devices)} user_devices for data_users={self.data_users}; "
+                "name one device per data user"
+            )
+        if len(set(self.user_devices)) != len(self.user_devices) or any(
+            not 0 <= k < len(self.delta) for k in self.user_devices
+        ):
+            raise ValueError(
+                f"cluster {self.cluster}: user_devices={list(self.user_devices)} must be distinct devices in "
+                f"0..{len(self.delta) - 1}"
+            )
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["delta"] = list(self.delta)
-        if self.data_users == 1:  # the pipelined methods' plans (and their records) carry no such key
+        d["user_devices"] = list(self.user_devices)
+        if self.data_users == 1:  # the pipelined methods' plans (and their records) carry no such keys
             del d["data_users"]
+        if not self.user_devices:
+            del d["user_devices"]
         return d
 
     @classmethod
@@ -49,6 +67,7 @@ class ClusterPlan:
             m=int(d["m"]),
             delta=tuple(int(x) for x in d["delta"]),
             data_users=int(d.get("data_users", 1)),
+            user_devices=tuple(int(k) for k in d.get("user_devices", ())),
         )
 
 

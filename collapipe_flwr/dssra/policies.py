@@ -333,6 +333,7 @@ class Policy:
             m=seg.m,
             delta=seg.delta,
             data_users=int(ev.get("data_users", 1)),
+            user_devices=tuple(int(k) for k in ev.get("user_devices", ())),
         )
         row = {
             "pipeline_s": ev["pipeline_s"],

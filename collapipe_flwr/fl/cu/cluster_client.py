@@ -15,6 +15,7 @@ lost device), ``round_testbed`` (the testbed and the devices' profile), ``round_
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -186,8 +187,10 @@ def train_round(
         steps = _train_with_replans(run, head)
         clock.trained = time.time()
         reply_parts = _reply_parts(run)
-        clock.upload_s = upload(testbed.bucket, reply_parts)
-        devices = _device_report(run)
+        # without aggregation (PipeLine) the weights go back only so that the server can evaluate and checkpoint
+        # each cluster's own model: no emulated uplink, no upload bytes (eq. 11 charges such a method z_enc only)
+        clock.upload_s = upload(testbed.bucket if run.cfg.aggregated else None, reply_parts)
+        devices = _device_report(run, steps)
         clock.finish_s = _finish(run, state)
     except BaseException:
         drop_session(run.session.run_key, run.cluster, len(run.devices))
@@ -200,7 +203,10 @@ def train_round(
         **clock.seconds(time.time()),
         **devices.metrics(steps.device_compute),
         **prepared.metrics(),
-        "upload-bytes": tensor_bytes(reply_parts),  # what the reply's tensors hold (eq. 11's model term, uncompressed)
+        # what the reply's tensors hold (eq. 11's model term, uncompressed); 0 for a method without aggregation,
+        # whose weights travel back for evaluation only (``carried-bytes``)
+        "upload-bytes": tensor_bytes(reply_parts) if run.cfg.aggregated else 0,
+        **({} if run.cfg.aggregated else {"carried-bytes": tensor_bytes(reply_parts)}),
     }
     if instructions.report_profile:
         K, t = len(run.devices), instructions.round
@@ -262,9 +268,10 @@ def _train_with_replans(run: CuRound, head: DecoderClient | ThrottledHead | Loca
     from its global weights on the devices left (``fl/cu/device_loss.py``)."""
     while True:
         try:
-            at = LocalRound(
-                run.instructions.round, run.cluster, run.m, run.instructions.plan.data_users, len(run.devices)
-            )
+            plan = run.instructions.plan
+            at = LocalRound(run.instructions.round, run.cluster, run.m, plan.data_users, len(run.devices))
+            if not run.lost:  # after a device loss the re-plan is a pipeline over the devices left
+                at = dataclasses.replace(at, user_devices=plan.user_devices)
             return train_local_steps(
                 run.session.live_pipeline(), head, run.cfg, run.session.task, run.session.examples, at
             )
@@ -297,9 +304,11 @@ def _reply_parts(run: CuRound) -> dict[str, dict[str, torch.Tensor]]:
     return parts
 
 
-def _device_report(run: CuRound) -> DeviceReport:
+def _device_report(run: CuRound, steps: StepLog) -> DeviceReport:
+    """Per device k: memory (a data-parallel round's from each user device right after its steps), pids, losses."""
     pipeline = run.session.live_pipeline()
-    report = device_report(pipeline.memory_report(), pipeline.processes(), len(run.devices))
+    memory = list(steps.memory) or pipeline.memory_report()
+    report = device_report(memory, pipeline.processes(), len(run.devices))
     if run.lost:
         report.lost, report.final_delta, report.final_m = list(run.lost), list(pipeline.delta), run.m
         report.lost_reasons = list(run.lost_reasons)

@@ -15,8 +15,13 @@ and train it on their share within E_k^max, C9'). In round t each user d = 0..D-
 The users' optimizer moments are averaged the same way (the CU keeps one optimizer state per cluster across
 rounds, ``federation.optimizer_state: keep``; with ``reset`` every user starts each round fresh anyway).
 
-The users run one after another on the device the plan's delta names (the CU executes; the delay model counts
-them in parallel on their own devices, ``ClusterModel.evaluate_data_parallel``). Nothing crosses the data
+User d trains on its own device, ``ClusterPlan.user_devices[d]`` (the whole encoder is moved there with
+``ClusterPipeline.repartition`` before its steps, under that device's CPU quota and memory limit on the testbed),
+one user after another: the paper's users run in parallel, each on its own device, and a machine with fewer cores
+than devices cannot run them so without slowing each one. Each user's seconds are measured apart
+(``StepLog.user_seconds``, metric ``seconds-users``), so the parallel round is read as the slowest user's, as
+the delay model counts it (``ClusterModel.evaluate_data_parallel``). A plan without ``user_devices`` (D = 1, or
+a plan from before they were named) runs every user on the device delta names. Nothing crosses the data
 plane: VanillaFL keeps the head on the CU (``head_on_server: false``).
 
 Written by hand: the state to snapshot spans the CU's embedding, the device stages (local or Ray) and the
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -168,23 +174,48 @@ Select = Callable[[dict[str, torch.Tensor]], "dict[str, torch.Tensor] | None"]
 TrainUser = Callable[[Select], StepLog]
 
 
-def train_data_parallel(pipeline: ClusterPipeline, head: LocalHead, users: int, train_user: TrainUser) -> StepLog:
+def whole_model_on(device: int, num_devices: int, num_blocks: int) -> tuple[int, ...]:
+    """delta with all L blocks on ``device`` (S = 1): where data user d trains."""
+    return tuple(num_blocks if k == device else 0 for k in range(num_devices))
+
+
+def train_data_parallel(
+    pipeline: ClusterPipeline,
+    head: LocalHead,
+    users: int,
+    train_user: TrainUser,
+    user_devices: Sequence[int] = (),
+) -> StepLog:
     """Run the round for ``users`` data users and leave their average in the pipeline and the head.
 
     ``train_user(select)`` runs the round's local steps with every batch passed through ``select`` and
-    returns ``(losses, examples, seconds per phase, compute per device)``. Returns the same tuple for the
-    round: per step the example-weighted mean loss over the users, and the users' examples, seconds and
-    device compute summed.
+    returns ``(losses, examples, seconds per phase, compute per device)``. ``user_devices[d]``: the device user
+    d trains on (the encoder moves there first; empty: every user on the pipeline's present layout). Returns
+    the round's log: per step the example-weighted mean loss over the users, the users' examples, seconds and
+    device compute summed, each user's seconds and, with ``user_devices``, each user device's memory report.
     """
+    if user_devices and len(user_devices) < users:
+        raise ValueError(f"{users} data users but {len(user_devices)} user devices: name one device per user")
+    home = pipeline.delta
     start = snapshot(pipeline, head)
     mean = RunningMean()
     runs: list[StepLog] = []
+    user_seconds: list[float] = []
+    memory: list[dict] = []
     for d in range(users):
+        if user_devices:
+            pipeline.repartition(whole_model_on(int(user_devices[d]), len(home), sum(home)))
         if d:
             restore(pipeline, head, start)
+        began = time.perf_counter()
         runs.append(train_user(functools.partial(user_share, user=d, users=users)))
+        user_seconds.append(time.perf_counter() - began)
+        if user_devices:
+            memory.extend(pipeline.memory_report())  # this user's device, its peaks read (and reset) now
         mean.add(vars(snapshot(pipeline, head)), float(runs[-1][1]))
     examples = [float(run[1]) for run in runs]
+    if user_devices:
+        pipeline.repartition(home)
     restore(pipeline, head, TrainingState(**mean.mean()))
     steps = min(len(run[0]) for run in runs)
     losses = [sum(run[0][i] * n for run, n in zip(runs, examples)) / sum(examples) for i in range(steps)]
@@ -194,4 +225,4 @@ def train_data_parallel(pipeline: ClusterPipeline, head: LocalHead, users: int, 
         for phase, sec in run[2].items():
             seconds[phase] = seconds.get(phase, 0.0) + sec
         compute = [a + b for a, b in zip(compute, run[3])]
-    return StepLog(losses, int(sum(examples)), seconds, compute)
+    return StepLog(losses, int(sum(examples)), seconds, compute, tuple(user_seconds), tuple(memory))

@@ -63,13 +63,15 @@ def run_steps(
 @dataclass(frozen=True)
 class LocalRound:
     """Which round this is and what its plan asks of this CU: round t, cluster n, m micro-batches per step,
-    D = ``data_users`` data users, and the K = ``num_devices`` devices the step log counts."""
+    D = ``data_users`` data users (on ``user_devices``, one each), and the K = ``num_devices`` devices the step
+    log counts."""
 
     round: int
     cluster: int
     m: int
     data_users: int
     num_devices: int
+    user_devices: tuple[int, ...] = ()
 
 
 def train_local_steps(
@@ -96,4 +98,4 @@ def train_local_steps(
             f"cluster {cluster}: the plan names {users} data users, which train the whole model on the CU "
             "(head_on_server: false); this method keeps the head on the server, so use a method with a local head"
         )
-    return data_parallel.train_data_parallel(pipeline, head, users, one_stream)
+    return data_parallel.train_data_parallel(pipeline, head, users, one_stream, at.user_devices[:users])

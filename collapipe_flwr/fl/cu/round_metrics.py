@@ -129,4 +129,6 @@ def step_metrics(steps: StepLog, lr_factor_first: float) -> dict:
         "steps": len(losses),
         "lr-factor-first": lr_factor_first,
         **{f"seconds-step-{k}": v for k, v in steps.seconds.items()},
+        # data-parallel rounds: each user's seconds, one after another here (the slowest is the parallel round's)
+        **({"seconds-users": [float(s) for s in steps.user_seconds]} if steps.user_seconds else {}),
     }

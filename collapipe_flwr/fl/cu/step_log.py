@@ -10,12 +10,18 @@ from collapipe_flwr.pipeline.timings import StepResult
 
 class StepLog(NamedTuple):
     """The round's steps so far: per-step losses (the plain model's mean loss), examples, seconds per phase
-    (embed, forward, head, backward, update, total) and compute seconds per device k of the cluster."""
+    (embed, forward, head, backward, update, total) and compute seconds per device k of the cluster.
+
+    Data-parallel rounds (VanillaFL's D users, ``fl/cu/data_parallel.py``) also carry each user's measured
+    seconds (``user_seconds``, user d on its own device) and the memory report of every device that held the
+    model (``memory``, one entry per user device, read right after that user's steps)."""
 
     losses: list[float]
     examples: int
     seconds: dict[str, float]
     device_compute: list[float]
+    user_seconds: tuple[float, ...] = ()
+    memory: tuple[dict, ...] = ()
 
     @classmethod
     def empty(cls, num_devices: int) -> StepLog:
