@@ -168,3 +168,17 @@ def test_a_device_whose_memory_the_kernel_counts_bounds_onednns_cache_unless_the
     assert _actor_env(None, memory_counted=False) == "unset"  # a device without a cgroup keeps oneDNN's default
     assert _actor_env(None, memory_counted=True) == "32"
     assert _actor_env("256", memory_counted=True) == "256"
+
+
+def test_a_devices_measured_memory_is_its_own_cgroups_limit_not_the_hosts(ray_session):
+    # system.profile=measured on the testbed: C7's gamma_k^max comes from the device's own memory cgroup (a child
+    # of the hierarchy, found through /proc/<pid>/cgroup), so a measured plan keeps the limit the kernel enforces
+    model = bert()
+    limit = 700 * 2**20
+    with pipeline(model, (2, 1, 0)) as pipe:
+        zeros = (0.0, 0.0, 0.0)
+        pipe.set_testbed(DeviceEmulation(zeros, zeros, zeros, 0.0, (float(limit), 0.0, 0.0)), cgroup_prefix="t")
+        profile = pipe.measure(8, 16, 64, repeats=1)
+        path = pipe._stages.memory_paths[0]
+        assert profile.devices[0].memory_bytes == kernel_file(path, "memory.limit_in_bytes") == limit
+        assert profile.devices[1].memory_bytes > limit  # no limit: the host's available memory

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from collapipe_flwr.precision import autocast
+from collapipe_flwr.testbed.memory_limit import own_memory_limit
 
 WINDOW_S = 0.06  # one timing window: six periods of the testbed's 10 ms CFS quota period
 # the cgroup v1 / v2 files that may cap this process's memory below the host's
@@ -90,8 +91,13 @@ def _one_call(work: nn.Module, x: torch.Tensor, mask: torch.Tensor, device: torc
 
 
 def memory_limit_bytes() -> float:
-    """The memory this process may use: the host's available memory, or its cgroup's limit if lower."""
+    """The memory this process may use: the host's available memory, or its memory cgroup's limit if lower (its
+    own cgroup's or an ancestor's, ``testbed.memory_limit.own_memory_limit``: a testbed device's gamma_k^max;
+    or the files a container shows at the top of its hierarchy)."""
     available = float(psutil.virtual_memory().available)
+    own = own_memory_limit()
+    if own is not None:
+        available = min(available, own)
     for name in _MEMORY_LIMIT_FILES:
         try:
             text = Path(name).read_text().strip()

@@ -61,6 +61,33 @@ def memory_available() -> str | None:
     return available(CONTROLLER)
 
 
+def own_memory_limit(pid: int | None = None) -> float | None:
+    """The smallest memory limit on process ``pid``'s (default: this one's) memory cgroup and its ancestors up to
+    the mount, in bytes: cgroup v1's ``memory.limit_in_bytes``, v2's ``memory.max``; None when none is set or
+    there is no memory controller. A device on the testbed has its gamma_k^max here (its own child cgroup, found
+    through ``/proc/<pid>/cgroup``, which the hierarchy's top-level file does not show)."""
+    found = detect(controller=CONTROLLER)
+    if isinstance(found, str):
+        return None
+    try:
+        directory = found.dir_of(cgroup_path_of(os.getpid() if pid is None else pid, found, CONTROLLER))
+    except TestbedError:
+        return None
+    name = "memory.limit_in_bytes" if found.version == 1 else "memory.max"
+    limits = []
+    while directory is not None:
+        try:
+            text = read_value(directory / name).strip()
+        except (OSError, TestbedError):
+            text = ""
+        if text.isdigit() and int(text) < 2**60:  # v1 writes "no limit" as a number near 2**63, v2 as "max"
+            limits.append(float(text))
+        if directory == found.mount or directory.parent == directory:
+            break
+        directory = directory.parent
+    return min(limits) if limits else None
+
+
 def oom_kills_at(path: Path | str) -> int:
     """The ``oom_kill`` count of the memory cgroup at ``path`` (0 when the file or the counter is missing): read
     after a device process died, to tell a kill by the kernel for memory from any other death."""
