@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -143,6 +144,23 @@ def test_the_round_record_sets_c7_beside_the_measured_peaks_and_the_fit_recovers
     assert rows["relative_error_median"] == pytest.approx(sorted(errors)[1] / 2 + sorted(errors)[2] / 2)
     fit = MemoryCorrection(runtime_bytes=1e8)
     assert fit.update(rows["pairs"]) == pytest.approx((9e7, 1.5))
+
+
+def test_the_memory_fit_bounds_every_measured_peak_from_above():
+    """C7 is a hard limit on the testbed: the fitted line keeps the least-squares slope but lies at or above every
+    peak (by hand: peaks scattered +-5 MB about 90 MB + 1.5 x, the line's intercept is the largest residual above
+    the least-squares line)."""
+    from collapipe_flwr.fl.server.memory_model import MemoryCorrection
+
+    x = np.array([1e7, 2e7, 3e7, 4e7, 1e7, 3e7])
+    noise = np.array([5e6, -5e6, 2e6, -1e6, -3e6, 4e6])
+    y = 9e7 + 1.5 * x + noise
+    slope, intercept = np.polyfit(x, y, 1)
+    envelope = intercept + float(np.max(y - (intercept + slope * x)))
+    runtime, scale = MemoryCorrection().update(list(zip(x, y)))
+    assert scale == pytest.approx(slope) and runtime == pytest.approx(envelope)
+    assert np.all(y <= runtime + scale * x + 1.0)
+    assert runtime > intercept  # above the least-squares line, where half the peaks were
 
 
 def _actor_env(preset: str | None, memory_counted: bool) -> str:

@@ -6,9 +6,11 @@ stage's position, gamma_0 as counted on the blocks, gamma_rt the network's runti
 measured (``pipeline/process_memory.py``: its memory cgroup's peak, else its resident set's), with the testbed's
 limit gamma_k^max where one was set. The median of |measured - modelled| / measured is the round's model error.
 
-:class:`MemoryCorrection` fits measured = gamma_rt' + s x delta_k gamma_0 by least squares over every device-round
-so far (the last ``KEEP`` of them): the planner's memory term after correction, a runtime term gamma_rt' and a
-slope s on gamma_0. With ``system.profile: measured``, and on a testbed that enforces gamma_k^max, the policy plans
+:class:`MemoryCorrection` fits measured = gamma_rt' + s x delta_k gamma_0 over every device-round so far (the last
+``KEEP`` of them): the slope s by least squares, the runtime term gamma_rt' raised until no kept peak lies above
+the line (an upper envelope: C7 is a hard limit that the kernel enforces on the testbed, and a least-squares line
+leaves half the peaks above it, so a plan at a device's cap would be killed about half the time). With
+``system.profile: measured``, and on a testbed that enforces gamma_k^max, the policy plans
 with them (C7's caps then follow what the devices really use); otherwise (the paper's way) it plans from the model
 and the record shows the fit.
 """
@@ -91,8 +93,9 @@ class MemoryCorrection:
 
     def update(self, pairs: list[tuple[float, float]]) -> tuple[float, float]:
         """Add a round's (delta_k gamma_0, measured peak) pairs and refit; returns (runtime_bytes, scale). One
-        distinct block count cannot separate the two: then the slope stays 1 and the runtime term is the median
-        of measured - modelled. A negative intercept or slope is noise: refit through the origin / slope 1."""
+        distinct block count cannot separate the two: then the slope stays 1. A negative intercept or slope is
+        noise: refit through the origin / slope 1. The runtime term is then raised so that every kept peak is at or
+        below runtime_bytes + scale x delta_k gamma_0."""
         self.pairs = (self.pairs + [(float(x), float(y)) for x, y in pairs])[-KEEP:]
         if not self.pairs:
             return self.runtime_bytes, self.scale
@@ -103,5 +106,6 @@ class MemoryCorrection:
             slope, intercept = 1.0, float(np.median(y - x))
         if intercept < 0:
             slope, intercept = float(np.dot(x, y) / np.dot(x, x)), 0.0
+        intercept += max(0.0, float(np.max(y - (intercept + slope * x))))  # the envelope: every kept peak below
         self.runtime_bytes, self.scale, self.measured = float(intercept), float(slope), True
         return self.runtime_bytes, self.scale
