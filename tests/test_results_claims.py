@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
-import sys
 from pathlib import Path
+
+from tests.results_scripts import load
 
 ROOT = Path(__file__).resolve().parent.parent
 T_975_2DF = 4.302652729911275  # Student's t, 97.5% quantile, 2 degrees of freedom (tables)
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("claims", ROOT / "results" / "claims.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load("claims")
 
 
 def test_the_committed_table_is_regenerated_from_the_kept_records():
     committed = (ROOT / "results" / "claims" / "table.md").read_text(encoding="utf-8")
     assert _module().table() == committed, "results/claims/table.md differs: run python results/claims.py"
+
+
+def test_the_readme_holds_the_same_table_between_its_markers():
+    claims = _module()
+    readme = (ROOT / "results" / "README.md").read_text(encoding="utf-8")
+    assert claims.readme_with(claims.table(), readme) == readme, "results/README.md: run python results/claims.py"
 
 
 def test_a_computation_row_follows_its_csv_by_hand():
