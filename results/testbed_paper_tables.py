@@ -33,7 +33,8 @@ the CU-side time measured for the same terms (total_n less its set-up, profiling
 reports beside eq. 26 and never adds in) is given apart. Per-device memory: the largest peak any device's memory
 cgroup measured in the run (Table III's comparison), beside C7's modelled bytes for the same device-round. On-device
 computation (Figs. 7-8): per cluster-round the busiest device's measured compute seconds, summed over the run,
-beside the plan's modelled ``compute_s`` summed the same way.
+beside the plan's modelled ``compute_s`` summed the same way. Devices lost for memory: how many times, over the
+seeds, the kernel killed a device over its gamma_k^max (the CU re-planned around it within the round).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ COLUMNS = (
     "modelled_peak_device_mb",
     "device_compute_s",
     "modelled_compute_s",
+    "lost_for_memory",
 )
 
 
@@ -160,6 +162,8 @@ def job_row(channels: int, seed: int, run: str, rounds: list[dict]) -> dict:
         "modelled_compute_s": sum(
             float(m["compute_s"]) for r in rounds for m in r["modelled"]["clusters"] if m.get("delay_s")
         ),
+        # devices the kernel killed for exceeding gamma_k^max, each re-planned around within its round
+        "lost_for_memory": sum(len(c.get("lost-for-memory") or []) for r in rounds for c in r["clients"].values()),
     }
 
 
@@ -219,8 +223,8 @@ def method_lines(rows: list[dict]) -> list[str]:
     lines = [
         "| J | run | seeds | mean S | reached target | s to target | round 1 s | steady round s | CU-side s | "
         "upload s | head s | server + messaging s | eq. (26) s | peak device MiB (C7) | device compute s "
-        "(modelled) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "(modelled) | devices lost for memory |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple[int, str], list[dict]] = {}
     for row in rows:
@@ -236,7 +240,8 @@ def method_lines(rows: list[dict]) -> list[str]:
             f"{len(rs)} | {col('measured_s_to_target', reached)} | {col('round1_s')} | {col('steady_round_s')} | "
             f"{col('steady_cu_s')} | {col('steady_upload_s')} | {col('steady_head_s')} | {col('steady_server_s')} | "
             f"{col('modelled_round_s')} | {col('peak_device_mb')} ({col('modelled_peak_device_mb')}) | "
-            f"{col('device_compute_s')} ({col('modelled_compute_s')}) |"
+            f"{col('device_compute_s')} ({col('modelled_compute_s')}) | "
+            f"{sum(int(r['lost_for_memory']) for r in rs)} |"
         )
     return lines
 

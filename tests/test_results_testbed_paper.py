@@ -69,7 +69,9 @@ def test_time_to_target_counts_rounds_up_to_the_first_that_reaches_it_and_can_mi
         _round(2, target - 0.1, 12.0, {"0": _cu(10.0, 8.0, 1.0)}),
         _round(3, target - 0.5, 12.0, {"0": _cu(10.0, 8.0, 1.0)}),
     ]
+    rounds[1]["clients"]["0"]["lost-for-memory"] = [1, 4]  # two devices the kernel killed in round 2
     row = tables.job_row(4, 0, "dssra", rounds)
+    assert row["lost_for_memory"] == 2
     assert row["target_round"] == 2
     assert row["measured_s_to_target"] == pytest.approx(30.0 + 12.0)
     assert row["measured_s_total"] == pytest.approx(54.0)
