@@ -8,7 +8,9 @@ campaign's tables are files of their own, ``results/testbed_paper_tables.py``.)
 
 The trained-budget campaign (``results/trained/runs.csv``, ``trained/grid.md`` and the central references in
 ``results/trained/jobs/``, all from the records ``results/trained_learning.py`` keeps -- measured): the final
-validation metric per method, mean +- sd over seeds 0, 1, 2, over the central recipe's; Figs. 9-10's (S, m) grid.
+validation metric per method, mean +- sd over seeds 0, 1, 2, over the central recipe's; Figs. 9-10's (S, m) grid;
+the paper's learning claims at a glance (the rows of ``trained/learning.md``'s and ``trained/grid.md``'s claims
+tables, which that script writes from the records); each part's job count and wall time (the records' own seconds).
 
 Fig. 11 (``results/fig11/policies.csv``, modelled): DSSRA's reduction of the cumulative delay against each
 scheduling baseline, the same rule (a miss further than ``MATCH_PP`` with an sd above it also gives the sd).
@@ -392,6 +394,90 @@ def trained_grid(task: str) -> list[str]:
     return lines
 
 
+TASK_NAMES = {"translation": "translation", "classification": "classification", "ner": "NER"}
+
+
+def _section_table(text: str, heading: str) -> list[list[str]]:
+    """The data rows (cells) of the first table under the markdown heading line ``heading``; a heading that is not
+    there is a ValueError naming it (the generated file changed shape)."""
+    lines = text.splitlines()
+    if heading not in lines:
+        raise ValueError(
+            f"no heading {heading!r}: regenerate results/trained/ (python results/trained_learning.py ROOT --report)"
+        )
+    rows: list[list[str]] = []
+    for line in lines[lines.index(heading) + 1 :]:
+        if line.startswith("#"):
+            break
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows[2:]
+
+
+def trained_claims() -> list[str]:
+    """The paper's learning claims at a glance: every row of ``trained/learning.md``'s "the paper's margins against
+    the noise" tables (CollaPipe minus a baseline, paired by seed) and of ``trained/grid.md``'s "the paper's (S, m)
+    claims beside the grid" tables (one seed, against the seed sd of w/o SS), both written by
+    ``results/trained_learning.py --report`` from the kept records (measured)."""
+    names = {"collapipe": "CollaPipe", **BASELINE_NAMES}
+    learning = (TRAINED / "learning.md").read_text(encoding="utf-8")
+    grid = (TRAINED / "grid.md").read_text(encoding="utf-8")
+    lines = [
+        "| figure | task | paper | compared | ours | noise | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for task in ("translation", "classification", "ner"):
+        for figure, paper, baseline, gap, floor, verdict_text in _section_table(
+            learning, f"### {task}: the paper's margins against the noise"
+        ):
+            lines.append(
+                f"| {figure} | {TASK_NAMES[task]} | {paper} | CollaPipe minus {names.get(baseline, baseline)} | "
+                f"{gap} | same-seed floor {floor} | {verdict_text} |"
+            )
+    for task in ("translation", "ner"):
+        for figure, paper, ours, noise, verdict_text in _section_table(
+            grid, f"### {task}: the paper's (S, m) claims beside the grid"
+        ):
+            lines.append(
+                f"| {figure} | {TASK_NAMES[task]} | {paper} | (S, m) grid, w/o SS, seed 0 | {ours} | {noise} | "
+                f"{verdict_text} |"
+            )
+    return lines
+
+
+TRAINED_PARTS = ("methods", "central", "repeat", "grid")
+
+
+def trained_jobs() -> list[str]:
+    """The trained-budget campaign's job count and wall time per task and part, from each kept job's record
+    (``summary.json``'s ``wall_s``, a central job's ``total_seconds``: ``trained_learning.seconds_taken``)."""
+    sys.path.insert(0, str(RESULTS))
+    import trained_learning
+
+    taken: dict[tuple[str, str], list[float]] = {}
+    for job in trained_learning.jobs():
+        seconds = trained_learning.seconds_taken(TRAINED / "jobs" / job.name)
+        if seconds is not None:
+            taken.setdefault((job.task, job.name.split("/")[1]), []).append(seconds)
+    lines = [
+        "| part | jobs | hours here | one job, seconds (fastest - slowest) |",
+        "|---|---|---|---|",
+    ]
+    for task in ("translation", "classification", "ner"):
+        parts = [p for p in TRAINED_PARTS if (task, p) in taken]
+        spans = []
+        for part in parts:
+            lo, hi = min(taken[task, part]), max(taken[task, part])
+            spans.append(f"{lo:,.0f}" if len(taken[task, part]) == 1 else f"{lo:,.0f}-{hi:,.0f}")
+        lines.append(
+            f"| {TASK_NAMES[task]}: {' / '.join(parts)} | {' / '.join(str(len(taken[task, p])) for p in parts)} | "
+            f"{' / '.join(f'{sum(taken[task, p]) / 3600:.2f}' for p in parts)} | {' / '.join(spans)} |"
+        )
+    total = [s for values in taken.values() for s in values]
+    lines.append(f"| all | {len(total)} | {sum(total) / 3600:.1f} | {min(total):,.0f}-{max(total):,.0f} |")
+    return lines
+
+
 PAPER_TABLE3 = {
     "vanilla_fl": "~5-6 G (whole model) / Large",
     "pipeline": "~5-6 G / Small",
@@ -471,6 +557,8 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "trained_translation": lambda: trained_final("translation"),
     "trained_classification": lambda: trained_final("classification"),
     "trained_ner": lambda: trained_final("ner"),
+    "trained_claims": trained_claims,
+    "trained_jobs": trained_jobs,
     "fig7_8_margins": fig7_8_margins,
     "fig7_8_compute": fig7_8_compute,
     "fig7_8_round_delay": fig7_8_round_delay,

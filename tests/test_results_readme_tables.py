@@ -57,3 +57,41 @@ def test_a_block_inside_a_list_item_keeps_its_indent():
     out = tables.render("- item:\n\n  <!-- table:fig4_grid -->\n  old\n  <!-- /table:fig4_grid -->\n")
     body = out.split("<!-- table:fig4_grid -->\n", 1)[1].split("  <!-- /table:fig4_grid -->", 1)[0]
     assert body.splitlines() == ["  " + line for line in tables.fig4_grid()]
+
+
+def test_no_table_of_the_readme_lies_outside_a_generated_block():
+    inside, loose = False, []
+    for number, line in enumerate((RESULTS / "README.md").read_text(encoding="utf-8").splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith(("<!-- table:", "<!-- claims table")):
+            inside = True
+        elif stripped.startswith(("<!-- /table:", "<!-- end of the claims")):
+            inside = False
+        elif stripped.startswith("|") and not inside:
+            loose.append(number)
+    assert not loose, f"results/README.md lines {loose} hold a table typed by hand: generate it"
+
+
+def test_the_trained_job_times_follow_the_summaries_by_hand():
+    import json
+
+    seconds = [
+        json.loads(path.read_text())["wall_s"]
+        for path in (RESULTS / "trained" / "jobs" / "translation" / "methods").glob("seed*/*/summary.json")
+    ]
+    assert len(seconds) == 15
+    row = next(line for line in _module().trained_jobs() if line.startswith("| translation:"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1].split(" / ")[0] == "15"
+    assert cells[2].split(" / ")[0] == f"{sum(seconds) / 3600:.2f}"
+    assert cells[3].split(" / ")[0] == f"{min(seconds):,.0f}-{max(seconds):,.0f}"
+
+
+def test_the_learning_claims_carry_every_margin_row_of_the_generated_files():
+    learning = (RESULTS / "trained" / "learning.md").read_text(encoding="utf-8")
+    margins = [line for line in learning.splitlines() if line.startswith(("| Fig. 6", "| Figs. 6"))]
+    claims = _module().trained_claims()
+    assert len(claims) == 2 + len(margins) + 6  # header, rule, Fig. 6 rows, three grid rows per grid task
+    vanilla = next(line for line in margins if "+19.5%" in line and "| vanilla_fl |" in line)
+    gap = vanilla.split("|")[4].strip()
+    assert any("CollaPipe minus VanillaFL" in line and f"| {gap} |" in line for line in claims)
