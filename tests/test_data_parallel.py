@@ -102,6 +102,12 @@ def test_vanilla_fl_round_is_d_users_trained_on_their_shares_and_averaged(data_d
     # each user trained on its own device: every device computed and held the whole model once, and each user's
     # seconds are reported apart (the parallel round is the slowest user's)
     assert len(metrics["seconds-users"]) == users and all(s > 0 for s in metrics["seconds-users"])
+    # each user's hand-over (its device loaded, its model read back) and the CU's average, measured apart: with
+    # the users' steps they fit inside the round's training time, which also counts what the CU does around them
+    handovers = metrics["seconds-users-handover"]
+    assert len(handovers) == users and all(s > 0 for s in handovers) and metrics["seconds-users-average"] > 0
+    parts = sum(metrics["seconds-users"]) + sum(handovers) + metrics["seconds-users-average"]
+    assert parts <= metrics["seconds-train"]
     assert all(c > 0 for c in metrics["device-compute-seconds"])
     assert all(p > 0 for p in metrics["device-peak-bytes"])
     assert metrics["steps"] == cfg.federation.local_steps

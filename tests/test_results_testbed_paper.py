@@ -61,6 +61,23 @@ def test_measured_round_reads_clusters_and_data_users_as_parallel():
     assert tables.cu_round_s(r["clients"]["0"]) == pytest.approx(4.0 + 0.5 / 3 + 0.5)
 
 
+def test_data_users_with_measured_hand_overs_are_read_from_their_own_hand_overs():
+    tables = _module()
+    # three users: steps 2, 3, 4 s and hand-overs 0.1, 1.5, 0.2 s in 12 s of training; the other
+    # 12 - 10.8 = 1.2 s (the average, the batches) is the CU's own. In parallel: the slowest user by steps and
+    # hand-over together (3 + 1.5 = 4.5 s, not the 4 s of the slowest steps) + the CU's 1.2 s
+    cu = _cu(13.0, 12.0, 0.5, users=(2.0, 3.0, 4.0))
+    cu["seconds-users-handover"] = [0.1, 1.5, 0.2]
+    assert tables.parallel_train_s(cu) == pytest.approx(4.5 + 1.2)
+    assert tables.cu_total(cu) == pytest.approx(1.0 + 4.5 + 1.2)
+    measured = _round(1, 7.5, 20.0, {"0": cu})
+    estimated = _round(2, 7.5, 20.0, {"0": _cu(10.0, 9.5, 0.5, users=(2.0, 3.0, 4.0))})
+    assert tables.users_read(measured) == "measured" and tables.users_read(estimated) == "estimated"
+    assert tables.users_read(_round(3, 7.5, 20.0, {"0": _cu(10.0, 9.5, 0.5)})) == ""
+    assert tables.job_row(4, 0, "vanilla_fl", [measured])["users_read"] == "measured"
+    assert tables.job_row(4, 0, "vanilla_fl", [measured, estimated])["users_read"] == "estimated"
+
+
 def test_time_to_target_counts_rounds_up_to_the_first_that_reaches_it_and_can_miss():
     tables = _module()
     target = tables.TARGET_LOSS

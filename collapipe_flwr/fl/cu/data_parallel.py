@@ -18,9 +18,12 @@ rounds, ``federation.optimizer_state: keep``; with ``reset`` every user starts e
 User d trains on its own device, ``ClusterPlan.user_devices[d]`` (the whole encoder is moved there with
 ``ClusterPipeline.repartition`` before its steps, under that device's CPU quota and memory limit on the testbed),
 one user after another: the paper's users run in parallel, each on its own device, and a machine with fewer cores
-than devices cannot run them so without slowing each one. Each user's seconds are measured apart
-(``StepLog.user_seconds``, metric ``seconds-users``), so the parallel round is read as the slowest user's, as
-the delay model counts it (``ClusterModel.evaluate_data_parallel``). A plan without ``user_devices`` (D = 1, or
+than devices cannot run them so without slowing each one. Each user's seconds are measured apart: its steps
+(``StepLog.user_seconds``, metric ``seconds-users``) and its hand-over (the model moved to its device and its
+start state loaded, then its model read back into the CU's sum: ``user_handover_seconds``, metric
+``seconds-users-handover``), and the CU's final average apart (``average_seconds``, ``seconds-users-average``),
+so the parallel round is read as the slowest user's hand-over and steps plus the average, as the delay model
+counts the slowest user (``ClusterModel.evaluate_data_parallel``). A plan without ``user_devices`` (D = 1, or
 a plan from before they were named) runs every user on the device delta names. Nothing crosses the data
 plane: VanillaFL keeps the head on the CU (``head_on_server: false``).
 
@@ -202,21 +205,29 @@ def train_data_parallel(
     runs: list[StepLog] = []
     user_seconds: list[float] = []
     memory: list[dict] = []
+    handover_seconds: list[float] = []
     for d in range(users):
+        handed = time.perf_counter()
         if user_devices:
             pipeline.repartition(whole_model_on(int(user_devices[d]), len(home), sum(home)))
         if d:
             restore(pipeline, head, start)
         began = time.perf_counter()
         runs.append(train_user(functools.partial(user_share, user=d, users=users)))
-        user_seconds.append(time.perf_counter() - began)
+        ended = time.perf_counter()
+        user_seconds.append(ended - began)
         if user_devices:
             memory.extend(pipeline.memory_report())  # this user's device, its peaks read (and reset) now
         mean.add(vars(snapshot(pipeline, head)), float(runs[-1][1]))
+        # user d's own hand-over: the model moved to its device and its start state loaded, then its model read
+        # back into the CU's running sum -- what its own device and the CU's link would do beside the others'
+        handover_seconds.append(began - handed + time.perf_counter() - ended)
+    averaged = time.perf_counter()
     examples = [float(run[1]) for run in runs]
     if user_devices:
         pipeline.repartition(home)
     restore(pipeline, head, TrainingState(**mean.mean()))
+    average_seconds = time.perf_counter() - averaged
     steps = min(len(run[0]) for run in runs)
     losses = [sum(run[0][i] * n for run, n in zip(runs, examples)) / sum(examples) for i in range(steps)]
     seconds: dict[str, float] = {}
@@ -225,4 +236,13 @@ def train_data_parallel(
         for phase, sec in run[2].items():
             seconds[phase] = seconds.get(phase, 0.0) + sec
         compute = [a + b for a, b in zip(compute, run[3])]
-    return StepLog(losses, int(sum(examples)), seconds, compute, tuple(user_seconds), tuple(memory))
+    return StepLog(
+        losses,
+        int(sum(examples)),
+        seconds,
+        compute,
+        tuple(user_seconds),
+        tuple(memory),
+        tuple(handover_seconds),
+        average_seconds,
+    )

@@ -129,6 +129,15 @@ def step_metrics(steps: StepLog, lr_factor_first: float) -> dict:
         "steps": len(losses),
         "lr-factor-first": lr_factor_first,
         **{f"seconds-step-{k}": v for k, v in steps.seconds.items()},
-        # data-parallel rounds: each user's seconds, one after another here (the slowest is the parallel round's)
-        **({"seconds-users": [float(s) for s in steps.user_seconds]} if steps.user_seconds else {}),
+        # data-parallel rounds: each user's steps and hand-over, one user after another here, and the CU's average
+        # (the parallel round is the slowest user's hand-over and steps, then the average)
+        **(
+            {
+                "seconds-users": [float(s) for s in steps.user_seconds],
+                "seconds-users-handover": [float(s) for s in steps.user_handover_seconds],
+                "seconds-users-average": float(steps.average_seconds),
+            }
+            if steps.user_seconds
+            else {}
+        ),
     }

@@ -13,8 +13,10 @@ class StepLog(NamedTuple):
     (embed, forward, head, backward, update, total) and compute seconds per device k of the cluster.
 
     Data-parallel rounds (VanillaFL's D users, ``fl/cu/data_parallel.py``) also carry each user's measured
-    seconds (``user_seconds``, user d on its own device) and the memory report of every device that held the
-    model (``memory``, one entry per user device, read right after that user's steps)."""
+    seconds (``user_seconds``, user d's steps on its own device), the memory report of every device that held the
+    model (``memory``, one entry per user device, read right after that user's steps), each user's hand-over
+    seconds (``user_handover_seconds``: the model moved to its device and its start state loaded, its model read
+    back into the CU's sum) and the CU's final average of the users' states (``average_seconds``)."""
 
     losses: list[float]
     examples: int
@@ -22,6 +24,8 @@ class StepLog(NamedTuple):
     device_compute: list[float]
     user_seconds: tuple[float, ...] = ()
     memory: tuple[dict, ...] = ()
+    user_handover_seconds: tuple[float, ...] = ()
+    average_seconds: float = 0.0
 
     @classmethod
     def empty(cls, num_devices: int) -> StepLog:
