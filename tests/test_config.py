@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from collapipe_flwr.config import build_run_config, compose, load_run_config, resolve_data_dir, split_overrides
@@ -135,3 +137,17 @@ def test_testbed_cores_above_the_machines_are_refused_since_the_quota_would_thro
         with pytest.raises(ConfigError, match=f"exceed this machine's {have} usable cores"):
             load_run_config(["testbed=emulated", override])
     assert load_run_config(["testbed=emulated", f"testbed.fastest_cores={have}"]).testbed.fastest_cores == have
+
+
+def test_the_default_transport_is_one_name_everywhere():
+    """conf/config.yaml, the typed config and the data plane's own specs give a run the same transport."""
+    import yaml
+
+    from collapipe_flwr.config.sections import DataPlaneSpec
+    from collapipe_flwr.fl.dataplane import DecoderClientSpec
+    from collapipe_flwr.fl.dataplane.backend import DEFAULT_TRANSPORT
+    from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
+
+    conf = yaml.safe_load((Path(__file__).resolve().parent.parent / "conf" / "config.yaml").read_text())
+    assert conf["dataplane"]["transport"] == DataPlaneSpec().transport == DEFAULT_TRANSPORT == "socket"
+    assert DecoderClientSpec().transport == DecoderHostSpec(hidden_size=8).transport == DEFAULT_TRANSPORT

@@ -125,9 +125,9 @@ class DataPlaneSpec:
     # same-host shortcut (fl/dataplane/shm.py): auto = a CU that reaches the host on a loopback address passes
     # its frames through shared memory and only a pointer over gRPC (plaintext channels) | off = always inline
     shared_memory: str = "auto"
-    # what carries the CUs' streams (fl/dataplane/backend.py): grpc = one gRPC bidirectional stream per CU (passes
-    # HTTP/2 proxies and load balancers) | socket = one plain TCP connection per CU (TLS by ssl), the lowest latency
-    transport: str = "grpc"
+    # what carries the CUs' streams (fl/dataplane/backend.py): socket = one plain TCP connection per CU (TLS by
+    # ssl), the lowest latency | grpc = one gRPC bidirectional stream per CU (passes HTTP/2 proxies and balancers)
+    transport: str = "socket"
 
     def __post_init__(self) -> None:
         require(bool(self.tls_cert) == bool(self.tls_key), "dataplane.tls_cert and dataplane.tls_key go together")

@@ -7,10 +7,12 @@ stream is opened (with its per-round key, checked before any frame is read), how
 the host ends it. Both ends talk to a transport through the small protocols below; :mod:`.server` and
 :mod:`.client` are the only modules that pick one by name:
 
-- ``grpc`` (:mod:`.grpc_server`, :mod:`.grpc_client`): one gRPC bidirectional stream per CU; works through
-  HTTP/2 proxies and load balancers;
-- ``socket`` (:mod:`.socket_server`, :mod:`.socket_client`): one TCP connection per CU (TLS by the stdlib
-  ``ssl``), length-prefixed frames sent from their pieces and received in place; the lowest latency.
+- ``socket`` (the default, :mod:`.socket_server`, :mod:`.socket_client`): one TCP connection per CU (TLS by the
+  stdlib ``ssl``), length-prefixed frames sent from their pieces and received in place; the lowest latency, and
+  held against the same attacks as gRPC (every data-plane attack test runs over both: keyless and wrong-key
+  streams, replays, oversized frames, keyless connection floods);
+- ``grpc`` (:mod:`.grpc_server`, :mod:`.grpc_client`): one gRPC bidirectional stream per CU; the choice when the
+  path to the server runs through HTTP/2 proxies or load balancers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.wire import Frame
 
 TRANSPORTS = ("grpc", "socket")
+DEFAULT_TRANSPORT = "socket"  # config.sections.DataPlaneSection.transport's default too
 
 
 def check_transport(name: str) -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from collapipe_flwr.errors import DataPlaneError
-from collapipe_flwr.fl.dataplane.backend import Connection, Dialer, check_transport
+from collapipe_flwr.fl.dataplane.backend import DEFAULT_TRANSPORT, Connection, Dialer, check_transport
 from collapipe_flwr.fl.dataplane.grpc_client import GrpcDialer
 from collapipe_flwr.fl.dataplane.protocol import (
     StepReply,
@@ -61,7 +61,7 @@ class DecoderClientSpec:
     max_message_mb: int = 256
     compression: str = "none"
     shared_memory: str = "off"
-    transport: str = "grpc"
+    transport: str = DEFAULT_TRANSPORT
 
 
 class DecoderClient:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from collapipe_flwr.config import RunConfig
 from collapipe_flwr.config.sections import DECODER_UPDATES
 from collapipe_flwr.errors import DataPlaneError
-from collapipe_flwr.fl.dataplane.backend import check_transport
+from collapipe_flwr.fl.dataplane.backend import DEFAULT_TRANSPORT, check_transport
 from collapipe_flwr.fl.dataplane.protocol import wire_mode
 from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
 
@@ -48,7 +48,7 @@ class DecoderHostSpec:
     max_len: int = 0
     max_abs_activation: float = 0.0
     idle_timeout_s: float = 30.0
-    transport: str = "grpc"
+    transport: str = DEFAULT_TRANSPORT
 
     def __post_init__(self) -> None:
         """One-line errors, in this order, for a host that could not serve: a port or a frame cap out of range,
