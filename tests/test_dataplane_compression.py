@@ -114,7 +114,7 @@ def test_config_keys():
     assert parse_dataplane({"compression": "int8"}).compression == "int8"
     with pytest.raises(ConfigError, match="dataplane.compression='gzip'"):
         DataPlaneSpec(compression="gzip")
-    assert DataPlaneSpec().transport == "grpc" and DataPlaneSpec(transport="socket").transport == "socket"
+    assert DataPlaneSpec().transport == "socket" and DataPlaneSpec(transport="grpc").transport == "grpc"
     with pytest.raises(ConfigError, match="dataplane.transport='tcp' must be grpc or socket"):
         DataPlaneSpec(transport="tcp")
 
