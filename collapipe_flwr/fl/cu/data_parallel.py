@@ -223,11 +223,23 @@ def train_data_parallel(
         # back into the CU's running sum -- what its own device and the CU's link would do beside the others'
         handover_seconds.append(began - handed + time.perf_counter() - ended)
     averaged = time.perf_counter()
-    examples = [float(run[1]) for run in runs]
     if user_devices:
         pipeline.repartition(home)
     restore(pipeline, head, TrainingState(**mean.mean()))
     average_seconds = time.perf_counter() - averaged
+    merged = _merged(runs)
+    return merged._replace(
+        user_seconds=tuple(user_seconds),
+        memory=tuple(memory),
+        user_handover_seconds=tuple(handover_seconds),
+        average_seconds=average_seconds,
+    )
+
+
+def _merged(runs: Sequence[StepLog]) -> StepLog:
+    """The D users' logs as one: per step the example-weighted mean loss, the examples, seconds per phase and
+    compute per device summed."""
+    examples = [float(run[1]) for run in runs]
     steps = min(len(run[0]) for run in runs)
     losses = [sum(run[0][i] * n for run, n in zip(runs, examples)) / sum(examples) for i in range(steps)]
     seconds: dict[str, float] = {}
@@ -236,13 +248,4 @@ def train_data_parallel(
         for phase, sec in run[2].items():
             seconds[phase] = seconds.get(phase, 0.0) + sec
         compute = [a + b for a, b in zip(compute, run[3])]
-    return StepLog(
-        losses,
-        int(sum(examples)),
-        seconds,
-        compute,
-        tuple(user_seconds),
-        tuple(memory),
-        tuple(handover_seconds),
-        average_seconds,
-    )
+    return StepLog(losses, int(sum(examples)), seconds, compute)
