@@ -451,7 +451,8 @@ TRAINED_PARTS = ("methods", "central", "repeat", "grid")
 def trained_jobs() -> list[str]:
     """The trained-budget campaign's job count and wall time per task and part, from each kept job's record
     (``summary.json``'s ``wall_s``, a central job's ``total_seconds``: ``trained_learning.seconds_taken``)."""
-    sys.path.insert(0, str(RESULTS))
+    if str(RESULTS) not in sys.path:  # the sibling script, loaded once
+        sys.path.insert(0, str(RESULTS))
     import trained_learning
 
     taken: dict[tuple[str, str], list[float]] = {}

@@ -114,12 +114,18 @@ def parallel_train_s(cu: dict) -> float:
 def users_read(r: dict) -> str:
     """How a round's data users were read as parallel: "measured" (every user's hand-over measured apart),
     "estimated" (an older record: the hand-overs shared evenly) or "" (no data users)."""
-    kinds = {
-        "measured" if len(cu.get("seconds-users-handover") or []) == len(cu["seconds-users"]) else "estimated"
-        for cu in r["clients"].values()
-        if cu.get("seconds-users")
-    }
-    return "estimated" if "estimated" in kinds else kinds.pop() if kinds else ""
+    return _weakest(
+        {
+            "measured" if len(cu.get("seconds-users-handover") or []) == len(cu["seconds-users"]) else "estimated"
+            for cu in r["clients"].values()
+            if cu.get("seconds-users")
+        }
+    )
+
+
+def _weakest(kinds: set[str]) -> str:
+    """ "estimated" if any reading is, else "measured" if any is, else "" (no data users)."""
+    return "estimated" if "estimated" in kinds else "measured" if "measured" in kinds else ""
 
 
 def cu_total(cu: dict) -> float:
@@ -184,7 +190,7 @@ def job_row(channels: int, seed: int, run: str, rounds: list[dict]) -> dict:
         # devices the kernel killed for exceeding gamma_k^max, each re-planned around within its round
         "lost_for_memory": sum(len(c.get("lost-for-memory") or []) for r in rounds for c in r["clients"].values()),
         # data users read as parallel from per-user hand-overs ("measured"), or the older even share ("estimated")
-        "users_read": ("estimated" if "estimated" in (reads := {users_read(r) for r in rounds}) else max(reads)),
+        "users_read": _weakest({users_read(r) for r in rounds}),
     }
 
 
