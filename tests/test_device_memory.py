@@ -146,6 +146,33 @@ def test_the_round_record_sets_c7_beside_the_measured_peaks_and_the_fit_recovers
     assert fit.update(rows["pairs"]) == pytest.approx((9e7, 1.5))
 
 
+def test_every_vanilla_fl_data_user_is_modelled_with_the_whole_encoder_on_its_share():
+    """VanillaFL (D = 3 users on devices 0, 2, 3 of 4): each user holds all L blocks for ceil(b / D) samples, by hand
+    from the workload's per-block terms; the idle device 1 gets nothing, whatever delta names."""
+    from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
+    from collapipe_flwr.fl.server.memory_model import memory_rows
+    from collapipe_flwr.system.workload import Workload
+
+    workload = Workload.paper_preset(num_blocks=3, batch_size=8, seq_len=16, hidden=32)
+    static = max(workload.param_bytes) * (2 + workload.optimizer_slots)
+    user = 3 * (static + max(workload.saved_bytes) * 3)  # ceil(8 / 3) = 3 samples each
+    cplan = ClusterPlan(
+        cluster=0,
+        selected=True,
+        S=1,
+        m=1,
+        delta=(3, 0, 0, 0),
+        channel=0,
+        power_w=0.5,
+        data_users=3,
+        user_devices=(0, 2, 3),
+    )
+    clients = {0: {"device-measured-peak-bytes": [2e8, 0.0, 2e8, 2e8]}}
+    rows = memory_rows(RoundPlan(round=1, clusters=(cplan,), modelled={}), workload, clients, runtime_bytes=1e8)
+    assert rows["clusters"]["0"]["modelled_bytes"] == pytest.approx([1e8 + user, 0.0, 1e8 + user, 1e8 + user])
+    assert sorted(x for x, _ in rows["pairs"]) == pytest.approx([user] * 3)
+
+
 def test_the_memory_fit_bounds_every_measured_peak_from_above():
     """C7 is a hard limit on the testbed: the fitted line keeps the least-squares slope but lies at or above every
     peak (by hand: peaks scattered +-5 MB about 90 MB + 1.5 x, the line's intercept is the largest residual above

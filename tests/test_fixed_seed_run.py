@@ -26,7 +26,9 @@ OVERRIDES = (
     # the models the golden run was made with: no per-micro-batch cost c0, Sub-1's m capped at 8 and the
     # convergence constants before Gamma^max was calibrated (the golden file pins behaviour, not the defaults)
     "network.device.per_microbatch_s=0 scheduler.max_m=8 scheduler.convergence.grad_bound=1.0 "
-    "scheduler.convergence.interference_c=0.01 scheduler.convergence.gamma_max=0.01"
+    "scheduler.convergence.interference_c=0.01 scheduler.convergence.gamma_max=0.01 "
+    # batches padded to their longest sequence, as then (a wider batch draws other dropout masks)
+    "task.pad_multiple=1"
 )
 # fields that differ between any two runs: times, and where the processes ran (pids, network namespaces)
 # and what the devices' memory measured (the record's memory section, the limits: issue 43, after the golden run)

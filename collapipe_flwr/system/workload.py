@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -150,6 +151,13 @@ class Workload:
     def stage_memory_bytes(self, delta_k: int, m: int, S: int, k: int) -> float:
         """C7's left side delta_k gamma_0 for stage k of S holding delta_k TEBs, m micro-batches."""
         return float(delta_k) * self.block_memory_bytes(m, S, k)
+
+    def user_memory_bytes(self, users: int) -> float:
+        """C7's left side for one of D = ``users`` VanillaFL data users: all L TEBs, trained on its share
+        ceil(b / D) of the batch, every sample's activations held until its backward (GPipe's figure;
+        ``ClusterModel.data_users`` counts the same share)."""
+        share = math.ceil(self.batch_size / max(int(users), 1))
+        return float(self.num_blocks) * (self.block_static_bytes() + self.saved_bytes_per_sample * share)
 
     def uplink_bits(self) -> float:
         """Bits CU n sends the BS per round (eq. 11): z_enc of every local step + theta^enc (+ embedding); of

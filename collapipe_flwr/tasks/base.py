@@ -19,8 +19,7 @@ import torch
 
 from collapipe_flwr.accelerator import batch_to, module_device
 from collapipe_flwr.errors import ConfigError, DataFormatError
-from collapipe_flwr.tasks import domain_validation
-from collapipe_flwr.tasks.batching import batch_order
+from collapipe_flwr.tasks import batching, domain_validation
 from collapipe_flwr.tasks.partition import LABEL_SCHEMES, Skew, partition_indices
 
 if TYPE_CHECKING:  # spec.py imports the registry, which imports this module
@@ -96,6 +95,15 @@ class Task(ABC):
     @property
     def max_len(self) -> int:
         return self.spec.max_len
+
+    def pad(self, sequences: Sequence[Sequence[int]], value: int) -> torch.Tensor:
+        """``sequences`` as a [B, T] tensor padded with ``value``, T rounded up to ``task.pad_multiple`` within
+        max_len (:func:`~collapipe_flwr.tasks.batching.pad`)."""
+        return batching.pad(sequences, value, self.spec.pad_multiple, self.max_len)
+
+    def attention_mask(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+        """The [B, T] mask of :meth:`pad`'s tensor: 1 on real tokens, 0 on padding."""
+        return batching.attention_mask(sequences, self.spec.pad_multiple, self.max_len)
 
     # ---- data ----------------------------------------------------------------------------------
     def train_examples(self) -> tuple:
@@ -231,7 +239,9 @@ class Task(ABC):
         bad = [i for i in indices if not 0 <= int(i) < len(feats)]
         if bad:
             raise ConfigError(f"example index {bad[0]} is out of range for the {len(feats)} {split} examples")
-        order = batch_order(indices, batch_size, seed, shuffle, drop_last, self.lengths(split), self.spec.bucket)
+        order = batching.batch_order(
+            indices, batch_size, seed, shuffle, drop_last, self.lengths(split), self.spec.bucket
+        )
         for batch in order:
             yield self.collate([feats[i] for i in batch])
 

@@ -25,7 +25,7 @@ import torch
 from collapipe_flwr.errors import DataFormatError
 from collapipe_flwr.tasks import hf_tokenizer, model_config
 from collapipe_flwr.tasks.base import Task
-from collapipe_flwr.tasks.batching import IGNORE_INDEX, attention_mask, pad
+from collapipe_flwr.tasks.batching import IGNORE_INDEX
 from collapipe_flwr.tasks.data_files import resolve_file, text_lines
 from collapipe_flwr.tasks.file_options import require_file_options, require_test_files
 
@@ -94,9 +94,9 @@ class CausalLMTask(Task):
     def collate(self, features: Sequence[dict]) -> dict[str, torch.Tensor]:
         seqs = [f["ids"] for f in features]
         return {
-            "input_ids": pad(seqs, self.special_ids()["pad_token_id"]),
-            "attention_mask": attention_mask(seqs),
-            "labels": pad(seqs, IGNORE_INDEX),
+            "input_ids": self.pad(seqs, self.special_ids()["pad_token_id"]),
+            "attention_mask": self.attention_mask(seqs),
+            "labels": self.pad(seqs, IGNORE_INDEX),
         }
 
     # ---- model and metric ----------------------------------------------------------------------

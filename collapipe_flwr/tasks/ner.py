@@ -21,7 +21,7 @@ import torch
 from collapipe_flwr.errors import ConfigError, DataFormatError
 from collapipe_flwr.tasks import hf_encoder, model_config
 from collapipe_flwr.tasks.base import HUB_SPLITS, Task
-from collapipe_flwr.tasks.batching import IGNORE_INDEX, attention_mask, pad
+from collapipe_flwr.tasks.batching import IGNORE_INDEX
 from collapipe_flwr.tasks.bert_vocab import bert_tokenizer
 from collapipe_flwr.tasks.data_files import text_lines
 from collapipe_flwr.tasks.file_options import (
@@ -169,9 +169,9 @@ class NerTask(Task):
     def collate(self, features: Sequence[dict]) -> dict[str, torch.Tensor]:
         ids = [f["input_ids"] for f in features]
         return {
-            "input_ids": pad(ids, self.tokenizer().pad_token_id),
-            "attention_mask": attention_mask(ids),
-            "labels": pad([f["labels"] for f in features], IGNORE_INDEX),
+            "input_ids": self.pad(ids, self.tokenizer().pad_token_id),
+            "attention_mask": self.attention_mask(ids),
+            "labels": self.pad([f["labels"] for f in features], IGNORE_INDEX),
         }
 
     def build_model(self, seed: int):

@@ -75,13 +75,15 @@ class TaskSpec:
     """``task``: what every task has; ``options`` holds the task-specific keys (checked by the Task class's
     ``validate_options``). ``batch_size`` is b (paper Table II: 64); ``partition`` (with ``alpha``, ``quantity``,
     ``classes_per_partition``: tasks/partition.py) splits the
-    training set into the clusters' D_n; ``bucket`` sorts windows of bucket * b examples by length."""
+    training set into the clusters' D_n; ``bucket`` sorts windows of bucket * b examples by length; ``pad_multiple``
+    rounds each batch's width up to a multiple of it (tasks/batching.py: bounded shapes, bounded device memory)."""
 
     name: str
     batch_size: int
     max_len: int
     default_model: str = ""
     bucket: int = 0
+    pad_multiple: int = 8
     partition: str = "iid"
     alpha: float = 0.5
     quantity: str = "linear"
@@ -111,6 +113,10 @@ class TaskSpec:
         require(
             _is_int(self.bucket) and self.bucket >= 0,
             f"task.bucket={self.bucket!r} must be an integer >= 0 (0 = no length bucketing)",
+        )
+        require(
+            _is_int(self.pad_multiple) and self.pad_multiple >= 1,
+            f"task.pad_multiple={self.pad_multiple!r} must be an integer >= 1 (1 = pad to the longest sequence only)",
         )
         require(isinstance(self.hf_dataset, Mapping), "task.hf_dataset must be a mapping {enabled, id, ...}")
         require(

@@ -25,7 +25,7 @@ import torch
 from collapipe_flwr.errors import ConfigError, DataFormatError
 from collapipe_flwr.tasks import bpe_tokenizer, model_config
 from collapipe_flwr.tasks.base import HUB_SPLITS, Task
-from collapipe_flwr.tasks.batching import IGNORE_INDEX, attention_mask, pad
+from collapipe_flwr.tasks.batching import IGNORE_INDEX
 from collapipe_flwr.tasks.data_files import resolve_file, text_lines
 from collapipe_flwr.tasks.file_options import require_file_options, require_test_files
 from collapipe_flwr.tasks.metrics import corpus_bleu
@@ -183,10 +183,10 @@ class TranslationTask(Task):
     def collate(self, features: Sequence[dict]) -> dict[str, torch.Tensor]:
         src = [f["src"] for f in features]
         return {
-            "input_ids": pad(src, bpe_tokenizer.PAD_ID),
-            "attention_mask": attention_mask(src),
-            "decoder_input_ids": pad([[bpe_tokenizer.BOS_ID] + f["tgt"] for f in features], bpe_tokenizer.PAD_ID),
-            "labels": pad([f["tgt"] + [bpe_tokenizer.EOS_ID] for f in features], IGNORE_INDEX),
+            "input_ids": self.pad(src, bpe_tokenizer.PAD_ID),
+            "attention_mask": self.attention_mask(src),
+            "decoder_input_ids": self.pad([[bpe_tokenizer.BOS_ID] + f["tgt"] for f in features], bpe_tokenizer.PAD_ID),
+            "labels": self.pad([f["tgt"] + [bpe_tokenizer.EOS_ID] for f in features], IGNORE_INDEX),
         }
 
     # ---- model and metric ----------------------------------------------------------------------

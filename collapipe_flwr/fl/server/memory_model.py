@@ -18,7 +18,7 @@ and the record shows the fit.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,12 +41,21 @@ def _stage_bytes(workload: Workload, delta: list[int], m: int) -> list[float]:
     return out
 
 
+def _user_bytes(workload: Workload, users: Sequence[int], K: int) -> list[float]:
+    """C7's bytes on each of K devices when ``users`` (device indices) are VanillaFL's data users, each holding
+    the whole encoder for its share of the batch (``Workload.user_memory_bytes``); 0 on the others."""
+    each = workload.user_memory_bytes(len(users))
+    return [each if k in set(users) else 0.0 for k in range(K)]
+
+
 def memory_rows(
     plan: RoundPlan, workload: Workload, clients: Mapping[int, Mapping[str, Any]], runtime_bytes: float = 0.0
 ) -> dict[str, Any]:
     """The round's ``memory`` section: per CU that replied, its final delta and m (after any re-plan), C7's bytes
     per device (``runtime_bytes`` = gamma_rt added on every used device), the measured peaks and limits, the
-    devices lost for memory; the median relative error of the model, and the (delta_k gamma_0, measured) pairs."""
+    devices lost for memory; the median relative error of the model, and the (delta_k gamma_0, measured) pairs.
+    A VanillaFL plan's data users (``ClusterPlan.user_devices``, D > 1) each get the whole encoder on their share
+    ceil(b / D) of the batch, whichever device delta names."""
     base = workload.with_memory_scale(1.0)
     rows: dict[str, Any] = {}
     errors: list[float] = []
@@ -57,7 +66,8 @@ def memory_rows(
             continue
         delta = [int(d) for d in (metrics.get("replanned-delta") or cplan.delta)]
         m = int(metrics.get("replanned-m") or cplan.m)
-        tensors = _stage_bytes(base, delta, m)
+        users = [int(k) for k in cplan.user_devices] if cplan.data_users > 1 else []
+        tensors = _user_bytes(base, users, len(delta)) if users else _stage_bytes(base, delta, m)
         modelled = [runtime_bytes + x if x > 0 else 0.0 for x in tensors]
         measured = [float(x) for x in (metrics.get("device-measured-peak-bytes") or [0.0] * len(delta))]
         limits = [float(x) for x in (metrics.get("device-memory-limit-bytes") or [0.0] * len(delta))]

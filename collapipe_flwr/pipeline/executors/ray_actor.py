@@ -144,6 +144,19 @@ class StageActor(Stage):
     def backward(self, mb_index: int, grad_out):
         return self._handover(super().backward(mb_index, shm_handoff.resolve(grad_out)))
 
+    def get_weights(self) -> dict:
+        return self._parking.handover_tree(super().get_weights()) if self._handoff == "shm" else super().get_weights()
+
+    def set_weights(self, state: dict) -> None:
+        super().set_weights(shm_handoff.resolve_tree(state))
+
+    def get_optimizer_state(self) -> dict:
+        state = super().get_optimizer_state()
+        return self._parking.handover_tree(state) if self._handoff == "shm" else state
+
+    def load_optimizer_state(self, state: dict) -> None:
+        super().load_optimizer_state(shm_handoff.resolve_tree(state))
+
     def send_payload(self, nbytes: int):
         return self._handover(super().send_payload(nbytes))
 

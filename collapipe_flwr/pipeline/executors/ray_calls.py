@@ -33,8 +33,8 @@ class RayStageCalls:
         raise NotImplementedError
 
     def _submit(self, stage: int, method: RemoteMethod, *args: Any) -> Any:
-        if self.handoff == "shm":  # the CU's own tensors (embedding output, the head's gradients) take it too
-            args = tuple(self._parking.handover(a) for a in args)
+        if self.handoff == "shm":  # the CU's own tensors (embedding output, the head's gradients, weights) take it too
+            args = tuple(self._parking.handover_tree(a) for a in args)
         ref = method.remote(*args)
         self._submitted.append((ref, stage))
         return ref
@@ -65,14 +65,19 @@ class RayStageCalls:
         return self._submit(stage, self.actors[stage].memory_report)
 
     # -- calls on one device k, answered at once -------------------------------------------------------------
+    def _tree(self, value: Any) -> Any:
+        """``value`` with its tensors parked in shared memory when the hand-over is ``shm`` (weights and optimizer
+        state then bypass Ray's object store both ways, ``shm_handoff.ParkingLot.handover_tree``)."""
+        return self._parking.handover_tree(value) if self.handoff == "shm" else value
+
     def get_weights(self, k: int) -> dict:
-        return self._get_device(self.devices[k].get_weights.remote(), k)
+        return shm_handoff.resolve_tree(self._get_device(self.devices[k].get_weights.remote(), k))
 
     def get_optimizer_state(self, k: int) -> dict:
-        return self._get_device(self.devices[k].get_optimizer_state.remote(), k)
+        return shm_handoff.resolve_tree(self._get_device(self.devices[k].get_optimizer_state.remote(), k))
 
     def load_optimizer_state(self, k: int, state: dict) -> None:
-        self._get_device(self.devices[k].load_optimizer_state.remote(state), k)
+        self._get_device(self.devices[k].load_optimizer_state.remote(self._tree(state)), k)
 
     def reset_optimizer(self, k: int) -> None:
         self._get_device(self.devices[k].reset_optimizer.remote(), k)

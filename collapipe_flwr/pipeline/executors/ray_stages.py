@@ -297,7 +297,13 @@ class RayStages(RayStageCalls):
         return time.perf_counter() - start
 
     def put(self, value):
-        """Put ``value`` in Ray's object store once; stages read it without another copy through the CU."""
+        """A handle on ``value`` for later submits: a tensor under :data:`shm_handoff.PARK_MIN_BYTES` (a micro-batch's
+        attention mask) as it is, inlined in each call as Ray inlines small arguments; anything larger put in Ray's
+        object store once, so stages read it without another copy through the CU. A small put would cost a new
+        object-store allocation per micro-batch, whose pages stay mapped into every device that read them (RssShmem:
+        device memory that grows round after round, docs/testbed.md)."""
+        if torch.is_tensor(value) and value.numel() * value.element_size() < shm_handoff.PARK_MIN_BYTES:
+            return value
         return self._ray.put(value)
 
     def new_step(self) -> None:
@@ -318,7 +324,7 @@ class RayStages(RayStageCalls):
         :class:`DeviceFailure` naming it."""
         ray = self._ray
         try:
-            return shm_handoff.resolve(ray.get(handle, timeout=self.timeout_s))
+            return shm_handoff.resolve_tree(ray.get(handle, timeout=self.timeout_s))
         except ray.exceptions.GetTimeoutError:
             stage = self._stuck_stage(stage)
             raise DeviceFailure(
