@@ -20,7 +20,10 @@ The runs (2026-11-26, this repository's 2-core machine, nothing else running):
 ``collapipe run --run-config "run-name='before_q1' num-clusters=2" --run-config 'overrides="network=small"'``
 (the operating point before issue 43: the small network, N = 2). On 2026-11-27, the same default command, run
 as ``run-name='after1'`` and kept as ``default_q2``, after the server's decoder went to one torch thread and the
-generator to the target positions (commit de8ad3a; a 10-second micro-benchmark ran beside it).
+generator to the target positions (commit de8ad3a; a 10-second micro-benchmark ran beside it). And as
+``default_q3``, the same command after the device memory drift was removed (batch widths in steps of
+``task.pad_multiple`` = 8, weights and optimizer state through shared memory: docs/testbed.md), nothing else
+running.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "operating_point"
-RUNS = ("before_q1", "default_q1", "default_q2")
+RUNS = ("before_q1", "default_q1", "default_q2", "default_q3")
 TASKS = ("translation", "classification", "ner")
 TRAINED = Path(__file__).resolve().parent / "trained" / "jobs"  # the campaign's records (the old operating point)
 TARGET = 0.97  # issue 43: the long presets at the new operating point reach >= 0.97x of the central recipe
