@@ -27,11 +27,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-if str(HERE.parent) not in sys.path:  # run as a script from anywhere: the package beside benchmarks/
-    sys.path.insert(0, str(HERE.parent))
+import yaml
 
-from collapipe_flwr.fl.dataplane.backend import DEFAULT_TRANSPORT  # noqa: E402  (the rows name the default)
+HERE = Path(__file__).resolve().parent
+
+
+def default_transport() -> str:
+    """``dataplane.transport`` as conf/config.yaml sets it (tests/test_config.py ties it to the
+    code's default), read without importing the data plane package (torch, grpc: seconds at the driver's start)."""
+    conf = yaml.safe_load((HERE.parent / "conf" / "config.yaml").read_text(encoding="utf-8"))
+    return str(conf["dataplane"]["transport"])
+
 
 Figures = dict[str, float]
 
@@ -185,7 +191,7 @@ def data_plane_rows(dp_args: str) -> list[Row]:
     <= 0.6 ms (issue 48), int8 <= 3 ms; each channel alone (less the host's head step, reported apart) <= 3 ms
     inline and <= 2 ms through shared memory; then against a plain BERT-small step."""
     command = f"python benchmarks/data_plane.py {dp_args}"
-    default = f"default transport ({DEFAULT_TRANSPORT})"
+    default = f"default transport ({default_transport()})"
     exchanges = [  # (figure, printed name, target ms)
         (f"data plane fp32 inline, one 64 x 32 x 256 exchange, {default}", "data_plane_inline_default_ms_median", 1.5),
         ("data plane fp32 inline exchange, dataplane.transport=grpc", "data_plane_ms_median", None),
