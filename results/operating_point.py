@@ -10,7 +10,8 @@ terms fitted on the peaks (``fl/server/memory_model.py``). ``tests/test_results_
 the table from the kept records and fails when the committed text differs.
 
 It also writes the ``federation=long`` runs at the new operating point (``long_<task>``, kept here the same way,
-``collapipe run --run-config "task='<task>' run-name='long_<task>'" --run-config 'overrides="federation=long"'``)
+``collapipe run --run-config "task='<task>' run-name='long_<task>'" --run-config 'overrides="federation=long"'``;
+``long_<task>_q2``: the same command on 2026-11-27, after the memory drift fix, nothing else running)
 beside the central recipe's validation metric and the trained-budget campaign's seed-0 CollaPipe run at the old
 operating point (both from ``results/trained/jobs/``), with the verdict: met when the run's metric is >= 0.97x the
 central recipe's.
@@ -41,9 +42,13 @@ TRAINED = Path(__file__).resolve().parent / "trained" / "jobs"  # the campaign's
 TARGET = 0.97  # issue 43: the long presets at the new operating point reach >= 0.97x of the central recipe
 
 
-def load(name: str, folder: Path = HERE) -> tuple[list[dict], dict, dict]:
+def load_rounds(name: str, folder: Path = HERE) -> list[dict]:
     with gzip.open(folder / f"{name}.rounds.jsonl.gz", "rt", encoding="utf-8") as f:
-        rounds = [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def load(name: str, folder: Path = HERE) -> tuple[list[dict], dict, dict]:
+    rounds = load_rounds(name, folder)
     summary = json.loads((folder / f"{name}.summary.json").read_text())
     status = json.loads((folder / f"{name}.status.json").read_text())
     return rounds, summary, status
@@ -98,12 +103,16 @@ def _split_share(rounds: list[dict]) -> tuple[float, float, float]:
     return split, statistics.mean(c["S"] for c in cu_rounds), statistics.mean(c["m"] for c in cu_rounds)
 
 
+LONG_RECORDS = ("", "_q2")  # long_<task> (2026-11-26) and long_<task>_q2 (after the memory drift fix, 2026-11-27)
+
+
 def long_rows(folder: Path = HERE, trained: Path = TRAINED) -> list[str]:
     rows = []
-    for task in TASKS:
-        if not (folder / f"long_{task}.rounds.jsonl.gz").exists():
+    for task, suffix in ((t, s) for t in TASKS for s in LONG_RECORDS):
+        name = f"long_{task}{suffix}"
+        if not (folder / f"{name}.rounds.jsonl.gz").exists():
             continue
-        rounds, summary, _ = load(f"long_{task}", folder)
+        rounds, summary, _ = load(name, folder)
         central = json.loads((trained / task / "central" / "seed0" / "central.json").read_text())["val"]
         old_dir = trained / task / "methods" / "seed0" / "collapipe"
         old = json.loads((old_dir / "summary.json").read_text())
@@ -114,9 +123,35 @@ def long_rows(folder: Path = HERE, trained: Path = TRAINED) -> list[str]:
         old_split, old_s, old_m = _split_share(old_rounds)
         verdict = "met" if new >= TARGET * ref else "missed"
         rows.append(
-            f"| {task} | {metric} {new:.4g} ({new / ref:.3f}x) | {verdict} | {100 * split:.0f}%, {mean_s:.2f} / "
+            f"| {name} | {metric} {new:.4g} ({new / ref:.3f}x) | {verdict} | {100 * split:.0f}%, {mean_s:.2f} / "
             f"{mean_m:.2f} | {summary['wall_s']:.0f} s | {ref:.4g} | {before:.4g} ({before / ref:.3f}x), "
             f"{100 * old_split:.0f}%, {old_s:.2f} / {old_m:.2f}, {old['wall_s']:.0f} s |"
+        )
+    return rows
+
+
+def _largest_peak_mib(r: dict) -> float:
+    """The largest measured device peak of round ``r`` (MiB)."""
+    return max(max(c["measured_bytes"]) for c in r["memory"]["clusters"].values()) / 2**20
+
+
+def drift_rows(folder: Path = HERE) -> list[str]:
+    """Per kept record: the largest device peak over its first, middle and last five rounds, and C7's median
+    relative error over its rounds (the device memory drift of issue 43: a run whose devices keep growing)."""
+    names = [*RUNS, *(f"long_{t}{s}" for t in TASKS for s in LONG_RECORDS)]
+    rows = []
+    for name in names:
+        if not (folder / f"{name}.rounds.jsonl.gz").exists():
+            continue
+        rounds = [r for r in load_rounds(name, folder) if r.get("memory") and r["memory"]["clusters"]]
+        errors = [e for r in rounds if (e := r["memory"]["relative_error_median"]) is not None]
+        if not rounds or not errors:
+            continue
+        n = len(rounds)
+        parts = (rounds[:5], rounds[max(0, n // 2 - 2) : n // 2 + 3], rounds[-5:])
+        first, middle, last = (max(_largest_peak_mib(r) for r in part) for part in parts)
+        rows.append(
+            f"| {name} | {n} | {first:.0f} | {middle:.0f} | {last:.0f} | {100 * statistics.median(errors):.1f}% |"
         )
     return rows
 
@@ -137,12 +172,24 @@ def table(folder: Path = HERE) -> str:
             "",
             f"## federation=long at the new operating point (seed 0; target >= {TARGET}x the central recipe)",
             "",
-            "| task | final validation metric (over central) | target | S >= 2 of CU-rounds, mean S / m "
+            "| record | final validation metric (over central) | target | S >= 2 of CU-rounds, mean S / m "
             "| wall (ServerApp) | central recipe "
             "| before (campaign seed 0, network=small): metric, S >= 2, mean S / m, wall |",
             "|---|---|---|---|---|---|---|",
             *longs,
         ]
+    out += [
+        "",
+        "## Device memory across a run: the largest measured device peak (MiB) over the first, middle and last five "
+        "rounds",
+        "",
+        "default_q3 and the _q2 records ran after the device memory drift was removed (docs/testbed.md), the others "
+        "before it.",
+        "",
+        "| record | rounds | first | middle | last | C7's median relative error over the rounds |",
+        "|---|---|---|---|---|---|",
+        *drift_rows(folder),
+    ]
     for name in RUNS:
         rounds = loaded[name][0]
         rows = memory_rows(rounds)
