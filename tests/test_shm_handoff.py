@@ -223,3 +223,65 @@ def test_weights_through_shared_memory_leave_no_object_store_pages_in_the_device
     assert same_store and same_shm
     assert grown_store > 8.0  # a block's weights are about 2 MiB: the effect is there to be removed
     assert grown_shm < 2.0
+
+
+def test_a_segment_taken_apart_for_shared_memory_is_rebuilt_equal(tmp_path):
+    """parked_module / unparked_module against the module itself: the same state, the same output, the same
+    frozen parameters; a module its state dict cannot rebuild is refused (None)."""
+    from collapipe_flwr.models.transformer import EncoderBlock
+
+    torch.manual_seed(0)
+    segment = torch.nn.ModuleList([EncoderBlock(256, 4, 512, 0.0) for _ in range(2)])
+    segment[0].layer.norm1.weight.requires_grad_(False)  # as a frozen (LoRA base) weight
+    lot = shm_handoff.ParkingLot(tmp_path)
+    parked = shm_handoff.parked_module(segment, lot)
+    assert parked is not None
+    skeleton, state = parked
+    assert all(p.is_meta for p in skeleton.parameters())  # no weights travel with the structure
+    assert any(isinstance(v, shm_handoff.ShmTensor) for v in state.values())
+    rebuilt = shm_handoff.unparked_module(skeleton, state)
+    assert not lot.path.exists()
+    for (name, want), got in zip(segment.state_dict().items(), rebuilt.state_dict().values()):
+        assert torch.equal(want, got), name
+    assert [p.requires_grad for p in rebuilt.parameters()] == [p.requires_grad for p in segment.parameters()]
+    x, mask = torch.randn(2, 5, 256), torch.ones(2, 5, dtype=torch.long)
+    segment.eval(), rebuilt.eval()
+    assert torch.equal(rebuilt[1](rebuilt[0](x, mask), mask), segment[1](segment[0](x, mask), mask))
+
+    with_buffer = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+    with_buffer[0].register_buffer("table", torch.ones(4), persistent=False)
+    assert shm_handoff.parked_module(with_buffer, lot) is None
+    tied = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+    tied[1].weight = tied[0].weight
+    assert shm_handoff.parked_module(tied, lot) is None
+
+
+def _moves(mode: str, moves: int = 8) -> tuple[float, bool]:
+    """The largest growth (MiB) of a device actor's RssShmem over ``moves`` re-partitions of two blocks between two
+    devices ((1, 1) and (2, 0) in turn: blocks and their optimizer state move each time), and whether the encoder's
+    weights came through unchanged."""
+    from collapipe_flwr.models.transformer import TransformerConfig, build_transformer
+
+    sizes = dict(d_model=256, n_heads=4, d_ff=512, enc_layers=2, dec_layers=1, dropout=0.0, max_len=32, pad_id=0)
+    model = build_transformer(TransformerConfig(src_vocab=50, tgt_vocab=50, **sizes))
+    rt = runtime(backend="ray", handoff=mode)
+    with ClusterPipeline(model.embedding, model.blocks, (1, 1), SGD_UNIT, runtime=rt) as pipe:
+        first = pipe.encoder_state_dict()
+        pids = [process.pid for process in pipe.processes().values()]
+        start = [_shmem_mib(pid) for pid in pids]
+        for i in range(moves):
+            pipe.repartition((2, 0) if i % 2 == 0 else (1, 1))
+        growth = max(_shmem_mib(pid) - s for pid, s in zip(pids, start))
+        last = pipe.encoder_state_dict()
+    return growth, all(torch.equal(first[k], last[k]) for k in first)
+
+
+@pytest.mark.skipif(not shm_handoff.available(), reason="needs a writable /dev/shm")
+def test_blocks_moved_through_shared_memory_leave_no_object_store_pages_in_the_device(ray_session):
+    """A new delta moves blocks between live devices: through the object store their pages stay mapped into the
+    receiving device (the reference), through the shm hand-over they must not."""
+    grown_store, same_store = _moves("object_store")
+    grown_shm, same_shm = _moves("shm")
+    assert same_store and same_shm
+    assert grown_store > 8.0
+    assert grown_shm < 2.0

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from collapipe_flwr.pipeline.executors import shm_handoff
 from collapipe_flwr.pipeline.process_memory import ProcessMemory
@@ -143,6 +144,20 @@ class StageActor(Stage):
 
     def backward(self, mb_index: int, grad_out):
         return self._handover(super().backward(mb_index, shm_handoff.resolve(grad_out)))
+
+    def load_segment(
+        self,
+        segment: nn.ModuleList,
+        optimizer_state: dict | None,
+        slowdown: float,
+        offset: int,
+        parked: dict | None = None,
+    ) -> int:
+        """As :meth:`Stage.load_segment`; with ``parked``, ``segment`` is a skeleton on the meta device whose weights
+        wait in shared memory (``shm_handoff.parked_module``), and the optimizer state may be parked too."""
+        if parked is not None:
+            segment = shm_handoff.unparked_module(segment, parked)
+        return super().load_segment(segment, shm_handoff.resolve_tree(optimizer_state), slowdown, offset)
 
     def get_weights(self) -> dict:
         return self._parking.handover_tree(super().get_weights()) if self._handoff == "shm" else super().get_weights()

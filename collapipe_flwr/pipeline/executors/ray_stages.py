@@ -106,7 +106,7 @@ class RayStages(RayStageCalls):
                 self.devices[k] = self._start_actor(k, segment, state, slowdown, offset)
                 started.append(k)
             if segment is not None:
-                loads.append((k, self.devices[k].load_segment.remote(segment, state, slowdown, offset)))
+                loads.append((k, self._load(k, segment, state, slowdown, offset)))
         used = {spec[0] for spec in specs}
         for k, actor in self.devices.items():  # a device the plan leaves idle frees its blocks (empty segment)
             if free_others and specs and k not in used and k not in started:
@@ -118,6 +118,17 @@ class RayStages(RayStageCalls):
         self._set_handoff()
         if pin and self.actors and self.runtime.spec.pin_threads != "false":
             self.pin_stages()
+
+    def _load(self, k: int, segment: nn.Module, state, slowdown: float, offset: int) -> Any:
+        """Start loading ``segment`` into device k's live actor. Once the hand-over is shared memory, the blocks'
+        weights and the optimizer state take it too (``shm_handoff.parked_module``): through Ray's object store
+        their pages would stay mapped into the device, memory it seems to hold round after round."""
+        actor = self.devices[k]
+        parked = shm_handoff.parked_module(segment, self._parking) if self.handoff == "shm" else None
+        if parked is None:
+            return actor.load_segment.remote(segment, state, slowdown, offset)
+        skeleton, weights = parked
+        return actor.load_segment.remote(skeleton, self._parking.handover_tree(state), slowdown, offset, weights)
 
     def _learn_memory_paths(self, devices: Sequence[int]) -> None:
         """Where the memory cgroups of ``devices`` are (``runtime.memory_cgroup``), read while they live, so the

@@ -11,6 +11,11 @@ orders the calls and reports a dead producer exactly as before; only the bytes t
 hop, measured the same way). On a whole GPipe step the gain is smaller than the hops suggest: at S = 2, m = 4
 here, 0.746x of one device's step against 0.781x through the object store, over three runs.
 
+Weights, optimizer state and blocks moving to a device (a new delta) take the same way
+(:meth:`ParkingLot.handover_tree`, :func:`parked_module`). Through the object store they would cost more than
+time: the store's pages they were written to and read from stay mapped into the device (``RssShmem``) and
+charged to its memory cgroup, so a device's memory grew round after round (issue 43; docs/testbed.md).
+
 Why by hand: Ray's object store already uses shared memory, but its ownership protocol routes every
 object's location through the owner (the CU's process); ``multiprocessing.shared_memory`` would need a
 resource tracker per process and leaks segments of killed actors. A file per tensor under one folder per
@@ -23,11 +28,13 @@ unread tensors).
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -36,6 +43,7 @@ from collapipe_flwr.pipeline.runtime_spec import HANDOFFS
 SHM_ROOT = Path("/dev/shm")
 FOLDER_PREFIX = "collapipe-handoff-"
 PARK_MIN_BYTES = 100 * 1024  # Ray's max_direct_call_object_size: smaller objects already travel inline
+M = TypeVar("M", bound=torch.nn.Module)
 
 
 @dataclass(frozen=True)
@@ -149,6 +157,26 @@ def fetch(handle: ShmTensor) -> torch.Tensor:
 def resolve(value):
     """``value`` itself, or the tensor behind it when it is a :class:`ShmTensor`."""
     return fetch(value) if isinstance(value, ShmTensor) else value
+
+
+def parked_module(module: M, lot: ParkingLot) -> tuple[M, dict] | None:
+    """``module`` as (a copy on the meta device: its structure without its weights, its state dict with the large
+    tensors parked in ``lot``), so that blocks moving to a device skip Ray's object store as weights do; None
+    when its state dict would not rebuild it (a non-persistent buffer, or a parameter shared between two of its
+    modules, which ``to_empty`` would split)."""
+    state = module.state_dict()
+    buffers = [name for name, _ in module.named_buffers()]
+    shared = len(list(module.named_parameters(remove_duplicate=False))) != len(list(module.parameters()))
+    if shared or any(name not in state for name in buffers):
+        return None
+    return copy.deepcopy(module).to("meta"), lot.handover_tree(state)
+
+
+def unparked_module(skeleton: M, state: dict) -> M:
+    """The module :func:`parked_module` took apart, rebuilt on the CPU from its parked state."""
+    module = skeleton.to_empty(device="cpu")
+    module.load_state_dict(resolve_tree(state), strict=True)
+    return module
 
 
 def resolve_tree(value):
