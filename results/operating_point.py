@@ -11,7 +11,8 @@ the table from the kept records and fails when the committed text differs.
 
 It also writes the ``federation=long`` runs at the new operating point (``long_<task>``, kept here the same way,
 ``collapipe run --run-config "task='<task>' run-name='long_<task>'" --run-config 'overrides="federation=long"'``;
-``long_<task>_q2``: the same command on 2026-11-27, after the memory drift fix, nothing else running)
+``long_<task>_q2``: the same command on 2026-11-27, after the memory drift fix, nothing else running;
+``long_ner_q3``: NER again after blocks moving to a device took shared memory too, commit e3cde2d)
 beside the central recipe's validation metric and the trained-budget campaign's seed-0 CollaPipe run at the old
 operating point (both from ``results/trained/jobs/``), with the verdict: met when the run's metric is >= 0.97x the
 central recipe's.
@@ -103,7 +104,9 @@ def _split_share(rounds: list[dict]) -> tuple[float, float, float]:
     return split, statistics.mean(c["S"] for c in cu_rounds), statistics.mean(c["m"] for c in cu_rounds)
 
 
-LONG_RECORDS = ("", "_q2")  # long_<task> (2026-11-26) and long_<task>_q2 (after the memory drift fix, 2026-11-27)
+# long_<task> (2026-11-26); long_<task>_q2 (2026-11-27, after the memory drift fix); long_ner_q3 (the same day, after
+# blocks moving to a device took shared memory too)
+LONG_RECORDS = ("", "_q2", "_q3")
 
 
 def long_rows(folder: Path = HERE, trained: Path = TRAINED) -> list[str]:
@@ -183,8 +186,8 @@ def table(folder: Path = HERE) -> str:
         "## Device memory across a run: the largest measured device peak (MiB) over the first, middle and last five "
         "rounds",
         "",
-        "default_q3 and the _q2 records ran after the device memory drift was removed (docs/testbed.md), the others "
-        "before it.",
+        "default_q3 and the _q2 and _q3 records ran after the device memory drift was removed (docs/testbed.md), the "
+        "others before it; _q3 also with moved blocks through shared memory.",
         "",
         "| record | rounds | first | middle | last | C7's median relative error over the rounds |",
         "|---|---|---|---|---|---|",
