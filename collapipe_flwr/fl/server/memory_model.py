@@ -44,8 +44,8 @@ def _stage_bytes(workload: Workload, delta: list[int], m: int) -> list[float]:
 def _user_bytes(workload: Workload, users: Sequence[int], K: int) -> list[float]:
     """C7's bytes on each of K devices when ``users`` (device indices) are VanillaFL's data users, each holding
     the whole encoder for its share of the batch (``Workload.user_memory_bytes``); 0 on the others."""
-    each = workload.user_memory_bytes(len(users))
-    return [each if k in set(users) else 0.0 for k in range(K)]
+    each, chosen = workload.user_memory_bytes(len(users)), set(users)
+    return [each if k in chosen else 0.0 for k in range(K)]
 
 
 def memory_rows(

@@ -124,8 +124,10 @@ class StageActor(Stage):
         self._handoff = mode
         return mode
 
-    def _handover(self, tensor):
-        return self._parking.handover(tensor) if self._handoff == "shm" else tensor
+    def _handover(self, value):
+        """``value`` (a tensor, or a state dict or optimizer state holding tensors) with its large tensors parked in
+        shared memory when this actor's hand-over is ``shm``; as it is otherwise."""
+        return self._parking.handover_tree(value) if self._handoff == "shm" else value
 
     def leave_host(self) -> None:
         """Undo what this process holds on its host before it is killed: its testbed cgroup and throttle, its
@@ -160,14 +162,13 @@ class StageActor(Stage):
         return super().load_segment(segment, shm_handoff.resolve_tree(optimizer_state), slowdown, offset)
 
     def get_weights(self) -> dict:
-        return self._parking.handover_tree(super().get_weights()) if self._handoff == "shm" else super().get_weights()
+        return self._handover(super().get_weights())
 
     def set_weights(self, state: dict) -> None:
         super().set_weights(shm_handoff.resolve_tree(state))
 
     def get_optimizer_state(self) -> dict:
-        state = super().get_optimizer_state()
-        return self._parking.handover_tree(state) if self._handoff == "shm" else state
+        return self._handover(super().get_optimizer_state())
 
     def load_optimizer_state(self, state: dict) -> None:
         super().load_optimizer_state(shm_handoff.resolve_tree(state))

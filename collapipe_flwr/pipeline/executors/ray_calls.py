@@ -33,9 +33,8 @@ class RayStageCalls:
         raise NotImplementedError
 
     def _submit(self, stage: int, method: RemoteMethod, *args: Any) -> Any:
-        if self.handoff == "shm":  # the CU's own tensors (embedding output, the head's gradients, weights) take it too
-            args = tuple(self._parking.handover_tree(a) for a in args)
-        ref = method.remote(*args)
+        # the CU's own tensors (embedding output, the head's gradients, weights) take the shm hand-over too
+        ref = method.remote(*(self._tree(a) for a in args))
         self._submitted.append((ref, stage))
         return ref
 

@@ -128,7 +128,7 @@ class RayStages(RayStageCalls):
         if parked is None:
             return actor.load_segment.remote(segment, state, slowdown, offset)
         skeleton, weights = parked
-        return actor.load_segment.remote(skeleton, self._parking.handover_tree(state), slowdown, offset, weights)
+        return actor.load_segment.remote(skeleton, self._tree(state), slowdown, offset, weights)
 
     def _learn_memory_paths(self, devices: Sequence[int]) -> None:
         """Where the memory cgroups of ``devices`` are (``runtime.memory_cgroup``), read while they live, so the
