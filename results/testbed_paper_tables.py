@@ -68,6 +68,7 @@ COLUMNS = (
     "steady_round_s",
     "steady_cu_s",
     "steady_compute_share",
+    "steady_d2d_link_s",
     "steady_upload_s",
     "steady_head_s",
     "steady_server_s",
@@ -177,6 +178,7 @@ def job_row(channels: int, seed: int, run: str, rounds: list[dict]) -> dict:
         "steady_round_s": statistics.mean(measured[1:] or measured),
         "steady_cu_s": statistics.mean(cu_s),
         "steady_compute_share": statistics.mean(a / b for a, b in zip(compute, cu_s) if b > 0),
+        "steady_d2d_link_s": _d2d_link_s(slow),
         "steady_upload_s": statistics.mean(float(c.get("seconds-upload", 0.0)) for c in slow),
         "steady_head_s": statistics.mean(float(c.get("seconds-step-head", 0.0)) for c in slow),
         "steady_server_s": statistics.mean(server_outside_cus(r) for r in steady),
@@ -192,6 +194,15 @@ def job_row(channels: int, seed: int, run: str, rounds: list[dict]) -> dict:
         # data users read as parallel from per-user hand-overs ("measured"), or the older even share ("estimated")
         "users_read": _weakest({users_read(r) for r in rounds}),
     }
+
+
+def _d2d_link_s(slow: list[dict]) -> float | str:
+    """Mean over the steady rounds of the slowest CU's D2D link seconds, summed over its devices (each stage's
+    outgoing link held by the token bucket, eq. 13; in a pipeline these overlap other stages' compute); "" for
+    records from before the stages reported it (``device-link-seconds``)."""
+    if not slow or any("device-link-seconds" not in c for c in slow):
+        return ""
+    return statistics.mean(sum(float(x) for x in c["device-link-seconds"]) for c in slow)
 
 
 def _argmax_device(rounds: list[dict]) -> float:

@@ -32,7 +32,7 @@ OVERRIDES = (
 )
 # fields that differ between any two runs: times, and where the processes ran (pids, network namespaces)
 # and what the devices' memory measured (the record's memory section, the limits: issue 43, after the golden run)
-WALL_CLOCK = ("seconds", "elapsed", "measured", "pids", "netns", "device-compute", "peak", "memory")
+WALL_CLOCK = ("seconds", "elapsed", "measured", "pids", "netns", "device-compute", "device-link", "peak", "memory")
 
 
 def _behaviour(value, key: str = ""):

@@ -19,6 +19,7 @@ from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.executors import shm_handoff
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec
+from collapipe_flwr.pipeline.timings import StageSeconds
 from tests.runtimes import runtime
 from tests.test_transparency import make_batch, make_model, named_weights, reference_step
 
@@ -173,6 +174,8 @@ def test_a_nested_state_comes_back_equal_with_its_large_tensors_parked(tmp_path)
         "0.b": torch.ones(3),
         "opt": {"exp_avg": large * 2, "step": torch.tensor(4.0)},
         "n": [7, large],
+        "seconds": StageSeconds(1.5, 0.25),  # a named tuple (what a stage's step answers) keeps its type
+        "pair": (large, 2),
     }
     parked = lot.handover_tree(state)
     assert isinstance(parked["0.w"], shm_handoff.ShmTensor) and isinstance(
@@ -182,6 +185,8 @@ def test_a_nested_state_comes_back_equal_with_its_large_tensors_parked(tmp_path)
     back = shm_handoff.resolve_tree(parked)
     assert torch.equal(back["0.w"], large) and torch.equal(back["opt"]["exp_avg"], large * 2)
     assert torch.equal(back["n"][1], large) and back["opt"]["step"] == 4.0
+    assert back["seconds"] == StageSeconds(1.5, 0.25) and type(back["seconds"]) is StageSeconds
+    assert type(back["pair"]) is tuple and torch.equal(back["pair"][0], large) and back["pair"][1] == 2
     assert not lot.path.exists()  # every parked tensor read once: nothing left in shared memory
 
 

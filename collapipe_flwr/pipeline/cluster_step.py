@@ -28,7 +28,7 @@ from collapipe_flwr.pipeline.microbatch import batch_size, split_batch
 from collapipe_flwr.pipeline.one_f_one_b import one_f_one_b_step
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.pipeline.placement import ClusterPlacement
-from collapipe_flwr.pipeline.timings import StepResult, StepTimings
+from collapipe_flwr.pipeline.timings import StageSeconds, StepResult, StepTimings
 
 
 def gather(stages: Stages, S: int, submit: Callable[[int], Any]) -> list:
@@ -78,7 +78,7 @@ class ClusterStep:
         else:
             loss, phases, updates = gpipe_step(placement.stages, placement.S, cu, micro, head, lr_factor)
         t_bwd = time.perf_counter()
-        device_compute = self._update(placement, lr_factor, updates)
+        stage_seconds = self._update(placement, lr_factor, updates)
         t_end = time.perf_counter()
         timings = StepTimings(
             embed=cu.seconds,
@@ -87,7 +87,8 @@ class ClusterStep:
             backward=phases["backward"],
             update=t_end - t_bwd,
             total=t_end - t0,
-            device_compute={int(k): float(c) for (k, _, _), c in zip(placement.bounds, device_compute)},
+            device_compute={int(k): float(c.compute) for (k, _, _), c in zip(placement.bounds, stage_seconds)},
+            device_link={int(k): float(c.link) for (k, _, _), c in zip(placement.bounds, stage_seconds)},
         )
         count = int((batch["labels"] != -100).sum()) if "labels" in batch else b
         return StepResult(loss=float(loss), count=count, timings=timings)
@@ -98,9 +99,11 @@ class ClusterStep:
         stages = placement.stages
         gather(stages, placement.S, lambda s: stages.submit_begin_step(s, step_seed))
 
-    def _update(self, placement: ClusterPlacement, lr_factor: float, submitted: list | None = None) -> list[float]:
+    def _update(
+        self, placement: ClusterPlacement, lr_factor: float, submitted: list | None = None
+    ) -> list[StageSeconds]:
         """Every segment and the embedding take one optimizer step (the segments' already ``submitted``, or now);
-        returns each stage's compute seconds."""
+        returns each stage's compute and D2D link seconds."""
         stages = placement.stages
         steps = submitted
         if steps is None:

@@ -36,6 +36,7 @@ from collapipe_flwr.pipeline.dropout_seed import seed_block
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.pipeline.process_memory import ProcessMemory
+from collapipe_flwr.pipeline.timings import StageSeconds
 from collapipe_flwr.precision import autocast, resolve_precision
 from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.testbed.cpu_quota import CpuQuota
@@ -91,6 +92,7 @@ class Stage:
         self._live_activation_bytes = 0
         self.peak_activation_bytes = 0
         self.compute_seconds = 0.0
+        self.link_seconds = 0.0
         self._trace: list[tuple[str, int, float, float]] = []
         self.link: TokenBucket | None = None  # the testbed's D2D throttle on what this stage hands on
         self.cpu_quota: CpuQuota | None = None  # the testbed's CPU share of this process
@@ -132,6 +134,7 @@ class Stage:
         self._pending.clear()
         self._live_activation_bytes = 0
         self.compute_seconds = 0.0
+        self.link_seconds = 0.0
         self._trace = []
         return self.device_index
 
@@ -170,9 +173,12 @@ class Stage:
 
     def _send(self, tensor: torch.Tensor) -> torch.Tensor:
         """Hand ``tensor`` on over this device's link: on the testbed the link's token bucket holds it for its
-        bytes at r_k^dd plus the per-transfer latency (eq. 13's tau_k^dd, tau_0); otherwise at once."""
+        bytes at r_k^dd plus the per-transfer latency (eq. 13's tau_k^dd, tau_0); otherwise at once. The seconds it
+        holds are this step's ``link_seconds`` (D2D), kept apart from its compute seconds."""
         if self.link is not None:
+            start = time.perf_counter()
             self.link.consume(tensor.numel() * tensor.element_size())
+            self.link_seconds += time.perf_counter() - start
         return tensor
 
     # -- the testbed and measurement (system/profile.py) ---------------------------------------------
@@ -230,11 +236,11 @@ class Stage:
         """The receiving side of a D2D measurement: the payload's size once it is here."""
         return int(tensor.numel() * tensor.element_size())
 
-    def step(self, lr_factor: float = 1.0) -> float:
+    def step(self, lr_factor: float = 1.0) -> StageSeconds:
         """One optimizer update of theta^s with the gradients of all m micro-batches at ``lr_factor`` times
-        the base lr (model.lr_schedule); returns this step's compute seconds. Refused while a micro-batch's backward
-        has not run (its forward's graph still held): a step that failed part-way never applies part of its
-        gradients (the driver submits the update behind the backward, pipeline/gpipe.py)."""
+        the base lr (model.lr_schedule); returns this step's compute and D2D link seconds. Refused while a
+        micro-batch's backward has not run (its forward's graph still held): a step that failed part-way never
+        applies part of its gradients (the driver submits the update behind the backward, pipeline/gpipe.py)."""
         if self._pending:
             left = sorted(self._pending)
             self._pending.clear()
@@ -246,7 +252,7 @@ class Stage:
         scale_lr(self.optimizer, self._base_lrs, lr_factor)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return self.compute_seconds
+        return StageSeconds(self.compute_seconds, self.link_seconds)
 
     def _account(self, start: float, kind: str, mb_index: int) -> None:
         if self.device.type == "cuda":  # the kernels queued so far are this call's compute time

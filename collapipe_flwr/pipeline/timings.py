@@ -7,8 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 PHASES = ("embed", "forward", "head", "backward", "update", "total")
+
+
+class StageSeconds(NamedTuple):
+    """What one stage measured in one step (``Stage.step``): ``compute``, the seconds of its forwards and
+    backwards (emulated slowdown included: eq. 12's on-device time); ``link``, the seconds its outgoing D2D link
+    held what it handed on (the testbed's token bucket at r_k^dd plus tau_0 per transfer: eq. 13's hand-over
+    time; 0 on an unthrottled host)."""
+
+    compute: float
+    link: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -19,7 +30,7 @@ class StepTimings:
     over the S stages up to z^enc of every micro-batch; ``head``: the head (server decoder or local);
     ``backward``: the GPipe backward into the embedding; ``update``: every optimizer step; ``total``: the
     whole step. ``device_compute``: {device k: its stage's compute seconds this step (emulated slowdown
-    included)}.
+    included)}; ``device_link``: {device k: the seconds its D2D link held its hand-overs this step}.
     """
 
     embed: float
@@ -29,6 +40,7 @@ class StepTimings:
     update: float
     total: float
     device_compute: Mapping[int, float] = field(default_factory=dict)
+    device_link: Mapping[int, float] = field(default_factory=dict)
 
     def phases(self) -> dict[str, float]:
         """{phase: seconds} for the six phases, in ``PHASES`` order (the ``seconds-step-*`` metrics)."""

@@ -202,6 +202,8 @@ def train_round(
         **step_metrics(steps, wiring.lr_clock(run.cfg).factor(instructions.round, 0)),
         **clock.seconds(time.time()),
         **devices.metrics(steps.device_compute),
+        # the seconds each device's D2D link held its hand-overs (eq. 13; 0 unthrottled), apart from its compute
+        "device-link-seconds": list(steps.device_link) or [0.0] * len(steps.device_compute),
         **prepared.metrics(),
         # what the reply's tensors hold (eq. 11's model term, uncompressed); 0 for a method without aggregation,
         # whose weights travel back for evaluation only (``carried-bytes``)

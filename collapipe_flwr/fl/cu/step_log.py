@@ -1,5 +1,5 @@
 """What a round's local steps leave behind on the CU: the loss of each step, the examples seen, the seconds of
-each phase of the GPipe step and each device's compute seconds, summed over the steps."""
+each phase of the GPipe step and each device's compute and D2D link seconds, summed over the steps."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from collapipe_flwr.pipeline.timings import StepResult
 
 class StepLog(NamedTuple):
     """The round's steps so far: per-step losses (the plain model's mean loss), examples, seconds per phase
-    (embed, forward, head, backward, update, total) and compute seconds per device k of the cluster.
+    (embed, forward, head, backward, update, total), compute seconds per device k of the cluster and
+    (``device_link``) the seconds device k's outgoing D2D link held its hand-overs (the testbed's token bucket).
 
     Data-parallel rounds (VanillaFL's D users, ``fl/cu/data_parallel.py``) also carry each user's measured
     seconds (``user_seconds``, user d's steps on its own device), the memory report of every device that held the
@@ -26,10 +27,11 @@ class StepLog(NamedTuple):
     memory: tuple[dict, ...] = ()
     user_handover_seconds: tuple[float, ...] = ()
     average_seconds: float = 0.0
+    device_link: tuple[float, ...] = ()
 
     @classmethod
     def empty(cls, num_devices: int) -> StepLog:
-        return cls([], 0, {}, [0.0] * num_devices)
+        return cls([], 0, {}, [0.0] * num_devices, device_link=(0.0,) * num_devices)
 
     def add(self, result: StepResult, examples: int) -> StepLog:
         """This log with one more step of ``examples`` examples."""
@@ -39,4 +41,13 @@ class StepLog(NamedTuple):
         compute = list(self.device_compute)
         for k, sec in result.timings.device_compute.items():  # {device index k: compute seconds this step}
             compute[int(k)] += float(sec)
-        return StepLog([*self.losses, float(result.loss)], self.examples + int(examples), seconds, compute)
+        link = list(self.device_link) or [0.0] * len(compute)
+        for k, sec in result.timings.device_link.items():  # {device index k: D2D link seconds this step}
+            link[int(k)] += float(sec)
+        return StepLog(
+            [*self.losses, float(result.loss)],
+            self.examples + int(examples),
+            seconds,
+            compute,
+            device_link=tuple(link),
+        )

@@ -57,7 +57,8 @@ class Stages(Protocol):
         """Start ``Stage.backward`` of micro-batch ``mb_index`` (``grad_out``: a value or a handle)."""
 
     def submit_step(self, stage: int, lr_factor: float) -> Any:
-        """Start ``Stage.step(lr_factor)``: the stage's optimizer update (its handle answers compute seconds)."""
+        """Start ``Stage.step(lr_factor)``: the stage's optimizer update (its handle answers ``StageSeconds``:
+        compute and D2D link)."""
 
     def submit_get_weights(self, stage: int) -> Any:
         """Start ``Stage.get_weights()``: theta^s with local block numbers."""

@@ -14,6 +14,7 @@ from collapipe_flwr.pipeline.executors.interface import StageSpec
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.runtime_spec import LOCAL_RUNTIME, ClusterRuntime
 from collapipe_flwr.pipeline.stage import Stage, StageCompute
+from collapipe_flwr.pipeline.timings import StageSeconds
 
 
 class LocalStages:
@@ -79,7 +80,7 @@ class LocalStages:
     def submit_backward(self, stage: int, mb_index: int, grad_out: Any) -> torch.Tensor:
         return self.stages[stage].backward(mb_index, grad_out)
 
-    def submit_step(self, stage: int, lr_factor: float) -> float:
+    def submit_step(self, stage: int, lr_factor: float) -> StageSeconds:
         return self.stages[stage].step(lr_factor)
 
     def submit_get_weights(self, stage: int) -> dict[str, torch.Tensor]:

@@ -110,7 +110,7 @@ class ParkingLot:
         if isinstance(value, dict):
             return {k: self.handover_tree(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            return type(value)(self.handover_tree(v) for v in value)
+            return _same_sequence(value, [self.handover_tree(v) for v in value])
         return self.handover(value)
 
     def clear(self) -> int:
@@ -184,8 +184,16 @@ def resolve_tree(value):
     if isinstance(value, dict):
         return {k: resolve_tree(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(resolve_tree(v) for v in value)
+        return _same_sequence(value, [resolve_tree(v) for v in value])
     return resolve(value)
+
+
+def _same_sequence(like: list | tuple, items: list):
+    """``items`` as the sequence type of ``like``: a list, a tuple, or a named tuple (built field by field, as
+    ``StageSeconds`` that a stage's step answers)."""
+    if isinstance(like, tuple) and hasattr(like, "_fields"):
+        return type(like)(*items)
+    return type(like)(items)
 
 
 def remove_stale(root: Path = SHM_ROOT) -> list[Path]:
