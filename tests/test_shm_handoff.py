@@ -290,3 +290,31 @@ def test_blocks_moved_through_shared_memory_leave_no_object_store_pages_in_the_d
     assert same_store and same_shm
     assert grown_store > 8.0
     assert grown_shm < 2.0
+
+
+def _fresh_device_shmem(mode: str) -> tuple[float, bool]:
+    """RssShmem (MiB) of the freshest device actor once it holds its first segment (a block of ~12 MiB of weights,
+    placed when the actor starts), and whether its weights arrived unchanged."""
+    from collapipe_flwr.models.transformer import TransformerConfig, build_transformer
+
+    sizes = dict(d_model=512, n_heads=4, d_ff=2048, enc_layers=2, dec_layers=1, dropout=0.0, max_len=32, pad_id=0)
+    model = build_transformer(TransformerConfig(src_vocab=50, tgt_vocab=50, **sizes))
+    sent = {k: v.clone() for k, v in model.blocks.state_dict().items()}
+    with ClusterPipeline(
+        model.embedding, model.blocks, (1, 1), SGD_UNIT, runtime=runtime(backend="ray", handoff=mode)
+    ) as pipe:
+        shmem = max(_shmem_mib(process.pid) for process in pipe.processes().values())
+        got = pipe.encoder_state_dict()
+    return shmem, all(torch.equal(sent[k], got[k]) for k in sent)
+
+
+@pytest.mark.skipif(not shm_handoff.available(), reason="needs a writable /dev/shm")
+def test_a_new_device_gets_its_first_segment_once_through_shared_memory(ray_session):
+    """A device started for a plan receives its blocks once, by the hand-over the CU chose: not in its actor's
+    constructor (through Ray's object store) and again by a load. Through the object store (the reference, so the
+    check can fail) the block's pages stay mapped into the device; through shared memory they must not."""
+    store, same_store = _fresh_device_shmem("object_store")
+    shm, same_shm = _fresh_device_shmem("shm")
+    assert same_store and same_shm
+    assert store > 8.0
+    assert shm < 2.0

@@ -100,21 +100,21 @@ class RayStages(RayStageCalls):
         None) into its live actor; devices outside ``specs`` stay alive (a later plan may use them) and,
         with ``free_others``, drop the blocks they held; with ``pin``, give the S stages their cores
         (:meth:`pin_stages`)."""
-        started, loads = [], []
-        for k, segment, state, slowdown, offset in specs:
-            if k not in self.devices:
-                self.devices[k] = self._start_actor(k, segment, state, slowdown, offset)
-                started.append(k)
-            if segment is not None:
-                loads.append((k, self._load(k, segment, state, slowdown, offset)))
+        started = [spec[0] for spec in specs if spec[0] not in self.devices]
+        for k in started:  # started empty: each segment then goes once, by a load (shared memory where it can)
+            self.devices[k] = self._start_actor(k)
+        if started:  # where the new actors run decides the hand-over before any segment travels
+            self._wait_started([(k, self.devices[k].ping.remote()) for k in started])
+            self._learn_memory_paths(started)
+            self._set_handoff()
+        loads = [(k, self._load(k, seg, state, slow, off)) for k, seg, state, slow, off in specs if seg is not None]
         used = {spec[0] for spec in specs}
         for k, actor in self.devices.items():  # a device the plan leaves idle frees its blocks (empty segment)
             if free_others and specs and k not in used and k not in started:
                 loads.append((k, actor.load_segment.remote(nn.ModuleList(), None, 1.0, 0)))
         self.device_indices = [spec[0] for spec in specs]
         self.actors = [self.devices[k] for k in self.device_indices]
-        self._wait_started([(k, self.devices[k].ping.remote()) for k in started] + loads)
-        self._learn_memory_paths(started)
+        self._wait_started(loads)
         self._set_handoff()
         if pin and self.actors and self.runtime.spec.pin_threads != "false":
             self.pin_stages()
@@ -188,19 +188,16 @@ class RayStages(RayStageCalls):
                 options["lifetime"] = "detached"
         return options
 
-    def _start_actor(self, k: int, segment, state, slowdown: float, offset: int) -> DeviceActor:
-        """Start device k's actor holding ``segment`` (None: no blocks) from block ``offset`` on."""
+    def _start_actor(self, k: int) -> DeviceActor:
+        """Start device k's actor holding no blocks (its segment comes by ``load_segment``, :meth:`place`)."""
         return (
             remote_stage_class()
             .options(**self._actor_options(k))
             .remote(
                 self.threads,
                 k,
-                segment if segment is not None else torch.nn.ModuleList(),
+                torch.nn.ModuleList(),
                 self.optimizer,
-                optimizer_state=state,
-                slowdown=slowdown,
-                offset=offset,
                 compute=StageCompute(
                     device=self.runtime.spec.device, precision=self.runtime.spec.precision, host_io=True
                 ),
@@ -255,7 +252,7 @@ class RayStages(RayStageCalls):
         uses them pays no process start-up in its round; each then imports ``warm_modules`` (``Stage.warm_up``)
         without this CU waiting for it. Ray runs an actor's calls in order, so a segment sent later waits for
         the import at most, and a fresh device's first segment costs what a later move does."""
-        idle = [(k, torch.nn.ModuleList(), None, 1.0, 0) for k in devices if k not in self.devices]
+        idle = [(k, None, None, 1.0, 0) for k in devices if k not in self.devices]
         if idle:
             keep = (list(self.device_indices), list(self.actors))
             self.place(idle, free_others=False, pin=False)
