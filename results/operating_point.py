@@ -133,6 +133,40 @@ def long_rows(folder: Path = HERE, trained: Path = TRAINED) -> list[str]:
     return rows
 
 
+# NER at the new operating point over seeds (long_ner_q3 is seed 0), against the trained-budget campaign's CollaPipe
+# at the old operating point (network=small, S = 1 in most CU-rounds) with the same seed
+NER_SEEDS = {0: "long_ner_q3", 1: "long_ner_q3_seed1", 2: "long_ner_q3_seed2"}
+
+
+def ner_seed_rows(folder: Path = HERE, trained: Path = TRAINED) -> list[str]:
+    """Per seed: NER's validation F1 at the new operating point and at the old one (same seed), and their
+    difference; then mean +- sd over the seeds both have. A seed whose new-point record is not kept is left out."""
+    central = json.loads((trained / "ner" / "central" / "seed0" / "central.json").read_text())["val"]["f1"]
+    rows, new, old = [], [], []
+    for seed, name in NER_SEEDS.items():
+        if not (folder / f"{name}.summary.json").exists():
+            continue
+        f1 = json.loads((folder / f"{name}.summary.json").read_text())["final_val"]["f1"]
+        before_file = trained / "ner" / "methods" / f"seed{seed}" / "collapipe" / "summary.json"
+        before = json.loads(before_file.read_text())["final_val"]["f1"]
+        split, mean_s, mean_m = _split_share(load_rounds(name, folder))
+        new.append(f1)
+        old.append(before)
+        rows.append(
+            f"| {seed} | {name} | {f1:.4f} ({f1 / central:.3f}x) | {100 * split:.0f}%, {mean_s:.2f} / {mean_m:.2f} "
+            f"| {before:.4f} ({before / central:.3f}x) | {f1 - before:+.4f} |"
+        )
+    if len(new) >= 2:
+        diff = [a - b for a, b in zip(new, old)]
+        mean_new, mean_old = statistics.mean(new), statistics.mean(old)
+        rows.append(
+            f"| mean +- sd ({len(new)} seeds) | | {mean_new:.4f} +- {statistics.stdev(new):.4f} "
+            f"({mean_new / central:.3f}x) | | {mean_old:.4f} +- {statistics.stdev(old):.4f} "
+            f"({mean_old / central:.3f}x) | {statistics.mean(diff):+.4f} +- {statistics.stdev(diff):.4f} |"
+        )
+    return rows
+
+
 def _largest_peak_mib(r: dict) -> float:
     """The largest measured device peak of round ``r`` (MiB)."""
     return max(max(c["measured_bytes"]) for c in r["memory"]["clusters"].values()) / 2**20
@@ -141,7 +175,7 @@ def _largest_peak_mib(r: dict) -> float:
 def drift_rows(folder: Path = HERE) -> list[str]:
     """Per kept record: the largest device peak over its first, middle and last five rounds, and C7's median
     relative error over its rounds (the device memory drift of issue 43: a run whose devices keep growing)."""
-    names = [*RUNS, *(f"long_{t}{s}" for t in TASKS for s in LONG_RECORDS)]
+    names = [*RUNS, *(f"long_{t}{s}" for t in TASKS for s in LONG_RECORDS), *list(NER_SEEDS.values())[1:]]
     rows = []
     for name in names:
         if not (folder / f"{name}.rounds.jsonl.gz").exists():
@@ -180,6 +214,22 @@ def table(folder: Path = HERE) -> str:
             "| before (campaign seed 0, network=small): metric, S >= 2, mean S / m, wall |",
             "|---|---|---|---|---|---|---|",
             *longs,
+        ]
+    seeds = ner_seed_rows(folder)
+    if seeds:
+        out += [
+            "",
+            "## NER over seeds: federation=long at the new operating point against the old one, seed by seed",
+            "",
+            "Validation entity F1 on the whole split (618 sentences) over the central recipe's "
+            f"{json.loads((TRAINED / 'ner' / 'central' / 'seed0' / 'central.json').read_text())['val']['f1']:.4f}. "
+            "New: `collapipe run` with `federation=long seed=<s>` (Ray actors, network=edge). Old: the trained-budget "
+            "campaign's CollaPipe job of the same seed (network=small, `runtime.backend=local`).",
+            "",
+            "| seed | record | new operating point: F1 | S >= 2 of CU-rounds, mean S / m | old operating point: F1 "
+            "| new - old |",
+            "|---|---|---|---|---|---|",
+            *seeds,
         ]
     out += [
         "",

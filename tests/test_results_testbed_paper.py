@@ -129,3 +129,17 @@ def test_the_campaign_runs_every_method_per_seed_and_channel_count_and_keeps_its
     with gzip.open(dest / "vanilla_fl.rounds.jsonl.gz", "rt") as f:
         assert f.read() == '{"round": 1}\n'
     assert (dest / "vanilla_fl.status.json").read_text() == '{"ok": true}'
+
+
+def test_d2d_link_seconds_are_the_slowest_clusters_summed_over_its_devices_or_absent():
+    tables = _module()
+    # rounds 2 and 3 are steady; cluster 0 is the slowest in both (10 s against 6 s); its devices' links held
+    # 0.25 + 0.5 s, then 1.0 + 0.25 s: a mean of 1.0 s. Records from before the metric give "" (shown as "-")
+    rounds = []
+    for t, links in ((1, (9.0, 9.0)), (2, (0.25, 0.5)), (3, (1.0, 0.25))):
+        slow, fast = _cu(10.0, 9.5, 0.5), _cu(6.0, 5.0, 1.0)
+        slow["device-link-seconds"], fast["device-link-seconds"] = list(links), [5.0, 5.0]
+        rounds.append(_round(t, 7.5, 20.0, {"0": slow, "1": fast}))
+    assert tables.job_row(4, 0, "dssra", rounds)["steady_d2d_link_s"] == pytest.approx(1.0)
+    old = [_round(t, 7.5, 20.0, {"0": _cu(10.0, 9.5, 0.5)}) for t in (1, 2)]
+    assert tables.job_row(4, 0, "dssra", old)["steady_d2d_link_s"] == ""
