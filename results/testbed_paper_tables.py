@@ -284,7 +284,8 @@ def method_lines(rows: list[dict]) -> list[str]:
         lines.append(
             f"| {j} | {run} | {len(rs)} | {statistics.mean(r['mean_S'] for r in rs):.2f} | {len(reached)} of "
             f"{len(rs)} | {col('measured_s_to_target', reached)} | {col('round1_s')} | {col('steady_round_s')} | "
-            f"{col('steady_cu_s')} | {col('steady_d2d_link_s')} | {col('steady_upload_s')} | {col('steady_head_s')} | {col('steady_server_s')} | "
+            f"{col('steady_cu_s')} | {col('steady_d2d_link_s')} | {col('steady_upload_s')} | {col('steady_head_s')} | "
+            f"{col('steady_server_s')} | "
             f"{col('modelled_round_s')} | {col('peak_device_mb')} ({col('modelled_peak_device_mb')}) | "
             f"{col('device_compute_s')} ({col('modelled_compute_s')}) | "
             f"{sum(int(r['lost_for_memory']) for r in rs)} |"

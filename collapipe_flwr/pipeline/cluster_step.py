@@ -28,6 +28,7 @@ from collapipe_flwr.pipeline.microbatch import batch_size, split_batch
 from collapipe_flwr.pipeline.one_f_one_b import one_f_one_b_step
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.pipeline.placement import ClusterPlacement
+from collapipe_flwr.pipeline.sparse_embedding import densify_gradients, use_sparse_gradients
 from collapipe_flwr.pipeline.timings import StageSeconds, StepResult, StepTimings
 
 
@@ -48,6 +49,7 @@ class ClusterStep:
         self.optimizer_spec = optimizer
         self.precision = precision
         self.schedule = schedule
+        use_sparse_gradients(embedding)  # m micro-batches' backwards touch only their rows (sparse_embedding.py)
         self.reset_optimizer()
 
     def reset_optimizer(self) -> None:
@@ -108,6 +110,7 @@ class ClusterStep:
         steps = submitted
         if steps is None:
             steps = [stages.submit_step(s, float(lr_factor)) for s in range(placement.S)]
+        densify_gradients(self.embedding)
         scale_lr(self.embedding_optimizer, self._embedding_base_lrs, lr_factor)
         self.embedding_optimizer.step()
         self.embedding_optimizer.zero_grad(set_to_none=True)
