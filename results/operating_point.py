@@ -25,7 +25,12 @@ as ``run-name='after1'`` and kept as ``default_q2``, after the server's decoder 
 generator to the target positions (commit de8ad3a; a 10-second micro-benchmark ran beside it). And as
 ``default_q3``, the same command after the device memory drift was removed (batch widths in steps of
 ``task.pad_multiple`` = 8, weights and optimizer state through shared memory: docs/testbed.md), nothing else
-running.
+running. And as ``default_q4`` (2026-11-27 18:04, nothing else running), after a new device actor got its segment
+once through shared memory and the CU's embedding took row-sparse gradients (commits faced8c, 650c2f6).
+
+``long_ner_q3_seed1`` and ``long_ner_q3_seed2``: NER's ``federation=long`` with ``seed=1`` / ``seed=2`` added to the
+overrides (2026-11-27 16:07-16:50, unit tests at nice 19 beside them, so their wall times are not quiet figures),
+set beside the campaign's CollaPipe runs of the same seeds at the old operating point.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "operating_point"
-RUNS = ("before_q1", "default_q1", "default_q2", "default_q3")
+RUNS = ("before_q1", "default_q1", "default_q2", "default_q3", "default_q4")
 TASKS = ("translation", "classification", "ner")
 TRAINED = Path(__file__).resolve().parent / "trained" / "jobs"  # the campaign's records (the old operating point)
 TARGET = 0.97  # issue 43: the long presets at the new operating point reach >= 0.97x of the central recipe
@@ -236,8 +241,9 @@ def table(folder: Path = HERE) -> str:
         "## Device memory across a run: the largest measured device peak (MiB) over the first, middle and last five "
         "rounds",
         "",
-        "default_q3 and the _q2 and _q3 records ran after the device memory drift was removed (docs/testbed.md), the "
-        "others before it; _q3 also with moved blocks through shared memory.",
+        "default_q3, default_q4 and the _q2 and _q3 records ran after the device memory drift was removed "
+        "(docs/testbed.md), the others before it; _q3 (and its seeds) and default_q4 also with moved blocks through "
+        "shared memory.",
         "",
         "| record | rounds | first | middle | last | C7's median relative error over the rounds |",
         "|---|---|---|---|---|---|",
