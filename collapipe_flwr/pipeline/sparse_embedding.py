@@ -6,7 +6,8 @@ times per step: for BERT's Chinese vocabulary (21,128 x 256, 21.6 MB) that is mo
 step (py-spy on a NER round: 49% of the CU process's samples in the embedding's backward). ``nn.Embedding``'s own
 ``sparse=True`` keeps each micro-batch's gradient as the looked-up rows only; :func:`densify_gradients` then
 turns the summed rows into the dense gradient the optimizer reads (Adam has no sparse update that matches its
-dense one), so the update is the dense embedding's to the last bit of the summed gradient.
+dense one). The gradient is the dense embedding's but for the order its rows are summed in (float rounding,
+~1e-7 relative), so the update is the dense embedding's.
 
 Only embeddings whose weight trains and is not shared with another module of the embedding part are switched
 (a tied weight also gets a dense gradient from its other use, and the two kinds do not add).
