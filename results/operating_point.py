@@ -114,6 +114,11 @@ def _split_share(rounds: list[dict]) -> tuple[float, float, float]:
 LONG_RECORDS = ("", "_q2", "_q3")
 
 
+def central_val(task: str, trained: Path = TRAINED) -> dict:
+    """The central recipe's validation metrics for ``task`` (the campaign's ``<task>/central/seed0`` record)."""
+    return json.loads((trained / task / "central" / "seed0" / "central.json").read_text())["val"]
+
+
 def long_rows(folder: Path = HERE, trained: Path = TRAINED) -> list[str]:
     rows = []
     for task, suffix in ((t, s) for t in TASKS for s in LONG_RECORDS):
@@ -121,7 +126,7 @@ def long_rows(folder: Path = HERE, trained: Path = TRAINED) -> list[str]:
         if not (folder / f"{name}.rounds.jsonl.gz").exists():
             continue
         rounds, summary, _ = load(name, folder)
-        central = json.loads((trained / task / "central" / "seed0" / "central.json").read_text())["val"]
+        central = central_val(task, trained)
         old_dir = trained / task / "methods" / "seed0" / "collapipe"
         old = json.loads((old_dir / "summary.json").read_text())
         old_rounds = [json.loads(line) for line in (old_dir / "rounds.jsonl").read_text().splitlines() if line]
@@ -146,15 +151,16 @@ NER_SEEDS = {0: "long_ner_q3", 1: "long_ner_q3_seed1", 2: "long_ner_q3_seed2"}
 def ner_seed_rows(folder: Path = HERE, trained: Path = TRAINED) -> list[str]:
     """Per seed: NER's validation F1 at the new operating point and at the old one (same seed), and their
     difference; then mean +- sd over the seeds both have. A seed whose new-point record is not kept is left out."""
-    central = json.loads((trained / "ner" / "central" / "seed0" / "central.json").read_text())["val"]["f1"]
+    central = central_val("ner", trained)["f1"]
     rows, new, old = [], [], []
     for seed, name in NER_SEEDS.items():
         if not (folder / f"{name}.summary.json").exists():
             continue
-        f1 = json.loads((folder / f"{name}.summary.json").read_text())["final_val"]["f1"]
+        rounds, summary, _ = load(name, folder)
+        f1 = summary["final_val"]["f1"]
         before_file = trained / "ner" / "methods" / f"seed{seed}" / "collapipe" / "summary.json"
         before = json.loads(before_file.read_text())["final_val"]["f1"]
-        split, mean_s, mean_m = _split_share(load_rounds(name, folder))
+        split, mean_s, mean_m = _split_share(rounds)
         new.append(f1)
         old.append(before)
         rows.append(
@@ -227,7 +233,7 @@ def table(folder: Path = HERE) -> str:
             "## NER over seeds: federation=long at the new operating point against the old one, seed by seed",
             "",
             "Validation entity F1 on the whole split (618 sentences) over the central recipe's "
-            f"{json.loads((TRAINED / 'ner' / 'central' / 'seed0' / 'central.json').read_text())['val']['f1']:.4f}. "
+            f"{central_val('ner')['f1']:.4f}. "
             "New: `collapipe run` with `federation=long seed=<s>` (Ray actors, network=edge). Old: the trained-budget "
             "campaign's CollaPipe job of the same seed (network=small, `runtime.backend=local`).",
             "",
