@@ -26,9 +26,13 @@ from transformers.models.bert.modeling_bert import BertEmbeddings, BertLayer, Be
 
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.models.crf import LinearChainCRF
+from collapipe_flwr.models.fast_dropout import register_attention, with_fast_dropout
 from collapipe_flwr.models.split import SplitModel, TaskHead
 
 HEADS = ("token", "token_crf", "sequence")
+# the blocks' attention (models/fast_dropout.py), registered with transformers wherever this module is imported: a
+# device process unpickling a BertBlock imports it first
+ATTENTION = register_attention()
 
 
 def additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -187,7 +191,7 @@ class BertSplitConfig:
             attention_probs_dropout_prob=self.dropout,
             max_position_embeddings=self.max_len,
         )
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = ATTENTION  # sdpa, with the cheaper dropout mask in CPU training
         return config
 
 
@@ -210,7 +214,7 @@ def build_bert(config: BertSplitConfig, pretrained_dir: str | None = None) -> Sp
     )
     if pretrained_dir:
         load_pretrained(model, pretrained_dir)
-    return model
+    return with_fast_dropout(model)
 
 
 def _init_weights(model: SplitModel, std: float) -> SplitModel:

@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.models.decoder_cache import DecoderCache
+from collapipe_flwr.models.fast_dropout import with_fast_dropout
 from collapipe_flwr.models.split import SplitModel, TaskHead
 
 
@@ -308,4 +309,4 @@ def build_transformer(config: TransformerConfig) -> SplitModel:
     embedding = TokenEmbedding(c.src_vocab, c.d_model, c.max_len, c.dropout, c.pad_id)
     blocks = nn.ModuleList(EncoderBlock(c.d_model, c.n_heads, c.d_ff, c.dropout) for _ in range(c.enc_layers))
     head = TranslationHead(config)
-    return SplitModel(embedding=embedding, blocks=blocks, head=head, family="transformer")
+    return with_fast_dropout(SplitModel(embedding=embedding, blocks=blocks, head=head, family="transformer"))

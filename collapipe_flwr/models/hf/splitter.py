@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from collapipe_flwr.errors import UnsupportedModelError
+from collapipe_flwr.models.fast_dropout import with_fast_dropout
 from collapipe_flwr.models.hf.bert_like import cut_bert_like
 from collapipe_flwr.models.hf.gpt2 import cut_gpt2
 from collapipe_flwr.models.hf.llama import cut_llama_style
@@ -56,7 +57,7 @@ def split_hf_model(model: nn.Module) -> SplitModel:
     config.use_cache = False  # training: no KV cache
     embedding, blocks, head = cut(model)
     _check_coverage(model, (embedding, nn.ModuleList(blocks), head))
-    return SplitModel(embedding=embedding, blocks=nn.ModuleList(blocks), head=head, family=FAMILY)
+    return with_fast_dropout(SplitModel(embedding=embedding, blocks=nn.ModuleList(blocks), head=head, family=FAMILY))
 
 
 def _check_coverage(model: nn.Module, parts: tuple[nn.Module, ...]) -> None:
