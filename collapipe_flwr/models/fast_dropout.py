@@ -1,7 +1,7 @@
 """Dropout whose mask costs a quarter of torch's random draws on the CPU.
 
 On the CPU, ``F.dropout`` draws one Bernoulli value per element (``bernoulli_``, serial calls into torch's Mersenne
-Twister), then divides and multiplies the mask in: ``benchmarks/dropout_share.py`` measured 15-27% of the
+Twister), then divides and multiplies the mask in: ``benchmarks/dropout_share.py`` measured 23-29% of the
 embedding-and-encoder step of the three tasks' default models spent in dropout (torch's open issue #138199). Here
 one 64-bit draw (``random_`` over the full int64 range, the same generator) gives four independent 16-bit uniforms
 u, and an element is kept when u >= round(p * 2**16): the keep probability is 1 - p with p rounded to a multiple of
@@ -14,9 +14,11 @@ it fixes torch's (``runtime.seeded_dropout`` seeds each block before it runs). O
 (Philox, in parallel) is already fast and is used unchanged; in eval mode, or with p = 0, the input is returned.
 
 Hand-written because no kept library offers a cheaper CPU dropout; :func:`use_fast_dropout` swaps every
-``nn.Dropout`` of a model for :class:`FastDropout` (same p), the way peft swaps layers for its adapters. Dropout
-that a module applies without an ``nn.Dropout`` (the attention probabilities inside ``scaled_dot_product_attention``
-and ``nn.MultiheadAttention``) keeps torch's kernel.
+``nn.Dropout`` of a model for :class:`FastDropout` (same p), the way peft swaps layers for its adapters, and
+:func:`attention` is a transformers attention function (registered through ``AttentionInterface``, the library's
+way to add one) that draws the attention probabilities' mask the same way for BERT's blocks. Dropout that a module
+applies without either (``nn.MultiheadAttention``'s attention probabilities: the translation model's) keeps
+torch's kernel.
 """
 
 from __future__ import annotations
