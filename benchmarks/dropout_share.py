@@ -34,7 +34,7 @@ from torch import nn
 
 from collapipe_flwr import wiring
 from collapipe_flwr.config import load_run_config
-from collapipe_flwr.models.fast_dropout import ATTENTION, FastDropout
+from collapipe_flwr.models.fast_dropout import with_dropout_kernel
 from collapipe_flwr.models.split import SplitModel
 
 
@@ -43,17 +43,9 @@ def _modules(model: SplitModel):
 
 
 def with_torch_dropout(model: SplitModel) -> SplitModel:
-    """A copy of ``model`` with every ``FastDropout`` swapped back for torch's ``nn.Dropout`` (same p), and its
-    attention back on transformers' sdpa function (BERT's blocks)."""
-    plain = copy.deepcopy(model)
-    for parent in list(_modules(plain)):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, FastDropout):
-                setattr(parent, name, nn.Dropout(child.p).train(child.training))
-        config = getattr(parent, "config", None)
-        if getattr(config, "_attn_implementation", None) == ATTENTION:
-            config._attn_implementation = "sdpa"  # torch's kernel draws the attention probabilities' mask too
-    return plain
+    """A copy of ``model`` on torch's dropout kernels (``model.dropout_kernel: torch``): every ``FastDropout``
+    back to ``nn.Dropout`` (same p), BERT's attention back on transformers' sdpa function."""
+    return with_dropout_kernel(copy.deepcopy(model), "torch")
 
 
 def without_dropout(model: SplitModel) -> SplitModel:

@@ -128,3 +128,40 @@ def test_the_attention_function_computes_sdpa_with_the_padding_mask():
     assert probs is not None and torch.all(probs[1, ..., 3:] == 0)
     out_eval, _ = attention(module.eval(), q, k, v, mask, dropout=0.3)
     assert torch.allclose(out_eval, expected, atol=1e-6)
+
+
+def test_the_torch_kernel_puts_every_dropout_and_the_attention_back_on_torchs():
+    """``model.dropout_kernel: torch`` (a config's way to repeat a run made before this module): a BERT built
+    through the task's builder holds torch's nn.Dropout with each module's p and mode, and its attention is
+    transformers' sdpa again (whose kernel draws the probabilities' mask); the fast kernel is the default.
+    The golden fixed-seed run (tests/test_fixed_seed_run.py) checks the translation model's masks bit for bit."""
+    from collapipe_flwr.models.fast_dropout import ATTENTION, with_dropout_kernel
+    from collapipe_flwr.tasks.model_config import build_bert_model
+    from collapipe_flwr.tasks.spec import ModelSpec
+
+    sizes = {"hidden": 16, "n_heads": 2, "d_ff": 32, "layers": 2}
+    fast = build_bert_model(ModelSpec(family="bert", sizes=sizes, dropout=0.2, max_len=16), 30, "sequence", 3)
+    fast.blocks[1].eval()
+    before = {name: (m.p, m.training) for name, m in fast.blocks.named_modules() if isinstance(m, FastDropout)}
+    assert before and {m.config._attn_implementation for m in fast.blocks.modules() if hasattr(m, "config")} == {
+        ATTENTION
+    }
+    plain = with_dropout_kernel(fast, "torch")
+    modules = [m for part in plain.parts() for m in part.modules()]
+    assert not any(isinstance(m, FastDropout) for m in modules)
+    after = {name: (m.p, m.training) for name, m in plain.blocks.named_modules() if type(m) is nn.Dropout}
+    assert after == before
+    assert {m.config._attn_implementation for m in modules if hasattr(m, "config")} == {"sdpa"}
+    spec = ModelSpec(family="bert", sizes=sizes, dropout=0.2, max_len=16, dropout_kernel="torch")
+    built = build_bert_model(spec, 30, "sequence", 3)
+    assert not any(isinstance(m, FastDropout) for part in built.parts() for m in part.modules())
+
+
+def test_an_unknown_dropout_kernel_is_refused_with_the_valid_ones():
+    from collapipe_flwr.config import load_run_config
+    from collapipe_flwr.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.dropout_kernel='philox' must be one of fast, torch"):
+        load_run_config(["model.dropout_kernel=philox"])
+    assert load_run_config(["model.dropout_kernel=torch"]).model.dropout_kernel == "torch"
+    assert load_run_config([]).model.dropout_kernel == "fast"

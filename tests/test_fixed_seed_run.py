@@ -28,7 +28,9 @@ OVERRIDES = (
     "network.device.per_microbatch_s=0 scheduler.max_m=8 scheduler.convergence.grad_bound=1.0 "
     "scheduler.convergence.interference_c=0.01 scheduler.convergence.gamma_max=0.01 "
     # batches padded to their longest sequence, as then (a wider batch draws other dropout masks)
-    "task.pad_multiple=1"
+    "task.pad_multiple=1 "
+    # torch's dropout kernel, as then (models/fast_dropout.py draws other masks from the same generator)
+    "model.dropout_kernel=torch"
 )
 # fields that differ between any two runs: times, and where the processes ran (pids, network namespaces)
 # and what the devices' memory measured (the record's memory section, the limits: issue 43, after the golden run)
@@ -59,10 +61,7 @@ def _assert_close(got, want, path: str = "$") -> None:
         assert got == want, f"{path}: {got!r} != {want!r}"
 
 
-def test_fixed_seed_rounds_match_the_pre_refactor_run(data_dir, tmp_path, monkeypatch):
-    # the golden run drew its dropout masks with torch's nn.Dropout: build the translation model with it, as
-    # then (models/fast_dropout.py draws other masks from the same generator; the run is in this process)
-    monkeypatch.setattr("collapipe_flwr.models.transformer.with_fast_dropout", lambda model: model)
+def test_fixed_seed_rounds_match_the_pre_refactor_run(data_dir, tmp_path):
     run_config = {"overrides": OVERRIDES, "data-dir": str(data_dir), "output-dir": str(tmp_path)}
     folder = run_server(InProcessGrid(2, str(data_dir)), run_config)
     got = [_behaviour(json.loads(line)) for line in (folder / "rounds.jsonl").read_text().splitlines()]

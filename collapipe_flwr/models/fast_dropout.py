@@ -18,10 +18,13 @@ Hand-written because no kept library offers a cheaper CPU dropout; :func:`use_fa
 :func:`attention` is a transformers attention function (registered through ``AttentionInterface``, the library's
 way to add one) that draws the attention probabilities' mask the same way for BERT's blocks. Dropout that a module
 applies without either (``nn.MultiheadAttention``'s attention probabilities: the translation model's) keeps
-torch's kernel.
+torch's kernel. ``model.dropout_kernel: torch`` (:func:`with_dropout_kernel`) puts a built model back on torch's
+kernels everywhere, to repeat a run made before this module.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -90,6 +93,38 @@ def use_fast_dropout(module: nn.Module) -> int:
                 setattr(parent, name, FastDropout(child.p).train(child.training))
                 swapped += 1
     return swapped
+
+
+def use_torch_dropout(module: nn.Module) -> int:
+    """The inverse of :func:`use_fast_dropout` and of :func:`attention`: every :class:`FastDropout` inside
+    ``module`` swapped back for torch's ``nn.Dropout`` (same p and mode), and every attention whose config names
+    :data:`ATTENTION` put back on transformers' ``sdpa`` (torch's kernel then draws the attention probabilities'
+    mask); returns how many dropout modules were swapped."""
+    swapped = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, FastDropout):
+                setattr(parent, name, nn.Dropout(child.p).train(child.training))
+                swapped += 1
+        config: Any = getattr(parent, "config", None)
+        if getattr(config, "_attn_implementation", None) == ATTENTION:
+            config._attn_implementation = "sdpa"
+    return swapped
+
+
+KERNELS = ("fast", "torch")  # model.dropout_kernel: this module's masks, or torch's own (as runs before it had them)
+
+
+def with_dropout_kernel(model: SplitModel, kernel: str) -> SplitModel:
+    """``model`` (as a builder returns it: the ``fast`` kernel) with its dropout drawn by ``kernel`` (in place):
+    ``fast`` leaves it; ``torch`` applies :func:`use_torch_dropout` to every part, so a run repeats the masks of
+    runs made before this module existed (torch's ``bernoulli_`` draws from the same seeds)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"dropout kernel {kernel!r} is not one of {', '.join(KERNELS)}")
+    if kernel == "torch":
+        for part in model.parts():
+            use_torch_dropout(part)
+    return model
 
 
 def with_fast_dropout(model: SplitModel) -> SplitModel:

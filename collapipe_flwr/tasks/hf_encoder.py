@@ -61,6 +61,7 @@ def build_encoder_model(model: ModelSpec, vocab_size: int, head: str, num_labels
     """The folder's encoder with the task's ``head`` (:data:`HEAD_TASKS`) over ``num_labels``, split into
     embedding (CU) | L TEBs (devices) | head (server); LoRA on the TEBs with ``model.lora.enabled``. Seed the
     global RNG first: the fresh classifier (and CRF) draw from it."""
+    from collapipe_flwr.models.fast_dropout import with_dropout_kernel
     from collapipe_flwr.models.hf import apply_lora, load_hf_model, lora_config, split_hf_model
     from collapipe_flwr.models.hf.classification_head import ClassificationHead, CRFClassificationHead
 
@@ -105,4 +106,4 @@ def build_encoder_model(model: ModelSpec, vocab_size: int, head: str, num_labels
             from collapipe_flwr.models.hf.frozen_base import frozen_base_dtype, store_frozen_base
 
             store_frozen_base(split.blocks, frozen_base_dtype(hf.base_dtype))
-    return split
+    return with_dropout_kernel(split, model.dropout_kernel)

@@ -1,8 +1,8 @@
 """A :class:`~collapipe_flwr.tasks.spec.ModelSpec` -> a SplitModel from collapipe_flwr.models.
 
-The spec gives the family's sizes, ``dropout``, ``max_len`` (positions) and for BERT ``pretrained_dir``
-("" = random init), for a Hugging Face causal LM its folder or inline type and LoRA; the task adds what the
-data decides: vocabulary sizes, pad id, number of labels, the tokenizer's special ids.
+The spec gives the family's sizes, ``dropout`` and its kernel (``dropout_kernel``), ``max_len`` (positions) and
+for BERT ``pretrained_dir`` ("" = random init), for a Hugging Face causal LM its folder or inline type and LoRA;
+the task adds what the data decides: vocabulary sizes, pad id, number of labels, the tokenizer's special ids.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.models.fast_dropout import with_dropout_kernel
 from collapipe_flwr.models.transformer import TransformerConfig, build_transformer
 
 if TYPE_CHECKING:  # spec.py imports the registry, which imports the tasks that import this module
@@ -36,7 +37,7 @@ def build_translation_model(
         label_smoothing=label_smoothing,
         tie_embeddings=model.tie_embeddings,
     )
-    return build_transformer(config)
+    return with_dropout_kernel(build_transformer(config), model.dropout_kernel)
 
 
 def build_bert_model(model: ModelSpec, vocab_size: int, head: str, num_labels: int):
@@ -57,7 +58,7 @@ def build_bert_model(model: ModelSpec, vocab_size: int, head: str, num_labels: i
         head=head,
         num_labels=num_labels,
     )
-    return build_bert(config, pretrained_dir=model.pretrained_dir or None)
+    return with_dropout_kernel(build_bert(config, pretrained_dir=model.pretrained_dir or None), model.dropout_kernel)
 
 
 def build_causal_lm(model: ModelSpec, vocab_size: int, special_ids: Mapping[str, int]):
@@ -92,4 +93,4 @@ def build_causal_lm(model: ModelSpec, vocab_size: int, special_ids: Mapping[str,
             from collapipe_flwr.models.hf.frozen_base import frozen_base_dtype, store_frozen_base
 
             store_frozen_base(split.blocks, frozen_base_dtype(hf.base_dtype))
-    return split
+    return with_dropout_kernel(split, model.dropout_kernel)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.models.fast_dropout import KERNELS as DROPOUT_KERNELS
 from collapipe_flwr.models.hf_arch import CAUSAL_LM_TYPES, ENCODER_TYPES
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.spec_parsing import mapping, require
@@ -50,6 +51,7 @@ FAMILIES = tuple(SIZE_KEYS)
 _MODEL_KEYS = (
     "description",
     "dropout",
+    "dropout_kernel",
     "family",
     "lr_schedule",
     "max_len",
@@ -174,15 +176,17 @@ def parse_optimizer(raw: Any) -> OptimizerSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """``model``: the family (transformer | bert | hf) and its sizes (:data:`SIZE_KEYS`), dropout, positions
-    ``max_len``, the optimizer every part uses and the learning-rate warm-up + decay over the run; ``hf`` holds a
-    Hugging Face model's type, folder and LoRA settings (family hf only)."""
+    """``model``: the family (transformer | bert | hf) and its sizes (:data:`SIZE_KEYS`), dropout and the kernel
+    that draws its masks (``dropout_kernel``: ``fast``, models/fast_dropout.py, or ``torch`` to repeat a run made
+    before it), positions ``max_len``, the optimizer every part uses and the learning-rate warm-up + decay over the
+    run; ``hf`` holds a Hugging Face model's type, folder and LoRA settings (family hf only)."""
 
     name: str = ""
     family: str
     description: str = ""
     sizes: Mapping[str, int]
     dropout: float = 0.1
+    dropout_kernel: str = "fast"
     max_len: int
     tie_embeddings: bool = False
     pretrained_dir: str = ""
@@ -205,6 +209,10 @@ class ModelSpec:
         require(
             _is_number(self.dropout) and 0 <= self.dropout < 1,
             f"model.dropout={self.dropout!r} must be a number in [0, 1)",
+        )
+        require(
+            self.dropout_kernel in DROPOUT_KERNELS,
+            f"model.dropout_kernel={self.dropout_kernel!r} must be one of {', '.join(DROPOUT_KERNELS)}",
         )
         require(
             isinstance(self.tie_embeddings, bool), f"model.tie_embeddings={self.tie_embeddings!r} must be true or false"
@@ -234,6 +242,7 @@ class ModelSpec:
             "description": self.description,
             **self.sizes,
             "dropout": self.dropout,
+            "dropout_kernel": self.dropout_kernel,
             "max_len": self.max_len,
             "tie_embeddings": self.tie_embeddings,
             "pretrained_dir": self.pretrained_dir,
@@ -285,6 +294,7 @@ def parse_model(raw: Any, task: TaskSpec) -> ModelSpec:
         description=str(raw.get("description") or ""),
         sizes={k: given.get(k) for k in sizes},
         dropout=raw.get("dropout", 0.1),
+        dropout_kernel=raw.get("dropout_kernel", "fast"),
         max_len=given.get("max_len"),
         tie_embeddings=raw.get("tie_embeddings", False),
         pretrained_dir=str(raw.get("pretrained_dir") or ""),
@@ -296,9 +306,8 @@ def parse_model(raw: Any, task: TaskSpec) -> ModelSpec:
         spec.max_len >= task.max_len + 1,
         f"model.max_len={spec.max_len} is shorter than task.max_len={task.max_len} + 1; raise model.max_len",
     )
-    pretrained = spec.pretrained_dir
     require(
-        not pretrained or Path(pretrained).expanduser().is_dir(),
-        f'model.pretrained_dir={pretrained!r} is not a folder; download bert-base-chinese there or set it to ""',
+        not spec.pretrained_dir or Path(spec.pretrained_dir).expanduser().is_dir(),
+        f'model.pretrained_dir={spec.pretrained_dir!r} is not a folder; put bert-base-chinese there or set it to ""',
     )
     return spec
