@@ -76,7 +76,11 @@ def test_an_emulated_slow_device_is_profiled_at_its_true_ratio():
     stage that puts the ratio near 4.5 instead of the 4 it is set to. The micro-batch is larger here than in
     the other tests (32 x 32 x 192): after each emulated sleep the slow device's next call starts with cold
     caches, a cost that weighs less in a longer call (at 16 x 32 x 96 the median of five profiles read 4.19 to
-    4.44 on a quiet machine; at this size 3.87 to 3.95, also with another process spinning on one core)."""
+    4.44 on a quiet machine; at this size 3.87 to 3.95, also with another process spinning on one core).
+
+    The refill grows with the micro-batch (its activations) and the emulation's sleep scales it by 3 too, so it
+    lands in the fitted slope, above 4 only: a Xeon VM (smaller caches, steal time) read medians of 4.43 in CI, its
+    profiles 4.2-4.7. Hence 4 - 10% to 4 + 20%; a device whose slowdown was not applied reads 1."""
     b, width = 32, 192
     model = make_model(width=width)
     ratios = []
@@ -88,7 +92,7 @@ def test_an_emulated_slow_device_is_profiled_at_its_true_ratio():
             fast, slow = profile.devices
             assert fast is not None and slow is not None
             ratios.append(slow.seconds_per_sample_block / fast.seconds_per_sample_block)
-    assert sorted(ratios)[2] == pytest.approx(4.0, rel=0.10), ratios
+    assert 3.6 <= sorted(ratios)[2] <= 4.8, ratios
     assert all(link is not None and link.bytes_per_s > 0 for link in profile.links)
 
 
