@@ -102,9 +102,12 @@ def test_a_devices_reported_peak_is_within_15_percent_of_its_cgroups_own_figure(
         kernel = {k: kernel_file(path, "memory.max_usage_in_bytes") for k, path in pipe._stages.memory_paths.items()}
         report = {r["device"]: r for r in pipe.memory_report()}
         for k in (0, 1):
-            rss, cgroup = report[k]["rss_peak_bytes"], kernel[k]
+            rss, cgroup = report[k]["rss_peak_bytes"], report[k]["cgroup_peak_bytes"]
             assert cgroup > 4 * 2**20, cgroup  # megabytes of weights, optimizer state and activations
-            assert report[k]["cgroup_peak_bytes"] == cgroup and report[k]["measured_peak_bytes"] == cgroup
+            # the kernel's file, read a moment before the report: the peak only grows until the report restarts it
+            # (a CI run saw it grow 252 KiB in between), so the report's figure is that read or a little above
+            assert kernel[k] <= cgroup <= kernel[k] + 2**20, (k, kernel[k], cgroup)
+            assert report[k]["measured_peak_bytes"] == cgroup
             assert abs(rss - cgroup) <= 0.15 * cgroup, (k, rss, cgroup)
         # the peaks restart with each report (per round): the kernel's peak restarts at what the device holds now
         path = pipe._stages.memory_paths[0]
