@@ -17,7 +17,12 @@ tokens, token-classification head, Adam. Prints one ``name: value`` per line:
   CU's view of both steps as a profile: ``fair_S{S}_m{m}_<phase>_s`` (median seconds of embed / forward / head /
   backward / update / total, and each device's own compute ``device<k>_compute``) and where its core time goes
   (``fair_S{S}_m{m}_cpu_<group>_s``: median CPU seconds per step of the CU's process, the step's device actors,
-  the other pipelines' idle actors and the rest of Ray, :class:`CpuMeter`);
+  the other pipelines' idle actors and the rest of Ray, :class:`CpuMeter`); and S = 2, m = 4 against what its own
+  compute allows (:func:`step_bound`, from the devices' traces of each step): ``fair_S2_m4_critical_path_s`` (the
+  GPipe critical path of the measured calls with hand-overs that take no time), ``fair_S2_m4_bound_s`` (that plus
+  the CU's embed, head and update), ``fair_S2_m4_over_bound`` (the step over it: hand-overs, Ray calls, the CU's
+  other work), ``fair_S2_m4_microbatch_inflation`` (the devices' compute at m = 4 over S = 1, m = 1's) and
+  ``device_speedup_S2_m4_bound`` (bound_s over the S = 1, m = 1 step: the speed-up the measured calls allow);
 - ``device_speedup_S2_m4_quota`` (:func:`quota_figures`, with the fair figures, where cgroup CPU quotas work):
   the same speed-up with every device an emulated one of ``--device-cores`` cores (default 0.7) under the testbed's
   CPU quota, so the CU and Ray keep a share of their own as on a CU's own box (``quota_step_s_S{S}_m{m}``, and
@@ -62,6 +67,7 @@ from collapipe_flwr.pipeline.head import LocalHead  # noqa: E402
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes  # noqa: E402
 from collapipe_flwr.pipeline.optim import OptimizerSpec  # noqa: E402
 from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime, RuntimeSpec  # noqa: E402
+from collapipe_flwr.pipeline.schedule import gpipe_critical_path_s  # noqa: E402
 from collapipe_flwr.pipeline.sparse_embedding import densify_gradients, use_sparse_gradients  # noqa: E402
 from collapipe_flwr.system.profile import DeviceEmulation  # noqa: E402
 from collapipe_flwr.testbed import cpu_quota_available  # noqa: E402
@@ -224,6 +230,33 @@ class CpuMeter:
         return {f"{prefix}_cpu_{name}_s": statistics.median(values) for name, values in self.totals.items()}
 
 
+def step_bound(traces: list[list[tuple[str, int, float, float]]], timings, s1_compute_s: float) -> dict[str, float]:
+    """One pipelined step against what its own compute allows (issue 48: where the time between stages goes).
+
+    From the devices' traces of the step (``ClusterPipeline.traces``: each call's wall start and end), each forward's
+    and backward's seconds per (micro-batch i, stage k) give the GPipe critical path with hand-overs that take no
+    time (``schedule.gpipe_critical_path_s``); ``bound_s`` adds the CU's own embed, head and update phases. Then
+    ``over_bound`` = the measured step / bound_s: what the hand-overs, Ray's calls and the CU's work outside those
+    phases cost (1 = none). ``microbatch_inflation`` = the S devices' compute this step / ``s1_compute_s`` (the
+    whole batch through every block on one device, S = 1, m = 1): what splitting the batch into m micro-batches
+    costs in compute (GPipe's bound (m + S - 1) / (S m) assumes 1)."""
+    m = 1 + max(i for calls in traces for _, i, _, _ in calls)
+    forward = [[0.0] * len(traces) for _ in range(m)]
+    backward = [[0.0] * len(traces) for _ in range(m)]
+    for k, calls in enumerate(traces):
+        for kind, i, start, end in calls:
+            (forward if kind == "F" else backward)[i][k] += end - start
+    critical = gpipe_critical_path_s(forward, backward)
+    bound = critical + timings.embed + timings.head + timings.update
+    compute = sum(map(sum, forward)) + sum(map(sum, backward))
+    return {
+        "critical_path_s": critical,
+        "bound_s": bound,
+        "over_bound": timings.total / bound,
+        "microbatch_inflation": compute / s1_compute_s,
+    }
+
+
 def fair_figures(batch, warmup: int, steps: int, pin: str, handoff: str = "auto") -> dict[str, float]:
     """Issue 30's fair pipeline figures (module docstring): every device actor gets one core (``pin``) and one torch
     thread, the CU (embedding, head, driver) one thread, the plain model one thread. The trainers' steps
@@ -241,6 +274,7 @@ def fair_figures(batch, warmup: int, steps: int, pin: str, handoff: str = "auto"
     compare = handoff != "object_store"
     times: dict[str, list[float]] = {"plain": [], "S1_m1": [], "S2_m4": [], "S2_m4_object_store": []}
     phases: dict[str, list[dict[str, float]]] = {"S1_m1": [], "S2_m4": []}  # the CU's view of each step (a profile)
+    bounds: list[dict[str, float]] = []  # S = 2, m = 4 against its compute-bound critical path (step_bound)
     one, two = make_model(), make_model()
     head_one, head_two = LocalHead(one.head, SPEC), LocalHead(two.head, SPEC)
     with contextlib.ExitStack() as stack:
@@ -281,6 +315,7 @@ def fair_figures(batch, warmup: int, steps: int, pin: str, handoff: str = "auto"
                 for key, t in (("S1_m1", one_t), ("S2_m4", two_t)):
                     busy = {f"device{k}_compute": c for k, c in t.device_compute.items()}
                     phases[key].append({**t.phases(), **busy})
+                bounds.append(step_bound(pipe_two.traces(), two_t, sum(one_t.device_compute.values())))
     torch.set_num_threads(previous)
     median = {key: statistics.median(values) for key, values in times.items()}
     profile = {
@@ -291,9 +326,12 @@ def fair_figures(batch, warmup: int, steps: int, pin: str, handoff: str = "auto"
     for meter in meters.values():  # the warm-up steps out
         meter.totals = {name: values[warmup:] for name, values in meter.totals.items()}
     cpu = {name: value for key, meter in meters.items() for name, value in meter.medians(f"fair_{key}").items()}
+    bound = {f"fair_S2_m4_{name}": statistics.median(b[name] for b in bounds) for name in bounds[0]}
     return {
         **profile,
         **cpu,
+        **bound,
+        "device_speedup_S2_m4_bound": bound["fair_S2_m4_bound_s"] / median["S1_m1"],
         "fair_plain_step_s_threads1": median["plain"],
         "fair_step_s_S1_m1": median["S1_m1"],
         "fair_step_s_S2_m4": median["S2_m4"],

@@ -142,6 +142,28 @@ def pipeline_rows(pipe_args: str) -> list[Row]:
             None,
             command,
         ),
+        Row(
+            "the speed-up S = 2, m = 4's measured calls allow (their critical path with free hand-overs, plus the "
+            "CU's phases), vs S = 1, m = 1",
+            _figure("device_speedup_S2_m4_bound"),
+            "x",
+            None,
+            command,
+        ),
+        Row(
+            "S = 2, m = 4: the step over that bound (hand-overs, Ray's calls, the CU's other work)",
+            _figure("fair_S2_m4_over_bound"),
+            "x",
+            None,
+            command,
+        ),
+        Row(
+            "S = 2, m = 4: the devices' compute over S = 1, m = 1's (micro-batches, cores shared with the CU and Ray)",
+            _figure("fair_S2_m4_microbatch_inflation"),
+            "x",
+            None,
+            command,
+        ),
         Row("pipeline step, S = 2, m = 4, vs the plain model", _figure("step_ratio_S2_m4"), "x", None, command),
     ]
     for S in PIPE_S:

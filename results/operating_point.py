@@ -30,7 +30,8 @@ once through shared memory and the CU's embedding took row-sparse gradients (com
 Those runs were on an AMD EPYC host; on 2026-11-28, main at 4abf42e (dropout by the fast kernel, commit 458d43d),
 on the Intel Xeon VM that CI now runs on (2 vCPUs at 2.5 GHz, nothing else running): ``default_q5``, the same default
 command, and ``default_q5_torch_dropout``, the same with ``--run-config 'overrides="model.dropout_kernel=torch"'``
-(torch's dropout, as every record before it), one after the other.
+(torch's dropout, as every record before it), one after the other; then ``default_q5_pinned``, the default with
+``overrides="runtime.pin_threads=true"`` (each CU's device actors pinned one to a core; docs/benchmarks.md).
 
 ``long_ner_q3_seed1`` and ``long_ner_q3_seed2``: NER's ``federation=long`` with ``seed=1`` / ``seed=2`` added to the
 overrides (2026-11-27 16:07-16:50, unit tests at nice 19 beside them, so their wall times are not quiet figures),
@@ -46,12 +47,21 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "operating_point"
-RUNS = ("before_q1", "default_q1", "default_q2", "default_q3", "default_q4", "default_q5", "default_q5_torch_dropout")
+RUNS = (
+    "before_q1",
+    "default_q1",
+    "default_q2",
+    "default_q3",
+    "default_q4",
+    "default_q5",
+    "default_q5_torch_dropout",
+    "default_q5_pinned",
+)
 # The host each kept default run ran on (its wall time is only comparable with runs on the same host)
 XEON = "Xeon VM"
-HOST = {"default_q5": XEON, "default_q5_torch_dropout": XEON}
+HOST = {"default_q5": XEON, "default_q5_torch_dropout": XEON, "default_q5_pinned": XEON}
 # Its dropout kernel (model.dropout_kernel): torch's for every run made before the fast kernel (commit 458d43d)
-DROPOUT_KERNEL = {"default_q5": "fast"}
+DROPOUT_KERNEL = {"default_q5": "fast", "default_q5_pinned": "fast"}
 TASKS = ("translation", "classification", "ner")
 TRAINED = Path(__file__).resolve().parent / "trained" / "jobs"  # the campaign's records (the old operating point)
 TARGET = 0.97  # issue 43: the long presets at the new operating point reach >= 0.97x of the central recipe

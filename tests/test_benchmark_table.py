@@ -76,6 +76,22 @@ def test_pipeline_grid_and_schedule_memory_rows_read_their_figures():
     assert per_mb[1] == "0.62 x" and per_mb[4] == "`python benchmarks/pipeline_1f1b_memory.py mem`"
 
 
+def test_pipeline_bound_rows_read_the_critical_path_figures():
+    rows = {r.figure: r for r in run_all.rows("dp", "pipe", "dssra", "mem")}
+    figures = {
+        "device_speedup_S2_m4_bound": 0.81,
+        "fair_S2_m4_over_bound": 1.05,
+        "fair_S2_m4_microbatch_inflation": 1.2,
+    }
+    bound = [f for f in rows if f.startswith("the speed-up S = 2, m = 4's measured calls allow")]
+    over = [f for f in rows if f.startswith("S = 2, m = 4: the step over that bound")]
+    inflation = [f for f in rows if f.startswith("S = 2, m = 4: the devices' compute over")]
+    assert len(bound) == len(over) == len(inflation) == 1
+    assert rows[bound[0]].cells(figures)[1:4] == ["0.81 x", "-", "-"]
+    assert rows[over[0]].cells(figures)[1] == "1.05 x"
+    assert rows[inflation[0]].cells(figures)[1] == "1.2 x"
+
+
 def test_scaling_rows_judge_growth_in_n_and_server_memory():
     rows = {r.figure: r for r in run_all.rows("dp", "pipe", "dssra", "mem", "")}
     figures = {

@@ -36,3 +36,28 @@ def one_f_one_b_order(k: int, S: int, m: int) -> list[tuple[str, int]]:
     for j in range(m - warm):
         ops += [("F", warm + j), ("B", j)]
     return ops + [("B", i) for i in range(m - warm, m)]
+
+
+def gpipe_critical_path_s(forward_s: list[list[float]], backward_s: list[list[float]]) -> float:
+    """Seconds from stage 0's first forward to stage 0's last backward when every call takes the time given and
+    hand-overs take none: the GPipe step's compute-bound critical path (what eq. (15)'s (S + m - 1) clock cycles
+    become with unequal stages and micro-batches).
+
+    ``forward_s[i][k]`` / ``backward_s[i][k]``: stage k's call on micro-batch i. Each stage runs its calls in the
+    clock order (forwards in ascending i, backwards in descending i, :func:`backward_cycles`); stage k's forward of
+    i waits for stage k-1's, its backward of i for stage k+1's, and the first backward for the last forward (the
+    head in between is not counted). With every forward f and backward b this is (S + m - 1)(f + b).
+    """
+    m, S = len(forward_s), len(forward_s[0]) if forward_s else 0
+    if m < 1 or S < 1 or any(len(row) != S for row in (*forward_s, *backward_s)) or len(backward_s) != m:
+        raise ValueError(f"need m x S call times for both passes, got {len(forward_s)} and {len(backward_s)} rows")
+    done = [0.0] * S  # when stage k finished its latest call
+    for i in range(m):
+        for k in range(S):
+            done[k] = max(done[k], done[k - 1] if k else 0.0) + forward_s[i][k]
+    start = max(done)  # the head needs every micro-batch's z^enc
+    done = [start] * S
+    for i in reversed(range(m)):
+        for k in reversed(range(S)):
+            done[k] = max(done[k], done[k + 1] if k < S - 1 else start) + backward_s[i][k]
+    return max(done)
