@@ -9,7 +9,7 @@ u, and an element is kept when u >= round(p * 2**16): the keep probability is 1 
 expectation is the input, as torch's. The mask is saved for the backward as one byte per element (torch saves a
 float mask) and the gradient is the output's times the same mask and scale.
 
-Each element's draw comes from the default (or given) torch generator, so ``torch.manual_seed`` fixes the masks as
+Each element's draw comes from torch's default generator, so ``torch.manual_seed`` fixes the masks as
 it fixes torch's (``runtime.seeded_dropout`` seeds each block before it runs). Off the CPU, torch's own fused kernel
 (Philox, in parallel) is already fast and is used unchanged; in eval mode, or with p = 0, the input is returned.
 
@@ -24,7 +24,8 @@ kernels everywhere, to repeat a run made before this module.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -36,17 +37,15 @@ _LANES = 4  # 16-bit uniforms per 64-bit draw
 _INT64_MIN = -(1 << 63)
 
 
-def keep_mask(
-    shape: torch.Size, p: float, device: torch.device | str = "cpu", generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, float]:
+def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -> tuple[torch.Tensor, float]:
     """(bool mask of ``shape``, each element True with probability 1 - p, p rounded to a multiple of 2**-16; the
-    scale 1 / that probability). Four elements per 64-bit draw of ``generator`` (torch's default when None)."""
+    scale 1 / that probability). Four elements per 64-bit draw of torch's default generator."""
     threshold = round(float(p) * LEVELS)
     if not 0 <= threshold < LEVELS:
         raise ValueError(f"dropout probability {p} must be in [0, 1)")
     numel = shape.numel()
     draws = torch.empty((numel + _LANES - 1) // _LANES, dtype=torch.int64, device=device)
-    draws.random_(_INT64_MIN, None, generator=generator)  # every bit uniform (full int64 range)
+    draws.random_(_INT64_MIN, None)  # every bit uniform (full int64 range)
     lanes = draws.view(torch.int16)[:numel].view(shape)  # signed: lane + 2**15 is uniform on 0 .. 2**16 - 1
     return lanes >= threshold - LEVELS // 2, LEVELS / (LEVELS - threshold)
 
@@ -83,16 +82,22 @@ class FastDropout(nn.Dropout):
         return fast_dropout(input, self.p, self.training)
 
 
-def use_fast_dropout(module: nn.Module) -> int:
-    """Swap every ``nn.Dropout`` (the class itself, not subclasses) inside ``module`` for a :class:`FastDropout`
-    with the same p; returns how many were swapped."""
+def _swap(module: nn.Module, match: Callable[[nn.Module], bool], make: Callable[[nn.Module], nn.Module]) -> int:
+    """Replace every child module inside ``module`` for which ``match`` holds by ``make(child)``, in the child's
+    train / eval mode; returns how many were replaced."""
     swapped = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Dropout:
-                setattr(parent, name, FastDropout(child.p).train(child.training))
+            if match(child):
+                setattr(parent, name, make(child).train(child.training))
                 swapped += 1
     return swapped
+
+
+def use_fast_dropout(module: nn.Module) -> int:
+    """Swap every ``nn.Dropout`` (the class itself, not subclasses) inside ``module`` for a :class:`FastDropout`
+    with the same p; returns how many were swapped."""
+    return _swap(module, lambda child: type(child) is nn.Dropout, lambda child: FastDropout(cast(nn.Dropout, child).p))
 
 
 def use_torch_dropout(module: nn.Module) -> int:
@@ -100,13 +105,11 @@ def use_torch_dropout(module: nn.Module) -> int:
     ``module`` swapped back for torch's ``nn.Dropout`` (same p and mode), and every attention whose config names
     :data:`ATTENTION` put back on transformers' ``sdpa`` (torch's kernel then draws the attention probabilities'
     mask); returns how many dropout modules were swapped."""
-    swapped = 0
-    for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, FastDropout):
-                setattr(parent, name, nn.Dropout(child.p).train(child.training))
-                swapped += 1
-        config: Any = getattr(parent, "config", None)
+    swapped = _swap(
+        module, lambda child: isinstance(child, FastDropout), lambda child: nn.Dropout(cast(FastDropout, child).p)
+    )
+    for part in module.modules():
+        config: Any = getattr(part, "config", None)
         if getattr(config, "_attn_implementation", None) == ATTENTION:
             config._attn_implementation = "sdpa"
     return swapped
