@@ -238,8 +238,9 @@ def step_bound(traces: list[list[tuple[str, int, float, float]]], timings, s1_co
     time (``schedule.gpipe_critical_path_s``); ``bound_s`` adds the CU's own embed, head and update phases. Then
     ``over_bound`` = the measured step / bound_s: what the hand-overs, Ray's calls and the CU's work outside those
     phases cost (1 = none). ``microbatch_inflation`` = the S devices' compute this step / ``s1_compute_s`` (the
-    whole batch through every block on one device, S = 1, m = 1): what splitting the batch into m micro-batches
-    costs in compute (GPipe's bound (m + S - 1) / (S m) assumes 1)."""
+    whole batch through every block on one device, S = 1, m = 1): what the m micro-batches cost in compute together
+    with the devices sharing the cores with the CU and Ray in the step (GPipe's bound (m + S - 1) / (S m) assumes 1;
+    docs/benchmarks.md measures the two apart)."""
     m = 1 + max(i for calls in traces for _, i, _, _ in calls)
     forward = [[0.0] * len(traces) for _ in range(m)]
     backward = [[0.0] * len(traces) for _ in range(m)]
