@@ -83,3 +83,34 @@ def test_domain_skew_gives_each_cluster_one_corpus_and_splits_a_shared_one():
     assert [{domains[i] for i in p} for p in parts] == [{0}, {1}, {0}, {1}]
     assert [len(p) for p in parts] == [300, 150, 300, 150]
     assert parts == _all(900, 4, seed=1, scheme="domain", labels=domains)
+
+
+@pytest.mark.parametrize(
+    "scheme,labels",
+    [
+        ("iid", None),
+        ("quantity", None),
+        ("dirichlet", [i % 3 for i in range(600)]),
+        ("pathological", [i % 4 for i in range(600)]),
+    ],
+)
+def test_the_column_read_gives_the_partitioners_rows_one_by_one(scheme, labels):
+    """The partition's idx column read at once (numpy) holds exactly the rows flwr-datasets' partitioner yields
+    when read one row at a time (how the indices were read before: kept runs keep their D_n), as Python ints."""
+    from collapipe_flwr.tasks import partition as P
+
+    skew = Skew()
+    for pid in range(3):
+        if scheme == "iid":
+            partitioner = P._by_size("iid", 3, skew.quantity)
+        elif scheme == "quantity":
+            partitioner = P._by_size("quantity", 3, skew.quantity)
+        elif scheme == "dirichlet":
+            partitioner = P._dirichlet(3, 5, skew.alpha, skew.min_partition_size)
+        else:
+            partitioner = P._pathological(3, 5, skew.classes_per_partition)
+        partitioner.dataset = P._index_dataset(600, labels, 5, scheme)
+        rows = sorted(int(row["idx"]) for row in partitioner.load_partition(pid))
+        got = partition_indices(600, 3, pid, 5, scheme=scheme, labels=labels)
+        assert got == rows
+        assert all(type(i) is int for i in got)

