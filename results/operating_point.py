@@ -15,7 +15,9 @@ It also writes the ``federation=long`` runs at the new operating point (``long_<
 ``long_ner_q3``: NER again after blocks moving to a device took shared memory too, commit e3cde2d;
 ``long_classification_q4``: classification on 2026-11-28 on the Xeon VM with the fast dropout kernel, main at
 3758f2c, nothing else running; its rounds 10-22 ran ~30% slower than those before and after, on the same plans;
-``long_ner_q4``: NER the same way, 2026-11-28 06:37-07:11, main at 251402f, nothing else running)
+``long_ner_q4``: NER the same way, 2026-11-28 06:37-07:11, main at 251402f, nothing else running;
+``long_translation_q4``: translation the same way, 07:15-07:34, main at 7da21e6, nothing else running; its rounds
+11-23 ran ~1.4x slower than rounds 2-10 and 25-29 on the same plans, every process of the run alike)
 beside the central recipe's validation metric and the trained-budget campaign's seed-0 CollaPipe run at the old
 operating point (both from ``results/trained/jobs/``), with the verdict: met when the run's metric is >= 0.97x the
 central recipe's.
@@ -68,6 +70,7 @@ HOST = {
     "default_q5_pinned": XEON,
     "long_classification_q4": XEON,
     "long_ner_q4": XEON,
+    "long_translation_q4": XEON,
 }
 # Its dropout kernel (model.dropout_kernel): torch's for every run made before the fast kernel (commit 458d43d)
 DROPOUT_KERNEL = {
@@ -75,6 +78,7 @@ DROPOUT_KERNEL = {
     "default_q5_pinned": "fast",
     "long_classification_q4": "fast",
     "long_ner_q4": "fast",
+    "long_translation_q4": "fast",
 }
 TASKS = ("translation", "classification", "ner")
 TRAINED = Path(__file__).resolve().parent / "trained" / "jobs"  # the campaign's records (the old operating point)
@@ -145,7 +149,7 @@ def _split_share(rounds: list[dict]) -> tuple[float, float, float]:
 
 # long_<task> (2026-11-26); long_<task>_q2 (2026-11-27, after the memory drift fix); long_ner_q3 (the same day, after
 # blocks moving to a device took shared memory too)
-# long_classification_q4 and long_ner_q4 (2026-11-28, the Xeon VM, the fast dropout kernel)
+# long_classification_q4, long_ner_q4 and long_translation_q4 (2026-11-28, the Xeon VM, the fast dropout kernel)
 LONG_RECORDS = ("", "_q2", "_q3", "_q4")
 
 
