@@ -95,7 +95,7 @@ def test_domain_skew_gives_each_cluster_one_corpus_and_splits_a_shared_one():
     ],
 )
 def test_the_column_read_gives_the_partitioners_rows_one_by_one(scheme, labels):
-    """The partition's idx column read at once (numpy) holds exactly the rows flwr-datasets' partitioner yields
+    """The partition's idx column read at once (Arrow) holds exactly the rows flwr-datasets' partitioner yields
     when read one row at a time (how the indices were read before: kept runs keep their D_n), as Python ints."""
     from collapipe_flwr.tasks import partition as P
 

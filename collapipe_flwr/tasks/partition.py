@@ -82,7 +82,7 @@ def partition_indices(
 def _sorted_indices(part) -> list[int]:
     """The ``idx`` column of a partition, ascending, as Python ints. Read as one Arrow column through the
     partition's indices mapping: iterating ``part["idx"]`` formats every row on its own (0.4 s for a third of
-    Multi30K on a 2.5 GHz core, paid by every CU at hello and at its first round); the column read takes 20 ms."""
+    Multi30K on a 2.5 GHz core, paid by every CU at hello and at its first round); the column read ~20 ms."""
     import numpy as np
 
     return np.sort(part.with_format("arrow")[:]["idx"].to_numpy()).tolist()
