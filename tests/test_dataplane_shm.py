@@ -146,6 +146,65 @@ def test_a_killed_clients_segment_is_removed():
     assert not (SHM_DIR / name).exists()
 
 
+def _dead_pid() -> int:
+    """The pid of a process that has exited (reuse within the test is as unlikely as a pid wrap-around)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=30)
+    return proc.pid
+
+
+def test_a_segment_left_by_a_killed_process_group_is_removed_when_the_next_host_starts():
+    """SIGKILL to the CU's whole process group (its resource tracker included, as a container stop) leaves the
+    segment in /dev/shm; the next decoder host on this machine unlinks it at its start."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from collapipe_flwr.fl.dataplane.shm import ClientSegment
+        segment = ClientSegment(1 << 16)
+        segment.write(b"step" * 100)
+        print(segment.name, flush=True)
+        sys.stdin.readline()
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.getcwd(),
+        start_new_session=True,
+    )
+    try:
+        name = proc.stdout.readline().strip()
+        assert name.startswith(f"{shm.PREFIX}{proc.pid}-") and (SHM_DIR / name).exists()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    time.sleep(0.5)  # a tracker that survived would unlink it within this time
+    assert (SHM_DIR / name).exists(), "the resource tracker died with its group: the segment stays until swept"
+    served = Served(TokenHead(), max_len=MAX_LEN, max_abs_activation=MAX_ABS)  # starts a host
+    try:
+        assert not (SHM_DIR / name).exists()
+    finally:
+        served.host.stop(grace_s=0)
+
+
+def test_the_sweep_removes_only_segments_whose_creator_is_gone(tmp_path):
+    dead, alive = _dead_pid(), os.getpid()
+    names = {
+        "dead": shm.segment_name(dead),
+        "alive": shm.segment_name(alive),
+        "no_pid": shm.PREFIX + "0123456789abcdef",  # a segment named before the pid was in the name
+        "other": f"psm_{dead}-abc",  # not this data plane's
+        "no_rest": f"{shm.PREFIX}{dead}-",
+    }
+    for name in names.values():
+        (tmp_path / name).write_bytes(b"x")
+    assert shm.remove_stale(tmp_path) == [names["dead"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(v for k, v in names.items() if k != "dead")
+    assert shm.remove_stale(tmp_path / "missing") == []
+
+
 def test_no_room_in_dev_shm_means_inline(served, monkeypatch):
     monkeypatch.setattr("collapipe_flwr.fl.dataplane.client.shm_room_for", lambda size: False)
     z, mbs = make_step(8)

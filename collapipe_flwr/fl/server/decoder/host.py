@@ -45,6 +45,7 @@ from collections.abc import Callable
 import torch
 
 from collapipe_flwr.errors import DataPlaneError
+from collapipe_flwr.fl.dataplane import shm
 from collapipe_flwr.fl.dataplane.backend import Listener
 from collapipe_flwr.fl.dataplane.grpc_server import GrpcListener
 from collapipe_flwr.fl.dataplane.socket_server import SocketListener
@@ -133,9 +134,13 @@ class DecoderHost:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> int:
-        """Start serving; returns the bound port (a free one when ``port=0``)."""
+        """Start serving; returns the bound port (a free one when ``port=0``). First removes the shared-memory
+        segments that CUs of earlier runs on this host left when they were killed (:func:`.shm.remove_stale`)."""
         if self._listener is not None:
             return self.port
+        stale = shm.remove_stale()
+        if stale:
+            log.info("data plane: removed %d shared-memory segments of CUs that are gone", len(stale))
         listener: Listener
         if self.transport == "socket":
             listener = SocketListener(
