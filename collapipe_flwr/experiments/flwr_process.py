@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from collapipe_flwr import shm_leftovers
 from collapipe_flwr.experiments import processes
 
 
@@ -47,7 +48,9 @@ def stop_and_clean(
     superlink_copy: Path,
 ) -> None:
     """Stop the CLI (if still running), the detached SuperLink and every stray naming ``scratch``; close the log;
-    keep the SuperLink's log as ``superlink_copy``; delete ``scratch`` (FLWR_HOME and Ray's files)."""
+    keep the SuperLink's log as ``superlink_copy``; delete ``scratch`` (FLWR_HOME and Ray's files) and what the
+    stopped processes left in /dev/shm (``shm_leftovers``: a CU killed mid-step leaves its data-plane segment and
+    its hand-over folder; entries of processes still running, other runs' included, stay)."""
     if proc is not None and proc.poll() is None:  # timed out or interrupted: the CLI and what it started
         processes.stop_tree([proc.pid], grace_s=5.0)
     processes.stop_processes_mentioning(str(flwr_home), grace_s=10.0)  # the detached SuperLink + children
@@ -59,3 +62,4 @@ def stop_and_clean(
     if superlink_log.is_file():
         shutil.copyfile(superlink_log, superlink_copy)
     shutil.rmtree(scratch, ignore_errors=True)
+    shm_leftovers.remove_all_stale()

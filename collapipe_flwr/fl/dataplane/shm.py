@@ -15,26 +15,27 @@ CU unlinks its segment when the stream is dropped or the client closes; if the C
 resource tracker (a separate process) unlinks it. When the tracker dies with it (its whole process group killed,
 as ``kill -- -PGID`` or a container's stop does), the segment would stay in ``/dev/shm`` until reboot: a segment's
 name carries its creator's pid (``cpdp-<pid>-<hex>``), and :func:`remove_stale`, which the decoder host runs when
-it starts, unlinks those whose creator is gone. The host only attaches (and detaches at the stream's end).
-A segment that cannot be made (a small ``/dev/shm`` in a container) or read by the host turns the shortcut
-off for that client, which then sends inline frames.
+it starts (``collapipe run`` too, once it stopped a run), unlinks those whose creator is gone
+(``shm_leftovers.py``). The host only attaches (and detaches at the stream's end). A segment that cannot be
+made (a small ``/dev/shm`` in a container) or read by the host turns the shortcut off for that client, which then
+sends inline frames.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import os
 import secrets
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
+from collapipe_flwr import shm_leftovers
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.wire import Frame, decode_header, encode_frame
 
 KIND = "shm"
-PREFIX = "cpdp-"  # every segment this data plane makes; a pointer to any other name is refused
-SHM_DIR = Path("/dev/shm")  # where Linux keeps POSIX shared-memory segments (a segment named N is the file SHM_DIR/N)
+PREFIX = shm_leftovers.SEGMENT_PREFIX  # every segment this data plane makes; a pointer to any other name is refused
+SHM_DIR = shm_leftovers.SHM_DIR  # where Linux keeps POSIX shared-memory segments (segment N is the file SHM_DIR/N)
 MODES = ("auto", "off")
 _MADE_HERE: set[str] = set()  # segments this process created (a host in the same process must not unregister them)
 
@@ -67,26 +68,10 @@ def segment_name(pid: int | None = None) -> str:
 
 
 def remove_stale(where: Path = SHM_DIR) -> list[str]:
-    """Unlink the data-plane segments whose creator process is no longer running; returns their names.
-
-    A segment is stale when its name is ``cpdp-<pid>-<hex>`` and no process ``pid`` runs here: its CU died
-    together with the resource tracker that would have unlinked it. A reused pid keeps its segment (a later sweep
-    takes it); names without a pid (segments of versions before the pid was in the name) are left alone, and so is
-    every other file. A CU in another pid namespace sharing this /dev/shm would look gone: unlinking its live
-    segment only takes the name away (its mapping stays), so the host refuses its next pointer and the CU falls
-    back to inline frames (``DecoderClient``), losing no step.
-    """
-    if not Path("/proc/self").exists():  # no procfs: every creator would look gone
-        return []
-    removed = []
-    for path in sorted(where.glob(PREFIX + "*")) if where.is_dir() else []:
-        pid, sep, rest = path.name.removeprefix(PREFIX).partition("-")
-        if not (sep and pid.isdigit() and rest) or Path(f"/proc/{pid}").exists():
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            removed.append(path.name)
-    return removed
+    """Unlink the data-plane segments whose creator process is no longer running; returns their names
+    (``shm_leftovers.remove_stale``: a reused pid keeps its segment, names without a pid and other files are left
+    alone; a live CU in another pid namespace sharing this /dev/shm falls back to inline frames)."""
+    return [path.name for path in shm_leftovers.remove_stale(PREFIX, where)]
 
 
 def pointer_frame(name: str, size: int) -> bytes:

@@ -38,10 +38,11 @@ from typing import TypeVar
 
 import torch
 
+from collapipe_flwr import shm_leftovers
 from collapipe_flwr.pipeline.runtime_spec import HANDOFFS
 
-SHM_ROOT = Path("/dev/shm")
-FOLDER_PREFIX = "collapipe-handoff-"
+SHM_ROOT = shm_leftovers.SHM_DIR
+FOLDER_PREFIX = shm_leftovers.HANDOFF_PREFIX
 PARK_MIN_BYTES = 100 * 1024  # Ray's max_direct_call_object_size: smaller objects already travel inline
 M = TypeVar("M", bound=torch.nn.Module)
 
@@ -197,14 +198,9 @@ def _same_sequence(like: list | tuple, items: list):
 
 
 def remove_stale(root: Path = SHM_ROOT) -> list[Path]:
-    """Remove the hand-over folders of processes that no longer run; returns the folders removed."""
-    removed = []
-    for path in sorted(root.glob(f"{FOLDER_PREFIX}*")) if root.is_dir() else []:
-        pid = path.name.removeprefix(FOLDER_PREFIX).split("-")[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
+    """Remove the hand-over folders of processes that no longer run; returns the folders removed
+    (``shm_leftovers.remove_stale``)."""
+    return shm_leftovers.remove_stale(FOLDER_PREFIX, root)
 
 
 def choose(mode: str, cu_node: str, device_nodes: list[str], shm_ok: bool) -> str:
