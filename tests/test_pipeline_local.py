@@ -238,6 +238,8 @@ def test_step_result_and_bad_arguments():
         assert list(phases) == ["embed", "forward", "head", "backward", "update", "total"]
         assert all(v >= 0.0 for v in phases.values()) and phases["embed"] <= phases["forward"] <= phases["total"]
         assert set(result.timings.device_compute) == {0, 1}
+        # stages in the CU's own process (local backend): that process's CPU is the CU's, so none is reported
+        assert result.timings.device_cpu == {0: 0.0, 1: 0.0}
         with pytest.raises(FrozenInstanceError):
             result.timings.total = 0.0  # type: ignore[misc]
         with pytest.raises(ConfigError, match="m=0 micro-batches: choose m >= 1"):

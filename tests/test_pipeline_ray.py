@@ -124,6 +124,31 @@ def test_stages_work_on_different_micro_batches_at_the_same_time(ray_session):
     assert all(fwd1[i][2] >= fwd0[i][3] - 1e-3 for i in range(4)), (first, second)
 
 
+def test_each_device_reports_the_cpu_seconds_its_own_process_spent(ray_session):
+    """StageSeconds.cpu (``device-cpu-seconds``) against the OS's count for the same processes (psutil by pid)
+    across three steps in a row: never more than the OS counted, and most of it (the actors idle between steps)."""
+    psutil = pytest.importorskip("psutil")
+    model = bert(hidden=128, layers=4)
+    data = batch(B=8, T=64)
+    with ClusterPipeline(
+        model.embedding, model.blocks, (2, 2), ADAM, runtime=runtime(backend="ray", actor_threads=1)
+    ) as pipe:
+        head = LocalHead(model.head, ADAM)
+        pipe.train_step(data, 4, head)  # warm-up
+        procs = {k: psutil.Process(p.pid) for k, p in pipe.processes().items()}
+        assert procs[0].pid != procs[1].pid != os.getpid()
+        before = {k: sum(proc.cpu_times()[:2]) for k, proc in procs.items()}
+        reported = {0: 0.0, 1: 0.0}
+        for _ in range(3):
+            timings = pipe.train_step(data, 4, head).timings
+            for k in reported:
+                reported[k] += timings.device_cpu[k]
+        counted = {k: sum(proc.cpu_times()[:2]) - before[k] for k, proc in procs.items()}
+    for k in (0, 1):
+        assert 0.0 < reported[k] <= counted[k] + 0.05, (reported, counted)  # /proc counts in 10 ms ticks
+        assert reported[k] >= 0.5 * counted[k], (reported, counted)
+
+
 def test_slow_device_times_out_and_is_named(ray_session):
     """Device 0 (the FIRST stage) stalls: the wait ends after timeout_s and blames device 0, not the
     last stage whose output the CU was waiting for."""

@@ -91,6 +91,7 @@ class ClusterStep:
             total=t_end - t0,
             device_compute={int(k): float(c.compute) for (k, _, _), c in zip(placement.bounds, stage_seconds)},
             device_link={int(k): float(c.link) for (k, _, _), c in zip(placement.bounds, stage_seconds)},
+            device_cpu={int(k): float(c.cpu) for (k, _, _), c in zip(placement.bounds, stage_seconds)},
         )
         count = int((batch["labels"] != -100).sum()) if "labels" in batch else b
         return StepResult(loss=float(loss), count=count, timings=timings)

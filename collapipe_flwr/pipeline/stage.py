@@ -94,6 +94,7 @@ class Stage:
         self.compute_seconds = 0.0
         self.link_seconds = 0.0
         self._trace: list[tuple[str, int, float, float]] = []
+        self._cpu_start: float | None = None
         self.link: TokenBucket | None = None  # the testbed's D2D throttle on what this stage hands on
         self.cpu_quota: CpuQuota | None = None  # the testbed's CPU share of this process
         # this process's memory figures and the testbed's limit (a device actor's own process; None in the CU's)
@@ -136,6 +137,8 @@ class Stage:
         self.compute_seconds = 0.0
         self.link_seconds = 0.0
         self._trace = []
+        # the CPU of this device's own process over the step (StageSeconds.cpu); none in the CU's process
+        self._cpu_start = time.process_time() if self.process_memory is not None else None
         return self.device_index
 
     def forward(self, mb_index: int, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -252,7 +255,8 @@ class Stage:
         scale_lr(self.optimizer, self._base_lrs, lr_factor)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StageSeconds(self.compute_seconds, self.link_seconds)
+        cpu = time.process_time() - self._cpu_start if self._cpu_start is not None else 0.0
+        return StageSeconds(self.compute_seconds, self.link_seconds, cpu)
 
     def _account(self, start: float, kind: str, mb_index: int) -> None:
         if self.device.type == "cuda":  # the kernels queued so far are this call's compute time

@@ -16,10 +16,15 @@ class StageSeconds(NamedTuple):
     """What one stage measured in one step (``Stage.step``): ``compute``, the seconds of its forwards and
     backwards (emulated slowdown included: eq. 12's on-device time); ``link``, the seconds its outgoing D2D link
     held what it handed on (the testbed's token bucket at r_k^dd plus tau_0 per transfer: eq. 13's hand-over
-    time; 0 on an unthrottled host)."""
+    time; 0 on an unthrottled host); ``cpu``, the CPU seconds its own process spent from the step's start to this
+    update, every thread counted (its compute, and also its share of Ray's call handling and the hand-overs' reads
+    and writes): beside ``compute`` (wall seconds) it shows a device descheduled by a busy host (compute > cpu) or
+    spending CPU outside its forwards and backwards (cpu > compute); 0 for a stage in the CU's own process (local
+    backend), where that process's CPU is the CU's too."""
 
     compute: float
     link: float = 0.0
+    cpu: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,8 @@ class StepTimings:
     over the S stages up to z^enc of every micro-batch; ``head``: the head (server decoder or local);
     ``backward``: the GPipe backward into the embedding; ``update``: every optimizer step; ``total``: the
     whole step. ``device_compute``: {device k: its stage's compute seconds this step (emulated slowdown
-    included)}; ``device_link``: {device k: the seconds its D2D link held its hand-overs this step}.
+    included)}; ``device_link``: {device k: the seconds its D2D link held its hand-overs this step};
+    ``device_cpu``: {device k: its process's CPU seconds this step (``StageSeconds.cpu``)}.
     """
 
     embed: float
@@ -41,6 +47,7 @@ class StepTimings:
     total: float
     device_compute: Mapping[int, float] = field(default_factory=dict)
     device_link: Mapping[int, float] = field(default_factory=dict)
+    device_cpu: Mapping[int, float] = field(default_factory=dict)
 
     def phases(self) -> dict[str, float]:
         """{phase: seconds} for the six phases, in ``PHASES`` order (the ``seconds-step-*`` metrics)."""

@@ -204,6 +204,7 @@ def train_round(
         **devices.metrics(steps.device_compute),
         # the seconds each device's D2D link held its hand-overs (eq. 13; 0 unthrottled), apart from its compute
         "device-link-seconds": list(steps.device_link) or [0.0] * len(steps.device_compute),
+        "device-cpu-seconds": list(steps.device_cpu) or [0.0] * len(steps.device_compute),
         **prepared.metrics(),
         # what the reply's tensors hold (eq. 11's model term, uncompressed); 0 for a method without aggregation,
         # whose weights travel back for evaluation only (``carried-bytes``)

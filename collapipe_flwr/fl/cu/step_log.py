@@ -10,8 +10,9 @@ from collapipe_flwr.pipeline.timings import StepResult
 
 class StepLog(NamedTuple):
     """The round's steps so far: per-step losses (the plain model's mean loss), examples, seconds per phase
-    (embed, forward, head, backward, update, total), compute seconds per device k of the cluster and
-    (``device_link``) the seconds device k's outgoing D2D link held its hand-overs (the testbed's token bucket).
+    (embed, forward, head, backward, update, total), compute seconds per device k of the cluster,
+    (``device_link``) the seconds device k's outgoing D2D link held its hand-overs (the testbed's token bucket) and
+    (``device_cpu``) the CPU seconds device k's own process spent over the steps (``StageSeconds.cpu``).
 
     Data-parallel rounds (VanillaFL's D users, ``fl/cu/data_parallel.py``) also carry each user's measured
     seconds (``user_seconds``, user d's steps on its own device), the memory report of every device that held the
@@ -28,10 +29,12 @@ class StepLog(NamedTuple):
     user_handover_seconds: tuple[float, ...] = ()
     average_seconds: float = 0.0
     device_link: tuple[float, ...] = ()
+    device_cpu: tuple[float, ...] = ()
 
     @classmethod
     def empty(cls, num_devices: int) -> StepLog:
-        return cls([], 0, {}, [0.0] * num_devices, device_link=(0.0,) * num_devices)
+        zeros = (0.0,) * num_devices
+        return cls([], 0, {}, [0.0] * num_devices, device_link=zeros, device_cpu=zeros)
 
     def add(self, result: StepResult, examples: int) -> StepLog:
         """This log with one more step of ``examples`` examples."""
@@ -44,10 +47,14 @@ class StepLog(NamedTuple):
         link = list(self.device_link) or [0.0] * len(compute)
         for k, sec in result.timings.device_link.items():  # {device index k: D2D link seconds this step}
             link[int(k)] += float(sec)
+        cpu = list(self.device_cpu) or [0.0] * len(compute)
+        for k, sec in result.timings.device_cpu.items():  # {device index k: its process's CPU seconds this step}
+            cpu[int(k)] += float(sec)
         return StepLog(
             [*self.losses, float(result.loss)],
             self.examples + int(examples),
             seconds,
             compute,
             device_link=tuple(link),
+            device_cpu=tuple(cpu),
         )
