@@ -5,6 +5,7 @@ pipelines where they can."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -86,7 +87,9 @@ def _overlapping(first, second) -> bool:
     )
 
 
-def test_stages_work_on_different_micro_batches_at_the_same_time(ray_session):
+@contextlib.contextmanager
+def two_warm_device_actors():
+    """(pipe, head, batch): a 4-block BERT split (2, 2) over two Ray device actors, one warm-up step taken."""
     model = bert(hidden=128, layers=4)
     data = batch(B=8, T=64)
     with ClusterPipeline(
@@ -94,6 +97,11 @@ def test_stages_work_on_different_micro_batches_at_the_same_time(ray_session):
     ) as pipe:
         head = LocalHead(model.head, ADAM)
         pipe.train_step(data, 4, head)  # warm-up
+        yield pipe, head, data
+
+
+def test_stages_work_on_different_micro_batches_at_the_same_time(ray_session):
+    with two_warm_device_actors() as (pipe, head, data):
         # Overlap is a capability, not a guarantee on a loaded 2-core machine: keep the traces of a few
         # steps and require it in at least one of them.
         steps = []
@@ -128,13 +136,7 @@ def test_each_device_reports_the_cpu_seconds_its_own_process_spent(ray_session):
     """StageSeconds.cpu (``device-cpu-seconds``) against the OS's count for the same processes (psutil by pid)
     across three steps in a row: never more than the OS counted, and most of it (the actors idle between steps)."""
     psutil = pytest.importorskip("psutil")
-    model = bert(hidden=128, layers=4)
-    data = batch(B=8, T=64)
-    with ClusterPipeline(
-        model.embedding, model.blocks, (2, 2), ADAM, runtime=runtime(backend="ray", actor_threads=1)
-    ) as pipe:
-        head = LocalHead(model.head, ADAM)
-        pipe.train_step(data, 4, head)  # warm-up
+    with two_warm_device_actors() as (pipe, head, data):
         procs = {k: psutil.Process(p.pid) for k, p in pipe.processes().items()}
         assert procs[0].pid != procs[1].pid != os.getpid()
         before = {k: sum(proc.cpu_times()[:2]) for k, proc in procs.items()}
