@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -10,6 +11,17 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "devtools" / "cpu_by_process.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("cpu_by_process", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+cpu_by_process = _load()
 
 
 @pytest.mark.parametrize(
@@ -24,13 +36,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "devtools" / "cpu_by_process.p
     ],
 )
 def test_a_process_is_grouped_by_what_it_is(cmdline, group):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("cpu_by_process", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.group_of(cmdline).startswith(group)
+    assert cpu_by_process.group_of(cmdline).startswith(group)
 
 
 def test_a_busy_process_shows_its_core_seconds():

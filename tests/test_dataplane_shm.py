@@ -22,6 +22,7 @@ from collapipe_flwr.fl.dataplane.protocol import encode_step_request
 from collapipe_flwr.fl.dataplane.wire import encode_frame
 from collapipe_flwr.pipeline.head import head_step
 from tests.test_dataplane import MAX_ABS, MAX_LEN, SECRET, Served, TokenHead, make_step
+from tests.test_shm_leftovers import dead_pid
 
 SHM_DIR = Path("/dev/shm")
 pytestmark = pytest.mark.skipif(not SHM_DIR.is_dir(), reason="needs /dev/shm (POSIX shared memory)")
@@ -146,13 +147,6 @@ def test_a_killed_clients_segment_is_removed():
     assert not (SHM_DIR / name).exists()
 
 
-def _dead_pid() -> int:
-    """The pid of a process that has exited (reuse within the test is as unlikely as a pid wrap-around)."""
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait(timeout=30)
-    return proc.pid
-
-
 def test_a_segment_left_by_a_killed_process_group_is_removed_when_the_next_host_starts():
     """SIGKILL to the CU's whole process group (its resource tracker included, as a container stop) leaves the
     segment in /dev/shm; the next decoder host on this machine unlinks it at its start."""
@@ -190,7 +184,7 @@ def test_a_segment_left_by_a_killed_process_group_is_removed_when_the_next_host_
 
 
 def test_the_sweep_removes_only_segments_whose_creator_is_gone(tmp_path):
-    dead, alive = _dead_pid(), os.getpid()
+    dead, alive = dead_pid(), os.getpid()
     names = {
         "dead": shm.segment_name(dead),
         "alive": shm.segment_name(alive),

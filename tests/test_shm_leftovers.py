@@ -16,7 +16,7 @@ from collapipe_flwr.fl.dataplane import shm
 from collapipe_flwr.pipeline.executors import shm_handoff
 
 
-def _dead_pid() -> int:
+def dead_pid() -> int:
     """The pid of a process that has exited (reused within the test only after a pid wrap-around)."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait(timeout=30)
@@ -41,7 +41,7 @@ def test_the_creator_pid_is_read_from_the_name_only_where_the_name_carries_one(n
 
 
 def test_both_kinds_of_a_gone_process_are_removed_and_a_live_ones_kept(tmp_path):
-    dead, alive = _dead_pid(), os.getpid()
+    dead, alive = dead_pid(), os.getpid()
     dead_segment, live_segment = tmp_path / shm.segment_name(dead), tmp_path / shm.segment_name(alive)
     dead_folder = tmp_path / f"{shm_handoff.FOLDER_PREFIX}{dead}-cafe0001"
     live_folder = tmp_path / f"{shm_handoff.FOLDER_PREFIX}{alive}"
@@ -62,7 +62,7 @@ def test_both_kinds_of_a_gone_process_are_removed_and_a_live_ones_kept(tmp_path)
 
 @pytest.mark.skipif(not shm_leftovers.SHM_DIR.is_dir(), reason="needs /dev/shm")
 def test_the_launcher_sweeps_dev_shm_after_stopping_a_run(tmp_path):
-    dead = _dead_pid()
+    dead = dead_pid()
     segment = shm_leftovers.SHM_DIR / shm.segment_name(dead)
     folder = shm_leftovers.SHM_DIR / f"{shm_handoff.FOLDER_PREFIX}{dead}-0badc0de"
     segment.write_bytes(b"frame")
