@@ -23,6 +23,10 @@ tokens, token-classification head, Adam. Prints one ``name: value`` per line:
   the CU's embed, head and update), ``fair_S2_m4_over_bound`` (the step over it: hand-overs, Ray calls, the CU's
   other work), ``fair_S2_m4_microbatch_inflation`` (the devices' compute at m = 4 over S = 1, m = 1's) and
   ``device_speedup_S2_m4_bound`` (bound_s over the S = 1, m = 1 step: the speed-up the measured calls allow);
+- what the machine gives two devices computing at once (:func:`pair_figures`, with the fair figures): one device's
+  work of S = 2, m = 4 in two processes pinned to two cores, timed alone and both at once in alternation:
+  ``machine_pair_slowdown`` (1 on two independent cores) and ``gpipe_limit_S2_m4_at_pair_slowdown`` (GPipe's
+  S = 2, m = 4 limit when calls that overlap take that much longer, :func:`gpipe_limit_S2`: modelled from it);
 - ``device_speedup_S2_m4_quota`` (:func:`quota_figures`, with the fair figures, where cgroup CPU quotas work):
   the same speed-up with every device an emulated one of ``--device-cores`` cores (default 0.7) under the testbed's
   CPU quota, so the CU and Ray keep a share of their own as on a CU's own box (``quota_step_s_S{S}_m{m}``, and
@@ -349,6 +353,96 @@ def fair_figures(batch, warmup: int, steps: int, pin: str, handoff: str = "auto"
     }
 
 
+def gpipe_limit_S2(m: int, pair_slowdown: float) -> float:
+    """S = 2's GPipe step over S = 1, m = 1's when every call of the two stages takes the same time alone and
+    ``pair_slowdown`` (c) times as long while the other stage computes too: each pass has one slot with stage 0
+    alone, m - 1 with both, one with stage 1 alone, so (2 + (m - 1) c) / (2 m); c = 1 gives GPipe's (m + 1) / (2 m)
+    (0.625 at m = 4)."""
+    return (2 + (m - 1) * pair_slowdown) / (2 * m)
+
+
+def _pair_worker(conn, core: int, rows: int, seq_len: int, blocks: int) -> None:
+    """One device's work in a process of its own on ``core``: ``blocks`` TEBs of the benchmark's model, forward and
+    backward on a ``rows`` x ``seq_len`` micro-batch, one torch thread; answers each count n it receives with the
+    seconds n such calls took, until it receives None."""
+    os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+    segment = make_model().blocks[:blocks]
+    x = torch.randn(rows, seq_len, HIDDEN)
+    mask = torch.ones(rows, seq_len, dtype=torch.long)
+
+    def once() -> None:
+        hidden = x.detach().requires_grad_(True)
+        for block in segment:
+            hidden = block(hidden, mask)
+        hidden.sum().backward()
+        for p in segment.parameters():
+            p.grad = None
+
+    while (n := conn.recv()) is not None:
+        start = time.perf_counter()
+        for _ in range(n):
+            once()
+        conn.send(time.perf_counter() - start)
+
+
+def pair_figures(rows: int, seq_len: int, blocks: int, rounds: int = 5, calls: int = 4) -> dict[str, float]:
+    """What this machine gives two devices that compute at once (the S = 2 figures' premise: one core each, as
+    fast as one alone). Two processes, each pinned to its own core with one torch thread, run one device's work
+    of S = 2, m = 4 (``_pair_worker``) ``calls`` times, first each alone, then both at once, ``rounds`` times in
+    alternation; ``machine_pair_slowdown`` = median seconds at once / median seconds alone (1 on two independent
+    cores; a VM whose two vCPUs share a physical core or whose host is busy reads more), and
+    ``gpipe_limit_S2_m4_at_pair_slowdown`` is GPipe's S = 2, m = 4 limit with that slowdown (:func:`gpipe_limit_S2`;
+    modelled from the measured c). Empty on a host with fewer than two usable cores."""
+    import multiprocessing
+
+    cores = usable_cores_list()[:2]
+    if len(cores) < 2:
+        return {}
+    ctx = multiprocessing.get_context("spawn")
+    conns, procs = [], []
+    alone: list[float] = []
+    together: list[float] = []
+
+    def answer(conn) -> float:
+        if not conn.poll(600):
+            raise RuntimeError("a pair-figure worker gave no answer in 600 s")
+        return conn.recv()
+
+    try:
+        for core in cores:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_pair_worker, args=(child, core, rows, seq_len, blocks), daemon=True)
+            proc.start()
+            conns.append(parent)
+            procs.append(proc)
+        for conn in conns:  # warm-up, one at a time
+            conn.send(1)
+            answer(conn)
+        for _ in range(rounds):
+            for conn in conns:
+                conn.send(calls)
+                alone.append(answer(conn))
+            for conn in conns:
+                conn.send(calls)
+            together.extend(answer(conn) for conn in conns)
+    finally:
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    slowdown = statistics.median(together) / statistics.median(alone)
+    return {
+        "machine_alone_s": statistics.median(alone) / calls,
+        "machine_pair_s": statistics.median(together) / calls,
+        "machine_pair_slowdown": slowdown,
+        "gpipe_limit_S2_m4_at_pair_slowdown": gpipe_limit_S2(4, slowdown),
+    }
+
+
 def quota_figures(batch, warmup: int, steps: int, device_cores: float, pin: str, handoff: str) -> dict[str, float]:
     """The device speed-up with every device an emulated one of ``device_cores`` cores (the testbed's cgroup CPU
     quota, ``set_testbed``), so that S = 2 devices leave the CU and Ray a share of their own, as a CU's own box
@@ -442,6 +536,9 @@ def main() -> None:
     if args.fair or args.fair_only:
         fair_pin = "true" if args.pin == "false" else args.pin  # one core per device actor
         for name, value in fair_figures(batch, args.warmup, args.steps, fair_pin, args.handoff).items():
+            print(f"{name}: {value:.4f}")
+        rows = max(1, args.batch // 4)  # S = 2, m = 4: one device's micro-batch and blocks
+        for name, value in pair_figures(rows, args.seq_len, DELTAS[2][0]).items():
             print(f"{name}: {value:.4f}")
         reason = cpu_quota_available() if args.device_cores > 0 else "--device-cores 0"
         if reason is None:

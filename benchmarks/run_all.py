@@ -164,6 +164,20 @@ def pipeline_rows(pipe_args: str) -> list[Row]:
             None,
             command,
         ),
+        Row(
+            "machine: one device's work of S = 2, m = 4 on two pinned cores at once, vs alone (1 = independent cores)",
+            _figure("machine_pair_slowdown"),
+            "x",
+            None,
+            command,
+        ),
+        Row(
+            "GPipe's S = 2, m = 4 limit at that slowdown, vs S = 1, m = 1 (modelled from the measured slowdown)",
+            _figure("gpipe_limit_S2_m4_at_pair_slowdown"),
+            "x",
+            None,
+            command,
+        ),
         Row("pipeline step, S = 2, m = 4, vs the plain model", _figure("step_ratio_S2_m4"), "x", None, command),
     ]
     for S in PIPE_S:

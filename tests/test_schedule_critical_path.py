@@ -83,3 +83,28 @@ def test_the_benchmarks_step_bound_reads_each_call_from_the_device_traces():
     assert got["bound_s"] == pytest.approx(1.26)
     assert got["over_bound"] == pytest.approx(1.5 / 1.26)
     assert got["microbatch_inflation"] == pytest.approx(0.2 + 0.4 + 0.6 + 0.2)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+@pytest.mark.parametrize("c", [1.0, 1.2, 1.5])
+def test_the_benchmarks_gpipe_limit_at_a_pair_slowdown_is_the_critical_path_of_slowed_overlapping_calls(m, c):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "pipeline_overhead.py"
+    spec = importlib.util.spec_from_file_location("pipeline_overhead_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    # S = 2, forwards 1 s and backwards 2 s alone: in GPipe's clock stage 0's call on i overlaps stage 1's on i - 1
+    # (forward) and stage 1's call on i overlaps stage 0's on i + 1 (backward, descending i), so in both passes
+    # stage 0's calls i >= 1 and stage 1's calls i <= m - 2 run beside another and take c times as long
+    f, b = 1.0, 2.0
+    forward = [[f * (c if i >= 1 else 1.0), f * (c if i <= m - 2 else 1.0)] for i in range(m)]
+    backward = [[b * (c if i >= 1 else 1.0), b * (c if i <= m - 2 else 1.0)] for i in range(m)]
+    one_device = 2 * m * (f + b)  # S = 1, m = 1: the whole batch through both stages' blocks, alone
+    got = bench.gpipe_limit_S2(m, c)
+    assert got == pytest.approx(gpipe_critical_path_s(forward, backward) / one_device)
+    if c == 1.0:
+        assert got == pytest.approx((m + 2 - 1) / (2 * m))  # GPipe's (m + S - 1) / (S m)
