@@ -361,39 +361,45 @@ def gpipe_limit_S2(m: int, pair_slowdown: float) -> float:
     return (2 + (m - 1) * pair_slowdown) / (2 * m)
 
 
-def _pair_worker(conn, core: int, rows: int, seq_len: int, blocks: int) -> None:
-    """One device's work in a process of its own on ``core``: ``blocks`` TEBs of the benchmark's model, forward and
-    backward on a ``rows`` x ``seq_len`` micro-batch, one torch thread; answers each count n it receives with the
-    seconds n such calls took, until it receives None."""
+def _pair_worker(conn, core: int, rows: int, seq_len: int, blocks: int, m: int) -> None:
+    """One device's work of a GPipe step in a process of its own on ``core``: ``blocks`` TEBs of the benchmark's
+    model, m forwards on ``rows`` x ``seq_len`` micro-batches, then their m backwards in reverse order (the stage's
+    order, so all m micro-batches' activations are held at once), one torch thread; answers each count n it receives
+    with the seconds n such steps took, until it receives None."""
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
     segment = make_model().blocks[:blocks]
-    x = torch.randn(rows, seq_len, HIDDEN)
+    inputs = [torch.randn(rows, seq_len, HIDDEN) for _ in range(m)]
     mask = torch.ones(rows, seq_len, dtype=torch.long)
 
-    def once() -> None:
-        hidden = x.detach().requires_grad_(True)
-        for block in segment:
-            hidden = block(hidden, mask)
-        hidden.sum().backward()
+    def step() -> None:
+        outputs = []
+        for x in inputs:
+            hidden = x.detach().requires_grad_(True)
+            for block in segment:
+                hidden = block(hidden, mask)
+            outputs.append(hidden)
+        for hidden in reversed(outputs):
+            hidden.sum().backward()
         for p in segment.parameters():
             p.grad = None
 
     while (n := conn.recv()) is not None:
         start = time.perf_counter()
         for _ in range(n):
-            once()
+            step()
         conn.send(time.perf_counter() - start)
 
 
-def pair_figures(rows: int, seq_len: int, blocks: int, rounds: int = 5, calls: int = 4) -> dict[str, float]:
+def pair_figures(rows: int, seq_len: int, blocks: int, m: int = 4, rounds: int = 5, steps: int = 2) -> dict[str, float]:
     """What this machine gives two devices that compute at once (the S = 2 figures' premise: one core each, as
-    fast as one alone). Two processes, each pinned to its own core with one torch thread, run one device's work
-    of S = 2, m = 4 (``_pair_worker``) ``calls`` times, first each alone, then both at once, ``rounds`` times in
-    alternation; ``machine_pair_slowdown`` = median seconds at once / median seconds alone (1 on two independent
-    cores; a VM whose two vCPUs share a physical core or whose host is busy reads more), and
-    ``gpipe_limit_S2_m4_at_pair_slowdown`` is GPipe's S = 2, m = 4 limit with that slowdown (:func:`gpipe_limit_S2`;
-    modelled from the measured c). Empty on a host with fewer than two usable cores."""
+    fast as one alone). Two processes, each pinned to its own core with one torch thread, run one device's work of
+    a GPipe step of S = 2 (``_pair_worker``: its ``blocks`` blocks, m micro-batches of ``rows`` x ``seq_len``)
+    ``steps`` times, first each alone, then both at once, ``rounds`` times in alternation;
+    ``machine_pair_slowdown`` = median seconds at once / median seconds alone (1 on two independent cores; a VM
+    whose two vCPUs share a physical core, a host that is busy, or two devices contending for memory bandwidth
+    read more), and ``gpipe_limit_S2_m{m}_at_pair_slowdown`` is GPipe's S = 2 limit with that slowdown
+    (:func:`gpipe_limit_S2`; modelled from the measured c). Empty on a host with fewer than two usable cores."""
     import multiprocessing
 
     cores = usable_cores_list()[:2]
@@ -412,7 +418,7 @@ def pair_figures(rows: int, seq_len: int, blocks: int, rounds: int = 5, calls: i
     try:
         for core in cores:
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_pair_worker, args=(child, core, rows, seq_len, blocks), daemon=True)
+            proc = ctx.Process(target=_pair_worker, args=(child, core, rows, seq_len, blocks, m), daemon=True)
             proc.start()
             conns.append(parent)
             procs.append(proc)
@@ -421,10 +427,10 @@ def pair_figures(rows: int, seq_len: int, blocks: int, rounds: int = 5, calls: i
             answer(conn)
         for _ in range(rounds):
             for conn in conns:
-                conn.send(calls)
+                conn.send(steps)
                 alone.append(answer(conn))
             for conn in conns:
-                conn.send(calls)
+                conn.send(steps)
             together.extend(answer(conn) for conn in conns)
     finally:
         for conn in conns:
@@ -436,10 +442,10 @@ def pair_figures(rows: int, seq_len: int, blocks: int, rounds: int = 5, calls: i
                 proc.kill()
     slowdown = statistics.median(together) / statistics.median(alone)
     return {
-        "machine_alone_s": statistics.median(alone) / calls,
-        "machine_pair_s": statistics.median(together) / calls,
+        "machine_alone_s": statistics.median(alone) / steps,
+        "machine_pair_s": statistics.median(together) / steps,
         "machine_pair_slowdown": slowdown,
-        "gpipe_limit_S2_m4_at_pair_slowdown": gpipe_limit_S2(4, slowdown),
+        f"gpipe_limit_S2_m{m}_at_pair_slowdown": gpipe_limit_S2(m, slowdown),
     }
 
 
