@@ -13,7 +13,9 @@ tokens, token-classification head, Adam. Prints one ``name: value`` per line:
 - the two fair figures (``--fair``, on by default; :func:`fair_figures`): ``overhead_ratio_equal_cores`` (S = 1,
   m = 1, one device actor with one core and one torch thread, the CU on one thread, over the plain model on one
   thread: what the framework costs) and ``device_speedup_S2_m4`` (S = 2, m = 4 with one core per device over
-  S = 1, m = 1 with one core: what a second device buys; GPipe's limit is (m + S - 1) / (S m) = 0.625), with the
+  S = 1, m = 1 with one core: what a second device buys; GPipe's limit is (m + S - 1) / (S m) = 0.625), and the
+  same two as the median of each iteration's own ratio (``*_paired``: steps seconds apart, so a machine whose speed
+  drifts over minutes moves them less than a ratio of medians), with the
   CU's view of both steps as a profile: ``fair_S{S}_m{m}_<phase>_s`` (median seconds of embed / forward / head /
   backward / update / total, and each device's own compute ``device<k>_compute``) and where its core time goes
   (``fair_S{S}_m{m}_cpu_<group>_s``: median CPU seconds per step of the CU's process, the step's device actors,
@@ -342,6 +344,14 @@ def fair_figures(batch, warmup: int, steps: int, pin: str, handoff: str = "auto"
         "fair_step_s_S2_m4": median["S2_m4"],
         "overhead_ratio_equal_cores": median["S1_m1"] / median["plain"],
         "device_speedup_S2_m4": median["S2_m4"] / median["S1_m1"],
+        # the same two ratios step by step (each iteration's steps ran seconds apart), then their median: a machine
+        # whose speed drifts over minutes moves these less than a ratio of medians
+        "overhead_ratio_equal_cores_paired": statistics.median(
+            one / plain for one, plain in zip(times["S1_m1"], times["plain"], strict=True)
+        ),
+        "device_speedup_S2_m4_paired": statistics.median(
+            two / one for two, one in zip(times["S2_m4"], times["S1_m1"], strict=True)
+        ),
         **(
             {
                 "fair_step_s_S2_m4_object_store": median["S2_m4_object_store"],

@@ -128,6 +128,20 @@ def pipeline_rows(pipe_args: str) -> list[Row]:
             command,
         ),
         Row(
+            "the framework overhead step by step (each S = 1, m = 1 step over the plain step beside it), median",
+            _figure("overhead_ratio_equal_cores_paired"),
+            "x",
+            None,
+            command,
+        ),
+        Row(
+            "the S = 2, m = 4 speed-up step by step (each step over the S = 1, m = 1 step beside it), median",
+            _figure("device_speedup_S2_m4_paired"),
+            "x",
+            None,
+            command,
+        ),
+        Row(
             f"pipeline speed-up: S = 2, m = 4, devices of {DEVICE_CORES:g} core each (cgroup CPU quota), vs one such "
             "device",
             _figure("device_speedup_S2_m4_quota"),
