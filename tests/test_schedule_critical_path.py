@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
 from collapipe_flwr.pipeline.schedule import gpipe_critical_path_s
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """benchmarks/pipeline_overhead.py as a module (it is a script, not in a package), loaded once."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "pipeline_overhead.py"
+    spec = importlib.util.spec_from_file_location("pipeline_overhead_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize(("S", "m"), [(1, 1), (1, 4), (2, 4), (3, 2), (4, 8)])
@@ -59,18 +74,9 @@ def test_mismatched_call_tables_are_refused():
         gpipe_critical_path_s([], [])
 
 
-def test_the_benchmarks_step_bound_reads_each_call_from_the_device_traces():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
+def test_the_benchmarks_step_bound_reads_each_call_from_the_device_traces(bench):
     from collapipe_flwr.pipeline.timings import StepTimings
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "pipeline_overhead.py"
-    spec = importlib.util.spec_from_file_location("pipeline_overhead_under_test", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
     # stage 0 forwards 0.1 s, backwards 0.2 s; stage 1 forwards 0.3 s, backwards 0.1 s; m = 2 (wall clocks apart)
     traces = [
         [("F", 0, 10.0, 10.1), ("F", 1, 10.1, 10.2), ("B", 1, 11.0, 11.2), ("B", 0, 11.2, 11.4)],
@@ -87,16 +93,7 @@ def test_the_benchmarks_step_bound_reads_each_call_from_the_device_traces():
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
 @pytest.mark.parametrize("c", [1.0, 1.2, 1.5])
-def test_the_benchmarks_gpipe_limit_at_a_pair_slowdown_is_the_critical_path_of_slowed_overlapping_calls(m, c):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "pipeline_overhead.py"
-    spec = importlib.util.spec_from_file_location("pipeline_overhead_under_test", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
+def test_the_benchmarks_gpipe_limit_at_a_pair_slowdown_is_the_critical_path_of_slowed_overlapping_calls(bench, m, c):
     # S = 2, forwards 1 s and backwards 2 s alone: in GPipe's clock stage 0's call on i overlaps stage 1's on i - 1
     # (forward) and stage 1's call on i overlaps stage 0's on i + 1 (backward, descending i), so in both passes
     # stage 0's calls i >= 1 and stage 1's calls i <= m - 2 run beside another and take c times as long
