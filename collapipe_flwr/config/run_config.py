@@ -18,6 +18,7 @@ from collapipe_flwr.dssra.specs import MethodSpec, SchedulerSpec, parse_method, 
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.pipeline.runtime_spec import RuntimeSpec, parse_runtime
 from collapipe_flwr.spec_parsing import check_keys, mapping, require, scalar, typed
+from collapipe_flwr.system.clock_spec import ClockSpec, parse_clock
 from collapipe_flwr.system.measurement_spec import SystemSpec, TestbedSpec, parse_system, parse_testbed
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.tasks.spec import ModelSpec, TaskSpec, parse_model, parse_task
@@ -52,6 +53,7 @@ class RunConfig:
     testbed: TestbedSpec = TestbedSpec()  # the emulated heterogeneous testbed (off unless testbed=emulated)
     privacy: PrivacySpec = PrivacySpec()  # differential privacy on the CUs' uploads (config/privacy.py)
     pipeline: PipelineSpec = PipelineSpec()  # the stages' schedule: gpipe | 1f1b
+    clock: ClockSpec = ClockSpec()  # which clock the run's times are read on: wall | virtual
 
     def resolved_data_dir(self) -> Path:
         """``data_dir`` if set, else $COLLAPIPE_DATA_DIR; a one-line error when neither names a folder."""
@@ -82,6 +84,7 @@ class RunConfig:
             "testbed": self.testbed.to_raw(),
             "privacy": dataclasses.asdict(self.privacy),
             "pipeline": dataclasses.asdict(self.pipeline),
+            "clock": self.clock.to_raw(),
         }
 
     @classmethod
@@ -229,8 +232,10 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         testbed=parse_testbed(data.get("testbed")),
         privacy=typed("privacy", PrivacySpec, data.get("privacy")),
         pipeline=typed("pipeline", PipelineSpec, data.get("pipeline")),
+        clock=parse_clock(data.get("clock")),
     )
     _check_testbed(cfg)
+    _check_clock(cfg)
     _check_privacy(cfg)
     _check_schedule(cfg)
     return cfg
@@ -262,6 +267,23 @@ def _check_testbed(cfg: RunConfig) -> None:
         raise ConfigError(
             "testbed.memory_limit and runtime.memory_cgroup need one process per device (runtime.backend=ray), not "
             f"runtime.backend={cfg.runtime.backend}; set runtime.backend=ray or testbed.memory_limit=false"
+        )
+
+
+def _check_clock(cfg: RunConfig) -> None:
+    """The virtual clock is computed, never waited for: an emulated slowdown or throttle would only slow the run;
+    and it counts the CPU of the thread that runs a call, which misses torch's other threads."""
+    if not cfg.clock.virtual:
+        return
+    if cfg.testbed.enabled or cfg.runtime.emulate:
+        raise ConfigError(
+            "clock=virtual computes the devices' and links' time instead of emulating it; drop testbed=emulated and "
+            "runtime.emulate=true, or use clock=wall to time the emulation"
+        )
+    if cfg.runtime.torch_threads != 1:
+        raise ConfigError(
+            f"clock=virtual counts the CPU seconds of the thread that runs each call, which misses torch's other "
+            f"threads; set runtime.torch_threads=1 (got {cfg.runtime.torch_threads})"
         )
 
 

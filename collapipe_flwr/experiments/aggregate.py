@@ -87,6 +87,8 @@ def series(rounds: Iterable[Mapping]) -> dict[str, list]:
         "energy_cu": [e.get("cu") for e in energies],
         "measured_train_s": [round_train_seconds(r) for r in records],
         "measured_round_s": [_num((r.get("measured_s") or {}).get("round_s")) for r in records],
+        # the round on the virtual clock (fl/server/virtual_round.py): measured compute at the devices' speeds
+        "virtual_round_s": [_num((r.get("virtual") or {}).get("round_s")) for r in records],
         "peak_bytes": [round_peak_bytes(r) for r in records],
     }
 
@@ -180,6 +182,7 @@ def run_row(
         "energy_total_j": None if energy_device is None or energy_cu is None else energy_device + energy_cu,
         "measured_train_s": _sum(s["measured_train_s"]),
         "measured_round_s": _sum(s["measured_round_s"]),
+        "virtual_round_s": _sum(s["virtual_round_s"]),
         "wall_s": wall_s,
         "max_device_mem_mib": max(peaks) / MIB if peaks else None,
         "error": error,

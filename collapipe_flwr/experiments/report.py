@@ -45,6 +45,7 @@ CSV_COLUMNS = (
     "energy_total_j",
     "measured_train_s",
     "measured_round_s",
+    "virtual_round_s",
     "wall_s",
     "max_device_mem_mib",
     "error",
@@ -68,6 +69,7 @@ MD_COLUMNS = (
     "delay_uplink_s",
     "energy_total_j",
     "measured_round_s",
+    "virtual_round_s",
     "max_device_mem_mib",
 )
 MD_HEADERS = {
@@ -80,6 +82,7 @@ MD_HEADERS = {
     "delay_uplink_s": "uplink (s)",
     "energy_total_j": "energy (J)",
     "measured_round_s": "measured (s)",
+    "virtual_round_s": "virtual clock (s)",
     "max_device_mem_mib": "max device mem (MiB)",
 }
 

@@ -32,6 +32,7 @@ from collapipe_flwr.dssra.replan import Sub1Inputs
 from collapipe_flwr.errors import CannotContinue, CollaPipeError, ConfigError
 from collapipe_flwr.flower_internals import KEY_CLIPPING_NORM
 from collapipe_flwr.models.split import PARTS
+from collapipe_flwr.pipeline.virtual_clock import ClusterClock
 from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.system.profile import (
     ClusterProfile,
@@ -128,6 +129,9 @@ class TrainInstructions:
     emulation: DeviceEmulation | None = None  # the testbed's quotas and link rates (testbed=emulated)
     report_profile: bool = False  # reply with the profile metrics (system.profile: measured, or the testbed on)
     cu_state_key: str = ""  # save the CU's optimizer moments under this run key each round (fl/cu/cu_checkpoint.py)
+    clock: ClusterClock | None = (
+        None  # the virtual clock's rates for this cluster and round (pipeline/virtual_clock.py)
+    )
 
     def to_record(self) -> ConfigRecord:
         payload = {
@@ -143,6 +147,7 @@ class TrainInstructions:
             "emulation": self.emulation.to_dict() if self.emulation is not None else None,
             "report_profile": self.report_profile,
             "cu_state_key": self.cu_state_key,
+            "clock": self.clock.to_dict() if self.clock is not None else None,
         }
         record = ConfigRecord({"json": json.dumps(payload)})
         privacy = self.cluster_config.privacy
@@ -155,7 +160,7 @@ class TrainInstructions:
         """The instructions decoded once, into the typed objects the CU uses as they are."""
         try:
             payload = json.loads(str(record["json"]))
-            replan, emulation = payload.get("replan"), payload.get("emulation")
+            replan, emulation, clock = payload.get("replan"), payload.get("emulation"), payload.get("clock")
             return cls(
                 round=int(payload["round"]),
                 plan=ClusterPlan.from_dict(payload["plan"]),
@@ -169,6 +174,7 @@ class TrainInstructions:
                 emulation=DeviceEmulation.from_dict(emulation) if emulation is not None else None,
                 report_profile=bool(payload.get("report_profile", False)),
                 cu_state_key=str(payload.get("cu_state_key", "")),
+                clock=ClusterClock.from_dict(clock) if clock is not None else None,
             )
         except ConfigError:
             raise  # the cluster config names its own bad key

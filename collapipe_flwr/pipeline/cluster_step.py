@@ -23,7 +23,7 @@ from torch import nn
 from collapipe_flwr.pipeline.cu_embedding import CuEmbedding
 from collapipe_flwr.pipeline.executors import Stages
 from collapipe_flwr.pipeline.gpipe import gpipe_step
-from collapipe_flwr.pipeline.head import HeadFn, MicroHead
+from collapipe_flwr.pipeline.head import HeadFn, LocalHead, MicroHead
 from collapipe_flwr.pipeline.microbatch import batch_size, split_batch
 from collapipe_flwr.pipeline.one_f_one_b import one_f_one_b_step
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
@@ -68,6 +68,7 @@ class ClusterStep:
     ) -> StepResult:
         """One step on ``placement``'s stages (``ClusterPipeline.train_step``)."""
         t0 = time.perf_counter()
+        head_cpu0 = head.cpu_seconds if isinstance(head, LocalHead) else 0.0
         b = batch_size(batch)
         micro = split_batch(batch, m)
         m = len(micro)  # min(m, b): a short batch (an epoch's last) runs in fewer micro-batches
@@ -80,8 +81,9 @@ class ClusterStep:
         else:
             loss, phases, updates = gpipe_step(placement.stages, placement.S, cu, micro, head, lr_factor)
         t_bwd = time.perf_counter()
-        stage_seconds = self._update(placement, lr_factor, updates)
+        stage_seconds, update_cpu = self._update(placement, lr_factor, updates)
         t_end = time.perf_counter()
+        ks = [int(k) for k, _, _ in placement.bounds]
         timings = StepTimings(
             embed=cu.seconds,
             forward=t_bwd - t0 - phases["head"] - phases["backward"],
@@ -92,6 +94,9 @@ class ClusterStep:
             device_compute={int(k): float(c.compute) for (k, _, _), c in zip(placement.bounds, stage_seconds)},
             device_link={int(k): float(c.link) for (k, _, _), c in zip(placement.bounds, stage_seconds)},
             device_cpu={int(k): float(c.cpu) for (k, _, _), c in zip(placement.bounds, stage_seconds)},
+            device_calls={k: tuple(c.calls) for k, c in zip(ks, stage_seconds)},
+            cu_cpu=cu.cpu_seconds + update_cpu,
+            head_cpu=(head.cpu_seconds - head_cpu0) if isinstance(head, LocalHead) else 0.0,
         )
         count = int((batch["labels"] != -100).sum()) if "labels" in batch else b
         return StepResult(loss=float(loss), count=count, timings=timings)
@@ -104,15 +109,17 @@ class ClusterStep:
 
     def _update(
         self, placement: ClusterPlacement, lr_factor: float, submitted: list | None = None
-    ) -> list[StageSeconds]:
+    ) -> tuple[list[StageSeconds], float]:
         """Every segment and the embedding take one optimizer step (the segments' already ``submitted``, or now);
-        returns each stage's compute and D2D link seconds."""
+        returns each stage's compute and D2D link seconds and the CPU seconds of the embedding's update."""
         stages = placement.stages
         steps = submitted
         if steps is None:
             steps = [stages.submit_step(s, float(lr_factor)) for s in range(placement.S)]
+        cpu_start = time.thread_time()
         densify_gradients(self.embedding)
         scale_lr(self.embedding_optimizer, self._embedding_base_lrs, lr_factor)
         self.embedding_optimizer.step()
         self.embedding_optimizer.zero_grad(set_to_none=True)
-        return [stages.get(h, s) for s, h in enumerate(steps)]
+        update_cpu = time.thread_time() - cpu_start
+        return [stages.get(h, s) for s, h in enumerate(steps)], update_cpu

@@ -12,6 +12,7 @@ plain model's mean over the whole batch, and micro-batch i back-propagates l_i /
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -108,6 +109,7 @@ class LocalHead:
         self.precision = precision
         self.spec = optimizer
         self._parts: HeadParts | None = None
+        self.cpu_seconds = 0.0  # this thread's CPU on the head's steps so far (the virtual clock's head_cpu)
         self.reset_optimizer()
 
     def reset_optimizer(self) -> None:
@@ -115,11 +117,15 @@ class LocalHead:
         self._base_lrs = [g["lr"] for g in self.optimizer.param_groups] if self.optimizer is not None else []
 
     def __call__(self, z_enc, micro_batches, lr_factor: float = 1.0):
+        start = time.thread_time()
         self.head.train()
         if self.optimizer is not None:
             scale_lr(self.optimizer, self._base_lrs, lr_factor)
-        with autocast(self.precision, module_device(self.head).type):
-            return head_step(self.head, self.optimizer, z_enc, micro_batches)
+        try:
+            with autocast(self.precision, module_device(self.head).type):
+                return head_step(self.head, self.optimizer, z_enc, micro_batches)
+        finally:
+            self.cpu_seconds += time.thread_time() - start
 
     # -- one micro-batch at a time (MicroHead, pipeline.schedule: 1f1b) -------------------------------
     def begin_step(self, micro_batches: list[dict], lr_factor: float = 1.0) -> None:
@@ -131,14 +137,22 @@ class LocalHead:
     def micro_step(self, i: int, z_enc: torch.Tensor) -> torch.Tensor:
         if self._parts is None:
             raise ValueError("micro_step before begin_step; a 1F1B step starts with begin_step(micro_batches)")
-        with autocast(self.precision, module_device(self.head).type):
-            return self._parts.part(i, z_enc)
+        start = time.thread_time()
+        try:
+            with autocast(self.precision, module_device(self.head).type):
+                return self._parts.part(i, z_enc)
+        finally:
+            self.cpu_seconds += time.thread_time() - start
 
     def end_step(self) -> float:
         parts, self._parts = self._parts, None
         if parts is None:
             raise ValueError("end_step without begin_step")
-        return parts.apply(self.optimizer)
+        start = time.thread_time()
+        try:
+            return parts.apply(self.optimizer)
+        finally:
+            self.cpu_seconds += time.thread_time() - start
 
     def close(self) -> None:
         pass

@@ -90,6 +90,31 @@ def _one_call(work: nn.Module, x: torch.Tensor, mask: torch.Tensor, device: torc
     return elapsed
 
 
+def host_flop_rate(
+    block: nn.Module, hidden: torch.Tensor, mask: torch.Tensor, flops: float, precision: str = "fp32", min_cpu_s=0.3
+) -> float:
+    """FLOP/s of one host thread on one TEB's forward + backward: ``flops`` (the workload's count for one call on
+    ``hidden``, o_l + o'_l times its samples) over the CPU seconds of this thread per call (``time.thread_time``,
+    at least ``min_cpu_s`` of them, after one untimed call), with torch on one thread as the devices run. The
+    virtual clock's host speed: a device of phi_k f_k FLOP/s takes host speed / phi_k f_k times the CPU seconds a
+    call took here (``pipeline/virtual_clock.py``)."""
+    if not flops > 0:
+        raise ValueError(f"the calibration call needs a positive FLOP count, got {flops}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        work = copy.deepcopy(block).train()
+        device = torch.device("cpu")
+        _one_call(work, hidden, mask, device, precision)  # warm-up
+        start, calls = time.thread_time(), 0
+        while calls < 3 or time.thread_time() - start < min_cpu_s:
+            _one_call(work, hidden, mask, device, precision)
+            calls += 1
+        return flops * calls / max(time.thread_time() - start, 1e-9)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def memory_limit_bytes() -> float:
     """The memory this process may use: the host's available memory, or its memory cgroup's limit if lower (its
     own cgroup's or an ancestor's, ``testbed.memory_limit.own_memory_limit``: a testbed device's gamma_k^max;

@@ -38,26 +38,71 @@ def one_f_one_b_order(k: int, S: int, m: int) -> list[tuple[str, int]]:
     return ops + [("B", i) for i in range(m - warm, m)]
 
 
+def stage_orders(S: int, m: int, schedule: str = "gpipe") -> list[list[tuple[str, int]]]:
+    """Each stage's calls ("F" | "B", micro-batch i) in the order it runs them: GPipe's forwards in ascending i
+    then backwards in descending i (:func:`backward_cycles`), or 1F1B's (:func:`one_f_one_b_order`)."""
+    if schedule == "gpipe":
+        return [[("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))] for _ in range(S)]
+    if schedule == "1f1b":
+        return [one_f_one_b_order(k, S, m) for k in range(S)]
+    raise ValueError(f"unknown pipeline schedule {schedule!r}; use gpipe or 1f1b")
+
+
+def stage_order_critical_path_s(
+    forward_s: list[list[float]],
+    backward_s: list[list[float]],
+    schedule: str = "gpipe",
+    tail_s: list[float] | None = None,
+) -> float:
+    """Seconds from stage 0's first forward until every stage has run its calls (and its ``tail_s[k]``, the
+    update behind its last backward) when every call takes the time given and nothing else waits: the step's
+    critical path over the stages' call orders (:func:`stage_orders`).
+
+    ``forward_s[i][k]`` / ``backward_s[i][k]``: stage k's call on micro-batch i. Stage k runs its calls in its
+    order; its forward of i waits for stage k-1's forward of i, its backward of i for stage k+1's. The last
+    stage's backward of i waits for the head: under GPipe for every micro-batch's z^enc (its last forward), under
+    1F1B for micro-batch i's (the head itself takes no time here). With every forward f and backward b both give
+    (S + m - 1)(f + b), eq. (15)'s clock cycles."""
+    m, S = len(forward_s), len(forward_s[0]) if forward_s else 0
+    if m < 1 or S < 1 or any(len(row) != S for row in (*forward_s, *backward_s)) or len(backward_s) != m:
+        raise ValueError(f"need m x S call times for both passes, got {len(forward_s)} and {len(backward_s)} rows")
+    tail = list(tail_s) if tail_s is not None else [0.0] * S
+    if len(tail) != S:
+        raise ValueError(f"need one tail per stage, got {len(tail)} for S={S}")
+    orders = stage_orders(S, m, schedule)
+    ended: dict[tuple[str, int, int], float] = {}  # (kind, i, k) -> when the call ended
+    free = [0.0] * S  # when stage k finished its latest call
+    at = [0] * S  # the index of stage k's next call in its order
+    head_waits = (lambda i: ("F", m - 1, S - 1)) if schedule == "gpipe" else (lambda i: ("F", i, S - 1))
+    while any(at[k] < len(orders[k]) for k in range(S)):
+        progressed = False
+        for k in range(S):
+            while at[k] < len(orders[k]):
+                kind, i = orders[k][at[k]]
+                if kind == "F":
+                    needs = ("F", i, k - 1) if k else None
+                else:
+                    needs = ("B", i, k + 1) if k < S - 1 else head_waits(i)
+                if needs is not None and needs not in ended:
+                    break
+                start = max(free[k], ended[needs] if needs is not None else 0.0)
+                free[k] = start + (forward_s[i][k] if kind == "F" else backward_s[i][k])
+                ended[(kind, i, k)] = free[k]
+                at[k] += 1
+                progressed = True
+        if not progressed:  # cannot happen for the two orders above; a guard against an order that waits on itself
+            raise RuntimeError(f"the {schedule} stage orders deadlock at calls {at}")
+    return max(free[k] + tail[k] for k in range(S))
+
+
 def gpipe_critical_path_s(forward_s: list[list[float]], backward_s: list[list[float]]) -> float:
     """Seconds from stage 0's first forward to stage 0's last backward when every call takes the time given and
     hand-overs take none: the GPipe step's compute-bound critical path (what eq. (15)'s (S + m - 1) clock cycles
-    become with unequal stages and micro-batches).
+    become with unequal stages and micro-batches); :func:`stage_order_critical_path_s` in the GPipe order.
 
     ``forward_s[i][k]`` / ``backward_s[i][k]``: stage k's call on micro-batch i. Each stage runs its calls in the
     clock order (forwards in ascending i, backwards in descending i, :func:`backward_cycles`); stage k's forward of
     i waits for stage k-1's, its backward of i for stage k+1's, and the first backward for the last forward (the
     head in between is not counted). With every forward f and backward b this is (S + m - 1)(f + b).
     """
-    m, S = len(forward_s), len(forward_s[0]) if forward_s else 0
-    if m < 1 or S < 1 or any(len(row) != S for row in (*forward_s, *backward_s)) or len(backward_s) != m:
-        raise ValueError(f"need m x S call times for both passes, got {len(forward_s)} and {len(backward_s)} rows")
-    done = [0.0] * S  # when stage k finished its latest call
-    for i in range(m):
-        for k in range(S):
-            done[k] = max(done[k], done[k - 1] if k else 0.0) + forward_s[i][k]
-    start = max(done)  # the head needs every micro-batch's z^enc
-    done = [start] * S
-    for i in reversed(range(m)):
-        for k in reversed(range(S)):
-            done[k] = max(done[k], done[k + 1] if k < S - 1 else start) + backward_s[i][k]
-    return max(done)
+    return stage_order_critical_path_s(forward_s, backward_s, "gpipe")

@@ -36,7 +36,7 @@ from collapipe_flwr.pipeline.dropout_seed import seed_block
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.pipeline.process_memory import ProcessMemory
-from collapipe_flwr.pipeline.timings import StageSeconds
+from collapipe_flwr.pipeline.timings import CallCpu, StageSeconds
 from collapipe_flwr.precision import autocast, resolve_precision
 from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.testbed.cpu_quota import CpuQuota
@@ -94,6 +94,7 @@ class Stage:
         self.compute_seconds = 0.0
         self.link_seconds = 0.0
         self._trace: list[tuple[str, int, float, float]] = []
+        self._calls: list[CallCpu] = []
         self._cpu_start: float | None = None
         self.link: TokenBucket | None = None  # the testbed's D2D throttle on what this stage hands on
         self.cpu_quota: CpuQuota | None = None  # the testbed's CPU share of this process
@@ -137,13 +138,14 @@ class Stage:
         self.compute_seconds = 0.0
         self.link_seconds = 0.0
         self._trace = []
+        self._calls = []
         # the CPU of this device's own process over the step (StageSeconds.cpu); none in the CU's process
         self._cpu_start = time.process_time() if self.process_memory is not None else None
         return self.device_index
 
     def forward(self, mb_index: int, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """z^{s+1} = segment(z^s) for micro-batch ``mb_index``; keeps the graph for :meth:`backward`."""
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         leaf = x.detach().to(self.device).requires_grad_(True)
         attention_mask = attention_mask.to(self.device)
         with SavedTensorMeter(exclude=self.segment.parameters()) as meter:
@@ -156,20 +158,22 @@ class Stage:
         self._pending[mb_index] = (leaf, hidden, meter.bytes)
         self._live_activation_bytes += meter.bytes
         self.peak_activation_bytes = max(self.peak_activation_bytes, self._live_activation_bytes)
-        self._account(start, "F", mb_index)
-        return self._send(self._out(hidden.detach()))
+        out = self._out(hidden.detach())
+        self._account(start, cpu_start, "F", mb_index, out)
+        return self._send(out)
 
     def backward(self, mb_index: int, grad_out: torch.Tensor) -> torch.Tensor:
         """dL/dz^s from dL/dz^{s+1} for micro-batch ``mb_index``; accumulates the segment's gradients."""
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         if mb_index not in self._pending:
             raise RuntimeError(f"device {self.device_index}: backward of micro-batch {mb_index} without its forward")
         leaf, out, saved = self._pending.pop(mb_index)
         torch.autograd.backward(out, grad_out.to(self.device))
         self._live_activation_bytes -= saved
         grad_in = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-        self._account(start, "B", mb_index)
-        return self._send(self._out(grad_in))
+        out = self._out(grad_in)
+        self._account(start, cpu_start, "B", mb_index, out)
+        return self._send(out)
 
     def _out(self, tensor: torch.Tensor) -> torch.Tensor:
         return to_host(tensor) if self.host_io else tensor
@@ -252,16 +256,20 @@ class Stage:
                 f"device {self.device_index}: no update, the backward of micro-batch(es) {left} did not run this "
                 "step (an earlier call of the step failed); the step is dropped"
             )
+        cpu_start = time.thread_time()
         scale_lr(self.optimizer, self._base_lrs, lr_factor)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._calls.append(CallCpu("U", -1, time.thread_time() - cpu_start))
         cpu = time.process_time() - self._cpu_start if self._cpu_start is not None else 0.0
-        return StageSeconds(self.compute_seconds, self.link_seconds, cpu)
+        return StageSeconds(self.compute_seconds, self.link_seconds, cpu, tuple(self._calls))
 
-    def _account(self, start: float, kind: str, mb_index: int) -> None:
+    def _account(self, start: float, cpu_start: float, kind: str, mb_index: int, out: torch.Tensor) -> None:
         if self.device.type == "cuda":  # the kernels queued so far are this call's compute time
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
+        # the virtual clock's measure: this thread's CPU on the call, before any emulated slowdown's sleep
+        self._calls.append(CallCpu(kind, mb_index, time.thread_time() - cpu_start, out.numel() * out.element_size()))
         if self.process_memory is not None:
             self.process_memory.sample()  # a stage's memory peaks around its forwards and backwards
         if self.slowdown > 1.0:

@@ -47,6 +47,7 @@ from collapipe_flwr.fl.cu.round_metrics import (
     RoundPreparation,
     device_report,
     step_metrics,
+    virtual_metrics,
 )
 from collapipe_flwr.fl.cu.round_testbed import RoundTestbed, prepare_testbed, testbed_metrics
 from collapipe_flwr.fl.cu.step_log import StepLog
@@ -198,9 +199,12 @@ def train_round(
     finally:
         if isinstance(head, (DecoderClient, ThrottledHead)):  # a remote head's connection ends with the round
             head.close()
+    upload_bytes = tensor_bytes(reply_parts) if run.cfg.aggregated else 0
+    measured = clock.seconds(time.time())
     metrics = {
         **step_metrics(steps, wiring.lr_clock(run.cfg).factor(instructions.round, 0)),
-        **clock.seconds(time.time()),
+        **measured,
+        **_virtual_metrics(run, steps, measured, upload_bytes),
         **devices.metrics(steps.device_compute),
         # the seconds each device's D2D link held its hand-overs (eq. 13; 0 unthrottled), apart from its compute
         "device-link-seconds": list(steps.device_link) or [0.0] * len(steps.device_compute),
@@ -208,13 +212,23 @@ def train_round(
         **prepared.metrics(),
         # what the reply's tensors hold (eq. 11's model term, uncompressed); 0 for a method without aggregation,
         # whose weights travel back for evaluation only (``carried-bytes``)
-        "upload-bytes": tensor_bytes(reply_parts) if run.cfg.aggregated else 0,
+        "upload-bytes": upload_bytes,
         **({} if run.cfg.aggregated else {"carried-bytes": tensor_bytes(reply_parts)}),
     }
     if instructions.report_profile:
         K, t = len(run.devices), instructions.round
         metrics.update(testbed_metrics(testbed, head, steps.seconds, len(steps.losses), K, t))
     return pack_weights(reply_parts), metrics
+
+
+def _virtual_metrics(run: CuRound, steps: StepLog, measured: dict[str, float], upload_bytes: int) -> dict:
+    """The round on the virtual clock (fl/cu/round_metrics.py: virtual_metrics), its set-up and profiling as
+    measured."""
+    setup_s = measured["seconds-setup"] + measured["seconds-profile"] + measured["seconds-build-pipeline"]
+    cfg = run.cfg
+    return virtual_metrics(
+        steps, run.instructions.clock, cfg.pipeline.schedule, cfg.head_on_server, setup_s, upload_bytes
+    )
 
 
 def _open_round(

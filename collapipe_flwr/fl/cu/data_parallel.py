@@ -238,7 +238,7 @@ def train_data_parallel(
 
 def _merged(runs: Sequence[StepLog]) -> StepLog:
     """The D users' logs as one: per step the example-weighted mean loss, the examples, seconds per phase and
-    compute per device summed."""
+    compute per device summed; each user's step calls apart (the virtual clock runs the users at once)."""
     examples = [float(run[1]) for run in runs]
     steps = min(len(run[0]) for run in runs)
     losses = [sum(run[0][i] * n for run, n in zip(runs, examples)) / sum(examples) for i in range(steps)]
@@ -248,4 +248,4 @@ def _merged(runs: Sequence[StepLog]) -> StepLog:
         for phase, sec in run[2].items():
             seconds[phase] = seconds.get(phase, 0.0) + sec
         compute = [a + b for a, b in zip(compute, run[3])]
-    return StepLog(losses, int(sum(examples)), seconds, compute)
+    return StepLog(losses, int(sum(examples)), seconds, compute, user_calls=tuple(run.calls for run in runs))

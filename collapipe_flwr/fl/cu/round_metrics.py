@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from collapipe_flwr.fl.cu.step_log import StepLog
 from collapipe_flwr.pipeline.device_process import DeviceProcess
+from collapipe_flwr.pipeline.virtual_clock import ClusterClock, virtual_steps, virtual_users
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,33 @@ def device_report(memory: list[dict], processes: dict[int, DeviceProcess], num_d
         cgroup_peak_bytes=figures["cgroup_peak_bytes"],
         limit_bytes=figures["limit_bytes"],
     )
+
+
+def virtual_metrics(
+    steps: StepLog, clock: ClusterClock | None, schedule: str, head_on_server: bool, setup_s: float, upload_bytes: int
+) -> dict:
+    """The round on the virtual clock (``pipeline/virtual_clock.py``), by part, when the server sent its rates:
+    the devices' critical path (``virtual-compute-s``), what the D2D hand-overs add (``virtual-d2d-s``), the CU's
+    embedding (``virtual-cu-s``), z^enc and the reply's weights at R_n (``virtual-uplink-s``, eq. 11), the round's
+    set-up and profiling as measured (``virtual-setup-s``: wall seconds, not scaled), each device's busy seconds
+    (``virtual-device-s``) and their sum, the cluster's round without the server's decoder
+    (``virtual-cluster-s``)."""
+    if clock is None:
+        return {}
+    if steps.user_calls:
+        part = virtual_users(steps.user_calls, clock, schedule)
+    else:
+        part = virtual_steps(steps.calls, clock, schedule, head_on_server)
+    uplink = part.uplink + clock.uplink_s(upload_bytes)
+    return {
+        "virtual-compute-s": part.compute,
+        "virtual-d2d-s": part.d2d,
+        "virtual-cu-s": part.cu,
+        "virtual-uplink-s": uplink,
+        "virtual-setup-s": setup_s,
+        "virtual-device-s": [float(x) for x in part.device],
+        "virtual-cluster-s": part.compute + part.d2d + part.cu + uplink + setup_s,
+    }
 
 
 def step_metrics(steps: StepLog, lr_factor_first: float) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from collapipe_flwr.pipeline.timings import StepResult
+from collapipe_flwr.pipeline.virtual_clock import StepCalls
 
 
 class StepLog(NamedTuple):
@@ -18,7 +19,11 @@ class StepLog(NamedTuple):
     seconds (``user_seconds``, user d's steps on its own device), the memory report of every device that held the
     model (``memory``, one entry per user device, read right after that user's steps), each user's hand-over
     seconds (``user_handover_seconds``: the model moved to its device and its start state loaded, its model read
-    back into the CU's sum) and the CU's final average of the users' states (``average_seconds``)."""
+    back into the CU's sum) and the CU's final average of the users' states (``average_seconds``).
+
+    For the virtual clock (``pipeline/virtual_clock.py``): ``calls``, each step's calls with their thread CPU
+    seconds (:class:`StepCalls`); a data-parallel round keeps each user's apart (``user_calls``), since its users
+    train at once on devices of their own."""
 
     losses: list[float]
     examples: int
@@ -30,6 +35,8 @@ class StepLog(NamedTuple):
     average_seconds: float = 0.0
     device_link: tuple[float, ...] = ()
     device_cpu: tuple[float, ...] = ()
+    calls: tuple[StepCalls, ...] = ()
+    user_calls: tuple[tuple[StepCalls, ...], ...] = ()
 
     @classmethod
     def empty(cls, num_devices: int) -> StepLog:
@@ -50,6 +57,8 @@ class StepLog(NamedTuple):
         cpu = list(self.device_cpu) or [0.0] * len(compute)
         for k, sec in result.timings.device_cpu.items():  # {device index k: its process's CPU seconds this step}
             cpu[int(k)] += float(sec)
+        t = result.timings
+        step = StepCalls(tuple((int(k), tuple(c)) for k, c in t.device_calls.items()), t.cu_cpu, t.head_cpu)
         return StepLog(
             [*self.losses, float(result.loss)],
             self.examples + int(examples),
@@ -57,4 +66,5 @@ class StepLog(NamedTuple):
             compute,
             device_link=tuple(link),
             device_cpu=tuple(cpu),
+            calls=(*self.calls, step),
         )

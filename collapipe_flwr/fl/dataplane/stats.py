@@ -7,6 +7,7 @@ import collections
 import threading
 from collections.abc import Sized
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 
 @dataclass
@@ -18,9 +19,23 @@ class ClusterCounters:
     seconds_head: float = 0.0  # time inside head_step (forward, backward, optimizer step)
     seconds_wait: float = 0.0  # time waiting for the decoder lock (other CUs' steps; ordered: and its turn)
     seconds_total: float = 0.0  # time from frame received to reply encoded
+    cpu_head: float = 0.0  # CPU seconds of the thread that ran head_step (the virtual clock's server decoder time)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class ServedSeconds(NamedTuple):
+    """One frame's seconds: inside head_step (``head``), waiting for the decoder's lock (``wait``), from frame
+    received to reply encoded (``total``), and the CPU seconds of the thread that ran head_step (``cpu``)."""
+
+    head: float = 0.0
+    wait: float = 0.0
+    total: float = 0.0
+    cpu: float = 0.0
+
+
+NO_SECONDS = ServedSeconds()
 
 
 class HostCounters:
@@ -48,22 +63,22 @@ class HostCounters:
         frame: Sized,
         reply: Sized,
         served: bool,
-        head: float = 0.0,
-        wait: float = 0.0,
-        total: float = 0.0,
+        seconds: ServedSeconds = NO_SECONDS,
         whole: bool = True,
     ) -> None:
-        """One request frame answered by ``reply`` (a served step or a refusal) for cluster n (None: unknown);
-        ``whole=False``: a served 1F1B part before the step's last (counted as a step with its last part)."""
+        """One request frame answered by ``reply`` (a served step or a refusal) for cluster n (None: unknown), with
+        its ``seconds``; ``whole=False``: a served 1F1B part before the step's last (counted as a step with its last
+        part)."""
         with self._state_lock:
             c = self._counters[cluster] if cluster is not None else self.unattributed
             c.steps += int(served and whole)
             c.refused += int(not served)
             c.bytes_in += len(frame)
             c.bytes_out += len(reply)
-            c.seconds_head += head
-            c.seconds_wait += wait
-            c.seconds_total += total
+            c.seconds_head += seconds.head
+            c.seconds_wait += seconds.wait
+            c.seconds_total += seconds.total
+            c.cpu_head += seconds.cpu
 
     def refuse_unattributed(self) -> None:
         """One stream or frame refused before its cluster was known (e.g. a wrong key in its metadata)."""

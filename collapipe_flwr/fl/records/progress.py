@@ -119,6 +119,9 @@ class RoundProgress:
             parts.append(f"val {self.metric_name} {metric:.4f}")
         if modelled is not None:
             parts.append(f"modelled delay {modelled:.2f} s")
+        virtual = (record.get("virtual") or {}).get("round_s")
+        if virtual is not None:
+            parts.append(f"virtual {virtual:.2f} s")
         if wall is not None:
             parts.append(f"wall {wall:.1f} s")
         overhead = (record.get("measured_s") or {}).get("overhead_s")

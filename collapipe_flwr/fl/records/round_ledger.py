@@ -163,3 +163,7 @@ class RoundLedger:
     def note_memory(self, memory: dict[str, Any]) -> None:
         """C7's modelled bytes beside each device's measured peak, and the planner's memory term."""
         self._open_record.memory = memory
+
+    def note_virtual(self, virtual: dict[str, Any]) -> None:
+        """The round on the virtual clock (``fl/server/virtual_round.py``)."""
+        self._open_record.virtual = virtual

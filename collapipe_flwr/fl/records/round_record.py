@@ -36,6 +36,8 @@ class RoundRecord:
     partitions: dict[str, dict[str, Any]] = field(default_factory=dict)
     # C7's modelled bytes beside each device's measured peak, and the planner's memory term (fl/server/memory_model.py)
     memory: dict[str, Any] = field(default_factory=dict)
+    # the round on the virtual clock: per cluster its parts, the server's, the round (fl/server/virtual_round.py)
+    virtual: dict[str, Any] = field(default_factory=dict)
 
     def fail(self, cluster: int, reason: str) -> None:
         self.failures.append({"cluster": cluster, "error": reason})
@@ -57,4 +59,6 @@ class RoundRecord:
             out["partitions"] = dict(self.partitions)
         if self.memory:
             out["memory"] = dict(self.memory)
+        if self.virtual:
+            out["virtual"] = dict(self.virtual)
         return out

@@ -22,7 +22,9 @@ import numpy as np
 from collapipe_flwr.dssra.cluster_model import ClusterModel
 from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
 from collapipe_flwr.dssra.policies import Policy
+from collapipe_flwr.dssra.replan import Sub1Inputs
 from collapipe_flwr.fl.server.memory_model import MemoryCorrection, memory_rows
+from collapipe_flwr.pipeline.virtual_clock import ClusterClock
 from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.system.measurement_spec import SystemSpec, TestbedSpec
 from collapipe_flwr.system.network import NetworkSpec
@@ -128,4 +130,49 @@ class RoundPlanner:
             tuple(float(x) for x in latency),
             uplink,
             memory,
+        )
+
+    # ------------------------------------------------------------------ the virtual clock
+    def clock_for(
+        self,
+        t: int,
+        plan: ClusterPlan,
+        workload: Workload,
+        host_flops: float,
+        replan: Sub1Inputs | None = None,
+        emulation: DeviceEmulation | None = None,
+    ) -> ClusterClock | None:
+        """Cluster n's virtual clock rates in round t (``pipeline/virtual_clock.py``), from the model the plan was
+        made with (``replan``'s: configured or measured phi_k f_k(t), r_k^dd, tau_0) and the plan's uplink: device
+        k's scale is host_flops / phi_k f_k(t), R_n = eq. (11)'s bits / the plan's tau_n^Up. On the testbed
+        (``emulation``) the clock keeps what the testbed imposes instead, so that it can be checked against it:
+        1 / the cores of a device's CPU quota, its link's throttled rate and latency, the uplink's bucket. None
+        without a host speed."""
+        if not host_flops > 0:
+            return None
+        n = plan.cluster
+        if replan is not None:
+            model = replan.model
+        else:
+            model = ClusterModel.build(self.network, self.sampler.sample(t), workload, n)
+        scale = host_flops / np.asarray(model.flops_per_second, dtype=float)
+        rate = np.asarray(model.d2d_rate, dtype=float) / 8.0
+        latency = np.broadcast_to(np.asarray(model.d2d_latency_s, dtype=float), (model.K,)).copy()
+        uplink = 0.0
+        last = self.last_plan
+        row = last.modelled["clusters"][n] if last is not None and last.round == t else None
+        if last is not None and row is not None and float(row.get("uplink_s", 0.0)) > 0:
+            uplink = float(last.modelled["uplink_bits"]) / 8.0 / float(row["uplink_s"])
+        if emulation is not None:
+            scale = np.asarray([1.0 / c if c > 0 else s for c, s in zip(emulation.cpu_cores, scale)])
+            throttled = np.asarray(emulation.d2d_bytes_per_s, dtype=float) > 0
+            rate = np.where(throttled, emulation.d2d_bytes_per_s, rate)
+            latency = np.where(throttled, 2.0 * np.asarray(emulation.d2d_latency_s, dtype=float), latency)
+            uplink = emulation.uplink_bytes_per_s or uplink
+        return ClusterClock(
+            scale=tuple(float(x) for x in scale),
+            d2d_bytes_per_s=tuple(float(x) for x in rate),
+            d2d_latency_s=tuple(float(x) for x in latency),
+            uplink_bytes_per_s=float(uplink),
+            host_flops=float(host_flops),
         )

@@ -222,13 +222,15 @@ def write_outputs(cfg: RunConfig, server: ServerState, folder: Path, summary: di
 
 def round_totals(records: list[dict]) -> dict[str, float]:
     """Sums over the run's trained rounds (all of them, a resumed run's earlier ones too): the modelled
-    round delay tau(t) of eq. 26 and the measured wall time of each round."""
+    round delay tau(t) of eq. 26, the measured wall time of each round and each round on the virtual clock."""
     trained = [r for r in records if r.get("round", 0) >= 1]
     return {
         "modelled_delay_s": round(
             sum(float((r.get("modelled") or {}).get("round_delay_s") or 0.0) for r in trained), 3
         ),
         "measured_round_s": round(sum(float((r.get("measured_s") or {}).get("round_s") or 0.0) for r in trained), 3),
+        # the rounds on the virtual clock (fl/server/virtual_round.py): the slowest cluster + the server's part
+        "virtual_round_s": round(sum(float((r.get("virtual") or {}).get("round_s") or 0.0) for r in trained), 3),
     }
 
 
@@ -264,7 +266,8 @@ def summary_lines(summary: dict, folder: Path, metric: str) -> list[str]:
         + (f" ({others})" if others else "")
         + f" after {summary.get('num_rounds')} rounds",
         f"time: {summary.get('wall_s', 0):.0f} s wall, {summary.get('measured_round_s', 0):.0f} s in rounds; "
-        f"modelled delay of the plans {summary.get('modelled_delay_s', 0):.1f} s (sum of eq. 26 over the rounds)",
+        f"modelled delay of the plans {summary.get('modelled_delay_s', 0):.1f} s (sum of eq. 26 over the rounds); "
+        f"virtual clock {summary.get('virtual_round_s', 0):.1f} s (measured compute on the devices' speeds)",
         f"run folder: {folder} (config.json, rounds.jsonl, summary.json, model/)",
     ]
     plots = summary.get("plots") or []

@@ -32,6 +32,7 @@ from collapipe_flwr.fl.server.decoder.service import DecoderService, TlsFiles
 from collapipe_flwr.fl.server.evaluator import Evaluator
 from collapipe_flwr.fl.server.round_planner import RoundPlanner
 from collapipe_flwr.models.split import SplitModel
+from collapipe_flwr.pipeline.profiling import host_flop_rate
 from collapipe_flwr.precision import resolve_precision
 from collapipe_flwr.system.state import StateSampler
 from collapipe_flwr.system.workload import RoundShape, Workload, measure_workload
@@ -71,6 +72,16 @@ def count_workload(model: SplitModel, hidden: torch.Tensor, mask: torch.Tensor, 
         embedding=model.embedding if wiring.embedding_travels(cfg) else None,  # uploaded or not
         head=model.head,
     )
+
+
+def measure_host_flops(
+    model: SplitModel, workload: Workload, hidden: torch.Tensor, mask: torch.Tensor, cfg: RunConfig
+) -> float:
+    """The virtual clock's host speed (``clock.host_flops: 0``): one thread's FLOP/s on the first TEB's forward +
+    backward over the workload's probe, at the devices' precision (pipeline/profiling.py: host_flop_rate)."""
+    flops = (workload.forward_flops[0] + workload.backward_flops[0]) * int(hidden.shape[0])
+    precision = resolve_precision(cfg.runtime.precision, "cpu")
+    return host_flop_rate(model.blocks[0], hidden, mask, flops, precision)
 
 
 def check_testbed(cfg: RunConfig) -> None:
@@ -134,6 +145,8 @@ class ServerState:
     planner: RoundPlanner
     decoder: DecoderService
     evaluator: Evaluator
+    # the host's FLOP rate the virtual clock sets the devices' speeds against (clock.host_flops, or measured at start)
+    host_flops: float = 0.0
     # the run's key for the CUs' own checkpoint of their optimizer moments (fl/cu/cu_checkpoint.py): set by the
     # server when it checkpoints and the moments are kept across rounds; "" = the CUs keep nothing on disk
     cu_state_key: str = ""
@@ -156,6 +169,7 @@ class ServerState:
         precision = resolve_precision(cfg.runtime.precision, device.type)
         decoder = start_decoder(cfg, model, int(hidden.shape[-1]), precision)
         embedding_trained = wiring.embedding_travels(cfg)
+        host_flops = cfg.clock.host_flops or measure_host_flops(model, workload, hidden, mask, cfg)
         return cls(
             cfg,
             task,
@@ -173,6 +187,7 @@ class ServerState:
             planner,
             decoder,
             Evaluator(task, cfg.eval, precision, decoder, device),
+            host_flops=host_flops,
         )
 
     @property
@@ -184,6 +199,7 @@ class ServerState:
         """What CU n needs for round t besides the weights: its plan, devices and the data-plane address; on the
         testbed what its devices and uplink are throttled to, and whether to measure its devices this round."""
         emulation = self.planner.emulation_for(t, plan, self.workload)
+        clock = self.planner.clock_for(t, plan, self.workload, self.host_flops, replan, emulation)
         return TrainInstructions(
             round=t,
             plan=plan,
@@ -197,6 +213,7 @@ class ServerState:
             emulation=emulation,
             report_profile=self.planner.uses_profiles,
             cu_state_key=self.cu_state_key,
+            clock=clock,
         )
 
     def absorb_round(self, t: int, fold: RoundFold, losses: dict[int, float]) -> None:

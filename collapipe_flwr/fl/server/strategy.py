@@ -59,6 +59,7 @@ from collapipe_flwr.fl.server.checkpoint import save_checkpoint
 from collapipe_flwr.fl.server.reply_stream import StreamingGrid
 from collapipe_flwr.fl.server.server_state import ServerState
 from collapipe_flwr.fl.server.training_watch import TrainingWatch
+from collapipe_flwr.fl.server.virtual_round import virtual_round
 
 
 class CollaPipeStrategy(Strategy):
@@ -87,6 +88,10 @@ class CollaPipeStrategy(Strategy):
         self.labels_of_cluster: dict[int, list[int]] = {}  # D_n's examples per label (hello reply)
         self.round_offset = round_offset  # rounds completed before this process (a resumed run)
         self.watch = TrainingWatch(self.cfg.federation.max_failed_rounds)  # a run that trains nothing fails
+        # the virtual clock's server part of the round in flight (its plan's CPU seconds) and the decoder's CPU
+        # per cluster when it began (fl/server/virtual_round.py)
+        self._server_cpu_s = 0.0
+        self._decoder_cpu0: dict[int, float] = {}
         self.ledger = RoundLedger(
             run_log,
             progress,
@@ -189,8 +194,10 @@ class CollaPipeStrategy(Strategy):
         self._open_round(t)
         if not self.node_of_cluster:
             self.discover_clusters(grid)
-        t0 = time.time()
+        t0, cpu0 = time.time(), time.thread_time()
         plan = self.server.planner.plan(t)
+        self._server_cpu_s = time.thread_time() - cpu0  # the virtual clock's server part: the plan, then aggregation
+        self._decoder_cpu0 = self.server.decoder.head_cpu_seconds()
         self.ledger.note_plan(plan, self.partitions(), time.time() - t0)
         self.server.decoder.open_round(t, [c.cluster for c in plan.selected])
         messages = []
@@ -212,12 +219,13 @@ class CollaPipeStrategy(Strategy):
         cluster_of_node = {v: k for k, v in self.node_of_cluster.items()}
         fold = self.server.global_model.new_round()
         clients: dict[int, dict] = {}  # cluster n -> its reply's metrics, in arrival order
-        fold_s = 0.0
+        fold_s, fold_cpu = 0.0, 0.0
         for reply in replies:
-            t_fold = time.time()
+            t_fold, cpu_fold = time.time(), time.thread_time()
             self._fold_reply(t, reply, cluster_of_node.get(reply.metadata.src_node_id, -1), fold, clients)
             del reply  # folded in (or refused): its arrays go before the next reply is pulled
             fold_s += time.time() - t_fold
+            fold_cpu += time.thread_time() - cpu_fold
         t0 = time.time()
         for cluster in self.ledger.unanswered(set(clients)):
             self.ledger.fail(cluster, "no reply within federation.round_timeout_s")
@@ -230,12 +238,21 @@ class CollaPipeStrategy(Strategy):
         if not clients:
             log(WARNING, "round %s: no CU returned a result; the global model is unchanged", t)
             return None, None
+        cpu0 = time.thread_time()
         self.server.absorb_round(t, fold, {c: float(m["train-loss"]) for c, m in clients.items()})
         del fold
+        self._note_virtual(clients, fold_cpu + time.thread_time() - cpu0)
         if self.cfg.save_client_weights:
             self.run_log.save_global_weights(t, self.server.global_model.parts())
         self.ledger.note_seconds("aggregate_s", fold_s + time.time() - t0)
         return self._round_metrics(clients)
+
+    def _note_virtual(self, clients: dict[int, dict], aggregate_cpu_s: float) -> None:
+        """The round on the virtual clock: each CU's parts, its decoder CPU this round, the plan and aggregation."""
+        now = self.server.decoder.head_cpu_seconds()
+        decoder = {n: now.get(n, 0.0) - self._decoder_cpu0.get(n, 0.0) for n in now}
+        server = self._server_cpu_s + aggregate_cpu_s
+        self.ledger.note_virtual(virtual_round(clients, decoder, server))
 
     def _fold_reply(self, t: int, reply: Message, cluster: int, fold: RoundFold, clients: dict[int, dict]) -> None:
         """Check CU ``cluster``'s reply (reply_checks) and fold it in; a bad reply is the round's failure."""

@@ -39,7 +39,7 @@ from collapipe_flwr.fl.dataplane.protocol import (
     peek_step_header,
     step_reply_frame,
 )
-from collapipe_flwr.fl.dataplane.stats import HostCounters
+from collapipe_flwr.fl.dataplane.stats import HostCounters, ServedSeconds
 from collapipe_flwr.fl.dataplane.wire import Frame
 from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
 from collapipe_flwr.fl.server.decoder.joint import JointSteps, StepResults
@@ -156,13 +156,13 @@ class FrameService:
             return self._answer(req, frame, t0, round_, cluster, seq), round_
         except DataPlaneError as err:
             reply = error_frame(seq, str(err))
-            self._counters.count(cluster, frame, reply, served=False, total=time.perf_counter() - t0)
+            self._counters.count(cluster, frame, reply, False, ServedSeconds(total=time.perf_counter() - t0))
             log.warning("data-plane request refused (round %s, cluster %s): %s", round_, cluster, err)
             return reply, None
         except Exception as err:  # a bug, not the CU's fault: answer it, keep serving, keep the trace in the log
             log.exception("data-plane request failed inside the decoder host")
             reply = error_frame(seq, f"internal error in the decoder host: {err.__class__.__name__}: {err}")
-            self._counters.count(cluster, frame, reply, served=False, total=time.perf_counter() - t0)
+            self._counters.count(cluster, frame, reply, False, ServedSeconds(total=time.perf_counter() - t0))
             return reply, None
 
     def _admit(
@@ -213,7 +213,7 @@ class FrameService:
             loss, grads = joint
             reply = step_reply_frame(seq, loss, grads, self.compression)
             wait = time.perf_counter() - t_wait
-            self._counters.count(cluster, frame, reply, served=True, wait=wait, total=time.perf_counter() - t0)
+            self._counters.count(cluster, frame, reply, True, ServedSeconds(wait=wait, total=time.perf_counter() - t0))
             return reply
         if self._ordered is not None:
             with self._ordered.turn(req):  # its slot is resolved however the step ends (served or refused)
@@ -230,7 +230,7 @@ class FrameService:
                 "server more time"
             )
         try:
-            t_locked = time.perf_counter()
+            t_locked, cpu_start = time.perf_counter(), time.thread_time()
             self.gate.check(round_, cluster)
             self._seed_head(round_, cluster, seq, req.part or 0)
             whole = True
@@ -238,14 +238,14 @@ class FrameService:
                 loss, grads = self._run_head(req)
             else:
                 loss, grads, whole = self._run_part(req)
-            t_done = time.perf_counter()
+            t_done, cpu = time.perf_counter(), time.thread_time() - cpu_start
             if whole:
                 self._counters.served(round_, cluster, seq)
         finally:
             self.lock.release()
         reply = step_reply_frame(seq, loss, grads, self.compression, req.part)
         head, wait, total = t_done - t_locked, t_locked - t_wait, time.perf_counter() - t0
-        self._counters.count(cluster, frame, reply, served=True, head=head, wait=wait, total=total, whole=whole)
+        self._counters.count(cluster, frame, reply, True, ServedSeconds(head, wait, total, cpu), whole=whole)
         return reply
 
     # -- the decoder step --------------------------------------------------------------------------

@@ -99,6 +99,13 @@ class DecoderService:
             return {}
         return {int(n): int(c["steps"]) for n, c in self.host.stats()["clusters"].items()}
 
+    def head_cpu_seconds(self) -> dict[int, float]:
+        """{cluster n: CPU seconds the decoder's head steps for n took so far in the run} ({} without one): the
+        virtual clock's server part of each cluster's round (a joint decoder update counts none)."""
+        if self.host is None:
+            return {}
+        return {int(n): float(c["cpu_head"]) for n, c in self.host.stats()["clusters"].items()}
+
     def open_round(self, t: int, clusters: list[int]) -> None:
         if self.host is not None:
             self.host.open_round(t, clusters)
