@@ -25,8 +25,7 @@ tables are then rebuilt from the kept records (``python results/testbed_paper_ta
 from __future__ import annotations
 
 import argparse
-import gzip
-import shutil
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,15 +73,9 @@ def jobs(channels: list[int], seeds: list[int], runs: list[str], rounds: int, st
 
 
 def keep(root: Path, job: Job, records: Path = RECORDS) -> Path:
-    """Copy a finished job's records into the repository: rounds.jsonl (gzip), summary.json, status.json."""
-    folder = root / job.name
-    dest = records / f"j{job.channels}" / f"s{job.seed}"
-    dest.mkdir(parents=True, exist_ok=True)
-    with open(folder / "rounds.jsonl", "rb") as src, gzip.open(dest / f"{job.run}.rounds.jsonl.gz", "wb") as out:
-        shutil.copyfileobj(src, out)
-    for name in ("summary.json", "status.json"):
-        shutil.copyfile(folder / name, dest / f"{job.run}.{name}")
-    return dest
+    """Copy a finished job's records into the repository (``campaign.keep_records``): rounds.jsonl (gzip),
+    summary.json, status.json."""
+    return campaign.keep_records(root / job.name, records / f"j{job.channels}" / f"s{job.seed}", job.run)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,15 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = args.root.resolve()
     todo = jobs(args.channels, args.seeds, args.runs, args.rounds, args.steps)
-    done = [j for j in todo if (root / j.name / "summary.json").is_file()]
-    print(f"testbed campaign: {len(done)} of {len(todo)} jobs done, {len(todo) - len(done)} left", flush=True)
-    failed = 0
-    for job in todo:
-        if campaign.run_job(root, job.name, job.overrides):
-            keep(root, job)
-        else:
-            failed += 1
-    return 1 if failed else 0
+    entries = [(root, j.name, j.overrides, functools.partial(keep, root, j)) for j in todo]
+    return campaign.run_queue("testbed campaign", entries)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,72 @@
+"""The virtual-clock results scripts against hand-built records: time to target with censoring
+(results/virtual_paper_tables.py), the clock's error against the testbed (results/virtual_clock_tables.py), and the
+campaign's jobs (results/virtual_paper.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from tests.results_scripts import load
+
+
+def _round(t, round_s, bleu=None, clusters=None):
+    record = {"round": t, "virtual": {"round_s": round_s, "clusters": clusters or {}, "slowest": 0}}
+    if bleu is not None:
+        record["val_bleu"] = bleu
+    return record
+
+
+def test_time_to_target_sums_the_virtual_rounds_up_to_the_first_that_reaches_it():
+    tables = load("virtual_paper_tables")
+    records = [{"round": 0, "val_bleu": 0.0}, _round(1, 10.0, 2.0), _round(2, 12.5, 11.0), _round(3, 9.0, 12.0)]
+    assert tables.time_to_target(records, 10.0) == (22.5, 2, 11.0)
+    # never reached: censored, the sum over every round a lower bound
+    assert tables.time_to_target(records, 50.0) == (31.5, None, 12.0)
+
+
+def test_the_round_by_part_is_the_slowest_clusters_median():
+    tables = load("virtual_paper_tables")
+    parts = {"compute_s": 1.0, "d2d_s": 0.5, "cu_s": 0.1, "uplink_s": 3.0, "decoder_s": 0.2, "setup_s": 0.0}
+    slow = {**parts, "compute_s": 4.0}
+    records = [
+        {**_round(t, 0.0), "virtual": {"round_s": 0.0, "clusters": {"0": slow, "1": parts}, "slowest": 0}}
+        for t in (1, 2, 3)
+    ]
+    records[0]["modelled"] = {"clusters": [{"delay_s": 5.0, "compute_s": 3.0, "d2d_s": 1.0, "uplink_s": 1.0}]}
+    got = tables.round_parts(records)
+    assert got["virtual_compute_s"] == 4.0 and got["virtual_uplink_s"] == 3.0
+    assert got["modelled_compute_s"] == 3.0
+
+
+def test_the_clocks_error_is_read_per_cu_round_against_the_measured_steps(tmp_path):
+    tables = load("virtual_clock_tables")
+    parts = {"compute_s": 3.0, "d2d_s": 1.0, "cu_s": 0.5, "uplink_s": 0.5, "decoder_s": 1.0, "setup_s": 9.0}
+    record = {
+        "round": 1,
+        "virtual": {"clusters": {"0": parts}, "round_s": 15.0, "slowest": 0},
+        "modelled": {"clusters": [{"delay_s": 4.0}]},
+        "clients": {"0": {"steps": 5, "seconds-train": 7.0, "seconds-upload": 1.0}},
+    }
+    rows = tables.cu_rounds([record])
+    assert len(rows) == 1
+    assert rows[0]["virtual_s"] == pytest.approx(6.0)  # set-up left out on both sides
+    assert tables.errors(rows, "virtual_s") == [pytest.approx(-0.25)]  # (6 - 8) / 8
+    assert tables.errors(rows, "eq26_s") == [pytest.approx(-0.5)]
+    with gzip.open(tmp_path / "s0.rounds.jsonl.gz", "wt") as f:
+        f.write(json.dumps(record) + "\n")
+    text = tables.table(tmp_path)
+    assert "| virtual clock | 1 | 25.0% | 25.0% | -25.0% |" in text
+
+
+def test_the_campaign_has_every_method_per_seed_and_channel_count_on_the_virtual_clock():
+    campaign = load("virtual_paper")
+    todo = campaign.paper_jobs([4, 2], [0, 1, 2], list(campaign.RUNS))
+    assert len(todo) == 2 * 3 * 6 and len({j.name for j in todo}) == len(todo)
+    job = next(j for j in todo if j.name == "j2/s1/vanilla_fl")
+    for part in ("clock=virtual", "network=paper_virtual", "network.num_channels=2", "seed=1", "method=vanilla_fl"):
+        assert part in job.overrides.split()
+    scale = campaign.scale_jobs([10, 30], [0])
+    assert {j.name for j in scale} == {f"n{n}/s0/{r}" for n in (10, 30) for r in ("dssra", "titanic", "random")}
