@@ -51,6 +51,11 @@ def time_to_target(records: list[dict], target: float) -> tuple[float, int | Non
     return total, None, final
 
 
+def lost_devices(records: list[dict]) -> int:
+    """Devices lost mid-round over the run (each re-planned around; none expected: nothing limits memory here)."""
+    return sum(len(m.get("lost-devices", [])) for r in records for m in (r.get("clients") or {}).values())
+
+
 def round_parts(records: list[dict]) -> dict[str, float]:
     """Median over the rounds of the slowest cluster's virtual parts and of eq. (26)'s modelled slowest cluster."""
     virtual = {p: [] for p in VIRTUAL_PARTS}
@@ -94,6 +99,7 @@ def job_rows(records_dir: Path = RECORDS) -> list[dict]:
                 "final_bleu": round(final, 3),
                 "wall_s": cost.get("wall_s", summary.get("wall_s", "")),
                 "peak_pss_mb": cost.get("peak_pss_mb", ""),
+                "lost_devices": lost_devices(records),
                 **{k: round(v, 3) for k, v in round_parts(records).items()},
             }
         )
@@ -109,15 +115,16 @@ def table(rows: list[dict]) -> str:
         f"{virtual_paper.LOCAL_STEPS} local steps at most. Time to target: the virtual clock's rounds summed "
         "(`>=`: censored, the target not reached; the sum over every round is a lower bound).",
         "",
-        "| part | setting | seed | run | virtual s to target | round | final BLEU | wall s here | peak MB here |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| part | setting | seed | run | virtual s to target | round | final BLEU | wall s | peak MB | lost |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     body = []
     for r in rows:
         mark = "" if r["reached_round"] != "" else ">= "
         body.append(
             f"| {r['part']} | {r['setting']} | {r['seed']} | {r['run']} | {mark}{r['virtual_s_to_target']:.1f} | "
-            f"{r['reached_round'] or '-'} | {r['final_bleu']:.2f} | {r['wall_s']} | {r['peak_pss_mb']} |"
+            f"{r['reached_round'] or '-'} | {r['final_bleu']:.2f} | {r['wall_s']} | {r['peak_pss_mb']} | "
+            f"{r['lost_devices']} |"
         )
     split = [
         "",
@@ -137,7 +144,7 @@ def table(rows: list[dict]) -> str:
         ]
         split.append(f"| {r['setting']} | {r['seed']} | {r['run']} | " + " | ".join(cells) + " |")
     if not rows:
-        body = ["| (no records yet) | | | | | | | | |"]
+        body = ["| (no records yet) | | | | | | | | | |"]
     return "\n".join([*head, *body, *split]) + "\n"
 
 

@@ -124,3 +124,6 @@ def test_summary_lines_say_metric_times_folder_and_plots(tmp_path: Path):
     assert lines[2].startswith(f"run folder: {tmp_path} ")
     assert lines[3] == f"plots: {tmp_path / 'plots'}/ (loss.png, metric.png)"
     assert lines[-1] == f"evaluate again: python -m collapipe_flwr.apps.evaluate {tmp_path}"
+    virtual = summary_lines({**summary, "clock": "virtual", "virtual_round_s": 81.25}, tmp_path, "bleu")
+    assert virtual[1].startswith("time: 81.2 s on the virtual clock (measured compute at the devices' speeds); 276 s")
+    assert lines[1].endswith("; 0.0 s on the virtual clock (measured compute at the devices' speeds)")

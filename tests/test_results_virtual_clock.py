@@ -44,11 +44,20 @@ def test_the_round_by_part_is_the_slowest_clusters_median():
 def test_the_clocks_error_is_read_per_cu_round_against_the_measured_steps(tmp_path):
     tables = load("virtual_clock_tables")
     parts = {"compute_s": 3.0, "d2d_s": 1.0, "cu_s": 0.5, "uplink_s": 0.5, "decoder_s": 1.0, "setup_s": 9.0}
+    parts["device_s"] = [2.0, 0.0, 1.5]
     record = {
         "round": 1,
         "virtual": {"clusters": {"0": parts}, "round_s": 15.0, "slowest": 0},
         "modelled": {"clusters": [{"delay_s": 4.0}]},
-        "clients": {"0": {"steps": 5, "seconds-train": 7.0, "seconds-upload": 1.0}},
+        "clients": {
+            "0": {
+                "steps": 5,
+                "seconds-train": 7.0,
+                "seconds-upload": 1.0,
+                "seconds-uplink-wait": 0.25,
+                "device-compute-seconds": [2.5, 0.0, 1.5],
+            }
+        },
     }
     rows = tables.cu_rounds([record])
     assert len(rows) == 1
@@ -57,8 +66,10 @@ def test_the_clocks_error_is_read_per_cu_round_against_the_measured_steps(tmp_pa
     assert tables.errors(rows, "eq26_s") == [pytest.approx(-0.5)]
     with gzip.open(tmp_path / "s0.rounds.jsonl.gz", "wt") as f:
         f.write(json.dumps(record) + "\n")
+    assert tables.pair_errors(tables.device_rounds([record])) == [pytest.approx(-0.2), pytest.approx(0.0)]
+    assert tables.pair_errors(tables.uplink_rounds([record])) == [pytest.approx(-0.6)]  # 0.5 against 1.25
     text = tables.table(tmp_path)
-    assert "| virtual clock | 1 | 25.0% | 25.0% | -25.0% |" in text
+    assert "| dssra: virtual clock, a CU-round's steps and upload | 1 | 25.0% | 25.0% | -25.0% |" in text
 
 
 def test_the_campaign_has_every_method_per_seed_and_channel_count_on_the_virtual_clock():

@@ -216,6 +216,7 @@ def write_outputs(cfg: RunConfig, server: ServerState, folder: Path, summary: di
     summary["model_dir"] = str(model_dir)
     records = load_rounds(folder)
     summary.update(round_totals(records))
+    summary["clock"] = cfg.clock.mode  # which clock the run's time is read on (docs/testbed.md)
     summary["plots"] = [str(p) for p in draw_plots(folder, server.task.metric_name, records)]
     summary["wall_s"] = round(time.time() - t_start, 1)
 
@@ -253,6 +254,19 @@ def start_line(cfg: RunConfig, folder: Path) -> str:
     )
 
 
+def time_line(summary: dict) -> str:
+    """The run's times: under clock=virtual the virtual clock's first, as the run's time; the wall clock here, the
+    rounds' wall seconds and eq. (26)'s modelled delay beside it."""
+    virtual = (
+        f"{summary.get('virtual_round_s', 0):.1f} s on the virtual clock (measured compute at the devices' speeds)"
+    )
+    wall = f"{summary.get('wall_s', 0):.0f} s wall, {summary.get('measured_round_s', 0):.0f} s in rounds"
+    modelled = f"modelled delay of the plans {summary.get('modelled_delay_s', 0):.1f} s (sum of eq. 26 over the rounds)"
+    if summary.get("clock") == "virtual":
+        return f"time: {virtual}; {wall} here; {modelled}"
+    return f"time: {wall}; {modelled}; {virtual}"
+
+
 def summary_lines(summary: dict, folder: Path, metric: str) -> list[str]:
     """The end of a run: final metrics, modelled and measured time, and where everything is."""
     final = summary.get("final_val") or {}
@@ -265,9 +279,7 @@ def summary_lines(summary: dict, folder: Path, metric: str) -> list[str]:
         f"done: validation {metric} {shown}"
         + (f" ({others})" if others else "")
         + f" after {summary.get('num_rounds')} rounds",
-        f"time: {summary.get('wall_s', 0):.0f} s wall, {summary.get('measured_round_s', 0):.0f} s in rounds; "
-        f"modelled delay of the plans {summary.get('modelled_delay_s', 0):.1f} s (sum of eq. 26 over the rounds); "
-        f"virtual clock {summary.get('virtual_round_s', 0):.1f} s (measured compute on the devices' speeds)",
+        time_line(summary),
         f"run folder: {folder} (config.json, rounds.jsonl, summary.json, model/)",
     ]
     plots = summary.get("plots") or []
