@@ -85,6 +85,7 @@ def job_rows(records_dir: Path = RECORDS) -> list[dict]:
         run = path.name.split(".")[0]
         records = load(path)
         seconds, reached, final = time_to_target(records, virtual_paper.TARGET_BLEU)
+        rounds_s = [float((r.get("virtual") or {}).get("round_s") or 0.0) for r in records if r.get("round", 0) >= 1]
         summary = json.loads(path.with_name(f"{run}.summary.json").read_text(encoding="utf-8"))
         cost_file = path.with_name(f"{run}.cost.json")
         cost = json.loads(cost_file.read_text(encoding="utf-8")) if cost_file.is_file() else {}
@@ -97,6 +98,7 @@ def job_rows(records_dir: Path = RECORDS) -> list[dict]:
                 "virtual_s_to_target": round(seconds, 3),
                 "reached_round": "" if reached is None else reached,
                 "final_bleu": round(final, 3),
+                "virtual_round_median_s": round(statistics.median(rounds_s), 3) if rounds_s else "",
                 "wall_s": cost.get("wall_s", summary.get("wall_s", "")),
                 "peak_pss_mb": cost.get("peak_pss_mb", ""),
                 "lost_devices": lost_devices(records),

@@ -44,6 +44,10 @@ def test_a_good_reply_passes():
         (lambda p, m: m.__setitem__("train-loss", True), "train-loss=True"),
         (lambda p, m: m.__setitem__("seconds-train", [3.0]), "seconds-train"),
         (lambda p, m: m.__setitem__("seconds-train", float("inf")), "seconds-train"),
+        # the virtual clock's parts, which the server adds up into the round (issue 63)
+        (lambda p, m: m.__setitem__("virtual-compute-s", -1.0), "virtual-compute-s=-1.0"),
+        (lambda p, m: m.__setitem__("virtual-cluster-s", float("nan")), "virtual-cluster-s=nan"),
+        (lambda p, m: m.__setitem__("virtual-device-s", [1.0, float("inf")]), "virtual-device-s"),
     ],
 )
 def test_bad_replies_are_refused_with_one_line(mutate, match):

@@ -61,6 +61,8 @@ def test_a_gain_whose_size_misses_the_papers_cannot_be_called_reproduced():
     assert paired((61.0, 62.58, 64.16)).verdict(figure(40.55)) == "direction only"
     # a loss never reproduces a gain, even when a wide interval holds the paper's figure
     assert paired((-250.0, -107.0, 36.0)).verdict(figure(15.09)) == "not reproduced"
+    # one seed has no interval to hold the paper's figure: its size alone decides
+    assert paired((30.0,)).verdict(figure(15.09)) == "direction only"
 
 
 def test_a_gain_of_the_papers_size_is_reproduced_each_way_the_rule_allows():
@@ -70,3 +72,24 @@ def test_a_gain_of_the_papers_size_is_reproduced_each_way_the_rule_allows():
     assert paired((18.5, 18.6, 18.7)).verdict(figure(15.09)) == "reproduced"  # 23.3% above it: within 25%
     assert paired((19.5, 19.6, 19.7)).verdict(figure(15.09)) == "direction only"  # 29.9% above it
     assert paired((56.0, 57.6, 59.0)).verdict(figure(48.98, at_least=True)) == "reproduced"  # meets the floor
+
+
+def test_the_virtual_clock_rows_pair_seeds_where_both_reached_the_target(tmp_path, monkeypatch):
+    claims = _module()
+    header = "part,setting,seed,run,virtual_s_to_target,reached_round,virtual_round_median_s,virtual_compute_s\n"
+    rows = [
+        "paper,j4,0,dssra,100,10,10,2",
+        "paper,j4,1,dssra,110,11,10,2",
+        "paper,j4,0,titanic,200,20,20,4",
+        "paper,j4,1,titanic,300,,20,4",  # censored: seed 1 is not paired on time to target
+    ]
+    path = tmp_path / "runs.csv"
+    path.write_text(header + "\n".join(rows) + "\n")
+    monkeypatch.setattr(claims, "VIRTUAL", path)
+    lines = claims.virtual_rows()
+    target = next(line for line in lines if line.startswith("| time to target BLEU below titanic"))
+    # one seed both reached: 100 against 200, +50%; no interval, 50% meets "at least 48.98%"
+    assert "| +50.00% (one seed, no interval) |" in target and "seeds where both reached the target: 1" in target
+    assert target.endswith("| reproduced |")
+    compute = next(line for line in lines if line.startswith("| virtual computation per round below titanic"))
+    assert "| +50.00% [+50.00, +50.00] |" in compute and compute.endswith("| direction only |")  # vs 18.94%

@@ -4,7 +4,8 @@ A reply is aggregated only when its parts are exactly the ones the method trains
 send ``head.*`` when the decoder lives on the server), every tensor has the name, shape and dtype of the
 global one, every float is finite, ``num-examples`` (the FedAvg weight) is an integer in
 1..local_steps * b, and every metric the server reads besides it is a finite number in its range
-(``train-loss``, which weights the round's loss and feeds the queues Y_n; ``seconds-train``). Anything else
+(``train-loss``, which weights the round's loss and feeds the queues Y_n; ``seconds-train``; the virtual clock's
+``virtual-*-s``). Anything else
 is refused with a one-line reason and the round aggregates the others.
 """
 
@@ -23,8 +24,13 @@ MAX_TRAIN_LOSS = 1e4
 READ_METRICS = {
     "train-loss": (0.0, MAX_TRAIN_LOSS, "the round's training loss and the queues Y_n (eq. 29)"),
     "seconds-train": (0.0, 1e7, "the round's measured training time"),
+    # the cluster's round on the virtual clock by part (fl/server/virtual_round.py; absent without a clock)
+    **{
+        f"virtual-{part}-s": (0.0, 1e9, "the round on the virtual clock")
+        for part in ("compute", "d2d", "cu", "uplink", "setup", "cluster")
+    },
 }
-OPTIONAL_METRICS = frozenset({"seconds-train"})
+OPTIONAL_METRICS = frozenset({"seconds-train", *(k for k in READ_METRICS if k.startswith("virtual-"))})
 
 
 def check_reply(
@@ -82,3 +88,13 @@ def check_reply(
                 f"the reply's {key}={value!r} is not a finite number in {low:g}..{high:g} ({use}); "
                 "the CU's training diverged or it runs another version"
             )
+    busy = metrics.get("virtual-device-s", [])
+    if not isinstance(busy, list) or not all(_finite_at_least_0(x) for x in busy):
+        raise CollaPipeError(
+            f"the reply's virtual-device-s={busy!r} is not a list of finite seconds >= 0 (the devices' busy time on "
+            "the virtual clock); the CU runs another version"
+        )
+
+
+def _finite_at_least_0(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
