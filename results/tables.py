@@ -7,6 +7,8 @@
 2. ``operating_point``: ``operating_point/table.md`` from the default and ``long`` runs' records;
 3. ``pretrained_lora.report``: ``pretrained_lora/README.md`` from its records;
 4. ``testbed_paper_tables``: ``testbed_paper/table.md`` and ``runs.csv`` from the testbed campaign's records;
+   ``virtual_clock_tables``: ``virtual_clock/table.md``, the virtual clock against the testbed;
+   ``virtual_paper_tables``: ``virtual_paper/table.md`` and ``runs.csv`` from the virtual-clock campaign's records;
 5. ``claims``: ``claims/table.md`` and the claims block of ``README.md`` (it reads the runs.csv files above);
 6. ``readme_tables``: every other marked table of ``README.md``.
 
@@ -31,6 +33,8 @@ import pretrained_lora  # noqa: E402
 import readme_tables  # noqa: E402
 import testbed_paper_tables  # noqa: E402
 import trained_learning  # noqa: E402
+import virtual_clock_tables  # noqa: E402
+import virtual_paper_tables  # noqa: E402
 
 
 def _pretrained_lora() -> None:
@@ -42,6 +46,8 @@ STEPS: tuple[tuple[str, Callable[[], object]], ...] = (
     ("operating_point/table.md", operating_point.main),
     ("pretrained_lora/README.md", _pretrained_lora),
     ("testbed_paper/table.md and runs.csv", testbed_paper_tables.write),
+    ("virtual_clock/table.md", virtual_clock_tables.main),
+    ("virtual_paper/table.md and runs.csv", virtual_paper_tables.main),
     ("claims/table.md and the claims block of README.md", claims.main),
     ("README.md's marked tables", readme_tables.main),
 )

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.results_scripts import load
+from tests.results_scripts import RESULTS, load
 
 
 def _round(t, round_s, bleu=None, clusters=None):
@@ -81,3 +81,10 @@ def test_the_campaign_has_every_method_per_seed_and_channel_count_on_the_virtual
         assert part in job.overrides.split()
     scale = campaign.scale_jobs([10, 30], [0])
     assert {j.name for j in scale} == {f"n{n}/s0/{r}" for n in (10, 30) for r in ("dssra", "titanic", "random")}
+
+
+def test_the_committed_tables_are_regenerated_from_the_kept_records():
+    clock = load("virtual_clock_tables")
+    assert clock.table() == (RESULTS / "virtual_clock" / "table.md").read_text(encoding="utf-8")
+    paper = load("virtual_paper_tables")
+    assert paper.table(paper.job_rows()) == (RESULTS / "virtual_paper" / "table.md").read_text(encoding="utf-8")
