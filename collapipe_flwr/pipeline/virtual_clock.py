@@ -111,15 +111,19 @@ class VirtualSteps:
 
     def __add__(self, other: VirtualSteps) -> VirtualSteps:
         width = max(len(self.device), len(other.device))
-        pad = lambda xs: (*xs, *([0.0] * (width - len(xs))))  # noqa: E731
+        mine, theirs = _padded(self.device, width), _padded(other.device, width)
         return VirtualSteps(
             self.compute + other.compute,
             self.d2d + other.d2d,
             self.cu + other.cu,
             self.uplink + other.uplink,
-            tuple(a + b for a, b in zip(pad(self.device), pad(other.device))),
+            tuple(a + b for a, b in zip(mine, theirs)),
             self.steps + other.steps,
         )
+
+
+def _padded(values: tuple[float, ...], width: int) -> tuple[float, ...]:
+    return (*values, *([0.0] * (width - len(values))))
 
 
 def _durations(stages, clock: ClusterClock, with_links: bool):
@@ -153,8 +157,7 @@ def _path(stages, clock: ClusterClock, schedule: str, with_links: bool) -> float
     forward = [[calls[s].get(("F", i), 0.0) for s in range(len(stages))] for i in range(m)]
     backward = [[calls[s].get(("B", i), 0.0) for s in range(len(stages))] for i in range(m)]
     # each stage updates right behind its last backward (pipeline/gpipe.py): the step ends with the latest
-    finish = stage_order_critical_path_s(forward, backward, schedule, tail_s=updates)
-    return finish
+    return stage_order_critical_path_s(forward, backward, schedule, tail_s=updates)
 
 
 def virtual_step(
