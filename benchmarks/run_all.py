@@ -6,7 +6,8 @@ command that measures it alone.
 
 Runs ``pipeline_overhead.py`` (S = 1, 2, 3 x m = 1, 2, 4, 8), ``pipeline_1f1b_memory.py`` (S = 2, 3,
 m = 8), ``data_plane.py`` (no Flower comparison), ``dssra_solve.py`` (the target sizes), ``optimizer_step.py``
-(the fused Adam kernel's gain on each task's model), ``scaling.py``
+(the fused Adam kernel's gain on each task's model), ``cpu_contention.py`` (a call's CPU seconds with 2-8 processes
+at once against alone: the virtual clock's assumption), ``scaling.py``
 (round wall-clock, eq. (26) and server memory vs N and K), ``gpu_speedup.py`` (GPU vs CPU; only
 ``cuda_available: 0`` on a machine without CUDA) and ``hf_pipeline_memory.py`` (GPT-2 small's shape through the
 pipeline: per-device memory with and without LoRA, step time vs the un-split model) as subprocesses, reads their
@@ -335,6 +336,35 @@ def optimizer_rows(opt_args: str = "") -> list[Row]:
     ]
 
 
+def contention_rows(contention_args: str = "") -> list[Row]:
+    """The virtual clock's one assumption about the machine: a call's CPU seconds do not grow when P processes
+    share the cores (target: within 10% at P = 4 on 2 cores); its wall seconds, which do, for context."""
+    command = f"python benchmarks/cpu_contention.py {contention_args}".strip()
+    return [
+        Row(
+            "a call's CPU seconds with 4 processes at once, vs alone (virtual clock)",
+            lambda f: f["contention_cpu_ratio_P4"],
+            "x",
+            1.1,
+            command,
+        ),
+        Row(
+            "a call's CPU seconds with 8 processes at once, vs alone",
+            lambda f: f["contention_cpu_ratio_P8"],
+            "x",
+            None,
+            command,
+        ),
+        Row(
+            "a call's wall seconds with 4 processes at once, vs alone",
+            lambda f: f["contention_wall_ratio_P4"],
+            "x",
+            None,
+            command,
+        ),
+    ]
+
+
 def scaling_rows(scale_args: str) -> list[Row]:
     """Wall-clock per round as N (CUs) and K (devices per cluster) grow, the modelled delay (eq. 26) and the
     server's peak RSS; ``--quick`` runs the smaller sizes."""
@@ -472,6 +502,7 @@ def rows(
         *data_plane_rows(dp_args),
         *dssra_rows(dssra_args),
         *optimizer_rows(),
+        *contention_rows(),
         *scaling_rows(scale_args),
         *hf_rows(hf_args),
         *gpu_rows(),
@@ -516,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         ("data_plane.py", dp),
         ("dssra_solve.py", dssra),
         ("optimizer_step.py", "--steps 3" if args.quick else ""),
+        ("cpu_contention.py", "--calls 10 --repeats 1" if args.quick else ""),
         ("gpu_speedup.py", gpu),
         ("scaling.py", scale),
         ("hf_pipeline_memory.py", hf),
