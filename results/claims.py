@@ -153,12 +153,13 @@ def random_figure() -> PaperFigure:
 def unrecorded_rows() -> list[str]:
     """Claims no record in this table's sources judges yet: a row each, so none goes missing."""
     claims = [
-        ("convergence within 15 rounds (Fig. 6c)", "translation", "15 rounds"),
-        ("(S, m) = (2, 2) learns best (Fig. 9)", "translation", "(2, 2)"),
+        ("convergence within 15 rounds (Fig. 6c)", "translation", "15 rounds", "`trained/learning.md` (Fig. 6)"),
+        ("(S, m) = (2, 2) learns best (Fig. 9)", "translation", "(2, 2)", "`trained/grid.md` (Fig. 9)"),
     ]
     return [
-        f"| {claim} | {task} | {paper} | - | no testbed or virtual-clock record yet | - | no record |"
-        for claim, task, paper in claims
+        f"| {claim} | {task} | {paper} | - | no testbed or virtual-clock record yet; learning read in {where} | - "
+        "| no record |"
+        for claim, task, paper, where in claims
     ]
 
 
