@@ -18,7 +18,8 @@ Runs per seed and J: ``dssra`` (CollaPipe), ``random`` (the paper's random sched
 ``collapipe_no_ss``, ``pipeline``, ``vanilla_fl``, ``titanic`` (docs/baselines.md), each under DSSRA's scheduling.
 
 Usage: ``python results/virtual_paper.py ROOT [--part paper|scale] [--channels 4 2] [--seeds 0 1 2] [--runs ...]``.
-A job whose run folder has ``summary.json`` is skipped, so the campaign resumes over several sessions; each job
+A job whose run folder has ``summary.json``, or whose records are kept in the repository already, is skipped, so the
+campaign resumes over several sessions and machines; each job
 prints its cost (wall seconds) as it ends, and its ``rounds.jsonl`` (gzip), ``summary.json`` and ``status.json``
 are copied to ``results/virtual_paper/records/<part>/<job>.*`` with its ``cost.json`` (wall seconds, peak memory
 of its process tree here), to be committed as they come. A record that a later code version supersedes is moved
@@ -97,6 +98,12 @@ def keep(root: Path, job: Job, records: Path = RECORDS) -> Path:
     return campaign.keep_records(root / job.part / job.name, records / job.part / name.parent, name.name)
 
 
+def is_kept(job: Job, records: Path = RECORDS) -> bool:
+    """Whether the job's records are in the repository already (a campaign resumed in a later session)."""
+    name = Path(job.name)
+    return (records / job.part / name.parent / f"{name.name}.summary.json").is_file()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="where the runs go (kept between invocations)")
@@ -111,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         todo = paper_jobs(args.channels, args.seeds, args.runs)
     else:
         todo = scale_jobs(args.clusters, args.seeds)
-    entries = [(root / j.part, j.name, j.overrides, functools.partial(keep, root, j)) for j in todo]
+    kept = [j for j in todo if is_kept(j)]
+    if kept:  # a later session, another ROOT: what is kept in the repository is done
+        print(f"{len(kept)} job(s) already kept in {RECORDS.relative_to(REPO)}: skipped", flush=True)
+    entries = [(root / j.part, j.name, j.overrides, functools.partial(keep, root, j)) for j in todo if not is_kept(j)]
     return campaign.run_queue(f"virtual-clock campaign ({args.part})", entries)
 
 

@@ -79,6 +79,7 @@ def test_the_campaign_has_every_method_per_seed_and_channel_count_on_the_virtual
     job = next(j for j in todo if j.name == "j2/s1/vanilla_fl")
     for part in ("clock=virtual", "network=testbed_paper", "network.num_channels=2", "seed=1", "method=vanilla_fl"):
         assert part in job.overrides.split()
+    assert not campaign.is_kept(job, records=RESULTS / "no such folder")
     scale = campaign.scale_jobs([10, 30], [0])
     assert {j.name for j in scale} == {f"n{n}/s0/{r}" for n in (10, 30) for r in ("dssra", "titanic", "random")}
 
