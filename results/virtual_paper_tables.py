@@ -40,15 +40,17 @@ def load(path: Path) -> list[dict]:
 
 
 def time_to_target(records: list[dict], target: float) -> tuple[float, int | None, float]:
-    """(virtual seconds to the first round at ``target`` or over all rounds, that round or None, final BLEU)."""
-    total, final = 0.0, float("nan")
+    """(virtual seconds to the first round at ``target``, or over all rounds; that round or None; the last round's
+    BLEU)."""
+    total, reached, at_target = 0.0, None, None
+    final = float("nan")
     for record in sorted((r for r in records if r.get("round", 0) >= 1), key=lambda r: r["round"]):
         total += float((record.get("virtual") or {}).get("round_s") or 0.0)
         if "val_bleu" in record:
             final = float(record["val_bleu"])
-            if final >= target:
-                return total, int(record["round"]), final
-    return total, None, final
+            if reached is None and final >= target:
+                reached, at_target = int(record["round"]), total
+    return (at_target if at_target is not None else total), reached, final
 
 
 def lost_devices(records: list[dict]) -> int:

@@ -22,7 +22,7 @@ def _round(t, round_s, bleu=None, clusters=None):
 def test_time_to_target_sums_the_virtual_rounds_up_to_the_first_that_reaches_it():
     tables = load("virtual_paper_tables")
     records = [{"round": 0, "val_bleu": 0.0}, _round(1, 10.0, 2.0), _round(2, 12.5, 11.0), _round(3, 9.0, 12.0)]
-    assert tables.time_to_target(records, 10.0) == (22.5, 2, 11.0)
+    assert tables.time_to_target(records, 10.0) == (22.5, 2, 12.0)  # the last round's BLEU beside it
     # never reached: censored, the sum over every round a lower bound
     assert tables.time_to_target(records, 50.0) == (31.5, None, 12.0)
 
