@@ -18,12 +18,12 @@ Runs per seed and J: ``dssra`` (CollaPipe), ``random`` (the paper's random sched
 ``collapipe_no_ss``, ``pipeline``, ``vanilla_fl``, ``titanic`` (docs/baselines.md), each under DSSRA's scheduling.
 
 Usage: ``python results/virtual_paper.py ROOT [--part paper|scale] [--channels 4 2] [--seeds 0 1 2] [--runs ...]``.
-A job whose run folder has ``summary.json``, or whose records are kept in the repository already, is skipped, so the
-campaign resumes over several sessions and machines; each job
-prints its cost (wall seconds) as it ends, and its ``rounds.jsonl`` (gzip), ``summary.json`` and ``status.json``
-are copied to ``results/virtual_paper/records/<part>/<job>.*`` with its ``cost.json`` (wall seconds, peak memory
-of its process tree here), to be committed as they come. A record that a later code version supersedes is moved
-to ``records/superseded/`` with the reason in its README, never deleted.
+A job whose run folder has ``summary.json``, or whose records are kept in the repository already, is skipped, so
+the campaign resumes over several sessions and machines; each job prints its cost as it ends, and its
+``rounds.jsonl`` (gzip), ``summary.json``, ``status.json`` and ``cost.json`` (wall seconds, peak memory of its
+process tree here) are copied to ``results/virtual_paper/records/<part>/<job>.*``, to be committed as they come. A
+record that a later code version supersedes is moved to ``records/superseded/`` with the reason in its README,
+never deleted.
 """
 
 from __future__ import annotations
