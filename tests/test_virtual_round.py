@@ -64,6 +64,16 @@ def test_a_clusters_rates_come_from_its_model_and_the_plans_uplink():
     assert planner.clock_for(1, cluster, workload, 0.0, replan) is None  # no host speed, no clock
 
 
+def test_a_model_without_d2d_links_gives_hand_overs_no_time():
+    # VanillaFL's cluster model has r_k^dd = inf (its users hand nothing on): the clock charges 0, not a refusal
+    planner, workload = _planner(["network=testbed", "federation.num_clusters=2", "method=vanilla_fl"])
+    plan = planner.plan(1)
+    cluster = plan.selected[0]
+    clock = planner.clock_for(1, cluster, workload, 4e10, plan.replan_inputs[cluster.cluster])
+    assert clock.d2d_bytes_per_s == (0.0,) * len(clock.scale)
+    assert clock.handover_s(0, 10_000) == 0.0
+
+
 def test_on_the_testbed_a_device_runs_at_its_quota_and_its_links_at_their_buckets():
     planner, workload = _planner(["network=testbed", "federation.num_clusters=2"])
     plan = planner.plan(1)

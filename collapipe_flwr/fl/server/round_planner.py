@@ -157,6 +157,7 @@ class RoundPlanner:
             model = ClusterModel.build(self.network, self.sampler.sample(t), workload, n)
         scale = host_flops / np.asarray(model.flops_per_second, dtype=float)
         rate = np.asarray(model.d2d_rate, dtype=float) / 8.0
+        rate = np.where(np.isfinite(rate), rate, 0.0)  # an infinite r_k^dd (no D2D link in the model): no D2D time
         latency = np.broadcast_to(np.asarray(model.d2d_latency_s, dtype=float), (model.K,)).copy()
         uplink = 0.0
         last = self.last_plan
