@@ -88,7 +88,11 @@ def check_reply(
                 f"the reply's {key}={value!r} is not a finite number in {low:g}..{high:g} ({use}); "
                 "the CU's training diverged or it runs another version"
             )
-    busy = metrics.get("virtual-device-s", [])
+    _check_device_seconds(metrics.get("virtual-device-s", []))
+
+
+def _check_device_seconds(busy) -> None:
+    """The devices' busy seconds on the virtual clock: a list of finite seconds >= 0."""
     if not isinstance(busy, list) or not all(_finite_at_least_0(x) for x in busy):
         raise CollaPipeError(
             f"the reply's virtual-device-s={busy!r} is not a list of finite seconds >= 0 (the devices' busy time on "
