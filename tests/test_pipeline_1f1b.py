@@ -354,7 +354,9 @@ def test_1f1b_through_the_data_plane_updates_the_decoder_as_gpipe(data_dir, monk
 
     parts = []
     run_part = FrameService._run_part
-    monkeypatch.setattr(FrameService, "_run_part", lambda self, req: parts.append(req.part) or run_part(self, req))
+    monkeypatch.setattr(
+        FrameService, "_run_part", lambda self, req, step: parts.append(req.part) or run_part(self, req, step)
+    )
     (initial, gp_decoder), gp_weights, gp_metrics, gp_served = run_through_data_plane(data_dir, "gpipe", steps=1)
     assert parts == []
     (_, decoder), weights, metrics, served = run_through_data_plane(data_dir, "1f1b", steps=1)

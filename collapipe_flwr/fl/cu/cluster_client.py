@@ -282,7 +282,8 @@ def _round_head(run: CuRound, testbed: RoundTestbed) -> DecoderClient | Throttle
 
 def _train_with_replans(run: CuRound, head: DecoderClient | ThrottledHead | LocalHead) -> StepLog:
     """The round's local steps; a device that fails mid-round is re-planned around and the round starts again
-    from its global weights on the devices left (``fl/cu/device_loss.py``)."""
+    from its global weights on the devices left (``fl/cu/device_loss.py``), and the server's decoder from the round's
+    start without the aborted attempt's steps (``restart_attempt``; a CU-side head is reset by the re-plan)."""
     while True:
         try:
             plan = run.instructions.plan
@@ -296,6 +297,8 @@ def _train_with_replans(run: CuRound, head: DecoderClient | ThrottledHead | Loca
             run.m = replan_after(failure, run.session, run.parts, run.instructions, run.lost, run.cluster)
             run.lost_reasons.append(failure.reason)
             _take_planned_caps(run)
+            if isinstance(head, (DecoderClient, ThrottledHead)):  # the server's decoder forgets the aborted attempt
+                head.restart_attempt()
 
 
 def _held_parts(session: ClusterSession, cfg: ClusterConfig) -> dict[str, torch.nn.Module]:

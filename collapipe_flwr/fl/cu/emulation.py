@@ -57,6 +57,9 @@ class ThrottledHead:
     def end_step(self) -> float:
         return self.head.end_step()
 
+    def restart_attempt(self) -> None:
+        self.head.restart_attempt()
+
     def close(self) -> None:
         if hasattr(self.head, "close"):
             self.head.close()

@@ -38,6 +38,7 @@ from collapipe_flwr.fl.dataplane.protocol import (
     StepReply,
     decode_reply,
     part_request_frame,
+    restarting,
     step_request_frame,
     wire_mode,
 )
@@ -115,6 +116,7 @@ class DecoderClient:
         self._open: tuple[int, list[dict[str, torch.Tensor]]] | None = None  # a 1F1B step: (seq, micro-batches)
         self._parts_done = 0
         self._last_loss = 0.0
+        self._restart = False  # the next step starts a fresh attempt at the round (restart_attempt)
 
     def __call__(
         self, z_enc: list[torch.Tensor], micro_batches: list[dict[str, torch.Tensor]], lr_factor: float = 1.0
@@ -133,9 +135,20 @@ class DecoderClient:
             frame = step_request_frame(
                 self._secret, self.round, self.cluster, seq, z_enc, micro_batches, self.compression
             )
-            reply = self._round_trip(frame, seq, len(z_enc))
+            reply = self._round_trip(self._marked(frame), seq, len(z_enc))
+            self._restart = False
             self.steps += 1
             return reply.loss, reply.grads
+
+    def restart_attempt(self) -> None:
+        """The CU starts the round again (a re-plan after a lost device): its next step (or part 0) is marked
+        ``restart``, so the server takes this round's earlier steps of the cluster out of its decoder first and
+        numbers the next step 1 (``protocol.restarting``). Step ids keep rising."""
+        with self._lock:
+            self._restart, self._open = True, None
+
+    def _marked(self, frame: Frame) -> Frame:
+        return restarting(frame) if self._restart else frame
 
     # -- one micro-batch at a time (MicroHead, pipeline.schedule: 1f1b) -----------------------------------
     def begin_step(self, micro_batches: list[dict[str, torch.Tensor]], lr_factor: float = 1.0) -> None:
@@ -155,7 +168,8 @@ class DecoderClient:
             frame = part_request_frame(
                 self._secret, self.round, self.cluster, seq, i, z_enc, micro, compression=self.compression
             )
-            reply = self._round_trip(frame, seq, 1, part=i)
+            reply = self._round_trip(self._marked(frame) if i == 0 else frame, seq, 1, part=i)
+            self._restart = False
             self._parts_done += 1
             self._last_loss = reply.loss
             return reply.grads[0]

@@ -36,6 +36,7 @@ from collapipe_flwr.fl.dataplane.wire import (
     from_wire_int8,
     to_wire_fp16,
     to_wire_int8,
+    with_meta,
 )
 
 SERVICE = "collapipe.DecoderDataPlane"
@@ -76,6 +77,7 @@ class StepRequest:
     wire_dtype: str
     part: int | None = None  # a 1F1B part request: micro-batch ``part`` of the step's m (z_enc holds its one z)
     m: int = 0  # the step's micro-batch count (the header's m)
+    restart: bool = False  # the first step of a fresh attempt at the round (:func:`restarting`)
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,14 @@ def part_request_frame(
     return frame_of(meta, tensors)
 
 
+def restarting(frame: Frame) -> Frame:
+    """A step request (or part 0 of a 1F1B step) marked ``"restart": true``: the first step of the CU's fresh
+    attempt at the round after a re-plan (a device lost mid-round, ``fl/cu/device_loss.py``). The host takes every
+    step the cluster sent before in the round out of its decoder first (``fl/server/decoder/journal.py``) and
+    numbers this one step 1 of the round again; the step id itself still rises (the replay guard holds)."""
+    return with_meta(frame, restart=True)
+
+
 def _field_tensors(i: int, mb: dict[str, torch.Tensor]) -> list:
     """(name, tensor, 1.0) records of micro-batch i's fields the head needs (not ``input_ids``)."""
     out = []
@@ -226,22 +236,46 @@ def decode_step_request(data: bytes | bytearray) -> StepRequest:
             "fields of every micro-batch)"
         )
     outputs = [w for i, w in enumerate(z) if w is not None and i in expect]
-    zs = [zs[i] for i in expect]
+    wire_dtype, values = _activations(outputs, [zs[i] for i in expect])
+    return StepRequest(
+        secret,
+        round_,
+        cluster,
+        seq,
+        values,
+        mbs if part in (None, 0) else [],
+        wire_dtype,
+        part,
+        m,
+        _restart(meta, part),
+    )
+
+
+def _activations(outputs: list[WireTensor], scales: list[torch.Tensor | None]) -> tuple[str, list[torch.Tensor]]:
+    """(wire dtype, float32 z_enc) of a request's encoder outputs and their int8 scales (None where none came)."""
     dtypes = {str(w.tensor.dtype).removeprefix("torch.") for w in outputs}
     if len(dtypes) != 1:
         raise DataPlaneError(f"encoder outputs arrive with mixed dtypes {sorted(dtypes)}; send them all in one dtype")
     wire_dtype = dtypes.pop()
     if wire_dtype == "int8":
-        if any(s is None for s in zs):
+        if any(s is None for s in scales):
             raise DataPlaneError("int8 encoder outputs need their per-channel scales zs/<i>; the frame is incomplete")
-        values = [from_wire_int8(w.tensor, s) for w, s in zip(outputs, zs) if s is not None]
-    else:
-        if any(s is not None for s in zs):
-            raise DataPlaneError(
-                f"step request carries int8 scales for {wire_dtype} encoder outputs; the frame is corrupt"
-            )
-        values = [w.value(torch.float32) if w.tensor.is_floating_point() else w.tensor for w in outputs]
-    return StepRequest(secret, round_, cluster, seq, values, mbs if part in (None, 0) else [], wire_dtype, part, m)
+        return wire_dtype, [from_wire_int8(w.tensor, s) for w, s in zip(outputs, scales) if s is not None]
+    if any(s is not None for s in scales):
+        raise DataPlaneError(f"step request carries int8 scales for {wire_dtype} encoder outputs; the frame is corrupt")
+    return wire_dtype, [w.value(torch.float32) if w.tensor.is_floating_point() else w.tensor for w in outputs]
+
+
+def _restart(meta: dict, part: int | None) -> bool:
+    """The header's ``restart`` flag (:func:`restarting`): a bool, on a whole step or part 0 only."""
+    restart = meta.get("restart", False)
+    if not isinstance(restart, bool):
+        raise DataPlaneError(f"step request header field 'restart' is {restart!r}; it must be true or false")
+    if restart and part not in (None, 0):
+        raise DataPlaneError(
+            f"part {part} of a step is marked restart; only a whole step or part 0 may start a fresh attempt"
+        )
+    return restart
 
 
 def _part(meta: dict, m: int) -> int | None:

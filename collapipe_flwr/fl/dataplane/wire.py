@@ -196,10 +196,25 @@ def frame_of(meta: dict, tensors: Sequence[tuple[str, torch.Tensor, float]]) -> 
         if pad:
             pieces.append(b"\0" * pad)
         offset += nbytes + pad
-    header = json.dumps({**meta, "tensors": entries}, separators=(",", ":")).encode("utf-8")
-    header += b" " * (_padded(_PREFIX.size + len(header)) - _PREFIX.size - len(header))  # payload 8-aligned
-    prefix = _PREFIX.pack(MAGIC, VERSION, len(header)) + header
+    prefix = _prefix({**meta, "tensors": entries})
     return Frame([prefix, *pieces], len(prefix) + offset)
+
+
+def _prefix(header_fields: dict) -> bytes:
+    """The frame's prefix and JSON header (``header_fields`` with its "tensors" entries), padded so the payload
+    starts 8-aligned."""
+    header = json.dumps(header_fields, separators=(",", ":")).encode("utf-8")
+    header += b" " * (_padded(_PREFIX.size + len(header)) - _PREFIX.size - len(header))  # payload 8-aligned
+    return _PREFIX.pack(MAGIC, VERSION, len(header)) + header
+
+
+def with_meta(frame: Frame, **fields) -> Frame:
+    """``frame`` with ``fields`` added to its header (JSON-safe values); its tensor pieces are shared, not copied
+    (the payload's offsets are relative to its start, so a longer header moves nothing)."""
+    meta = decode_header(frame.pieces[0])
+    meta.pop("_header_len")
+    prefix = _prefix({**meta, **fields})
+    return Frame([prefix, *frame.pieces[1:]], frame.size - len(frame.pieces[0]) + len(prefix))
 
 
 def decode_frame(data: bytes | bytearray | memoryview) -> tuple[dict, list[WireTensor]]:

@@ -9,7 +9,9 @@ barrier of step ``seq`` of every cluster (``decoder_update: joint``, :mod:`.join
 step ``seq``, ``pipeline.schedule: 1f1b``) runs that micro-batch alone under the lock into the CU's open
 :class:`~collapipe_flwr.pipeline.head_parts.HeadParts`; the last part takes the step's one decoder update.
 The round is checked again under the lock, so a closed round runs no step after
-:meth:`FrameService.close_round` returns.
+:meth:`FrameService.close_round` returns. Every update is kept in the round's
+:class:`~collapipe_flwr.fl.server.decoder.journal.RoundJournal`: a step marked ``restart`` (a CU's fresh attempt after
+a re-plan) first takes that cluster's earlier steps of the round out of the decoder.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from collapipe_flwr.fl.dataplane.stats import HostCounters, ServedSeconds
 from collapipe_flwr.fl.dataplane.wire import Frame
 from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
 from collapipe_flwr.fl.server.decoder.joint import JointSteps, StepResults
+from collapipe_flwr.fl.server.decoder.journal import JOINT, PARTS, WHOLE, Applied, RoundJournal
 from collapipe_flwr.fl.server.decoder.ordered import OrderedSteps
 from collapipe_flwr.fl.server.decoder.rounds import RoundGate, StepIds
 from collapipe_flwr.models.split import TaskHead
@@ -93,7 +96,9 @@ class FrameService:
         self._counters = counters
         self.gate = RoundGate()
         self.step_ids = StepIds(counters.state_lock)
-        self._parts: dict[tuple[int, int], tuple[int, HeadParts]] = {}  # (t, n) -> its open 1F1B step (seq, parts)
+        # (t, n) -> its open 1F1B step: (seq, its head parts, the part requests so far)
+        self._parts: dict[tuple[int, int], tuple[int, HeadParts, list[StepRequest]]] = {}
+        self.journal = RoundJournal()  # the round's snapshot and updates, for a CU's aborted attempt (journal.py)
         # decoder_update: joint (Algorithm 1 line 14, one update on all clusters' step) instead of per CU
         joint = spec.decoder_update == "joint"
         self._joint = JointSteps(self._run_joint, timeout_s=self._lock_timeout_s) if joint else None
@@ -107,6 +112,7 @@ class FrameService:
         with self.lock:
             self.gate.open(round_, clusters)
             self._parts.clear()
+            self.journal.open(self.head, self.optimizer)
         self.step_ids.keep_round(int(round_))
         if self._joint is not None:
             self._joint.open_round(round_, clusters)
@@ -121,6 +127,7 @@ class FrameService:
             self._ordered.close_round()
         with self.lock:
             self._parts.clear()  # a 1F1B step a CU left half done is never applied
+            self.journal.close()
             return self.gate.close()
 
     def stream_ended(self, stream: tuple[int, int] | None) -> None:
@@ -232,12 +239,16 @@ class FrameService:
         try:
             t_locked, cpu_start = time.perf_counter(), time.thread_time()
             self.gate.check(round_, cluster)
-            self._seed_head(round_, cluster, seq, req.part or 0)
+            if req.restart:
+                self._restart(req)
+            step = self.journal.step_of(round_, cluster, seq)
+            self._seed_head(round_, cluster, step, req.part or 0)
             whole = True
             if req.part is None:
-                loss, grads = self._run_head(req)
+                loss, grads = self._run_head(req, step)
+                self.journal.record(WHOLE, [req], step)
             else:
-                loss, grads, whole = self._run_part(req)
+                loss, grads, whole = self._run_part(req, step)
             t_done, cpu = time.perf_counter(), time.thread_time() - cpu_start
             if whole:
                 self._counters.served(round_, cluster, seq)
@@ -249,11 +260,53 @@ class FrameService:
         return reply
 
     # -- the decoder step --------------------------------------------------------------------------
-    def _seed_head(self, round_: int, cluster: int, seq: int, part: int) -> None:
-        """Under the lock, before a head step: its dropout masks from (seed, t, n, seq, part) when the run seeds
-        dropout (``pipeline/dropout_seed.py``), so they do not follow the order in which CUs' steps arrive."""
+    def _seed_head(self, round_: int, cluster: int, step: int, part: int) -> None:
+        """Under the lock, before a head step: its dropout masks from (seed, t, n, step, part) when the run seeds
+        dropout (``pipeline/dropout_seed.py``), so they do not follow the order in which CUs' steps arrive;
+        ``step`` is the step's number within the cluster's attempt (:meth:`RoundJournal.step_of`)."""
         if self._dropout_seed is not None:
-            seed_block(step_seed(self._dropout_seed, round_, cluster, seq), part, HEAD)
+            seed_block(step_seed(self._dropout_seed, round_, cluster, step), part, HEAD)
+
+    def _scale_lr(self, round_: int, step: int) -> None:
+        """The decoder's lr for step ``step`` of round t (the run's lr clock; the base lr without one)."""
+        if self._lr_factor_of is not None and self.optimizer is not None:
+            scale_lr(self.optimizer, self._base_lrs, self._lr_factor_of(round_, step))
+
+    def _restart(self, req: StepRequest) -> None:
+        """Under the lock: cluster n starts a fresh attempt at round t (journal.py): the decoder back as the round
+        opened, the other clusters' updates of the round applied again in their order, n's open 1F1B step
+        dropped."""
+        self._parts.pop((req.round, req.cluster), None)
+        kept = self.journal.restart(req.round, req.cluster, req.seq, self.head, self.optimizer)
+        for entry in kept:
+            self._replay(entry)
+        log.info(
+            "round %s: cluster %s restarted its round (a re-plan); its earlier steps taken out of the decoder, %s "
+            "update(s) of other clusters applied again",
+            req.round,
+            req.cluster,
+            len(kept),
+        )
+
+    def _replay(self, entry: Applied) -> None:
+        """Apply one kept update again as it was first applied (same requests, lr factor and dropout masks)."""
+        first = entry.requests[0]
+        if entry.kind == JOINT:
+            self._seed_head(first.round, -1, entry.step, 0)
+            self._run_head(_joined(list(entry.requests)), entry.step)
+        elif entry.kind == WHOLE:
+            self._seed_head(first.round, first.cluster, entry.step, 0)
+            self._run_head(first, entry.step)
+        else:
+            self.head.train()
+            parts = HeadParts(self.head, first.micro_batches)
+            for req in entry.requests:
+                self._seed_head(first.round, first.cluster, entry.step, req.part or 0)
+                with autocast(self.precision, module_device(self.head).type):
+                    parts.part(req.part or 0, req.z_enc[0])
+            self._scale_lr(first.round, entry.step)
+            parts.apply(self.optimizer)
+        self.journal.record(entry.kind, entry.requests, entry.step)
 
     def _run_joint(self, reqs: list[StepRequest]) -> StepResults:
         """One head step on all clusters' micro-batches of one step (under the lock); per cluster its own
@@ -265,12 +318,14 @@ class FrameService:
         try:
             for req in reqs:
                 self.gate.check(req.round, req.cluster)
-            self._seed_head(reqs[0].round, -1, reqs[0].seq, 0)  # one joint step of every cluster: cluster -1
-            z = [t for req in reqs for t in req.z_enc]
-            mbs = [mb for req in reqs for mb in req.micro_batches]
-            joint_req = dataclasses.replace(reqs[0], z_enc=z, micro_batches=mbs)
+            for req in reqs:
+                if req.restart:
+                    self._restart(req)
+            step = self.journal.step_of(reqs[0].round, reqs[0].cluster, reqs[0].seq)
+            self._seed_head(reqs[0].round, -1, step, 0)  # one joint step of every cluster: cluster -1
             terms: list[tuple[float, float]] = []
-            _, grads = self._run_head(joint_req, terms)
+            _, grads = self._run_head(_joined(reqs), step, terms)
+            self.journal.record(JOINT, reqs, step)
             total = sum(c for _, c in terms)
             out, i = {}, 0
             for req in reqs:
@@ -288,7 +343,7 @@ class FrameService:
         finally:
             self.lock.release()
 
-    def _run_part(self, req: StepRequest) -> tuple[float, list[torch.Tensor], bool]:
+    def _run_part(self, req: StepRequest, step: int) -> tuple[float, list[torch.Tensor], bool]:
         """Micro-batch ``req.part`` of a 1F1B step under the lock: (its share l_i / C of the loss, or the step loss
         after the step's one update with the last part; [dL/dz_enc_i]; whether it was the last part). A failure
         drops the CU's open step: the decoder never takes a half step."""
@@ -296,8 +351,8 @@ class FrameService:
         try:
             if i == 0:
                 self.head.train()
-                self._parts[key] = (req.seq, HeadParts(self.head, req.micro_batches))
-            seq, parts = self._parts.get(key, (None, None))
+                self._parts[key] = (req.seq, HeadParts(self.head, req.micro_batches), [])
+            seq, parts, requests = self._parts.get(key, (None, None, []))
             if parts is None or seq != req.seq or parts.m != req.m:
                 raise DataPlaneError(
                     f"part {i} of step {req.seq} arrived without the earlier parts of its step; a CU sends parts "
@@ -307,12 +362,14 @@ class FrameService:
             check_micro_batch(i, z, parts.micro_batches[i], set(parts.micro_batches[0]), self.max_len)
             with autocast(self.precision, module_device(self.head).type):
                 grad = parts.part(i, z)
+            requests.append(req)
             if not parts.done:
                 return parts.sums[-1] / float(parts.total), [grad], False
             del self._parts[key]
-            if self._lr_factor_of is not None and self.optimizer is not None:
-                scale_lr(self.optimizer, self._base_lrs, self._lr_factor_of(req.round, req.seq))
-            return parts.apply(self.optimizer), [grad], True
+            self._scale_lr(req.round, step)
+            loss = parts.apply(self.optimizer)
+            self.journal.record(PARTS, requests, step)
+            return loss, [grad], True
         except DataPlaneError:
             self._parts.pop(key, None)
             raise
@@ -320,11 +377,11 @@ class FrameService:
             self._parts.pop(key, None)
             raise DataPlaneError(f"the decoder could not run this part: {err.__class__.__name__}: {err}") from None
 
-    def _run_head(self, req: StepRequest, terms: list | None = None) -> tuple[float, list[torch.Tensor]]:
-        """head_step under the lock; a head failure leaves weights and optimizer state untouched."""
+    def _run_head(self, req: StepRequest, step: int, terms: list | None = None) -> tuple[float, list[torch.Tensor]]:
+        """head_step under the lock at step ``step``'s lr; a head failure leaves weights and optimizer state
+        untouched."""
         self.head.train()
-        if self._lr_factor_of is not None and self.optimizer is not None:
-            scale_lr(self.optimizer, self._base_lrs, self._lr_factor_of(req.round, req.seq))
+        self._scale_lr(req.round, step)
         try:
             with autocast(self.precision, module_device(self.head).type):
                 return head_step(self.head, self.optimizer, req.z_enc, req.micro_batches, terms)
@@ -332,3 +389,10 @@ class FrameService:
             raise
         except Exception as err:  # e.g. a label out of range, no targets; raised before optimizer.step()
             raise DataPlaneError(f"the decoder could not run this step: {err.__class__.__name__}: {err}") from None
+
+
+def _joined(reqs: list[StepRequest]) -> StepRequest:
+    """One request holding every request's micro-batches in order (a joint step, ``decoder_update: joint``)."""
+    z = [t for req in reqs for t in req.z_enc]
+    mbs = [mb for req in reqs for mb in req.micro_batches]
+    return dataclasses.replace(reqs[0], z_enc=z, micro_batches=mbs)

@@ -1,0 +1,106 @@
+"""What the server's decoder took in the open round, so that a CU's aborted attempt can be taken out again.
+
+A CU that loses a device mid-round re-plans Sub-1 over the devices left and trains the round again from the
+round's global weights (``fl/cu/device_loss.py``). The decoder, which all of the round's CUs share, had already
+taken the aborted attempt's steps, and (per CU, in arrival order) other CUs' steps after them. Left there, those
+steps are a trace: the re-planned cluster's round trains its encoder against a decoder that saw part of its data
+twice (the paper-setting testbed records showed it as a round-2 loss of 6.8-7.4 against 8.2-9.0 in the runs that
+lost devices in round 2).
+
+:class:`RoundJournal` keeps the decoder's weights and optimizer state as the round opened, and every update the
+decoder applied since: its requests, and the step number (1, 2, ... within the cluster's attempt) its learning-rate
+factor and dropout masks were drawn for. When cluster n starts a fresh attempt (its first step carries
+``restart``, ``fl/dataplane/protocol.restarting``), :meth:`RoundJournal.restart` puts the snapshot back and hands
+the other clusters' updates back in their order, for the host to apply again, and numbers n's steps from 1 again.
+The decoder is then what it would be had the aborted attempt never reached it; the other CUs' gradients already
+returned are not taken back (they trained against the decoder as it was), which no server-side rule can undo.
+
+Why by hand: neither Flower nor PyTorch keeps an undo log of optimizer steps; this is a snapshot (``state_dict``
+copies) and a list.
+
+The journal holds references to the requests' tensors (the host's own decoded copies) until the round closes: per
+round at most the round's steps' activations, ``local_steps`` x N x |z_enc|.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from collapipe_flwr.fl.dataplane.protocol import StepRequest
+
+WHOLE, PARTS, JOINT = "whole", "parts", "joint"  # a step in one request, a 1F1B step in m parts, a joint step
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One decoder update of the open round: ``kind`` (:data:`WHOLE`, :data:`PARTS`: the step's m part requests in
+    order, :data:`JOINT`: one request per cluster), its ``requests`` and the ``step`` number its lr factor and
+    dropout masks were drawn for."""
+
+    kind: str
+    requests: tuple[StepRequest, ...]
+    step: int
+
+    def without(self, cluster: int) -> Applied | None:
+        """This update with cluster n's requests taken out (None when nothing is left)."""
+        kept = tuple(r for r in self.requests if r.cluster != cluster)
+        if not kept:
+            return None
+        return Applied(self.kind, kept, self.step) if len(kept) != len(self.requests) else self
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    head: dict[str, torch.Tensor]
+    optimizer: dict | None
+
+
+class RoundJournal:
+    """The open round's decoder snapshot, its applied updates in order, and per cluster the step id its current
+    attempt started after. Used only under the decoder's lock."""
+
+    def __init__(self) -> None:
+        self._snapshot: _Snapshot | None = None
+        self._applied: list[Applied] = []
+        self._bases: dict[tuple[int, int], int] = {}
+
+    def open(self, head: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        """Round t opens: copy the decoder's weights and optimizer state; forget the last round's updates."""
+        weights = {k: v.detach().clone() for k, v in head.state_dict().items()}
+        state = copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
+        self._snapshot, self._applied, self._bases = _Snapshot(weights, state), [], {}
+
+    def close(self) -> None:
+        """The round closed: let go of its requests and snapshot."""
+        self._snapshot, self._applied, self._bases = None, [], {}
+
+    def step_of(self, round_: int, cluster: int, seq: int) -> int:
+        """The step number (1, 2, ...) of step id ``seq`` within cluster n's current attempt at round t."""
+        return int(seq) - self._bases.get((int(round_), int(cluster)), 0)
+
+    def record(self, kind: str, requests: list[StepRequest] | tuple[StepRequest, ...], step: int) -> None:
+        """The decoder applied one update (``kind``, its requests, drawn for ``step``)."""
+        self._applied.append(Applied(kind, tuple(requests), int(step)))
+
+    @property
+    def applied(self) -> list[Applied]:
+        return list(self._applied)
+
+    def restart(
+        self, round_: int, cluster: int, seq: int, head: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+    ) -> list[Applied]:
+        """Cluster n starts a fresh attempt at round t with step id ``seq``: the decoder (weights and optimizer
+        state) back as the round opened, and the updates to apply again, in order, without n's (the caller applies
+        and records them); n's steps are numbered from 1 again from ``seq`` on."""
+        if self._snapshot is None:
+            raise RuntimeError("the decoder's round journal is not open; open_round first")
+        head.load_state_dict(self._snapshot.head)
+        if optimizer is not None and self._snapshot.optimizer is not None:
+            optimizer.load_state_dict(copy.deepcopy(self._snapshot.optimizer))
+        kept = [a for a in (entry.without(cluster) for entry in self._applied) if a is not None]
+        self._applied = []
+        self._bases[(int(round_), int(cluster))] = int(seq) - 1
+        return kept
