@@ -153,11 +153,14 @@ def test_a_restart_alone_in_its_round_puts_the_decoder_back_to_the_rounds_start_
     torch.manual_seed(1)
     head = TokenHead()
     optimizer = torch.optim.Adam(head.parameters(), lr=0.01)
-    for number in (1, 2):  # a previous round: Adam has moments and a step count
-        head_step(head, optimizer, *step_data(5, number))
-    at_start = copy.deepcopy(head.state_dict()), copy.deepcopy(optimizer.state_dict())
     journal = RoundJournal()
-    journal.open(head, optimizer)
+    for earlier in (5, 6):  # two earlier rounds: Adam has moments and a step count, the journal its copies
+        journal.open(head, optimizer)
+        for number in (1, 2):
+            head_step(head, optimizer, *step_data(earlier, number))
+        journal.close()
+    at_start = copy.deepcopy(head.state_dict()), copy.deepcopy(optimizer.state_dict())
+    journal.open(head, optimizer)  # copied into the last round's copies
     for number in (1, 2, 3):  # the attempt that a lost device cuts short
         head_step(head, optimizer, *step_data(0, number))
     assert not torch.equal(head.proj.weight, at_start[0]["proj.weight"])

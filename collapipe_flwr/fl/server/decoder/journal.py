@@ -19,7 +19,8 @@ Why by hand: neither Flower nor PyTorch keeps an undo log of optimizer steps; th
 copies) and a list.
 
 The journal holds references to the requests' tensors (the host's own decoded copies) until the round closes: per
-round at most the round's steps' activations, ``local_steps`` x N x |z_enc|.
+round at most the round's steps' activations, ``local_steps`` x N x |z_enc|; and one copy of the decoder and its
+optimizer state, refreshed in place as each round opens.
 """
 
 from __future__ import annotations
@@ -68,14 +69,21 @@ class RoundJournal:
         self._bases: dict[tuple[int, int], int] = {}
 
     def open(self, head: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-        """Round t opens: copy the decoder's weights and optimizer state; forget the last round's updates."""
-        weights = {k: v.detach().clone() for k, v in head.state_dict().items()}
-        state = copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
+        """Round t opens: copy the decoder's weights and optimizer state (into the last round's copies where the
+        shapes match: no new memory per round); forget the last round's updates."""
+        last = self._snapshot
+        weights = _copy_into(head.state_dict(), last.head if last is not None else {})
+        state = None
+        if optimizer is not None:
+            live = optimizer.state_dict()
+            kept = last.optimizer["state"] if last is not None and last.optimizer is not None else {}
+            tensors = {i: _copy_into(s, kept.get(i, {})) for i, s in live["state"].items()}
+            state = {"state": tensors, "param_groups": copy.deepcopy(live["param_groups"])}
         self._snapshot, self._applied, self._bases = _Snapshot(weights, state), [], {}
 
     def close(self) -> None:
-        """The round closed: let go of its requests and snapshot."""
-        self._snapshot, self._applied, self._bases = None, [], {}
+        """The round closed: let go of its requests (the snapshot's memory is kept for the next round)."""
+        self._applied, self._bases = [], {}
 
     def step_of(self, round_: int, cluster: int, seq: int) -> int:
         """The step number (1, 2, ...) of step id ``seq`` within cluster n's current attempt at round t."""
@@ -104,3 +112,19 @@ class RoundJournal:
         self._applied = []
         self._bases[(int(round_), int(cluster))] = int(seq) - 1
         return kept
+
+
+def _copy_into(live: dict, kept: dict) -> dict:
+    """A copy of ``live``'s values: tensors copied into ``kept``'s of the same shape and dtype (else cloned),
+    anything else (an optimizer's plain numbers) as is."""
+    out = {}
+    for key, value in live.items():
+        if not torch.is_tensor(value):
+            out[key] = copy.deepcopy(value)
+            continue
+        buffer = kept.get(key)
+        if isinstance(buffer, torch.Tensor) and buffer.shape == value.shape and buffer.dtype == value.dtype:
+            out[key] = buffer.copy_(value.detach())
+        else:
+            out[key] = value.detach().clone()
+    return out
