@@ -96,6 +96,7 @@ def _train_clusters(args: argparse.Namespace, server: ServerState, t: int, delta
         record, metrics = train_round(
             ClusterIdentity(n, args.clusters), server.global_model.array_record(), ins, state=states[n]
         )
+        metrics = metrics.to_record()  # the report as it travels (RoundReport.to_record)
         return n, unpack_weights(record), metrics
 
     if args.decoder_update == "joint":  # the barrier needs every CU at once: one thread per CU

@@ -77,6 +77,7 @@ def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_pla
                 cluster_session._SESSIONS.update(first_process)
             server.decoder.open_round(t, [0])
             record, m = train_round(identity, weights, _instructions(cfg, server, t, delta), state=state)
+            m = m.to_record()  # the report as it travels (RoundReport.to_record)
             server.decoder.close_round()
             metrics.append(m)
             absorb_replies(server, t, [(0, unpack_weights(record), m)])
@@ -169,6 +170,7 @@ def test_optimizer_state_keep_and_reset_match_adam_by_hand(data_dir, optimizer_s
         if other_process:  # round 2 runs in a CU process that never saw round 1
             cluster_session._SESSIONS.clear()
         rec2, m2 = train_round(identity, pack_weights(w1), _instructions(cfg, server, 2, (2, 0, 0)), state=state)
+        m2 = m2.to_record()  # the report as it travels (RoundReport.to_record)
         w2 = unpack_weights(rec2)
     finally:
         release_run(identity, run_key_of(cfg.cluster_config().with_data_dir(str(data_dir)), None), 3)

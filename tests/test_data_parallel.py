@@ -93,6 +93,7 @@ def test_vanilla_fl_round_is_d_users_trained_on_their_shares_and_averaged(data_d
             server.global_model.array_record(),
             server.instructions_for(1, cplan),
         )
+        metrics = metrics.to_record()  # the report as it travels (RoundReport.to_record)
         task = server.task
     finally:
         server.shutdown()

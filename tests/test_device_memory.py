@@ -130,15 +130,17 @@ def test_the_round_record_sets_c7_beside_the_measured_peaks_and_the_fit_recovers
     plan = RoundPlan(round=1, clusters=plans, modelled={})
     peak = lambda blocks: 9e7 + 1.5 * blocks * gamma0  # noqa: E731
     clients = {
-        0: {"device-measured-peak-bytes": [peak(2), peak(1), 0.0]},
+        0: _report({"device-measured-peak-bytes": [peak(2), peak(1), 0.0]}),
         # cluster 1 lost device 1 to the kernel and finished on (1, 0, 2)
-        1: {
-            "device-measured-peak-bytes": [peak(1), 0.0, peak(2)],
-            "lost-devices": [1],
-            "lost-for-memory": [1],
-            "replanned-delta": [1, 0, 2],
-            "replanned-m": 2,
-        },
+        1: _report(
+            {
+                "device-measured-peak-bytes": [peak(1), 0.0, peak(2)],
+                "lost-devices": [1],
+                "lost-for-memory": [1],
+                "replanned-delta": [1, 0, 2],
+                "replanned-m": 2,
+            }
+        ),
     }
     rows = memory_rows(plan, workload, clients, runtime_bytes=1e8)
     assert rows["clusters"]["0"]["modelled_bytes"] == pytest.approx([1e8 + 2 * gamma0, 1e8 + gamma0, 0.0])
@@ -170,7 +172,7 @@ def test_every_vanilla_fl_data_user_is_modelled_with_the_whole_encoder_on_its_sh
         data_users=3,
         user_devices=(0, 2, 3),
     )
-    clients = {0: {"device-measured-peak-bytes": [2e8, 0.0, 2e8, 2e8]}}
+    clients = {0: _report({"device-measured-peak-bytes": [2e8, 0.0, 2e8, 2e8]})}
     rows = memory_rows(RoundPlan(round=1, clusters=(cplan,), modelled={}), workload, clients, runtime_bytes=1e8)
     assert rows["clusters"]["0"]["modelled_bytes"] == pytest.approx([1e8 + user, 0.0, 1e8 + user, 1e8 + user])
     assert sorted(x for x, _ in rows["pairs"]) == pytest.approx([user] * 3)
@@ -230,3 +232,13 @@ def test_a_devices_measured_memory_is_its_own_cgroups_limit_not_the_hosts(ray_se
         path = pipe._stages.memory_paths[0]
         assert profile.devices[0].memory_bytes == kernel_file(path, "memory.limit_in_bytes") == limit
         assert profile.devices[1].memory_bytes > limit  # no limit: the host's available memory
+
+
+def _report(devices: dict):
+    """A CU's report (the hand-written reply of test_reply_checks) with these device figures and no re-plan
+    unless given."""
+    from collapipe_flwr.fl.round_report import RoundReport
+    from tests.test_reply_checks import GOOD
+
+    base = {k: v for k, v in GOOD.items() if not k.startswith(("lost-", "replanned-"))}
+    return RoundReport.from_record({**base, **devices})

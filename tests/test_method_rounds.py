@@ -43,6 +43,7 @@ def _one_round(data_dir, method: str, *extra: str):
                 server.global_model.array_record() if method != "pipeline" else _record(server, cplan.cluster),
                 instructions,
             )
+            metrics = metrics.to_record()  # the report as it travels (RoundReport.to_record)
             results.append((cplan.cluster, unpack_weights(record), metrics))
         server.decoder.close_round()
         absorb_replies(server, 1, results)

@@ -338,6 +338,7 @@ def run_through_data_plane(data_dir, schedule: str, m: int = 4, steps: int = 2):
         weights, metrics = train_round(
             ClusterIdentity(0, 1, str(data_dir)), copy.deepcopy(server.global_model.array_record()), instructions
         )
+        metrics = metrics.to_record()  # the report as it travels (RoundReport.to_record)
         server.decoder.close_round()
         decoder = {k: v.detach().clone() for k, v in server.model.head.state_dict().items()}
         served = server.decoder.steps_served()

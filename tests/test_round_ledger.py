@@ -8,6 +8,8 @@ import pytest
 
 from collapipe_flwr.fl.records.round_ledger import RoundLedger
 from collapipe_flwr.fl.records.run_log import RunLog
+from collapipe_flwr.fl.round_report import RoundReport
+from tests.test_reply_checks import GOOD
 
 
 class _Progress:
@@ -50,7 +52,7 @@ def test_close_writes_the_line_then_checkpoint_progress_listeners_and_the_check(
     ledger.fail(3, "refused")
     assert ledger.failures == [{"cluster": 3, "error": "refused"}] and ledger.plan is None
     ledger.note_seconds("aggregate_s", 0.5)
-    ledger.note_training(1.5, {0: {"train-loss": 1.5}})
+    ledger.note_training(1.5, {0: RoundReport.from_record(GOOD)})
     line = ledger.close(1, {"accuracy": 0.5}, evaluated_since=0.0)
     assert calls == [("line", 0), ("line", 1), ("checkpoint", 1), ("progress", 1, 1), ("listener", 1), ("check",)]
     assert not ledger.is_open(1)  # closed: the next round opens its own
@@ -59,7 +61,7 @@ def test_close_writes_the_line_then_checkpoint_progress_listeners_and_the_check(
     assert (
         second["train_loss"] == 1.5
         and second["val_accuracy"] == 0.5
-        and second["clients"] == {"0": {"train-loss": 1.5}}
+        and second["clients"] == {"0": GOOD}  # the CU's report, flat as it travelled
     )
     assert list(line["measured_s"]) == ["aggregate_s", "evaluate_s", "round_s"]
 

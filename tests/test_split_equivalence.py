@@ -64,6 +64,7 @@ def test_split_training_reproduces_plain_training(data_dir, task, model, S, m):
             instructions,
             run_id=next(_RUN_IDS),  # without it the run is named by its config, which another test may share
         )
+        metrics = metrics.to_record()  # the report as it travels (RoundReport.to_record)
         server.decoder.close_round()
     finally:
         server.shutdown()

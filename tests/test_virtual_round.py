@@ -12,33 +12,41 @@ import pytest
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.fl.round_report import RoundReport
 from collapipe_flwr.fl.server.virtual_round import virtual_round
 from collapipe_flwr.pipeline.virtual_clock import ClusterClock
 from collapipe_flwr.system.profile import DeviceEmulation
+from tests.test_reply_checks import GOOD
 
 
-def _metrics(compute, d2d, cu, uplink, setup):
-    return {
-        "virtual-compute-s": compute,
-        "virtual-d2d-s": d2d,
-        "virtual-cu-s": cu,
-        "virtual-uplink-s": uplink,
-        "virtual-setup-s": setup,
-        "virtual-device-s": [compute, 0.0],
-        "virtual-cluster-s": compute + d2d + cu + uplink + setup,
-        "steps": 5,
-    }
+def _metrics(compute, d2d, cu, uplink, setup) -> RoundReport:
+    return _report(
+        {
+            "virtual-compute-s": compute,
+            "virtual-d2d-s": d2d,
+            "virtual-cu-s": cu,
+            "virtual-uplink-s": uplink,
+            "virtual-setup-s": setup,
+            "virtual-device-s": [compute, 0.0],
+            "virtual-cluster-s": compute + d2d + cu + uplink + setup,
+        }
+    )
+
+
+def _report(virtual: dict) -> RoundReport:
+    """A CU's report (the hand-written reply of test_reply_checks) with these virtual-clock metrics."""
+    return RoundReport.from_record({**{k: v for k, v in GOOD.items() if not k.startswith("virtual-")}, **virtual})
 
 
 def test_the_round_is_the_slowest_cluster_with_its_decoder_plus_the_server():
-    clients = {0: _metrics(10.0, 1.0, 0.5, 3.0, 2.0), 1: _metrics(9.0, 1.0, 0.5, 3.0, 2.0), 2: {"steps": 5}}
+    clients = {0: _metrics(10.0, 1.0, 0.5, 3.0, 2.0), 1: _metrics(9.0, 1.0, 0.5, 3.0, 2.0), 2: _report({})}
     # cluster 1's decoder work makes it the slowest: 15.5 + 4 = 19.5 against 16.5 + 1 = 17.5
     got = virtual_round(clients, {0: 1.0, 1: 4.0}, server_cpu_s=0.25)
     assert got["slowest"] == 1
     assert got["clusters"]["1"]["total_s"] == pytest.approx(19.5)
     assert got["round_s"] == pytest.approx(19.75)
     assert set(got["clusters"]) == {"0", "1"}  # a CU that sent no virtual clock is not a row
-    assert virtual_round({0: {"steps": 1}}, {}, 1.0) == {}
+    assert virtual_round({0: _report({})}, {}, 1.0) == {}
 
 
 def _planner(overrides):

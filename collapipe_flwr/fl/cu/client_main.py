@@ -41,16 +41,17 @@ def handle_hello(msg: Message, context: Context) -> Message:
 
 
 def handle_train(msg: Message, context: Context) -> Message:
-    """One round of local training (Algorithm 1, lines 5-23); replies with the encoder and metrics."""
+    """One round of local training (Algorithm 1, lines 5-23); replies with the encoder and its round report (flat
+    on the wire: ``RoundReport.to_record``)."""
     try:
         identity = ClusterIdentity.from_node_config(context.node_config)
         weights, instructions = read_train(msg)
-        reply_weights, metrics = train_round(
+        reply_weights, report = train_round(
             identity, weights, instructions, state=context.state, run_id=msg.metadata.run_id
         )
     except CollaPipeError as err:
         return _error_reply(msg, err)
-    return Message(reply_content(reply_weights, metrics), reply_to=msg)
+    return Message(reply_content(reply_weights, report.to_record()), reply_to=msg)
 
 
 def handle_release(msg: Message, context: Context) -> Message:

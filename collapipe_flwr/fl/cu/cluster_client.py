@@ -8,7 +8,8 @@ that keep the whole model on the CU) -> dL/dz_enc back -> GPipe backward -> ever
 embedding update at the learning-rate schedule's factor for the run-wide step — then concatenate the
 segments (⊕, eq. 4) and reply with the encoder and the round's metrics. ``train_round`` reads the round
 top-down; its parts: ``local_steps`` (the steps and their lr factors), ``device_loss`` (the re-plan after a
-lost device), ``round_testbed`` (the testbed and the devices' profile), ``round_metrics`` (the reply's metrics).
+lost device), ``round_testbed`` (the testbed and the devices' profile), ``round_metrics`` (the figures of the reply's
+RoundReport, ``fl/round_report.py``).
 
 ``release`` (after the last round): the CU kills this run's device actors and forgets the session.
 """
@@ -44,12 +45,11 @@ from collapipe_flwr.fl.cu.planned_memory import planned_caps
 from collapipe_flwr.fl.cu.round_metrics import (
     DeviceReport,
     RoundClock,
-    RoundPreparation,
     device_report,
-    step_metrics,
-    virtual_metrics,
+    step_figures,
+    virtual_figures,
 )
-from collapipe_flwr.fl.cu.round_testbed import RoundTestbed, prepare_testbed, testbed_metrics
+from collapipe_flwr.fl.cu.round_testbed import RoundTestbed, prepare_testbed, testbed_figures
 from collapipe_flwr.fl.cu.step_log import StepLog
 from collapipe_flwr.fl.dataplane import DecoderClient, DecoderClientSpec
 from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
@@ -62,6 +62,7 @@ from collapipe_flwr.fl.messages import (
     pack_weights,
     unpack_weights,
 )
+from collapipe_flwr.fl.round_report import Preparation, RoundReport, RoundSeconds, VirtualFigures
 from collapipe_flwr.models.trainable import only_trainable, tensor_bytes, with_frozen
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.system.devices import DeviceProfile
@@ -166,7 +167,7 @@ def train_round(
     state: RecordDict | None = None,
     run_id: int | None = None,
 ):
-    """Run one round on this CU (Algorithm 1, lines 5-23); returns (reply ArrayRecord, metrics dict). ``state`` is
+    """Run one round on this CU (Algorithm 1, lines 5-23); returns (reply ArrayRecord, its RoundReport). ``state`` is
     Flower's ``Context.state`` of this node (the CU's optimizer state travels there between rounds).
 
     1. the session loads the global weights and takes the plan's partition delta (re-planning at once when a
@@ -200,33 +201,33 @@ def train_round(
         if isinstance(head, (DecoderClient, ThrottledHead)):  # a remote head's connection ends with the round
             head.close()
     upload_bytes = tensor_bytes(reply_parts) if run.cfg.aggregated else 0
-    measured = clock.seconds(time.time())
-    metrics = {
-        **step_metrics(steps, wiring.lr_clock(run.cfg).factor(instructions.round, 0)),
-        **measured,
-        **_virtual_metrics(run, steps, measured, upload_bytes),
-        **devices.metrics(steps.device_compute),
-        # the seconds each device's D2D link held its hand-overs (eq. 13; 0 unthrottled), apart from its compute
-        "device-link-seconds": list(steps.device_link) or [0.0] * len(steps.device_compute),
-        "device-cpu-seconds": list(steps.device_cpu) or [0.0] * len(steps.device_compute),
-        **prepared.metrics(),
+    seconds = clock.seconds(time.time())
+    report = RoundReport(
+        steps=step_figures(steps, wiring.lr_clock(run.cfg).factor(instructions.round, 0)),
+        seconds=seconds,
+        devices=devices.figures(steps),
+        preparation=prepared,
         # what the reply's tensors hold (eq. 11's model term, uncompressed); 0 for a method without aggregation,
-        # whose weights travel back for evaluation only (``carried-bytes``)
-        "upload-bytes": upload_bytes,
-        **({} if run.cfg.aggregated else {"carried-bytes": tensor_bytes(reply_parts)}),
-    }
-    if instructions.report_profile:
-        K, t = len(run.devices), instructions.round
-        metrics.update(testbed_metrics(testbed, head, steps.seconds, len(steps.losses), K, t))
-    return pack_weights(reply_parts), metrics
+        # whose weights travel back for evaluation only (``carried_bytes``)
+        upload_bytes=upload_bytes,
+        carried_bytes=None if run.cfg.aggregated else tensor_bytes(reply_parts),
+        replan=devices.replan(),
+        virtual=_virtual_figures(run, steps, seconds, upload_bytes),
+        testbed=(
+            testbed_figures(testbed, head, steps.seconds, len(steps.losses), len(run.devices), instructions.round)
+            if instructions.report_profile
+            else None
+        ),
+    )
+    return pack_weights(reply_parts), report
 
 
-def _virtual_metrics(run: CuRound, steps: StepLog, measured: dict[str, float], upload_bytes: int) -> dict:
-    """The round on the virtual clock (fl/cu/round_metrics.py: virtual_metrics), its set-up and profiling as
+def _virtual_figures(run: CuRound, steps: StepLog, seconds: RoundSeconds, upload_bytes: int) -> VirtualFigures | None:
+    """The round on the virtual clock (fl/cu/round_metrics.py: virtual_figures), its set-up and profiling as
     measured."""
-    setup_s = measured["seconds-setup"] + measured["seconds-profile"] + measured["seconds-build-pipeline"]
+    setup_s = seconds.setup + seconds.profile + seconds.build_pipeline
     cfg = run.cfg
-    return virtual_metrics(
+    return virtual_figures(
         steps, run.instructions.clock, cfg.pipeline.schedule, cfg.head_on_server, setup_s, upload_bytes
     )
 
@@ -246,7 +247,7 @@ def _open_round(
     return CuRound(cfg, instructions, identity.partition_id, devices, session, parts, instructions.plan.m)
 
 
-def _prepare(run: CuRound, state) -> RoundPreparation:
+def _prepare(run: CuRound, state) -> Preparation:
     """Load the weights and take delta; a device lost since the last round: re-plan before the first step."""
     try:
         plan = run.instructions.plan
@@ -254,7 +255,7 @@ def _prepare(run: CuRound, state) -> RoundPreparation:
     except DeviceFailure as failure:
         run.m = replan_after(failure, run.session, run.parts, run.instructions, run.lost, run.cluster)
         run.lost_reasons.append(failure.reason)
-        prepared = RoundPreparation(pipeline_reused=True, blocks_moved=True, optimizer_restored=False)
+        prepared = Preparation(pipeline_reused=True, blocks_moved=True, optimizer_restored=False)
     _take_planned_caps(run)
     return prepared
 

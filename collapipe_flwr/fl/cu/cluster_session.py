@@ -27,7 +27,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from collapipe_flwr import wiring
 from collapipe_flwr.config import ClusterConfig, resolve_data_dir
 from collapipe_flwr.fl.cu.cu_checkpoint import load_cu_state, save_cu_state
-from collapipe_flwr.fl.cu.round_metrics import RoundPreparation
+from collapipe_flwr.fl.round_report import Preparation
 from collapipe_flwr.models.split import SplitModel, TaskHead
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.executors import release
@@ -106,7 +106,7 @@ class ClusterSession:
         delta: tuple[int, ...],
         devices: list[DeviceProfile],
         state: RecordDict | None,
-    ) -> RoundPreparation:
+    ) -> Preparation:
         """Load the global weights in place, (re)partition, set the optimizer state for round ``round_``;
         returns what that did."""
         cfg = self.cfg
@@ -142,7 +142,7 @@ class ClusterSession:
                 self.local_head.reset_optimizer()
         elif self.last_round != round_ - 1 or not reused:
             restored = bool(self._restore(state) or self._restore_from_disk(round_))
-        return RoundPreparation(pipeline_reused=reused, blocks_moved=moved, optimizer_restored=restored)
+        return Preparation(pipeline_reused=reused, blocks_moved=moved, optimizer_restored=restored)
 
     def _release_held_copies(self) -> None:
         """Drop this process's copies of the parts others now hold: the TEBs theta^1..theta^L, copied into the

@@ -1,31 +1,14 @@
-"""The metrics of a CU's reply to a train instruction (the keys the server checks,
-fl/server/aggregation/reply_checks.py)."""
+"""The CU's side of its round report (``fl/round_report.py``): the figures of a round put together from its clock,
+its step log, its devices and the virtual clock."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from collapipe_flwr.fl.cu.step_log import StepLog
+from collapipe_flwr.fl.round_report import DeviceFigures, Replan, RoundSeconds, StepFigures, VirtualFigures
 from collapipe_flwr.pipeline.device_process import DeviceProcess
 from collapipe_flwr.pipeline.virtual_clock import ClusterClock, virtual_steps, virtual_users
-
-
-@dataclass(frozen=True)
-class RoundPreparation:
-    """What loading the round's weights did on the CU: the pipeline of the last round reused, blocks moved between
-    devices (a new partition delta_k), the optimizer moments restored (metrics ``pipeline-reused``,
-    ``blocks-moved``, ``optimizer-restored``, each 0 or 1)."""
-
-    pipeline_reused: bool
-    blocks_moved: bool
-    optimizer_restored: bool
-
-    def metrics(self) -> dict[str, int]:
-        return {
-            "pipeline-reused": int(self.pipeline_reused),
-            "blocks-moved": int(self.blocks_moved),
-            "optimizer-restored": int(self.optimizer_restored),
-        }
 
 
 @dataclass
@@ -41,16 +24,16 @@ class RoundClock:
     upload_s: float = 0.0
     finish_s: float = 0.0
 
-    def seconds(self, end: float) -> dict[str, float]:
-        return {
-            "seconds-setup": self.setup - self.start,
-            "seconds-profile": self.measured - self.setup,
-            "seconds-build-pipeline": self.built - self.measured,
-            "seconds-upload": self.upload_s,
-            "seconds-finish": self.finish_s,
-            "seconds-train": self.trained - self.built,
-            "seconds-total": end - self.start,
-        }
+    def seconds(self, end: float) -> RoundSeconds:
+        return RoundSeconds(
+            setup=self.setup - self.start,
+            profile=self.measured - self.setup,
+            build_pipeline=self.built - self.measured,
+            upload=self.upload_s,
+            finish=self.finish_s,
+            train=self.trained - self.built,
+            total=end - self.start,
+        )
 
 
 @dataclass
@@ -73,28 +56,29 @@ class DeviceReport:
     cgroup_peak_bytes: list[float] = field(default_factory=list)
     limit_bytes: list[float] = field(default_factory=list)
 
-    def metrics(self, device_compute: list[float]) -> dict:
-        out = {
-            "device-peak-bytes": self.peak_bytes,
-            "device-measured-peak-bytes": self.measured_peak_bytes,
-            "device-rss-peak-bytes": self.rss_peak_bytes,
-            "device-cgroup-peak-bytes": self.cgroup_peak_bytes,
-            "device-memory-limit-bytes": self.limit_bytes,
-            "device-compute-seconds": device_compute,
-            "device-pids": self.pids,
-            "device-netns": self.netns,
-        }
-        if self.lost:
-            out.update(
-                {
-                    "lost-devices": list(self.lost),
-                    # Flower's metrics hold numbers only: the lost devices the kernel killed for memory (C7)
-                    "lost-for-memory": [k for k, why in zip(self.lost, self.lost_reasons) if why == "memory"],
-                    "replanned-delta": self.final_delta,
-                    "replanned-m": self.final_m,
-                }
-            )
-        return out
+    def figures(self, steps: StepLog) -> DeviceFigures:
+        """Per device k: memory, the step log's compute, D2D link and CPU seconds (0 where it has none), processes."""
+        zeros = [0.0] * len(steps.device_compute)
+        return DeviceFigures(
+            peak_bytes=tuple(self.peak_bytes),
+            measured_peak_bytes=tuple(self.measured_peak_bytes),
+            rss_peak_bytes=tuple(self.rss_peak_bytes),
+            cgroup_peak_bytes=tuple(self.cgroup_peak_bytes),
+            limit_bytes=tuple(self.limit_bytes),
+            compute_seconds=tuple(float(x) for x in steps.device_compute),
+            pids=tuple(self.pids),
+            netns=tuple(self.netns),
+            # the seconds each device's D2D link held its hand-overs (eq. 13; 0 unthrottled), apart from its compute
+            link_seconds=tuple(float(x) for x in (steps.device_link or zeros)),
+            cpu_seconds=tuple(float(x) for x in (steps.device_cpu or zeros)),
+        )
+
+    def replan(self) -> Replan | None:
+        """The devices lost this round and the partition and m the CU finished on (None: none was lost)."""
+        if not self.lost:
+            return None
+        memory = tuple(k for k, why in zip(self.lost, self.lost_reasons) if why == "memory")  # killed for C7
+        return Replan(tuple(self.lost), memory, tuple(self.final_delta), self.final_m)
 
 
 def device_report(memory: list[dict], processes: dict[int, DeviceProcess], num_devices: int) -> DeviceReport:
@@ -118,54 +102,41 @@ def device_report(memory: list[dict], processes: dict[int, DeviceProcess], num_d
     )
 
 
-def virtual_metrics(
+def virtual_figures(
     steps: StepLog, clock: ClusterClock | None, schedule: str, head_on_server: bool, setup_s: float, upload_bytes: int
-) -> dict:
-    """The round on the virtual clock (``pipeline/virtual_clock.py``), by part, when the server sent its rates:
-    the devices' critical path (``virtual-compute-s``), what the D2D hand-overs add (``virtual-d2d-s``), the CU's
-    embedding (``virtual-cu-s``), z^enc and the reply's weights at R_n (``virtual-uplink-s``, eq. 11), the round's
-    set-up and profiling as measured (``virtual-setup-s``: wall seconds, not scaled), each device's busy seconds
-    (``virtual-device-s``) and their sum, the cluster's round without the server's decoder
-    (``virtual-cluster-s``)."""
+) -> VirtualFigures | None:
+    """The round on the virtual clock (``pipeline/virtual_clock.py``), by part, when the server sent its rates
+    (None when it did not): the devices' critical path, what the D2D hand-overs add, the CU's embedding, z^enc and
+    the reply's weights at R_n (eq. 11), the round's set-up and profiling as measured (wall seconds, not scaled),
+    each device's busy seconds, the cluster's round without the server's decoder."""
     if clock is None:
-        return {}
+        return None
     if steps.user_calls:
         part = virtual_users(steps.user_calls, clock, schedule)
     else:
         part = virtual_steps(steps.calls, clock, schedule, head_on_server)
     uplink = part.uplink + clock.uplink_s(upload_bytes)
-    return {
-        "virtual-compute-s": part.compute,
-        "virtual-d2d-s": part.d2d,
-        "virtual-cu-s": part.cu,
-        "virtual-uplink-s": uplink,
-        "virtual-setup-s": setup_s,
-        "virtual-device-s": [float(x) for x in part.device],
-        "virtual-cluster-s": part.compute + part.d2d + part.cu + uplink + setup_s,
-    }
+    return VirtualFigures(
+        compute=part.compute,
+        d2d=part.d2d,
+        cu=part.cu,
+        uplink=uplink,
+        setup=setup_s,
+        device=tuple(float(x) for x in part.device),
+        cluster=part.compute + part.d2d + part.cu + uplink + setup_s,
+    )
 
 
-def step_metrics(steps: StepLog, lr_factor_first: float) -> dict:
-    """The round's loss (mean, first, last, every step's), its examples, steps and first lr factor."""
-    losses = steps.losses
-    return {
-        "num-examples": steps.examples,
-        "train-loss": sum(losses) / max(len(losses), 1),
-        "train-loss-first": losses[0] if losses else float("nan"),
-        "train-loss-last": losses[-1] if losses else float("nan"),
-        "train-losses": [float(x) for x in losses],
-        "steps": len(losses),
-        "lr-factor-first": lr_factor_first,
-        **{f"seconds-step-{k}": v for k, v in steps.seconds.items()},
-        # data-parallel rounds: each user's steps and hand-over, one user after another here, and the CU's average
-        # (the parallel round is the slowest user's hand-over and steps, then the average)
-        **(
-            {
-                "seconds-users": [float(s) for s in steps.user_seconds],
-                "seconds-users-handover": [float(s) for s in steps.user_handover_seconds],
-                "seconds-users-average": float(steps.average_seconds),
-            }
-            if steps.user_seconds
-            else {}
-        ),
-    }
+def step_figures(steps: StepLog, lr_factor_first: float) -> StepFigures:
+    """The round's steps: examples, every step's loss, the first lr factor, seconds per phase and (data-parallel
+    rounds) each user's steps and hand-over, one user after another here, and the CU's average (the parallel round
+    is the slowest user's hand-over and steps, then the average)."""
+    return StepFigures(
+        examples=int(steps.examples),
+        losses=tuple(float(x) for x in steps.losses),
+        lr_factor_first=float(lr_factor_first),
+        phase_seconds=dict(steps.seconds),
+        user_seconds=tuple(float(s) for s in steps.user_seconds),
+        user_handover_seconds=tuple(float(s) for s in steps.user_handover_seconds),
+        average_seconds=float(steps.average_seconds) if steps.user_seconds else None,
+    )

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from collapipe_flwr.config import ClusterConfig
 from collapipe_flwr.fl.cu.emulation import ThrottledHead, apply_emulation, cu_step_seconds, uplink_bucket, with_cu_step
 from collapipe_flwr.fl.cu.local_steps import round_batches
-from collapipe_flwr.fl.messages import TrainInstructions, profile_metrics
+from collapipe_flwr.fl.messages import PROFILE_CU_STEP_S, TrainInstructions, profile_metrics
+from collapipe_flwr.fl.round_report import TestbedFigures
 from collapipe_flwr.system.profile import ClusterProfile
 from collapipe_flwr.testbed.token_bucket import TokenBucket
 
@@ -43,13 +44,13 @@ def prepare_testbed(session, cfg: ClusterConfig, instructions: TrainInstructions
     return out
 
 
-def testbed_metrics(testbed: RoundTestbed, head, step_seconds: dict, steps: int, K: int, t: int) -> dict:
-    """The reply's profile (every round: the CU's own seconds per step; devices and links when measured) and the
-    cores the testbed's cgroups granted."""
+def testbed_figures(testbed: RoundTestbed, head, step_seconds: dict, steps: int, K: int, t: int) -> TestbedFigures:
+    """The report's profile (every round: the CU's own seconds per step; devices and links when measured), the
+    seconds the uplink held z^enc and the cores the testbed's cgroups granted."""
     waited = head.waited_s if isinstance(head, ThrottledHead) else 0.0
     report = with_cu_step(testbed.profile, K, cu_step_seconds(step_seconds, steps, waited), t)
-    out = profile_metrics(report)
-    out["seconds-uplink-wait"] = waited
-    if testbed.cores is not None:
-        out["testbed-cpu-cores"] = testbed.cores
-    return out
+    lists = profile_metrics(report)
+    cu_step_s = float(lists.pop(PROFILE_CU_STEP_S))
+    profile = {key: tuple(float(x) for x in values) for key, values in lists.items()}
+    cores = tuple(float(c) for c in testbed.cores) if testbed.cores is not None else None
+    return TestbedFigures(profile, cu_step_s, float(waited), cores)

@@ -24,6 +24,7 @@ from collapipe_flwr.dssra.plan import RoundPlan
 from collapipe_flwr.fl.records.progress import RoundProgress, StepCounter
 from collapipe_flwr.fl.records.round_record import RoundRecord
 from collapipe_flwr.fl.records.run_log import RunLog
+from collapipe_flwr.fl.round_report import RoundReport
 
 RoundListener = Callable[[dict], None]
 
@@ -154,11 +155,11 @@ class RoundLedger:
         record = self._open_record
         record.measured_s["overhead_s"] = time.time() - record.started_at - train_s
 
-    def note_training(self, train_loss: float, clients: Mapping[int, Mapping[str, Any]]) -> None:
-        """The CUs' example-weighted training loss and each CU's reply metrics (copied)."""
+    def note_training(self, train_loss: float, clients: Mapping[int, RoundReport]) -> None:
+        """The CUs' example-weighted training loss and each CU's report (flat, as it travelled)."""
         record = self._open_record
         record.train_loss = train_loss
-        record.clients = {str(c): dict(m) for c, m in clients.items()}
+        record.clients = {str(c): r.to_record() for c, r in clients.items()}
 
     def note_memory(self, memory: dict[str, Any]) -> None:
         """C7's modelled bytes beside each device's measured peak, and the planner's memory term."""

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from collapipe_flwr.dssra.plan import RoundPlan
+from collapipe_flwr.fl.round_report import RoundReport
 from collapipe_flwr.system.workload import Workload
 
 
@@ -49,7 +50,7 @@ def _user_bytes(workload: Workload, users: Sequence[int], K: int) -> list[float]
 
 
 def memory_rows(
-    plan: RoundPlan, workload: Workload, clients: Mapping[int, Mapping[str, Any]], runtime_bytes: float = 0.0
+    plan: RoundPlan, workload: Workload, clients: Mapping[int, RoundReport], runtime_bytes: float = 0.0
 ) -> dict[str, Any]:
     """The round's ``memory`` section: per CU that replied, its final delta and m (after any re-plan), C7's bytes
     per device (``runtime_bytes`` = gamma_rt added on every used device), the measured peaks and limits, the
@@ -61,23 +62,24 @@ def memory_rows(
     errors: list[float] = []
     pairs: list[tuple[float, float]] = []
     for cplan in plan.selected:
-        metrics = clients.get(cplan.cluster)
-        if metrics is None:
+        report = clients.get(cplan.cluster)
+        if report is None:
             continue
-        delta = [int(d) for d in (metrics.get("replanned-delta") or cplan.delta)]
-        m = int(metrics.get("replanned-m") or cplan.m)
+        replan = report.replan
+        delta = [int(d) for d in (replan.delta if replan is not None and replan.delta else cplan.delta)]
+        m = int(replan.m if replan is not None and replan.m else cplan.m)
         users = [int(k) for k in cplan.user_devices] if cplan.data_users > 1 else []
         tensors = _user_bytes(base, users, len(delta)) if users else _stage_bytes(base, delta, m)
         modelled = [runtime_bytes + x if x > 0 else 0.0 for x in tensors]
-        measured = [float(x) for x in (metrics.get("device-measured-peak-bytes") or [0.0] * len(delta))]
-        limits = [float(x) for x in (metrics.get("device-memory-limit-bytes") or [0.0] * len(delta))]
+        measured = [float(x) for x in (report.devices.measured_peak_bytes or [0.0] * len(delta))]
+        limits = [float(x) for x in (report.devices.limit_bytes or [0.0] * len(delta))]
         rows[str(cplan.cluster)] = {
             "delta": delta,
             "m": m,
             "modelled_bytes": modelled,
             "measured_bytes": measured,
             "limit_bytes": limits,
-            "lost_for_memory": [int(k) for k in metrics.get("lost-for-memory") or []],
+            "lost_for_memory": list(replan.lost_for_memory) if replan is not None else [],
         }
         errors += [abs(meas - mod) / meas for mod, meas in zip(modelled, measured) if mod > 0 and meas > 0]
         pairs += [(x, meas) for x, meas in zip(tensors, measured) if x > 0 and meas > 0]

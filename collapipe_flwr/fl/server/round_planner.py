@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
@@ -23,6 +22,7 @@ from collapipe_flwr.dssra.cluster_model import ClusterModel
 from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
 from collapipe_flwr.dssra.policies import Policy
 from collapipe_flwr.dssra.replan import Sub1Inputs
+from collapipe_flwr.fl.round_report import RoundReport
 from collapipe_flwr.fl.server.memory_model import MemoryCorrection, memory_rows
 from collapipe_flwr.pipeline.virtual_clock import ClusterClock
 from collapipe_flwr.system.devices import DeviceProfile
@@ -69,7 +69,7 @@ class RoundPlanner:
     def devices_of(self, cluster: int) -> list[DeviceProfile]:
         return self.network.devices_of(cluster)
 
-    def absorb_memory(self, plan: RoundPlan, workload: Workload, clients: Mapping[int, Mapping[str, Any]]) -> dict:
+    def absorb_memory(self, plan: RoundPlan, workload: Workload, clients: Mapping[int, RoundReport]) -> dict:
         """C7 beside the devices' measured peaks for round t (the record's ``memory`` section) and C7's terms fitted
         on them (gamma_rt, the slope on gamma_0); the policy plans with the fit under ``system.profile: measured`` and
         on a testbed that enforces gamma_k^max (``testbed.memory_limit``: a plan over a limit kills a device), else

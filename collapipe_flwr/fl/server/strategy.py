@@ -53,6 +53,7 @@ from collapipe_flwr.fl.messages import (
 from collapipe_flwr.fl.records.progress import RoundProgress
 from collapipe_flwr.fl.records.round_ledger import RoundLedger
 from collapipe_flwr.fl.records.run_log import RunLog
+from collapipe_flwr.fl.round_report import RoundReport
 from collapipe_flwr.fl.server.aggregation.global_model import RoundFold
 from collapipe_flwr.fl.server.aggregation.reply_checks import check_reply
 from collapipe_flwr.fl.server.checkpoint import save_checkpoint
@@ -218,7 +219,7 @@ class CollaPipeStrategy(Strategy):
         t = server_round + self.round_offset
         cluster_of_node = {v: k for k, v in self.node_of_cluster.items()}
         fold = self.server.global_model.new_round()
-        clients: dict[int, dict] = {}  # cluster n -> its reply's metrics, in arrival order
+        clients: dict[int, RoundReport] = {}  # cluster n -> its reply's report, in arrival order
         fold_s, fold_cpu = 0.0, 0.0
         for reply in replies:
             t_fold, cpu_fold = time.time(), time.thread_time()
@@ -232,14 +233,14 @@ class CollaPipeStrategy(Strategy):
             log(WARNING, "round %s: cluster %s sent no reply within the round's timeout", t, cluster)
         self.server.decoder.close_round()
         self.ledger.note_wait(t0, fold_s)
-        trained = {c: m for c, m in clients.items() if int(m.get("steps", 1)) > 0}
+        trained = {c: r for c, r in clients.items() if r.steps.count > 0}
         plan = self.ledger.plan
         self.watch.round_ended(t, bool(trained), self.ledger.failures, plan.left_out if plan else {})
         if not clients:
             log(WARNING, "round %s: no CU returned a result; the global model is unchanged", t)
             return None, None
         cpu0 = time.thread_time()
-        self.server.absorb_round(t, fold, {c: float(m["train-loss"]) for c, m in clients.items()})
+        self.server.absorb_round(t, fold, {c: r.steps.loss for c, r in clients.items()})
         del fold
         self._note_virtual(clients, fold_cpu + time.thread_time() - cpu0)
         if self.cfg.save_client_weights:
@@ -247,23 +248,28 @@ class CollaPipeStrategy(Strategy):
         self.ledger.note_seconds("aggregate_s", fold_s + time.time() - t0)
         return self._round_metrics(clients)
 
-    def _note_virtual(self, clients: dict[int, dict], aggregate_cpu_s: float) -> None:
+    def _note_virtual(self, clients: dict[int, RoundReport], aggregate_cpu_s: float) -> None:
         """The round on the virtual clock: each CU's parts, its decoder CPU this round, the plan and aggregation."""
         now = self.server.decoder.head_cpu_seconds()
         decoder = {n: now.get(n, 0.0) - self._decoder_cpu0.get(n, 0.0) for n in now}
         server = self._server_cpu_s + aggregate_cpu_s
         self.ledger.note_virtual(virtual_round(clients, decoder, server))
 
-    def _fold_reply(self, t: int, reply: Message, cluster: int, fold: RoundFold, clients: dict[int, dict]) -> None:
-        """Check CU ``cluster``'s reply (reply_checks) and fold it in; a bad reply is the round's failure."""
+    def _fold_reply(
+        self, t: int, reply: Message, cluster: int, fold: RoundFold, clients: dict[int, RoundReport]
+    ) -> None:
+        """Read CU ``cluster``'s report, check its reply (reply_checks) and fold it in; a bad reply is the round's
+        failure."""
         try:
             weights, metrics = read_reply(reply)
+            report = RoundReport.from_record(metrics)
             parts = unpack_weights(weights)
             check_reply(
-                parts, metrics, self.server.global_model.expected_reply(cluster), self.server.max_examples_per_round
+                parts, report, self.server.global_model.expected_reply(cluster), self.server.max_examples_per_round
             )
-            profile = read_profile(metrics, t) if self.server.planner.uses_profiles else None
-            fold.add(cluster, parts, float(metrics[NUM_EXAMPLES]))  # refused whole or folded whole
+            testbed = report.testbed if self.server.planner.uses_profiles else None
+            profile = read_profile(testbed.to_record(), t) if testbed is not None else None
+            fold.add(cluster, parts, float(report.steps.examples))  # refused whole or folded whole
         except CollaPipeError as err:
             self.ledger.fail(cluster, str(err))
             log(WARNING, "round %s: cluster %s refused: %s (aggregating the other CUs)", t, cluster, err)
@@ -271,18 +277,18 @@ class CollaPipeStrategy(Strategy):
                 self.watch.cannot_continue(t, cluster, str(err))
             return
         if self.cfg.save_client_weights:
-            self.run_log.save_cluster_weights(t, cluster, parts, int(metrics[NUM_EXAMPLES]))
-        clients[cluster] = metrics
+            self.run_log.save_cluster_weights(t, cluster, parts, report.steps.examples)
+        clients[cluster] = report
         if profile is not None:
             self.ledger.note_profile(cluster, self.server.planner.absorb_profile(cluster, profile).to_dict())
 
-    def _round_metrics(self, clients: dict[int, dict]) -> tuple[ArrayRecord, MetricRecord]:
+    def _round_metrics(self, clients: dict[int, RoundReport]) -> tuple[ArrayRecord, MetricRecord]:
         """The round's record (example-weighted train loss, each CU's metrics, the overhead) and Flower's return."""
         # what a round costs beyond the CUs' training loops (messages, weight loads, set-up, aggregation)
-        self.ledger.note_overhead(max(float(m.get("seconds-train", 0.0)) for m in clients.values()))
-        n_ex = {c: float(m[NUM_EXAMPLES]) for c, m in clients.items()}
+        self.ledger.note_overhead(max(r.seconds.train for r in clients.values()))
+        n_ex = {c: float(r.steps.examples) for c, r in clients.items()}
         total = sum(n_ex.values())
-        train_loss = sum(float(m["train-loss"]) * n_ex[c] for c, m in clients.items()) / max(total, 1.0)
+        train_loss = sum(r.steps.loss * n_ex[c] for c, r in clients.items()) / max(total, 1.0)
         self.ledger.note_training(train_loss, clients)
         plan = self.ledger.plan
         if plan is not None:
