@@ -76,7 +76,7 @@ def test_a_checkpoint_whose_pickle_would_run_code_is_refused_without_running_it(
     else:  # a bare pickle is not even handed to the (restricted) unpickler
         assert "not a torch.save archive" in message
     with pytest.raises(ConfigError):
-        load_checkpoint(tmp_path, mmap=True)  # the cheap check a launcher can make before the run
+        load_checkpoint(tmp_path)  # the cheap check a launcher makes before the run (the tensors are mapped)
     assert not (tmp_path / "marker").exists()
 
     # the premise: the unrestricted loader would have run it

@@ -34,7 +34,7 @@ from collapipe_flwr.fl.records.run_claim import SERVER_LOCK, FolderClaim, claim_
 from collapipe_flwr.fl.records.run_log import RunLog, claim_run_folder
 from collapipe_flwr.fl.records.run_plots import TensorBoardLog, load_rounds, write_run_plots
 from collapipe_flwr.fl.run_config import hydra_overrides
-from collapipe_flwr.fl.server.checkpoint import load_checkpoint, restore
+from collapipe_flwr.fl.server.checkpoint import checkpoint_path, load_checkpoint, restore
 from collapipe_flwr.fl.server.server_state import ServerState
 from collapipe_flwr.fl.server.strategy import CollaPipeStrategy
 from collapipe_flwr.fl.server.threads import torch_threads
@@ -178,7 +178,7 @@ def rounds_done(cfg: RunConfig, server: ServerState, run_log: RunLog, folder: Pa
     none left to train is a ConfigError."""
     done = 0
     if cfg.resume:
-        done = restore(server, load_checkpoint(folder))
+        done = restore(server, load_checkpoint(folder), checkpoint_path(folder))
         run_log.keep_rounds_through(done)
         console.print(f"resuming {folder} after round {done} of {cfg.federation.num_rounds}")
     if done >= cfg.federation.num_rounds:
