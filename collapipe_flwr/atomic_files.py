@@ -1,10 +1,10 @@
 """Files replaced in one step, and I/O errors as one line.
 
 Every file a run keeps (config.json, summary.json, checkpoint.pt, a CU's optimizer moments, saved models,
-plots) is written through :func:`replace_atomically`: a reader sees the old file or the new one, never a part,
-and a crash or a full disk leaves the old file in place. Written here rather than taken from a library because
-the error contract is the project's: an ``OSError`` (disk full, no permission) becomes a one-line
-``CollaPipeError`` naming the file and what to do.
+plots, the launcher's status.json and run_config.toml) is written through :func:`replace_atomically`: a reader
+sees the old file or the new one, never a part, and a crash or a full disk leaves the old file in place. Written
+here rather than taken from a library because the error contract is the project's: an ``OSError`` (disk full,
+no permission) becomes a one-line ``CollaPipeError`` naming the file and what to do.
 """
 
 from __future__ import annotations
@@ -48,10 +48,13 @@ def _temporary_replaced(tmp: str, writer_errors: tuple[type[BaseException], ...]
         raise
 
 
-def replace_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+def replace_atomically(
+    path: Path, write: Callable[[BinaryIO], object], error: type[CollaPipeError] = CollaPipeError
+) -> None:
     """Replace ``path`` in one step: ``write`` fills a temporary file in the same folder, which is synced and
-    moved over ``path`` with ``os.replace`` (a reader sees the old file or the new one, never a part)."""
-    with file_errors(path, "write"):
+    moved over ``path`` with ``os.replace`` (a reader sees the old file or the new one, never a part); a disk
+    error is a one-line ``error``."""
+    with file_errors(path, "write", error):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
         with _temporary_replaced(tmp, (RuntimeError,)):
             with os.fdopen(fd, "wb") as fh:
@@ -80,6 +83,6 @@ def replace_atomically_by_name(
             os.replace(tmp, path)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` (UTF-8) atomically."""
-    replace_atomically(path, lambda fh: fh.write(text.encode("utf-8")))
+def write_atomic(path: Path, text: str, error: type[CollaPipeError] = CollaPipeError) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) atomically; a disk error is a one-line ``error``."""
+    replace_atomically(path, lambda fh: fh.write(text.encode("utf-8")), error)

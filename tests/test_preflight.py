@@ -74,3 +74,49 @@ def test_a_run_whose_split_cannot_be_made_fails_before_any_cu_is_asked(data_dir,
     with pytest.raises(ConfigError, match="cannot make cluster 0's data partition: task.partition=quantity over 24"):
         run_server(grid, {"overrides": overrides, "data-dir": str(data_dir), "output-dir": str(tmp_path)})
     assert _Silent.sent == 0
+
+
+def _small_multi30k(data_dir, folder, lines: int) -> None:
+    """A data folder whose Multi30K training files hold their first ``lines`` pairs (validation: the real ones)."""
+    small = folder / "multi30k" / "tok"
+    small.mkdir(parents=True)
+    for name in ("train.lc.norm.tok.de", "train.lc.norm.tok.en"):
+        text = (data_dir / "multi30k" / "tok" / name).read_text(encoding="utf-8")
+        small.joinpath(name).write_text("".join(text.splitlines(keepends=True)[:lines]), encoding="utf-8")
+    for name in ("val.lc.norm.tok.de", "val.lc.norm.tok.en"):
+        small.joinpath(name).symlink_to(data_dir / "multi30k" / "tok" / name)
+
+
+def test_partitions_too_small_for_the_clusters_are_refused_before_the_servers_probe(data_dir, tmp_path, cache):
+    """4 clusters over 3-line training files: the partition check, not the 8-example workload probe ("example
+    index 3 is out of range", 21 s in), refuses the run, in one line, before any CU is asked."""
+    _small_multi30k(data_dir, tmp_path / "data", lines=3)
+    overrides = (
+        "task=translation model=transformer_tiny federation=tiny network=small runtime.backend=local "
+        "federation.num_clusters=4 run_name=small"
+    )
+    grid = _Silent(4, str(tmp_path / "data"))
+    _Silent.sent = 0
+    with pytest.raises(ConfigError) as info:
+        run_server(grid, {"overrides": overrides, "data-dir": str(tmp_path / "data"), "output-dir": str(tmp_path)})
+    message = str(info.value)
+    assert "\n" not in message and "cannot split 3 training examples into 4 clusters" in message, message
+    assert "federation.num_clusters" in message and "out of range" not in message
+    assert _Silent.sent == 0
+
+
+def test_the_servers_probe_takes_no_more_examples_than_the_training_set_holds(data_dir, tmp_path, cache):
+    """3 training examples over 2 clusters is a valid split: the 8-example probe takes the 3 there are."""
+    from collapipe_flwr.config import load_run_config
+    from collapipe_flwr.fl.server.server_state import ServerState
+
+    _small_multi30k(data_dir, tmp_path / "data", lines=3)
+    overrides = [
+        "task=translation", "model=transformer_tiny", "federation=tiny", "network=small", "runtime.backend=local",
+        "federation.num_clusters=2", "task.batch_size=8", "clock.host_flops=1e9",
+    ]  # fmt: skip
+    server = ServerState.build(load_run_config(overrides, data_dir=str(tmp_path / "data")))
+    try:
+        assert server.workload.forward_flops[0] > 0
+    finally:
+        server.shutdown()

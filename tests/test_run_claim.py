@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.records.run_claim import LAUNCHER_LOCK, SERVER_LOCK, RunFolderBusy, claim_folder
 from collapipe_flwr.fl.server.server_main import run_server
 from tests.inprocess_grid import InProcessGrid
@@ -78,11 +79,30 @@ def test_a_second_serverapp_of_the_same_run_name_is_refused_before_it_writes_any
     assert (done / "summary.json").is_file()
 
 
-def test_a_symlinked_lock_file_is_refused_not_followed(tmp_path):
-    (tmp_path / "run").mkdir()
+@pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "directory", "fifo"])
+def test_a_lock_file_that_is_a_link_or_a_folder_is_refused_naming_the_lock_file(tmp_path, kind):
+    """The refusal names the lock file and what it is (it used to blame the run folder and say "free disk
+    space"); the link's target is neither followed nor touched."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    lock = folder / SERVER_LOCK
     target = tmp_path / "elsewhere"
-    target.write_text("keep me\n")
-    (tmp_path / "run" / SERVER_LOCK).symlink_to(target)
-    with pytest.raises(Exception, match=f"{SERVER_LOCK}|create the run folder"):
-        claim_folder(tmp_path / "run", SERVER_LOCK)
-    assert target.read_text() == "keep me\n"
+    if kind == "symlink":
+        target.write_text("keep me\n")
+    if kind == "directory":
+        lock.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.symlink_to(target)
+    with pytest.raises(ConfigError) as info:
+        claim_folder(folder, SERVER_LOCK)
+    message = str(info.value)
+    assert "\n" not in message and f"lock file {lock}" in message, message
+    says = {"symlink": "a symbolic link", "dangling symlink": "a symbolic link", "directory": "a directory"}
+    assert says.get(kind, "a special file") in message, message
+    assert "disk space" not in message and "remove it" in message, message
+    if kind == "symlink":
+        assert target.read_text() == "keep me\n"
+    else:
+        assert not target.exists()

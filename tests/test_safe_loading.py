@@ -76,7 +76,7 @@ def test_a_checkpoint_whose_pickle_would_run_code_is_refused_without_running_it(
     else:  # a bare pickle is not even handed to the (restricted) unpickler
         assert "not a torch.save archive" in message
     with pytest.raises(ConfigError):
-        load_checkpoint(tmp_path, mmap=True)  # the cheap check a launcher can make before the run
+        load_checkpoint(tmp_path)  # the cheap check a launcher makes before the run (the tensors are mapped)
     assert not (tmp_path / "marker").exists()
 
     # the premise: the unrestricted loader would have run it
@@ -235,11 +235,13 @@ def _damage(path: Path, how: str, tmp_path: Path) -> str:
     if how == "another cluster's":
         save_cu_state("run1", 1, 2, _moments()).replace(path)
         return "cluster 1"
-    if how == "edited header":  # the round edited from 2 to 1, the checksum left as it was
+    if how in ("edited header", "edited to a later round"):  # the round edited, the checksum left as it was
         header_len = int.from_bytes(body[:8], "little")
         header = json.loads(body[8 : 8 + header_len])
         assert header["__metadata__"]["round"] == "2"
-        header["__metadata__"]["round"] = "1"
+        # 1: an earlier round; 9: a later one, which used to give None (fresh moments, no error): the round was
+        # trusted before the checksum was verified
+        header["__metadata__"]["round"] = "1" if how == "edited header" else "9"
         new = json.dumps(header, separators=(",", ":")).encode()
         assert len(new) <= header_len
         path.write_bytes(body[:8] + new.ljust(header_len) + body[8 + header_len :])
@@ -256,6 +258,7 @@ DAMAGES = [
     "another run's",
     "another cluster's",
     "edited header",
+    "edited to a later round",
 ]
 
 

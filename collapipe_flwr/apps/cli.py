@@ -130,7 +130,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None
         # the server would refuse this folder: say so now, before flwr.log or status.json overwrite its files
         check_run_folder(job.run_dir, cfg.resume)
         if cfg.resume:  # a missing, damaged or hostile checkpoint.pt: refused here with exit 2 (read, never run)
-            load_checkpoint(job.run_dir, mmap=True)
+            load_checkpoint(job.run_dir)  # mapped, not read: its sizes are bounded before anything is allocated
     except CollaPipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

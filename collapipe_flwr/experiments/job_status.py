@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from collapipe_flwr.atomic_files import file_errors, write_atomic
+from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.experiments.job import TIMEOUT_ENV, JobSpec
 from collapipe_flwr.experiments.log_errors import error_line
 
@@ -17,10 +19,13 @@ LOG_FILE = "flwr.log"
 SUPERLINK_LOG_FILE = "superlink.log"
 
 
-def write_status(job_dir: Path, status: dict) -> Path:
-    job_dir.mkdir(parents=True, exist_ok=True)
+def write_status(job_dir: Path, status: dict, error: type[CollaPipeError] = CollaPipeError) -> Path:
+    """Replace the job's status.json atomically (a full disk leaves the previous one whole, never an empty
+    file); a disk error is a one-line ``error`` naming the file."""
     path = job_dir / STATUS_FILE
-    path.write_text(json.dumps(status, indent=2, sort_keys=True, default=str))
+    with file_errors(job_dir, "create the job folder", error):
+        job_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(status, indent=2, sort_keys=True, default=str), error)
     return path
 
 

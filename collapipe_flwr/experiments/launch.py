@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from collapipe_flwr.atomic_files import file_errors
+from collapipe_flwr.atomic_files import file_errors, write_atomic
 from collapipe_flwr.config import CONF_DIR
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.experiments.app_files import fab_include_patterns, stage_app
@@ -100,7 +100,7 @@ def launch(
             return _launch_claimed(job, project_root, echo, base_env, flwr_exe)
         except DiskError as err:
             status = {**initial_status(job, [], job.job_dir / LOG_FILE), "error": str(err)}
-            with contextlib.suppress(OSError):  # the disk may be full: status.json is best effort here
+            with contextlib.suppress(CollaPipeError):  # the disk may be full: status.json is best effort here
                 write_status(job.job_dir, status)
             return status
 
@@ -125,8 +125,7 @@ def _prepare_files(job: JobSpec, project_root: Path) -> tuple[Path, Path, Path, 
     """Write the job's run config, make its private temp folder (Flower home, staged app) and open its log:
     ``(scratch, flwr_home, app_dir, log)``. A failure removes the temp folder; a disk error is :class:`DiskError`."""
     run_config_file = job.job_dir / RUN_CONFIG_FILE
-    with file_errors(run_config_file, "write", DiskError):
-        run_config_file.write_text(run_config_toml(job))
+    write_atomic(run_config_file, run_config_toml(job), DiskError)  # a full disk keeps the previous file whole
     with file_errors(Path(tempfile.gettempdir()), "make a private temp folder in", DiskError):
         scratch = private_temp_dir()  # the job's FLWR_HOME, Ray's session folders and other temp files
     try:
@@ -183,8 +182,7 @@ def _launch_claimed(
         status["wall_s"] = round(time.monotonic() - t0, 3)
         status["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         status.update(judge(status, job, interrupted))
-        with file_errors(job.job_dir / STATUS_FILE, "write", DiskError):
-            write_status(job.job_dir, status)
+        write_status(job.job_dir, status, DiskError)
     if interrupted:
         raise KeyboardInterrupt
     return status

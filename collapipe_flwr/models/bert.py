@@ -28,6 +28,7 @@ from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.models.crf import LinearChainCRF
 from collapipe_flwr.models.fast_dropout import register_attention, with_fast_dropout
 from collapipe_flwr.models.split import SplitModel, TaskHead
+from collapipe_flwr.torch_archive import check_archive, unbounded, walk_tensors
 
 HEADS = ("token", "token_crf", "sequence")
 # the blocks' attention (models/fast_dropout.py), registered with transformers wherever this module is imported: a
@@ -260,7 +261,9 @@ def read_checkpoint(pretrained_dir: str | Path) -> dict[str, torch.Tensor]:
 
             raw = load_file(str(path))
         else:
-            raw = torch.load(str(path), map_location="cpu", weights_only=True)
+            raw = _torch_weights(path)
+    except ConfigError:
+        raise
     except Exception as err:  # noqa: BLE001 - any unreadable file is a user data problem
         raise ConfigError(f"cannot read {path}: {type(err).__name__}; re-download the checkpoint") from None
     out = {}
@@ -268,6 +271,24 @@ def read_checkpoint(pretrained_dir: str | Path) -> dict[str, torch.Tensor]:
         key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
         out[key] = value
     return out
+
+
+def _torch_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A ``pytorch_model.bin`` read without running code (``weights_only``). A zip archive (torch >= 1.6) is
+    mapped, not read, and every size it claims bounded before any is allocated (collapipe_flwr/torch_archive.py:
+    no compressed or oversized record, no sparse or expanded tensor); the legacy format cannot be mapped."""
+    with path.open("rb") as fh:
+        zipped = fh.read(4) == b"PK\x03\x04"
+    if not zipped:
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    check_archive(path, "re-download the checkpoint")
+    raw = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    size = path.stat().st_size
+    for where, tensor in walk_tensors(raw, path):
+        reason = unbounded(tensor, size)
+        if reason is not None:
+            raise ConfigError(f"cannot use {path}: its tensor {where} {reason}; re-download the checkpoint")
+    return raw
 
 
 def _strip_prefix(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

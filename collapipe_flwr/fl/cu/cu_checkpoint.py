@@ -17,12 +17,13 @@ and a header of strings, read without unpickling anything, so a file cannot run 
 binds the file to its run and cluster: ``key``, ``cluster``, ``round`` and a SHA-256 over those and every
 tensor's name, dtype, shape and bytes (it finds damage and edits by hand; whoever can write the folder can
 write a consistent file, which is why the folder is the user's own). The key folder is created with mode
-0o700; a key folder or a file that is a symbolic link is never followed. Loading gives None when there is no
-file, or when it holds a later round's moments (the server died after the CU saved round t but before its
-own checkpoint of round t: that round runs again); a file that exists but cannot be used (a text file, a
-pickle, a truncated file, another run's or cluster's state, a checksum that does not match) is a one-line
-:class:`CUStateError` naming the file and why, so the CU's round fails with it instead of silently training
-on fresh moments.
+0o700; a key folder or a file that is a symbolic link is never followed. Loading verifies the checksum before
+it uses any header field (a round edited by hand is refused, never taken as a reason to skip the file). It
+gives None when there is no file, or when the file holds a later round's moments (the server died after the CU
+saved round t but before its own checkpoint of round t: that round runs again); a file that exists but cannot
+be used (a text file, a pickle, a truncated file, another run's or cluster's state, a checksum that does not
+match) is a one-line :class:`CUStateError` naming the file and why, so the CU's round fails with it instead of
+silently training on fresh moments.
 """
 
 from __future__ import annotations
@@ -106,6 +107,22 @@ def load_cu_state(key: str, cluster: int, before: int, reset: bool = False) -> d
     if not stat.S_ISREG(mode):
         raise _unusable(path, cluster, "it is not a regular file")
     tensors, meta = _read(path, cluster)
+    saved_round = _checked_header(path, key, cluster, tensors, meta)
+    if not saved_round < int(before):
+        return None  # a later round's moments: that round runs again, from fresh moments as a CU without state
+    bad = next((name for name in tensors if name.count("|") != 2), None)
+    if bad is not None:
+        raise _unusable(path, cluster, f"it holds a tensor {bad!r} that is not named part|parameter|moment")
+    return tensors
+
+
+def _checked_header(path: Path, key: str, cluster: int, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> int:
+    """The round a file's header names, once its checksum is verified (no field of an altered header is used,
+    not even to skip the file) and it is this run's and cluster's state; else a CUStateError saying why."""
+    if meta.get("sha256") != digest(tensors, meta):
+        if meta.get("kind") != KIND or meta.get("format") != str(FORMAT):
+            raise _unusable(path, cluster, f"it is not CU state of format {FORMAT} (header {_header_text(meta)})")
+        raise _unusable(path, cluster, "its checksum does not match its header and tensors (altered or damaged)")
     if meta.get("kind") != KIND or meta.get("format") != str(FORMAT):
         raise _unusable(path, cluster, f"it is not CU state of format {FORMAT} (header {_header_text(meta)})")
     if meta.get("key") != key:
@@ -113,16 +130,9 @@ def load_cu_state(key: str, cluster: int, before: int, reset: bool = False) -> d
     if meta.get("cluster") != str(int(cluster)):
         raise _unusable(path, cluster, f"it holds cluster {meta.get('cluster')}'s state, not cluster {int(cluster)}'s")
     saved_round = meta.get("round", "")
-    if not saved_round.isdigit():
+    if not (saved_round.isascii() and saved_round.isdigit()):
         raise _unusable(path, cluster, f"its header's round {saved_round!r} is not a round number")
-    if not int(saved_round) < int(before):
-        return None  # a later round's moments: that round runs again, from fresh moments as a CU without state
-    if meta.get("sha256") != digest(tensors, meta):
-        raise _unusable(path, cluster, "its checksum does not match its header and tensors (altered or damaged)")
-    bad = next((name for name in tensors if name.count("|") != 2), None)
-    if bad is not None:
-        raise _unusable(path, cluster, f"it holds a tensor {bad!r} that is not named part|parameter|moment")
-    return tensors
+    return int(saved_round)
 
 
 def remove_cu_state(key: str, cluster: int) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 from collapipe_flwr.atomic_files import file_errors
@@ -61,7 +62,7 @@ def claim_folder(folder: Path, name: str, who: str = "run") -> FolderClaim:
     path = folder / name
     with file_errors(folder, "create the run folder"):
         folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = _open_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -78,6 +79,43 @@ def claim_folder(folder: Path, name: str, who: str = "run") -> FolderClaim:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return FolderClaim(path, fd)
+
+
+def _open_lock(path: Path) -> int:
+    """The lock file's descriptor (created if missing, mode 0o600, a symbolic link never followed); a lock file
+    that is a link or not a regular file is a one-line ConfigError naming it, a disk error the usual one line."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        what = _not_a_lock_file(path)
+        if what is None:
+            with file_errors(path, "create the lock file"):
+                raise err from None
+        raise _unusable_lock(path, what) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device opens: it is no lock file either
+        os.close(fd)
+        raise _unusable_lock(path, "a special file")
+    return fd
+
+
+def _unusable_lock(path: Path, what: str | None) -> ConfigError:
+    return ConfigError(
+        f"the lock file {path} is {what}, not a regular file, and is not used; remove it (it holds nothing of the "
+        "run) and start again"
+    )
+
+
+def _not_a_lock_file(path: Path) -> str | None:
+    """What ``path`` is when it cannot be a lock file (a symbolic link, a directory, ...); None otherwise."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return None if stat.S_ISREG(mode) else "a special file"
 
 
 def _holder(fd: int) -> str:

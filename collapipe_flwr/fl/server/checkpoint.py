@@ -23,7 +23,9 @@ and rebuilt when restored. It is read back with ``torch.load(weights_only=True)`
 tensors and plain values and nothing else, so a file someone else put there cannot run code in the
 ServerApp: a pickle that names any other Python object (a ``__reduce__`` calling ``os.system``, or a
 checkpoint of format 1, which held the server optimizer object itself), a text file or a truncated file is
-refused with one line naming the file (a :class:`ConfigError`).
+refused with one line naming the file (a :class:`ConfigError`). Nor can a file make it allocate more than this
+run's state: every size it claims is bounded before anything of that size exists (torch_archive.py,
+checkpoint_fit.py), on the launcher's pre-check and on the ServerApp's own resume alike.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ import torch
 from collapipe_flwr.atomic_files import replace_atomically
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl.server.aggregation.server_optimizer import ServerOptimizer
+from collapipe_flwr.fl.server.checkpoint_fit import check_fits, check_round, check_tensors
 from collapipe_flwr.fl.server.server_state import ServerState
+from collapipe_flwr.torch_archive import check_archive, materialized
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT = 2  # 2: plain values and tensors only, read with weights_only=True; 1 pickled the server optimizer object
@@ -80,13 +84,17 @@ def capture(server: ServerState, t: int) -> dict[str, Any]:
     }
 
 
-def restore(server: ServerState, payload: dict[str, Any]) -> int:
-    """Load a captured state into a freshly built server; returns the round it was captured after. A payload
-    that does not fit this run is a one-line ConfigError."""
+def restore(server: ServerState, payload: dict[str, Any], source: str | Path = "the checkpoint") -> int:
+    """Load a captured state (:func:`load_checkpoint`'s, from ``source``) into a freshly built server; returns
+    the round it was captured after. Every tensor is first held to this run's shapes (checkpoint_fit.py), then
+    copied out of the file's mapping; a payload that does not fit this run is a one-line ConfigError."""
     if payload.get("format") != FORMAT:
         raise ConfigError(
             f"checkpoint format {payload.get('format')!r} is not {FORMAT}; it was written by another version"
         )
+    check_round(payload, Path(source))
+    check_fits(server, payload, Path(source))
+    payload = materialized(payload)
     try:
         model = server.model
         model.embedding.load_state_dict(payload["model"]["embedding"])
@@ -120,11 +128,13 @@ def save_checkpoint(folder: str | Path, server: ServerState, t: int) -> Path:
     return path
 
 
-def load_checkpoint(folder: str | Path, mmap: bool = False) -> dict[str, Any]:
-    """The checkpoint of a run folder, read without running any code from it (``weights_only=True``); a
-    one-line ConfigError naming the file when there is none, it cannot be read, it holds anything but
-    tensors and plain values, or it is of another format. ``mmap`` maps the tensors instead of reading them
-    (a cheap check of the file before a run starts)."""
+def load_checkpoint(folder: str | Path) -> dict[str, Any]:
+    """The checkpoint of a run folder, read without running any code from it (``weights_only=True``) and with
+    its tensors mapped from the file, not read (``mmap=True``); a one-line ConfigError naming the file when
+    there is none, it cannot be read, it holds anything but tensors and plain values, it is of another format,
+    or a size it claims is not bounded (torch_archive.py, checkpoint_fit.py: compressed or oversized records, sparse or
+    expanded tensors, a round that is not a non-negative int). Cheap enough for the launcher's pre-check; the
+    ServerApp's :func:`restore` then holds the tensors to the model's shapes."""
     path = checkpoint_path(folder)
     if not path.is_file():
         raise ConfigError(f"resume=true but {path} does not exist; the run never completed a round, start it afresh")
@@ -136,8 +146,9 @@ def load_checkpoint(folder: str | Path, mmap: bool = False) -> dict[str, Any]:
     if head != ZIP_MAGIC:  # a text file, a bare pickle, an empty file: never handed to an unpickler
         what = "an empty file" if not head else "not a torch.save archive"
         raise ConfigError(f"{path} is not a checkpoint ({what}); start the run afresh")
+    check_archive(path)  # before torch reads a record: none compressed, none larger than the file
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as err:
         raise ConfigError(_refused(path, err)) from None
     except Exception as err:  # a damaged archive fails as RuntimeError, KeyError, EOFError ...
@@ -151,6 +162,8 @@ def load_checkpoint(folder: str | Path, mmap: bool = False) -> dict[str, Any]:
             f"{path} is a checkpoint of format {payload['format']!r}; this version reads format {FORMAT} only: "
             "start the run afresh"
         )
+    check_round(payload, path)
+    check_tensors(payload, path)
     return payload
 
 

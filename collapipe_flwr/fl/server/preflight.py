@@ -5,7 +5,9 @@ split). A split that cannot be made (fewer training examples than clusters, a Di
 cluster empty, label schemes on a task without labels) used to surface only in the CUs' first round, as a
 traceback and "example index 3 is out of range". The server holds the same data folder in a simulation and
 usually in a deployment, so it computes every D_n once at start-up and refuses the run with one line naming the
-cluster and the fix. A server without the training file (a deployment whose server keeps only the validation
+cluster and the fix. It runs first in ``ServerState.build``, right after the task, before the model and the
+workload probe (a few training examples through the embedding), which on too few examples failed 21 s in with
+that index error instead. A server without the training file (a deployment whose server keeps only the validation
 data) skips the check: its CUs still refuse a bad split themselves.
 
 What it costs: counting the training examples (0.3 s for Multi30K here). ``iid`` with N <= |D| can leave no

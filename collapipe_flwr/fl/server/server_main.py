@@ -34,8 +34,7 @@ from collapipe_flwr.fl.records.run_claim import SERVER_LOCK, FolderClaim, claim_
 from collapipe_flwr.fl.records.run_log import RunLog, claim_run_folder
 from collapipe_flwr.fl.records.run_plots import TensorBoardLog, load_rounds, write_run_plots
 from collapipe_flwr.fl.run_config import hydra_overrides
-from collapipe_flwr.fl.server.checkpoint import load_checkpoint, restore
-from collapipe_flwr.fl.server.preflight import check_partitions
+from collapipe_flwr.fl.server.checkpoint import checkpoint_path, load_checkpoint, restore
 from collapipe_flwr.fl.server.server_state import ServerState
 from collapipe_flwr.fl.server.strategy import CollaPipeStrategy
 from collapipe_flwr.fl.server.threads import torch_threads
@@ -112,8 +111,7 @@ def run_server(grid, run_config: dict, cfg: RunConfig | None = None) -> Path | N
         run_log = open_run_log(cfg, folder)
         console = Console(stderr=True, highlight=False, soft_wrap=True)
         console.print(escape(start_line(cfg, folder)))
-        opened.server = server = ServerState.build(cfg)
-        check_partitions(server.task, cfg.federation.num_clusters, cfg.task.batch_size)  # before any CU is asked
+        opened.server = server = ServerState.build(cfg)  # checks the partitions first, before any CU is asked
         claim_run(cfg, server, run_log)
         done = rounds_done(cfg, server, run_log, folder, console)
         opened.progress = RoundProgress(
@@ -180,7 +178,7 @@ def rounds_done(cfg: RunConfig, server: ServerState, run_log: RunLog, folder: Pa
     none left to train is a ConfigError."""
     done = 0
     if cfg.resume:
-        done = restore(server, load_checkpoint(folder))
+        done = restore(server, load_checkpoint(folder), checkpoint_path(folder))
         run_log.keep_rounds_through(done)
         console.print(f"resuming {folder} after round {done} of {cfg.federation.num_rounds}")
     if done >= cfg.federation.num_rounds:

@@ -30,6 +30,7 @@ from collapipe_flwr.fl.server.aggregation.server_optimizer import ServerOptimize
 from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
 from collapipe_flwr.fl.server.decoder.service import DecoderService, TlsFiles
 from collapipe_flwr.fl.server.evaluator import Evaluator
+from collapipe_flwr.fl.server.preflight import check_partitions
 from collapipe_flwr.fl.server.round_planner import RoundPlanner
 from collapipe_flwr.models.split import SplitModel
 from collapipe_flwr.pipeline.profiling import host_flop_rate
@@ -44,7 +45,7 @@ PROBE_EXAMPLES = 8  # FLOPs and bytes are counted per sample, so a few real exam
 
 def sample_hidden(task: Task, model: SplitModel, cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """A few real training examples through the embedding: the activations the workload is counted on."""
-    n = min(PROBE_EXAMPLES, wiring.batch_size(cfg))
+    n = min(PROBE_EXAMPLES, wiring.batch_size(cfg), len(task.train_examples()))
     batch = next(iter(task.batches(list(range(n)), n, seed=cfg.seed, shuffle=False)))
     with torch.no_grad():
         hidden = model.embedding(batch["input_ids"])
@@ -153,9 +154,12 @@ class ServerState:
 
     @classmethod
     def build(cls, cfg: RunConfig) -> ServerState:
-        """Everything in start-up order: model, workload, planner, decoder service, aggregation, evaluation."""
+        """Everything in start-up order: the partition check, model, workload, planner, decoder service,
+        aggregation, evaluation."""
         torch.manual_seed(cfg.seed)
         task = wiring.build_task(cfg)
+        # the clusters' partitions first: data too small for them is one line here, not the probe's index error
+        check_partitions(task, cfg.federation.num_clusters, cfg.task.batch_size)
         model = wiring.build_model(task, cfg)
         hidden, mask = sample_hidden(task, model, cfg)
         workload = count_workload(model, hidden, mask, cfg)
