@@ -71,8 +71,9 @@ def expected_shapes(folder: str | Path) -> tuple[str, dict[str, tuple[int, ...]]
     with quiet_transformers():
         try:
             config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError, KeyError) as err:
-            raise ConfigError(f"cannot read the config.json of {folder} ({str(err).splitlines()[0][:120]})") from None
+        except Exception as err:  # noqa: BLE001 - a damaged config.json raises anything from OSError to TypeError
+            first = (str(err).splitlines() or [type(err).__name__])[0][:120]
+            raise ConfigError(f"cannot read the config.json of {folder} ({first}); copy it again") from None
         auto = AutoModelForCausalLM if config.model_type in CAUSAL_LM_TYPES else AutoModel
         with torch.device("meta"):
             model = auto.from_config(config)
