@@ -13,7 +13,6 @@ run trained on) and ``peft.PeftModel.from_pretrained(base, model/peft)``. Greedy
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any, NoReturn
 import torch
 
 from collapipe_flwr.accelerator import DEVICES, resolve_device
-from collapipe_flwr.errors import ConfigError, exit_on_user_error
+from collapipe_flwr.errors import CollaPipeError, ConfigError, exit_on_user_error
 from collapipe_flwr.model_store import load_model, model_dir_of, read_meta
 
 SOURCES = ("merged", "adapters")
@@ -79,12 +78,39 @@ def causal_lm_dir(folder: str) -> Path:
 
 
 def _hf_errors(what: str, call):
-    """``call()``, with the libraries' loading errors as one line naming ``what``."""
+    """``call()``, with any error of the libraries reading a saved folder (a damaged file raises anything from an
+    OSError to a SafetensorError or a RuntimeError) as one line naming ``what``."""
     try:
         return call()
-    except (OSError, ValueError, KeyError) as err:
+    except CollaPipeError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a saved folder's damage, whatever the library calls it
         first = (str(err).splitlines() or [type(err).__name__])[0][:160]
-        raise ConfigError(f"cannot load {what} ({first}); save the run again") from None
+        raise ConfigError(f"cannot load {what} ({type(err).__name__}: {first}); save the run again") from None
+
+
+def check_prompts(prompts: Sequence[str]) -> None:
+    """Every prompt is text (an argument of invalid UTF-8 reaches Python as lone surrogates), else one line."""
+    for number, prompt in enumerate(prompts, 1):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as err:
+            code = ord(prompt[err.start])
+            byte = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"character U+{code:04X}"
+            raise ConfigError(
+                f"--prompt number {number} is not valid UTF-8 ({byte} at character {err.start}); pass the prompt "
+                "as UTF-8 text"
+            ) from None
+
+
+def _complete_weights(folder: Path) -> None:
+    """The folder's safetensors hold every tensor its config.json's model needs, of the right shape (no random
+    weights without a word; models/hf/folder_weights.py), else one line naming the first."""
+    from collapipe_flwr.models.hf.folder_weights import missing_weights
+
+    missing = _hf_errors(str(folder), lambda: missing_weights(folder))
+    if missing:
+        raise ConfigError(f"{folder} holds no {missing[0]} ({len(missing)} weights missing); save the run again")
 
 
 def load_merged(model_dir: Path) -> tuple[Any, Any]:
@@ -92,6 +118,7 @@ def load_merged(model_dir: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = str(model_dir / "merged")
+    _complete_weights(model_dir / "merged")
     model = _hf_errors(folder, lambda: AutoModelForCausalLM.from_pretrained(folder, local_files_only=True))
     return model, _hf_errors(f"the tokenizer of {folder}", lambda: AutoTokenizer.from_pretrained(folder))
 
@@ -102,18 +129,21 @@ def load_adapters(model_dir: Path, data_dir: str) -> tuple[Any, Any]:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from collapipe_flwr.models.hf.adapter_checks import check_adapter_config, read_adapter_config
     from collapipe_flwr.models.hf.peft_export import ADAPTER_CONFIG, unsplit_model
 
     adapters = model_dir / "peft"
-    saved = _hf_errors(str(adapters), lambda: json.loads((adapters / ADAPTER_CONFIG).read_text()))
+    saved = read_adapter_config(adapters / ADAPTER_CONFIG)
     base_name = saved.get("base_model_name_or_path")
     if base_name:
-        if not Path(base_name).is_dir():
+        if not isinstance(base_name, str) or not Path(base_name).is_dir():
             raise ConfigError(f"the base {base_name} of {adapters} is not a folder here; use --from merged")
+        _complete_weights(Path(base_name))
         base = _hf_errors(base_name, lambda: AutoModelForCausalLM.from_pretrained(base_name, local_files_only=True))
     else:
         _, _, split = load_model(model_dir, data_dir=data_dir or None)
         base = unsplit_model(*split.parts())
+    check_adapter_config(adapters / ADAPTER_CONFIG, saved, base)  # names only, ranks bounded: before peft allocates
     model = _hf_errors(str(adapters), lambda: PeftModel.from_pretrained(base, str(adapters)))
     tokenizer_dir = str(model_dir / "tokenizer")
     return model, _hf_errors(f"the tokenizer of {tokenizer_dir}", lambda: AutoTokenizer.from_pretrained(tokenizer_dir))
@@ -123,6 +153,7 @@ def load_adapters(model_dir: Path, data_dir: str) -> tuple[Any, Any]:
 def main(argv: Sequence[str] | None = None) -> list[str]:
     args = parse_args(argv)
     sampling = sampling_of(args)
+    check_prompts(args.prompt)
     if args.threads < 0:
         raise ConfigError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
     if args.threads:

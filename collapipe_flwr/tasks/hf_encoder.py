@@ -85,7 +85,7 @@ def build_encoder_model(model: ModelSpec, vocab_size: int, head: str, num_labels
             output_loading_info=True,
         )
     missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(FRESH))
-    if missing:  # the encoder would train from random values without a word
+    if missing and not hf.allow_missing_weights:  # the encoder would train from random values without a word
         raise ConfigError(
             f"{hf.hf_folder} holds no weight for {missing[0]} ({len(missing)} encoder weights missing); point "
             f"model.hf_folder at a pretrained {hf.model_type} checkpoint (BertModel, BertForMaskedLM, ... weights)"

@@ -8,6 +8,9 @@
   package (models/packaged.py), resolved on each machine where the folder is read;
 - ``gguf_file``: a GGUF file in that folder holding config, weights (dequantised on load) and tokenizer;
 - ``base_dtype`` (fp32 | bf16, LoRA only): the dtype the TEBs' frozen base weights are stored in;
+- ``allow_missing_weights`` (false): a folder whose weights lack tensors its config.json's model needs is
+  refused at start-up (models/hf/folder_weights.py); true trains those from random values, and the run's
+  summary says how many;
 - ``lora`` {enabled, r, alpha, dropout, target_modules: auto | [names], train_head}: LoRA adapters on every
   TEB. The devices then train only theta^s_LoRA of their delta_k, and the CU's upload (eq. 11, the bits of C9
   / eq. 26) and the server's average carry only the trainable tensors.
@@ -32,7 +35,7 @@ from collapipe_flwr.models.hf_arch import (
 from collapipe_flwr.models.packaged import resolve_folder
 from collapipe_flwr.spec_parsing import require
 
-HF_KEYS = ("model_type", "hf_folder", "allow_hub", "lora", "gguf_file", "base_dtype")
+HF_KEYS = ("model_type", "hf_folder", "allow_hub", "lora", "gguf_file", "base_dtype", "allow_missing_weights")
 # model.base_dtype: what the frozen (non-LoRA) weights of the TEBs are stored in (models/hf/frozen_base.py)
 BASE_DTYPES = ("fp32", "bf16")
 _LORA_KEYS = ("enabled", "r", "alpha", "dropout", "target_modules", "train_head")
@@ -112,10 +115,13 @@ class HfSpec:
     lora: LoraSpec = field(default_factory=LoraSpec)
     gguf_file: str = ""
     base_dtype: str = "fp32"
+    allow_missing_weights: bool = False
 
     def __post_init__(self) -> None:
         check_model_type(self.model_type)
-        require(isinstance(self.allow_hub, bool), f"model.allow_hub={self.allow_hub!r} must be true or false")
+        for key in ("allow_hub", "allow_missing_weights"):
+            value = getattr(self, key)
+            require(isinstance(value, bool), f"model.{key}={value!r} must be true or false")
         require(
             bool(self.hf_folder) or self.model_type not in ENCODER_TYPES,
             f"model.model_type={self.model_type} needs model.hf_folder (a pretrained {self.model_type} folder, "
@@ -147,12 +153,15 @@ class HfSpec:
             "lora": self.lora.to_raw(),
             "gguf_file": self.gguf_file,
             "base_dtype": self.base_dtype,
+            # only when set: the config.json of earlier runs stays the same (a resume compares them)
+            **({"allow_missing_weights": True} if self.allow_missing_weights else {}),
         }
 
 
-def _source_sizes(folder: str, allow_hub: bool, gguf_file: str = "") -> tuple[str, dict[str, int]]:
+def _source_sizes(folder: str, allow_hub: bool, gguf_file: str = "", allow_missing: bool = False):
     """(type, sizes) of a local folder's config.json (of its GGUF file's header with ``gguf_file``), or with
-    ``allow_hub`` of a hub id's config (downloaded). A ``package:`` folder is resolved here, on this machine."""
+    ``allow_hub`` of a hub id's config (downloaded). A ``package:`` folder is resolved here, on this machine; its
+    weights must hold every tensor of the model (with ``allow_missing``: of the right shape)."""
     local = resolve_folder(folder)
     if Path(local).expanduser().is_dir():
         if gguf_file:  # config, weights and tokenizer are all in the GGUF file
@@ -160,6 +169,9 @@ def _source_sizes(folder: str, allow_hub: bool, gguf_file: str = "") -> tuple[st
             return folder_sizes(gguf_config(Path(local).expanduser() / gguf_file))
         sizes = folder_sizes(read_config_json(local))  # a known architecture first, then its weights
         check_weights(local)
+        from collapipe_flwr.models.hf.folder_weights import check_folder_weights
+
+        check_folder_weights(Path(local).expanduser(), allow_missing)
         return sizes
     if not allow_hub:
         raise ConfigError(
@@ -181,8 +193,10 @@ def parse_hf(raw: Mapping[str, Any], size_keys: tuple[str, ...]) -> tuple[HfSpec
     require(isinstance(allow_hub, bool), f"model.allow_hub={allow_hub!r} must be true or false")
     given: dict[str, Any] = {k: raw.get(k) for k in (*size_keys, "max_len") if raw.get(k) is not None}
     model_type = str(raw.get("model_type") or "")
+    allow_missing = raw.get("allow_missing_weights", False)
+    require(isinstance(allow_missing, bool), f"model.allow_missing_weights={allow_missing!r} must be true or false")
     if folder:
-        found_type, found = _source_sizes(folder, allow_hub, gguf_file)
+        found_type, found = _source_sizes(folder, allow_hub, gguf_file, allow_missing)
         if model_type and model_type != found_type:
             raise ConfigError(
                 f"model.model_type={model_type!r} but {folder} holds a {found_type} model; remove the key"
@@ -198,5 +212,5 @@ def parse_hf(raw: Mapping[str, Any], size_keys: tuple[str, ...]) -> tuple[HfSpec
                 )
         given = {**found, **given}
     base_dtype = raw.get("base_dtype") or "fp32"
-    spec = HfSpec(model_type, folder, allow_hub, parse_lora(raw.get("lora")), gguf_file, base_dtype)
+    spec = HfSpec(model_type, folder, allow_hub, parse_lora(raw.get("lora")), gguf_file, base_dtype, allow_missing)
     return spec, given

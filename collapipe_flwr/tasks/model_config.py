@@ -8,7 +8,7 @@ the task adds what the data decides: vocabulary sizes, pad id, number of labels,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.models.fast_dropout import with_dropout_kernel
@@ -61,6 +61,19 @@ def build_bert_model(model: ModelSpec, vocab_size: int, head: str, num_labels: i
     return with_dropout_kernel(build_bert(config, pretrained_dir=model.pretrained_dir or None), model.dropout_kernel)
 
 
+def _folder_causal_lm(hf: Any) -> Any:
+    """The causal LM of ``hf.hf_folder``; the weights transformers filled with random values (a folder of pickled
+    weights, which parse_model cannot read) refused unless ``model.allow_missing_weights``."""
+    from collapipe_flwr.models.hf import load_hf_model
+    from collapipe_flwr.models.hf.folder_weights import check_loading_info
+
+    if hf.gguf_file:
+        return load_hf_model(hf.hf_folder, "causal_lm", allow_hub=hf.allow_hub, gguf_file=hf.gguf_file)
+    net, info = load_hf_model(hf.hf_folder, "causal_lm", allow_hub=hf.allow_hub, output_loading_info=True)
+    check_loading_info(hf.hf_folder, info, hf.allow_missing_weights)
+    return net
+
+
 def build_causal_lm(model: ModelSpec, vocab_size: int, special_ids: Mapping[str, int]):
     """A Hugging Face causal LM cut into embedding (CU) | L TEBs (devices, segments delta_k) | norm + LM head
     (server): from ``model.hf_folder`` (``package:...`` resolved here; ``model.gguf_file``: from that GGUF file),
@@ -73,7 +86,7 @@ def build_causal_lm(model: ModelSpec, vocab_size: int, special_ids: Mapping[str,
     if hf is None:
         raise ConfigError(f"model {model.name!r} is a {model.family} model; a causal LM task needs family: hf")
     if hf.from_folder:
-        net = load_hf_model(hf.hf_folder, "causal_lm", allow_hub=hf.allow_hub, gguf_file=hf.gguf_file)
+        net = _folder_causal_lm(hf)
         if int(net.config.vocab_size) < vocab_size:
             raise ConfigError(
                 f"{hf.hf_folder} has vocab_size={net.config.vocab_size} but its tokenizer has {vocab_size} tokens; "

@@ -39,6 +39,7 @@ from collapipe_flwr.fl.server.server_state import ServerState
 from collapipe_flwr.fl.server.strategy import CollaPipeStrategy
 from collapipe_flwr.fl.server.threads import torch_threads
 from collapipe_flwr.model_store import save_model
+from collapipe_flwr.models.hf.folder_weights import random_weights_record
 
 FLOWER_LOGGER_NAME = "flwr"  # the logger every Flower component logs through
 TENSORBOARD_SUBDIR = "tensorboard"  # <run folder>/tensorboard: the scalars of tensorboard=true
@@ -215,6 +216,7 @@ def write_outputs(cfg: RunConfig, server: ServerState, folder: Path, summary: di
     records = load_rounds(folder)
     summary.update(round_totals(records))
     summary["clock"] = cfg.clock.mode  # which clock the run's time is read on (docs/testbed.md)
+    summary.update(random_weights_record(cfg.model.hf))  # model.allow_missing_weights: what started random
     summary["plots"] = [str(p) for p in draw_plots(folder, server.task.metric_name, records)]
     summary["wall_s"] = round(time.time() - t_start, 1)
 
@@ -280,6 +282,12 @@ def summary_lines(summary: dict, folder: Path, metric: str) -> list[str]:
         time_line(summary),
         f"run folder: {folder} (config.json, rounds.jsonl, summary.json, model/)",
     ]
+    random = summary.get("random_weights")
+    if random:
+        lines.append(
+            f"warning: {random['count']} weights of the model folder were missing (first: {random['first']}) and "
+            "trained from random values (model.allow_missing_weights=true)"
+        )
     plots = summary.get("plots") or []
     if plots:
         lines.append(f"plots: {Path(plots[0]).parent}/ ({', '.join(Path(p).name for p in plots)})")

@@ -17,6 +17,10 @@ import torch
 
 from collapipe_flwr.errors import ConfigError
 
+# --temperature: logits / T stay finite in fp32 (a logit of 100 / 1e-3 = 1e5); above 1e3 sampling is uniform
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 1e3
+MAX_SEED = 2**64 - 1  # torch.manual_seed's range
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -31,12 +35,15 @@ class Sampling:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens={self.max_new_tokens} must be an integer >= 1")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ConfigError(f"--temperature={self.temperature} must be a number > 0")
+        if not (math.isfinite(self.temperature) and MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE):
+            raise ConfigError(
+                f"--temperature={self.temperature} must be a number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g} "
+                "(below it the scaled logits overflow); --greedy picks the most likely token"
+            )
         if not (0 < self.top_p <= 1):
             raise ConfigError(f"--top-p={self.top_p} must be a number in (0, 1]")
-        if self.seed < 0:
-            raise ConfigError(f"--seed={self.seed} must be an integer >= 0")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"--seed={self.seed} must be an integer from 0 to 2^64 - 1 (what torch's seed takes)")
 
     def describe(self) -> str:
         how = (
