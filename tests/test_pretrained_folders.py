@@ -94,10 +94,10 @@ def test_weights_narrower_than_config_json_are_refused_naming_the_tensor(full, t
 @pytest.mark.parametrize(
     "header, match",
     [
-        (struct.pack("<Q", 2**63) + b"\0" * 64, "header claims 9223372036854775808 bytes"),
-        (struct.pack("<Q", 5) + b"{nope", "not a safetensors header"),
-        (struct.pack("<Q", 2) + b"[]", "not a safetensors header"),
-        (b"\x01", "not a safetensors file"),
+        (struct.pack("<Q", 2**63) + b"\0" * 64, "not a readable safetensors file .*header too large"),
+        (struct.pack("<Q", 5) + b"{nope", "not a readable safetensors file"),
+        (struct.pack("<Q", 2) + b"[]", "not a readable safetensors file"),
+        (b"\x01", "not a readable safetensors file"),
     ],
 )
 def test_a_damaged_safetensors_header_is_one_line(full, tmp_path, header, match):
@@ -116,7 +116,7 @@ def test_a_tensor_whose_offsets_pass_the_file_end_is_refused(full, tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text((full / "config.json").read_text())
     (folder / WEIGHTS).write_bytes(struct.pack("<Q", len(header)) + header.encode() + b"\0" * 100)
-    with pytest.raises(ConfigError, match="transformer.wte.weight.*past the end") as err:
+    with pytest.raises(ConfigError, match="not a readable safetensors file") as err:
         _parse(folder)
     _one_line(err)
 
