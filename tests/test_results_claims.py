@@ -74,22 +74,39 @@ def test_a_gain_of_the_papers_size_is_reproduced_each_way_the_rule_allows():
     assert paired((56.0, 57.6, 59.0)).verdict(figure(48.98, at_least=True)) == "reproduced"  # meets the floor
 
 
-def test_the_virtual_clock_rows_pair_seeds_where_both_reached_the_target(tmp_path, monkeypatch):
+def test_the_virtual_clock_rows_pair_seeds_and_bound_the_censored_ones(tmp_path, monkeypatch):
     claims = _module()
     header = "part,setting,seed,run,virtual_s_to_target,reached_round,virtual_round_median_s,virtual_compute_s\n"
     rows = [
         "paper,j4,0,dssra,100,10,10,2",
         "paper,j4,1,dssra,110,11,10,2",
         "paper,j4,0,titanic,200,20,20,4",
-        "paper,j4,1,titanic,300,,20,4",  # censored: seed 1 is not paired on time to target
+        "paper,j4,1,titanic,300,,20,4",  # censored: seed 1's 300 s is a lower bound on TITANIC's time
     ]
     path = tmp_path / "runs.csv"
     path.write_text(header + "\n".join(rows) + "\n")
     monkeypatch.setattr(claims, "VIRTUAL", path)
     lines = claims.virtual_rows()
     target = next(line for line in lines if line.startswith("| time to target BLEU below titanic"))
-    # one seed both reached: 100 against 200, +50%; no interval, 50% meets "at least 48.98%"
-    assert "| +50.00% (one seed, no interval) |" in target and "seeds where both reached the target: 1" in target
+    # seed 0: 100 against 200, +50%; seed 1: 110 against at least 300, at least +63.33%; their mean is a lower bound,
+    # +56.67%, which meets "at least 48.98%"
+    assert "| >= +56.67% (a lower bound: titanic censored in 1 of 2 seed(s)) |" in target
     assert target.endswith("| reproduced |")
+    rows[3] = "paper,j4,1,titanic,300,30,20,4"  # both reached in both seeds: a measured gain with its interval
+    path.write_text(header + "\n".join(rows) + "\n")
+    target = next(line for line in claims.virtual_rows() if line.startswith("| time to target BLEU below titanic"))
+    assert "| +56.67% [" in target and "seeds where both reached the target: 2" in target
     compute = next(line for line in lines if line.startswith("| virtual computation per round below titanic"))
     assert "| +50.00% [+50.00, +50.00] |" in compute and compute.endswith("| direction only |")  # vs 18.94%
+
+
+def test_a_lower_bound_on_the_gain_is_judged_only_as_far_as_a_bound_can_be():
+    """A censored baseline makes our gain a lower bound: it reproduces an "at least" it meets, never a point figure
+    (a bound does not pin a size), and says nothing when it does not even have the paper's sign."""
+    claims = _module()
+    paired, figure = claims.Paired, claims.PaperFigure
+    assert paired((71.4,)).bound_verdict(figure(48.98, at_least=True)) == "reproduced"
+    assert paired((30.0,)).bound_verdict(figure(48.98, at_least=True)) == "direction only"
+    assert paired((7.2,)).bound_verdict(figure(7.12)) == "direction only"  # within 25%, but only a bound
+    assert paired((7.2,)).verdict(figure(7.12)) == "reproduced"  # the same number as a measured gain
+    assert paired((-5.0,)).bound_verdict(figure(7.12)) == "-"
