@@ -44,10 +44,10 @@ from collapipe_flwr.fl.dataplane.protocol import (
 from collapipe_flwr.fl.dataplane.stats import HostCounters, ServedSeconds
 from collapipe_flwr.fl.dataplane.wire import Frame
 from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
-from collapipe_flwr.fl.server.decoder.joint import JointSteps, StepResults
+from collapipe_flwr.fl.server.decoder.joint import StepResults
 from collapipe_flwr.fl.server.decoder.journal import JOINT, PARTS, WHOLE, Applied, RoundJournal
-from collapipe_flwr.fl.server.decoder.ordered import OrderedSteps
 from collapipe_flwr.fl.server.decoder.rounds import RoundGate, StepIds
+from collapipe_flwr.fl.server.decoder.update_modes import DecoderUpdate, update_mode
 from collapipe_flwr.models.split import TaskHead
 from collapipe_flwr.pipeline.dropout_seed import HEAD, seed_block, step_seed
 from collapipe_flwr.pipeline.head import head_step
@@ -99,12 +99,9 @@ class FrameService:
         # (t, n) -> its open 1F1B step: (seq, its head parts, the part requests so far)
         self._parts: dict[tuple[int, int], tuple[int, HeadParts, list[StepRequest]]] = {}
         self.journal = RoundJournal()  # the round's snapshot and updates, for a CU's aborted attempt (journal.py)
-        # decoder_update: joint (Algorithm 1 line 14, one update on all clusters' step) instead of per CU
-        joint = spec.decoder_update == "joint"
-        self._joint = JointSteps(self._run_joint, timeout_s=self._lock_timeout_s) if joint else None
-        # decoder_update: ordered (one update per CU step, in cluster order: a turnstile, same timeout)
-        ordered = spec.decoder_update == "ordered"
-        self._ordered = OrderedSteps(timeout_s=self._lock_timeout_s) if ordered else None
+        # federation.decoder_update (update_modes.py): per CU in arrival order, ordered (a turnstile) or joint (a
+        # barrier: Algorithm 1 line 14, one update on all clusters' step), both waiting up to the lock timeout
+        self.update: DecoderUpdate = update_mode(spec.decoder_update, self._run_joint, self._lock_timeout_s)
 
     # -- rounds ------------------------------------------------------------------------------------
     def open_round(self, round_: int, clusters: list[int]) -> None:
@@ -114,17 +111,11 @@ class FrameService:
             self._parts.clear()
             self.journal.open(self.head, self.optimizer)
         self.step_ids.keep_round(int(round_))
-        if self._joint is not None:
-            self._joint.open_round(round_, clusters)
-        if self._ordered is not None:
-            self._ordered.open_round(round_, clusters)
+        self.update.open_round(round_, clusters)
 
     def close_round(self) -> int | None:
         """Refuse further steps of the open round; returns it (None if none was open) once no step runs."""
-        if self._joint is not None:
-            self._joint.close_round()
-        if self._ordered is not None:
-            self._ordered.close_round()
+        self.update.close_round()
         with self.lock:
             self._parts.clear()  # a 1F1B step a CU left half done is never applied
             self.journal.close()
@@ -133,8 +124,8 @@ class FrameService:
     def stream_ended(self, stream: tuple[int, int] | None) -> None:
         """The CU of (t, n) = ``stream`` ended its stream cleanly (its client closed: no more steps this round);
         under ``ordered`` the cluster leaves the order."""
-        if self._ordered is not None and stream is not None:
-            self._ordered.leave(*stream)
+        if stream is not None:
+            self.update.leave(*stream)
 
     def not_admitted(self, round_: int, cluster: int) -> str | None:
         """Why a stream of cluster n in round t may not open, None when it may (read without the lock)."""
@@ -183,18 +174,16 @@ class FrameService:
             )
         self.gate.check(round_, cluster)
         req = decode_step_request(frame)
-        if req.part is not None and (self._joint is not None or self._ordered is not None):
-            mode = "joint" if self._joint is not None else "ordered"
+        if req.part is not None and self.update.whole_steps_only:
             raise DataPlaneError(
                 "a 1F1B part (pipeline.schedule=1f1b) reached a decoder host that orders whole steps "
-                f"(federation.decoder_update={mode}); use decoder_update=per_cu or schedule=gpipe"
+                f"(federation.decoder_update={self.update.name}); use decoder_update=per_cu or schedule=gpipe"
             )
         self.step_ids.claim(round_, cluster, seq, req.m if req.part is None else req.part)
         try:
             return self._check(req)
         except Exception:
-            if self._ordered is not None:  # the claimed step can never come again: its slot must not hold the order
-                self._ordered.skip(round_, cluster, seq)
+            self.update.skip(round_, cluster, seq)  # the claimed step can never come again
             raise
 
     def _check(self, req: StepRequest) -> StepRequest:
@@ -212,20 +201,20 @@ class FrameService:
     def _answer(
         self, req: StepRequest, frame: bytes | bytearray, t0: float, round_: int, cluster: int, seq: int
     ) -> Frame:
-        """Run the step (joint barrier, or alone under the lock: at once, or at its turn in cluster order) and
-        encode loss and dL/dz_enc back."""
+        """Run the step as ``federation.decoder_update`` says (alone under the lock: at once, or at its turn in
+        cluster order; or in a joint step) and encode loss and dL/dz_enc back."""
         t_wait = time.perf_counter()
-        joint = self._joint.submit(req) if self._joint is not None else None
-        if joint is not None:
-            loss, grads = joint
-            reply = step_reply_frame(seq, loss, grads, self.compression)
+
+        def alone(req: StepRequest) -> Frame:
+            return self._answer_alone(req, frame, t0, t_wait, round_, cluster, seq)
+
+        def joined(req: StepRequest, share: tuple[float, list[torch.Tensor]]) -> Frame:
+            reply = step_reply_frame(seq, share[0], share[1], self.compression)
             wait = time.perf_counter() - t_wait
             self._counters.count(cluster, frame, reply, True, ServedSeconds(wait=wait, total=time.perf_counter() - t0))
             return reply
-        if self._ordered is not None:
-            with self._ordered.turn(req):  # its slot is resolved however the step ends (served or refused)
-                return self._answer_alone(req, frame, t0, t_wait, round_, cluster, seq)
-        return self._answer_alone(req, frame, t0, t_wait, round_, cluster, seq)
+
+        return self.update.apply(req, alone, joined)
 
     def _answer_alone(
         self, req: StepRequest, frame: bytes | bytearray, t0: float, t_wait: float, round_: int, cluster: int, seq: int
