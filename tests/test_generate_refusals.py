@@ -75,7 +75,7 @@ def _damaged(run, tmp_path, part: str, name: str, content) -> str:
 @pytest.mark.parametrize(
     "name, content, match",
     [
-        ("model.safetensors", struct.pack("<Q", 2**63) + b"\0" * 16, "header claims"),
+        ("model.safetensors", struct.pack("<Q", 2**63) + b"\0" * 16, "header too large"),
         ("config.json", b"[]", "config.json"),
         ("tokenizer.json", b"{", "cannot load the tokenizer"),
     ],

@@ -4,8 +4,8 @@ transformers' ``from_pretrained`` fills every tensor a folder lacks with random 
 load report (which the run's quiet mode hides), and fails on a wrong-shaped tensor only once the model is
 built, in the ServerApp. Here the tensors the folder's architecture needs (the model built from config.json on
 the meta device: no memory, no weights read) are compared with those its safetensors headers list
-(models/safetensors_header.py: safetensors' own header checks): a missing tensor is refused unless the run allows missing
-weights (``model.allow_missing_weights``), a wrong-shaped one always, each in one line naming the first.
+(models/safetensors_header.py: safetensors' own header checks): a missing tensor is refused unless the run allows
+missing weights (``model.allow_missing_weights``), a wrong-shaped one always, each in one line naming the first.
 
 Names are compared as transformers matches them: without the base model's prefix (``transformer.`` /
 ``model.`` / ``bert.``), legacy LayerNorm ``gamma`` / ``beta`` as ``weight`` / ``bias``; a tied LM head needs no
