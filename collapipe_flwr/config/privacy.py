@@ -9,6 +9,9 @@ theta_enc and the embedding), with Flower's own mods and noise (docs/privacy.md)
   ``fixedclipping_mod``), the server adds Gaussian noise with sigma = z C / n to the aggregate of the n updates
   of the round (Flower's ``compute_stdv``, as its ``DifferentialPrivacyClientSideFixedClipping`` wrapper does).
 
+What a run spends, per round and in total, is accounted in config/privacy_accounting.py, and
+``privacy.max_epsilon`` (> 0) refuses at start-up a run whose planned rounds would spend more.
+
 Nothing here touches the per-step data plane (activations, labels, gradients): docs/privacy.md says what that
 exchange reveals.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from collapipe_flwr.config.privacy_accounting import planned_epsilon
 from collapipe_flwr.spec_parsing import require
 
 PRIVACY_MODES = ("none", "local", "central")
@@ -33,6 +37,7 @@ class PrivacySpec:
     noise_multiplier: float = 1.0
     epsilon: float = 1.0
     delta: float = 1e-5
+    max_epsilon: float = 0.0
 
     def __post_init__(self) -> None:
         require(self.mode in PRIVACY_MODES, f"privacy.mode={self.mode!r} must be one of {', '.join(PRIVACY_MODES)}")
@@ -45,10 +50,19 @@ class PrivacySpec:
             f"privacy.epsilon={self.epsilon!r} must be a finite number > 0",
         )
         require(_number(self.delta) and 0 < self.delta < 1, f"privacy.delta={self.delta!r} must be a number in (0, 1)")
+        require(
+            _number(self.max_epsilon) and self.max_epsilon >= 0,
+            f"privacy.max_epsilon={self.max_epsilon!r} must be a finite number >= 0 (0: no limit)",
+        )
 
     @property
     def enabled(self) -> bool:
         return self.mode != "none"
+
+    def planned_epsilon(self, rounds: int) -> float:
+        """The total epsilon of ``rounds`` rounds, every cluster selected each round (the worst case;
+        config/privacy_accounting.py); 0 for ``none``."""
+        return planned_epsilon(self.mode, self.noise_multiplier, self.epsilon, self.delta, rounds)
 
     def local_sigma(self) -> float:
         """Local DP's noise standard deviation per parameter: C sqrt(2 ln(1.25 / delta)) / epsilon."""

@@ -300,6 +300,24 @@ def _check_privacy(cfg: RunConfig) -> None:
             f"privacy.mode={cfg.privacy.mode} clips each CU's whole update, but with model.lora.enabled a CU returns "
             "only its adapters; set model.lora.enabled=false or privacy.mode=none"
         )
+    _check_privacy_budget(cfg)
+
+
+def _check_privacy_budget(cfg: RunConfig) -> None:
+    """privacy.max_epsilon > 0: the planned total epsilon (federation.num_rounds rounds, every cluster selected
+    each round; config/privacy_accounting.py) must not exceed it."""
+    privacy, rounds = cfg.privacy, cfg.federation.num_rounds
+    if not privacy.enabled or privacy.max_epsilon <= 0:
+        return
+    planned = privacy.planned_epsilon(rounds)
+    if planned <= privacy.max_epsilon:
+        return
+    knob = "raise privacy.noise_multiplier" if privacy.mode == "central" else "lower privacy.epsilon"
+    raise ConfigError(
+        f"privacy.mode={privacy.mode} over federation.num_rounds={rounds} spends epsilon={planned:.4g} at "
+        f"delta={privacy.delta:g} (every cluster selected each round) > privacy.max_epsilon={privacy.max_epsilon:g}; "
+        f"{knob}, lower federation.num_rounds, or raise privacy.max_epsilon"
+    )
 
 
 def _check_schedule(cfg: RunConfig) -> None:

@@ -168,3 +168,7 @@ class RoundLedger:
     def note_virtual(self, virtual: dict[str, Any]) -> None:
         """The round on the virtual clock (``fl/server/virtual_round.py``)."""
         self._open_record.virtual = virtual
+
+    def note_privacy(self, privacy: dict[str, Any]) -> None:
+        """The (epsilon, delta) spent this round and in total (``fl/server/privacy_ledger.py``)."""
+        self._open_record.privacy = privacy

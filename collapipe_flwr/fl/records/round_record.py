@@ -4,7 +4,8 @@ Fields (the JSON line of rounds.jsonl, docs/running.md "The run folder"): the ro
 the plan X(t) and its modelled delay / energy (eqs. 11-26), the CUs' training loss (example-weighted) and
 per-CU metrics, the failures (cluster and one-line reason), the validation metrics when the round was
 evaluated (``val_<name>``), the measured seconds of each server phase, and the clusters' measured profiles
-(``profiles``: per device s_k, c0_k, memory; per link rate and latency; the CU's own seconds per step).
+(``profiles``: per device s_k, c0_k, memory; per link rate and latency; the CU's own seconds per step), and with
+``privacy`` on the (epsilon, delta) spent (``privacy``: epsilon_round, epsilon_total, delta, accountant).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class RoundRecord:
     memory: dict[str, Any] = field(default_factory=dict)
     # the round on the virtual clock: per cluster its parts, the server's, the round (fl/server/virtual_round.py)
     virtual: dict[str, Any] = field(default_factory=dict)
+    # with privacy on: epsilon_round, epsilon_total, delta, accountant (config/privacy_accounting.py)
+    privacy: dict[str, Any] = field(default_factory=dict)
 
     def fail(self, cluster: int, reason: str) -> None:
         self.failures.append({"cluster": cluster, "error": reason})
@@ -61,4 +64,6 @@ class RoundRecord:
             out["memory"] = dict(self.memory)
         if self.virtual:
             out["virtual"] = dict(self.virtual)
+        if self.privacy:
+            out["privacy"] = dict(self.privacy)
         return out

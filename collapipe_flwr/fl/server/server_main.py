@@ -282,6 +282,13 @@ def summary_lines(summary: dict, folder: Path, metric: str) -> list[str]:
         time_line(summary),
         f"run folder: {folder} (config.json, rounds.jsonl, summary.json, model/)",
     ]
+    privacy = summary.get("privacy")
+    if privacy:
+        total = privacy.get("epsilon_total")
+        lines.append(
+            f"privacy ({privacy.get('mode')}): epsilon {'inf' if total is None else f'{total:.4g}'} at delta "
+            f"{privacy.get('delta'):g} spent in total ({privacy.get('accountant')}; summary.json, docs/privacy.md)"
+        )
     random = summary.get("random_weights")
     if random:
         lines.append(

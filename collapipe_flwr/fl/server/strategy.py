@@ -52,11 +52,12 @@ from collapipe_flwr.fl.messages import (
 )
 from collapipe_flwr.fl.records.progress import RoundProgress
 from collapipe_flwr.fl.records.round_ledger import RoundLedger
-from collapipe_flwr.fl.records.run_log import RunLog
+from collapipe_flwr.fl.records.run_log import RunLog, read_rounds
 from collapipe_flwr.fl.round_report import RoundReport
 from collapipe_flwr.fl.server.aggregation.global_model import RoundFold
 from collapipe_flwr.fl.server.aggregation.reply_checks import check_reply
 from collapipe_flwr.fl.server.checkpoint import save_checkpoint
+from collapipe_flwr.fl.server.privacy_ledger import PrivacyLedger
 from collapipe_flwr.fl.server.reply_stream import StreamingGrid
 from collapipe_flwr.fl.server.server_state import ServerState
 from collapipe_flwr.fl.server.training_watch import TrainingWatch
@@ -89,6 +90,9 @@ class CollaPipeStrategy(Strategy):
         self.labels_of_cluster: dict[int, list[int]] = {}  # D_n's examples per label (hello reply)
         self.round_offset = round_offset  # rounds completed before this process (a resumed run)
         self.watch = TrainingWatch(self.cfg.federation.max_failed_rounds)  # a run that trains nothing fails
+        # the (epsilon, delta) spent with privacy on; a resumed run's counts come back from its kept records
+        kept = read_rounds(run_log.folder) if round_offset else []
+        self.privacy = PrivacyLedger.resumed(self.cfg.privacy, kept)
         # the virtual clock's server part of the round in flight (its plan's CPU seconds) and the decoder's CPU
         # per cluster when it began (fl/server/virtual_round.py)
         self._server_cpu_s = 0.0
@@ -236,6 +240,8 @@ class CollaPipeStrategy(Strategy):
         trained = {c: r for c, r in clients.items() if r.steps.count > 0}
         plan = self.ledger.plan
         self.watch.round_ended(t, bool(trained), self.ledger.failures, plan.left_out if plan else {})
+        selected = [c.cluster for c in plan.selected] if plan else []
+        self.privacy.charge(selected, aggregated=bool(clients) and self.cfg.method.aggregate)
         if not clients:
             log(WARNING, "round %s: no CU returned a result; the global model is unchanged", t)
             return None, None
@@ -320,16 +326,19 @@ class CollaPipeStrategy(Strategy):
             return MetricRecord({k: float(v) for k, v in metrics.items()})
         if not self.ledger.is_open(t):  # a round whose training was never configured
             self._open_round(t, started_at=t0)
+        if self.privacy.enabled:
+            self.ledger.note_privacy(self.privacy.close_round())
         self.ledger.close(t, metrics, evaluated_since=t0)  # its line, checkpoint, progress, listeners, watch
         return MetricRecord({k: float(v) for k, v in metrics.items()}) if metrics else None
 
     def summary_record(self, result) -> dict:
-        """What summary.json holds: the final validation metrics and where the records are."""
+        """What summary.json holds: the final validation metrics, where the records are, and with privacy on the
+        (epsilon, delta) spent."""
         final = {}
         if result is not None and result.evaluate_metrics_serverapp:
             last = max(result.evaluate_metrics_serverapp)
             final = {k: float(v) for k, v in result.evaluate_metrics_serverapp[last].items()}
-        return {
+        summary = {
             "method": self.cfg.method.name,
             "scheduler": self.server.planner.policy_name,
             "task": self.cfg.task.name,
@@ -337,6 +346,9 @@ class CollaPipeStrategy(Strategy):
             "final_val": final,
             "rounds_file": str(self.run_log.rounds_path),
         }
+        if self.privacy.enabled:  # the (epsilon, delta) spent in total (fl/server/privacy_ledger.py)
+            summary["privacy"] = self.privacy.summary(self.cfg.federation.num_rounds)
+        return summary
 
     def summary(self) -> None:
         log(INFO, "\t├── CollaPipe method=%s scheduler=%s", self.cfg.method.name, self.server.planner.policy_name)

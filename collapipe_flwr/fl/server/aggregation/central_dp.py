@@ -4,8 +4,8 @@ The CUs clip their updates to L2 norm C (Flower's ``fixedclipping_mod``); the se
 sigma = z C / n (Flower's ``compute_stdv``; n = the updates aggregated this round) to every floating-point
 parameter of the new global model, as Flower's ``DifferentialPrivacyClientSideFixedClipping`` does to the arrays
 its inner strategy returns. The noise is drawn from a generator seeded by (run seed, round t), so a run with the
-same seed draws the same noise. No privacy accounting is done here: with CU selection (N > J) the sampling is
-not the uniform sampling the usual accountants assume.
+same seed draws the same noise. The (epsilon, delta) this spends is accounted in config/privacy_accounting.py
+(a Gaussian mechanism with noise multiplier z per round, q = 1: CU selection is not a random sample).
 """
 
 from __future__ import annotations
