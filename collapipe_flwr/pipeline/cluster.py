@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from collapipe_flwr.errors import ConfigError, StateMismatchError
+from collapipe_flwr.errors import ConfigError, DeviceFailure, StateMismatchError
 from collapipe_flwr.models.split import concat_segments, renumber_blocks
 from collapipe_flwr.pipeline.cluster_profile import ClusterTestbed
 from collapipe_flwr.pipeline.cluster_step import ClusterStep, gather
@@ -135,8 +135,23 @@ class ClusterPipeline:
         self.placement.check_memory(batch_size_b, seq_len, m)
 
     def processes(self) -> dict[int, DeviceProcess]:
-        """{device k: the OS process holding it, and its network namespace} (the CU's own on the local backend)."""
+        """{device k: the OS process holding it, and its network namespace} (the CU's own on the local backend). A
+        device the plan leaves idle that gives no answer is left out and lost (:meth:`take_idle_losses`); one that
+        holds blocks raises :class:`~collapipe_flwr.errors.DeviceFailure`."""
         return self._stages.processes()
+
+    def take_idle_losses(self) -> list[DeviceFailure]:
+        """The devices found dead while the plan left them idle, since the last take (:meth:`processes`): they took
+        no part in the steps, so the round stands; they join :attr:`lost_devices`."""
+        losses = self._stages.take_idle_losses()
+        self.placement.lost.update(int(f.device) for f in losses if f.device is not None)
+        return losses
+
+    @property
+    def lost_devices(self) -> tuple[int, ...]:
+        """The devices this pipeline lost in the run (re-planned around, or found dead while idle): never given
+        blocks again (the CU re-plans a later round that gives them some, ``fl/cu/device_loss.py``)."""
+        return tuple(sorted(self.placement.lost))
 
     # -- the testbed and measured profiles (pipeline/cluster_profile.py) ------------------------------
     def live_devices(self) -> list[int]:

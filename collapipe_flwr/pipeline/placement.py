@@ -85,6 +85,7 @@ class ClusterPlacement:
         # C7 as the round's planner computed it (blocks device k may hold, fl/cu/planned_memory.py); None = the
         # CU's own per-block estimate (pipeline/memory.py) in check_memory
         self.planned_caps: tuple[int, ...] | None = None
+        self.lost: set[int] = set()  # devices lost in this run (failed, or found dead while idle): never used again
         num_devices = len(devices) if devices else len(self.delta)
         self.stages: Stages = open_stages(runtime, optimizer, num_devices=num_devices, segments=len(self.bounds))
         if not self._adopt(self.delta):
@@ -205,6 +206,7 @@ class ClusterPlacement:
             raise PartitionError(f"{self.name}: the re-plan {list(delta)} puts blocks on lost device(s) {list(lost)}")
         for k in lost:
             self.stages.forget(k)
+        self.lost.update(int(k) for k in lost)
         self._place(delta, weights=encoder_state)
         self.moved_blocks = True
 

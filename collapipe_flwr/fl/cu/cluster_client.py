@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import time
 from collections import Counter
@@ -38,7 +39,7 @@ from collapipe_flwr.fl.cu.cluster_session import (
     session_for,
 )
 from collapipe_flwr.fl.cu.cu_checkpoint import remove_cu_state
-from collapipe_flwr.fl.cu.device_loss import replan_after
+from collapipe_flwr.fl.cu.device_loss import plan_without_lost, replan_after
 from collapipe_flwr.fl.cu.emulation import ThrottledHead, upload
 from collapipe_flwr.fl.cu.local_steps import LocalRound, train_local_steps
 from collapipe_flwr.fl.cu.planned_memory import planned_caps
@@ -66,6 +67,8 @@ from collapipe_flwr.fl.round_report import Preparation, RoundReport, RoundSecond
 from collapipe_flwr.models.trainable import only_trainable, tensor_bytes, with_frozen
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.system.devices import DeviceProfile
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -248,10 +251,13 @@ def _open_round(
 
 
 def _prepare(run: CuRound, state) -> Preparation:
-    """Load the weights and take delta; a device lost since the last round: re-plan before the first step."""
+    """Load the weights and take delta (re-planned when it gives blocks to a device this CU lost in an earlier
+    round); a device lost since the last round: re-plan before the first step."""
+    pipeline = run.session.pipeline
+    gone = pipeline.lost_devices if pipeline is not None else ()
     try:
-        plan = run.instructions.plan
-        prepared = run.session.prepare(run.instructions.round, run.parts, plan.delta, run.devices, state)
+        delta, run.m = plan_without_lost(run.instructions, gone, run.lost, run.lost_reasons, run.cluster)
+        prepared = run.session.prepare(run.instructions.round, run.parts, delta, run.devices, state)
     except DeviceFailure as failure:
         run.m = replan_after(failure, run.session, run.parts, run.instructions, run.lost, run.cluster)
         run.lost_reasons.append(failure.reason)
@@ -326,10 +332,16 @@ def _reply_parts(run: CuRound) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def _device_report(run: CuRound, steps: StepLog) -> DeviceReport:
-    """Per device k: memory (a data-parallel round's from each user device right after its steps), pids, losses."""
+    """Per device k: memory (a data-parallel round's from each user device right after its steps), pids, losses; an
+    idle device found dead counts as lost (``lost-devices``) without failing the round."""
     pipeline = run.session.live_pipeline()
     memory = list(steps.memory) or pipeline.memory_report()
     report = device_report(memory, pipeline.processes(), len(run.devices))
+    for failure in pipeline.take_idle_losses():  # held no blocks: took no part in the steps, the round stands
+        log.warning("cluster %s round %s: %s; it held no blocks", run.cluster, run.instructions.round, failure)
+        if failure.device is not None:
+            run.lost.append(failure.device)
+            run.lost_reasons.append(failure.reason)
     if run.lost:
         report.lost, report.final_delta, report.final_m = list(run.lost), list(pipeline.delta), run.m
         report.lost_reasons = list(run.lost_reasons)

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from torch import nn
 
+from collapipe_flwr.errors import DeviceFailure
 from collapipe_flwr.pipeline.device_process import DeviceProcess
 
 # (device index k, segment or None = keep what the device holds, optimizer state, slowdown, first block index)
@@ -109,7 +110,12 @@ class Stages(Protocol):
 
     # -- the devices ---------------------------------------------------------------------------------------
     def processes(self) -> dict[int, DeviceProcess]:
-        """{device k: the OS process holding it and that process's network namespace}."""
+        """{device k: the OS process holding it and that process's network namespace}; an idle device (no blocks in
+        the current plan) that gives no answer is forgotten and kept for :meth:`take_idle_losses` instead of failing
+        the call."""
+
+    def take_idle_losses(self) -> list[DeviceFailure]:
+        """The devices found dead while the plan left them idle, since the last take (forgotten already)."""
 
     def time_transfer(self, src: int, dst: int, nbytes: int) -> float:
         """Seconds to hand an ``nbytes`` payload from device ``src`` to device ``dst`` on this backend's transport

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from collapipe_flwr.errors import DeviceFailure
 from collapipe_flwr.pipeline.device_process import DeviceProcess
 from collapipe_flwr.pipeline.executors.interface import StageSpec
 from collapipe_flwr.pipeline.optim import OptimizerSpec
@@ -135,6 +136,9 @@ class LocalStages:
 
     def processes(self) -> dict[int, DeviceProcess]:
         return {k: stage.process() for k, stage in self.devices.items()}
+
+    def take_idle_losses(self) -> list[DeviceFailure]:
+        return []  # devices in the CU's own process do not die apart from it
 
     def time_transfer(self, src: int, dst: int, nbytes: int) -> float:
         start = time.perf_counter()

@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from collapipe_flwr.errors import DeviceFailure
 from collapipe_flwr.pipeline.device_process import DeviceProcess
 from collapipe_flwr.pipeline.executors import shm_handoff
 from collapipe_flwr.pipeline.executors.ray_actor import DeviceActor, RemoteMethod
@@ -27,6 +28,12 @@ class RayStageCalls:
     handoff: str
     _parking: shm_handoff.ParkingLot
     _submitted: list[tuple[Any, int]]  # (ObjectRef, stage) of this step's submits, in submission order
+    device_indices: list[int]  # stage s -> its device k
+    idle_losses: list[DeviceFailure]  # devices found dead while the plan left them idle, not yet taken
+
+    def forget(self, k: int) -> None:
+        """Drop device k's actor, never used again (``RayStages.forget``)."""
+        raise NotImplementedError
 
     def _get_device(self, ref: Any, k: int) -> Any:
         """The value of ``ref`` from device k, which a failure names (``RayStages._get_device``)."""
@@ -100,3 +107,25 @@ class RayStageCalls:
 
     def missing_modules(self, k: int, modules: Sequence[str]) -> list[str]:
         return self._get_device(self.devices[k].missing_modules.remote(modules), k)
+
+    # -- the devices -----------------------------------------------------------------------------------------
+    def processes(self) -> dict[int, DeviceProcess]:
+        """{device k: its actor's process and network namespace} of every live device (tests check actors are reused
+        across rounds and run on the boxes they were placed on). A device the plan leaves idle that gives no answer
+        takes no part in the round: it is forgotten (never used again) and its failure kept for
+        :meth:`take_idle_losses`; a device holding blocks raises :class:`DeviceFailure` as every call does."""
+        out: dict[int, DeviceProcess] = {}
+        for k in sorted(self.devices):
+            try:
+                out[k] = self.process(k)
+            except DeviceFailure as failure:
+                if k in self.device_indices:
+                    raise
+                self.forget(k)
+                self.idle_losses.append(failure)
+        return out
+
+    def take_idle_losses(self) -> list[DeviceFailure]:
+        """The idle devices found dead since the last take (:meth:`processes`), each a :class:`DeviceFailure`."""
+        taken, self.idle_losses = self.idle_losses, []
+        return taken

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from collapipe_flwr.errors import ConfigError, DeviceFailure
-from collapipe_flwr.pipeline.device_process import DeviceProcess
 from collapipe_flwr.pipeline.executors import shm_handoff
 from collapipe_flwr.pipeline.executors.cores import core_sets, default_actor_threads, usable_cores_list
 from collapipe_flwr.pipeline.executors.interface import StageSpec
@@ -73,6 +72,7 @@ class RayStages(RayStageCalls):
         self.devices: dict[int, DeviceActor] = {}
         self.memory_paths: dict[int, str] = {}  # device k -> its memory cgroup (runtime.memory_cgroup), for OOM kills
         self._submitted: list[tuple[Any, int]] = []  # (ObjectRef, stage)
+        self.idle_losses: list[DeviceFailure] = []  # idle devices found dead since the last take (processes())
         self.handoff = "object_store"  # until place() has seen where the actors run (runtime.handoff)
         self._told: dict[int, tuple[str, str]] = {}  # device k -> (its node, the hand-over it was told)
         self._parking = shm_handoff.ParkingLot(tag=uuid.uuid4().hex[:8])  # this pipeline's own tensors (CU side)
@@ -289,11 +289,6 @@ class RayStages(RayStageCalls):
                 self._ray.kill(cast(Any, actor), no_restart=True)
             except Exception:  # noqa: BLE001 - already gone: nothing to stop
                 pass
-
-    def processes(self) -> dict[int, DeviceProcess]:
-        """{device k: its actor's process and network namespace} (tests check actors are reused across rounds
-        and run on the boxes they were placed on)."""
-        return {k: self.process(k) for k in self.devices}
 
     def time_transfer(self, src: int, dst: int, nbytes: int) -> float:
         """Device ``src`` makes the payload and hands it on through its link; device ``dst`` takes it the way
