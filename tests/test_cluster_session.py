@@ -40,6 +40,7 @@ def _instructions(cfg, server, t, delta) -> TrainInstructions:
     return server.instructions_for(t, _plan(delta))
 
 
+@pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_plain_model(data_dir):
     cfg = load_run_config(
         [

@@ -870,6 +870,7 @@ def test_a_key_opens_streams_of_its_own_open_round_only(served):
         cu(*make_step(70))
 
 
+@pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_one_key_holder_cannot_lock_the_other_cus_out():
     """40 streams with cluster 0's key (the old host let them fill all 32 slots): at most a few are held, the
     rest refused at once, and cluster 1 is served beside them."""

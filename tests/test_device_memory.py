@@ -69,6 +69,7 @@ def pipeline(model, delta):
     return ClusterPipeline(model.embedding, model.blocks, delta, ADAM, devices=DEVICES, runtime=rt)
 
 
+@pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_a_device_over_its_memory_limit_is_killed_by_the_kernel_named_as_memory_and_the_pipeline_goes_on(ray_session):
     model = bert()
     start = {k: v.clone() for k, v in model.blocks.state_dict().items()}

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from collapipe_flwr.config import EvalSpec
+from collapipe_flwr.config.privacy import PrivacySpec
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.records.run_log import RunLog
 from collapipe_flwr.fl.server.strategy import CollaPipeStrategy
@@ -22,6 +23,7 @@ class _CountingServer:
             eval=EvalSpec(every=every),
             federation=SimpleNamespace(num_rounds=rounds, max_failed_rounds=3),
             method=SimpleNamespace(name="collapipe"),
+            privacy=PrivacySpec(),  # off: nothing to account
             checkpoint=False,
         )
         self.calls = 0

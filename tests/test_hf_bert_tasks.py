@@ -145,6 +145,7 @@ def test_minilm_classification_step_through_the_pipeline_equals_the_unsplit_mode
 
 
 # ----------------------------------------------------------------------------- federated runs
+@pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 @needs_minilm
 def test_one_federated_round_of_classification_on_minilm_with_lora(data_dir, tmp_path):
     """``task=classification model=minilm_l6`` with LoRA: a round finishes with a finite accuracy, the saved model

@@ -69,6 +69,7 @@ def test_fit_recovers_a_line_and_refuses_one_size():
         fit_chunk_cost([4, 4], [0.1, 0.1])
 
 
+@pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_an_emulated_slow_device_is_profiled_at_its_true_ratio():
     """Injected per-block delay: device 1 has a quarter of device 0's phi f, so each of its calls takes 4x.
     One torch thread (conftest), as a device actor has (runtime.actor_threads): with two, the slow stage's

@@ -137,6 +137,7 @@ def test_a_full_disk_is_a_one_line_error_and_keeps_the_old_file(tmp_path, monkey
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"final_val": {"bleu": 1.0}}
 
 
+@pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_a_resumed_run_with_kept_moments_equals_the_uninterrupted_one(data_dir, tmp_path, monkeypatch):
     """federation.optimizer_state=keep (the default): the CUs' Adam moments live on the CUs, not in the server's
     checkpoint; each CU checkpoints them on its own disk (fl/cu/cu_checkpoint.py) and the resumed run's new CU
@@ -163,6 +164,7 @@ def test_a_resumed_run_with_kept_moments_equals_the_uninterrupted_one(data_dir, 
         assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_without_the_cu_state_the_resumed_run_would_differ(data_dir, tmp_path, monkeypatch):
     """The reference for the test above: the same resume with the CU state files removed starts round 3 with
     fresh moments and trains to other losses (so equality there is the moments' doing)."""

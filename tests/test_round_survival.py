@@ -56,6 +56,7 @@ def _run(data_dir, out, name: str, grid, extra: str = ""):
     return run_server(grid, {"overrides": overrides, "data-dir": str(data_dir), "output-dir": str(out)})
 
 
+@pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 @pytest.mark.parametrize(
     "value,match",
     [(..., "lacks the metric train-loss"), ([1.0, 2.0], "train-loss"), (math.nan, "train-loss=nan"), (1e308, "1e+308")],
@@ -72,6 +73,7 @@ def test_a_bad_train_loss_is_one_refused_reply_and_the_run_goes_on(data_dir, tmp
     assert (folder / "summary.json").is_file() and (folder / "checkpoint.pt").is_file()
 
 
+@pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_a_round_no_cu_can_upload_in_is_sat_out_and_a_run_of_only_such_rounds_fails_with_the_reason(data_dir, tmp_path):
     """E_n^max = 1e-9 J: C8 fails for every CU on every channel in every round. The old server raised
     InfeasiblePlanError in round 1 and saved nothing (issue 31); then it sat every round out and printed "done"

@@ -309,6 +309,7 @@ def test_a_key_that_is_not_a_run_token_is_refused(cu_state, key):
     assert not (cu_state.parent / "escape").exists()
 
 
+@pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_a_resumed_run_with_a_damaged_cu_state_file_stops_naming_it(data_dir, tmp_path, monkeypatch, capsys):
     """End to end: the CU's round fails with the file's name and reason, the server records it in the round's
     failures and stops the run with it (it used to go on without that CU for the rest of the run, exit 0)."""
