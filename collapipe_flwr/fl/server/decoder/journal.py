@@ -93,10 +93,6 @@ class RoundJournal:
         """The decoder applied one update (``kind``, its requests, drawn for ``step``)."""
         self._applied.append(Applied(kind, tuple(requests), int(step)))
 
-    @property
-    def applied(self) -> list[Applied]:
-        return list(self._applied)
-
     def restart(
         self, round_: int, cluster: int, seq: int, head: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     ) -> list[Applied]:
