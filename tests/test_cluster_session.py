@@ -95,6 +95,7 @@ def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_pla
     # one without blocks), whichever CU process drives them
     first, second, third = (m["device-pids"] for m in metrics)
     assert len(first) == 3 and first == second == third and os.getpid() not in first
+    assert metrics[0]["device-pid-devices"] == [0, 1, 2]  # which device k each pid is (the run's memory reads it)
     assert metrics[1]["pipeline-reused"] == 0 and metrics[1]["optimizer-restored"] == 1  # a fresh process
     assert metrics[2]["pipeline-reused"] == 1 and metrics[2]["blocks-moved"] == 1
     assert released == 3  # the run's end kills every device actor of the cluster

@@ -158,6 +158,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None
     took = time.monotonic() - t0
     if status["ok"]:
         out.write(f"collapipe: finished in {took:.0f} s; results in {job.run_dir}\n")
+        if status.get("memory"):  # experiments/run_memory.py: the summed PSS of every process of the run
+            out.write(f"collapipe: {status['memory']}; per process in {job.job_dir / 'memory.json'}\n")
         return 0
     print(f"error: {status['error']} (log: {job.job_dir / LOG_FILE})", file=sys.stderr)
     return 1

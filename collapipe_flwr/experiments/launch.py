@@ -71,6 +71,7 @@ from collapipe_flwr.experiments.job_status import (
     judge,
     write_status,
 )
+from collapipe_flwr.experiments.run_memory import RunMemorySampler, run_pids, write_run_memory
 from collapipe_flwr.fl.records.run_claim import LAUNCHER_LOCK, claim_folder
 
 PROJECT_ROOT = CONF_DIR.parent
@@ -146,6 +147,13 @@ def _prepare_files(job: JobSpec, project_root: Path) -> tuple[Path, Path, Path, 
     return scratch, flwr_home, app_dir, log
 
 
+def _sample_memory(cli_pid: int, flwr_home: Path, scratch: Path) -> RunMemorySampler:
+    """Start sampling the summed PSS of the run's processes every second (:mod:`.run_memory`)."""
+    sampler = RunMemorySampler(lambda: run_pids(cli_pid, flwr_home, scratch))
+    sampler.start()
+    return sampler
+
+
 def _launch_claimed(
     job: JobSpec,
     project_root: Path,
@@ -162,7 +170,7 @@ def _launch_claimed(
     status = initial_status(job, cmd, job.job_dir / LOG_FILE)
     t0 = time.monotonic()
     status["started_epoch"] = time.time()  # judge(): only a summary.json written after this counts
-    proc = pump = None
+    proc = pump = sampler = None
     interrupted = False
     try:
         shown = "$ " + shlex.join([f"FLWR_HOME={flwr_home}", *cmd]) + "\n"  # Flower's own command, visible
@@ -170,6 +178,7 @@ def _launch_claimed(
             sink.write(shown)
             sink.flush()
         proc = start_flwr(cmd, project_root, env)
+        sampler = _sample_memory(proc.pid, flwr_home, scratch)
         pump = threading.Thread(target=pump_lines, args=(proc.stdout, [log] + ([echo] if echo else [])), daemon=True)
         pump.start()
         status.update(wait_flwr(proc, job.timeout_s))
@@ -178,6 +187,8 @@ def _launch_claimed(
     except OSError as err:
         status["error"] = f"cannot start {cmd[0]}: {err}; install flwr in this environment"
     finally:
+        if sampler is not None:  # before the processes are stopped: their memory at the end is part of the run
+            status.update(write_run_memory(sampler.stop(), job.job_dir, job.run_dir))
         stop_and_clean(proc, pump, log, flwr_home, scratch, job.job_dir / SUPERLINK_LOG_FILE)
         status["wall_s"] = round(time.monotonic() - t0, 3)
         status["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")

@@ -219,7 +219,7 @@ class Preparation:
 class DeviceFigures:
     """Per device k of the cluster: the memory the model charges (``peak_bytes``, gamma_k's terms) and what the OS
     measured (the figure reported, RSS, the cgroup's, the limit; 0 for an idle device), compute, D2D link and CPU
-    seconds over the steps; of the live devices the OS pids and network namespaces."""
+    seconds over the steps; of the live devices the OS pids, the device k each pid entry is, and network namespaces."""
 
     peak_bytes: tuple[float, ...]
     measured_peak_bytes: tuple[float, ...]
@@ -231,6 +231,7 @@ class DeviceFigures:
     netns: tuple[int, ...]
     link_seconds: tuple[float, ...]
     cpu_seconds: tuple[float, ...]
+    pid_devices: tuple[int, ...] = ()  # the device k of each ``pids`` entry (a report from before it: empty)
 
     _KEYS = {
         "peak_bytes": "device-peak-bytes",
@@ -243,15 +244,21 @@ class DeviceFigures:
         "netns": "device-netns",
         "link_seconds": "device-link-seconds",
         "cpu_seconds": "device-cpu-seconds",
+        "pid_devices": "device-pid-devices",
     }
 
     def to_record(self) -> dict[str, list]:
-        return {key: list(getattr(self, name)) for name, key in self._KEYS.items()}
+        record = {key: list(getattr(self, name)) for name, key in self._KEYS.items()}
+        if not self.pid_devices:  # a report from before the key reads back as it came
+            del record["device-pid-devices"]
+        return record
 
     @classmethod
     def read(cls, r: _Reader) -> DeviceFigures:
-        floats: dict[str, Any] = {n: r.numbers(k) for n, k in cls._KEYS.items() if n not in ("pids", "netns")}
-        return cls(**floats, pids=r.counts("device-pids"), netns=r.counts("device-netns"))
+        counted = ("pids", "netns", "pid_devices")
+        floats: dict[str, Any] = {n: r.numbers(k) for n, k in cls._KEYS.items() if n not in counted}
+        pid_devices = r.counts("device-pid-devices") if r.has("device-pid-devices") else ()
+        return cls(**floats, pids=r.counts("device-pids"), netns=r.counts("device-netns"), pid_devices=pid_devices)
 
 
 @dataclass(frozen=True)

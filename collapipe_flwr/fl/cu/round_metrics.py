@@ -47,6 +47,7 @@ class DeviceReport:
     netns: list[int] = field(default_factory=list)
     lost: list[int] = field(default_factory=list)
     lost_reasons: list[str] = field(default_factory=list)
+    pid_devices: list[int] = field(default_factory=list)  # the device k of each ``pids`` entry
     final_delta: list[int] = field(default_factory=list)
     final_m: int = 0
     # what the OS measured per device k this round (pipeline/process_memory.py; 0 for a device left idle or in
@@ -67,6 +68,7 @@ class DeviceReport:
             limit_bytes=tuple(self.limit_bytes),
             compute_seconds=tuple(float(x) for x in steps.device_compute),
             pids=tuple(self.pids),
+            pid_devices=tuple(self.pid_devices),
             netns=tuple(self.netns),
             # the seconds each device's D2D link held its hand-overs (eq. 13; 0 unthrottled), apart from its compute
             link_seconds=tuple(float(x) for x in (steps.device_link or zeros)),
@@ -99,6 +101,7 @@ def device_report(memory: list[dict], processes: dict[int, DeviceProcess], num_d
         rss_peak_bytes=figures["rss_peak_bytes"],
         cgroup_peak_bytes=figures["cgroup_peak_bytes"],
         limit_bytes=figures["limit_bytes"],
+        pid_devices=live,
     )
 
 
