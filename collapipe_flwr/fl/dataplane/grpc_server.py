@@ -22,7 +22,7 @@ from collapipe_flwr.fl.dataplane.protocol import METHOD, SERVICE
 from collapipe_flwr.fl.dataplane.stream_session import Sessions
 from collapipe_flwr.fl.dataplane.transport import channel_options, format_address
 
-log = logging.getLogger("collapipe_flwr.fl.server.decoder.host")
+log = logging.getLogger(__name__)
 
 
 class GrpcListener:

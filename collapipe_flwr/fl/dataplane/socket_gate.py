@@ -30,7 +30,7 @@ from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.socket_wire import HELLO_MAX_BYTES, LENGTH, PeerClosed, hello_identity
 from collapipe_flwr.fl.dataplane.wire import decode_header
 
-log = logging.getLogger("collapipe_flwr.fl.server.decoder.host")
+log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 1.5  # from accept to a whole hello (TLS handshake included); a CU sends it at once
 MAX_PENDING = 256  # connections waiting for their hello, in all (each an fd and a few bytes, no thread)

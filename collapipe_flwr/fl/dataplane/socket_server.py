@@ -60,7 +60,7 @@ from collapipe_flwr.fl.dataplane.socket_wire import (
 from collapipe_flwr.fl.dataplane.stream_session import Sessions, StreamSession
 from collapipe_flwr.fl.dataplane.transport import format_address
 
-log = logging.getLogger("collapipe_flwr.fl.server.decoder.host")
+log = logging.getLogger(__name__)
 
 DRAIN_S = 1.0  # after refusing an oversize frame: how long its bytes are read and dropped, so the error arrives
 

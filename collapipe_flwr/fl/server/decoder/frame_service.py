@@ -55,7 +55,7 @@ from collapipe_flwr.pipeline.head_parts import HeadParts
 from collapipe_flwr.pipeline.optim import scale_lr
 from collapipe_flwr.precision import autocast
 
-log = logging.getLogger("collapipe_flwr.fl.server.decoder.host")  # the host's log, as before the split
+log = logging.getLogger(__name__)
 
 
 class FrameService:

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 
 from collapipe_flwr.errors import DataPlaneError
 
-log = logging.getLogger("collapipe_flwr.fl.server.decoder.host")  # the host's log
+log = logging.getLogger(__name__)
 
 
 class OrderedSteps:
