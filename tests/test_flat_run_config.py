@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from collapipe_flwr.config import load_run_config
+from collapipe_flwr.config.flower_keys import FLAT_KEYS, OTHER_KEYS, hydra_overrides
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.fl.run_config import FLAT_KEYS, OTHER_KEYS, hydra_overrides
 from collapipe_flwr.fl.server.server_main import config_from_flower
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"

@@ -22,9 +22,9 @@ from torch.nn import functional as F
 
 from collapipe_flwr.apps import evaluate
 from collapipe_flwr.config import compose, load_run_config
+from collapipe_flwr.config.flower_keys import hydra_overrides
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.messages import TRAIN, WEIGHTS, unpack_weights
-from collapipe_flwr.fl.run_config import hydra_overrides
 from collapipe_flwr.fl.server.server_main import run_server
 from collapipe_flwr.models.hf import load_hf_model
 from collapipe_flwr.models.hf_arch import inline_config

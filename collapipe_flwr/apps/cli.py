@@ -41,7 +41,7 @@ DEFAULT_OUTPUT_DIR = "runs"
 def parse_run_config(args: Sequence[str]) -> dict[str, Any]:
     """``--run-config`` arguments exactly as ``flwr run`` reads them ("k=v ..." strings or one TOML file),
     restricted to the app's keys (``[tool.flwr.app.config]``)."""
-    from collapipe_flwr.fl.run_config import FLAT_KEYS, OTHER_KEYS
+    from collapipe_flwr.config.flower_keys import FLAT_KEYS, OTHER_KEYS
     from collapipe_flwr.flower_internals import parse_config_args
 
     try:
@@ -61,6 +61,7 @@ def parse_run_config(args: Sequence[str]) -> dict[str, Any]:
 def plan_launch(run_config: Mapping[str, Any], cwd: Path | None = None):
     """The validated config and the sweep-style job that runs it (run folder and data folder absolute)."""
     from collapipe_flwr.config import load_run_config, resolve_data_dir
+    from collapipe_flwr.config.flower_keys import hydra_overrides
     from collapipe_flwr.experiments.job import (
         JobSpec,
         check_local_gpu_share,
@@ -69,7 +70,6 @@ def plan_launch(run_config: Mapping[str, Any], cwd: Path | None = None):
         override_key,
         run_timeout_s,
     )
-    from collapipe_flwr.fl.run_config import hydra_overrides
     from collapipe_flwr.fl.server.server_main import run_folder
 
     cwd = cwd or Path.cwd()

@@ -10,7 +10,7 @@ query.release (server -> CU, after the last round): RecordDict{RELEASE_INFO: Con
     RELEASE_CU_STATE_KEY}} (:class:`ReleaseInstructions`); reply RecordDict{RELEASE_REPLY:
     MetricRecord{DEVICE_ACTORS_RELEASED}}
 
-"Run config" alone means Flower's flat run config (``fl/run_config.py``); the validated whole is
+"Run config" alone means Flower's flat run config (``config/flower_keys.py``); the validated whole is
 ``config.RunConfig``, and what a CU gets of it, ``config.ClusterConfig``.
 
 Weights are one flat state dict whose names start with ``embedding.``, ``encoder.`` (the concatenated

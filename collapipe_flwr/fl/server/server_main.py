@@ -1,7 +1,7 @@
 """The ServerApp's body: compose + validate the config once, build the server state, run T rounds.
 
 Run config keys (``[tool.flwr.app.config]``, overridable with ``flwr run . --run-config``):
-- the flat keys of :data:`collapipe_flwr.fl.run_config.FLAT_KEYS` (``num-server-rounds``, ``task``,
+- the flat keys of :data:`collapipe_flwr.config.flower_keys.FLAT_KEYS` (``num-server-rounds``, ``task``,
   ``model``, ``method``, ``scheduler``, ``num-clusters``, ``local-steps``, ``precision``, ``run-name``,
   ``resume``) for the settings changed most;
 - ``overrides``: any other Hydra override of ``conf/config.yaml`` as one string
@@ -27,13 +27,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from collapipe_flwr.config import RunConfig, load_run_config
+from collapipe_flwr.config.flower_keys import hydra_overrides
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl.records.progress import RoundProgress
 from collapipe_flwr.fl.records.round_values import LOWER_IS_BETTER
 from collapipe_flwr.fl.records.run_claim import SERVER_LOCK, FolderClaim, claim_folder
 from collapipe_flwr.fl.records.run_log import RunLog, claim_run_folder
 from collapipe_flwr.fl.records.run_plots import TensorBoardLog, load_rounds, write_run_plots
-from collapipe_flwr.fl.run_config import hydra_overrides
 from collapipe_flwr.fl.server.checkpoint import checkpoint_path, load_checkpoint, restore
 from collapipe_flwr.fl.server.server_state import ServerState
 from collapipe_flwr.fl.server.strategy import CollaPipeStrategy

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from collapipe_flwr.config import split_overrides
+from collapipe_flwr.config.hydra_conf import split_overrides
 from collapipe_flwr.errors import ConfigError
 
 # flat run-config key -> the Hydra key it sets
