@@ -13,7 +13,15 @@ from typing import Any
 from collapipe_flwr.config.data_dir import resolve_data_dir
 from collapipe_flwr.config.hydra_conf import to_plain
 from collapipe_flwr.config.privacy import PrivacySpec
-from collapipe_flwr.config.sections import DataPlaneSpec, EvalSpec, FederationSpec, PipelineSpec, parse_dataplane
+from collapipe_flwr.config.sections import (
+    DataPlaneSpec,
+    DecoderUpdateMode,
+    EmbeddingMode,
+    EvalSpec,
+    FederationSpec,
+    PipelineSpec,
+    parse_dataplane,
+)
 from collapipe_flwr.dssra.specs import MethodSpec, SchedulerSpec, parse_method, parse_scheduler
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.pipeline.runtime_spec import RuntimeSpec, parse_runtime
@@ -290,7 +298,7 @@ def _check_clock(cfg: RunConfig) -> None:
 def _check_privacy(cfg: RunConfig) -> None:
     """Flower's DP mods clip the difference between what a CU downloaded and what it returns, part by part, so
     the CU must return every part it downloads: a frozen embedding is downloaded and not returned."""
-    if cfg.privacy.enabled and cfg.federation.embedding == "frozen":
+    if cfg.privacy.enabled and cfg.federation.embedding is EmbeddingMode.FROZEN:
         raise ConfigError(
             f"privacy.mode={cfg.privacy.mode} clips each CU's whole update, which needs the embedding returned; "
             "set federation.embedding=trained or privacy.mode=none"
@@ -326,18 +334,20 @@ def _check_schedule(cfg: RunConfig) -> None:
     order, so neither goes with 1F1B."""
     if cfg.pipeline.schedule != "1f1b":
         return
-    if cfg.federation.decoder_update == "joint":
+    refused = _ONE_PER_MICRO_BATCH_REFUSED.get(cfg.federation.decoder_update)
+    if refused:
         raise ConfigError(
             "pipeline.schedule=1f1b exchanges each micro-batch with the decoder on its own, which "
-            "federation.decoder_update=joint (one barrier per whole step) cannot gather; set decoder_update=per_cu "
+            f"federation.decoder_update={cfg.federation.decoder_update} {refused}; set decoder_update=per_cu "
             "or schedule=gpipe"
         )
-    if cfg.federation.decoder_update == "ordered":
-        raise ConfigError(
-            "pipeline.schedule=1f1b exchanges each micro-batch with the decoder on its own, which "
-            "federation.decoder_update=ordered (whole steps in cluster order) cannot order; set "
-            "decoder_update=per_cu or schedule=gpipe"
-        )
+
+
+# the decoder updates that cannot take 1F1B's one exchange per micro-batch, and why
+_ONE_PER_MICRO_BATCH_REFUSED = {
+    DecoderUpdateMode.JOINT: "(one barrier per whole step) cannot gather",
+    DecoderUpdateMode.ORDERED: "(whole steps in cluster order) cannot order",
+}
 
 
 def _choice(key: str, value: object, choices: tuple[str, ...]) -> str:

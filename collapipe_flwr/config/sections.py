@@ -4,19 +4,46 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-from collapipe_flwr.config.server_optimizer_rules import check_server_optimizer
-from collapipe_flwr.spec_parsing import mapping, require, typed
+from collapipe_flwr.config.server_optimizer_rules import ServerOptimizerName, check_server_optimizer
+from collapipe_flwr.spec_parsing import choices, mapping, require, typed
 from collapipe_flwr.system.pipeline_model import SCHEDULES
 
-OPTIMIZER_STATES = ("keep", "reset")
-DECODER_UPDATES = ("per_cu", "joint", "ordered")
+
+class OptimizerState(StrEnum):
+    """``federation.optimizer_state``: the CU's optimizer moments across rounds."""
+
+    KEEP = "keep"
+    RESET = "reset"
+
+
+class DecoderUpdateMode(StrEnum):
+    """``federation.decoder_update``: how the CUs' steps reach the server's decoder (Algorithm 1, line 14; the
+    protocol of each is fl/server/decoder/update_modes.py)."""
+
+    PER_CU = "per_cu"
+    JOINT = "joint"
+    ORDERED = "ordered"
+
+    @property
+    def cus_wait(self) -> bool:
+        """Whether a CU's step waits for other CUs' steps (joint: the barrier; ordered: the turnstile)."""
+        return self is not DecoderUpdateMode.PER_CU
+
+
+class EmbeddingMode(StrEnum):
+    """``federation.embedding``: whether the CUs train the embedding and upload it (eq. 11)."""
+
+    TRAINED = "trained"
+    FROZEN = "frozen"
+
+
 # the refusal of the dataplane section's old fp16 switch (in a config mapping or as an override: config.hydra_conf)
 FP16_REMOVED = (
     "dataplane.fp16 was removed; use dataplane.compression: fp16 instead (override: dataplane.compression=fp16)"
 )
-EMBEDDING_MODES = ("trained", "frozen")
 
 
 @dataclass(frozen=True)
@@ -32,11 +59,11 @@ class FederationSpec:
     max_failed_rounds: int = 3
     # Optimizer moments on the CU and its devices across rounds: keep (the CU's Adam state survives the
     # round's weight reload) | reset (fresh optimizer state every round, as a stateless CU would have).
-    optimizer_state: str = "keep"
+    optimizer_state: OptimizerState = OptimizerState.KEEP
     # Server update of the aggregated parts (embedding, encoder): fedavg | fedavgm | fedadam | fedyogi |
     # fedadagrad (Flower's own strategy maths, see fl/server/aggregation/server_optimizer.py); the choices and
     # the ranges below are config/server_optimizer_rules.py's.
-    server_optimizer: str = "fedavg"
+    server_optimizer: ServerOptimizerName = ServerOptimizerName.FEDAVG
     server_lr: float = 1.0  # eta: server step size (fedavgm: server_learning_rate), > 0
     server_momentum: float = 0.9  # fedavgm momentum; fedadam/fedyogi beta_1, in [0, 1)
     server_beta_2: float = 0.99  # fedadam / fedyogi second moment, in [0, 1)
@@ -45,22 +72,21 @@ class FederationSpec:
     # per step on the concatenated activations of all participating clusters (a barrier on the data plane) |
     # ordered = per_cu in cluster order: step seq of cluster 0, 1, ..., then step seq + 1 (a turnstile), so
     # runs with the same seed give the same decoder.
-    decoder_update: str = "per_cu"
+    decoder_update: DecoderUpdateMode = DecoderUpdateMode.PER_CU
     # The CU's embedding: trained (CUs train it and upload it with the encoder; FedAvg averages it) | frozen
     # (it keeps its initial values, so a CU uploads only z_enc and theta_enc, exactly eq. 11's terms).
-    embedding: str = "trained"
+    embedding: EmbeddingMode = EmbeddingMode.TRAINED
 
     def __post_init__(self) -> None:
-        require(
-            self.embedding in EMBEDDING_MODES,
-            f"federation.embedding={self.embedding!r} must be one of {', '.join(EMBEDDING_MODES)}",
+        choices(
+            self,
+            "federation",
+            embedding=EmbeddingMode,
+            optimizer_state=OptimizerState,
+            decoder_update=DecoderUpdateMode,
         )
         require(self.num_clusters >= 1, f"federation.num_clusters={self.num_clusters} must be >= 1")
-        require(
-            self.optimizer_state in OPTIMIZER_STATES,
-            f"federation.optimizer_state={self.optimizer_state!r} must be one of {', '.join(OPTIMIZER_STATES)}",
-        )
-        check_server_optimizer(
+        server_optimizer = check_server_optimizer(
             self.server_optimizer,
             {
                 "lr": self.server_lr,
@@ -72,10 +98,7 @@ class FederationSpec:
             key_of=lambda name: f"federation.server_{name}",
             used_only=False,  # every value in the config must be valid, whichever optimizer it names
         )
-        require(
-            self.decoder_update in DECODER_UPDATES,
-            f"federation.decoder_update={self.decoder_update!r} must be one of {', '.join(DECODER_UPDATES)}",
-        )
+        object.__setattr__(self, "server_optimizer", server_optimizer)
         require(self.num_rounds >= 1, f"federation.num_rounds={self.num_rounds} must be >= 1")
         require(self.local_steps >= 1, f"federation.local_steps={self.local_steps} must be >= 1")
         require(self.round_timeout_s > 0, "federation.round_timeout_s must be > 0")

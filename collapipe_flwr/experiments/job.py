@@ -22,8 +22,6 @@ GROUPS = ("task", "model", "method", "scheduler", "network", "federation")
 RUN_SUBDIR = "run"
 TIMEOUT_ENV = "COLLAPIPE_RUN_TIMEOUT_S"
 TIMEOUT_MARGIN_S = 600.0
-# Decoder updates whose CUs wait for each other's steps: the simulation trains all N CUs at once for them.
-WAITING_DECODER_UPDATES = ("joint", "ordered")
 
 
 def override_key(override: str) -> str:
@@ -44,7 +42,7 @@ def concurrent_cus(cfg: RunConfig) -> int:
     fewer workers than CUs the waiting CUs time out), else 0."""
     if cfg.runtime.concurrent_cus:
         return cfg.runtime.concurrent_cus
-    return cfg.federation.num_clusters if cfg.federation.decoder_update in WAITING_DECODER_UPDATES else 0
+    return cfg.federation.num_clusters if cfg.federation.decoder_update.cus_wait else 0
 
 
 def run_timeout_s(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> float:

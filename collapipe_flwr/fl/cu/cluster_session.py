@@ -26,6 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from collapipe_flwr import wiring
 from collapipe_flwr.config import ClusterConfig, resolve_data_dir
+from collapipe_flwr.config.sections import EmbeddingMode, OptimizerState
 from collapipe_flwr.fl.cu.cu_checkpoint import load_cu_state, save_cu_state
 from collapipe_flwr.fl.round_report import Preparation
 from collapipe_flwr.models.split import SplitModel, TaskHead
@@ -136,7 +137,7 @@ class ClusterSession:
                 self.model.head, wiring.optimizer_spec(cfg), resolve_precision(cfg.runtime.precision)
             )
         restored = False
-        if cfg.federation.optimizer_state == "reset":
+        if cfg.federation.optimizer_state is OptimizerState.RESET:
             pipeline.reset_optimizers()
             if self.local_head is not None:
                 self.local_head.reset_optimizer()
@@ -170,7 +171,7 @@ class ClusterSession:
     def finish(self, round_: int, state: RecordDict | None) -> None:
         """After a round: remember it, and copy the CU-held optimizer state into ``Context.state``."""
         self.last_round = round_
-        if self.cfg.federation.optimizer_state == "reset":
+        if self.cfg.federation.optimizer_state is OptimizerState.RESET:
             return
         if state is not None:
             state.array_records[STATE_ARRAYS] = ArrayRecord(torch_state_dict=self._optimizer_tensors())
@@ -289,7 +290,7 @@ def session_for(
     wiring.check_partitions(cfg, num_partitions)
     examples = _partition(task, cfg, run_key, cluster, num_partitions, state)
     model = wiring.build_model(task, cfg)
-    if cfg.federation.embedding == "frozen":  # kept at the global values the CU downloads, never trained
+    if cfg.federation.embedding is EmbeddingMode.FROZEN:  # kept at the global values the CU downloads, never trained
         model.embedding.requires_grad_(False)
     session = ClusterSession(run_key, cluster, cfg, task, examples, model)
     _SESSIONS[key] = session

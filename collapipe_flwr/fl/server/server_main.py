@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from collapipe_flwr.config import RunConfig, load_run_config
+from collapipe_flwr.config.sections import OptimizerState
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl.records.progress import RoundProgress
 from collapipe_flwr.fl.records.round_values import LOWER_IS_BETTER
@@ -168,7 +169,7 @@ def claim_run(cfg: RunConfig, server: ServerState, run_log: RunLog) -> None:
     run that keeps the CUs' optimizer moments gets the key of their state files."""
     if not cfg.resume:  # only a run that started holds its name: one that failed here can simply be rerun
         run_log.write_config(cfg.to_dict())
-    if cfg.checkpoint and cfg.federation.optimizer_state == "keep":
+    if cfg.checkpoint and cfg.federation.optimizer_state is OptimizerState.KEEP:
         # The key of this run's CU state files (fl/cu/cu_checkpoint.py): 16 random hex digits, no other run matches;
         # a resumed run takes its own back from checkpoint.pt.
         server.cu_state_key = secrets.token_hex(8)

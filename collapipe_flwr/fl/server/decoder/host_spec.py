@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from collapipe_flwr.config import RunConfig
-from collapipe_flwr.config.sections import DECODER_UPDATES
+from collapipe_flwr.config.sections import DecoderUpdateMode
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.backend import DEFAULT_TRANSPORT, check_transport
 from collapipe_flwr.fl.dataplane.protocol import wire_mode
@@ -43,7 +43,7 @@ class DecoderHostSpec:
     lock_timeout_s: float = 120.0
     keep_order: int = 100_000
     precision: str = "fp32"
-    decoder_update: str = "per_cu"
+    decoder_update: DecoderUpdateMode = DecoderUpdateMode.PER_CU
     dropout_seed: int | None = None
     max_len: int = 0
     max_abs_activation: float = 0.0
@@ -61,11 +61,13 @@ class DecoderHostSpec:
         wire_mode(self.compression)  # raises on an unknown compression
         if not self.idle_timeout_s > 0:
             raise DataPlaneError(f"idle_timeout_s={self.idle_timeout_s} must be > 0")
-        if self.decoder_update not in DECODER_UPDATES:
+        try:
+            object.__setattr__(self, "decoder_update", DecoderUpdateMode(self.decoder_update))
+        except ValueError:
             raise DataPlaneError(
                 f"decoder_update={self.decoder_update!r}; a decoder host updates one of "
-                f"{', '.join(DECODER_UPDATES)} (federation.decoder_update)"
-            )
+                f"{', '.join(DecoderUpdateMode)} (federation.decoder_update)"
+            ) from None
         check_transport(self.transport)
 
     @classmethod
