@@ -64,7 +64,8 @@ def scan(package_dir: Path, values: set[str]) -> tuple[list[str], int]:
         for node in ast.walk(ast.parse(text, str(path))):
             found: list[str] = []
             if isinstance(node, ast.Compare):
-                for op, left, right in zip(node.ops, [node.left, *node.comparators[:-1]], node.comparators, strict=True):
+                lefts = [node.left, *node.comparators[:-1]]
+                for op, left, right in zip(node.ops, lefts, node.comparators, strict=True):
                     if isinstance(op, ast.Eq | ast.NotEq):
                         pair = _literals(left) if isinstance(left, ast.Constant) else []
                         pair += _literals(right) if isinstance(right, ast.Constant) else []

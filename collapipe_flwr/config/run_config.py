@@ -7,12 +7,13 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from collapipe_flwr.config.data_dir import resolve_data_dir
 from collapipe_flwr.config.hydra_conf import to_plain
-from collapipe_flwr.config.privacy import PrivacySpec
+from collapipe_flwr.config.privacy import PrivacyMode, PrivacySpec
 from collapipe_flwr.config.sections import (
     DataPlaneSpec,
     DecoderUpdateMode,
@@ -25,13 +26,20 @@ from collapipe_flwr.config.sections import (
 from collapipe_flwr.dssra.specs import MethodSpec, SchedulerSpec, parse_method, parse_scheduler
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.pipeline.runtime_spec import RuntimeSpec, parse_runtime
-from collapipe_flwr.spec_parsing import check_keys, mapping, require, scalar, typed
+from collapipe_flwr.spec_parsing import check_keys, choice, mapping, require, scalar, typed
 from collapipe_flwr.system.clock_spec import ClockSpec, parse_clock
 from collapipe_flwr.system.measurement_spec import SystemSpec, TestbedSpec, parse_system, parse_testbed
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.tasks.spec import ModelSpec, TaskSpec, parse_model, parse_task
 
-FLOWER_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+class FlowerLogLevel(StrEnum):
+    """``flower_log``: the lowest level of Flower's own ServerApp log lines that is shown."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,8 @@ class RunConfig:
     save_client_weights: bool = False
     checkpoint: bool = True  # save the server's state after every round (fl/server/checkpoint.py)
     resume: bool = False  # continue the run in output_dir/run_name from its last checkpoint
-    flower_log: str = "warning"  # Flower's own ServerApp log lines: "info" shows its round banners and dump
+    # Flower's own ServerApp log lines: "info" shows its round banners and dump
+    flower_log: FlowerLogLevel = FlowerLogLevel.WARNING
     tensorboard: bool = False  # also log each round's scalars to <run folder>/tensorboard (needs tensorboard)
     system: SystemSpec = SystemSpec()  # where DSSRA's device and link numbers come from (config | measured)
     testbed: TestbedSpec = TestbedSpec()  # the emulated heterogeneous testbed (off unless testbed=emulated)
@@ -234,7 +243,7 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         save_client_weights=scalar("", "save_client_weights", data.get("save_client_weights", False), bool),
         checkpoint=scalar("", "checkpoint", data.get("checkpoint", True), bool),
         resume=scalar("", "resume", data.get("resume", False), bool),
-        flower_log=_choice("flower_log", data.get("flower_log", "warning"), FLOWER_LOG_LEVELS),
+        flower_log=choice("flower_log", str(data.get("flower_log", "warning")).lower(), FlowerLogLevel),
         tensorboard=scalar("", "tensorboard", data.get("tensorboard", False), bool),
         system=parse_system(data.get("system")),
         testbed=parse_testbed(data.get("testbed")),
@@ -320,7 +329,7 @@ def _check_privacy_budget(cfg: RunConfig) -> None:
     planned = privacy.planned_epsilon(rounds)
     if planned <= privacy.max_epsilon:
         return
-    knob = "raise privacy.noise_multiplier" if privacy.mode == "central" else "lower privacy.epsilon"
+    knob = "raise privacy.noise_multiplier" if privacy.mode is PrivacyMode.CENTRAL else "lower privacy.epsilon"
     raise ConfigError(
         f"privacy.mode={privacy.mode} over federation.num_rounds={rounds} spends epsilon={planned:.4g} at "
         f"delta={privacy.delta:g} (every cluster selected each round) > privacy.max_epsilon={privacy.max_epsilon:g}; "
@@ -348,10 +357,3 @@ _ONE_PER_MICRO_BATCH_REFUSED = {
     DecoderUpdateMode.JOINT: "(one barrier per whole step) cannot gather",
     DecoderUpdateMode.ORDERED: "(whole steps in cluster order) cannot order",
 }
-
-
-def _choice(key: str, value: object, choices: tuple[str, ...]) -> str:
-    text = str(value).lower()
-    if text not in choices:
-        raise ConfigError(f"{key}={value!r} must be one of {', '.join(choices)}")
-    return text

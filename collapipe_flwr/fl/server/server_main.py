@@ -41,6 +41,7 @@ from collapipe_flwr.fl.server.strategy import CollaPipeStrategy
 from collapipe_flwr.fl.server.threads import torch_threads
 from collapipe_flwr.model_store import save_model
 from collapipe_flwr.models.hf.folder_weights import random_weights_record
+from collapipe_flwr.system.clock_spec import ClockMode
 
 FLOWER_LOGGER_NAME = "flwr"  # the logger every Flower component logs through
 TENSORBOARD_SUBDIR = "tensorboard"  # <run folder>/tensorboard: the scalars of tensorboard=true
@@ -263,7 +264,7 @@ def time_line(summary: dict) -> str:
     )
     wall = f"{summary.get('wall_s', 0):.0f} s wall, {summary.get('measured_round_s', 0):.0f} s in rounds"
     modelled = f"modelled delay of the plans {summary.get('modelled_delay_s', 0):.1f} s (sum of eq. 26 over the rounds)"
-    if summary.get("clock") == "virtual":
+    if summary.get("clock") == ClockMode.VIRTUAL:
         return f"time: {virtual}; {wall} here; {modelled}"
     return f"time: {wall}; {modelled}; {virtual}"
 
