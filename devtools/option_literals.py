@@ -10,8 +10,9 @@ package next to devtools/); its members' values are the option values. A compari
 member. Also counted, for context: every ``==`` / ``!=`` against a lowercase string literal (options or not).
 
 The scan reads source only (nothing is imported), so ``package_dir`` may be another checkout (e.g. the tree
-before the enums, to count what there was). A value that is also a word of something else (``cpu`` as a torch
-device type) counts too: ``--list`` prints each hit with file:line to judge them. With ``--limit N`` the exit
+before the enums, to count what there was). A value that is also a word of something else counts too, unless what
+it is compared with is named as :data:`NOT_OPTIONS` says (``device.type == "cpu"``): ``--list`` prints each hit with
+file:line to judge them. With ``--limit N`` the exit
 status is 1 when more than N option comparisons are found.
 """
 
@@ -25,6 +26,10 @@ from pathlib import Path
 
 DEFAULT_PACKAGE = Path(__file__).resolve().parent.parent / "collapipe_flwr"
 _LOWER = re.compile(r"[a-z_0-9-]+")
+# what is compared is not an option when it is named (variable, attribute, ``.get`` key or method) one of these:
+# a torch device's type (``cpu`` | ``cuda``, also an option's words), a frame's or message's kind (``error``), and
+# a run-config boolean read from its text (``true`` | ``false``)
+NOT_OPTIONS = frozenset({"type", "device_type", "kind", "lower"})
 
 
 def option_values(package_dir: Path) -> set[str]:
@@ -41,6 +46,14 @@ def option_values(package_dir: Path) -> set[str]:
 
 
 def _base_name(node: ast.expr) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+
+
+def _name(node: ast.expr) -> str:
+    """What ``node`` is called: a name, an attribute, a ``.get("key")`` key or a method called with no argument."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        key = node.args[0] if node.func.attr == "get" and node.args else None
+        return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else node.func.attr
     return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
 
 
@@ -66,6 +79,8 @@ def scan(package_dir: Path, values: set[str]) -> tuple[list[str], int]:
             if isinstance(node, ast.Compare):
                 lefts = [node.left, *node.comparators[:-1]]
                 for op, left, right in zip(node.ops, lefts, node.comparators, strict=True):
+                    if _name(left) in NOT_OPTIONS or _name(right) in NOT_OPTIONS:
+                        continue
                     if isinstance(op, ast.Eq | ast.NotEq):
                         pair = _literals(left) if isinstance(left, ast.Constant) else []
                         pair += _literals(right) if isinstance(right, ast.Constant) else []

@@ -25,11 +25,12 @@ from collapipe_flwr.config.sections import (
 )
 from collapipe_flwr.dssra.specs import MethodSpec, SchedulerSpec, parse_method, parse_scheduler
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.pipeline.runtime_spec import RuntimeSpec, parse_runtime
+from collapipe_flwr.pipeline.runtime_spec import Backend, RuntimeSpec, parse_runtime
 from collapipe_flwr.spec_parsing import check_keys, choice, mapping, require, scalar, typed
 from collapipe_flwr.system.clock_spec import ClockSpec, parse_clock
 from collapipe_flwr.system.measurement_spec import SystemSpec, TestbedSpec, parse_system, parse_testbed
 from collapipe_flwr.system.network import NetworkSpec
+from collapipe_flwr.system.pipeline_model import Schedule
 from collapipe_flwr.tasks.spec import ModelSpec, TaskSpec, parse_model, parse_task
 
 
@@ -275,12 +276,12 @@ def _check_testbed(cfg: RunConfig) -> None:
             f"testbed.cpu_cores has {len(tb.cpu_cores)} entries for network.devices_per_cluster={K}; "
             "give one per device"
         )
-    if tb.enabled and tb.cpu_quota and cfg.runtime.backend != "ray":
+    if tb.enabled and tb.cpu_quota and cfg.runtime.backend is not Backend.RAY:
         raise ConfigError(
             f"testbed.cpu_quota needs one process per device (runtime.backend=ray), not runtime.backend="
             f"{cfg.runtime.backend}; set runtime.backend=ray or testbed.cpu_quota=false (links throttled only)"
         )
-    if (tb.enabled and tb.memory_limit or cfg.runtime.memory_cgroup) and cfg.runtime.backend != "ray":
+    if (tb.enabled and tb.memory_limit or cfg.runtime.memory_cgroup) and cfg.runtime.backend is not Backend.RAY:
         raise ConfigError(
             "testbed.memory_limit and runtime.memory_cgroup need one process per device (runtime.backend=ray), not "
             f"runtime.backend={cfg.runtime.backend}; set runtime.backend=ray or testbed.memory_limit=false"
@@ -341,7 +342,7 @@ def _check_schedule(cfg: RunConfig) -> None:
     """1F1B sends the decoder one exchange per micro-batch, each answered at once; the joint decoder update
     gathers whole steps of every cluster behind a barrier, and the ordered one queues whole steps in cluster
     order, so neither goes with 1F1B."""
-    if cfg.pipeline.schedule != "1f1b":
+    if cfg.pipeline.schedule is not Schedule.ONE_F_ONE_B:
         return
     refused = _ONE_PER_MICRO_BATCH_REFUSED.get(cfg.federation.decoder_update)
     if refused:

@@ -9,7 +9,7 @@ from typing import Any
 
 from collapipe_flwr.config.server_optimizer_rules import ServerOptimizerName, check_server_optimizer
 from collapipe_flwr.spec_parsing import choices, mapping, require, typed
-from collapipe_flwr.system.pipeline_model import SCHEDULES
+from collapipe_flwr.system.pipeline_model import Schedule
 
 
 class OptimizerState(StrEnum):
@@ -112,13 +112,10 @@ class PipelineSpec:
     exchange per micro-batch, stage k runs min(S - k - 1, m) warm-up forwards then one forward / one backward,
     so it holds at most min(m, S - k); the same gradients and parameters after a step)."""
 
-    schedule: str = "gpipe"
+    schedule: Schedule = Schedule.GPIPE
 
     def __post_init__(self) -> None:
-        require(
-            self.schedule in SCHEDULES,
-            f"pipeline.schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}",
-        )
+        choices(self, "pipeline", schedule=Schedule)
 
 
 @dataclass(frozen=True)

@@ -128,11 +128,12 @@ def check_local_gpu_share(cfg: RunConfig) -> None:
     device that resolves to cuda) must fit them all at once (:func:`accelerator.check_gpu_share`)."""
     import torch
 
-    from collapipe_flwr.accelerator import check_gpu_share
+    from collapipe_flwr.accelerator import Device, check_gpu_share
+    from collapipe_flwr.pipeline.runtime_spec import Backend
 
     rt = cfg.runtime
-    on_gpu = rt.device == "cuda" or (rt.device == "auto" and torch.cuda.is_available())
-    if rt.backend != "ray" or rt.ray_address or not on_gpu or not rt.actor_num_gpus:
+    on_gpu = rt.device is Device.CUDA or (rt.device is Device.AUTO and torch.cuda.is_available())
+    if rt.backend is not Backend.RAY or rt.ray_address or not on_gpu or not rt.actor_num_gpus:
         return
     cus = concurrent_cus(cfg) or min(cfg.federation.num_clusters, os.cpu_count() or 1)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -33,6 +33,7 @@ from collapipe_flwr.models.split import SplitModel, TaskHead
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.executors import release
 from collapipe_flwr.pipeline.head import LocalHead
+from collapipe_flwr.pipeline.runtime_spec import Backend
 from collapipe_flwr.precision import resolve_precision
 from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.tasks.base import Task
@@ -124,7 +125,7 @@ class ClusterSession:
                 devices,
                 cfg,
                 cluster=self.cluster,
-                actor_prefix=actor_prefix(self.run_key, self.cluster) if cfg.runtime.backend == "ray" else "",
+                actor_prefix=actor_prefix(self.run_key, self.cluster) if cfg.runtime.backend is Backend.RAY else "",
             )
             self._release_held_copies()
         else:
@@ -212,7 +213,7 @@ class ClusterSession:
                 for key, value in st.items():
                     flat[f"{part}|{names[id(p)]}|{key}"] = detach(torch.as_tensor(value))
         pipeline = self.live_pipeline()
-        if pipeline.backend == "local" or with_encoder:
+        if pipeline.backend is Backend.LOCAL or with_encoder:
             for name, st in pipeline.encoder_optimizer_state().items():
                 for key, value in st.items():
                     flat[f"encoder|{name}|{key}"] = detach(torch.as_tensor(value))
@@ -250,7 +251,7 @@ class ClusterSession:
                 if pname in params:
                     optimizer.state[params[pname]] = {k: v.clone() for k, v in st.items()}
         pipeline = self.live_pipeline()
-        if "encoder" in grouped and (pipeline.backend == "local" or encoder):
+        if "encoder" in grouped and (pipeline.backend is Backend.LOCAL or encoder):
             pipeline.load_encoder_optimizer_state(grouped["encoder"])
 
 
