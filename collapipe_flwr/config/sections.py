@@ -40,6 +40,28 @@ class EmbeddingMode(StrEnum):
     FROZEN = "frozen"
 
 
+class Compression(StrEnum):
+    """``dataplane.compression``: what z_enc and dL/dz_enc travel as (fl/dataplane/protocol.py)."""
+
+    NONE = "none"  # float32
+    FP16 = "fp16"  # scaled float16
+    INT8 = "int8"  # int8 with per-channel scales
+
+
+class SharedMemory(StrEnum):
+    """``dataplane.shared_memory``: the same-host shortcut through a shared-memory segment (fl/dataplane/shm.py)."""
+
+    AUTO = "auto"
+    OFF = "off"
+
+
+class Transport(StrEnum):
+    """``dataplane.transport``: what carries the CUs' streams (fl/dataplane/backend.py)."""
+
+    GRPC = "grpc"
+    SOCKET = "socket"
+
+
 # the refusal of the dataplane section's old fp16 switch (in a config mapping or as an override: config.hydra_conf)
 FP16_REMOVED = (
     "dataplane.fp16 was removed; use dataplane.compression: fp16 instead (override: dataplane.compression=fp16)"
@@ -126,7 +148,7 @@ class DataPlaneSpec:
     bind: str = ""  # "" = the announced host only; "0.0.0.0" listens on every interface
     port: int = 0
     # what z_enc and dL/dz_enc travel as: none (float32) | fp16 (scaled float16) | int8 (per-channel scales)
-    compression: str = "none"
+    compression: Compression = Compression.NONE
     # largest step frame either end accepts; 0 = sized from the task (fl/dataplane/transport.step_message_mb:
     # b x max_len tokens of z_enc and labels, with room to spare), so a flood cannot park big frames in memory
     max_message_mb: int = 0
@@ -144,30 +166,19 @@ class DataPlaneSpec:
     tls_ca: str = ""
     # same-host shortcut (fl/dataplane/shm.py): auto = a CU that reaches the host on a loopback address passes
     # its frames through shared memory and only a pointer over gRPC (plaintext channels) | off = always inline
-    shared_memory: str = "auto"
+    shared_memory: SharedMemory = SharedMemory.AUTO
     # what carries the CUs' streams (fl/dataplane/backend.py): socket = one plain TCP connection per CU (TLS by
     # ssl), the lowest latency | grpc = one gRPC bidirectional stream per CU (passes HTTP/2 proxies and balancers)
-    transport: str = "socket"
+    transport: Transport = Transport.SOCKET
 
     def __post_init__(self) -> None:
         require(bool(self.tls_cert) == bool(self.tls_key), "dataplane.tls_cert and dataplane.tls_key go together")
-        require(
-            self.transport in ("grpc", "socket"),
-            f"dataplane.transport={self.transport!r} must be grpc or socket",
-        )
-        require(
-            self.shared_memory in ("auto", "off"),
-            f"dataplane.shared_memory={self.shared_memory!r} must be auto or off",
-        )
+        choices(self, "dataplane", transport=Transport, shared_memory=SharedMemory, compression=Compression)
         require(0 <= self.port < 65536, f"dataplane.port={self.port} must be in 0..65535 (0 = any free port)")
         require(self.max_abs_activation >= 0, "dataplane.max_abs_activation must be >= 0 (0 = no limit)")
         require(self.max_message_mb >= 0, "dataplane.max_message_mb must be >= 0 (0 = sized from the task)")
         require(self.idle_timeout_s > 0, "dataplane.idle_timeout_s must be > 0")
         require(self.timeout_s > 0, "dataplane.timeout_s must be > 0")
-        require(
-            self.compression in ("none", "fp16", "int8"),
-            f"dataplane.compression={self.compression!r} must be none, fp16 or int8",
-        )
 
 
 def parse_dataplane(raw: Any) -> DataPlaneSpec:
