@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.models.fast_dropout import KERNELS as DROPOUT_KERNELS
+from collapipe_flwr.models.fast_dropout import DropoutKernel
 from collapipe_flwr.models.hf_arch import CAUSAL_LM_TYPES, ENCODER_TYPES
 from collapipe_flwr.pipeline.optim import OptimizerSpec
-from collapipe_flwr.spec_parsing import mapping, require
+from collapipe_flwr.spec_parsing import choice, mapping, require
 from collapipe_flwr.tasks.hf_spec import HF_KEYS, HfSpec, parse_hf
 from collapipe_flwr.tasks.lr_schedule import LrScheduleSpec, parse_lr_schedule
-from collapipe_flwr.tasks.partition import QUANTITY_SHAPES, SCHEMES
+from collapipe_flwr.tasks.partition import Partition, QuantityShape
 from collapipe_flwr.tasks.registry import task_class
 
 __all__ = [
@@ -86,9 +86,9 @@ class TaskSpec:
     default_model: str = ""
     bucket: int = 0
     pad_multiple: int = 8
-    partition: str = "iid"
+    partition: Partition = Partition.IID
     alpha: float = 0.5
-    quantity: str = "linear"
+    quantity: QuantityShape = QuantityShape.LINEAR
     classes_per_partition: int = 2
     cache_dir: str = ""
     hf_dataset: Mapping[str, Any] = field(default_factory=dict)
@@ -98,15 +98,12 @@ class TaskSpec:
         for key, least in (("batch_size", 1), ("max_len", 4)):
             value = getattr(self, key)
             require(_is_int(value) and value >= least, f"task.{key}={value!r} must be an integer >= {least}")
-        require(self.partition in SCHEMES, f"task.partition={self.partition!r} is not one of {', '.join(SCHEMES)}")
+        object.__setattr__(self, "partition", choice("task.partition", self.partition, Partition))
         require(
             _is_number(self.alpha) and self.alpha > 0,
             f"task.alpha={self.alpha!r} must be a number > 0 (Dirichlet concentration)",
         )
-        require(
-            self.quantity in QUANTITY_SHAPES,
-            f"task.quantity={self.quantity!r} is not one of {', '.join(QUANTITY_SHAPES)} (partition: quantity)",
-        )
+        object.__setattr__(self, "quantity", choice("task.quantity", self.quantity, QuantityShape))
         require(
             _is_int(self.classes_per_partition) and self.classes_per_partition >= 1,
             f"task.classes_per_partition={self.classes_per_partition!r} must be an integer >= 1 "
@@ -122,7 +119,7 @@ class TaskSpec:
         )
         require(isinstance(self.hf_dataset, Mapping), "task.hf_dataset must be a mapping {enabled, id, ...}")
         require(
-            self.partition != "domain" or bool(dict(self.options).get("extra_train_files")),
+            self.partition is not Partition.DOMAIN or bool(dict(self.options).get("extra_train_files")),
             "task.partition=domain needs a second training corpus: name its file(s) in task.extra_train_files "
             "(docs/partitions.md)",
         )
@@ -186,7 +183,7 @@ class ModelSpec:
     description: str = ""
     sizes: Mapping[str, int]
     dropout: float = 0.1
-    dropout_kernel: str = "fast"
+    dropout_kernel: DropoutKernel = DropoutKernel.FAST
     max_len: int
     tie_embeddings: bool = False
     pretrained_dir: str = ""
@@ -210,10 +207,7 @@ class ModelSpec:
             _is_number(self.dropout) and 0 <= self.dropout < 1,
             f"model.dropout={self.dropout!r} must be a number in [0, 1)",
         )
-        require(
-            self.dropout_kernel in DROPOUT_KERNELS,
-            f"model.dropout_kernel={self.dropout_kernel!r} must be one of {', '.join(DROPOUT_KERNELS)}",
-        )
+        object.__setattr__(self, "dropout_kernel", choice("model.dropout_kernel", self.dropout_kernel, DropoutKernel))
         require(
             isinstance(self.tie_embeddings, bool), f"model.tie_embeddings={self.tie_embeddings!r} must be true or false"
         )
@@ -294,7 +288,7 @@ def parse_model(raw: Any, task: TaskSpec) -> ModelSpec:
         description=str(raw.get("description") or ""),
         sizes={k: given.get(k) for k in sizes},
         dropout=raw.get("dropout", 0.1),
-        dropout_kernel=raw.get("dropout_kernel", "fast"),
+        dropout_kernel=raw.get("dropout_kernel", DropoutKernel.FAST),
         max_len=given.get("max_len"),
         tie_embeddings=raw.get("tie_embeddings", False),
         pretrained_dir=str(raw.get("pretrained_dir") or ""),
