@@ -20,6 +20,7 @@ import torch
 from collapipe_flwr.accelerator import batch_to, module_device
 from collapipe_flwr.errors import ConfigError, DataFormatError
 from collapipe_flwr.tasks import batching, domain_validation
+from collapipe_flwr.tasks.model_family import ModelFamily
 from collapipe_flwr.tasks.partition import Partition, Skew, partition_indices
 
 if TYPE_CHECKING:  # spec.py imports the registry, which imports this module
@@ -42,7 +43,7 @@ class Task(ABC):
 
     name: ClassVar[str]
     metric_name: ClassVar[str]  # "bleu" | "f1" | "accuracy"
-    model_family: ClassVar[str]  # "transformer" | "bert" | "hf"
+    model_family: ClassVar[ModelFamily]
     # the task also runs a pretrained Hugging Face encoder (family hf, model_type bert | roberta, model.hf_folder):
     # tasks/hf_encoder.py, docs/hf_bert_tasks.md
     hf_encoders: ClassVar[bool] = False
@@ -74,7 +75,7 @@ class Task(ABC):
     @classmethod
     def runs_family(cls, family: str) -> bool:
         """Whether a model of ``family`` can run this task: its own, or ``hf`` for a task that runs HF encoders."""
-        return family == cls.model_family or (family == "hf" and cls.hf_encoders)
+        return family == cls.model_family or (family == ModelFamily.HF and cls.hf_encoders)
 
     @classmethod  # noqa: B027 - an optional hook, a no-op unless a task overrides it
     def validate_options(cls, options: Mapping[str, Any]) -> None:

@@ -24,6 +24,7 @@ from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.spec_parsing import choice, mapping, require
 from collapipe_flwr.tasks.hf_spec import HF_KEYS, HfSpec, parse_hf
 from collapipe_flwr.tasks.lr_schedule import LrScheduleSpec, parse_lr_schedule
+from collapipe_flwr.tasks.model_family import ModelFamily
 from collapipe_flwr.tasks.partition import Partition, QuantityShape
 from collapipe_flwr.tasks.registry import task_class
 
@@ -41,12 +42,16 @@ __all__ = [
 ]
 
 # The sizes of each model family (positions are ModelSpec.max_len); the hidden width is the first key.
-SIZE_KEYS: dict[str, tuple[str, ...]] = {
-    "transformer": ("d_model", "n_heads", "d_ff", "enc_layers", "dec_layers"),
-    "bert": ("hidden", "n_heads", "d_ff", "layers"),
-    "hf": ("hidden", "n_heads", "d_ff", "layers"),  # a Hugging Face causal LM or encoder (tasks/hf_spec.py)
+SIZE_KEYS: dict[ModelFamily, tuple[str, ...]] = {
+    ModelFamily.TRANSFORMER: ("d_model", "n_heads", "d_ff", "enc_layers", "dec_layers"),
+    ModelFamily.BERT: ("hidden", "n_heads", "d_ff", "layers"),
+    ModelFamily.HF: ("hidden", "n_heads", "d_ff", "layers"),  # a Hugging Face causal LM or encoder (tasks/hf_spec.py)
 }
-DEFAULT_MODELS = {"transformer": "transformer_small", "bert": "bert_small", "hf": "gpt2_tiny"}
+DEFAULT_MODELS = {
+    ModelFamily.TRANSFORMER: "transformer_small",
+    ModelFamily.BERT: "bert_small",
+    ModelFamily.HF: "gpt2_tiny",
+}
 FAMILIES = tuple(SIZE_KEYS)
 _MODEL_KEYS = (
     "description",
@@ -179,7 +184,7 @@ class ModelSpec:
     run; ``hf`` holds a Hugging Face model's type, folder and LoRA settings (family hf only)."""
 
     name: str = ""
-    family: str
+    family: ModelFamily
     description: str = ""
     sizes: Mapping[str, int]
     dropout: float = 0.1
@@ -192,9 +197,9 @@ class ModelSpec:
     hf: HfSpec | None = None
 
     def __post_init__(self) -> None:
-        require(self.family in SIZE_KEYS, f"model.family={self.family!r} is not one of {', '.join(FAMILIES)}")
+        object.__setattr__(self, "family", choice("model.family", self.family, ModelFamily))
         require(
-            (self.hf is not None) == (self.family == "hf"),
+            (self.hf is not None) == (self.family is ModelFamily.HF),
             "model.model_type / hf_folder / lora belong to a family: hf model only",
         )
         require(
@@ -251,8 +256,8 @@ def parse_model(raw: Any, task: TaskSpec) -> ModelSpec:
     cls = task_class(task.name)
     family = cls.model_family
     got = raw.get("family")
-    if got == "hf" and cls.hf_encoders:  # a pretrained BERT / RoBERTa folder (tasks/hf_encoder.py)
-        family = got
+    if got == ModelFamily.HF and cls.hf_encoders:  # a pretrained BERT / RoBERTa folder (tasks/hf_encoder.py)
+        family = ModelFamily.HF
         require(
             bool(raw.get("hf_folder")),
             f"task {task.name} runs a family: hf model from a pretrained BERT / RoBERTa folder: set "
@@ -268,15 +273,15 @@ def parse_model(raw: Any, task: TaskSpec) -> ModelSpec:
         "model.schedule was renamed to model.lr_schedule; rename the key (model.lr_schedule.warmup_steps=..., ...)",
     )
     sizes = SIZE_KEYS[family]
-    keys = _MODEL_KEYS + (HF_KEYS if family == "hf" else ())
+    keys = _MODEL_KEYS + (HF_KEYS if family is ModelFamily.HF else ())
     unknown = sorted(set(raw) - set(sizes) - set(keys))
     if unknown:
         valid = ", ".join(sizes + keys)
         raise ConfigError(f"unknown config key model.{unknown[0]}; a {family} model has {valid}")
     given: Any
-    hf, given = parse_hf(raw, sizes) if family == "hf" else (None, raw)
+    hf, given = parse_hf(raw, sizes) if family is ModelFamily.HF else (None, raw)
     if hf is not None:  # an encoder for ner / classification, a causal LM for causal_lm
-        encoders = cls.model_family != "hf"
+        encoders = cls.model_family is not ModelFamily.HF
         wanted = f"a pretrained {' or '.join(ENCODER_TYPES)} folder" if encoders else ", ".join(CAUSAL_LM_TYPES)
         require(
             (hf.model_type in ENCODER_TYPES) == encoders,
