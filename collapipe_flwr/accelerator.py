@@ -20,24 +20,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 import torch
 from torch import nn
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.spec_parsing import choice
 
-DEVICES = ("auto", "cpu", "cuda")
+
+class Device(StrEnum):
+    """``runtime.device`` / ``runtime.server_device`` / ``--device``: where a role's tensors compute."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+DEVICES = tuple(Device)
 
 
 def resolve_device(name: str, key: str = "runtime.device") -> torch.device:
     """``auto`` -> cuda when this process sees a CUDA GPU, else cpu; ``cuda`` without one is a ConfigError."""
-    if name not in DEVICES:
-        raise ConfigError(f"{key}={name!r} must be one of {', '.join(DEVICES)}")
-    if name == "cpu":
+    device = choice(key, name, Device)
+    if device is Device.CPU:
         return torch.device("cpu")
     available = torch.cuda.is_available()
-    if name == "auto" and not available:
+    if device is Device.AUTO and not available:
         return torch.device("cpu")
     if not available:
         raise ConfigError(

@@ -12,13 +12,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+from enum import StrEnum
 from pathlib import Path
 
 import torch
 
 from collapipe_flwr.errors import ConfigError
 
-PRECISIONS = ("auto", "fp32", "bf16")
+
+class Precision(StrEnum):
+    """``runtime.precision`` / ``--precision``: the forward passes' compute precision (``auto`` resolves to one
+    of the other two, :func:`resolve_precision`)."""
+
+    AUTO = "auto"
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+PRECISIONS = tuple(Precision)
 CPUINFO = Path("/proc/cpuinfo")
 NATIVE_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 _warned: set[str] = set()
@@ -65,17 +76,19 @@ def native_bf16(device_type: str = "cpu") -> bool:
     return any(flag in flags for flag in NATIVE_CPU_FLAGS)
 
 
-def resolve_precision(name: str, device_type: str = "cpu") -> str:
+def resolve_precision(name: str, device_type: str = "cpu") -> Precision:
     """``auto`` | ``fp32`` | ``bf16`` -> ``fp32`` or ``bf16`` (warns once when bf16 would be emulated)."""
-    if name not in PRECISIONS:
+    try:
+        precision = Precision(name)
+    except ValueError:
         raise ConfigError(
             f"precision={name!r} is not one of {', '.join(PRECISIONS)}; pick auto (bf16 where native), fp32 or bf16"
-        )
-    if name == "fp32":
-        return "fp32"
+        ) from None
+    if precision is Precision.FP32:
+        return precision
     native = native_bf16(device_type)
-    if name == "auto":
-        return "bf16" if native else "fp32"
+    if precision is Precision.AUTO:
+        return Precision.BF16 if native else Precision.FP32
     if not native and device_type not in _warned:
         _warned.add(device_type)
         hardware = "CPU without AVX512-BF16/AMX" if device_type == "cpu" else f"{device_type} device without bf16"
@@ -85,13 +98,13 @@ def resolve_precision(name: str, device_type: str = "cpu") -> str:
             RuntimeWarning,
             stacklevel=2,
         )
-    return "bf16"
+    return Precision.BF16
 
 
 def autocast(precision: str, device_type: str = "cpu"):
     """The forward-pass context: ``torch.autocast`` to bfloat16 for ``bf16``, nothing for ``fp32``."""
-    if precision == "bf16":
+    if precision == Precision.BF16:
         return torch.autocast(device_type, dtype=torch.bfloat16)
-    if precision == "fp32":
+    if precision == Precision.FP32:
         return contextlib.nullcontext()
     raise ConfigError(f"precision={precision!r} is not resolved; pass fp32 or bf16 (resolve_precision maps auto)")

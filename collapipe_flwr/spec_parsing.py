@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from collapipe_flwr.errors import ConfigError
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 T = TypeVar("T", bound="DataclassInstance")
+E = TypeVar("E", bound=StrEnum)
 
 _SCALARS: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
 
@@ -27,6 +29,24 @@ def require(cond: bool, message: str) -> None:
     """Raise a one-line ConfigError with ``message`` unless ``cond``."""
     if not cond:
         raise ConfigError(message)
+
+
+def choice(key: str, value: Any, options: type[E]) -> E:
+    """``value`` (a member, or its string as read from YAML, a run_config or a saved config.json) as the member
+    of the option's StrEnum ``options``; anything else a one-line ConfigError naming ``key`` and the choices."""
+    if isinstance(value, options):
+        return value
+    try:
+        return options(value)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{key}={value!r} must be one of {', '.join(options)}") from None
+
+
+def choices(spec: Any, section: str, **options: type[StrEnum]) -> None:
+    """In ``__post_init__`` of frozen dataclass ``spec``: each named field as its member of the StrEnum given
+    for it (:func:`choice`, the key ``section.field``), so every spec holds members however it was built."""
+    for name, enum in options.items():
+        object.__setattr__(spec, name, choice(f"{section}.{name}", getattr(spec, name), enum))
 
 
 def mapping(section: str, raw: Any) -> dict[str, Any]:

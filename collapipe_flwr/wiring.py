@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from collapipe_flwr.config import AnyConfig, resolve_data_dir
+from collapipe_flwr.config.sections import EmbeddingMode
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.models.split import SplitModel
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
@@ -51,7 +52,7 @@ def build_model(task: Task, cfg: AnyConfig) -> SplitModel:
 def embedding_travels(cfg: AnyConfig) -> bool:
     """Whether CUs train and return the embedding (eq. 11): ``federation.embedding: trained`` and not frozen by
     LoRA (``model.lora.enabled``: the CU's embedding is a frozen base weight, only the adapters travel)."""
-    return cfg.federation.embedding == "trained" and not cfg.model.adapters_only
+    return cfg.federation.embedding is EmbeddingMode.TRAINED and not cfg.model.adapters_only
 
 
 def check_partitions(cfg: AnyConfig, num_partitions: int) -> None:

@@ -115,7 +115,7 @@ def test_config_keys():
     with pytest.raises(ConfigError, match="dataplane.compression='gzip'"):
         DataPlaneSpec(compression="gzip")
     assert DataPlaneSpec().transport == "socket" and DataPlaneSpec(transport="grpc").transport == "grpc"
-    with pytest.raises(ConfigError, match="dataplane.transport='tcp' must be grpc or socket"):
+    with pytest.raises(ConfigError, match="dataplane.transport='tcp' must be one of grpc, socket"):
         DataPlaneSpec(transport="tcp")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from collapipe_flwr.config.sections import DECODER_UPDATES
+from collapipe_flwr.config.sections import DecoderUpdateMode
 from collapipe_flwr.fl.dataplane.protocol import StepRequest
 from collapipe_flwr.fl.server.decoder.update_modes import MODES, Joint, Ordered, PerCu, update_mode
 
@@ -20,8 +20,8 @@ def _never(*_):
 
 
 def test_every_configurable_mode_has_its_class():
-    assert set(MODES) == set(DECODER_UPDATES)
-    kinds = {name: type(update_mode(name, _never, 1.0)) for name in DECODER_UPDATES}
+    assert set(MODES) == set(DecoderUpdateMode)
+    kinds = {name: type(update_mode(name, _never, 1.0)) for name in DecoderUpdateMode}
     assert kinds == {"per_cu": PerCu, "ordered": Ordered, "joint": Joint}
     assert [update_mode(n, _never, 1.0).whole_steps_only for n in ("per_cu", "ordered", "joint")] == [0, 1, 1]
     with pytest.raises(ValueError, match="not one of"):

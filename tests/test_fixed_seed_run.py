@@ -34,12 +34,14 @@ OVERRIDES = (
 )
 # fields that differ between any two runs: times, and where the processes ran (pids, network namespaces)
 # and what the devices' memory measured (the record's memory section, the limits: issue 43, after the golden run),
-# and the virtual clock (issue 63, after the golden run: CPU seconds measured per call, so timings too)
+# and the virtual clock (issue 63, after the golden run: CPU seconds measured per call, so timings too), and which
+# device k each process is (device-pid-devices, issue 64, after the golden run)
 WALL_CLOCK = (
     "seconds",
     "elapsed",
     "measured",
     "pids",
+    "pid-devices",
     "netns",
     "device-compute",
     "device-link",

@@ -101,14 +101,7 @@ def test_the_column_read_gives_the_partitioners_rows_one_by_one(scheme, labels):
 
     skew = Skew()
     for pid in range(3):
-        if scheme == "iid":
-            partitioner = P._by_size("iid", 3, skew.quantity)
-        elif scheme == "quantity":
-            partitioner = P._by_size("quantity", 3, skew.quantity)
-        elif scheme == "dirichlet":
-            partitioner = P._dirichlet(3, 5, skew.alpha, skew.min_partition_size)
-        else:
-            partitioner = P._pathological(3, 5, skew.classes_per_partition)
+        partitioner = P._PARTITIONERS[P.Partition(scheme)](3, 5, skew)
         partitioner.dataset = P._index_dataset(600, labels, 5, scheme)
         rows = sorted(int(row["idx"]) for row in partitioner.load_partition(pid))
         got = partition_indices(600, 3, pid, 5, scheme=scheme, labels=labels)

@@ -44,7 +44,7 @@ from collapipe_flwr.config.data_dir import (
 )
 from collapipe_flwr.config.hydra_conf import compose, names_group, split_overrides, with_task_default_model
 from collapipe_flwr.config.load import load_run_config
-from collapipe_flwr.config.privacy import PrivacySpec
+from collapipe_flwr.config.privacy import PrivacyMode, PrivacySpec
 from collapipe_flwr.config.run_config import (
     AnyConfig,
     ClusterConfig,
@@ -64,6 +64,7 @@ __all__ = [
     "EvalSpec",
     "FederationSpec",
     "PipelineSpec",
+    "PrivacyMode",
     "PrivacySpec",
     "RunConfig",
     "build_cluster_config",

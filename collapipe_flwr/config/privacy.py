@@ -20,11 +20,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
-from collapipe_flwr.config.privacy_accounting import planned_epsilon
-from collapipe_flwr.spec_parsing import require
+from collapipe_flwr.config.privacy_accounting import CENTRAL_SAMPLE_RATE, gaussian_epsilon, local_noise_multiplier
+from collapipe_flwr.spec_parsing import choices, require
 
-PRIVACY_MODES = ("none", "local", "central")
+
+class PrivacyMode(StrEnum):
+    """``privacy.mode``: no DP, local DP (each CU noises its update) or central DP (the server noises the sum)."""
+
+    NONE = "none"
+    LOCAL = "local"
+    CENTRAL = "central"
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,7 @@ class PrivacySpec:
     """mode: none | local | central; clipping_norm: C, the bound on the L2 norm of a CU's update (all parts it
     uploads); noise_multiplier: z of central DP; epsilon, delta: the Gaussian mechanism of local DP."""
 
-    mode: str = "none"
+    mode: PrivacyMode = PrivacyMode.NONE
     clipping_norm: float = 1.0
     noise_multiplier: float = 1.0
     epsilon: float = 1.0
@@ -40,7 +47,7 @@ class PrivacySpec:
     max_epsilon: float = 0.0
 
     def __post_init__(self) -> None:
-        require(self.mode in PRIVACY_MODES, f"privacy.mode={self.mode!r} must be one of {', '.join(PRIVACY_MODES)}")
+        choices(self, "privacy", mode=PrivacyMode)
         for key, low, open_low in (("clipping_norm", 0.0, True), ("noise_multiplier", 0.0, False)):
             value = getattr(self, key)
             ok = _number(value) and (value > low if open_low else value >= low)
@@ -57,12 +64,18 @@ class PrivacySpec:
 
     @property
     def enabled(self) -> bool:
-        return self.mode != "none"
+        return self.mode is not PrivacyMode.NONE
 
     def planned_epsilon(self, rounds: int) -> float:
-        """The total epsilon of ``rounds`` rounds, every cluster selected each round (the worst case;
-        config/privacy_accounting.py); 0 for ``none``."""
-        return planned_epsilon(self.mode, self.noise_multiplier, self.epsilon, self.delta, rounds)
+        """The total epsilon of ``rounds`` rounds in the worst case (every cluster selected, and charged, each round;
+        config/privacy_accounting.py): the accountant's number that ``central_entry`` / ``local_entry`` report
+        after the last round; 0 for ``none``."""
+        match self.mode:
+            case PrivacyMode.CENTRAL:
+                return gaussian_epsilon(self.noise_multiplier, CENTRAL_SAMPLE_RATE, rounds, self.delta)
+            case PrivacyMode.LOCAL:
+                return gaussian_epsilon(local_noise_multiplier(self.epsilon, self.delta), 1.0, rounds, self.delta)
+        return 0.0
 
     def local_sigma(self) -> float:
         """Local DP's noise standard deviation per parameter: C sqrt(2 ln(1.25 / delta)) / epsilon."""

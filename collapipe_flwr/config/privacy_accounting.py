@@ -111,13 +111,3 @@ def local_entry(epsilon: float, delta: float, releases: Mapping[int, int], charg
         "epsilon_total_basic": eps_basic,
         "delta_total_basic": delta_basic,
     }
-
-
-def planned_epsilon(mode: str, noise_multiplier: float, epsilon: float, delta: float, rounds: int) -> float:
-    """The total epsilon of ``rounds`` rounds in the worst case (every cluster selected, and charged, each round):
-    the accountant's number that :func:`central_entry` / :func:`local_entry` report after the last round."""
-    if mode == "central":
-        return gaussian_epsilon(noise_multiplier, CENTRAL_SAMPLE_RATE, rounds, delta)
-    if mode == "local":
-        return gaussian_epsilon(local_noise_multiplier(epsilon, delta), 1.0, rounds, delta)
-    return 0.0

@@ -7,23 +7,40 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from collapipe_flwr.config.data_dir import resolve_data_dir
 from collapipe_flwr.config.hydra_conf import to_plain
-from collapipe_flwr.config.privacy import PrivacySpec
-from collapipe_flwr.config.sections import DataPlaneSpec, EvalSpec, FederationSpec, PipelineSpec, parse_dataplane
+from collapipe_flwr.config.privacy import PrivacyMode, PrivacySpec
+from collapipe_flwr.config.sections import (
+    DataPlaneSpec,
+    DecoderUpdateMode,
+    EmbeddingMode,
+    EvalSpec,
+    FederationSpec,
+    PipelineSpec,
+    parse_dataplane,
+)
 from collapipe_flwr.dssra.specs import MethodSpec, SchedulerSpec, parse_method, parse_scheduler
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.pipeline.runtime_spec import RuntimeSpec, parse_runtime
-from collapipe_flwr.spec_parsing import check_keys, mapping, require, scalar, typed
+from collapipe_flwr.pipeline.runtime_spec import Backend, RuntimeSpec, parse_runtime
+from collapipe_flwr.spec_parsing import check_keys, choice, mapping, require, scalar, typed
 from collapipe_flwr.system.clock_spec import ClockSpec, parse_clock
 from collapipe_flwr.system.measurement_spec import SystemSpec, TestbedSpec, parse_system, parse_testbed
 from collapipe_flwr.system.network import NetworkSpec
+from collapipe_flwr.system.pipeline_model import Schedule
 from collapipe_flwr.tasks.spec import ModelSpec, TaskSpec, parse_model, parse_task
 
-FLOWER_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+class FlowerLogLevel(StrEnum):
+    """``flower_log``: the lowest level of Flower's own ServerApp log lines that is shown."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
 
 
 @dataclass(frozen=True)
@@ -47,7 +64,8 @@ class RunConfig:
     save_client_weights: bool = False
     checkpoint: bool = True  # save the server's state after every round (fl/server/checkpoint.py)
     resume: bool = False  # continue the run in output_dir/run_name from its last checkpoint
-    flower_log: str = "warning"  # Flower's own ServerApp log lines: "info" shows its round banners and dump
+    # Flower's own ServerApp log lines: "info" shows its round banners and dump
+    flower_log: FlowerLogLevel = FlowerLogLevel.WARNING
     tensorboard: bool = False  # also log each round's scalars to <run folder>/tensorboard (needs tensorboard)
     system: SystemSpec = SystemSpec()  # where DSSRA's device and link numbers come from (config | measured)
     testbed: TestbedSpec = TestbedSpec()  # the emulated heterogeneous testbed (off unless testbed=emulated)
@@ -226,7 +244,7 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         save_client_weights=scalar("", "save_client_weights", data.get("save_client_weights", False), bool),
         checkpoint=scalar("", "checkpoint", data.get("checkpoint", True), bool),
         resume=scalar("", "resume", data.get("resume", False), bool),
-        flower_log=_choice("flower_log", data.get("flower_log", "warning"), FLOWER_LOG_LEVELS),
+        flower_log=choice("flower_log", str(data.get("flower_log", "warning")).lower(), FlowerLogLevel),
         tensorboard=scalar("", "tensorboard", data.get("tensorboard", False), bool),
         system=parse_system(data.get("system")),
         testbed=parse_testbed(data.get("testbed")),
@@ -258,12 +276,12 @@ def _check_testbed(cfg: RunConfig) -> None:
             f"testbed.cpu_cores has {len(tb.cpu_cores)} entries for network.devices_per_cluster={K}; "
             "give one per device"
         )
-    if tb.enabled and tb.cpu_quota and cfg.runtime.backend != "ray":
+    if tb.enabled and tb.cpu_quota and cfg.runtime.backend is not Backend.RAY:
         raise ConfigError(
             f"testbed.cpu_quota needs one process per device (runtime.backend=ray), not runtime.backend="
             f"{cfg.runtime.backend}; set runtime.backend=ray or testbed.cpu_quota=false (links throttled only)"
         )
-    if (tb.enabled and tb.memory_limit or cfg.runtime.memory_cgroup) and cfg.runtime.backend != "ray":
+    if (tb.enabled and tb.memory_limit or cfg.runtime.memory_cgroup) and cfg.runtime.backend is not Backend.RAY:
         raise ConfigError(
             "testbed.memory_limit and runtime.memory_cgroup need one process per device (runtime.backend=ray), not "
             f"runtime.backend={cfg.runtime.backend}; set runtime.backend=ray or testbed.memory_limit=false"
@@ -290,7 +308,7 @@ def _check_clock(cfg: RunConfig) -> None:
 def _check_privacy(cfg: RunConfig) -> None:
     """Flower's DP mods clip the difference between what a CU downloaded and what it returns, part by part, so
     the CU must return every part it downloads: a frozen embedding is downloaded and not returned."""
-    if cfg.privacy.enabled and cfg.federation.embedding == "frozen":
+    if cfg.privacy.enabled and cfg.federation.embedding is EmbeddingMode.FROZEN:
         raise ConfigError(
             f"privacy.mode={cfg.privacy.mode} clips each CU's whole update, which needs the embedding returned; "
             "set federation.embedding=trained or privacy.mode=none"
@@ -312,7 +330,7 @@ def _check_privacy_budget(cfg: RunConfig) -> None:
     planned = privacy.planned_epsilon(rounds)
     if planned <= privacy.max_epsilon:
         return
-    knob = "raise privacy.noise_multiplier" if privacy.mode == "central" else "lower privacy.epsilon"
+    knob = "raise privacy.noise_multiplier" if privacy.mode is PrivacyMode.CENTRAL else "lower privacy.epsilon"
     raise ConfigError(
         f"privacy.mode={privacy.mode} over federation.num_rounds={rounds} spends epsilon={planned:.4g} at "
         f"delta={privacy.delta:g} (every cluster selected each round) > privacy.max_epsilon={privacy.max_epsilon:g}; "
@@ -324,24 +342,19 @@ def _check_schedule(cfg: RunConfig) -> None:
     """1F1B sends the decoder one exchange per micro-batch, each answered at once; the joint decoder update
     gathers whole steps of every cluster behind a barrier, and the ordered one queues whole steps in cluster
     order, so neither goes with 1F1B."""
-    if cfg.pipeline.schedule != "1f1b":
+    if cfg.pipeline.schedule is not Schedule.ONE_F_ONE_B:
         return
-    if cfg.federation.decoder_update == "joint":
+    refused = _ONE_PER_MICRO_BATCH_REFUSED.get(cfg.federation.decoder_update)
+    if refused:
         raise ConfigError(
             "pipeline.schedule=1f1b exchanges each micro-batch with the decoder on its own, which "
-            "federation.decoder_update=joint (one barrier per whole step) cannot gather; set decoder_update=per_cu "
+            f"federation.decoder_update={cfg.federation.decoder_update} {refused}; set decoder_update=per_cu "
             "or schedule=gpipe"
         )
-    if cfg.federation.decoder_update == "ordered":
-        raise ConfigError(
-            "pipeline.schedule=1f1b exchanges each micro-batch with the decoder on its own, which "
-            "federation.decoder_update=ordered (whole steps in cluster order) cannot order; set "
-            "decoder_update=per_cu or schedule=gpipe"
-        )
 
 
-def _choice(key: str, value: object, choices: tuple[str, ...]) -> str:
-    text = str(value).lower()
-    if text not in choices:
-        raise ConfigError(f"{key}={value!r} must be one of {', '.join(choices)}")
-    return text
+# the decoder updates that cannot take 1F1B's one exchange per micro-batch, and why
+_ONE_PER_MICRO_BATCH_REFUSED = {
+    DecoderUpdateMode.JOINT: "(one barrier per whole step) cannot gather",
+    DecoderUpdateMode.ORDERED: "(whole steps in cluster order) cannot order",
+}

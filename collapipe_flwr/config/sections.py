@@ -4,19 +4,68 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-from collapipe_flwr.config.server_optimizer_rules import check_server_optimizer
-from collapipe_flwr.spec_parsing import mapping, require, typed
-from collapipe_flwr.system.pipeline_model import SCHEDULES
+from collapipe_flwr.config.server_optimizer_rules import ServerOptimizerName, check_server_optimizer
+from collapipe_flwr.spec_parsing import choices, mapping, require, typed
+from collapipe_flwr.system.pipeline_model import Schedule
 
-OPTIMIZER_STATES = ("keep", "reset")
-DECODER_UPDATES = ("per_cu", "joint", "ordered")
+
+class OptimizerState(StrEnum):
+    """``federation.optimizer_state``: the CU's optimizer moments across rounds."""
+
+    KEEP = "keep"
+    RESET = "reset"
+
+
+class DecoderUpdateMode(StrEnum):
+    """``federation.decoder_update``: how the CUs' steps reach the server's decoder (Algorithm 1, line 14; the
+    protocol of each is fl/server/decoder/update_modes.py)."""
+
+    PER_CU = "per_cu"
+    JOINT = "joint"
+    ORDERED = "ordered"
+
+    @property
+    def cus_wait(self) -> bool:
+        """Whether a CU's step waits for other CUs' steps (joint: the barrier; ordered: the turnstile)."""
+        return self is not DecoderUpdateMode.PER_CU
+
+
+class EmbeddingMode(StrEnum):
+    """``federation.embedding``: whether the CUs train the embedding and upload it (eq. 11)."""
+
+    TRAINED = "trained"
+    FROZEN = "frozen"
+
+
+class Compression(StrEnum):
+    """``dataplane.compression``: what z_enc and dL/dz_enc travel as (fl/dataplane/protocol.py)."""
+
+    NONE = "none"  # float32
+    FP16 = "fp16"  # scaled float16
+    INT8 = "int8"  # int8 with per-channel scales
+
+
+class SharedMemory(StrEnum):
+    """``dataplane.shared_memory``: the same-host shortcut through a shared-memory segment (fl/dataplane/shm.py)."""
+
+    AUTO = "auto"
+    OFF = "off"
+
+
+class Transport(StrEnum):
+    """``dataplane.transport``: what carries the CUs' streams (fl/dataplane/backend.py)."""
+
+    GRPC = "grpc"
+    SOCKET = "socket"
+
+
 # the refusal of the dataplane section's old fp16 switch (in a config mapping or as an override: config.hydra_conf)
 FP16_REMOVED = (
     "dataplane.fp16 was removed; use dataplane.compression: fp16 instead (override: dataplane.compression=fp16)"
 )
-EMBEDDING_MODES = ("trained", "frozen")
 
 
 @dataclass(frozen=True)
@@ -32,11 +81,11 @@ class FederationSpec:
     max_failed_rounds: int = 3
     # Optimizer moments on the CU and its devices across rounds: keep (the CU's Adam state survives the
     # round's weight reload) | reset (fresh optimizer state every round, as a stateless CU would have).
-    optimizer_state: str = "keep"
+    optimizer_state: OptimizerState = OptimizerState.KEEP
     # Server update of the aggregated parts (embedding, encoder): fedavg | fedavgm | fedadam | fedyogi |
     # fedadagrad (Flower's own strategy maths, see fl/server/aggregation/server_optimizer.py); the choices and
     # the ranges below are config/server_optimizer_rules.py's.
-    server_optimizer: str = "fedavg"
+    server_optimizer: ServerOptimizerName = ServerOptimizerName.FEDAVG
     server_lr: float = 1.0  # eta: server step size (fedavgm: server_learning_rate), > 0
     server_momentum: float = 0.9  # fedavgm momentum; fedadam/fedyogi beta_1, in [0, 1)
     server_beta_2: float = 0.99  # fedadam / fedyogi second moment, in [0, 1)
@@ -45,22 +94,21 @@ class FederationSpec:
     # per step on the concatenated activations of all participating clusters (a barrier on the data plane) |
     # ordered = per_cu in cluster order: step seq of cluster 0, 1, ..., then step seq + 1 (a turnstile), so
     # runs with the same seed give the same decoder.
-    decoder_update: str = "per_cu"
+    decoder_update: DecoderUpdateMode = DecoderUpdateMode.PER_CU
     # The CU's embedding: trained (CUs train it and upload it with the encoder; FedAvg averages it) | frozen
     # (it keeps its initial values, so a CU uploads only z_enc and theta_enc, exactly eq. 11's terms).
-    embedding: str = "trained"
+    embedding: EmbeddingMode = EmbeddingMode.TRAINED
 
     def __post_init__(self) -> None:
-        require(
-            self.embedding in EMBEDDING_MODES,
-            f"federation.embedding={self.embedding!r} must be one of {', '.join(EMBEDDING_MODES)}",
+        choices(
+            self,
+            "federation",
+            embedding=EmbeddingMode,
+            optimizer_state=OptimizerState,
+            decoder_update=DecoderUpdateMode,
         )
         require(self.num_clusters >= 1, f"federation.num_clusters={self.num_clusters} must be >= 1")
-        require(
-            self.optimizer_state in OPTIMIZER_STATES,
-            f"federation.optimizer_state={self.optimizer_state!r} must be one of {', '.join(OPTIMIZER_STATES)}",
-        )
-        check_server_optimizer(
+        server_optimizer = check_server_optimizer(
             self.server_optimizer,
             {
                 "lr": self.server_lr,
@@ -72,10 +120,7 @@ class FederationSpec:
             key_of=lambda name: f"federation.server_{name}",
             used_only=False,  # every value in the config must be valid, whichever optimizer it names
         )
-        require(
-            self.decoder_update in DECODER_UPDATES,
-            f"federation.decoder_update={self.decoder_update!r} must be one of {', '.join(DECODER_UPDATES)}",
-        )
+        object.__setattr__(self, "server_optimizer", server_optimizer)
         require(self.num_rounds >= 1, f"federation.num_rounds={self.num_rounds} must be >= 1")
         require(self.local_steps >= 1, f"federation.local_steps={self.local_steps} must be >= 1")
         require(self.round_timeout_s > 0, "federation.round_timeout_s must be > 0")
@@ -89,13 +134,10 @@ class PipelineSpec:
     exchange per micro-batch, stage k runs min(S - k - 1, m) warm-up forwards then one forward / one backward,
     so it holds at most min(m, S - k); the same gradients and parameters after a step)."""
 
-    schedule: str = "gpipe"
+    schedule: Schedule = Schedule.GPIPE
 
     def __post_init__(self) -> None:
-        require(
-            self.schedule in SCHEDULES,
-            f"pipeline.schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}",
-        )
+        choices(self, "pipeline", schedule=Schedule)
 
 
 @dataclass(frozen=True)
@@ -106,7 +148,7 @@ class DataPlaneSpec:
     bind: str = ""  # "" = the announced host only; "0.0.0.0" listens on every interface
     port: int = 0
     # what z_enc and dL/dz_enc travel as: none (float32) | fp16 (scaled float16) | int8 (per-channel scales)
-    compression: str = "none"
+    compression: Compression = Compression.NONE
     # largest step frame either end accepts; 0 = sized from the task (fl/dataplane/transport.step_message_mb:
     # b x max_len tokens of z_enc and labels, with room to spare), so a flood cannot park big frames in memory
     max_message_mb: int = 0
@@ -124,30 +166,19 @@ class DataPlaneSpec:
     tls_ca: str = ""
     # same-host shortcut (fl/dataplane/shm.py): auto = a CU that reaches the host on a loopback address passes
     # its frames through shared memory and only a pointer over gRPC (plaintext channels) | off = always inline
-    shared_memory: str = "auto"
+    shared_memory: SharedMemory = SharedMemory.AUTO
     # what carries the CUs' streams (fl/dataplane/backend.py): socket = one plain TCP connection per CU (TLS by
     # ssl), the lowest latency | grpc = one gRPC bidirectional stream per CU (passes HTTP/2 proxies and balancers)
-    transport: str = "socket"
+    transport: Transport = Transport.SOCKET
 
     def __post_init__(self) -> None:
         require(bool(self.tls_cert) == bool(self.tls_key), "dataplane.tls_cert and dataplane.tls_key go together")
-        require(
-            self.transport in ("grpc", "socket"),
-            f"dataplane.transport={self.transport!r} must be grpc or socket",
-        )
-        require(
-            self.shared_memory in ("auto", "off"),
-            f"dataplane.shared_memory={self.shared_memory!r} must be auto or off",
-        )
+        choices(self, "dataplane", transport=Transport, shared_memory=SharedMemory, compression=Compression)
         require(0 <= self.port < 65536, f"dataplane.port={self.port} must be in 0..65535 (0 = any free port)")
         require(self.max_abs_activation >= 0, "dataplane.max_abs_activation must be >= 0 (0 = no limit)")
         require(self.max_message_mb >= 0, "dataplane.max_message_mb must be >= 0 (0 = sized from the task)")
         require(self.idle_timeout_s > 0, "dataplane.idle_timeout_s must be > 0")
         require(self.timeout_s > 0, "dataplane.timeout_s must be > 0")
-        require(
-            self.compression in ("none", "fp16", "int8"),
-            f"dataplane.compression={self.compression!r} must be none, fp16 or int8",
-        )
 
 
 def parse_dataplane(raw: Any) -> DataPlaneSpec:

@@ -17,11 +17,24 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.spec_parsing import require
+from collapipe_flwr.spec_parsing import choice, require
 
-SERVER_OPTIMIZERS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+
+class ServerOptimizerName(StrEnum):
+    """``federation.server_optimizer``: the Flower strategy whose maths update the aggregated parts."""
+
+    FEDAVG = "fedavg"
+    FEDAVGM = "fedavgm"
+    FEDADAM = "fedadam"
+    FEDYOGI = "fedyogi"
+    FEDADAGRAD = "fedadagrad"
+
+
+SERVER_OPTIMIZERS = tuple(ServerOptimizerName)
+_ADAPTIVE = (ServerOptimizerName.FEDADAM, ServerOptimizerName.FEDYOGI)
 
 
 def _finite(value: object, key: str) -> float:
@@ -36,12 +49,12 @@ class HyperRule:
     """One hyper-parameter: the optimizers that use it and the range it must lie in."""
 
     name: str  # ServerOptimizer's argument; the config's field is server_<name>
-    used_by: tuple[str, ...]
+    used_by: tuple[ServerOptimizerName, ...]
     within: Callable[[float], bool]
     requirement: str  # the range, as the message states it
     hint: str  # how to fix it
 
-    def check(self, value: object, key: str, optimizer: str) -> None:
+    def check(self, value: object, key: str, optimizer: ServerOptimizerName) -> None:
         """A one-line ConfigError unless ``value`` (named ``key``) is a finite number in range."""
         scope = f" for {optimizer}" if optimizer in self.used_by else ""
         require(self.within(_finite(value, key)), f"{key}={value} must be {self.requirement}{scope}; {self.hint}")
@@ -50,27 +63,28 @@ class HyperRule:
 HYPER_RULES = (
     HyperRule(
         "lr",
-        ("fedavgm", "fedadam", "fedyogi", "fedadagrad"),
+        (ServerOptimizerName.FEDAVGM, *_ADAPTIVE, ServerOptimizerName.FEDADAGRAD),
         lambda v: v > 0,
         "> 0",
         "set a positive server learning rate",
     ),
-    HyperRule("momentum", ("fedavgm", "fedadam", "fedyogi"), lambda v: 0 <= v < 1, "in [0, 1)", "e.g. 0.9"),
-    HyperRule("beta_2", ("fedadam", "fedyogi"), lambda v: 0 <= v < 1, "in [0, 1)", "e.g. 0.99"),
-    HyperRule("tau", ("fedadam", "fedyogi", "fedadagrad"), lambda v: v > 0, "> 0", "e.g. 1e-3"),
+    HyperRule("momentum", (ServerOptimizerName.FEDAVGM, *_ADAPTIVE), lambda v: 0 <= v < 1, "in [0, 1)", "e.g. 0.9"),
+    HyperRule("beta_2", _ADAPTIVE, lambda v: 0 <= v < 1, "in [0, 1)", "e.g. 0.99"),
+    HyperRule("tau", (*_ADAPTIVE, ServerOptimizerName.FEDADAGRAD), lambda v: v > 0, "> 0", "e.g. 1e-3"),
 )
 
 
 def check_server_optimizer(
     name: object, hyper: Mapping[str, object], name_key: str, key_of: Callable[[str], str], used_only: bool
-) -> None:
-    """A one-line ConfigError unless ``name`` is one of :data:`SERVER_OPTIMIZERS` and the hyper-parameters in
-    ``hyper`` (by :attr:`HyperRule.name`) are in range: every one, or with ``used_only`` those ``name`` uses.
+) -> ServerOptimizerName:
+    """``name`` as its :class:`ServerOptimizerName`; a one-line ConfigError unless it is one and the
+    hyper-parameters in ``hyper`` (by :attr:`HyperRule.name`) are in range: every one, or with ``used_only`` those
+    ``name`` uses.
 
     ``name_key`` names the optimizer in the messages, ``key_of(rule.name)`` a hyper-parameter.
     """
-    if not isinstance(name, str) or name not in SERVER_OPTIMIZERS:
-        raise ConfigError(f"{name_key}={name!r} must be one of {', '.join(SERVER_OPTIMIZERS)}")
+    optimizer = choice(name_key, name, ServerOptimizerName)
     for rule in HYPER_RULES:
-        if not used_only or name in rule.used_by:
-            rule.check(hyper[rule.name], key_of(rule.name), name)
+        if not used_only or optimizer in rule.used_by:
+            rule.check(hyper[rule.name], key_of(rule.name), optimizer)
+    return optimizer

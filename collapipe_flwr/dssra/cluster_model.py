@@ -23,6 +23,7 @@ import numpy as np
 from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
 from collapipe_flwr.system import channel, pipeline_model
 from collapipe_flwr.system.network import NetworkSpec
+from collapipe_flwr.system.pipeline_model import Schedule
 from collapipe_flwr.system.profile import ClusterProfile
 from collapipe_flwr.system.state import RoundState
 from collapipe_flwr.system.workload import Workload
@@ -76,7 +77,7 @@ class ClusterModel:
     runtime_bytes: float = 0.0  # gamma_rt, the runtime's own working memory on every device (NetworkSpec)
     block_static_bytes: float = 0.0
     saved_bytes_per_sample: float = 0.0
-    schedule: str = "gpipe"
+    schedule: Schedule = Schedule.GPIPE
 
     def __post_init__(self) -> None:
         shape = np.shape(self.flops_per_second)  # [K], or [N, 1, K] for stack_models
@@ -232,7 +233,7 @@ class ClusterModel:
         of S holds min(b, ceil(b/m) min(m, S - k)) samples; without a position (the solver, before it picks
         the S devices) the first stage's count with S = min(K, L), a bound every stage of every plan meets.
         m scalar -> [K]; an array of M values -> [M, K] (GPipe: ``memory_cap`` itself, broadcast by the caller)."""
-        if self.schedule == "gpipe" or not np.any(np.asarray(self.memory_bytes) > 0):
+        if self.schedule == Schedule.GPIPE or not np.any(np.asarray(self.memory_bytes) > 0):
             return self.memory_cap
         stages = float(min(self.K, self.num_blocks) if S is None else S) - (0.0 if k is None else np.asarray(k, float))
         held = np.minimum(np.asarray(m, dtype=float)[..., None], stages)  # min(m, S - k)

@@ -32,7 +32,7 @@ from collapipe_flwr.dssra.segments import (
     uniform_delta,
 )
 from collapipe_flwr.dssra.selectors import SELECTORS, ChannelProblem, sit_out_reason, taken_channels
-from collapipe_flwr.dssra.specs import SchedulerSpec
+from collapipe_flwr.dssra.specs import Drift, SchedulerSpec
 from collapipe_flwr.dssra.sub1_round import RoundSub1
 from collapipe_flwr.dssra.sub2_data import RadioState, Sub2Result
 from collapipe_flwr.errors import ConfigError
@@ -119,7 +119,7 @@ class Policy:
         S = np.arange(K + 1)
         if not self.uses_queues:
             return np.zeros(K + 1)
-        if self.sched.drift == "paper":
+        if self.sched.drift is Drift.PAPER:
             return self.Y[n] * S
         return self.Y[n] * self.conv.segment_term(S)
 
@@ -192,7 +192,7 @@ class Policy:
         zero = np.zeros(N)
         if not self.uses_queues or not self.shape.optimise_power:
             return zero, zero, zero
-        if self.sched.drift == "gamma":
+        if self.sched.drift is Drift.GAMMA:
             w_gamma = self.Y * self.conv.scale * self.conv.interference_c
             return w_gamma, zero, w_gamma / radio.interf.mean()
         return zero, self.Y.copy(), zero
@@ -354,7 +354,7 @@ class Policy:
 
     def _drift_total(self, clusters, gammas) -> float:
         """sum_n Y_n Gamma_n (drift = gamma) or sum_n Y_n (S_n + p_n) (drift = paper) of the chosen plan."""
-        if self.sched.drift == "paper":
+        if self.sched.drift is Drift.PAPER:
             return float(sum(self.Y[c.cluster] * (c.S + c.power_w) for c in clusters))
         return float(np.dot(self.Y, gammas))
 

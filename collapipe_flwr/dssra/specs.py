@@ -15,16 +15,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
 from collapipe_flwr.dssra.method_registry import METHODS
 from collapipe_flwr.dssra.selectors import SELECTORS
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.spec_parsing import require, typed
+from collapipe_flwr.spec_parsing import choice, choices, require, typed
 
-__all__ = ["DRIFTS", "MethodSpec", "SchedulerSpec", "parse_method", "parse_scheduler"]
+__all__ = ["DRIFTS", "Drift", "MethodSpec", "SchedulerSpec", "parse_method", "parse_scheduler"]
 
-DRIFTS = ("gamma", "paper")
+
+class Drift(StrEnum):
+    """``scheduler.drift``: the Lyapunov drift term of Sub-1 / Sub-2, Y_n Gamma_n (``gamma``) or Y_n (S + p_n)
+    (``paper``, eq. 32 as printed)."""
+
+    GAMMA = "gamma"
+    PAPER = "paper"
+
+
+DRIFTS = tuple(Drift)
 _KEYS = ("name", "V", "segment_scheduling", "fixed_m", "max_m", "drift", "bcd_max_iters", "convergence")
 _CONV_KEYS = ("beta", "eta", "grad_bound", "interference_c", "gamma_max")
 
@@ -74,13 +84,16 @@ class SchedulerSpec:
     segment_scheduling: bool
     fixed_m: int
     max_m: int
-    drift: str
+    drift: Drift
     bcd_max_iters: int
     beta: float
     eta: float
     grad_bound: float
     interference_c: float
     gamma_max: float
+
+    def __post_init__(self) -> None:
+        choices(self, "scheduler", drift=Drift)
 
     def to_raw(self) -> dict[str, Any]:
         """The YAML shape: the convergence constants nested under ``convergence``."""
@@ -130,9 +143,7 @@ def parse_scheduler(raw: Any) -> SchedulerSpec:
         raise ConfigError(f"scheduler.segment_scheduling={seg!r} must be true or false")
     if forced is not None:
         seg = forced
-    drift = raw.get("drift", "gamma")
-    if drift not in DRIFTS:
-        raise ConfigError(f"scheduler.drift={drift!r} must be one of {', '.join(DRIFTS)}")
+    drift = choice("scheduler.drift", raw.get("drift", Drift.GAMMA), Drift)
     conv = raw.get("convergence", {})
     if not isinstance(conv, Mapping):
         raise ConfigError(f"scheduler.convergence must be a mapping with {', '.join(_CONV_KEYS)}")
@@ -146,7 +157,7 @@ def parse_scheduler(raw: Any) -> SchedulerSpec:
         segment_scheduling=seg,
         fixed_m=_int(raw, "fixed_m", 4, 0),
         max_m=_int(raw, "max_m", 0, 0),
-        drift=str(drift),
+        drift=drift,
         bcd_max_iters=_int(raw, "bcd_max_iters", 5, 1),
         beta=_num(conv, "beta", where, 1.0, positive=True),
         eta=_num(conv, "eta", where, 0.1, positive=True),

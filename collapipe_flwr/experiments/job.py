@@ -22,8 +22,6 @@ GROUPS = ("task", "model", "method", "scheduler", "network", "federation")
 RUN_SUBDIR = "run"
 TIMEOUT_ENV = "COLLAPIPE_RUN_TIMEOUT_S"
 TIMEOUT_MARGIN_S = 600.0
-# Decoder updates whose CUs wait for each other's steps: the simulation trains all N CUs at once for them.
-WAITING_DECODER_UPDATES = ("joint", "ordered")
 
 
 def override_key(override: str) -> str:
@@ -44,7 +42,7 @@ def concurrent_cus(cfg: RunConfig) -> int:
     fewer workers than CUs the waiting CUs time out), else 0."""
     if cfg.runtime.concurrent_cus:
         return cfg.runtime.concurrent_cus
-    return cfg.federation.num_clusters if cfg.federation.decoder_update in WAITING_DECODER_UPDATES else 0
+    return cfg.federation.num_clusters if cfg.federation.decoder_update.cus_wait else 0
 
 
 def run_timeout_s(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> float:
@@ -130,11 +128,12 @@ def check_local_gpu_share(cfg: RunConfig) -> None:
     device that resolves to cuda) must fit them all at once (:func:`accelerator.check_gpu_share`)."""
     import torch
 
-    from collapipe_flwr.accelerator import check_gpu_share
+    from collapipe_flwr.accelerator import Device, check_gpu_share
+    from collapipe_flwr.pipeline.runtime_spec import Backend
 
     rt = cfg.runtime
-    on_gpu = rt.device == "cuda" or (rt.device == "auto" and torch.cuda.is_available())
-    if rt.backend != "ray" or rt.ray_address or not on_gpu or not rt.actor_num_gpus:
+    on_gpu = rt.device is Device.CUDA or (rt.device is Device.AUTO and torch.cuda.is_available())
+    if rt.backend is not Backend.RAY or rt.ray_address or not on_gpu or not rt.actor_num_gpus:
         return
     cus = concurrent_cus(cfg) or min(cfg.federation.num_clusters, os.cpu_count() or 1)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from collapipe_flwr.config import ClusterConfig, build_cluster_config
+from collapipe_flwr.config import ClusterConfig, PrivacyMode, build_cluster_config
 from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.dssra.replan import Sub1Inputs
 from collapipe_flwr.errors import CannotContinue, CollaPipeError, ConfigError
@@ -151,7 +151,7 @@ class TrainInstructions:
         }
         record = ConfigRecord({"json": json.dumps(payload)})
         privacy = self.cluster_config.privacy
-        if privacy.mode == "central":  # Flower's fixedclipping_mod reads C from the train message's record
+        if privacy.mode is PrivacyMode.CENTRAL:  # Flower's fixedclipping_mod reads C from the train message's record
             record[KEY_CLIPPING_NORM] = float(privacy.clipping_norm)
         return record
 

@@ -248,10 +248,8 @@ class DeviceFigures:
     }
 
     def to_record(self) -> dict[str, list]:
-        record = {key: list(getattr(self, name)) for name, key in self._KEYS.items()}
-        if not self.pid_devices:  # a report from before the key reads back as it came
-            del record["device-pid-devices"]
-        return record
+        keys = {n: k for n, k in self._KEYS.items() if n != "pid_devices" or self.pid_devices}  # old reports as sent
+        return {key: list(getattr(self, name)) for name, key in keys.items()}
 
     @classmethod
     def read(cls, r: _Reader) -> DeviceFigures:

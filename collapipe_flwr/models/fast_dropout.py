@@ -25,6 +25,7 @@ kernels everywhere, to repeat a run made before this module.
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any, cast
 
 import torch
@@ -115,16 +116,25 @@ def use_torch_dropout(module: nn.Module) -> int:
     return swapped
 
 
-KERNELS = ("fast", "torch")  # model.dropout_kernel: this module's masks, or torch's own (as runs before it had them)
+class DropoutKernel(StrEnum):
+    """``model.dropout_kernel``: this module's masks, or torch's own (as runs before it had them)."""
+
+    FAST = "fast"
+    TORCH = "torch"
+
+
+KERNELS = tuple(DropoutKernel)
 
 
 def with_dropout_kernel(model: SplitModel, kernel: str) -> SplitModel:
     """``model`` (as a builder returns it: the ``fast`` kernel) with its dropout drawn by ``kernel`` (in place):
     ``fast`` leaves it; ``torch`` applies :func:`use_torch_dropout` to every part, so a run repeats the masks of
     runs made before this module existed (torch's ``bernoulli_`` draws from the same seeds)."""
-    if kernel not in KERNELS:
-        raise ValueError(f"dropout kernel {kernel!r} is not one of {', '.join(KERNELS)}")
-    if kernel == "torch":
+    try:
+        chosen = DropoutKernel(kernel)
+    except ValueError:
+        raise ValueError(f"dropout kernel {kernel!r} is not one of {', '.join(DropoutKernel)}") from None
+    if chosen is DropoutKernel.TORCH:
         for part in model.parts():
             use_torch_dropout(part)
     return model

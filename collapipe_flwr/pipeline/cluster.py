@@ -29,7 +29,6 @@ from collapipe_flwr.pipeline.runtime_spec import LOCAL_RUNTIME, ClusterRuntime
 from collapipe_flwr.pipeline.timings import StepResult
 from collapipe_flwr.precision import resolve_precision
 from collapipe_flwr.system.devices import DeviceProfile
-from collapipe_flwr.system.pipeline_model import SCHEDULES
 from collapipe_flwr.system.profile import ClusterProfile, DeviceEmulation
 
 
@@ -64,8 +63,6 @@ class ClusterPipeline:
         runtime: ClusterRuntime = LOCAL_RUNTIME,
     ) -> None:
         rt = runtime.spec
-        if runtime.schedule not in SCHEDULES:
-            raise ConfigError(f"pipeline.schedule={runtime.schedule!r} must be one of {', '.join(SCHEDULES)}")
         if rt.emulate and not devices:
             raise ConfigError(
                 "runtime.emulate=true needs device profiles; give the network preset's devices or set emulate=false"

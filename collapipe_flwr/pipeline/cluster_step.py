@@ -30,6 +30,7 @@ from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.pipeline.placement import ClusterPlacement
 from collapipe_flwr.pipeline.sparse_embedding import densify_gradients, use_sparse_gradients
 from collapipe_flwr.pipeline.timings import StageSeconds, StepResult, StepTimings
+from collapipe_flwr.system.pipeline_model import Schedule
 
 
 def gather(stages: Stages, S: int, submit: Callable[[int], Any]) -> list:
@@ -44,7 +45,7 @@ class ClusterStep:
     """The CU's embedding with its optimizer, and the step (module docstring) over a placement's stages in the
     runtime's ``schedule``; ``precision``: the embedding's, on the CU's CPU."""
 
-    def __init__(self, embedding: nn.Module, optimizer: OptimizerSpec, precision: str, schedule: str) -> None:
+    def __init__(self, embedding: nn.Module, optimizer: OptimizerSpec, precision: str, schedule: Schedule) -> None:
         self.embedding = embedding
         self.optimizer_spec = optimizer
         self.precision = precision
@@ -76,7 +77,7 @@ class ClusterStep:
         self._begin_step(placement, step_seed)
         cu = CuEmbedding(self.embedding, self.precision, step_seed)
         updates = None  # GPipe submits each stage's update behind its backward (pipeline/gpipe.py)
-        if self.schedule == "1f1b":
+        if self.schedule == Schedule.ONE_F_ONE_B:
             loss, phases = one_f_one_b_step(placement.stages, placement.S, cu, micro, head, lr_factor)
         else:
             loss, phases, updates = gpipe_step(placement.stages, placement.S, cu, micro, head, lr_factor)

@@ -7,12 +7,23 @@ plain model (no global-norm clipping on the split path).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 
 import torch
 
 from collapipe_flwr.errors import ConfigError
 
-_NAMES = ("adam", "adamw", "sgd")
+
+class OptimizerName(StrEnum):
+    """``model.optimizer.name``: the optimizer every part of the model trains with."""
+
+    ADAM = "adam"
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+
+# model.optimizer.name -> torch's Adam-family class (SGD takes other arguments)
+_ADAMS = {OptimizerName.ADAM: torch.optim.Adam, OptimizerName.ADAMW: torch.optim.AdamW}
 
 
 class NoOptimizer:
@@ -50,15 +61,19 @@ def fused_kernel_fits(params) -> bool:
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    name: str = "adam"
+    name: OptimizerName = OptimizerName.ADAM
     lr: float = 1e-3
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.98)
     momentum: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.name not in _NAMES:
-            raise ConfigError(f"optimizer name {self.name!r} is not one of {', '.join(_NAMES)}; set optimizer.name")
+        try:
+            object.__setattr__(self, "name", OptimizerName(self.name))
+        except ValueError:
+            raise ConfigError(
+                f"optimizer name {self.name!r} is not one of {', '.join(OptimizerName)}; set optimizer.name"
+            ) from None
         if not self.lr > 0:
             raise ConfigError(f"optimizer lr={self.lr!r} must be > 0; set optimizer.lr")
 
@@ -72,8 +87,8 @@ class OptimizerSpec:
         params = [p for p in params if p.requires_grad]
         if not params:
             return NoOptimizer()  # type: ignore[return-value]  # the optimizer interface the callers use
-        if self.name in ("adam", "adamw"):
-            adam = torch.optim.Adam if self.name == "adam" else torch.optim.AdamW
+        adam = _ADAMS.get(self.name)
+        if adam is not None:
             return adam(
                 params, lr=self.lr, betas=self._betas(), weight_decay=self.weight_decay, fused=fused_kernel_fits(params)
             )

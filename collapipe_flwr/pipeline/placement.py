@@ -19,7 +19,7 @@ from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime
 from collapipe_flwr.pipeline.stage import emulation_slowdowns
 from collapipe_flwr.system.devices import DeviceProfile
-from collapipe_flwr.system.pipeline_model import held_samples
+from collapipe_flwr.system.pipeline_model import Schedule, held_samples
 
 
 def whole_encoder_holders(layout: Mapping[int, tuple[int, int]], num_blocks: int) -> dict[int, tuple[int, int]]:
@@ -131,7 +131,7 @@ class ClusterPlacement:
         mem, name = [d.memory_bytes for d in self.devices], self.optimizer_spec.name
         per_block = module_block_memory_bytes(self.block(), batch_size_b, seq_len, name)
         caps = max_blocks_per_device(mem, per_block)  # GPipe: the whole batch on every device
-        for s, (k, _, _) in enumerate(self.bounds if self.schedule != "gpipe" else ()):
+        for s, (k, _, _) in enumerate(self.bounds if self.schedule is not Schedule.GPIPE else ()):
             held = held_samples(self.schedule, batch_size_b, m, self.S, s)
             per_block = module_block_memory_bytes(self.block(), held, seq_len, name)
             caps[k] = max_blocks_per_device([mem[k]], per_block)[0]

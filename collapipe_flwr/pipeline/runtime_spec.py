@@ -3,15 +3,39 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
-from collapipe_flwr.accelerator import DEVICES
-from collapipe_flwr.precision import PRECISIONS
-from collapipe_flwr.spec_parsing import require, typed
+from collapipe_flwr.accelerator import Device
+from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.precision import Precision
+from collapipe_flwr.spec_parsing import choices, require, typed
+from collapipe_flwr.system.pipeline_model import Schedule
 
-BACKENDS = ("ray", "local")
-PIN_MODES = ("auto", "true", "false")
-HANDOFFS = ("auto", "object_store", "shm")  # runtime.handoff (pipeline/executors/shm_handoff.py)
+
+class Backend(StrEnum):
+    """``runtime.backend``: one Ray actor per device, or every stage in the CU's process."""
+
+    RAY = "ray"
+    LOCAL = "local"
+
+
+class PinThreads(StrEnum):
+    """``runtime.pin_threads`` (``executors.core_sets``): pin each device actor to its own cores when there are
+    enough (auto), also round-robin with fewer (true), or never (false)."""
+
+    AUTO = "auto"
+    TRUE = "true"
+    FALSE = "false"
+
+
+class Handoff(StrEnum):
+    """``runtime.handoff`` (pipeline/executors/shm_handoff.py): how activations and gradients move between the CU
+    and its device actors; ``auto`` resolves to one of the other two."""
+
+    AUTO = "auto"
+    OBJECT_STORE = "object_store"
+    SHM = "shm"
 
 
 @dataclass(frozen=True)
@@ -61,7 +85,7 @@ class RuntimeSpec:
     that peak; the testbed's ``memory_limit`` sets gamma_k^max on it (the server turns this on with it). Without it
     a device reports its peak RSS above its RSS at start."""
 
-    backend: str = "ray"
+    backend: Backend = Backend.RAY
     ray_address: str = ""
     emulate: bool = False
     actor_num_cpus: float = 0.0
@@ -69,34 +93,26 @@ class RuntimeSpec:
     device_timeout_s: float = 300.0
     torch_threads: int = 1
     server_threads: int = 1
-    precision: str = "auto"
+    precision: Precision = Precision.AUTO
     prestart_devices: bool = True
     device_resource: str = ""
-    device: str = "cpu"
-    server_device: str = ""
+    device: Device = Device.CPU
+    server_device: Device | str = ""  # "" = device
     actor_num_gpus: float = 0.0
-    pin_threads: str = "false"
+    pin_threads: PinThreads = PinThreads.FALSE
     seeded_dropout: bool = False
-    handoff: str = "auto"
+    handoff: Handoff = Handoff.AUTO
     memory_cgroup: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pin_threads", str(self.pin_threads).lower())  # YAML reads true/false as bools
-        require(
-            self.precision in PRECISIONS, f"runtime.precision={self.precision!r} must be one of {', '.join(PRECISIONS)}"
-        )
-        require(self.handoff in HANDOFFS, f"runtime.handoff={self.handoff!r} must be one of {', '.join(HANDOFFS)}")
-        require(self.backend in BACKENDS, f"runtime.backend={self.backend!r} must be one of {', '.join(BACKENDS)}")
+        options = {"precision": Precision, "handoff": Handoff, "backend": Backend, "device": Device}
+        choices(self, "runtime", **options, pin_threads=PinThreads)
+        object.__setattr__(self, "server_device", _server_device(self.server_device))
         require(self.actor_num_cpus >= 0, "runtime.actor_num_cpus must be >= 0")
         require(
             self.concurrent_cus >= 0,
             f"runtime.concurrent_cus={self.concurrent_cus} must be >= 0 (0 = one CU per core)",
-        )
-        require(self.device in DEVICES, f"runtime.device={self.device!r} must be one of {', '.join(DEVICES)}")
-        require(
-            self.server_device in ("", *DEVICES),
-            f"runtime.server_device={self.server_device!r} must be one of {', '.join(DEVICES)} "
-            "(or empty: runtime.device)",
         )
         require(
             0 <= self.actor_num_gpus <= 1,
@@ -109,22 +125,30 @@ class RuntimeSpec:
             f"runtime.server_threads={self.server_threads} must be >= 0 (0 = every core of the server's machine)",
         )
         require(
-            self.pin_threads in PIN_MODES,
-            f"runtime.pin_threads={self.pin_threads!r} must be one of {', '.join(PIN_MODES)}",
-        )
-        require(
             not self.device_resource or self.device_resource.replace("{k}", "0").replace("_", "a").isalnum(),
             f"runtime.device_resource={self.device_resource!r} must be a resource name of letters, digits and _ "
             "(the device index appended, or put where {k} is), e.g. device_",
         )
 
     @property
-    def head_device(self) -> str:
+    def head_device(self) -> Device:
         """The server's decoder / head device setting (``server_device``, else ``device``)."""
-        return self.server_device or self.device
+        return Device(self.server_device or self.device)
 
     def to_raw(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _server_device(value: object) -> Device | str:
+    """``runtime.server_device`` as its Device, or "" (also for a null) when it follows ``runtime.device``."""
+    if value is None or value == "":
+        return ""
+    try:
+        return Device(str(value))
+    except ValueError:
+        raise ConfigError(
+            f"runtime.server_device={value!r} must be one of {', '.join(Device)} (or empty: runtime.device)"
+        ) from None
 
 
 def parse_runtime(raw: Any) -> RuntimeSpec:
@@ -148,7 +172,10 @@ class ClusterRuntime:
     name: str = ""
     actor_prefix: str = ""
     actor_threads: int | None = None
-    schedule: str = "gpipe"
+    schedule: Schedule = Schedule.GPIPE
+
+    def __post_init__(self) -> None:
+        choices(self, "pipeline", schedule=Schedule)
 
     @property
     def detached(self) -> bool:
@@ -157,4 +184,4 @@ class ClusterRuntime:
 
 
 # A pipeline with no config at hand (tests, benchmarks): stages in this process, fp32, nothing started ahead.
-LOCAL_RUNTIME = ClusterRuntime(RuntimeSpec(backend="local", precision="fp32", prestart_devices=False))
+LOCAL_RUNTIME = ClusterRuntime(RuntimeSpec(backend=Backend.LOCAL, precision=Precision.FP32, prestart_devices=False))

@@ -13,6 +13,8 @@ micro-batch i before micro-batch i + S - k has gone forward on stage k, i.e. one
 
 from __future__ import annotations
 
+from collapipe_flwr.system.pipeline_model import Schedule
+
 
 def forward_cycles(m: int, S: int) -> list[list[tuple[int, int]]]:
     """Cycles t = 0..S+m-2, each the list of (micro-batch i, stage k) with i + k = t."""
@@ -41,9 +43,9 @@ def one_f_one_b_order(k: int, S: int, m: int) -> list[tuple[str, int]]:
 def stage_orders(S: int, m: int, schedule: str = "gpipe") -> list[list[tuple[str, int]]]:
     """Each stage's calls ("F" | "B", micro-batch i) in the order it runs them: GPipe's forwards in ascending i
     then backwards in descending i (:func:`backward_cycles`), or 1F1B's (:func:`one_f_one_b_order`)."""
-    if schedule == "gpipe":
+    if schedule == Schedule.GPIPE:
         return [[("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))] for _ in range(S)]
-    if schedule == "1f1b":
+    if schedule == Schedule.ONE_F_ONE_B:
         return [one_f_one_b_order(k, S, m) for k in range(S)]
     raise ValueError(f"unknown pipeline schedule {schedule!r}; use gpipe or 1f1b")
 
@@ -73,7 +75,7 @@ def stage_order_critical_path_s(
     ended: dict[tuple[str, int, int], float] = {}  # (kind, i, k) -> when the call ended
     free = [0.0] * S  # when stage k finished its latest call
     at = [0] * S  # the index of stage k's next call in its order
-    head_waits = (lambda i: ("F", m - 1, S - 1)) if schedule == "gpipe" else (lambda i: ("F", i, S - 1))
+    head_waits = (lambda i: ("F", m - 1, S - 1)) if schedule == Schedule.GPIPE else (lambda i: ("F", i, S - 1))
     while any(at[k] < len(orders[k]) for k in range(S)):
         progressed = False
         for k in range(S):

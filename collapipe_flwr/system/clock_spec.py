@@ -11,11 +11,17 @@ progress lines, and time to target, read.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
-from collapipe_flwr.spec_parsing import require, typed
+from collapipe_flwr.spec_parsing import choices, require, typed
 
-CLOCK_MODES = ("wall", "virtual")
+
+class ClockMode(StrEnum):
+    """``clock.mode``: which clock a run's times are read on."""
+
+    WALL = "wall"
+    VIRTUAL = "virtual"
 
 
 @dataclass(frozen=True)
@@ -23,16 +29,16 @@ class ClockSpec:
     """mode: ``wall`` | ``virtual``; host_flops: the host's FLOP rate the devices' speeds are set against
     (FLOP/s of one thread on one TEB's forward + backward); 0 = measured by the server at start."""
 
-    mode: str = "wall"
+    mode: ClockMode = ClockMode.WALL
     host_flops: float = 0.0
 
     def __post_init__(self) -> None:
-        require(self.mode in CLOCK_MODES, f"clock.mode={self.mode!r} must be one of {', '.join(CLOCK_MODES)}")
+        choices(self, "clock", mode=ClockMode)
         require(self.host_flops >= 0, f"clock.host_flops={self.host_flops} must be >= 0 (0 = measured at start)")
 
     @property
     def virtual(self) -> bool:
-        return self.mode == "virtual"
+        return self.mode is ClockMode.VIRTUAL
 
     def to_raw(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
-from collapipe_flwr.spec_parsing import require, typed
-from collapipe_flwr.system.profile import PROFILE_MODES
+from collapipe_flwr.spec_parsing import choices, require, typed
+
+
+class ProfileMode(StrEnum):
+    """``system.profile``: DSSRA plans from the configured network (as the paper does) or from measurements."""
+
+    CONFIG = "config"
+    MEASURED = "measured"
 
 
 @dataclass(frozen=True)
@@ -24,23 +31,20 @@ class SystemSpec:
     smoothing: the weight of a new measurement in the kept profile (1 = keep only the newest); repeats: timed
     calls per micro-batch size and transfer size."""
 
-    profile: str = "config"
+    profile: ProfileMode = ProfileMode.CONFIG
     refresh_every: int = 5
     smoothing: float = 0.5
     repeats: int = 3
 
     def __post_init__(self) -> None:
-        require(
-            self.profile in PROFILE_MODES,
-            f"system.profile={self.profile!r} must be one of {', '.join(PROFILE_MODES)}",
-        )
+        choices(self, "system", profile=ProfileMode)
         require(self.refresh_every >= 0, f"system.refresh_every={self.refresh_every} must be >= 0 (0 = measure once)")
         require(0 < self.smoothing <= 1, f"system.smoothing={self.smoothing} must be in (0, 1]")
         require(self.repeats >= 1, f"system.repeats={self.repeats} must be >= 1")
 
     @property
     def measured(self) -> bool:
-        return self.profile == "measured"
+        return self.profile is ProfileMode.MEASURED
 
     def to_raw(self) -> dict[str, Any]:
         return asdict(self)

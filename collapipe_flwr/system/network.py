@@ -13,15 +13,25 @@ import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.spec_parsing import choice
 from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.system.units import db_to_linear, dbm_to_watt
 
-FADING_MODELS = ("rayleigh", "none")
+
+class Fading(StrEnum):
+    """``network.uplink.fading`` / ``network.d2d.fading``: |g|^2 ~ Exp(1) each round (Rayleigh), or 1."""
+
+    RAYLEIGH = "rayleigh"
+    NONE = "none"
+
+
+FADING_MODELS = tuple(Fading)
 
 _SECTIONS: dict[str, tuple[str, ...]] = {
     "uplink": ("mean_gain_db", "fading", "interference_w", "power_max_w", "energy_max_j"),
@@ -74,14 +84,14 @@ class NetworkSpec:
     channel_bandwidth_hz: tuple[float, ...]
     noise_psd_w_hz: float
     uplink_mean_gain_db: tuple[float, ...]
-    uplink_fading: str
+    uplink_fading: Fading
     uplink_interference_w: tuple[float, float]
     cu_power_max_w: float
     cu_energy_max_j: float
     d2d_bandwidth_hz: float
     d2d_gain_db: float
     d2d_interference_w: float
-    d2d_fading: str
+    d2d_fading: Fading
     device_power_max_w: float
     device_energy_max_j: float
     availability: tuple[float, float]
@@ -171,14 +181,14 @@ class NetworkSpec:
             channel_bandwidth_hz=tuple(float(x) for x in bandwidth),
             noise_psd_w_hz=float(dbm_to_watt(_number(network, "noise_psd_dbm_per_hz", "network.noise_psd_dbm_per_hz"))),
             uplink_mean_gain_db=tuple(float(x) for x in mean_gain_db),
-            uplink_fading=_choice(up, "fading", "network.uplink.fading", FADING_MODELS),
+            uplink_fading=choice("network.uplink.fading", up.get("fading"), Fading),
             uplink_interference_w=interference,
             cu_power_max_w=_number(up, "power_max_w", "network.uplink.power_max_w", positive=True),
             cu_energy_max_j=_number(up, "energy_max_j", "network.uplink.energy_max_j", positive=True),
             d2d_bandwidth_hz=_number(dd, "bandwidth_hz", "network.d2d.bandwidth_hz", positive=True),
             d2d_gain_db=_number(dd, "gain_db", "network.d2d.gain_db"),
             d2d_interference_w=_number(dd, "interference_w", "network.d2d.interference_w", nonneg=True),
-            d2d_fading=_choice(dd, "fading", "network.d2d.fading", FADING_MODELS),
+            d2d_fading=choice("network.d2d.fading", dd.get("fading"), Fading),
             device_power_max_w=p_k_max,
             device_energy_max_j=_number(dev, "energy_max_j", "network.device.energy_max_j", positive=True),
             availability=availability,
@@ -331,10 +341,3 @@ def _integer(mapping: Mapping, name: str, key: str, minimum: int, default: int |
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{key}={value!r} must be an integer >= {minimum}")
     return value
-
-
-def _choice(mapping: Mapping, name: str, key: str, choices: tuple[str, ...]) -> str:
-    value = mapping.get(name)
-    if value not in choices:
-        raise ConfigError(f"{key}={value!r} must be one of {', '.join(choices)}")
-    return str(value)

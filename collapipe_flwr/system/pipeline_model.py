@@ -16,28 +16,33 @@ Reading chosen (docs/system_model.md explains why):
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 
 import numpy as np
 
-# The stage orders a cluster's pipeline may run (``pipeline.schedule``): GPipe (all m forwards, then all m
-# backwards) or 1F1B (stage k: min(S - k - 1, m) warm-up forwards, then one forward / one backward).
-SCHEDULES = ("gpipe", "1f1b")
+
+class Schedule(StrEnum):
+    """The stage orders a cluster's pipeline may run (``pipeline.schedule``): GPipe (all m forwards, then all m
+    backwards) or 1F1B (stage k: min(S - k - 1, m) warm-up forwards, then one forward / one backward)."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
 
 
 def held_micro_batches(schedule: str, m: int, S: int, k: int) -> int:
     """Micro-batches whose activations stage k (0-based, of S) holds at once: m under GPipe (every forward
     ends before the first backward), min(m, S - k) under 1F1B (its warm-up forwards plus the one in flight)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule {schedule!r} must be one of {', '.join(SCHEDULES)}")
+    if schedule not in tuple(Schedule):
+        raise ValueError(f"schedule {schedule!r} must be one of {', '.join(Schedule)}")
     if not 0 <= k < S:
         raise ValueError(f"stage k={k} must be in 0..S-1 with S={S}")
-    return int(m) if schedule == "gpipe" else min(int(m), S - k)
+    return int(m) if schedule == Schedule.GPIPE else min(int(m), S - k)
 
 
 def held_samples(schedule: str, b: int, m: int, S: int, k: int) -> int:
     """Samples whose activations stage k holds at once (C7's activation term): the whole batch b under GPipe;
     under 1F1B min(b, b_hat * min(m, S - k)) with b_hat = ceil(b / m) (eq. 5), the largest micro-batches."""
-    if schedule == "gpipe":
+    if schedule == Schedule.GPIPE:
         return int(b)
     return min(int(b), micro_batch_size(b, m) * held_micro_batches(schedule, m, S, k))
 

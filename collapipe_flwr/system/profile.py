@@ -32,8 +32,6 @@ import numpy as np
 
 from collapipe_flwr.errors import CollaPipeError
 
-PROFILE_MODES = ("config", "measured")
-
 
 class ProfileError(CollaPipeError):
     """A measured profile (from a CU's reply or a fit) is malformed or physically impossible."""

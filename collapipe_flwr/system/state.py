@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collapipe_flwr.system.network import NetworkSpec
+from collapipe_flwr.system.network import Fading, NetworkSpec
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,11 @@ class StateSampler:
         spec = self.spec
         rng = np.random.default_rng([self.seed, int(t), 0x5EED])
         N, J, K = spec.num_clusters, spec.num_channels, spec.devices_per_cluster
-        fading = rng.exponential(1.0, size=(N, J)) if spec.uplink_fading == "rayleigh" else np.ones((N, J))
+        fading = rng.exponential(1.0, size=(N, J)) if spec.uplink_fading == Fading.RAYLEIGH else np.ones((N, J))
         gain = spec.uplink_mean_gain[:, None] * fading
         lo, hi = spec.uplink_interference_w
         interference = rng.uniform(lo, hi, size=J)
-        dd_fading = rng.exponential(1.0, size=(N, K)) if spec.d2d_fading == "rayleigh" else np.ones((N, K))
+        dd_fading = rng.exponential(1.0, size=(N, K)) if spec.d2d_fading == Fading.RAYLEIGH else np.ones((N, K))
         d2d = spec.d2d_gain * dd_fading
         a_lo, a_hi = spec.availability
         availability = rng.uniform(a_lo, a_hi, size=(N, K))

@@ -26,7 +26,8 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.system.pipeline_model import SCHEDULES, held_samples
+from collapipe_flwr.spec_parsing import choice
+from collapipe_flwr.system.pipeline_model import Schedule, held_samples
 
 T = TypeVar("T")
 
@@ -64,14 +65,13 @@ class Workload:
     extra_upload_bytes: float = 0.0
     head_bytes: float = 0.0
     trainable_bytes: tuple[float, ...] = ()
-    schedule: str = "gpipe"
+    schedule: Schedule = Schedule.GPIPE
     memory_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if not (self.memory_scale > 0 and self.memory_scale < float("inf")):
             raise ConfigError(f"workload memory_scale={self.memory_scale!r} must be a finite number > 0")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"workload schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}")
+        object.__setattr__(self, "schedule", choice("workload schedule", self.schedule, Schedule))
         L = len(self.forward_flops)
         if L < 1 or not (len(self.backward_flops) == len(self.param_bytes) == len(self.saved_bytes) == L):
             raise ConfigError("workload needs the same number L >= 1 of forward, backward, parameter and saved sizes")
@@ -238,7 +238,7 @@ class RoundShape:
 
     batch_size: int | None = None
     steps_per_round: int = 1
-    schedule: str = "gpipe"
+    schedule: Schedule = Schedule.GPIPE
 
 
 def measure_workload(

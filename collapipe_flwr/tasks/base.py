@@ -20,7 +20,8 @@ import torch
 from collapipe_flwr.accelerator import batch_to, module_device
 from collapipe_flwr.errors import ConfigError, DataFormatError
 from collapipe_flwr.tasks import batching, domain_validation
-from collapipe_flwr.tasks.partition import LABEL_SCHEMES, Skew, partition_indices
+from collapipe_flwr.tasks.model_family import ModelFamily
+from collapipe_flwr.tasks.partition import Partition, Skew, partition_indices
 
 if TYPE_CHECKING:  # spec.py imports the registry, which imports this module
     from collapipe_flwr.tasks.spec import ModelSpec, TaskSpec
@@ -42,7 +43,7 @@ class Task(ABC):
 
     name: ClassVar[str]
     metric_name: ClassVar[str]  # "bleu" | "f1" | "accuracy"
-    model_family: ClassVar[str]  # "transformer" | "bert" | "hf"
+    model_family: ClassVar[ModelFamily]
     # the task also runs a pretrained Hugging Face encoder (family hf, model_type bert | roberta, model.hf_folder):
     # tasks/hf_encoder.py, docs/hf_bert_tasks.md
     hf_encoders: ClassVar[bool] = False
@@ -74,7 +75,7 @@ class Task(ABC):
     @classmethod
     def runs_family(cls, family: str) -> bool:
         """Whether a model of ``family`` can run this task: its own, or ``hf`` for a task that runs HF encoders."""
-        return family == cls.model_family or (family == "hf" and cls.hf_encoders)
+        return family == cls.model_family or (family == ModelFamily.HF and cls.hf_encoders)
 
     @classmethod  # noqa: B027 - an optional hook, a no-op unless a task overrides it
     def validate_options(cls, options: Mapping[str, Any]) -> None:
@@ -126,7 +127,7 @@ class Task(ABC):
                 self._examples[split] = tuple(self.read_split(split))
             if not self._examples[split]:
                 raise DataFormatError(f"the {self.name} {split} split has no examples; check the task's {split} files")
-            if split == "train" and self.spec.partition == "domain" and len(self._corpus_sizes) > 1:
+            if split == "train" and self.spec.partition is Partition.DOMAIN and len(self._corpus_sizes) > 1:
                 train, self._corpus_sizes, held = domain_validation.hold_out(self._examples[split], self._corpus_sizes)
                 self._examples[split] = tuple(train)
                 self._examples.update({name: tuple(examples) for name, examples in held.items()})
@@ -144,7 +145,7 @@ class Task(ABC):
 
     def domain_validation_splits(self) -> list[str]:
         """``val_domain<d>`` of each extra training corpus under ``task.partition: domain`` (else none)."""
-        if self.spec.partition != "domain":
+        if self.spec.partition is not Partition.DOMAIN:
             return []
         self._split_examples("train")
         return sorted((s for s in self._examples if domain_validation.SPLIT.fullmatch(s)), key=lambda s: int(s[10:]))
@@ -197,14 +198,14 @@ class Task(ABC):
         """Indices into train_examples() that CU ``partition_id`` of N reads (D_n); seeded by the task seed."""
         scheme = self.spec.partition
         labels = None
-        if scheme in LABEL_SCHEMES:
+        if scheme.by_label:
             labels = self.partition_labels()
             if labels is None:
                 raise ConfigError(
                     f"task.partition={scheme} needs sentence labels; task {self.name} has none, use partition=iid "
                     "or quantity"
                 )
-        elif scheme == "domain":
+        elif scheme is Partition.DOMAIN:
             labels = self.domain_labels()
             if labels is None:
                 raise ConfigError(

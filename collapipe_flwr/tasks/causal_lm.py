@@ -28,6 +28,7 @@ from collapipe_flwr.tasks.base import Task
 from collapipe_flwr.tasks.batching import IGNORE_INDEX
 from collapipe_flwr.tasks.data_files import resolve_file, text_lines
 from collapipe_flwr.tasks.file_options import require_file_options, require_test_files
+from collapipe_flwr.tasks.model_family import ModelFamily
 
 
 def read_text(path) -> tuple[str, ...]:
@@ -42,7 +43,7 @@ def read_text(path) -> tuple[str, ...]:
 class CausalLMTask(Task):
     name = "causal_lm"
     metric_name = "perplexity"
-    model_family = "hf"
+    model_family = ModelFamily.HF
     task_keys = frozenset({"train_file", "val_file", "test_file", "tokenizer"})
 
     @classmethod

@@ -29,6 +29,7 @@ from collapipe_flwr.tasks.file_options import (
     require_file_options,
 )
 from collapipe_flwr.tasks.metrics import classification_scores
+from collapipe_flwr.tasks.model_family import ModelFamily
 
 SEPARATOR = "_!_"
 CLASS_NAMES = (
@@ -83,7 +84,7 @@ def read_titles(path, num_labels: int = len(CLASS_NAMES)) -> tuple[Title, ...]:
 class ClassificationTask(Task):
     name = "classification"
     metric_name = "accuracy"
-    model_family = "bert"
+    model_family = ModelFamily.BERT
     hf_encoders = True  # or a pretrained BERT / RoBERTa folder (family hf, tasks/hf_encoder.py)
     task_keys = SPLIT_FILE_KEYS | {"num_labels"}
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,19 @@ from collapipe_flwr.models.hf_arch import (
     read_config_json,
 )
 from collapipe_flwr.models.packaged import resolve_folder
-from collapipe_flwr.spec_parsing import require
+from collapipe_flwr.spec_parsing import choice, require
 
 HF_KEYS = ("model_type", "hf_folder", "allow_hub", "lora", "gguf_file", "base_dtype", "allow_missing_weights")
-# model.base_dtype: what the frozen (non-LoRA) weights of the TEBs are stored in (models/hf/frozen_base.py)
-BASE_DTYPES = ("fp32", "bf16")
+
+
+class BaseDtype(StrEnum):
+    """``model.base_dtype``: what the frozen (non-LoRA) weights of the TEBs are stored in (models/hf/frozen_base.py)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+BASE_DTYPES = tuple(BaseDtype)
 _LORA_KEYS = ("enabled", "r", "alpha", "dropout", "target_modules", "train_head")
 
 
@@ -114,7 +123,7 @@ class HfSpec:
     allow_hub: bool = False
     lora: LoraSpec = field(default_factory=LoraSpec)
     gguf_file: str = ""
-    base_dtype: str = "fp32"
+    base_dtype: BaseDtype = BaseDtype.FP32
     allow_missing_weights: bool = False
 
     def __post_init__(self) -> None:
@@ -131,12 +140,9 @@ class HfSpec:
             isinstance(self.gguf_file, str) and (not self.gguf_file or bool(self.hf_folder)),
             f"model.gguf_file={self.gguf_file!r} names a file in model.hf_folder; set model.hf_folder too",
         )
+        object.__setattr__(self, "base_dtype", choice("model.base_dtype", self.base_dtype, BaseDtype))
         require(
-            self.base_dtype in BASE_DTYPES,
-            f"model.base_dtype={self.base_dtype!r} is not one of {', '.join(BASE_DTYPES)}",
-        )
-        require(
-            self.base_dtype == "fp32" or self.lora.enabled,
+            self.base_dtype is BaseDtype.FP32 or self.lora.enabled,
             f"model.base_dtype={self.base_dtype} stores the frozen base weights and needs model.lora.enabled=true "
             "(without LoRA every weight trains, in fp32)",
         )
@@ -211,6 +217,6 @@ def parse_hf(raw: Mapping[str, Any], size_keys: tuple[str, ...]) -> tuple[HfSpec
                     f"model.{key}={value!r} but {folder} has {bound}; remove the key (the folder's config decides it)"
                 )
         given = {**found, **given}
-    base_dtype = raw.get("base_dtype") or "fp32"
+    base_dtype = raw.get("base_dtype") or BaseDtype.FP32
     spec = HfSpec(model_type, folder, allow_hub, parse_lora(raw.get("lora")), gguf_file, base_dtype, allow_missing)
     return spec, given

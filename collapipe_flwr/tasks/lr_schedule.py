@@ -13,11 +13,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
-from collapipe_flwr.spec_parsing import require, typed
+from collapipe_flwr.spec_parsing import choices, require, typed
 
-DECAYS = ("none", "inverse_sqrt", "linear", "cosine")
+
+class Decay(StrEnum):
+    """``model.lr_schedule.decay``: the lr multiplier's shape after the warm-up (:func:`lr_factor`)."""
+
+    NONE = "none"
+    INVERSE_SQRT = "inverse_sqrt"
+    LINEAR = "linear"
+    COSINE = "cosine"
+
+
+DECAYS = tuple(Decay)
 SECTION = "model.lr_schedule"
 
 
@@ -26,13 +37,13 @@ class LrScheduleSpec:
     """``model.lr_schedule``: warm-up steps w, decay shape, total steps (0 = set by the trainer), floor."""
 
     warmup_steps: int = 0
-    decay: str = "none"
+    decay: Decay = Decay.NONE
     total_steps: int = 0
     min_factor: float = 0.0
 
     def __post_init__(self) -> None:
         require(self.warmup_steps >= 0, f"{SECTION}.warmup_steps={self.warmup_steps!r} must be an integer >= 0")
-        require(self.decay in DECAYS, f"{SECTION}.decay={self.decay!r} is not one of {', '.join(DECAYS)}")
+        choices(self, SECTION, decay=Decay)
         require(
             self.total_steps >= 0,
             f"{SECTION}.total_steps={self.total_steps!r} must be an integer >= 0 (0 = set by the trainer)",
@@ -80,13 +91,13 @@ def lr_factor(
     s = step + 1
     if warmup_steps and s < warmup_steps:
         return s / warmup_steps
-    if decay == "none":
+    if decay == Decay.NONE:
         factor = 1.0
-    elif decay == "inverse_sqrt":
+    elif decay == Decay.INVERSE_SQRT:
         factor = math.sqrt(max(warmup_steps, 1) / s)
     elif total_steps <= 0:
         factor = 1.0
     else:
         progress = min(1.0, max(0.0, (s - warmup_steps) / max(1, total_steps - warmup_steps)))
-        factor = 1.0 - progress if decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        factor = 1.0 - progress if decay == Decay.LINEAR else 0.5 * (1.0 + math.cos(math.pi * progress))
     return max(min_factor, factor)

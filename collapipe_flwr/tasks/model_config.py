@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.models.fast_dropout import with_dropout_kernel
 from collapipe_flwr.models.transformer import TransformerConfig, build_transformer
+from collapipe_flwr.tasks.hf_spec import BaseDtype
 
 if TYPE_CHECKING:  # spec.py imports the registry, which imports the tasks that import this module
     from collapipe_flwr.tasks.spec import ModelSpec
@@ -102,7 +103,7 @@ def build_causal_lm(model: ModelSpec, vocab_size: int, special_ids: Mapping[str,
         targets = lora.target_modules or None
         config = lora_config(hf.model_type, lora.r, lora.alpha, lora.dropout, targets)
         apply_lora(split, config, train_head=lora.train_head)
-        if hf.base_dtype != "fp32":  # the TEBs' frozen base weights in bf16 (models/hf/frozen_base.py)
+        if hf.base_dtype is not BaseDtype.FP32:  # the TEBs' frozen base weights in bf16 (models/hf/frozen_base.py)
             from collapipe_flwr.models.hf.frozen_base import frozen_base_dtype, store_frozen_base
 
             store_frozen_base(split.blocks, frozen_base_dtype(hf.base_dtype))

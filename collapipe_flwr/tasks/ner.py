@@ -32,6 +32,7 @@ from collapipe_flwr.tasks.file_options import (
     require_file_options,
 )
 from collapipe_flwr.tasks.metrics import entity_scores
+from collapipe_flwr.tasks.model_family import ModelFamily
 
 LABELS = ("O", "B-ORG", "B-LOC", "B-PER", "I-ORG", "I-LOC", "I-PER")
 LABEL_IDS = {tag: i for i, tag in enumerate(LABELS)}
@@ -100,7 +101,7 @@ def word_tags(word_ids: Sequence[int | None], token_tags: Sequence[int], num_wor
 class NerTask(Task):
     name = "ner"
     metric_name = "f1"
-    model_family = "bert"
+    model_family = ModelFamily.BERT
     hf_encoders = True  # or a pretrained BERT / RoBERTa folder (family hf, tasks/hf_encoder.py)
     task_keys = SPLIT_FILE_KEYS | {"crf"}
 

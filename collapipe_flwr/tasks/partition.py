@@ -22,14 +22,40 @@ for the classes a pathological split leaves out).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.spec_parsing import choice
 
-SCHEMES = ("iid", "quantity", "dirichlet", "pathological", "domain")
-LABEL_SCHEMES = ("dirichlet", "pathological")
-QUANTITY_SHAPES = ("linear", "square", "exponential")
+
+class Partition(StrEnum):
+    """``task.partition``: how the training set is split into the clusters' D_n (docs/partitions.md)."""
+
+    IID = "iid"
+    QUANTITY = "quantity"
+    DIRICHLET = "dirichlet"
+    PATHOLOGICAL = "pathological"
+    DOMAIN = "domain"
+
+    @property
+    def by_label(self) -> bool:
+        """Whether the split reads each example's class (``dirichlet``, ``pathological``)."""
+        return self in (Partition.DIRICHLET, Partition.PATHOLOGICAL)
+
+
+class QuantityShape(StrEnum):
+    """``task.quantity``: how the shares grow with the partition id under ``partition: quantity``."""
+
+    LINEAR = "linear"
+    SQUARE = "square"
+    EXPONENTIAL = "exponential"
+
+
+SCHEMES = tuple(Partition)
+QUANTITY_SHAPES = tuple(QuantityShape)
 
 
 @dataclass(frozen=True)
@@ -40,7 +66,7 @@ class Skew:
 
     alpha: float = 0.5
     min_partition_size: int = 1
-    quantity: str = "linear"
+    quantity: QuantityShape = QuantityShape.LINEAR
     classes_per_partition: int = 2
 
 
@@ -57,24 +83,19 @@ def partition_indices(
     one per example, the class for ``dirichlet`` / ``pathological``, the corpus for ``domain``; ``skew``: the
     non-IID kinds' settings (default: ``Skew()``)."""
     skew = skew if skew is not None else Skew()
-    _check_arguments(num_examples, num_partitions, partition_id, scheme)
-    if scheme == "domain":
-        return _domain_partition(num_partitions, partition_id, seed, _checked_labels(labels, num_examples, scheme))
-    if scheme in LABEL_SCHEMES:
-        _checked_labels(labels, num_examples, scheme)
-    if scheme == "pathological":
-        partitioner = _pathological(num_partitions, seed, skew.classes_per_partition)
-    elif scheme == "dirichlet":
-        partitioner = _dirichlet(num_partitions, seed, skew.alpha, skew.min_partition_size)
-    else:
-        partitioner = _by_size(scheme, num_partitions, skew.quantity)
-    partitioner.dataset = _index_dataset(num_examples, labels if scheme in LABEL_SCHEMES else None, seed, scheme)
+    kind = _check_arguments(num_examples, num_partitions, partition_id, scheme)
+    if kind is Partition.DOMAIN:
+        return _domain_partition(num_partitions, partition_id, seed, _checked_labels(labels, num_examples, kind))
+    if kind.by_label:
+        _checked_labels(labels, num_examples, kind)
+    partitioner = _PARTITIONERS[kind](num_partitions, seed, skew)
+    partitioner.dataset = _index_dataset(num_examples, labels if kind.by_label else None, seed, kind)
     try:
         part = partitioner.load_partition(partition_id)
     except ValueError as err:
         raise ConfigError(
-            f"task.partition={scheme} over {num_partitions} partitions failed ({err}); "
-            + ("raise task.alpha or use fewer clusters" if scheme == "dirichlet" else "use fewer clusters")
+            f"task.partition={kind} over {num_partitions} partitions failed ({err}); "
+            + ("raise task.alpha or use fewer clusters" if kind is Partition.DIRICHLET else "use fewer clusters")
         ) from None
     return _sorted_indices(part)
 
@@ -88,9 +109,9 @@ def _sorted_indices(part) -> list[int]:
     return np.sort(part.with_format("arrow")[:]["idx"].to_numpy()).tolist()
 
 
-def _check_arguments(num_examples: int, num_partitions: int, partition_id: int, scheme: str) -> None:
-    if scheme not in SCHEMES:
-        raise ConfigError(f"task.partition={scheme!r} is not one of {', '.join(SCHEMES)}")
+def _check_arguments(num_examples: int, num_partitions: int, partition_id: int, scheme: str) -> Partition:
+    """``scheme`` as its Partition, once the partition's arguments are checked."""
+    kind = choice("task.partition", scheme, Partition)
     if not isinstance(num_partitions, int) or num_partitions < 1:
         raise ConfigError(f"num_partitions={num_partitions!r} must be an integer >= 1")
     if not isinstance(partition_id, int) or not 0 <= partition_id < num_partitions:
@@ -99,6 +120,7 @@ def _check_arguments(num_examples: int, num_partitions: int, partition_id: int, 
         raise ConfigError(
             f"cannot split {num_examples} training examples into {num_partitions} partitions; use fewer clusters"
         )
+    return kind
 
 
 def _checked_labels(labels: Sequence[int] | None, num_examples: int, scheme: str) -> Sequence[int]:
@@ -112,16 +134,23 @@ def _checked_labels(labels: Sequence[int] | None, num_examples: int, scheme: str
     return labels
 
 
-def _by_size(scheme: str, num_partitions: int, quantity: str):
-    """IID content: equal shares (``iid``) or shares growing with the partition id (``quantity``)."""
-    from flwr_datasets.partitioner import ExponentialPartitioner, IidPartitioner, LinearPartitioner, SquarePartitioner
+def _iid(num_partitions: int, seed: int, skew: Skew):
+    """IID content in equal shares."""
+    from flwr_datasets.partitioner import IidPartitioner
 
-    if scheme == "iid":
-        return IidPartitioner(num_partitions=num_partitions)
-    shapes = {"linear": LinearPartitioner, "square": SquarePartitioner, "exponential": ExponentialPartitioner}
-    if quantity not in shapes:
-        raise ConfigError(f"task.quantity={quantity!r} must be one of {', '.join(QUANTITY_SHAPES)}")
-    return shapes[quantity](num_partitions=num_partitions)
+    return IidPartitioner(num_partitions=num_partitions)
+
+
+def _by_quantity(num_partitions: int, seed: int, skew: Skew):
+    """IID content in shares growing with the partition id as ``skew.quantity`` says."""
+    from flwr_datasets.partitioner import ExponentialPartitioner, LinearPartitioner, SquarePartitioner
+
+    shapes = {
+        QuantityShape.LINEAR: LinearPartitioner,
+        QuantityShape.SQUARE: SquarePartitioner,
+        QuantityShape.EXPONENTIAL: ExponentialPartitioner,
+    }
+    return shapes[choice("task.quantity", skew.quantity, QuantityShape)](num_partitions=num_partitions)
 
 
 def _dirichlet(num_partitions: int, seed: int, alpha: float, min_partition_size: int):
@@ -155,6 +184,15 @@ def _pathological(num_partitions: int, seed: int, classes_per_partition: int):
     )
 
 
+# task.partition (but domain, which flwr-datasets cannot split) -> its partitioner, from (N, seed, skew)
+_PARTITIONERS: dict[Partition, Callable[[int, int, Skew], Any]] = {
+    Partition.IID: _iid,
+    Partition.QUANTITY: _by_quantity,
+    Partition.DIRICHLET: lambda n, seed, skew: _dirichlet(n, seed, skew.alpha, skew.min_partition_size),
+    Partition.PATHOLOGICAL: lambda n, seed, skew: _pathological(n, seed, skew.classes_per_partition),
+}
+
+
 def _domain_partition(num_partitions: int, partition_id: int, seed: int, domains: Sequence[int]) -> list[int]:
     """Cluster n reads domain n mod D; the clusters of one domain split it IID (shuffled, near-equal shards).
     Written here because flwr-datasets' natural-id partitioners map one id to one partition (or group ids),
@@ -186,6 +224,6 @@ def _index_dataset(num_examples: int, labels: Sequence[int] | None, seed: int, s
     if labels is not None:
         columns["label"] = [int(y) for y in labels]
     dataset = datasets.Dataset.from_dict(columns)
-    if scheme in ("iid", "quantity"):
+    if scheme in (Partition.IID, Partition.QUANTITY):
         dataset = dataset.shuffle(seed=seed)
     return dataset

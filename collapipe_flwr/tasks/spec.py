@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.models.fast_dropout import KERNELS as DROPOUT_KERNELS
+from collapipe_flwr.models.fast_dropout import DropoutKernel
 from collapipe_flwr.models.hf_arch import CAUSAL_LM_TYPES, ENCODER_TYPES
 from collapipe_flwr.pipeline.optim import OptimizerSpec
-from collapipe_flwr.spec_parsing import mapping, require
+from collapipe_flwr.spec_parsing import choice, mapping, require
 from collapipe_flwr.tasks.hf_spec import HF_KEYS, HfSpec, parse_hf
 from collapipe_flwr.tasks.lr_schedule import LrScheduleSpec, parse_lr_schedule
-from collapipe_flwr.tasks.partition import QUANTITY_SHAPES, SCHEMES
+from collapipe_flwr.tasks.model_family import ModelFamily
+from collapipe_flwr.tasks.partition import Partition, QuantityShape
 from collapipe_flwr.tasks.registry import task_class
 
 __all__ = [
@@ -41,12 +42,16 @@ __all__ = [
 ]
 
 # The sizes of each model family (positions are ModelSpec.max_len); the hidden width is the first key.
-SIZE_KEYS: dict[str, tuple[str, ...]] = {
-    "transformer": ("d_model", "n_heads", "d_ff", "enc_layers", "dec_layers"),
-    "bert": ("hidden", "n_heads", "d_ff", "layers"),
-    "hf": ("hidden", "n_heads", "d_ff", "layers"),  # a Hugging Face causal LM or encoder (tasks/hf_spec.py)
+SIZE_KEYS: dict[ModelFamily, tuple[str, ...]] = {
+    ModelFamily.TRANSFORMER: ("d_model", "n_heads", "d_ff", "enc_layers", "dec_layers"),
+    ModelFamily.BERT: ("hidden", "n_heads", "d_ff", "layers"),
+    ModelFamily.HF: ("hidden", "n_heads", "d_ff", "layers"),  # a Hugging Face causal LM or encoder (tasks/hf_spec.py)
 }
-DEFAULT_MODELS = {"transformer": "transformer_small", "bert": "bert_small", "hf": "gpt2_tiny"}
+DEFAULT_MODELS = {
+    ModelFamily.TRANSFORMER: "transformer_small",
+    ModelFamily.BERT: "bert_small",
+    ModelFamily.HF: "gpt2_tiny",
+}
 FAMILIES = tuple(SIZE_KEYS)
 _MODEL_KEYS = (
     "description",
@@ -86,9 +91,9 @@ class TaskSpec:
     default_model: str = ""
     bucket: int = 0
     pad_multiple: int = 8
-    partition: str = "iid"
+    partition: Partition = Partition.IID
     alpha: float = 0.5
-    quantity: str = "linear"
+    quantity: QuantityShape = QuantityShape.LINEAR
     classes_per_partition: int = 2
     cache_dir: str = ""
     hf_dataset: Mapping[str, Any] = field(default_factory=dict)
@@ -98,15 +103,12 @@ class TaskSpec:
         for key, least in (("batch_size", 1), ("max_len", 4)):
             value = getattr(self, key)
             require(_is_int(value) and value >= least, f"task.{key}={value!r} must be an integer >= {least}")
-        require(self.partition in SCHEMES, f"task.partition={self.partition!r} is not one of {', '.join(SCHEMES)}")
+        object.__setattr__(self, "partition", choice("task.partition", self.partition, Partition))
         require(
             _is_number(self.alpha) and self.alpha > 0,
             f"task.alpha={self.alpha!r} must be a number > 0 (Dirichlet concentration)",
         )
-        require(
-            self.quantity in QUANTITY_SHAPES,
-            f"task.quantity={self.quantity!r} is not one of {', '.join(QUANTITY_SHAPES)} (partition: quantity)",
-        )
+        object.__setattr__(self, "quantity", choice("task.quantity", self.quantity, QuantityShape))
         require(
             _is_int(self.classes_per_partition) and self.classes_per_partition >= 1,
             f"task.classes_per_partition={self.classes_per_partition!r} must be an integer >= 1 "
@@ -122,7 +124,7 @@ class TaskSpec:
         )
         require(isinstance(self.hf_dataset, Mapping), "task.hf_dataset must be a mapping {enabled, id, ...}")
         require(
-            self.partition != "domain" or bool(dict(self.options).get("extra_train_files")),
+            self.partition is not Partition.DOMAIN or bool(dict(self.options).get("extra_train_files")),
             "task.partition=domain needs a second training corpus: name its file(s) in task.extra_train_files "
             "(docs/partitions.md)",
         )
@@ -182,11 +184,11 @@ class ModelSpec:
     run; ``hf`` holds a Hugging Face model's type, folder and LoRA settings (family hf only)."""
 
     name: str = ""
-    family: str
+    family: ModelFamily
     description: str = ""
     sizes: Mapping[str, int]
     dropout: float = 0.1
-    dropout_kernel: str = "fast"
+    dropout_kernel: DropoutKernel = DropoutKernel.FAST
     max_len: int
     tie_embeddings: bool = False
     pretrained_dir: str = ""
@@ -195,9 +197,9 @@ class ModelSpec:
     hf: HfSpec | None = None
 
     def __post_init__(self) -> None:
-        require(self.family in SIZE_KEYS, f"model.family={self.family!r} is not one of {', '.join(FAMILIES)}")
+        object.__setattr__(self, "family", choice("model.family", self.family, ModelFamily))
         require(
-            (self.hf is not None) == (self.family == "hf"),
+            (self.hf is not None) == (self.family is ModelFamily.HF),
             "model.model_type / hf_folder / lora belong to a family: hf model only",
         )
         require(
@@ -210,10 +212,7 @@ class ModelSpec:
             _is_number(self.dropout) and 0 <= self.dropout < 1,
             f"model.dropout={self.dropout!r} must be a number in [0, 1)",
         )
-        require(
-            self.dropout_kernel in DROPOUT_KERNELS,
-            f"model.dropout_kernel={self.dropout_kernel!r} must be one of {', '.join(DROPOUT_KERNELS)}",
-        )
+        object.__setattr__(self, "dropout_kernel", choice("model.dropout_kernel", self.dropout_kernel, DropoutKernel))
         require(
             isinstance(self.tie_embeddings, bool), f"model.tie_embeddings={self.tie_embeddings!r} must be true or false"
         )
@@ -257,8 +256,8 @@ def parse_model(raw: Any, task: TaskSpec) -> ModelSpec:
     cls = task_class(task.name)
     family = cls.model_family
     got = raw.get("family")
-    if got == "hf" and cls.hf_encoders:  # a pretrained BERT / RoBERTa folder (tasks/hf_encoder.py)
-        family = got
+    if got == ModelFamily.HF and cls.hf_encoders:  # a pretrained BERT / RoBERTa folder (tasks/hf_encoder.py)
+        family = ModelFamily.HF
         require(
             bool(raw.get("hf_folder")),
             f"task {task.name} runs a family: hf model from a pretrained BERT / RoBERTa folder: set "
@@ -274,15 +273,15 @@ def parse_model(raw: Any, task: TaskSpec) -> ModelSpec:
         "model.schedule was renamed to model.lr_schedule; rename the key (model.lr_schedule.warmup_steps=..., ...)",
     )
     sizes = SIZE_KEYS[family]
-    keys = _MODEL_KEYS + (HF_KEYS if family == "hf" else ())
+    keys = _MODEL_KEYS + (HF_KEYS if family is ModelFamily.HF else ())
     unknown = sorted(set(raw) - set(sizes) - set(keys))
     if unknown:
         valid = ", ".join(sizes + keys)
         raise ConfigError(f"unknown config key model.{unknown[0]}; a {family} model has {valid}")
     given: Any
-    hf, given = parse_hf(raw, sizes) if family == "hf" else (None, raw)
+    hf, given = parse_hf(raw, sizes) if family is ModelFamily.HF else (None, raw)
     if hf is not None:  # an encoder for ner / classification, a causal LM for causal_lm
-        encoders = cls.model_family != "hf"
+        encoders = cls.model_family is not ModelFamily.HF
         wanted = f"a pretrained {' or '.join(ENCODER_TYPES)} folder" if encoders else ", ".join(CAUSAL_LM_TYPES)
         require(
             (hf.model_type in ENCODER_TYPES) == encoders,
@@ -294,7 +293,7 @@ def parse_model(raw: Any, task: TaskSpec) -> ModelSpec:
         description=str(raw.get("description") or ""),
         sizes={k: given.get(k) for k in sizes},
         dropout=raw.get("dropout", 0.1),
-        dropout_kernel=raw.get("dropout_kernel", "fast"),
+        dropout_kernel=raw.get("dropout_kernel", DropoutKernel.FAST),
         max_len=given.get("max_len"),
         tie_embeddings=raw.get("tie_embeddings", False),
         pretrained_dir=str(raw.get("pretrained_dir") or ""),

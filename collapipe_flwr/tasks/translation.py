@@ -29,6 +29,7 @@ from collapipe_flwr.tasks.batching import IGNORE_INDEX
 from collapipe_flwr.tasks.data_files import resolve_file, text_lines
 from collapipe_flwr.tasks.file_options import require_file_options, require_test_files
 from collapipe_flwr.tasks.metrics import corpus_bleu
+from collapipe_flwr.tasks.model_family import ModelFamily
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def read_parallel(src_path, tgt_path) -> tuple[SentencePair, ...]:
 class TranslationTask(Task):
     name = "translation"
     metric_name = "bleu"
-    model_family = "transformer"
+    model_family = ModelFamily.TRANSFORMER
     task_keys = frozenset(
         {
             "train_src",

@@ -26,12 +26,14 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from collapipe_flwr import wiring
 from collapipe_flwr.config import ClusterConfig, resolve_data_dir
+from collapipe_flwr.config.sections import EmbeddingMode, OptimizerState
 from collapipe_flwr.fl.cu.cu_checkpoint import load_cu_state, save_cu_state
 from collapipe_flwr.fl.round_report import Preparation
 from collapipe_flwr.models.split import SplitModel, TaskHead
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.executors import release
 from collapipe_flwr.pipeline.head import LocalHead
+from collapipe_flwr.pipeline.runtime_spec import Backend
 from collapipe_flwr.precision import resolve_precision
 from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.tasks.base import Task
@@ -123,7 +125,7 @@ class ClusterSession:
                 devices,
                 cfg,
                 cluster=self.cluster,
-                actor_prefix=actor_prefix(self.run_key, self.cluster) if cfg.runtime.backend == "ray" else "",
+                actor_prefix=actor_prefix(self.run_key, self.cluster) if cfg.runtime.backend is Backend.RAY else "",
             )
             self._release_held_copies()
         else:
@@ -136,7 +138,7 @@ class ClusterSession:
                 self.model.head, wiring.optimizer_spec(cfg), resolve_precision(cfg.runtime.precision)
             )
         restored = False
-        if cfg.federation.optimizer_state == "reset":
+        if cfg.federation.optimizer_state is OptimizerState.RESET:
             pipeline.reset_optimizers()
             if self.local_head is not None:
                 self.local_head.reset_optimizer()
@@ -170,7 +172,7 @@ class ClusterSession:
     def finish(self, round_: int, state: RecordDict | None) -> None:
         """After a round: remember it, and copy the CU-held optimizer state into ``Context.state``."""
         self.last_round = round_
-        if self.cfg.federation.optimizer_state == "reset":
+        if self.cfg.federation.optimizer_state is OptimizerState.RESET:
             return
         if state is not None:
             state.array_records[STATE_ARRAYS] = ArrayRecord(torch_state_dict=self._optimizer_tensors())
@@ -211,7 +213,7 @@ class ClusterSession:
                 for key, value in st.items():
                     flat[f"{part}|{names[id(p)]}|{key}"] = detach(torch.as_tensor(value))
         pipeline = self.live_pipeline()
-        if pipeline.backend == "local" or with_encoder:
+        if pipeline.backend is Backend.LOCAL or with_encoder:
             for name, st in pipeline.encoder_optimizer_state().items():
                 for key, value in st.items():
                     flat[f"encoder|{name}|{key}"] = detach(torch.as_tensor(value))
@@ -249,7 +251,7 @@ class ClusterSession:
                 if pname in params:
                     optimizer.state[params[pname]] = {k: v.clone() for k, v in st.items()}
         pipeline = self.live_pipeline()
-        if "encoder" in grouped and (pipeline.backend == "local" or encoder):
+        if "encoder" in grouped and (pipeline.backend is Backend.LOCAL or encoder):
             pipeline.load_encoder_optimizer_state(grouped["encoder"])
 
 
@@ -289,7 +291,7 @@ def session_for(
     wiring.check_partitions(cfg, num_partitions)
     examples = _partition(task, cfg, run_key, cluster, num_partitions, state)
     model = wiring.build_model(task, cfg)
-    if cfg.federation.embedding == "frozen":  # kept at the global values the CU downloads, never trained
+    if cfg.federation.embedding is EmbeddingMode.FROZEN:  # kept at the global values the CU downloads, never trained
         model.embedding.requires_grad_(False)
     session = ClusterSession(run_key, cluster, cfg, task, examples, model)
     _SESSIONS[key] = session

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from flwr.app import Context, Message, MessageType
 from flwr.clientapp.mod import LocalDpMod, fixedclipping_mod
 
-from collapipe_flwr.config import PrivacySpec
+from collapipe_flwr.config import PrivacyMode, PrivacySpec
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.fl.messages import INSTRUCTIONS, TrainInstructions
 
@@ -36,9 +36,10 @@ def privacy_mod(msg: Message, context: Context, call_next: CallNext) -> Message:
         privacy = privacy_of(msg)
     except CollaPipeError:  # the train handler answers a malformed message with its one-line error
         return call_next(msg, context)
-    if privacy.mode == "local":
-        mod = LocalDpMod(privacy.clipping_norm, privacy.clipping_norm, privacy.epsilon, privacy.delta)
-        return mod(msg, context, call_next)
-    if privacy.mode == "central":
-        return fixedclipping_mod(msg, context, call_next)
+    match privacy.mode:
+        case PrivacyMode.LOCAL:
+            mod = LocalDpMod(privacy.clipping_norm, privacy.clipping_norm, privacy.epsilon, privacy.delta)
+            return mod(msg, context, call_next)
+        case PrivacyMode.CENTRAL:
+            return fixedclipping_mod(msg, context, call_next)
     return call_next(msg, context)

@@ -19,18 +19,20 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from collapipe_flwr.config.sections import Transport
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.wire import Frame
 
-TRANSPORTS = ("grpc", "socket")
-DEFAULT_TRANSPORT = "socket"  # config.sections.DataPlaneSection.transport's default too
+TRANSPORTS = tuple(Transport)
+DEFAULT_TRANSPORT = Transport.SOCKET  # config.sections.DataPlaneSpec.transport's default too
 
 
-def check_transport(name: str) -> str:
-    """``name`` when it is a known transport, else a one-line :class:`DataPlaneError`."""
-    if name not in TRANSPORTS:
-        raise DataPlaneError(f"dataplane.transport={name!r}; use one of {', '.join(TRANSPORTS)}")
-    return name
+def check_transport(name: str) -> Transport:
+    """``name`` as its :class:`Transport`, else a one-line :class:`DataPlaneError`."""
+    try:
+        return Transport(name)
+    except ValueError:
+        raise DataPlaneError(f"dataplane.transport={name!r}; use one of {', '.join(Transport)}") from None
 
 
 class Cancellable(Protocol):

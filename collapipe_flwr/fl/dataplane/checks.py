@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from collapipe_flwr.config.sections import Compression
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.protocol import StepRequest, wire_mode
 from collapipe_flwr.fl.dataplane.wire import peak_magnitude
@@ -21,7 +22,11 @@ _LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
 
 def expected_wire_dtype(compression: str) -> str:
     """The dtype z_enc travels in for the wire compression: float32 (none), float16 (fp16) or int8."""
-    return {"none": "float32", "fp16": "float16", "int8": "int8"}[wire_mode(compression)]
+    return _WIRE_DTYPES[wire_mode(compression)]
+
+
+# dataplane.compression -> the dtype z_enc travels in
+_WIRE_DTYPES = {Compression.NONE: "float32", Compression.FP16: "float16", Compression.INT8: "int8"}
 
 
 def check_step(req: StepRequest, hidden_size: int, compression: str, max_len: int = 0, max_abs: float = 0.0) -> None:
@@ -69,7 +74,7 @@ def check_activation(i: int, z: torch.Tensor, hidden_size: int, max_len: int, ma
         )
     peak = peak_magnitude(z)  # one pass: inf for NaN / Inf, else max |z|
     if not math.isfinite(peak):
-        hint = " (float16 on the wire cannot be the cause: values are scaled)" if mode == "fp16" else ""
+        hint = " (float16 on the wire cannot be the cause: values are scaled)" if mode is Compression.FP16 else ""
         raise DataPlaneError(
             f"encoder output z/{i} holds NaN or Inf{hint}; the CU's encoder diverged: lower the learning rate or "
             "check the data"

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from collapipe_flwr.config.sections import SharedMemory, Transport
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.backend import DEFAULT_TRANSPORT, Connection, Dialer, check_transport
 from collapipe_flwr.fl.dataplane.grpc_client import GrpcDialer
@@ -42,13 +43,19 @@ from collapipe_flwr.fl.dataplane.protocol import (
     step_request_frame,
     wire_mode,
 )
-from collapipe_flwr.fl.dataplane.shm import MODES as SHM_MODES
 from collapipe_flwr.fl.dataplane.shm import ClientSegment, is_loopback, read_pointer, shm_room_for
 from collapipe_flwr.fl.dataplane.socket_client import SocketDialer
 from collapipe_flwr.fl.dataplane.transport import MB
 from collapipe_flwr.fl.dataplane.wire import Frame, decode_header
 
 log = logging.getLogger(__name__)
+
+
+# dataplane.transport -> what dials the host
+DIALERS: dict[Transport, type[SocketDialer] | type[GrpcDialer]] = {
+    Transport.SOCKET: SocketDialer,
+    Transport.GRPC: GrpcDialer,
+}
 
 
 @dataclass(frozen=True)
@@ -98,15 +105,19 @@ class DecoderClient:
         self._seq = int(start_seq)  # step ids continue from here (a client reopened mid-round passes its last)
         self.transport = check_transport(spec.transport)
         # TLS when root_certificate is given: trust the server certificate (or its CA) the train message carried
-        dialer = SocketDialer if self.transport == "socket" else GrpcDialer
+        dialer = DIALERS[self.transport]
         self._dialer: Dialer = dialer(address, root_certificate, int(max_message_mb), self.timeout_s)
         self._stream: Connection | None = None
         self._lost = False  # the last dropped stream ended under its step (see the module docstring: one resend)
         # same-host shortcut (shm.py): frames through a shared-memory segment when the host is on a loopback
         # address and the channel is plaintext (dataplane.shared_memory: auto)
-        if shared_memory not in SHM_MODES:
-            raise DataPlaneError(f"dataplane.shared_memory={shared_memory!r} must be one of {', '.join(SHM_MODES)}")
-        self._use_shm = shared_memory == "auto" and is_loopback(address) and not root_certificate
+        try:
+            shortcut = SharedMemory(shared_memory)
+        except ValueError:
+            raise DataPlaneError(
+                f"dataplane.shared_memory={shared_memory!r} must be one of {', '.join(SharedMemory)}"
+            ) from None
+        self._use_shm = shortcut is SharedMemory.AUTO and is_loopback(address) and not root_certificate
         self._segment: ClientSegment | None = None
         self._lock = threading.Lock()
         self._closed = False

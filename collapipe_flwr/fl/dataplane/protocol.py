@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from collapipe_flwr.config.sections import Compression
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.wire import (
     Frame,
@@ -43,22 +44,22 @@ SERVICE = "collapipe.DecoderDataPlane"
 METHOD = "Step"
 FULL_METHOD = f"/{SERVICE}/{METHOD}"
 LOCAL_ONLY_KEYS = ("input_ids",)
-COMPRESSIONS = ("none", "fp16", "int8")
 
 
-def wire_mode(compression: str = "none") -> str:
+def wire_mode(compression: str = "none") -> Compression:
     """The wire compression ``compression`` (none | fp16 | int8), else a one-line :class:`DataPlaneError`."""
-    if compression not in COMPRESSIONS:
-        raise DataPlaneError(f"dataplane.compression={compression!r}; use one of {', '.join(COMPRESSIONS)}")
-    return compression
+    try:
+        return Compression(compression)
+    except ValueError:
+        raise DataPlaneError(f"dataplane.compression={compression!r}; use one of {', '.join(Compression)}") from None
 
 
 def _float_tensors(prefix: str, scale_prefix: str, i: int, t: torch.Tensor, mode: str) -> list:
     """(name, tensor, scale) records of one float tensor in the wire mode (int8 adds its scales)."""
-    if mode == "fp16" and t.is_floating_point():
+    if mode == Compression.FP16 and t.is_floating_point():
         half, scale = to_wire_fp16(t)
         return [(f"{prefix}/{i}", half, scale)]
-    if mode == "int8" and t.is_floating_point():
+    if mode == Compression.INT8 and t.is_floating_point():
         q, scales = to_wire_int8(t)
         return [(f"{prefix}/{i}", q, 1.0), (f"{scale_prefix}/{i}", scales, 1.0)]
     return [(f"{prefix}/{i}", t.to(torch.float32) if prefix == "grad" else t, 1.0)]

@@ -36,7 +36,6 @@ from collapipe_flwr.fl.dataplane.wire import Frame, decode_header, encode_frame
 KIND = "shm"
 PREFIX = shm_leftovers.SEGMENT_PREFIX  # every segment this data plane makes; a pointer to any other name is refused
 SHM_DIR = shm_leftovers.SHM_DIR  # where Linux keeps POSIX shared-memory segments (segment N is the file SHM_DIR/N)
-MODES = ("auto", "off")
 _MADE_HERE: set[str] = set()  # segments this process created (a host in the same process must not unregister them)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collapipe_flwr.config.sections import Compression
+
 MB = 1 << 20
 MAX_FRAME_BYTES = (1 << 24) - 1  # the largest HTTP/2 frame size a peer may announce (RFC 9113)
 
@@ -18,7 +20,7 @@ def step_message_mb(batch_size: int, max_len: int, hidden_size: int, compression
     2, the fp16 width, which also bounds int8 and its per-channel scales) and up to
     :data:`FIELDS_PER_TOKEN` int64 fields. Both ends use it as gRPC's message cap when
     ``dataplane.max_message_mb`` is 0, so no frame larger than the task can produce is ever buffered."""
-    per_token = int(hidden_size) * (4 if compression == "none" else 2) + FIELDS_PER_TOKEN * 8
+    per_token = int(hidden_size) * (4 if compression == Compression.NONE else 2) + FIELDS_PER_TOKEN * 8
     largest = int(batch_size) * int(max_len) * per_token + FRAME_OVERHEAD
     return max(1, -(-2 * largest // MB))
 

@@ -22,6 +22,7 @@ import logging
 
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.tasks.base import Task
+from collapipe_flwr.tasks.partition import Partition
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def check_partitions(task: Task, num_clusters: int, batch_size: int) -> list[int
             f"cannot split {total} training examples into {num_clusters} clusters' partitions; use at most {total} "
             "clusters (federation.num_clusters)"
         )
-    if task.spec.partition == "iid":  # equal shares of >= 1 example each: nothing can be empty
+    if task.spec.partition is Partition.IID:  # equal shares of >= 1 example each: nothing can be empty
         return [total // num_clusters + (n < total % num_clusters) for n in range(num_clusters)]
     sizes = []
     for n in range(num_clusters):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from collapipe_flwr.config import PrivacySpec
+from collapipe_flwr.config import PrivacyMode, PrivacySpec
 from collapipe_flwr.config.privacy_accounting import central_entry, local_entry
 
 
@@ -45,10 +45,10 @@ class PrivacyLedger:
     def charge(self, selected: Iterable[int], aggregated: bool) -> None:
         """Round's spending: central DP one step when its aggregate was formed (and noised); local DP one release
         per selected cluster."""
-        if self.privacy.mode == "central" and aggregated:
+        if self.privacy.mode is PrivacyMode.CENTRAL and aggregated:
             self.steps += 1
             self._charged = True
-        elif self.privacy.mode == "local":
+        elif self.privacy.mode is PrivacyMode.LOCAL:
             for cluster in selected:
                 self.releases[cluster] = self.releases.get(cluster, 0) + 1
                 self._charged = True
@@ -57,10 +57,11 @@ class PrivacyLedger:
         """The round's ``privacy`` section (empty when privacy is off); the next round starts uncharged."""
         charged, self._charged = self._charged, False
         p = self.privacy
-        if p.mode == "central":
-            return central_entry(p.noise_multiplier, self.steps, charged, p.delta)
-        if p.mode == "local":
-            return local_entry(p.epsilon, p.delta, self.releases, charged)
+        match p.mode:
+            case PrivacyMode.CENTRAL:
+                return central_entry(p.noise_multiplier, self.steps, charged, p.delta)
+            case PrivacyMode.LOCAL:
+                return local_entry(p.epsilon, p.delta, self.releases, charged)
         return {}
 
     def summary(self, num_rounds: int) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from rich.markup import escape
 
 from collapipe_flwr.config import RunConfig, load_run_config
 from collapipe_flwr.config.flower_keys import hydra_overrides
+from collapipe_flwr.config.sections import OptimizerState
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl.records.progress import RoundProgress
 from collapipe_flwr.fl.records.round_values import LOWER_IS_BETTER
@@ -40,6 +41,7 @@ from collapipe_flwr.fl.server.strategy import CollaPipeStrategy
 from collapipe_flwr.fl.server.threads import torch_threads
 from collapipe_flwr.model_store import save_model
 from collapipe_flwr.models.hf.folder_weights import random_weights_record
+from collapipe_flwr.system.clock_spec import ClockMode
 
 FLOWER_LOGGER_NAME = "flwr"  # the logger every Flower component logs through
 TENSORBOARD_SUBDIR = "tensorboard"  # <run folder>/tensorboard: the scalars of tensorboard=true
@@ -168,7 +170,7 @@ def claim_run(cfg: RunConfig, server: ServerState, run_log: RunLog) -> None:
     run that keeps the CUs' optimizer moments gets the key of their state files."""
     if not cfg.resume:  # only a run that started holds its name: one that failed here can simply be rerun
         run_log.write_config(cfg.to_dict())
-    if cfg.checkpoint and cfg.federation.optimizer_state == "keep":
+    if cfg.checkpoint and cfg.federation.optimizer_state is OptimizerState.KEEP:
         # The key of this run's CU state files (fl/cu/cu_checkpoint.py): 16 random hex digits, no other run matches;
         # a resumed run takes its own back from checkpoint.pt.
         server.cu_state_key = secrets.token_hex(8)
@@ -262,7 +264,7 @@ def time_line(summary: dict) -> str:
     )
     wall = f"{summary.get('wall_s', 0):.0f} s wall, {summary.get('measured_round_s', 0):.0f} s in rounds"
     modelled = f"modelled delay of the plans {summary.get('modelled_delay_s', 0):.1f} s (sum of eq. 26 over the rounds)"
-    if summary.get("clock") == "virtual":
+    if summary.get("clock") == ClockMode.VIRTUAL:
         return f"time: {virtual}; {wall} here; {modelled}"
     return f"time: {wall}; {modelled}; {virtual}"
 

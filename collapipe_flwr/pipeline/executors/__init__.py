@@ -11,15 +11,14 @@ from __future__ import annotations
 
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.pipeline.executors.cores import core_sets, default_actor_threads, usable_cores, usable_cores_list
-from collapipe_flwr.pipeline.executors.interface import BACKENDS, Stages, StageSpec
+from collapipe_flwr.pipeline.executors.interface import Stages, StageSpec
 from collapipe_flwr.pipeline.executors.local import LocalStages
 from collapipe_flwr.pipeline.executors.ray_actor import creation_error, release
 from collapipe_flwr.pipeline.executors.ray_stages import RayStages
 from collapipe_flwr.pipeline.optim import OptimizerSpec
-from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime
+from collapipe_flwr.pipeline.runtime_spec import Backend, ClusterRuntime
 
 __all__ = [
-    "BACKENDS",
     "LocalStages",
     "RayStages",
     "StageSpec",
@@ -39,8 +38,9 @@ def open_stages(
 ) -> Stages:
     """The (empty) stages of one cluster of ``num_devices`` devices, about to hold ``segments`` segments, on
     ``runtime.spec.backend``."""
-    if runtime.spec.backend == "local":
-        return LocalStages([], optimizer, runtime)
-    if runtime.spec.backend == "ray":
-        return RayStages([], optimizer, runtime, num_devices=num_devices, segments=segments)
-    raise ConfigError(f"runtime.backend={runtime.spec.backend!r} must be one of {', '.join(BACKENDS)}")
+    match runtime.spec.backend:
+        case Backend.LOCAL:
+            return LocalStages([], optimizer, runtime)
+        case Backend.RAY:
+            return RayStages([], optimizer, runtime, num_devices=num_devices, segments=segments)
+    raise ConfigError(f"runtime.backend={runtime.spec.backend!r} must be one of {', '.join(Backend)}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from collapipe_flwr.errors import ConfigError
-from collapipe_flwr.pipeline.runtime_spec import PIN_MODES
+from collapipe_flwr.pipeline.runtime_spec import PinThreads
+from collapipe_flwr.spec_parsing import choice
 
 
 def usable_cores() -> int:
@@ -41,11 +41,10 @@ def core_sets(cores: Sequence[int], S: int, mode: str = "auto") -> list[tuple[in
     divide evenly); with fewer cores than stages nothing is pinned. ``true``: as ``auto``, and with fewer
     cores than stages each actor still gets one core, round-robin (so two actors share it). ``false``:
     None (the OS schedules every thread anywhere)."""
-    if mode not in PIN_MODES:
-        raise ConfigError(f"runtime.pin_threads={mode!r} must be one of {', '.join(PIN_MODES)}")
+    pin = choice("runtime.pin_threads", mode, PinThreads)
     cores = sorted(cores)
     C = len(cores)
-    if mode == "false" or S < 1 or C == 0 or (C < S and mode == "auto"):
+    if pin is PinThreads.FALSE or S < 1 or C == 0 or (C < S and pin is PinThreads.AUTO):
         return None
     if C < S:
         return [(cores[s % C],) for s in range(S)]

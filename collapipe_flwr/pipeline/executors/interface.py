@@ -23,7 +23,6 @@ from collapipe_flwr.pipeline.device_process import DeviceProcess
 
 # (device index k, segment or None = keep what the device holds, optimizer state, slowdown, first block index)
 StageSpec = tuple[int, "nn.ModuleList | None", "dict | None", float, int]
-BACKENDS = ("local", "ray")
 
 
 class Stages(Protocol):

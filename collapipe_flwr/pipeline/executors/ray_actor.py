@@ -19,6 +19,7 @@ from torch import nn
 
 from collapipe_flwr.pipeline.executors import shm_handoff
 from collapipe_flwr.pipeline.process_memory import ProcessMemory
+from collapipe_flwr.pipeline.runtime_spec import Handoff
 from collapipe_flwr.pipeline.stage import Stage
 from collapipe_flwr.testbed import remove_stale
 
@@ -104,7 +105,7 @@ class StageActor(Stage):
         bound_onednn_cache(bool(memory_cgroup))  # before any compute: oneDNN reads it at its first primitive
         self._all_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         torch.set_num_threads(max(1, int(threads)))
-        self._handoff = "object_store"
+        self._handoff = Handoff.OBJECT_STORE
         self._parking = shm_handoff.ParkingLot()
         super().__init__(*args, **kwargs)
 
@@ -119,15 +120,15 @@ class StageActor(Stage):
         group = self.process_memory.cgroup if self.process_memory is not None else None
         return str(group.path) if group is not None else ""
 
-    def set_handoff(self, mode: str) -> str:
+    def set_handoff(self, mode: str) -> Handoff:
         """Send this actor's outputs as ``mode`` (``shm`` | ``object_store``) from now on."""
-        self._handoff = mode
-        return mode
+        self._handoff = Handoff(mode)
+        return self._handoff
 
     def _handover(self, value):
         """``value`` (a tensor, or a state dict or optimizer state holding tensors) with its large tensors parked in
         shared memory when this actor's hand-over is ``shm``; as it is otherwise."""
-        return self._parking.handover_tree(value) if self._handoff == "shm" else value
+        return self._parking.handover_tree(value) if self._handoff is Handoff.SHM else value
 
     def leave_host(self) -> None:
         """Undo what this process holds on its host before it is killed: its testbed cgroup and throttle, its

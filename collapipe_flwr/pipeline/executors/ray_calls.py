@@ -18,6 +18,7 @@ from collapipe_flwr.errors import DeviceFailure
 from collapipe_flwr.pipeline.device_process import DeviceProcess
 from collapipe_flwr.pipeline.executors import shm_handoff
 from collapipe_flwr.pipeline.executors.ray_actor import DeviceActor, RemoteMethod
+from collapipe_flwr.pipeline.runtime_spec import Handoff
 
 
 class RayStageCalls:
@@ -25,7 +26,7 @@ class RayStageCalls:
 
     devices: dict[int, DeviceActor]  # device k -> its actor
     actors: list[DeviceActor]  # stage s -> its device's actor
-    handoff: str
+    handoff: Handoff
     _parking: shm_handoff.ParkingLot
     _submitted: list[tuple[Any, int]]  # (ObjectRef, stage) of this step's submits, in submission order
     device_indices: list[int]  # stage s -> its device k
@@ -74,7 +75,7 @@ class RayStageCalls:
     def _tree(self, value: Any) -> Any:
         """``value`` with its tensors parked in shared memory when the hand-over is ``shm`` (weights and optimizer
         state then bypass Ray's object store both ways, ``shm_handoff.ParkingLot.handover_tree``)."""
-        return self._parking.handover_tree(value) if self.handoff == "shm" else value
+        return self._parking.handover_tree(value) if self.handoff is Handoff.SHM else value
 
     def get_weights(self, k: int) -> dict:
         return shm_handoff.resolve_tree(self._get_device(self.devices[k].get_weights.remote(), k))

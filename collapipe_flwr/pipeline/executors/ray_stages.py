@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
+from collapipe_flwr.accelerator import Device
 from collapipe_flwr.errors import ConfigError, DeviceFailure
 from collapipe_flwr.pipeline.executors import shm_handoff
 from collapipe_flwr.pipeline.executors.cores import core_sets, default_actor_threads, usable_cores_list
@@ -26,7 +27,7 @@ from collapipe_flwr.pipeline.executors.ray_actor import (
 )
 from collapipe_flwr.pipeline.executors.ray_calls import RayStageCalls
 from collapipe_flwr.pipeline.optim import OptimizerSpec
-from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime
+from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime, Handoff, PinThreads
 from collapipe_flwr.pipeline.stage import StageCompute
 from collapipe_flwr.testbed.memory_limit import oom_kills_at
 from collapipe_flwr.testbed.memory_limit import remove_path as remove_memory_cgroup
@@ -68,12 +69,12 @@ class RayStages(RayStageCalls):
         self.threads = int(runtime.actor_threads or default_actor_threads(segments))
         self.fixed_threads = runtime.actor_threads is not None
         core_sets([], 1, rt.pin_threads)  # a bad mode fails here, before any actor starts
-        self.num_gpus = float(rt.actor_num_gpus) if rt.device != "cpu" else 0.0
+        self.num_gpus = float(rt.actor_num_gpus) if rt.device is not Device.CPU else 0.0
         self.devices: dict[int, DeviceActor] = {}
         self.memory_paths: dict[int, str] = {}  # device k -> its memory cgroup (runtime.memory_cgroup), for OOM kills
         self._submitted: list[tuple[Any, int]] = []  # (ObjectRef, stage)
         self.idle_losses: list[DeviceFailure] = []  # idle devices found dead since the last take (processes())
-        self.handoff = "object_store"  # until place() has seen where the actors run (runtime.handoff)
+        self.handoff = Handoff.OBJECT_STORE  # until place() has seen where the actors run (runtime.handoff)
         self._told: dict[int, tuple[str, str]] = {}  # device k -> (its node, the hand-over it was told)
         self._parking = shm_handoff.ParkingLot(tag=uuid.uuid4().hex[:8])  # this pipeline's own tensors (CU side)
         shm_handoff.remove_stale()  # what processes of an earlier run that crashed left unread
@@ -116,7 +117,7 @@ class RayStages(RayStageCalls):
         self.actors = [self.devices[k] for k in self.device_indices]
         self._wait_started(loads)
         self._set_handoff()
-        if pin and self.actors and self.runtime.spec.pin_threads != "false":
+        if pin and self.actors and self.runtime.spec.pin_threads is not PinThreads.FALSE:
             self.pin_stages()
 
     def _load(self, k: int, segment: nn.Module, state, slowdown: float, offset: int) -> Any:
@@ -124,7 +125,7 @@ class RayStages(RayStageCalls):
         weights and the optimizer state take it too (``shm_handoff.parked_module``): through Ray's object store
         their pages would stay mapped into the device, memory it seems to hold round after round."""
         actor = self.devices[k]
-        parked = shm_handoff.parked_module(segment, self._parking) if self.handoff == "shm" else None
+        parked = shm_handoff.parked_module(segment, self._parking) if self.handoff is Handoff.SHM else None
         if parked is None:
             return actor.load_segment.remote(segment, state, slowdown, offset)
         skeleton, weights = parked
@@ -155,7 +156,7 @@ class RayStages(RayStageCalls):
         """Choose how tensors move between this CU and its actors (``runtime.handoff``, ``shm_handoff.choose``)
         from the nodes the actors run on, and tell every actor whose mode changes."""
         mode = self.runtime.spec.handoff
-        if mode == "object_store" or not self.devices:
+        if mode is Handoff.OBJECT_STORE or not self.devices:
             return
         ray = self._ray
         unknown = [k for k in self.devices if k not in self._told]
@@ -311,7 +312,7 @@ class RayStages(RayStageCalls):
 
     def new_step(self) -> None:
         self._submitted = []
-        if self.handoff == "shm":
+        if self.handoff is Handoff.SHM:
             self._parking.clear()  # what a failed step parked here and no actor read
 
     def _stuck_stage(self, default: int) -> int:

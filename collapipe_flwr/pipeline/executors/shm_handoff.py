@@ -39,7 +39,7 @@ from typing import TypeVar
 import torch
 
 from collapipe_flwr import shm_leftovers
-from collapipe_flwr.pipeline.runtime_spec import HANDOFFS
+from collapipe_flwr.pipeline.runtime_spec import Handoff
 
 SHM_ROOT = shm_leftovers.SHM_DIR
 FOLDER_PREFIX = shm_leftovers.HANDOFF_PREFIX
@@ -203,16 +203,18 @@ def remove_stale(root: Path = SHM_ROOT) -> list[Path]:
     return shm_leftovers.remove_stale(FOLDER_PREFIX, root)
 
 
-def choose(mode: str, cu_node: str, device_nodes: list[str], shm_ok: bool) -> str:
+def choose(mode: str, cu_node: str, device_nodes: list[str], shm_ok: bool) -> Handoff:
     """The hand-over a cluster uses: ``runtime.handoff`` ``shm`` / ``object_store`` as set; ``auto`` picks
     ``shm`` when this host has /dev/shm and every device actor runs on the CU's node, else ``object_store``.
     ``shm`` asked for where it cannot work raises a ValueError naming why."""
-    if mode not in HANDOFFS:
-        raise ValueError(f"runtime.handoff={mode!r} must be one of {', '.join(HANDOFFS)}")
+    try:
+        handoff = Handoff(mode)
+    except ValueError:
+        raise ValueError(f"runtime.handoff={mode!r} must be one of {', '.join(Handoff)}") from None
     elsewhere = [k for k, node in enumerate(device_nodes) if node != cu_node]
-    if mode == "shm" and (elsewhere or not shm_ok):
+    if handoff is Handoff.SHM and (elsewhere or not shm_ok):
         why = f"device actors {elsewhere} run on another host" if elsewhere else f"{SHM_ROOT} is not writable here"
         raise ValueError(f"runtime.handoff=shm but {why}; use runtime.handoff=auto or object_store")
-    if mode == "auto":
-        return "shm" if shm_ok and not elsewhere else "object_store"
-    return mode
+    if handoff is Handoff.AUTO:
+        return Handoff.SHM if shm_ok and not elsewhere else Handoff.OBJECT_STORE
+    return handoff

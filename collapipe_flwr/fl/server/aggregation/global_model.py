@@ -20,7 +20,7 @@ import copy
 import torch
 from flwr.app import ArrayRecord
 
-from collapipe_flwr.config import PrivacySpec
+from collapipe_flwr.config import PrivacyMode, PrivacySpec
 from collapipe_flwr.dssra.specs import MethodSpec
 from collapipe_flwr.fl.messages import pack_weights
 from collapipe_flwr.fl.server.aggregation.central_dp import add_central_noise
@@ -174,7 +174,7 @@ class GlobalModel:
         modules = self._modules()
         current = flatten_parts(self.returned_parts())
         new = self.server_optimizer.apply(t, current, fold.sum)
-        if self.privacy.mode == "central":
+        if self.privacy.mode is PrivacyMode.CENTRAL:
             new = add_central_noise(new, self.privacy, fold.count, self.seed, t)
         for part, state in unflatten_parts(new).items():  # under LoRA the trainable tensors only
             modules[part].load_state_dict(state, strict=not self.trainable_only)

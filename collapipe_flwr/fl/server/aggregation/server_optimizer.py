@@ -42,14 +42,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
 from flwr.app.constants import DEFAULT_TTL
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedYogi
 
-from collapipe_flwr.config.server_optimizer_rules import SERVER_OPTIMIZERS, check_server_optimizer
+from collapipe_flwr.config.server_optimizer_rules import SERVER_OPTIMIZERS, ServerOptimizerName, check_server_optimizer
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.fl.server.aggregation.weighted_sum import WeightedSum, sum_dtype
 
@@ -59,16 +59,20 @@ _METRICS_KEY = "metrics"  # name of the MetricRecord in the synthetic replies
 _SERVER_NODE_ID = 1  # flwr.common.constant.SUPERLINK_NODE_ID
 
 
-def _make_strategy(name: str, lr: float, momentum: float, beta_2: float, tau: float) -> FedAvg:
-    if name == "fedavg":
-        return FedAvg()
-    if name == "fedavgm":
-        return FedAvgM(server_learning_rate=float(lr), server_momentum=float(momentum))
-    if name == "fedadam":
-        return FedAdam(eta=float(lr), beta_1=float(momentum), beta_2=float(beta_2), tau=float(tau))
-    if name == "fedyogi":
-        return FedYogi(eta=float(lr), beta_1=float(momentum), beta_2=float(beta_2), tau=float(tau))
-    return FedAdagrad(eta=float(lr), tau=float(tau))
+# federation.server_optimizer -> Flower's strategy, from (lr, momentum, beta_2, tau)
+STRATEGIES: dict[ServerOptimizerName, Callable[[float, float, float, float], FedAvg]] = {
+    ServerOptimizerName.FEDAVG: lambda lr, momentum, beta_2, tau: FedAvg(),
+    ServerOptimizerName.FEDAVGM: lambda lr, momentum, beta_2, tau: FedAvgM(
+        server_learning_rate=lr, server_momentum=momentum
+    ),
+    ServerOptimizerName.FEDADAM: lambda lr, momentum, beta_2, tau: FedAdam(
+        eta=lr, beta_1=momentum, beta_2=beta_2, tau=tau
+    ),
+    ServerOptimizerName.FEDYOGI: lambda lr, momentum, beta_2, tau: FedYogi(
+        eta=lr, beta_1=momentum, beta_2=beta_2, tau=tau
+    ),
+    ServerOptimizerName.FEDADAGRAD: lambda lr, momentum, beta_2, tau: FedAdagrad(eta=lr, tau=tau),
+}
 
 
 def _to_arrayrecord(state: Mapping[str, torch.Tensor], keys: Sequence[str], dtypes: Mapping[str, torch.dtype]):
@@ -157,22 +161,21 @@ class ServerOptimizer:
     def __init__(
         self, name: str = "fedavg", lr: float = 1.0, momentum: float = 0.9, beta_2: float = 0.99, tau: float = 1e-3
     ) -> None:
-        check_server_optimizer(
+        self.name = check_server_optimizer(
             name,
             {"lr": lr, "momentum": momentum, "beta_2": beta_2, "tau": tau},
             name_key="server optimizer name",
             key_of=lambda hyper: f"server optimizer {hyper}",
             used_only=True,  # FedAvg uses none of them, FedAdagrad no momentum or beta_2
         )
-        self.name = name
         self.lr, self.momentum, self.beta_2, self.tau = lr, momentum, beta_2, tau
-        self.strategy: FedAvg = _make_strategy(name, lr, momentum, beta_2, tau)
+        self.strategy: FedAvg = STRATEGIES[self.name](float(lr), float(momentum), float(beta_2), float(tau))
         # names and shapes of the floating parameters the strategy's moments belong to (set by the first step)
         self._layout: tuple[tuple[str, tuple[int, ...]], ...] | None = None
 
     def __repr__(self) -> str:
         hyper = f"lr={self.lr}, momentum={self.momentum}, beta_2={self.beta_2}, tau={self.tau}"
-        return f"ServerOptimizer({self.name!r}, {hyper})"
+        return f"ServerOptimizer({str(self.name)!r}, {hyper})"
 
     # ------------------------------------------------------------------ validation
 
@@ -211,7 +214,7 @@ class ServerOptimizer:
 
     def _check_layout(self, current: Mapping[str, torch.Tensor], float_keys: list[str]) -> None:
         """The floating parameters (names, shapes) must be the first round's: the moments belong to them."""
-        if self.name != "fedavg" and self._layout is not None:
+        if self.name is not ServerOptimizerName.FEDAVG and self._layout is not None:
             layout = tuple((k, tuple(current[k].shape)) for k in float_keys)
             if layout != self._layout:
                 raise CollaPipeError(

@@ -44,6 +44,7 @@ from collections.abc import Callable
 
 import torch
 
+from collapipe_flwr.config.sections import Transport
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane import shm
 from collapipe_flwr.fl.dataplane.backend import Listener
@@ -142,7 +143,7 @@ class DecoderHost:
         if stale:
             log.info("data plane: removed %d shared-memory segments of CUs that are gone", len(stale))
         listener: Listener
-        if self.transport == "socket":
+        if self.transport is Transport.SOCKET:
             listener = SocketListener(
                 self._sessions, bind=self._bind, port=self._port, tls=self._tls, max_streams=self._max_streams
             )

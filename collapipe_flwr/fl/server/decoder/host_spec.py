@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from collapipe_flwr.config import RunConfig
-from collapipe_flwr.config.sections import DECODER_UPDATES
+from collapipe_flwr.config.sections import Compression, DecoderUpdateMode, Transport
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.backend import DEFAULT_TRANSPORT, check_transport
 from collapipe_flwr.fl.dataplane.protocol import wire_mode
@@ -36,19 +36,19 @@ class DecoderHostSpec:
     hidden_size: int
     bind: str = "0.0.0.0"
     port: int = 0
-    compression: str = "none"
+    compression: Compression = Compression.NONE
     max_message_mb: int = 256
     advertise_host: str | None = None
     max_streams: int = 32
     lock_timeout_s: float = 120.0
     keep_order: int = 100_000
     precision: str = "fp32"
-    decoder_update: str = "per_cu"
+    decoder_update: DecoderUpdateMode = DecoderUpdateMode.PER_CU
     dropout_seed: int | None = None
     max_len: int = 0
     max_abs_activation: float = 0.0
     idle_timeout_s: float = 30.0
-    transport: str = DEFAULT_TRANSPORT
+    transport: Transport = DEFAULT_TRANSPORT
 
     def __post_init__(self) -> None:
         """One-line errors, in this order, for a host that could not serve: a port or a frame cap out of range,
@@ -58,15 +58,17 @@ class DecoderHostSpec:
             raise DataPlaneError(f"data-plane port {self.port} is out of range; use 0..65535 (0 = any free port)")
         if int(self.max_message_mb) < 1:
             raise DataPlaneError(f"max_message_mb={self.max_message_mb} must be >= 1")
-        wire_mode(self.compression)  # raises on an unknown compression
+        object.__setattr__(self, "compression", wire_mode(self.compression))  # raises on an unknown compression
         if not self.idle_timeout_s > 0:
             raise DataPlaneError(f"idle_timeout_s={self.idle_timeout_s} must be > 0")
-        if self.decoder_update not in DECODER_UPDATES:
+        try:
+            object.__setattr__(self, "decoder_update", DecoderUpdateMode(self.decoder_update))
+        except ValueError:
             raise DataPlaneError(
                 f"decoder_update={self.decoder_update!r}; a decoder host updates one of "
-                f"{', '.join(DECODER_UPDATES)} (federation.decoder_update)"
-            )
-        check_transport(self.transport)
+                f"{', '.join(DecoderUpdateMode)} (federation.decoder_update)"
+            ) from None
+        object.__setattr__(self, "transport", check_transport(self.transport))
 
     @classmethod
     def from_config(cls, cfg: RunConfig, *, hidden_size: int, precision: str) -> DecoderHostSpec:

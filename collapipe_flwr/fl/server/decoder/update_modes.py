@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from collapipe_flwr.config.sections import DecoderUpdateMode
 from collapipe_flwr.fl.dataplane.protocol import StepRequest
 from collapipe_flwr.fl.dataplane.wire import Frame
 from collapipe_flwr.fl.server.decoder.joint import JointSteps, StepResults
@@ -31,7 +32,7 @@ class DecoderUpdate(Protocol):
     """How steps reach the decoder: the round opens and closes, a CU leaves (its stream ended cleanly), a claimed
     step is skipped (refused after its id was claimed), and a step is applied (:meth:`apply`)."""
 
-    name: str
+    name: DecoderUpdateMode
     whole_steps_only: bool  # 1F1B parts (one exchange per micro-batch) cannot be gathered or ordered
 
     def open_round(self, round_: int, clusters: Iterable[int]) -> None: ...
@@ -48,7 +49,7 @@ class DecoderUpdate(Protocol):
 class PerCu:
     """One decoder update per CU step, in arrival order: CUs never wait for each other."""
 
-    name = "per_cu"
+    name = DecoderUpdateMode.PER_CU
     whole_steps_only = False
 
     def open_round(self, round_: int, clusters: Iterable[int]) -> None:
@@ -71,7 +72,7 @@ class Ordered(PerCu):
     """One decoder update per CU step, step seq of the clusters in cluster order (:mod:`.ordered`), so two runs
     with the same seed apply the same steps in the same order."""
 
-    name = "ordered"
+    name = DecoderUpdateMode.ORDERED
     whole_steps_only = True
 
     def __init__(self, timeout_s: float) -> None:
@@ -99,7 +100,7 @@ class Joint(PerCu):
     """One decoder update on step seq of every cluster (:mod:`.joint`); ``run_step`` runs it under the decoder's
     lock and gives each cluster its loss and gradients."""
 
-    name = "joint"
+    name = DecoderUpdateMode.JOINT
     whole_steps_only = True
 
     def __init__(self, run_step: Callable[[list], StepResults], timeout_s: float) -> None:
@@ -117,16 +118,18 @@ class Joint(PerCu):
 
 
 # federation.decoder_update -> its DecoderUpdate, from (the joint step's runner, how long a barrier or turnstile waits)
-MODES: dict[str, Callable[[Callable[[list], StepResults], float], DecoderUpdate]] = {
-    "per_cu": lambda run_joint, timeout_s: PerCu(),
-    "joint": Joint,
-    "ordered": lambda run_joint, timeout_s: Ordered(timeout_s),
+MODES: dict[DecoderUpdateMode, Callable[[Callable[[list], StepResults], float], DecoderUpdate]] = {
+    DecoderUpdateMode.PER_CU: lambda run_joint, timeout_s: PerCu(),
+    DecoderUpdateMode.JOINT: Joint,
+    DecoderUpdateMode.ORDERED: lambda run_joint, timeout_s: Ordered(timeout_s),
 }
 
 
-def update_mode(name: str, run_joint: Callable[[list], StepResults], timeout_s: float) -> DecoderUpdate:
+def update_mode(
+    name: DecoderUpdateMode | str, run_joint: Callable[[list], StepResults], timeout_s: float
+) -> DecoderUpdate:
     """The :class:`DecoderUpdate` of ``federation.decoder_update`` = ``name`` (validated at start-up; an unknown one
     here is a bug)."""
     if name not in MODES:
         raise ValueError(f"decoder_update={name!r} is not one of {', '.join(MODES)}")
-    return MODES[name](run_joint, timeout_s)
+    return MODES[DecoderUpdateMode(name)](run_joint, timeout_s)
