@@ -50,7 +50,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
     parser.add_argument("--from", dest="source", choices=SOURCES, help="default: merged (adapters with --round)")
     parser.add_argument("--round", type=int, help="round R's adapters (model/rounds/R/peft) instead of the final ones")
-    parser.add_argument("--data-dir", default="", help="--from adapters of a from-scratch base: the run's data")
+    parser.add_argument("--data-dir", default="", help="--from adapters of a run saved without model/base: its data")
     parser.add_argument("--device", choices=DEVICES, default="cpu", help="cpu (default), cuda or auto")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     return parser.parse_args(argv)
@@ -92,7 +92,7 @@ def round_adapters_dir(folder: str, t: int) -> tuple[Path, Path]:
     if not path.is_dir():
         raise ConfigError(f"model folder {path} does not exist; pass the folder of a federated LoRA causal-LM run")
     model_dir = path / MODEL_DIR if (path / MODEL_DIR).is_dir() else path
-    adapters = round_folder(model_dir, t) if t >= 0 else model_dir / "none"
+    adapters = round_folder(model_dir, t)
     if not (adapters / ADAPTER_CONFIG).is_file():
         kept = ", ".join(str(r) for r in kept_rounds(model_dir)) or "none"
         raise ConfigError(
