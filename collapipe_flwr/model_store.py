@@ -16,8 +16,9 @@ A LoRA model (``model.lora.enabled``) saves only what trained: each part's file 
 (the adapters of the TEBs; an empty file for a frozen part) and model.json records ``"tensors": "trainable"``.
 The frozen base is the config's reference: ``model.hf_folder`` (the base model's folder), or the inline
 architecture and seed that rebuild it; :func:`load_model` rebuilds it that way and loads the adapters over it.
-A LoRA causal LM also goes out as ``peft/`` (the adapters in PEFT's own format) and ``merged/`` (the un-split
-model with them merged, a plain Hugging Face folder), listed under model.json's ``"exports"`` (docs/hf_export.md).
+A LoRA causal LM also goes out as ``base/`` (the base it trained over, a plain Hugging Face folder), ``peft/``
+(the adapters in PEFT's own format over it) and ``merged/`` (the un-split model with them merged), listed under
+model.json's ``"exports"`` (docs/hf_export.md).
 """
 
 from __future__ import annotations
@@ -138,23 +139,33 @@ def save_model(
     return target
 
 
-def _export_lora_causal_lm(target: Path, config: Mapping[str, Any], parts: tuple) -> dict:
-    """A LoRA causal LM (head frozen) also goes out as ``peft/`` (the adapters in PEFT's own format) and ``merged/``
-    (a plain Hugging Face folder), docs/hf_export.md; {} for every other model (what each folder holds)."""
+def peft_settings(config: Mapping[str, Any], blocks: torch.nn.ModuleList) -> tuple[Any, str]:
+    """(the LoraConfig of a LoRA causal LM's PEFT export, "") | (None, why it has none: "" for a model that is
+    no LoRA causal LM, the reason for one that is but cannot be exported)."""
     from collapipe_flwr.tasks.hf_spec import parse_lora
 
     if not adapters_only(config) or config["task"].get("name") != "causal_lm":
-        return {}
+        return None, ""
     lora = parse_lora(config["model"].get("lora"))
     if lora.train_head:
-        return {"skipped": "model.lora.train_head: the trained head is no LoRA adapter, so no PEFT export"}
+        return None, "model.lora.train_head: the trained head is no LoRA adapter, so no PEFT export"
     from collapipe_flwr.models.hf.lora import lora_config
-    from collapipe_flwr.models.hf.peft_export import export_lora, model_type_of
+    from collapipe_flwr.models.hf.peft_export import model_type_of
 
-    settings = lora_config(model_type_of(parts[1]), lora.r, lora.alpha, lora.dropout, lora.target_modules or None)
-    folder = str(config["model"].get("hf_folder") or "")
-    base = str(Path(folder).expanduser().resolve()) if folder and Path(folder).expanduser().is_dir() else folder
-    return export_lora(target, parts, settings, base or None)
+    return lora_config(model_type_of(blocks), lora.r, lora.alpha, lora.dropout, lora.target_modules or None), ""
+
+
+def _export_lora_causal_lm(target: Path, config: Mapping[str, Any], parts: tuple) -> dict:
+    """A LoRA causal LM (head frozen) also goes out as ``base/`` + ``peft/`` (the adapters in PEFT's own format
+    over it) and ``merged/`` (a plain Hugging Face folder), docs/hf_export.md; {} for every other model (what each
+    folder holds)."""
+    settings, skipped = peft_settings(config, parts[1])
+    if settings is None:
+        return {"skipped": skipped} if skipped else {}
+    from collapipe_flwr.models.hf.peft_export import export_lora
+
+    model = config["model"]
+    return export_lora(target, parts, settings, str(model.get("hf_folder") or ""), str(model.get("gguf_file") or ""))
 
 
 # ----------------------------------------------------------------------------- tokenizer

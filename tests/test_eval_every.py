@@ -10,6 +10,7 @@ import pytest
 
 from collapipe_flwr.config import EvalSpec
 from collapipe_flwr.config.privacy import PrivacySpec
+from collapipe_flwr.config.round_adapters import RoundAdaptersSpec
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.records.run_log import RunLog
 from collapipe_flwr.fl.server.strategy import CollaPipeStrategy
@@ -25,6 +26,7 @@ class _CountingServer:
             method=SimpleNamespace(name="collapipe"),
             privacy=PrivacySpec(),  # off: nothing to account
             checkpoint=False,
+            round_adapters=RoundAdaptersSpec(every=0),  # no adapters to write
         )
         self.calls = 0
 

@@ -133,7 +133,7 @@ def test_the_adapters_reload_through_peft_with_the_runs_perplexity(runs, name):
     assert any(float(t.abs().max()) > 0 for k, t in adapters.items() if "lora_B" in k)  # it trained
     config = json.loads((run / "model" / "peft" / "adapter_config.json").read_text())
     assert config["task_type"] == "CAUSAL_LM" and config["peft_type"] == "LORA" and config["r"] == 4
-    assert config["base_model_name_or_path"] == str(base)
+    assert config["base_model_name_or_path"] == str((run / "model" / "base").resolve())  # the run's own base
     _, task, _ = load_model(run)
     peft = _peft_model(run, base)
     assert _perplexity(peft, task) == pytest.approx(_project_perplexity(run), rel=1e-4)
@@ -245,6 +245,7 @@ def test_a_full_disk_while_exporting_is_one_line_and_keeps_the_previous_export(d
     cfg = compose(["task=causal_lm", "model=gpt2_tiny"])
     run = _trained_and_saved(cfg, data_dir, cache, tmp_path / "run", steps=1)
     before = (run / "model" / "merged" / "model.safetensors").read_bytes()
+    base_before = (run / "model" / "base" / "model.safetensors").read_bytes()
 
     def full_disk(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -252,8 +253,9 @@ def test_a_full_disk_while_exporting_is_one_line_and_keeps_the_previous_export(d
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", full_disk)
     with pytest.raises(CollaPipeError, match="No space left on device") as err:
         _trained_and_saved(cfg, data_dir, cache, tmp_path / "run", steps=1)
-    assert "\n" not in str(err.value) and "merged" in str(err.value)
+    assert "\n" not in str(err.value) and "model/base" in str(err.value)  # the first folder save_pretrained writes
     assert (run / "model" / "merged" / "model.safetensors").read_bytes() == before
+    assert (run / "model" / "base" / "model.safetensors").read_bytes() == base_before
     assert not [p.name for p in (run / "model").iterdir() if p.name.startswith(".")]  # no temporary folder left
 
 

@@ -1,13 +1,17 @@
 """Generate text from a saved causal-LM run on the un-split Hugging Face model (docs/hf_export.md).
 
     python -m collapipe_flwr.apps.generate RUN_FOLDER --prompt TEXT [--prompt TEXT ...] [--max-new-tokens N]
-        [--greedy | --temperature T --top-p P --seed S] [--from merged|adapters] [--data-dir DIR] [--device cpu]
+        [--greedy | --temperature T --top-p P --seed S] [--from merged|adapters] [--round R] [--data-dir DIR]
+        [--device cpu]
 
 RUN_FOLDER is a LoRA causal-LM run (or its ``model/`` folder). ``--from merged`` (the default) loads
-``model/merged/`` with ``AutoModelForCausalLM.from_pretrained`` alone; ``--from adapters`` loads the base
-(the run's ``model.hf_folder``; for a from-scratch base the model its config builds, which needs the data the
-run trained on) and ``peft.PeftModel.from_pretrained(base, model/peft)``. Greedy unless ``--temperature`` or
-``--top-p`` is given. Each prompt's continuation goes to stdout, one a line; what was loaded to stderr.
+``model/merged/`` with ``AutoModelForCausalLM.from_pretrained`` alone; ``--from adapters`` loads the base the
+adapters name (``model/base/``, models/hf/peft_base.py; for a run saved before it wrote one, the run's
+``model.hf_folder`` or the model its config builds, which needs the data the run trained on) and
+``peft.PeftModel.from_pretrained(base, model/peft)``. ``--round R`` does the same with round R's adapters,
+``model/rounds/R/peft`` (config/round_adapters.py), of a finished run or one still training. Greedy unless
+``--temperature`` or ``--top-p`` is given. Each prompt's continuation goes to stdout, one a line; what was
+loaded to stderr.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 
 from collapipe_flwr.accelerator import DEVICES, resolve_device
 from collapipe_flwr.errors import CollaPipeError, ConfigError, exit_on_user_error
-from collapipe_flwr.model_store import load_model, model_dir_of, read_meta
+from collapipe_flwr.model_store import MODEL_DIR, load_model, model_dir_of, read_meta
 
 SOURCES = ("merged", "adapters")
 
@@ -44,8 +48,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     how.add_argument("--temperature", type=float, help="sample at this temperature (> 0)")
     parser.add_argument("--top-p", type=float, help="sample from the top-p nucleus (0 < p <= 1; default 1)")
     parser.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
-    parser.add_argument("--from", dest="source", choices=SOURCES, default="merged", help="default: merged")
-    parser.add_argument("--data-dir", default="", help="--from adapters of a from-scratch base: the run's data")
+    parser.add_argument("--from", dest="source", choices=SOURCES, help="default: merged (adapters with --round)")
+    parser.add_argument("--round", type=int, help="round R's adapters (model/rounds/R/peft) instead of the final ones")
+    parser.add_argument("--data-dir", default="", help="--from adapters of a run saved without model/base: its data")
     parser.add_argument("--device", choices=DEVICES, default="cpu", help="cpu (default), cuda or auto")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     return parser.parse_args(argv)
@@ -75,6 +80,26 @@ def causal_lm_dir(folder: str) -> Path:
         why = exports.get("skipped") or "it was saved without LoRA or before runs wrote exports"
         raise ConfigError(f"{folder} has no PEFT / merged export ({why}); train with model.lora.enabled=true")
     return model_dir
+
+
+def round_adapters_dir(folder: str, t: int) -> tuple[Path, Path]:
+    """(the ``model/`` folder, round t's adapters ``model/rounds/<t>/peft``) of a run folder (or of its ``model/``
+    folder), which a run writes as it trains (config/round_adapters.py): the run need not have finished."""
+    from collapipe_flwr.models.hf.peft_export import ADAPTER_CONFIG
+    from collapipe_flwr.models.hf.round_adapters import kept_rounds, round_folder
+
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"model folder {path} does not exist; pass the folder of a federated LoRA causal-LM run")
+    model_dir = path / MODEL_DIR if (path / MODEL_DIR).is_dir() else path
+    adapters = round_folder(model_dir, t)
+    if not (adapters / ADAPTER_CONFIG).is_file():
+        kept = ", ".join(str(r) for r in kept_rounds(model_dir)) or "none"
+        raise ConfigError(
+            f"{path} holds no adapters of round {t} (rounds kept: {kept}); pick a kept round, or train with "
+            "round_adapters.every=1 (round_adapters.keep: how many stay)"
+        )
+    return model_dir, adapters
 
 
 def _hf_errors(what: str, call):
@@ -123,30 +148,44 @@ def load_merged(model_dir: Path) -> tuple[Any, Any]:
     return model, _hf_errors(f"the tokenizer of {folder}", lambda: AutoTokenizer.from_pretrained(folder))
 
 
-def load_adapters(model_dir: Path, data_dir: str) -> tuple[Any, Any]:
-    """(base + ``model/peft`` as a PeftModel, the run's tokenizer); the base from the adapters' base folder, or
-    rebuilt from the run's config (a from-scratch base)."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _base(adapters: Path, model_dir: Path, data_dir: str) -> tuple[Any, Path]:
+    """(the base the adapters of ``adapters`` load on, the folder of its tokenizer): the folder its
+    ``base_model.json`` names (models/hf/peft_base.py); for an export written before that, the folder its
+    ``base_model_name_or_path`` names, else the base rebuilt from the run's config (a from-scratch base needs
+    the run's data, a packaged one its package)."""
+    from transformers import AutoModelForCausalLM
 
-    from collapipe_flwr.models.hf.adapter_checks import check_adapter_config, read_adapter_config
+    from collapipe_flwr.models.hf.adapter_checks import read_adapter_config
+    from collapipe_flwr.models.hf.peft_base import base_folder
     from collapipe_flwr.models.hf.peft_export import ADAPTER_CONFIG, unsplit_model
 
-    adapters = model_dir / "peft"
-    saved = read_adapter_config(adapters / ADAPTER_CONFIG)
-    base_name = saved.get("base_model_name_or_path")
-    if base_name:
-        if not isinstance(base_name, str) or not Path(base_name).is_dir():
-            raise ConfigError(f"the base {base_name} of {adapters} is not a folder here; use --from merged")
-        _complete_weights(Path(base_name))
-        base = _hf_errors(base_name, lambda: AutoModelForCausalLM.from_pretrained(base_name, local_files_only=True))
-    else:
+    folder = base_folder(adapters)
+    if folder is None:
+        named = read_adapter_config(adapters / ADAPTER_CONFIG).get("base_model_name_or_path")
+        folder = Path(named) if isinstance(named, str) and named and Path(named).is_dir() else None
+    if folder is None:
         _, _, split = load_model(model_dir, data_dir=data_dir or None)
-        base = unsplit_model(*split.parts())
+        return unsplit_model(*split.parts()), model_dir / "tokenizer"
+    _complete_weights(folder)
+    base = _hf_errors(str(folder), lambda: AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True))
+    return base, folder if (folder / "tokenizer_config.json").is_file() else model_dir / "tokenizer"
+
+
+def load_adapters(adapters: Path, model_dir: Path, data_dir: str) -> tuple[Any, Any]:
+    """(base + the adapters of ``adapters`` as a PeftModel, the run's tokenizer); the base as :func:`_base`
+    finds it."""
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    from collapipe_flwr.models.hf.adapter_checks import check_adapter_config, read_adapter_config
+    from collapipe_flwr.models.hf.peft_export import ADAPTER_CONFIG
+
+    saved = read_adapter_config(adapters / ADAPTER_CONFIG)
+    base, tokenizer_dir = _base(adapters, model_dir, data_dir)
     check_adapter_config(adapters / ADAPTER_CONFIG, saved, base)  # names only, ranks bounded: before peft allocates
     model = _hf_errors(str(adapters), lambda: PeftModel.from_pretrained(base, str(adapters)))
-    tokenizer_dir = str(model_dir / "tokenizer")
-    return model, _hf_errors(f"the tokenizer of {tokenizer_dir}", lambda: AutoTokenizer.from_pretrained(tokenizer_dir))
+    tokenizer = _hf_errors(f"the tokenizer of {tokenizer_dir}", lambda: AutoTokenizer.from_pretrained(tokenizer_dir))
+    return model, tokenizer
 
 
 @exit_on_user_error
@@ -159,17 +198,25 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device, "--device")
-    model_dir = causal_lm_dir(args.folder)
+    if args.round is not None and args.source == "merged":
+        raise ConfigError(f"--round {args.round} reads that round's adapters; drop --from merged")
+    source = args.source or ("merged" if args.round is None else "adapters")
+    if args.round is None:
+        model_dir = causal_lm_dir(args.folder)
+        adapters = model_dir / "peft"
+    else:
+        model_dir, adapters = round_adapters_dir(args.folder, args.round)
     from collapipe_flwr.models.hf.generation import check_lengths, continuations
     from collapipe_flwr.models.hf.loading import quiet_transformers
 
     with quiet_transformers():  # no progress bars: stderr says what was loaded, stdout holds the texts alone
         model, tokenizer = (
-            load_merged(model_dir) if args.source == "merged" else load_adapters(model_dir, args.data_dir)
+            load_merged(model_dir) if source == "merged" else load_adapters(adapters, model_dir, args.data_dir)
         )
     check_lengths(model, tokenizer, args.prompt, sampling)
     model.to(device)
-    print(f"generating from {model_dir} ({args.source}) on {device}: {sampling.describe()}", file=sys.stderr)
+    what = source if args.round is None else f"round {args.round}'s adapters"
+    print(f"generating from {model_dir} ({what}) on {device}: {sampling.describe()}", file=sys.stderr)
     texts = continuations(model, tokenizer, args.prompt, sampling)
     for text in texts:
         print(text, flush=True)

@@ -32,7 +32,8 @@ a CU only :class:`ClusterConfig` (``RunConfig.cluster_config``): a CU on a real 
 
 Modules: ``data_dir`` (conf/ and the data folder), ``sections`` (the sections parsed here), ``hydra_conf``
 (composing conf/ with overrides), ``run_config`` (the config objects and their builders), ``load``
-(compose + build).
+(compose + build), ``round_adapters`` (the ``round_adapters`` section, parsed with ``spec_parsing.typed``: a
+LoRA causal LM's adapters in PEFT's format every k rounds).
 """
 
 from collapipe_flwr.config.data_dir import (

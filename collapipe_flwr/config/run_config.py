@@ -14,6 +14,7 @@ from typing import Any
 from collapipe_flwr.config.data_dir import resolve_data_dir
 from collapipe_flwr.config.hydra_conf import to_plain
 from collapipe_flwr.config.privacy import PrivacyMode, PrivacySpec
+from collapipe_flwr.config.round_adapters import RoundAdaptersSpec
 from collapipe_flwr.config.sections import (
     DataPlaneSpec,
     DecoderUpdateMode,
@@ -72,6 +73,7 @@ class RunConfig:
     privacy: PrivacySpec = PrivacySpec()  # differential privacy on the CUs' uploads (config/privacy.py)
     pipeline: PipelineSpec = PipelineSpec()  # the stages' schedule: gpipe | 1f1b
     clock: ClockSpec = ClockSpec()  # which clock the run's times are read on: wall | virtual
+    round_adapters: RoundAdaptersSpec = RoundAdaptersSpec()  # a LoRA causal LM's adapters every k rounds
 
     def resolved_data_dir(self) -> Path:
         """``data_dir`` if set, else $COLLAPIPE_DATA_DIR; a one-line error when neither names a folder."""
@@ -103,6 +105,12 @@ class RunConfig:
             "privacy": dataclasses.asdict(self.privacy),
             "pipeline": dataclasses.asdict(self.pipeline),
             "clock": self.clock.to_raw(),
+            # only when changed: the config.json of earlier runs stays the same (a resume compares them)
+            **(
+                {"round_adapters": dataclasses.asdict(self.round_adapters)}
+                if self.round_adapters != RoundAdaptersSpec()
+                else {}
+            ),
         }
 
     @classmethod
@@ -251,6 +259,7 @@ def build_run_config(data: Mapping[str, Any]) -> RunConfig:
         privacy=typed("privacy", PrivacySpec, data.get("privacy")),
         pipeline=typed("pipeline", PipelineSpec, data.get("pipeline")),
         clock=parse_clock(data.get("clock")),
+        round_adapters=typed("round_adapters", RoundAdaptersSpec, data.get("round_adapters")),
     )
     _check_testbed(cfg)
     _check_clock(cfg)

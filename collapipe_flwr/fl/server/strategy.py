@@ -59,6 +59,7 @@ from collapipe_flwr.fl.server.aggregation.reply_checks import check_reply
 from collapipe_flwr.fl.server.checkpoint import save_checkpoint
 from collapipe_flwr.fl.server.privacy_ledger import PrivacyLedger
 from collapipe_flwr.fl.server.reply_stream import StreamingGrid
+from collapipe_flwr.fl.server.round_exports import RoundAdapterExport
 from collapipe_flwr.fl.server.server_state import ServerState
 from collapipe_flwr.fl.server.training_watch import TrainingWatch
 from collapipe_flwr.fl.server.virtual_round import virtual_round
@@ -97,16 +98,22 @@ class CollaPipeStrategy(Strategy):
         # per cluster when it began (fl/server/virtual_round.py)
         self._server_cpu_s = 0.0
         self._decoder_cpu0: dict[int, float] = {}
+        # round_adapters: the adapters in PEFT's format after the rounds it names (None: not a LoRA causal LM)
+        self.round_adapters = RoundAdapterExport.of(self.cfg, run_log.folder, round_offset)
         self.ledger = RoundLedger(
             run_log,
             progress,
             round_listeners,  # each gets every rounds.jsonl record (e.g. TensorBoard)
-            self._save_checkpoint if self.cfg.checkpoint else None,
+            self._save_checkpoint if self.cfg.checkpoint or self.round_adapters is not None else None,
             self.watch.check_streak,  # K rounds in a row whose CUs all failed: the run stops (its records kept)
         )
 
     def _save_checkpoint(self, t: int) -> None:
-        save_checkpoint(self.run_log.folder, self.server, t)
+        """Round t's adapters (round_adapters), then its checkpoint: a run killed in between trains round t again."""
+        if self.round_adapters is not None:
+            self.round_adapters.after_round(t, self.server)
+        if self.cfg.checkpoint:
+            save_checkpoint(self.run_log.folder, self.server, t)
 
     def _open_round(self, t: int, started_at: float | None = None) -> None:
         self.ledger.open(t, self.cfg.method.name, self.server.planner.policy_name, started_at)

@@ -12,7 +12,9 @@ The split (``splitter.py``) keeps the model's own modules under new names: the C
 :func:`write_adapters` writes ``adapter_config.json`` (peft's ``LoraConfig.to_dict()``, as its own
 ``save_pretrained`` writes it) and ``adapter_model.safetensors``, the two files
 ``peft.PeftModel.from_pretrained(base, folder)`` reads; :func:`write_merged` writes the un-split model with the
-adapters merged (peft's ``merge_and_unload``) as a plain Hugging Face folder.
+adapters merged (peft's ``merge_and_unload``) as a plain Hugging Face folder; :func:`write_base` the base the
+adapters load on without this project (``peft.AutoPeftModelForCausalLM.from_pretrained(folder)``: the choice of
+that base and how the adapter folder names it is models/hf/peft_base.py's).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from transformers import AutoModelForCausalLM
 from collapipe_flwr.atomic_files import file_errors, replace_atomically, write_atomic
 from collapipe_flwr.errors import CollaPipeError, UnsupportedModelError
 from collapipe_flwr.models.hf.loading import quiet_transformers
+from collapipe_flwr.models.hf.peft_base import BASE_DIR, base_pointer, keep_stored_dtypes
 
 _LLAMA = ("model.", "model.layers.", "model.norm.")
 # model type -> (prefix of the embedding's tensors, of the TEB stack, of the final norm) in the *ForCausalLM
@@ -103,7 +106,9 @@ def unsplit_model(embedding: nn.Module, blocks: nn.ModuleList, head: nn.Module) 
     if getattr(head, "tied", False):
         tokens: Any = embedding
         lm_head: Any = head
-        config.tie_word_embeddings = bool(torch.equal(tokens.token_embedding.weight, lm_head.lm_head.weight))
+        config.tie_word_embeddings = bool(
+            torch.equal(_cpu(tokens.token_embedding.weight), _cpu(lm_head.lm_head.weight))
+        )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = base_state(embedding, blocks, head)
     problem = model.load_state_dict(state, strict=False)
@@ -206,13 +211,37 @@ def replace_folder(folder: Path, fill: Callable[[Path], object]) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def write_base(target: Path, parts: tuple[nn.Module, nn.ModuleList, nn.Module], tokenizer_dir: Path | None) -> Path:
+    """``target/base/``: the un-split base the adapters were trained over, each tensor in the dtype the split
+    stores it in, and the tokenizer files of ``tokenizer_dir``, replaced whole (models/hf/peft_base.py)."""
+    model = keep_stored_dtypes(unsplit_model(*parts), base_state(*parts))
+    return write_merged(target / BASE_DIR, model, tokenizer_dir)
+
+
+def write_adapter_folder(
+    folder: Path, blocks: nn.ModuleList, lora: LoraConfig, base_dir: Path, source: str = "", gguf_file: str = ""
+) -> Path:
+    """``folder``: the adapters in PEFT's format over ``base_dir`` (its absolute path in ``adapter_config.json``,
+    its path relative to ``folder`` in ``base_model.json``; ``source`` and ``gguf_file``: the run's configured
+    base, recorded there)."""
+    write_adapters(folder, blocks, peft_config(lora, str(base_dir.resolve())))
+    base_pointer(folder, base_dir, source, gguf_file)
+    return folder
+
+
 def export_lora(
-    target: Path, parts: tuple[nn.Module, nn.ModuleList, nn.Module], lora: LoraConfig, base: str | None
+    target: Path,
+    parts: tuple[nn.Module, nn.ModuleList, nn.Module],
+    lora: LoraConfig,
+    source: str = "",
+    gguf_file: str = "",
 ) -> dict[str, str]:
-    """``target/peft/`` (the adapters, PEFT's format) and ``target/merged/`` (the merged un-split model and the
-    tokenizer files of ``target/tokenizer/``); returns those folders' names relative to ``target``."""
-    embedding, blocks, head = parts
-    config = peft_config(lora, base)
-    write_adapters(target / "peft", blocks, config)
-    write_merged(target / "merged", merged_model(embedding, blocks, head, config), target / "tokenizer")
-    return {"peft": "peft", "merged": "merged"}
+    """``target/base/`` (the base, a Hugging Face folder), ``target/peft/`` (the adapters, PEFT's format, over
+    that base) and ``target/merged/`` (the merged un-split model), each with the tokenizer files of
+    ``target/tokenizer/`` where a model loads; returns those folders' names relative to ``target``. ``source``:
+    the run's ``model.hf_folder`` as configured ("" = from scratch), ``gguf_file`` its ``model.gguf_file``."""
+    base_dir = write_base(target, parts, target / "tokenizer")
+    write_adapter_folder(target / "peft", parts[1], lora, base_dir, source, gguf_file)
+    merged = merged_model(*parts, peft_config(lora, str(base_dir.resolve())))
+    write_merged(target / "merged", merged, target / "tokenizer")
+    return {"peft": "peft", "merged": "merged", "base": BASE_DIR}
