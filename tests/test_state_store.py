@@ -2,11 +2,16 @@
 
 - Two stores in one process are two processes' state: neither sees the other's task or sessions, and dropping a
   session in one leaves the other's.
+- No module of the CU (fl/cu/, client_app.py) holds a mutable container at module level: the store owns what a
+  CU process keeps.
 - The moment stores: Flower's ``Context.state`` gives back only this run's moments of an earlier round; the disk
   is the CU checkpoint file; a round restores from ``Context.state`` first, then from the disk.
 """
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 import torch
 from flwr.app import RecordDict
@@ -45,6 +50,31 @@ def test_two_stores_in_one_process_share_nothing(data_dir):
     assert second.drop_session("run-a", 0, 0) == 0  # no device actors on the local backend
     assert second.existing_session("run-a", 0) is None
     assert first.existing_session("run-a", 0) is session  # untouched by the other store's release
+
+
+_CONTAINERS = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
+_CONTAINER_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakValueDictionary"}
+
+
+def _mutable_globals(path: Path) -> list[str]:
+    """``file:line`` of each module-level assignment of a mutable container in ``path``."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        call = (
+            isinstance(value, ast.Call)
+            and getattr(value.func, "id", getattr(value.func, "attr", "")) in _CONTAINER_CALLS
+        )
+        if isinstance(value, _CONTAINERS) or call:
+            found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_no_module_global_holds_cu_state():
+    root = Path(__file__).resolve().parent.parent
+    modules = [*sorted((root / "collapipe_flwr" / "fl" / "cu").glob("*.py")), root / "client_app.py"]
+    assert len(modules) > 10
+    assert [where for path in modules for where in _mutable_globals(path)] == []
 
 
 def test_context_moments_give_back_only_this_runs_earlier_rounds():
