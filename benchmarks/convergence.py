@@ -40,7 +40,7 @@ from collapipe_flwr import (
 from collapipe_flwr.config import RunConfig, load_run_config  # noqa: E402
 from collapipe_flwr.dssra.plan import ClusterPlan  # noqa: E402
 from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, release_run, run_key_of, train_round  # noqa: E402
-from collapipe_flwr.fl.cu.cluster_session import cached_task  # noqa: E402
+from collapipe_flwr.fl.cu.state_store import CUStateStore  # noqa: E402
 from collapipe_flwr.fl.messages import NUM_EXAMPLES, unpack_weights  # noqa: E402
 from collapipe_flwr.fl.server.server_state import ServerState  # noqa: E402
 from collapipe_flwr.precision import autocast, resolve_precision  # noqa: E402
@@ -87,14 +87,17 @@ def _federated_config(args: argparse.Namespace, base: list[str]) -> tuple[RunCon
     return cfg, rounds
 
 
-def _train_clusters(args: argparse.Namespace, server: ServerState, t: int, delta: tuple, states: dict) -> list:
-    """Round t of every cluster (S = 2, the given delta_k, m = --m): [(n, weights, metrics)] in cluster order."""
+def _train_clusters(
+    args: argparse.Namespace, server: ServerState, t: int, delta: tuple, states: dict, store: CUStateStore
+) -> list:
+    """Round t of every cluster (S = 2, the given delta_k, m = --m): [(n, weights, metrics)] in cluster order; the
+    CUs share one process's state store."""
 
     def one_cluster(n: int):
         plan = ClusterPlan(cluster=n, selected=True, channel=0, power_w=0.1, S=2, m=args.m, delta=delta)
         ins = server.instructions_for(t, plan)
         record, metrics = train_round(
-            ClusterIdentity(n, args.clusters), server.global_model.array_record(), ins, state=states[n]
+            store, ClusterIdentity(n, args.clusters), server.global_model.array_record(), ins, state=states[n]
         )
         metrics = metrics.to_record()  # the report as it travels (RoundReport.to_record)
         return n, unpack_weights(record), metrics
@@ -135,14 +138,15 @@ def federated(args, base: list[str]) -> dict:
     K = len(server.planner.devices_of(0))
     delta = tuple([math.ceil(L / 2), L // 2] + [0] * (K - 2))
     states = {n: RecordDict() for n in range(args.clusters)}
-    cached_task(cfg)  # built once, before CU threads would race to build it
+    store = CUStateStore()  # this process's CU state, shared by the CUs (as in one worker of Flower's simulation)
+    store.cached_task(cfg)  # built once, before CU threads would race to build it
     t0 = time.monotonic()
     seen, overheads = 0, []
     try:
         for t in range(1, rounds + 1):
             server.decoder.open_round(t, list(range(args.clusters)))
             t_round = time.monotonic()
-            results = _train_clusters(args, server, t, delta, states)
+            results = _train_clusters(args, server, t, delta, states, store)
             examples, train_s = _round_examples_and_train_s(args, results)
             seen += examples
             server.decoder.close_round()
@@ -160,7 +164,7 @@ def federated(args, base: list[str]) -> dict:
             metrics = server.evaluate()
     finally:
         for n in range(args.clusters):
-            release_run(ClusterIdentity(n, args.clusters), run_key_of(cfg, None), K)
+            release_run(store, ClusterIdentity(n, args.clusters), run_key_of(cfg, None), K)
         server.shutdown()
     return {
         "metrics": metrics,

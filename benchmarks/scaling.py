@@ -48,6 +48,7 @@ def _cu_host(conn, num_clusters: int, data_dir: str, run_id: int) -> None:
 
     from collapipe_flwr.fl import messages
     from collapipe_flwr.fl.cu import client_main
+    from collapipe_flwr.fl.cu.state_store import CUStateStore
     from collapipe_flwr.flower_internals import TaskIdentity
 
     handlers = {
@@ -66,12 +67,13 @@ def _cu_host(conn, num_clusters: int, data_dir: str, run_id: int) -> None:
         )
         for n in range(num_clusters)
     }
+    store = CUStateStore()  # the child is one CU process: one state store for its N CUs
     while True:
         batch = conn.recv()
         if batch is None:
             return
         for m in batch:  # each reply on its own, as a SuperNode's reaches the SuperLink
-            conn.send(handlers[m.metadata.message_type](m, contexts[m.metadata.dst_node_id]))
+            conn.send(handlers[m.metadata.message_type](m, contexts[m.metadata.dst_node_id], store))
 
 
 class ChildProcessGrid:

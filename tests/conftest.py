@@ -53,17 +53,6 @@ def _one_thread():
     yield
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cu_sessions(monkeypatch):
-    """Each test starts with no CU session in this process: a direct ``train_round`` call without a run id names
-    its run by a digest of the config, which another test may share, and would take over that test's session
-    (its optimizer moments included). In random order that made a split-equivalence case differ by 1e-3."""
-    from collapipe_flwr.fl.cu import cluster_session
-
-    monkeypatch.setattr(cluster_session, "_SESSIONS", {})
-    yield
-
-
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     """One tokenizer cache (``COLLAPIPE_CACHE_DIR``) for a test module: a byte-level BPE is trained once."""

@@ -8,6 +8,7 @@ answer one after the other, so a run is deterministic for a fixed seed.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable
 
@@ -16,6 +17,7 @@ from flwr.app import Context, Message, RecordDict
 from collapipe_flwr.fl import messages
 from collapipe_flwr.fl.cu import client_main
 from collapipe_flwr.fl.cu.privacy_mod import privacy_mod
+from collapipe_flwr.fl.cu.state_store import CUStateStore
 from collapipe_flwr.flower_internals import TaskIdentity
 
 RUN_ID = 7
@@ -27,10 +29,12 @@ _HANDLERS = {
 
 
 class InProcessGrid:
-    """``get_node_ids`` / ``send_and_receive`` over N in-process CUs (node ids 101, 102, ...)."""
+    """``get_node_ids`` / ``send_and_receive`` over N in-process CUs (node ids 101, 102, ...), served by one CU
+    process's state store (as one worker of Flower's simulation serves many CUs)."""
 
     def __init__(self, num_clusters: int, data_dir: str, run_id: int = RUN_ID) -> None:
         self.run_id = run_id
+        self.store = CUStateStore()
         self.contexts = {
             101 + n: Context(
                 run_id=run_id,
@@ -53,6 +57,7 @@ class InProcessGrid:
         for msg in sorted(messages, key=lambda m: m.metadata.dst_node_id):
             msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
             msg.metadata.__dict__["_run_id"] = self.run_id
-            handler = _HANDLERS[msg.metadata.message_type]  # behind the ClientApp's mod, as client_app.py has it
+            handler = functools.partial(_HANDLERS[msg.metadata.message_type], store=self.store)
+            # behind the ClientApp's mod, as client_app.py has it
             replies.append(privacy_mod(msg, self.contexts[msg.metadata.dst_node_id], handler))
         return replies

@@ -8,6 +8,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl.cu import client_main
 from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity
+from collapipe_flwr.fl.cu.state_store import CUStateStore
 from collapipe_flwr.fl.messages import TrainInstructions
 
 
@@ -54,7 +55,7 @@ def in_a_run(monkeypatch):
 @pytest.mark.parametrize("handler", [client_main.handle_train, client_main.handle_hello])
 def test_handlers_reply_with_an_error_not_a_crash(handler, in_a_run):
     msg = Message(RecordDict(), dst_node_id=7, message_type=MessageType.TRAIN)
-    reply = handler(msg, _context({"partition-id": 0, "num-partitions": 2}))
+    reply = handler(msg, _context({"partition-id": 0, "num-partitions": 2}), CUStateStore())
     assert reply.has_error()
     assert reply.error.code == client_main.USER_ERROR_CODE
     assert "\n" not in reply.error.reason and "lacks" in reply.error.reason
@@ -62,8 +63,8 @@ def test_handlers_reply_with_an_error_not_a_crash(handler, in_a_run):
 
 def test_cu_reuses_its_task_until_the_config_changes(data_dir):
     from collapipe_flwr.config import load_run_config
-    from collapipe_flwr.fl.cu.cluster_client import cached_task
 
+    cached_task = CUStateStore().cached_task
     base = ["task=classification", "model=bert_tiny", "federation=tiny", "network=small"]
     first = cached_task(load_run_config(base, data_dir=str(data_dir)))
     assert cached_task(load_run_config(base, data_dir=str(data_dir))) is first
@@ -85,7 +86,7 @@ def test_a_malformed_release_is_an_error_reply_not_a_guess(record, needle, in_a_
     """A release without a usable device count is refused (it used to fall back to 64 devices)."""
     content = RecordDict({} if record is None else {"release-info": ConfigRecord(record)})
     msg = Message(content, dst_node_id=7, message_type=f"{MessageType.QUERY}.release")
-    reply = client_main.handle_release(msg, _context({"partition-id": 0, "num-partitions": 2}))
+    reply = client_main.handle_release(msg, _context({"partition-id": 0, "num-partitions": 2}), CUStateStore())
     assert reply.has_error() and reply.error.code == client_main.USER_ERROR_CODE
     assert needle in reply.error.reason and "\n" not in reply.error.reason
 

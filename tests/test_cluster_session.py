@@ -6,6 +6,9 @@
 - ``federation.optimizer_state``: after two one-step rounds, the weights equal two Adam steps computed by
   hand from the plain model's gradients (``keep``), or one fresh Adam step from the round-1 weights
   (``reset``); ``keep`` still holds when round 2 lands in another CU process (state from Context.state).
+
+A CU process is its state store (fl/cu/state_store.py): a round "in another process" is a round with another
+``CUStateStore``, which shares nothing with the first.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from flwr.app import RecordDict
 from collapipe_flwr import wiring
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.plan import ClusterPlan
-from collapipe_flwr.fl.cu import cluster_session
 from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, release_run, run_key_of, train_round
+from collapipe_flwr.fl.cu.state_store import CUStateStore
 from collapipe_flwr.fl.messages import TrainInstructions, pack_weights, unpack_weights
 from collapipe_flwr.fl.server.server_state import ServerState
 from tests.fold_replies import absorb_replies
@@ -64,27 +67,27 @@ def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_pla
     identity = ClusterIdentity(0, 1, str(data_dir))
     state = RecordDict()
     metrics = []
+    first_process, second_process = CUStateStore(), CUStateStore()
     try:
         weights = server.global_model.array_record()
-        first_process = {}
         # round 2 moves blocks and adds a device, in a CU process that did not run round 1; round 3 runs in
         # the first process again, whose session still believes round 1's partition
-        for t, delta in ((1, (1, 3, 0)), (2, (2, 1, 1)), (3, (0, 1, 3))):
-            if t == 2:
-                first_process = dict(cluster_session._SESSIONS)
-                cluster_session._SESSIONS.clear()
-            if t == 3:
-                cluster_session._SESSIONS.clear()
-                cluster_session._SESSIONS.update(first_process)
+        for t, delta, process in (
+            (1, (1, 3, 0), first_process),
+            (2, (2, 1, 1), second_process),
+            (3, (0, 1, 3), first_process),
+        ):
             server.decoder.open_round(t, [0])
-            record, m = train_round(identity, weights, _instructions(cfg, server, t, delta), state=state)
+            record, m = train_round(process, identity, weights, _instructions(cfg, server, t, delta), state=state)
             m = m.to_record()  # the report as it travels (RoundReport.to_record)
             server.decoder.close_round()
             metrics.append(m)
             absorb_replies(server, t, [(0, unpack_weights(record), m)])
             weights = server.global_model.array_record()
     finally:
-        released = release_run(identity, run_key_of(cfg.cluster_config().with_data_dir(str(data_dir)), None), 3)
+        released = release_run(
+            first_process, identity, run_key_of(cfg.cluster_config().with_data_dir(str(data_dir)), None), 3
+        )
         server.shutdown()
     task = wiring.build_task(cfg)
     expected = plain_losses(cfg, task, wiring.client_partition(task, cfg, 0, 1), rounds=3)
@@ -166,16 +169,21 @@ def test_optimizer_state_keep_and_reset_match_adam_by_hand(data_dir, optimizer_s
     ]
     w0 = unpack_weights(server.global_model.array_record())
     state = RecordDict()
+    process = CUStateStore()
     try:
-        rec1, _ = train_round(identity, pack_weights(w0), _instructions(cfg, server, 1, (2, 0, 0)), state=state)
+        rec1, _ = train_round(
+            process, identity, pack_weights(w0), _instructions(cfg, server, 1, (2, 0, 0)), state=state
+        )
         w1 = unpack_weights(rec1)
         if other_process:  # round 2 runs in a CU process that never saw round 1
-            cluster_session._SESSIONS.clear()
-        rec2, m2 = train_round(identity, pack_weights(w1), _instructions(cfg, server, 2, (2, 0, 0)), state=state)
+            process = CUStateStore()
+        rec2, m2 = train_round(
+            process, identity, pack_weights(w1), _instructions(cfg, server, 2, (2, 0, 0)), state=state
+        )
         m2 = m2.to_record()  # the report as it travels (RoundReport.to_record)
         w2 = unpack_weights(rec2)
     finally:
-        release_run(identity, run_key_of(cfg.cluster_config().with_data_dir(str(data_dir)), None), 3)
+        release_run(process, identity, run_key_of(cfg.cluster_config().with_data_dir(str(data_dir)), None), 3)
         server.shutdown()
     g1 = _grads(cfg, task, w0, batches[0])
     g2 = _grads(cfg, task, w1, batches[1])
@@ -219,9 +227,10 @@ def test_a_cu_session_keeps_only_the_parts_the_cu_trains(data_dir, method):
     devices = server.planner.devices_of(0)
     server.shutdown()
     ccfg = cfg.cluster_config().with_data_dir(str(data_dir))
-    session = cluster_session.session_for("release-test", 0, 1, ccfg)
+    store = CUStateStore()
+    session = store.session_for("release-test", 0, 1, ccfg)
     try:
-        session.prepare(1, parts, (2, 0, 0), devices, None)
+        session.prepare(1, parts, (2, 0, 0), devices, ())
         held = session.model.embedding, session.model.blocks, session.model.head
         assert sum(p.numel() for mod in held for p in mod.parameters()) == expected
         encoder = session.live_pipeline().encoder_state_dict()
@@ -231,4 +240,4 @@ def test_a_cu_session_keeps_only_the_parts_the_cu_trains(data_dir, method):
         with pytest.raises(RuntimeError, match="released its copy of the encoder blocks"):
             list(session.model.blocks)
     finally:
-        cluster_session.drop_session("release-test", 0, 3)
+        store.drop_session("release-test", 0, 3)

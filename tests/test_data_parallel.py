@@ -14,6 +14,7 @@ from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, train_round
 from collapipe_flwr.fl.cu.data_parallel import RunningMean, average, user_share
+from collapipe_flwr.fl.cu.state_store import CUStateStore
 from collapipe_flwr.fl.messages import unpack_weights
 from collapipe_flwr.fl.server.server_state import ServerState
 
@@ -89,6 +90,7 @@ def test_vanilla_fl_round_is_d_users_trained_on_their_shares_and_averaged(data_d
         assert sorted(cplan.user_devices) == [0, 1, 2]
         assert cplan.delta[cplan.user_devices[0]] == sum(cplan.delta)
         record, metrics = train_round(
+            CUStateStore(),
             ClusterIdentity(cplan.cluster, cfg.federation.num_clusters, str(data_dir)),
             server.global_model.array_record(),
             server.instructions_for(1, cplan),

@@ -17,6 +17,7 @@ from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.errors import DeviceFailure
 from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, release_run, run_key_of, train_round
+from collapipe_flwr.fl.cu.state_store import CUStateStore
 from collapipe_flwr.fl.messages import unpack_weights
 from collapipe_flwr.fl.server.server_state import ServerState
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
@@ -72,6 +73,7 @@ def test_a_cu_whose_idle_device_dies_mid_round_finishes_the_round_and_never_give
     monkeypatch.setattr(ClusterPipeline, "train_step", step)
     server = ServerState.build(cfg)
     identity = ClusterIdentity(0, 1, str(data_dir))
+    store = CUStateStore()  # both rounds in one CU process
     reports = []
     try:
         weights = server.global_model.array_record()
@@ -80,13 +82,13 @@ def test_a_cu_whose_idle_device_dies_mid_round_finishes_the_round_and_never_give
             inputs = server.planner.plan(t).replan_inputs[0]  # Sub-1's inputs for the CU's re-plans
             instructions = dataclasses.replace(server.instructions_for(t, _plan(delta)), replan=inputs)
             server.decoder.open_round(t, [0])
-            record, report = train_round(identity, weights, instructions, state=RecordDict())
+            record, report = train_round(store, identity, weights, instructions, state=RecordDict())
             server.decoder.close_round()
             reports.append(report.to_record())
             absorb_replies(server, t, [(0, unpack_weights(record), reports[-1])])
             weights = server.global_model.array_record()
     finally:
-        release_run(identity, run_key_of(cfg.cluster_config().with_data_dir(str(data_dir)), None), 3)
+        release_run(store, identity, run_key_of(cfg.cluster_config().with_data_dir(str(data_dir)), None), 3)
         server.shutdown()
     first, second = reports
     assert first["steps"] == STEPS and all(math.isfinite(x) for x in first["train-losses"])  # the whole round

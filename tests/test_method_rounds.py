@@ -8,6 +8,7 @@ import torch
 
 from collapipe_flwr.config import build_cluster_config, load_run_config
 from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, train_round
+from collapipe_flwr.fl.cu.state_store import CUStateStore
 from collapipe_flwr.fl.messages import unpack_weights
 from collapipe_flwr.fl.server.server_state import ServerState
 from tests.fold_replies import absorb_replies
@@ -35,10 +36,12 @@ def _one_round(data_dir, method: str, *extra: str):
     selected = [c.cluster for c in plan.selected]
     server.decoder.open_round(1, selected)
     results = []
+    store = CUStateStore()  # one CU process serves the clusters, as a worker of Flower's simulation
     try:
         for cplan in plan.selected:
             instructions = server.instructions_for(1, cplan)
             record, metrics = train_round(
+                store,
                 ClusterIdentity(cplan.cluster, cfg.federation.num_clusters, str(data_dir)),
                 server.global_model.array_record() if method != "pipeline" else _record(server, cplan.cluster),
                 instructions,

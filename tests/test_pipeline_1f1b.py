@@ -318,6 +318,7 @@ def run_through_data_plane(data_dir, schedule: str, m: int = 4, steps: int = 2):
     the data plane's step counters ((the decoder before, after), weights, metrics, steps served)."""
     from collapipe_flwr.dssra.plan import ClusterPlan
     from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, train_round
+    from collapipe_flwr.fl.cu.state_store import CUStateStore
     from collapipe_flwr.fl.server.server_state import ServerState
 
     overrides = [
@@ -336,7 +337,10 @@ def run_through_data_plane(data_dir, schedule: str, m: int = 4, steps: int = 2):
         server.decoder.open_round(1, [0])
         instructions = server.instructions_for(1, plan)
         weights, metrics = train_round(
-            ClusterIdentity(0, 1, str(data_dir)), copy.deepcopy(server.global_model.array_record()), instructions
+            CUStateStore(),
+            ClusterIdentity(0, 1, str(data_dir)),
+            copy.deepcopy(server.global_model.array_record()),
+            instructions,
         )
         metrics = metrics.to_record()  # the report as it travels (RoundReport.to_record)
         server.decoder.close_round()

@@ -190,10 +190,11 @@ def test_the_release_message_removes_the_cu_state_even_in_a_process_without_the_
 
     from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, release_run
     from collapipe_flwr.fl.cu.cu_checkpoint import load_cu_state, save_cu_state, state_path
+    from collapipe_flwr.fl.cu.state_store import CUStateStore
 
     monkeypatch.setenv("COLLAPIPE_CU_STATE_DIR", str(tmp_path / "cu-state"))
     path = save_cu_state("abc123", 1, 4, {"embedding|w|exp_avg": torch.ones(3)})
     assert path == state_path("abc123", 1) and load_cu_state("abc123", 1, before=5) is not None
     assert load_cu_state("abc123", 1, before=4) is None  # only moments of an earlier round are taken
-    assert release_run(ClusterIdentity(1, 2), "a-run-this-process-never-saw", 0, "abc123") == 0
+    assert release_run(CUStateStore(), ClusterIdentity(1, 2), "a-run-this-process-never-saw", 0, "abc123") == 0
     assert not path.exists() and not path.parent.exists()

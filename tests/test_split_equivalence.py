@@ -13,6 +13,7 @@ from collapipe_flwr import wiring
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, train_round
+from collapipe_flwr.fl.cu.state_store import CUStateStore
 from collapipe_flwr.fl.server.server_state import ServerState
 from tests.plain_reference import plain_losses
 
@@ -59,6 +60,7 @@ def test_split_training_reproduces_plain_training(data_dir, task, model, S, m):
         server.decoder.open_round(1, [0])
         instructions = server.instructions_for(1, plan)
         _, metrics = train_round(
+            CUStateStore(),
             ClusterIdentity(0, 1, str(data_dir)),
             copy.deepcopy(server.global_model.array_record()),
             instructions,

@@ -1,7 +1,8 @@
 """The control unit (CU) of cluster n: one round of local training (Algorithm 1, lines 5-23).
 
-On ``train``: load the global embedding + encoder into this run's session (``cluster_session``: the device
-pipeline and optimizer state live across rounds; the pipeline is re-partitioned only when the plan's
+On ``train``: load the global embedding + encoder into this run's session (``cluster_session``, kept by the
+process's ``CUStateStore``, ``state_store``: the device pipeline and optimizer state live across rounds, their
+moments also in the round's moment stores, ``moments``; the pipeline is re-partitioned only when the plan's
 delta changes), run the round's local steps — each step: embedding on the CU -> GPipe forward over the
 device actors -> z_enc to the head (the server's decoder over the data plane, or a local head for methods
 that keep the whole model on the CU) -> dL/dz_enc back -> GPipe backward -> every segment and the
@@ -31,17 +32,11 @@ from flwr.app import RecordDict
 from collapipe_flwr import wiring
 from collapipe_flwr.config import DATA_DIR_ENV, ClusterConfig, build_cluster_config
 from collapipe_flwr.errors import ConfigError, DeviceFailure
-from collapipe_flwr.fl.cu.cluster_session import (
-    ClusterSession,
-    cached_task,
-    drop_session,
-    existing_session,
-    session_for,
-)
-from collapipe_flwr.fl.cu.cu_checkpoint import remove_cu_state
+from collapipe_flwr.fl.cu.cluster_session import ClusterSession
 from collapipe_flwr.fl.cu.device_loss import plan_without_lost, replan_after
 from collapipe_flwr.fl.cu.emulation import ThrottledHead, upload
 from collapipe_flwr.fl.cu.local_steps import LocalRound, train_local_steps
+from collapipe_flwr.fl.cu.moments import DiskMoments, MomentStore, round_moments
 from collapipe_flwr.fl.cu.planned_memory import planned_caps
 from collapipe_flwr.fl.cu.round_metrics import (
     DeviceReport,
@@ -51,6 +46,7 @@ from collapipe_flwr.fl.cu.round_metrics import (
     virtual_figures,
 )
 from collapipe_flwr.fl.cu.round_testbed import RoundTestbed, prepare_testbed, testbed_figures
+from collapipe_flwr.fl.cu.state_store import CUStateStore
 from collapipe_flwr.fl.cu.step_log import StepLog
 from collapipe_flwr.fl.dataplane import DecoderClient, DecoderClientSpec
 from collapipe_flwr.fl.dataplane.transport import resolve_message_mb
@@ -63,7 +59,7 @@ from collapipe_flwr.fl.messages import (
     pack_weights,
     unpack_weights,
 )
-from collapipe_flwr.fl.round_report import Preparation, RoundReport, RoundSeconds, VirtualFigures
+from collapipe_flwr.fl.round_report import Preparation, RoundReport, RoundSeconds, TestbedFigures, VirtualFigures
 from collapipe_flwr.models.trainable import only_trainable, tensor_bytes, with_frozen
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.system.devices import DeviceProfile
@@ -96,11 +92,11 @@ class ClusterIdentity:
         return cls(pid, nparts, data_dir)
 
 
-def hello_metrics(identity: ClusterIdentity, cluster_config: dict) -> dict:
+def hello_metrics(store: CUStateStore, identity: ClusterIdentity, cluster_config: dict) -> dict:
     """Reply to the server's hello: which cluster this is, how many training examples it holds and how many of
     them carry each label (``Task.partition_labels``: the histogram rounds.jsonl records per partition)."""
     cfg = build_cluster_config(cluster_config).with_data_dir(identity.data_dir)
-    task = cached_task(cfg)
+    task = store.cached_task(cfg)
     examples = wiring.client_partition(task, cfg, identity.partition_id, identity.num_partitions)
     labels = task.partition_labels() or []
     counts = Counter(labels[i] for i in examples) if labels else Counter()
@@ -150,7 +146,8 @@ def run_key_of(cfg: ClusterConfig, run_id: int | None) -> str:
 class CuRound:
     """One round on cluster n's CU: what its parts read. ``parts`` are the round's global weights (theta^enc,
     the embedding, a CU-side head), the start of every re-plan; ``m`` is the plan's, or the last re-plan's;
-    ``lost`` the devices that failed this round."""
+    ``lost`` the devices that failed this round; ``moments`` where the round's optimizer moments come from and
+    go to (fl/cu/moments.py)."""
 
     cfg: ClusterConfig
     instructions: TrainInstructions
@@ -159,31 +156,33 @@ class CuRound:
     session: ClusterSession
     parts: dict[str, dict[str, torch.Tensor]]
     m: int
+    moments: tuple[MomentStore, ...] = ()
     lost: list[int] = field(default_factory=list)
     lost_reasons: list[str] = field(default_factory=list)  # per lost device: "memory" (killed by the kernel) or ""
 
 
 def train_round(
+    store: CUStateStore,
     identity: ClusterIdentity,
     weights_record,
     instructions: TrainInstructions,
     state: RecordDict | None = None,
     run_id: int | None = None,
 ):
-    """Run one round on this CU (Algorithm 1, lines 5-23); returns (reply ArrayRecord, its RoundReport). ``state`` is
-    Flower's ``Context.state`` of this node (the CU's optimizer state travels there between rounds).
+    """Run one round on this CU (Algorithm 1, lines 5-23); returns (reply ArrayRecord, its RoundReport). ``store``:
+    this CU process's sessions; ``state``: this node's ``Context.state`` (the CU's moments travel there too).
 
     1. the session loads the global weights and takes the plan's partition delta (re-planning at once when a
        device was lost since the last round); 2. the testbed's quotas and throttles, and the devices' profile when
        the server asks; 3. the head: the server's decoder over the data plane, or the CU's own; 4. the
        ``federation.local_steps`` GPipe steps, re-planned over the devices left when one fails; 5. the reply:
        theta^enc = theta^1 (+) ... (+) theta^S (eq. 4), the embedding and a CU-side head, uploaded at R_n on the
-       testbed; 6. the CU checkpoints its optimizer moments. A failed round leaves no half-trained state behind."""
+       testbed; 6. the CU keeps its optimizer moments. A failed round leaves no half-trained state behind."""
     clock = RoundClock(start=time.time())
-    run = _open_round(identity, weights_record, instructions, state, run_id)
+    run = _open_round(store, identity, weights_record, instructions, state, run_id)
     head: DecoderClient | ThrottledHead | LocalHead | None = None
     try:
-        prepared = _prepare(run, state)
+        prepared = _prepare(run)
         clock.setup = time.time()
         testbed = prepare_testbed(run.session, run.cfg, instructions, run.cluster)
         clock.measured = time.time()
@@ -196,9 +195,9 @@ def train_round(
         # each cluster's own model: no emulated uplink, no upload bytes (eq. 11 charges such a method z_enc only)
         clock.upload_s = upload(testbed.bucket if run.cfg.aggregated else None, reply_parts)
         devices = _device_report(run, steps)
-        clock.finish_s = _finish(run, state)
+        clock.finish_s = _finish(run)
     except BaseException:
-        drop_session(run.session.run_key, run.cluster, len(run.devices))
+        store.drop_session(run.session.run_key, run.cluster, len(run.devices))
         raise
     finally:
         if isinstance(head, (DecoderClient, ThrottledHead)):  # a remote head's connection ends with the round
@@ -216,13 +215,16 @@ def train_round(
         carried_bytes=None if run.cfg.aggregated else tensor_bytes(reply_parts),
         replan=devices.replan(),
         virtual=_virtual_figures(run, steps, seconds, upload_bytes),
-        testbed=(
-            testbed_figures(testbed, head, steps.seconds, len(steps.losses), len(run.devices), instructions.round)
-            if instructions.report_profile
-            else None
-        ),
+        testbed=_testbed_figures(run, testbed, head, steps),
     )
     return pack_weights(reply_parts), report
+
+
+def _testbed_figures(run: CuRound, testbed: RoundTestbed, head, steps: StepLog) -> TestbedFigures | None:
+    """The round's testbed figures (fl/cu/round_testbed.py), when the server asks for the devices' profile."""
+    if not run.instructions.report_profile:
+        return None
+    return testbed_figures(testbed, head, steps.seconds, len(steps.losses), len(run.devices), run.instructions.round)
 
 
 def _virtual_figures(run: CuRound, steps: StepLog, seconds: RoundSeconds, upload_bytes: int) -> VirtualFigures | None:
@@ -236,28 +238,36 @@ def _virtual_figures(run: CuRound, steps: StepLog, seconds: RoundSeconds, upload
 
 
 def _open_round(
-    identity: ClusterIdentity, weights_record, instructions: TrainInstructions, state, run_id: int | None
+    store: CUStateStore,
+    identity: ClusterIdentity,
+    weights_record,
+    instructions: TrainInstructions,
+    state: RecordDict | None,
+    run_id: int | None,
 ) -> CuRound:
-    """The round's config (this box's data folder), torch threads, this run's session and the global weights."""
+    """The round's config (this box's data folder), torch threads, this run's session, the global weights and
+    where the round's optimizer moments live (``Context.state``; the disk when the server keeps a checkpoint)."""
     cfg = instructions.cluster_config.with_data_dir(identity.data_dir)
     torch.set_num_threads(cfg.runtime.torch_threads)
-    session = session_for(run_key_of(cfg, run_id), identity.partition_id, identity.num_partitions, cfg, state)
+    cluster = identity.partition_id
+    session = store.session_for(run_key_of(cfg, run_id), cluster, identity.num_partitions, cfg, state)
     session.state_key = instructions.cu_state_key
+    moments = round_moments(state, session.run_key, cluster, session.state_key)
     devices = instructions.devices
     parts = unpack_weights(weights_record)
     if cfg.model.adapters_only:  # LoRA: after its first download a CU gets the trainable tensors only
         parts = with_frozen(parts, _held_parts(session, cfg))
-    return CuRound(cfg, instructions, identity.partition_id, devices, session, parts, instructions.plan.m)
+    return CuRound(cfg, instructions, cluster, devices, session, parts, instructions.plan.m, moments)
 
 
-def _prepare(run: CuRound, state) -> Preparation:
+def _prepare(run: CuRound) -> Preparation:
     """Load the weights and take delta (re-planned when it gives blocks to a device this CU lost in an earlier
     round); a device lost since the last round: re-plan before the first step."""
     pipeline = run.session.pipeline
     gone = pipeline.lost_devices if pipeline is not None else ()
     try:
         delta, run.m = plan_without_lost(run.instructions, gone, run.lost, run.lost_reasons, run.cluster)
-        prepared = run.session.prepare(run.instructions.round, run.parts, delta, run.devices, state)
+        prepared = run.session.prepare(run.instructions.round, run.parts, delta, run.devices, run.moments)
     except DeviceFailure as failure:
         run.m = replan_after(failure, run.session, run.parts, run.instructions, run.lost, run.cluster)
         run.lost_reasons.append(failure.reason)
@@ -348,18 +358,21 @@ def _device_report(run: CuRound, steps: StepLog) -> DeviceReport:
     return report
 
 
-def _finish(run: CuRound, state) -> float:
-    """The session keeps this round's state (and the CU's own checkpoint of its moments); returns its seconds."""
+def _finish(run: CuRound) -> float:
+    """The session keeps this round's state, and the round's moment stores its moments (Context.state, the CU's
+    own checkpoint); returns its seconds."""
     start = time.time()
-    run.session.finish(run.instructions.round, state)
+    run.session.finish(run.instructions.round, run.moments)
     return time.time() - start
 
 
-def release_run(identity: ClusterIdentity, run_key: str, num_devices: int, state_key: str = "") -> int:
-    """The run is over for this CU: kill its device actors, forget its session and remove its on-disk moments
-    (the run finished: nothing will resume it). ``state_key`` comes with the release message, since the process
-    handling it need not be the one that trained (Flower's simulation pool)."""
-    session = existing_session(run_key, identity.partition_id)
+def release_run(
+    store: CUStateStore, identity: ClusterIdentity, run_key: str, num_devices: int, state_key: str = ""
+) -> int:
+    """The run is over for this CU: kill its device actors, forget its session in ``store`` and remove its on-disk
+    moments (the run finished: nothing will resume it). ``state_key`` comes with the release message, since the
+    process handling it need not be the one that trained (Flower's simulation pool)."""
+    session = store.existing_session(run_key, identity.partition_id)
     for key in {state_key, session.state_key if session is not None else ""} - {""}:
-        remove_cu_state(key, identity.partition_id)
-    return drop_session(run_key, identity.partition_id, num_devices)
+        DiskMoments(key, identity.partition_id).discard()
+    return store.drop_session(run_key, identity.partition_id, num_devices)
