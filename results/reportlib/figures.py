@@ -1,0 +1,27 @@
+"""Figures: matplotlib on the headless Agg backend, saved at one resolution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+DPI = 120
+
+
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot``, after choosing the headless backend (no display here)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, path: Path, tight: bool = True) -> None:
+    """Lay ``fig`` out (``tight``), write it to ``path`` and close it."""
+    if tight:
+        fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    pyplot().close(fig)
