@@ -17,13 +17,13 @@ import argparse
 import sys
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lyapunov import config_workload  # noqa: E402
+from reportlib import plots  # noqa: E402
 
 from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.dssra.cluster_model import ClusterModel  # noqa: E402
@@ -52,21 +52,21 @@ def main(argv: list[str] | None = None) -> None:
         fh.write("m," + ",".join(f"S{S}" for S in grid) + "\n")
         for m in range(1, b + 1):
             fh.write(f"{m}," + ",".join(f"{grid[S][m - 1]:.6f}" for S in grid) + "\n")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after choosing the headless backend
-
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for S, delays in grid.items():
         ax.plot(range(1, b + 1), delays, label=f"S = {S} (delta_k = {L // S})")
     ax.scatter([best_m], [grid[best_S][best_m - 1]], color="black", zorder=3, label=f"best: S = {best_S}, m = {best_m}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("micro-batches m")
-    ax.set_ylabel("round delay tau^pipe (s, eq. 15 + c0)")
-    ax.set_title(f"even delta, cluster 0 of Table II, c0 = {cfg.network.per_microbatch_s:g} s")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out / "fig4_delay_grid.png", dpi=120)
+    plots.label(
+        ax,
+        "micro-batches m",
+        "round delay tau^pipe (s, eq. 15 + c0)",
+        f"even delta, cluster 0 of Table II, c0 = {cfg.network.per_microbatch_s:g} s",
+        fontsize=8,
+    )
+    plots.save(fig, args.out / "fig4_delay_grid.png")
     m = 1
     while m <= b:
         for S in grid:

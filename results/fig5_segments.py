@@ -17,13 +17,13 @@ import argparse
 import sys
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lyapunov import config_workload  # noqa: E402
+from reportlib import plots  # noqa: E402
 
 from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.dssra.cluster_model import ClusterModel  # noqa: E402
@@ -42,9 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     workload = config_workload(cfg)
     state = StateSampler(cfg.network, cfg.seed).sample(0)
     b = workload.batch_size
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after choosing the headless backend
-
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     print(f"per_microbatch_s: {cfg.network.per_microbatch_s:g}")
     for n in range(cfg.network.num_clusters):
@@ -71,13 +69,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"delta_{n}: {' '.join(str(d) for d in best.delta)}")
         print(f"pipeline_s_{n}: {best.pipeline_s:.4f}")
         print(f"uniform_best_s_{n}: {np.nanmin(uniform):.4f}")
-    ax.set_xlabel("micro-batches m")
-    ax.set_ylabel("pipeline delay tau^pipe (s, eq. 15 + c0)")
     ax.set_yscale("log")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    plots.label(ax, "micro-batches m", "pipeline delay tau^pipe (s, eq. 15 + c0)", fontsize=7)
     args.out.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out / "fig5_delay_vs_m.png", dpi=120)
+    plots.save(fig, args.out / "fig5_delay_vs_m.png")
 
 
 if __name__ == "__main__":

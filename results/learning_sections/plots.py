@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from reportlib import figures
+from reportlib import plots
 
 from learning_sections.runs import METHODS
 
@@ -32,7 +32,7 @@ def _band(ax, x, values: np.ndarray, method: str, label: str) -> None:
 
 def plot_methods(task: str, runs: list[dict], path: Path) -> None:
     """Training loss against rounds and against the modelled delay; the validation metric against rounds."""
-    plt = figures.pyplot()
+    plt = plots.pyplot()
     fig, (ax_r, ax_t, ax_m) = plt.subplots(1, 3, figsize=(15, 4))
     for method in sorted(METHODS, key=lambda m: m == "collapipe"):  # CollaPipe drawn last, on top
         group = [r for r in runs if r["ok"] and r["method"] == method]
@@ -53,14 +53,14 @@ def plot_methods(task: str, runs: list[dict], path: Path) -> None:
     ax_t.set(xlabel="modelled cumulative delay sum_t tau(t) (s, eq. 26)", ylabel="training loss", title="over time")
     ax_m.set(xlabel="communication round t", ylabel=f"validation {metric} (mean +- sd)", title="metric")
     ax_r.legend(fontsize=8)
-    figures.save(fig, path)
+    plots.save(fig, path)
 
 
 def plot_grid(task: str, runs: list[dict], path: Path) -> None:
-    plt = figures.pyplot()
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for r in sorted((r for r in runs if r["ok"]), key=lambda r: (r["S"], r["m"])):
         ax.plot(r["round"], r["loss"], label=f"S={r['S']:.0f}, m={r['m']:.0f}: {r['metric']} {r['final_metric']:.3f}")
     ax.set(xlabel="communication round t", ylabel="training loss", title=f"{task}: Figs. 9-10 (seed 0)")
     ax.legend(fontsize=8)
-    figures.save(fig, path)
+    plots.save(fig, path)

@@ -6,5 +6,5 @@ entry of ``sys.path``; a test loads a script through ``tests/results_scripts.py`
 - :mod:`reportlib.stats`: mean +- sd over seeds;
 - :mod:`reportlib.records`: a kept ``*.rounds.jsonl.gz`` record;
 - :mod:`reportlib.markdown`: reading the ``name: value`` files and markdown tables the scripts keep;
-- :mod:`reportlib.figures`: matplotlib on the headless backend, and saving a figure.
+- :mod:`reportlib.plots`: matplotlib on the headless backend, and saving a figure.
 """

@@ -25,3 +25,13 @@ def save(fig: Any, path: Path, tight: bool = True) -> None:
         fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     pyplot().close(fig)
+
+
+def label(ax: Any, xlabel: str, ylabel: str, title: str | None = None, **legend: Any) -> None:
+    """Name ``ax``'s axes, title it when ``title`` is given, and draw its legend (``legend``: the legend's keyword
+    arguments, e.g. ``fontsize``)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title is not None:
+        ax.set_title(title)
+    ax.legend(**legend)
