@@ -83,7 +83,7 @@ def pipeline_figures(
     steps: int,
     threads: int | None,
     plain: PlainTrainer,
-    spec: RuntimeSpec,
+    spec: RuntimeSpec = RuntimeSpec(backend="ray", precision="fp32", pin_threads="false", handoff="auto"),  # noqa: B008
 ):
     """Per m: (median pipelined step s, median plain step s measured in alternation with it), and the
     largest per-device peak bytes, S devices of ``DELTAS[S]`` run by ``spec`` (the Ray backend, fp32). Alternating
