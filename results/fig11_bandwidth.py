@@ -31,6 +31,12 @@ from reportlib.stats import mean_sd  # noqa: E402
 
 from collapipe_flwr.config import compose, load_run_config  # noqa: E402
 
+TABLE_HEAD = (
+    "| B_n^U scale | B_n^U (MHz) | DSSRA's uplink share | vs loss-only | vs delay-only | vs random "
+    "| DSSRA's worst mean Gamma_n |",
+    "|---|---|---|---|---|---|---|",
+)
+
 
 def uplink_share(results: dict, policy: str, seeds: list[int]) -> float:
     """The bottleneck CU's uplink time over its tau^pipe + uplink, summed over every round and seed."""
@@ -47,13 +53,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scales", type=float, nargs="+", default=[1, 3, 10, 30, 100, 300, 1000])
     args = ap.parse_args(argv)
     base = compose(SETTING)["network"]["channel_bandwidth_hz"]  # the range [lo, hi] each channel's B_j is drawn from
+    seeds = ", ".join(map(str, args.seeds))
     lines = [
-        f"# Fig. 11's margins against the uplink bandwidth: N = 10, J = 4, {args.rounds} rounds, seeds "
-        + ", ".join(map(str, args.seeds)),
+        f"# Fig. 11's margins against the uplink bandwidth: N = 10, J = 4, {args.rounds} rounds, seeds {seeds}",
         "",
-        "| B_n^U scale | B_n^U (MHz) | DSSRA's uplink share | vs loss-only | vs delay-only | vs random "
-        "| DSSRA's worst mean Gamma_n |",
-        "|---|---|---|---|---|---|---|",
+        *TABLE_HEAD,
     ]
     rows = []
     for scale in args.scales:
@@ -82,12 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     for (p, paper), colour in zip(PAPER.items(), ("C0", "C1", "C2"), strict=True):
         ax.plot([r["share"] for r in rows], [r[p] for r in rows], "o-", color=colour, label=f"vs {p}")
         ax.axhline(paper, color=colour, linestyle=":", linewidth=1)
-    plots.label(
-        ax,
-        "uplink share of DSSRA's round delay",
-        "DSSRA's total delay reduction (%)",
-        "Fig. 11 margins as B_n^U grows (dotted: the paper's)",
-    )
+    title = "Fig. 11 margins as B_n^U grows (dotted: the paper's)"
+    plots.label(ax, "uplink share of DSSRA's round delay", "DSSRA's total delay reduction (%)", title)
     plots.save(fig, args.out / "margins_vs_bandwidth.png")
 
 

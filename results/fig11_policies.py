@@ -18,8 +18,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -65,9 +63,9 @@ def main(argv: list[str] | None = None) -> None:
         fh.write("policy,seed,cumulative_delay_s,gamma_mean,gamma_worst_cluster\n")
         for (p, s), r in results.items():
             fh.write(f"{p},{s},{r['cumulative_s'][-1]:.6f},{r['gamma_mean']:.6g},{r['gamma_worst_cluster']:.6g}\n")
+    seeds = ", ".join(map(str, args.seeds))
     lines = [
-        f"# Fig. 11 in the model: N = 10 CUs, J = 4 channels, {args.rounds} rounds, seeds "
-        + ", ".join(map(str, args.seeds)),
+        f"# Fig. 11 in the model: N = 10 CUs, J = 4 channels, {args.rounds} rounds, seeds {seeds}",
         "",
         "| DSSRA vs | total delay reduction, mean +- sd over seeds | paper "
         "| worst cluster's mean Gamma_n (DSSRA / it) |",
@@ -84,18 +82,9 @@ def main(argv: list[str] | None = None) -> None:
         f"\nGamma^max = {cfg.scheduler.gamma_max} (C10: a cluster's long-run mean Gamma_n must stay below it)."
     )
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
-    plt = plots.pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for p in policies:
-        series = np.mean([results[(p, s)]["cumulative_s"] for s in args.seeds], axis=0)
-        ax.plot(range(1, args.rounds + 1), series, label=p)
-    plots.label(
-        ax,
-        "communication round t",
-        "total modelled delay so far (s)",
-        f"N = 10 > J = 4, mean of {len(args.seeds)} seeds",
-    )
-    plots.save(fig, args.out / "cumulative_delay.png")
+    curves = {p: [results[(p, s)]["cumulative_s"] for s in args.seeds] for p in policies}
+    title = f"N = 10 > J = 4, mean of {len(args.seeds)} seeds"
+    plots.mean_curves(curves, "total modelled delay so far (s)", title, args.out / "cumulative_delay.png")
 
 
 if __name__ == "__main__":

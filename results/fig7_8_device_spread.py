@@ -127,13 +127,9 @@ def _plot_margins(rows: list[dict], args: argparse.Namespace) -> None:
     for i, base in enumerate(METHODS[1:]):
         ax.plot([r["ratio"] for r in rows], [r[base] for r in rows], "o-", color=f"C{i}", label=f"vs {base}")
         ax.axhline(PAPER_MARGINS[base], color=f"C{i}", linestyle=":", linewidth=1)
-    plots.label(
-        ax,
-        "slowest device's speed deficit (cluster mean / slowest, worst cluster)",
-        "reduction of on-device compute (%)",
-        f"{args.task}: margins as the device spread narrows (dotted: the paper's)",
-        fontsize=8,
-    )
+    xlabel = "slowest device's speed deficit (cluster mean / slowest, worst cluster)"
+    title = f"{args.task}: margins as the device spread narrows (dotted: the paper's)"
+    plots.label(ax, xlabel, "reduction of on-device compute (%)", title, fontsize=8)
     plots.save(fig, args.out / "margins_vs_spread.png")
 
 

@@ -218,18 +218,10 @@ def _method_lines(runs: dict, totals: dict, seeds: list[int], figures: dict[str,
 
 def _plot_accumulated(runs: dict, args: argparse.Namespace, model_name: str) -> None:
     """``accumulated.png``: each method's accumulated on-device compute over rounds, mean over seeds."""
-    plt = plots.pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for method in METHODS:
-        series = np.mean([np.cumsum(runs[(method, s)]["compute_s"]) for s in args.seeds], axis=0)
-        ax.plot(range(1, args.rounds + 1), series, label=method)
-    plots.label(
-        ax,
-        "communication round t",
-        "accumulated on-device computation time (s)",
-        f"{args.task}: {model_name}, mean of {len(args.seeds)} seeds",
-    )
-    plots.save(fig, args.out / "accumulated.png")
+    curves = {method: [np.cumsum(runs[(method, s)]["compute_s"]) for s in args.seeds] for method in METHODS}
+    title = f"{args.task}: {model_name}, mean of {len(args.seeds)} seeds"
+    ylabel = "accumulated on-device computation time (s)"
+    plots.mean_curves(curves, ylabel, title, args.out / "accumulated.png")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,19 @@ from collapipe_flwr.system.state import StateSampler  # noqa: E402
 V_VALUES = (0.01, 1.0, 10.0, 100.0)
 
 
+def table2_setting(doc: str, figure: str, argv: list[str] | None) -> tuple[argparse.Namespace, object, object]:
+    """(arguments, config, workload) of a figure over one of Table II's clusters with the paper's Transformer
+    (network=paper_table2, N = 3, max_len 64, one local step) and the Hydra overrides given: its command line is
+    ``[overrides ...] [--out results/<figure>]`` (``doc``: the script's docstring)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / figure)
+    args = ap.parse_args(argv)
+    base = ["network=paper_table2", "federation.num_clusters=3", "model=transformer_paper", "task.max_len=64"]
+    cfg = load_run_config([*base, "federation.local_steps=1", *args.overrides])
+    return args, cfg, config_workload(cfg)
+
+
 def config_workload(cfg):
     """The configured encoder (sizes, L, b, max_len, local steps) counted on generic Transformer blocks."""
     sizes = cfg.model.sizes

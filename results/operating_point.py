@@ -274,32 +274,30 @@ def table(folder: Path = HERE) -> str:
     return "\n".join(out) + "\n"
 
 
+def _section(heading: str, head: list[str], rows: list[str]) -> list[str]:
+    """A section of the table: a blank line, ``heading``, a blank line, ``head`` (prose, the table's header and
+    rule) and ``rows``; nothing when there are no rows."""
+    return ["", heading, "", *head, *rows] if rows else []
+
+
 def _long_section(folder: Path) -> list[str]:
-    """The federation=long records at the new operating point against the central recipe (none: no section)."""
-    longs = long_rows(folder)
-    if not longs:
-        return []
-    return [
-        "",
-        f"## federation=long at the new operating point (seed 0; target >= {TARGET}x the central recipe)",
-        "",
+    """The federation=long records at the new operating point against the central recipe."""
+    head = [
         "| record | final validation metric (over central) | target | S >= 2 of CU-rounds, mean S / m "
         "| wall (ServerApp), host, dropout kernel | central recipe "
         "| before (campaign seed 0, network=small): metric, S >= 2, mean S / m, wall |",
         "|---|---|---|---|---|---|---|",
-        *longs,
     ]
+    heading = f"## federation=long at the new operating point (seed 0; target >= {TARGET}x the central recipe)"
+    return _section(heading, head, long_rows(folder))
 
 
 def _ner_seed_section(folder: Path) -> list[str]:
-    """NER over seeds, the new operating point against the old one seed by seed (none: no section)."""
+    """NER over seeds, the new operating point against the old one seed by seed."""
     seeds = ner_seed_rows(folder)
     if not seeds:
         return []
-    return [
-        "",
-        "## NER over seeds: federation=long at the new operating point against the old one, seed by seed",
-        "",
+    head = [
         "Validation entity F1 on the whole split (618 sentences) over the central recipe's "
         f"{central_val('ner')['f1']:.4f}. "
         "New: `collapipe run` with `federation=long seed=<s>` (Ray actors, network=edge). Old: the trained-budget "
@@ -308,28 +306,27 @@ def _ner_seed_section(folder: Path) -> list[str]:
         "| seed | record | new operating point: F1 | S >= 2 of CU-rounds, mean S / m | old operating point: F1 "
         "| new - old |",
         "|---|---|---|---|---|---|",
-        *seeds,
     ]
+    heading = "## NER over seeds: federation=long at the new operating point against the old one, seed by seed"
+    return _section(heading, head, seeds)
 
 
 def _memory_section(name: str, rounds: list[dict]) -> list[str]:
-    """C7's modelled memory against the measured peak per device and round of one run (none recorded: none)."""
+    """C7's modelled memory against the measured peak per device and round of one run."""
     rows = memory_rows(rounds)
     if not rows:
         return []
     errors = [r["memory"]["relative_error_median"] for r in rounds if r.get("memory")]
-    return [
-        "",
-        f"## {name}: C7 modelled against the measured peak, per device and round (MiB, modelled / measured)",
-        "",
+    head = [
         f"Median over rounds of the per-round median relative error |measured - modelled| / measured: "
         f"{100 * statistics.median(errors):.1f}%. The fit: measured = gamma_rt' + s x delta_k gamma_0 over every "
         "device-round so far.",
         "",
         "| round | device: modelled / measured | median relative error | fitted gamma_rt', s |",
         "|---|---|---|---|",
-        *rows,
     ]
+    heading = f"## {name}: C7 modelled against the measured peak, per device and round (MiB, modelled / measured)"
+    return _section(heading, head, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 DPI = 120
 
 
@@ -35,3 +37,15 @@ def label(ax: Any, xlabel: str, ylabel: str, title: str | None = None, **legend:
     if title is not None:
         ax.set_title(title)
     ax.legend(**legend)
+
+
+def mean_curves(curves: dict[str, list], ylabel: str, title: str, path: Path) -> None:
+    """One line a name of ``curves`` (one series a seed, a value a round): the mean over its seeds against the round
+    t = 1, 2, ...; labelled, saved to ``path``."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, series in curves.items():
+        mean = np.mean(series, axis=0)
+        ax.plot(range(1, len(mean) + 1), mean, label=name)
+    label(ax, "communication round t", ylabel, title)
+    save(fig, path)
