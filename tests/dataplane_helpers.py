@@ -189,3 +189,15 @@ def exchange(address: str, frame: bytes, round_: int = 1, cluster: int = 0) -> d
         return decode_frame(list(call(iter([frame]), timeout=10))[0])[0]
     finally:
         channel.close()
+
+
+def run_cus_then_stop(host: DecoderHost, cu, args: list[tuple], join_s: float) -> None:
+    """``cu(*a)`` for each ``a`` of ``args`` on a thread of its own, all at once (started in that order, each joined
+    for ``join_s`` at most); then the host's round closed and the host stopped."""
+    threads = [threading.Thread(target=cu, args=a) for a in args]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(join_s)
+    host.close_round()
+    host.stop()

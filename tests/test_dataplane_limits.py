@@ -74,15 +74,20 @@ def test_the_host_spec_of_a_run_comes_from_its_config(data_dir):
     assert spec.max_message_mb == mb
 
 
+def _wait_for_the_reaper(s: Served, poll_s: float) -> None:
+    """Until the host's reaper has cancelled an idle stream (10 s at most), looking every ``poll_s``."""
+    deadline = time.time() + 10
+    while s.host.idle_cancelled == 0 and time.time() < deadline:
+        time.sleep(poll_s)
+    assert s.host.idle_cancelled >= 1
+
+
 def test_an_idle_stream_is_cancelled_and_the_cu_reopens_on_its_next_step(transport):
     s = Served(TokenHead(), max_len=MAX_LEN, idle_timeout_s=0.5, transport=transport)
     try:
         with s.client(0) as cu:
             cu(*make_step(60))
-            deadline = time.time() + 10
-            while s.host.idle_cancelled == 0 and time.time() < deadline:
-                time.sleep(0.1)
-            assert s.host.idle_cancelled >= 1  # the reaper ended the stream the CU left idle
+            _wait_for_the_reaper(s, poll_s=0.1)  # it ends the stream the CU left idle
             cu(*make_step(61))  # served on a fresh stream
         assert s.host.stats()["clusters"][0]["steps"] == 2
     finally:
@@ -96,10 +101,7 @@ def test_a_step_sent_as_the_host_reaps_its_stream_is_resent_once(transport):
     try:
         with s.client(0) as cu:
             cu(*make_step(60))
-            deadline = time.time() + 10
-            while s.host.idle_cancelled == 0 and time.time() < deadline:
-                time.sleep(0.05)
-            assert s.host.idle_cancelled >= 1
+            _wait_for_the_reaper(s, poll_s=0.05)
             cu._stream.ended = lambda: False  # type: ignore[union-attr, method-assign]  # the check ran too early
             cu(*make_step(61))  # sent on the reaped stream, then resent on a fresh one
         assert s.host.stats()["clusters"][0]["steps"] == 2

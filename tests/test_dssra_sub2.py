@@ -202,18 +202,11 @@ def test_cu_selection_with_more_cus_than_channels_equals_brute_force(N):
     from collapipe_flwr.dssra.specs import parse_scheduler
     from collapipe_flwr.system.network import NetworkSpec
     from collapipe_flwr.system.state import StateSampler
-    from collapipe_flwr.system.workload import Workload
     from tests.conf_files import conf_group
+    from tests.workloads import uniform_workload
 
     spec = NetworkSpec.from_config(conf_group("network", "selection"), N)
-    workload = Workload(
-        forward_flops=(1e8,) * 4,
-        backward_flops=(2e8,) * 4,
-        boundary_bytes=(2e4,) * 5,
-        param_bytes=(1e5,) * 4,
-        saved_bytes=(1e4,) * 4,
-        batch_size=8,
-    )
+    workload = uniform_workload(4, 1e8, 2e4, 1e5, 1e4, 8)
     rng = np.random.default_rng(N)
     for t in range(4):
         sched = parse_scheduler(conf_group("scheduler", "dssra", V=float(rng.choice([0.01, 1.0]))))

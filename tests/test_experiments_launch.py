@@ -300,15 +300,16 @@ def test_stop_pids_kills_a_process_that_ignores_sigterm_and_returns_once_it_is_g
 
 
 # --------------------------------------------------------------------------- Hydra entry point
-def _entry(args, cwd):
-    env = dict(os.environ, COLLAPIPE_DATA_DIR=str(cwd))
+def _entry(args, cwd, env=None, timeout=120):
+    """``python -m collapipe_flwr.experiments ARGS`` in ``cwd`` (``env``: by default this one's, the data in cwd)."""
+    env = dict(os.environ, COLLAPIPE_DATA_DIR=str(cwd)) if env is None else env
     return subprocess.run(
         [sys.executable, "-m", "collapipe_flwr.experiments", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
 
 
@@ -352,14 +353,7 @@ def test_two_run_multirun_of_the_tiny_config_end_to_end(tmp_path, data_dir):
         "federation.num_rounds=1",
         f"hydra.sweep.dir={sweep}",
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "collapipe_flwr.experiments", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=2000,
-    )
+    proc = _entry(args, tmp_path, env=env, timeout=2000)
     assert proc.returncode == 0, proc.stderr[-3000:]
     statuses = [json.loads((sweep / str(i) / "status.json").read_text()) for i in (0, 1)]
     assert all(s["ok"] for s in statuses), [s["error"] for s in statuses]
