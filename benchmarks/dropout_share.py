@@ -24,11 +24,11 @@ ids of the task's batch size and ``max_len``.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
 import time
 
+import command_line  # benchmarks/command_line.py, beside this script
 import torch
 from torch import nn
 
@@ -72,10 +72,7 @@ def step_seconds(model: SplitModel, input_ids: torch.Tensor, mask: torch.Tensor)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", nargs="+", default=["translation", "classification", "ner"])
-    parser.add_argument("--steps", type=int, default=8)
-    args = parser.parse_args()
+    args = command_line.parse(__doc__ or "", tasks=["translation", "classification", "ner"], steps=8)
     torch.set_num_threads(1)
     for name in args.tasks:
         cfg = load_run_config([f"task={name}"])

@@ -26,7 +26,6 @@ shared at load 12-16, ~30 s a step; far less on idle cores).
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import statistics
@@ -38,6 +37,7 @@ import torch
 from transformers import GPT2Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import command_line  # noqa: E402  (benchmarks/, beside this script)
 
 from collapipe_flwr.models.hf import apply_lora, load_hf_model, lora_config, split_hf_model  # noqa: E402
 from collapipe_flwr.models.hf.lora import trainable_bytes  # noqa: E402
@@ -160,12 +160,7 @@ def report_peak(S: int, name: str, peak: dict[str, float]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3)
-    args = parser.parse_args()
+    args = command_line.parse(__doc__ or "", batch=4, seq_len=128, warmup=1, steps=3)
     print(f"load_avg_1min: {os.getloadavg()[0]:.2f}")
     print(f"torch_threads: {torch.get_num_threads()}")
     batch = make_batch(args.batch, args.seq_len)

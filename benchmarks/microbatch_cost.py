@@ -17,7 +17,6 @@ Run: ``python benchmarks/microbatch_cost.py --micro-batches 1 2 4 8 16`` (about 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-
+import command_line  # noqa: E402  (benchmarks/, beside this script)
 from pipeline_overhead import PlainTrainer, make_batch, pipeline_figures  # noqa: E402
 
 from collapipe_flwr.pipeline.executors import default_actor_threads  # noqa: E402
@@ -45,13 +44,7 @@ def fit_line(ms, seconds) -> tuple[float, float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    args = parser.parse_args()
+    args = command_line.parse(__doc__ or "", batch=32, seq_len=64, warmup=1, steps=3, micro_batches=[1, 2, 4, 8, 16])
 
     import ray
 

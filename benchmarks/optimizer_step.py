@@ -12,10 +12,10 @@ local step (``pipeline/optim.py``, which picks the fused kernel where it fits). 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
+import command_line  # benchmarks/command_line.py, beside this script
 import torch
 
 from collapipe_flwr import wiring
@@ -35,10 +35,7 @@ def task_params(task_name: str) -> list[torch.nn.Parameter]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", nargs="+", default=["translation", "classification", "ner"])
-    parser.add_argument("--steps", type=int, default=12)
-    args = parser.parse_args()
+    args = command_line.parse(__doc__ or "", tasks=["translation", "classification", "ner"], steps=12)
     torch.set_num_threads(1)
     for name in args.tasks:
         params = task_params(name)

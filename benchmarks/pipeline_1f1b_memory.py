@@ -48,7 +48,7 @@ from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles  # 
 from collapipe_flwr.pipeline.stage import Stage  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pipeline_overhead import FFN, HEADS, HIDDEN, LABELS, LAYERS, SPEC, VOCAB, make_batch  # noqa: E402
+from overhead.model import FFN, HEADS, HIDDEN, LABELS, LAYERS, SPEC, VOCAB, make_batch  # noqa: E402
 
 from collapipe_flwr.models.bert import BertSplitConfig, build_bert  # noqa: E402
 

@@ -34,20 +34,8 @@ def build():
 
     from collapipe_flwr.models.transformer import TransformerConfig, build_transformer
 
-    config = TransformerConfig(
-        src_vocab=VOCAB,
-        tgt_vocab=VOCAB,
-        d_model=256,
-        n_heads=4,
-        d_ff=512,
-        enc_layers=3,
-        dec_layers=2,
-        dropout=0.1,
-        max_len=128,
-        pad_id=0,
-        label_smoothing=0.1,
-        tie_embeddings=True,
-    )
+    sizes = dict(src_vocab=VOCAB, tgt_vocab=VOCAB, d_model=256, n_heads=4, d_ff=512, enc_layers=3, dec_layers=2)
+    config = TransformerConfig(**sizes, dropout=0.1, max_len=128, pad_id=0, label_smoothing=0.1, tie_embeddings=True)
     torch.manual_seed(0)
     return build_transformer(config)
 

@@ -1,6 +1,8 @@
-"""Checks the package's shape against the limits of issue 47 (standard library only).
+"""Checks the package's shape against the limits of issue 47, and the scripts' beside it (issue 65; standard library
+only).
 
-    python devtools/arch_check.py [--strict] [package_dir]     (default: collapipe_flwr next to devtools/)
+    python devtools/arch_check.py [--strict] [--folders NAME ...] [package_dir]
+        (default: collapipe_flwr next to devtools/; folders: results benchmarks tests beside it, those that exist)
 
 Reports, with file:line:
 - functions, methods and constructors with more than 8 parameters (all named ones, keyword-only included,
@@ -13,7 +15,13 @@ Reports, with file:line:
   dispatched by a runtime name; a getattr that only reads a value, e.g. a dtype, is not a call).
 
 Limits: at most 5 functions over 8 parameters, each with its reason; no function over 60 lines; no file over
-400 lines; no stage method called by name string. Exit status 0, or with ``--strict`` 1 when a limit is broken.
+400 lines; no stage method called by name string.
+
+The scripts' folders (results/, benchmarks/, tests/: scripts, not the package) are held to the same limits, counted
+together as a second report, but for two: no stage-method check (the scripts drive no stage), and a test function
+(``test_*`` under tests/) may take any number of parameters, since pytest hands it its fixtures by parameter name
+and grouping them would only hide which fixtures it uses (a helper beside it is held to 8 like any function).
+Exit status 0, or with ``--strict`` 1 when a limit of either report is broken.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ NAME_CALLS = ("call_device", "submit")
 EXECUTORS = ("pipeline", "executors")  # package-relative folder where dynamic getattr counts
 
 DEFAULT_PACKAGE = Path(__file__).resolve().parent.parent / "collapipe_flwr"
+SCRIPT_FOLDERS = ("results", "benchmarks", "tests")  # beside the package; held to the same limits (module docstring)
+TESTS = "tests"  # where a test function's parameters are its fixtures
 
 
 @dataclass(frozen=True)
@@ -154,29 +164,52 @@ def _dynamic_getattr(node: ast.expr) -> str:
 
 
 def scan(package_dir: Path) -> Report:
+    """The package's findings: every limit, the stage-method check included."""
     package_dir = Path(package_dir)
     report = Report()
     for path in sorted(package_dir.rglob("*.py")):
+        tree = _check_file(path, package_dir.parent, report, fixtures_as_params=False)
         rel_parts = path.relative_to(package_dir).parts
-        rel = path.relative_to(package_dir.parent).as_posix()
-        source = path.read_text(encoding="utf-8")
-        n_lines = len(source.splitlines())
-        if n_lines > MAX_FILE_LINES:
-            report.long_files.append(LongFile(rel, n_lines))
-        tree = ast.parse(source, filename=str(path))
-        for name, fn in _qualified_functions(tree):
-            where = f"{rel}:{fn.lineno}"
-            params = count_params(fn)
-            if params > MAX_PARAMS:
-                report.wide.append(WideFunction(where, name, params, stated_reason(fn)))
-            length = (fn.end_lineno or fn.lineno) - fn.lineno + 1
-            if length > MAX_FUNCTION_LINES:
-                report.long_functions.append(LongFunction(where, name, length))
         in_executors = rel_parts[: len(EXECUTORS)] == EXECUTORS
-        report.name_calls.extend(_name_calls(tree, rel, in_executors))
+        report.name_calls.extend(_name_calls(tree, path.relative_to(package_dir.parent).as_posix(), in_executors))
+    _sort(report)
+    return report
+
+
+def scan_folders(folders: list[Path]) -> Report:
+    """The scripts' findings over ``folders`` together (each named from its parent): the lengths and the parameter
+    limit, a test function's fixtures not counted (module docstring); no stage-method check."""
+    report = Report()
+    for folder in map(Path, folders):
+        for path in sorted(folder.rglob("*.py")):
+            _check_file(path, folder.parent, report, fixtures_as_params=folder.name == TESTS)
+    _sort(report)
+    return report
+
+
+def _check_file(path: Path, base: Path, report: Report, fixtures_as_params: bool) -> ast.Module:
+    """Add ``path``'s long file, long functions and wide functions to ``report`` (named from ``base``); a
+    ``test_*`` function's parameters are not counted when ``fixtures_as_params``. Returns its syntax tree."""
+    rel = path.relative_to(base).as_posix()
+    source = path.read_text(encoding="utf-8")
+    n_lines = len(source.splitlines())
+    if n_lines > MAX_FILE_LINES:
+        report.long_files.append(LongFile(rel, n_lines))
+    tree = ast.parse(source, filename=str(path))
+    for name, fn in _qualified_functions(tree):
+        where = f"{rel}:{fn.lineno}"
+        params = count_params(fn)
+        if params > MAX_PARAMS and not (fixtures_as_params and fn.name.startswith("test_")):
+            report.wide.append(WideFunction(where, name, params, stated_reason(fn)))
+        length = (fn.end_lineno or fn.lineno) - fn.lineno + 1
+        if length > MAX_FUNCTION_LINES:
+            report.long_functions.append(LongFunction(where, name, length))
+    return tree
+
+
+def _sort(report: Report) -> None:
     for items in (report.wide, report.long_functions, report.name_calls):
         items.sort(key=lambda item: _where_key(item.where))
-    return report
 
 
 def _where_key(where: str) -> tuple[str, int]:
@@ -194,7 +227,8 @@ def _table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> 
     return "\n".join(lines)
 
 
-def render(report: Report) -> str:
+def render(report: Report, scripts: bool = False) -> str:
+    """The report as tables and verdicts; ``scripts``: the scripts' report (no stage-method check)."""
     parts = [
         _table(
             f"Functions over {MAX_PARAMS} parameters",
@@ -211,26 +245,47 @@ def render(report: Report) -> str:
             ("file", "lines"),
             [(f.where, str(f.lines)) for f in report.long_files],
         ),
-        _table(
-            "Stage methods called by name string",
-            ("where", "call", "name"),
-            [(c.where, c.kind, c.name) for c in report.name_calls],
-        ),
-        "Verdicts:\n" + "\n".join(f"  {'OK  ' if ok else 'FAIL'}  {line}" for ok, line in report.verdicts()),
     ]
+    verdicts = report.verdicts()
+    if not scripts:
+        parts.append(
+            _table(
+                "Stage methods called by name string",
+                ("where", "call", "name"),
+                [(c.where, c.kind, c.name) for c in report.name_calls],
+            )
+        )
+    else:
+        verdicts = verdicts[:-1]  # no stage-method check
+    parts.append("Verdicts:\n" + "\n".join(f"  {'OK  ' if ok else 'FAIL'}  {line}" for ok, line in verdicts))
     return "\n\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--strict", action="store_true", help="exit 1 when any limit is broken")
+    parser.add_argument(
+        "--folders",
+        nargs="*",
+        default=list(SCRIPT_FOLDERS),
+        help="the scripts' folders beside the package held to the same limits (default: results benchmarks tests; "
+        "those that exist); none: the package alone",
+    )
     parser.add_argument("package_dir", nargs="?", type=Path, default=DEFAULT_PACKAGE)
     args = parser.parse_args(argv)
     if not args.package_dir.is_dir():
         parser.error(f"not a folder: {args.package_dir}")
     report = scan(args.package_dir)
     print(render(report))
-    return 1 if args.strict and not report.ok else 0
+    ok = report.ok
+    folders = [args.package_dir.parent / name for name in args.folders if (args.package_dir.parent / name).is_dir()]
+    if folders:
+        scripts = scan_folders(folders)
+        names = ", ".join(f"{folder.name}/" for folder in folders)
+        print(f"\n\n# The scripts beside the package: {names}\n")
+        print(render(scripts, scripts=True))
+        ok = ok and scripts.ok
+    return 1 if args.strict and not ok else 0
 
 
 if __name__ == "__main__":

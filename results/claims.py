@@ -254,9 +254,7 @@ def testbed_rows(channels: int) -> list[str]:
     return lines
 
 
-def bound_row(
-    claim: str, task: str, paper: PaperFigure, rows: list[dict[str, str]], baseline: str, source: str
-) -> str:
+def bound_row(claim: str, task: str, paper: PaperFigure, rows: list[dict[str, str]], baseline: str, source: str) -> str:
     """A time-to-target row where the baseline never reached the target in some seeds (``rows``: the seeds where
     CollaPipe did): each such seed's gain from the baseline's censored time (all its rounds, a lower bound) is a
     lower bound, and so is their mean with the other seeds' gains (module docstring)."""
@@ -320,7 +318,7 @@ def table() -> str:
         "Student-t interval]. Verdict (one rule, sizes judged): *reproduced* = our mean has the paper's sign and the "
         'paper\'s figure lies within our interval, or our mean is within 25% of it, or meets an "at least"; '
         "*direction only* = the paper's sign, not its size; *not reproduced* = otherwise; *no record* = nothing kept "
-        "judges the claim yet. *Modelled* rows come from the planner over the system model, not from a clock. A \">=\" "
+        'judges the claim yet. *Modelled* rows come from the planner over the system model, not from a clock. A ">=" '
         "cell is a lower bound (the baseline never reached the target; its rounds summed): reproduced only when it "
         'meets an "at least", direction only when it has the paper\'s sign, else -.',
         "",

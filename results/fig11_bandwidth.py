@@ -26,8 +26,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fig7_8_methods import task_workload  # noqa: E402
 from fig11_policies import PAPER, SETTING, reductions, run_policies  # noqa: E402
+from reportlib import plots  # noqa: E402
+from reportlib.stats import mean_sd  # noqa: E402
 
 from collapipe_flwr.config import compose, load_run_config  # noqa: E402
+
+TABLE_HEAD = (
+    "| B_n^U scale | B_n^U (MHz) | DSSRA's uplink share | vs loss-only | vs delay-only | vs random "
+    "| DSSRA's worst mean Gamma_n |",
+    "|---|---|---|---|---|---|---|",
+)
 
 
 def uplink_share(results: dict, policy: str, seeds: list[int]) -> float:
@@ -45,13 +53,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scales", type=float, nargs="+", default=[1, 3, 10, 30, 100, 300, 1000])
     args = ap.parse_args(argv)
     base = compose(SETTING)["network"]["channel_bandwidth_hz"]  # the range [lo, hi] each channel's B_j is drawn from
+    seeds = ", ".join(map(str, args.seeds))
     lines = [
-        f"# Fig. 11's margins against the uplink bandwidth: N = 10, J = 4, {args.rounds} rounds, seeds "
-        + ", ".join(map(str, args.seeds)),
+        f"# Fig. 11's margins against the uplink bandwidth: N = 10, J = 4, {args.rounds} rounds, seeds {seeds}",
         "",
-        "| B_n^U scale | B_n^U (MHz) | DSSRA's uplink share | vs loss-only | vs delay-only | vs random "
-        "| DSSRA's worst mean Gamma_n |",
-        "|---|---|---|---|---|---|---|",
+        *TABLE_HEAD,
     ]
     rows = []
     for scale in args.scales:
@@ -63,8 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         cells, row = [], {"scale": scale, "share": share}
         for p in PAPER:
             per_seed = reductions(results, p, args.seeds)
-            mean = statistics.fmean(per_seed)
-            sd = statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0
+            mean, sd = mean_sd(per_seed)
             row[p] = mean
             cells.append(f"{mean:.2f}% +- {sd:.2f}")
             print(f"reduction_pct_vs_{p}_bw_x{scale:g}: {mean:.4g}")
@@ -76,21 +81,14 @@ def main(argv: list[str] | None = None) -> None:
     lines.append("| paper | - | - | " + " | ".join(f"{v}%" for v in PAPER.values()) + " | - |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for (p, paper), colour in zip(PAPER.items(), ("C0", "C1", "C2"), strict=True):
         ax.plot([r["share"] for r in rows], [r[p] for r in rows], "o-", color=colour, label=f"vs {p}")
         ax.axhline(paper, color=colour, linestyle=":", linewidth=1)
-    ax.set_xlabel("uplink share of DSSRA's round delay")
-    ax.set_ylabel("DSSRA's total delay reduction (%)")
-    ax.set_title("Fig. 11 margins as B_n^U grows (dotted: the paper's)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(args.out / "margins_vs_bandwidth.png", dpi=120)
+    title = "Fig. 11 margins as B_n^U grows (dotted: the paper's)"
+    plots.label(ax, "uplink share of DSSRA's round delay", "DSSRA's total delay reduction (%)", title)
+    plots.save(fig, args.out / "margins_vs_bandwidth.png")
 
 
 if __name__ == "__main__":

@@ -18,14 +18,14 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fig7_8_methods import task_workload  # noqa: E402
+from reportlib import plots  # noqa: E402
+from reportlib.stats import mean_sd  # noqa: E402
 
 from collapipe_flwr.apps.simulate import run  # noqa: E402
 from collapipe_flwr.config import load_run_config  # noqa: E402
@@ -63,9 +63,9 @@ def main(argv: list[str] | None = None) -> None:
         fh.write("policy,seed,cumulative_delay_s,gamma_mean,gamma_worst_cluster\n")
         for (p, s), r in results.items():
             fh.write(f"{p},{s},{r['cumulative_s'][-1]:.6f},{r['gamma_mean']:.6g},{r['gamma_worst_cluster']:.6g}\n")
+    seeds = ", ".join(map(str, args.seeds))
     lines = [
-        f"# Fig. 11 in the model: N = 10 CUs, J = 4 channels, {args.rounds} rounds, seeds "
-        + ", ".join(map(str, args.seeds)),
+        f"# Fig. 11 in the model: N = 10 CUs, J = 4 channels, {args.rounds} rounds, seeds {seeds}",
         "",
         "| DSSRA vs | total delay reduction, mean +- sd over seeds | paper "
         "| worst cluster's mean Gamma_n (DSSRA / it) |",
@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     for p, paper in PAPER.items():
         per_seed = reductions(results, p, args.seeds)
-        mean = statistics.fmean(per_seed)
-        sd = statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0
+        mean, sd = mean_sd(per_seed)
         g_ours = statistics.fmean(results[("dssra", s)]["gamma_worst_cluster"] for s in args.seeds)
         g_theirs = statistics.fmean(results[(p, s)]["gamma_worst_cluster"] for s in args.seeds)
         lines.append(f"| {p} | {mean:.2f}% +- {sd:.2f} | {paper}% | {g_ours:.3f} / {g_theirs:.3f} |")
@@ -83,21 +82,9 @@ def main(argv: list[str] | None = None) -> None:
         f"\nGamma^max = {cfg.scheduler.gamma_max} (C10: a cluster's long-run mean Gamma_n must stay below it)."
     )
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for p in policies:
-        series = np.mean([results[(p, s)]["cumulative_s"] for s in args.seeds], axis=0)
-        ax.plot(range(1, args.rounds + 1), series, label=p)
-    ax.set_xlabel("communication round t")
-    ax.set_ylabel("total modelled delay so far (s)")
-    ax.set_title(f"N = 10 > J = 4, mean of {len(args.seeds)} seeds")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(args.out / "cumulative_delay.png", dpi=120)
+    curves = {p: [results[(p, s)]["cumulative_s"] for s in args.seeds] for p in policies}
+    title = f"N = 10 > J = 4, mean of {len(args.seeds)} seeds"
+    plots.mean_curves(curves, "total modelled delay so far (s)", title, args.out / "cumulative_delay.png")
 
 
 if __name__ == "__main__":

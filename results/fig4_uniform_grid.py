@@ -13,31 +13,23 @@ m in 1, 2, 4, ..., b, ``best_S``, ``best_m`` and ``best_delay_s``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lyapunov import config_workload  # noqa: E402
+from lyapunov import table2_setting  # noqa: E402
+from reportlib import plots  # noqa: E402
 
-from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.dssra.cluster_model import ClusterModel  # noqa: E402
 from collapipe_flwr.system.state import StateSampler  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "fig4")
-    args = ap.parse_args(argv)
-    base = ["network=paper_table2", "federation.num_clusters=3", "model=transformer_paper", "task.max_len=64"]
-    cfg = load_run_config([*base, "federation.local_steps=1", *args.overrides])
-    workload = config_workload(cfg)
+    args, cfg, workload = table2_setting(__doc__ or "", "fig4", argv)
     model = ClusterModel.build(cfg.network, StateSampler(cfg.network, cfg.seed).sample(0), workload, 0)
     L, b = model.num_blocks, workload.batch_size
     fastest = np.argsort(-model.flops_per_second, kind="stable")
@@ -52,21 +44,16 @@ def main(argv: list[str] | None = None) -> None:
         fh.write("m," + ",".join(f"S{S}" for S in grid) + "\n")
         for m in range(1, b + 1):
             fh.write(f"{m}," + ",".join(f"{grid[S][m - 1]:.6f}" for S in grid) + "\n")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after choosing the headless backend
-
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for S, delays in grid.items():
         ax.plot(range(1, b + 1), delays, label=f"S = {S} (delta_k = {L // S})")
     ax.scatter([best_m], [grid[best_S][best_m - 1]], color="black", zorder=3, label=f"best: S = {best_S}, m = {best_m}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("micro-batches m")
-    ax.set_ylabel("round delay tau^pipe (s, eq. 15 + c0)")
-    ax.set_title(f"even delta, cluster 0 of Table II, c0 = {cfg.network.per_microbatch_s:g} s")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out / "fig4_delay_grid.png", dpi=120)
+    title = f"even delta, cluster 0 of Table II, c0 = {cfg.network.per_microbatch_s:g} s"
+    plots.label(ax, "micro-batches m", "round delay tau^pipe (s, eq. 15 + c0)", title, fontsize=8)
+    plots.save(fig, args.out / "fig4_delay_grid.png")
     m = 1
     while m <= b:
         for S in grid:

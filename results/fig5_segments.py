@@ -13,19 +13,17 @@ and prints per cluster ``S_n``, ``m_n``, ``delta_n`` (as text), ``pipeline_s_n``
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lyapunov import config_workload  # noqa: E402
+from lyapunov import table2_setting  # noqa: E402
+from reportlib import plots  # noqa: E402
 
-from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.dssra.cluster_model import ClusterModel  # noqa: E402
 from collapipe_flwr.dssra.segments import fixed_segments, solve_segments, uniform_delta  # noqa: E402
 from collapipe_flwr.errors import InfeasiblePlanError  # noqa: E402
@@ -33,18 +31,10 @@ from collapipe_flwr.system.state import StateSampler  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "fig5")
-    args = ap.parse_args(argv)
-    base = ["network=paper_table2", "federation.num_clusters=3", "model=transformer_paper", "task.max_len=64"]
-    cfg = load_run_config([*base, "federation.local_steps=1", *args.overrides])
-    workload = config_workload(cfg)
+    args, cfg, workload = table2_setting(__doc__ or "", "fig5", argv)
     state = StateSampler(cfg.network, cfg.seed).sample(0)
     b = workload.batch_size
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after choosing the headless backend
-
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     print(f"per_microbatch_s: {cfg.network.per_microbatch_s:g}")
     for n in range(cfg.network.num_clusters):
@@ -71,13 +61,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"delta_{n}: {' '.join(str(d) for d in best.delta)}")
         print(f"pipeline_s_{n}: {best.pipeline_s:.4f}")
         print(f"uniform_best_s_{n}: {np.nanmin(uniform):.4f}")
-    ax.set_xlabel("micro-batches m")
-    ax.set_ylabel("pipeline delay tau^pipe (s, eq. 15 + c0)")
     ax.set_yscale("log")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    plots.label(ax, "micro-batches m", "pipeline delay tau^pipe (s, eq. 15 + c0)", fontsize=7)
     args.out.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out / "fig5_delay_vs_m.png", dpi=120)
+    plots.save(fig, args.out / "fig5_delay_vs_m.png")
 
 
 if __name__ == "__main__":

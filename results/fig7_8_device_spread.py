@@ -33,11 +33,12 @@ from fig7_8_methods import (  # noqa: E402
     MODELS,
     PAPER,
     PAPER_NO_SS_INCREASE,
-    mean_sd,
     reduction,
     run_method,
     task_workload,
 )
+from reportlib import plots  # noqa: E402
+from reportlib.stats import mean_sd  # noqa: E402
 
 from collapipe_flwr.config import load_run_config  # noqa: E402
 
@@ -86,44 +87,50 @@ def main(argv: list[str] | None = None) -> None:
     ]
     rows = []
     for a in args.steps:
-        overrides = [*args.overrides, *spread_overrides(a)]
-        runs = {
-            (method, s): run_method(method, args.task, model_name, workload, args.rounds, s, overrides)
-            for method in METHODS
-            for s in args.seeds
-        }
-        total = {key: sum(run["compute_s"]) for key, run in runs.items()}
-        row = {"a": a, "ratio": slowest_vs_mean(overrides)}
-        cells = []
-        for base in bases:
-            mean, sd = mean_sd([reduction(total[("collapipe", s)], total[(base, s)]) for s in args.seeds])
-            row[base] = mean
-            cells.append(f"{mean:.2f}% +- {sd:.2f}")
-            print(f"reduction_pct_compute_s_vs_{base}_a{a:g}: {mean:.4g}")
-        mean_S = float(np.mean([np.mean(runs[("collapipe", s)]["S"]) for s in args.seeds]))
-        print(f"slowest_vs_mean_a{a:g}: {row['ratio']:.3g}")
+        row, line = _spread_step(args, model_name, workload, a)
         rows.append(row)
-        f_lo, phi_lo = 0.1 + 0.5 * a, 10 + 10 * a
-        setting = f"| {a:g} | {f_lo:.3g}-0.8 | {phi_lo:.3g}-24 | {row['ratio']:.2f}x | "
-        lines.append(setting + " | ".join(cells) + f" | {mean_S:.2f} |")
+        lines.append(line)
     lines.append("| paper | | | | " + " | ".join(f"{PAPER_MARGINS[b]:.2f}%" for b in bases) + " | |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
-    import matplotlib
+    _plot_margins(rows, args)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _spread_step(args: argparse.Namespace, model_name: str, workload, a: float) -> tuple[dict, str]:
+    """Every method at step ``a`` of the narrowing: the row the plot reads (each baseline's mean margin) and the
+    table's line; prints the step's figures."""
+    overrides = [*args.overrides, *spread_overrides(a)]
+    runs = {
+        (method, s): run_method(method, args.task, model_name, workload, args.rounds, s, overrides)
+        for method in METHODS
+        for s in args.seeds
+    }
+    total = {key: sum(run["compute_s"]) for key, run in runs.items()}
+    row = {"a": a, "ratio": slowest_vs_mean(overrides)}
+    cells = []
+    for base in METHODS[1:]:
+        mean, sd = mean_sd([reduction(total[("collapipe", s)], total[(base, s)]) for s in args.seeds])
+        row[base] = mean
+        cells.append(f"{mean:.2f}% +- {sd:.2f}")
+        print(f"reduction_pct_compute_s_vs_{base}_a{a:g}: {mean:.4g}")
+    mean_S = float(np.mean([np.mean(runs[("collapipe", s)]["S"]) for s in args.seeds]))
+    print(f"slowest_vs_mean_a{a:g}: {row['ratio']:.3g}")
+    f_lo, phi_lo = 0.1 + 0.5 * a, 10 + 10 * a
+    setting = f"| {a:g} | {f_lo:.3g}-0.8 | {phi_lo:.3g}-24 | {row['ratio']:.2f}x | "
+    return row, setting + " | ".join(cells) + f" | {mean_S:.2f} |"
+
+
+def _plot_margins(rows: list[dict], args: argparse.Namespace) -> None:
+    """``margins_vs_spread.png``: each baseline's margin against the slowest device's deficit, the paper's dotted."""
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for i, base in enumerate(bases):
+    for i, base in enumerate(METHODS[1:]):
         ax.plot([r["ratio"] for r in rows], [r[base] for r in rows], "o-", color=f"C{i}", label=f"vs {base}")
         ax.axhline(PAPER_MARGINS[base], color=f"C{i}", linestyle=":", linewidth=1)
-    ax.set_xlabel("slowest device's speed deficit (cluster mean / slowest, worst cluster)")
-    ax.set_ylabel("reduction of on-device compute (%)")
-    ax.set_title(f"{args.task}: margins as the device spread narrows (dotted: the paper's)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out / "margins_vs_spread.png", dpi=120)
+    xlabel = "slowest device's speed deficit (cluster mean / slowest, worst cluster)"
+    title = f"{args.task}: margins as the device spread narrows (dotted: the paper's)"
+    plots.label(ax, xlabel, "reduction of on-device compute (%)", title, fontsize=8)
+    plots.save(fig, args.out / "margins_vs_spread.png")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -33,6 +32,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from reportlib import plots  # noqa: E402  (results/, first on sys.path when run as a script)
+from reportlib.stats import mean_sd  # noqa: E402
 
 from collapipe_flwr import wiring  # noqa: E402
 from collapipe_flwr.config import load_run_config  # noqa: E402
@@ -122,10 +124,6 @@ def reduction(ours: float, theirs: float) -> float:
     return 100.0 * (1.0 - ours / theirs)
 
 
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (e.g. network.device.per_microbatch_s=0.01)")
@@ -147,7 +145,28 @@ def main(argv: list[str] | None = None) -> None:
         for key, run in runs.items()
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "methods.csv", "w") as fh:
+    _write_methods_csv(args.out / "methods.csv", runs, totals)
+    figures: dict[str, float] = {}
+    lines = [
+        f"# Figs. 7-8 in the model: {args.task} ({model_name}), {args.rounds} rounds of one batch, "
+        f"seeds {', '.join(map(str, args.seeds))}",
+        "",
+        *_margin_lines(totals, args.seeds, figures),
+        "",
+        *_method_lines(runs, totals, args.seeds, figures),
+    ]
+    (args.out / "table.md").write_text("\n".join(lines) + "\n")
+    (args.out / "summary.json").write_text(
+        json.dumps({"task": args.task, "rounds": args.rounds, "seeds": args.seeds, "figures": figures}, indent=2)
+    )
+    _plot_accumulated(runs, args, model_name)
+    for name, value in figures.items():
+        print(f"{name}: {value:.4g}")
+
+
+def _write_methods_csv(path: Path, runs: dict, totals: dict) -> None:
+    """``methods.csv``: each (method, seed)'s summed delays and mean plan."""
+    with open(path, "w") as fh:
         fh.write("method,seed,compute_s,on_device_s,round_delay_s,mean_S,mean_m\n")
         for (method, seed), tot in totals.items():
             run = runs[(method, seed)]
@@ -155,64 +174,54 @@ def main(argv: list[str] | None = None) -> None:
                 f"{method},{seed},{tot['compute_s']:.6f},{tot['on_device_s']:.6f},{tot['round_delay_s']:.6f},"
                 f"{np.mean(run['S']):.3f},{np.mean(run['m']):.3f}\n"
             )
-    rows, figures = [], {}
-    for metric in ("compute_s", "on_device_s", "round_delay_s"):
-        for base in METHODS[1:]:
-            per_seed = [reduction(totals[("collapipe", s)][metric], totals[(base, s)][metric]) for s in args.seeds]
-            mean, sd = mean_sd(per_seed)
-            figures[f"reduction_pct_{metric}_vs_{base}"] = mean
-            rows.append((metric, base, mean, sd))
+
+
+def _margin_lines(totals: dict, seeds: list[int], figures: dict[str, float]) -> list[str]:
+    """The table of CollaPipe's reductions against each baseline, per measure, beside the paper's."""
     lines = [
-        f"# Figs. 7-8 in the model: {args.task} ({model_name}), {args.rounds} rounds of one batch, "
-        f"seeds {', '.join(map(str, args.seeds))}",
-        "",
         "| measure | CollaPipe vs | ours: reduction, mean +- sd over seeds | paper |",
         "|---|---|---|---|",
     ]
-    for metric, base, mean, sd in rows:
-        if base == "collapipe_no_ss":
-            as_reduction = reduction(1, 1 + PAPER_NO_SS_INCREASE / 100)
-            paper = f"latency +{PAPER_NO_SS_INCREASE}% without SS (= {as_reduction:.2f}% reduction)"
-        else:
-            paper = f"{PAPER[base]}%"
-        lines.append(f"| {metric} | {base} | {mean:.2f}% +- {sd:.2f} | {paper if metric == 'compute_s' else '-'} |")
-    lines += [
-        "",
+    for metric in ("compute_s", "on_device_s", "round_delay_s"):
+        for base in METHODS[1:]:
+            per_seed = [reduction(totals[("collapipe", s)][metric], totals[(base, s)][metric]) for s in seeds]
+            mean, sd = mean_sd(per_seed)
+            figures[f"reduction_pct_{metric}_vs_{base}"] = mean
+            if base == "collapipe_no_ss":
+                as_reduction = reduction(1, 1 + PAPER_NO_SS_INCREASE / 100)
+                paper = f"latency +{PAPER_NO_SS_INCREASE}% without SS (= {as_reduction:.2f}% reduction)"
+            else:
+                paper = f"{PAPER[base]}%"
+            lines.append(f"| {metric} | {base} | {mean:.2f}% +- {sd:.2f} | {paper if metric == 'compute_s' else '-'} |")
+    return lines
+
+
+def _method_lines(runs: dict, totals: dict, seeds: list[int], figures: dict[str, float]) -> list[str]:
+    """The table of each method's accumulated compute, mean plan, memory and data users (Table III)."""
+    lines = [
         "| method | accumulated on-device compute (s), mean +- sd | mean S | mean m | largest per-device memory "
         "(MiB, Table III) | data users per round (Table III) |",
         "|---|---|---|---|---|---|",
     ]
     for method in METHODS:
-        mean, sd = mean_sd([totals[(method, s)]["compute_s"] for s in args.seeds])
-        mS = np.mean([np.mean(runs[(method, s)]["S"]) for s in args.seeds])
-        mm = np.mean([np.mean(runs[(method, s)]["m"]) for s in args.seeds])
-        mem = np.mean([np.mean(runs[(method, s)]["memory_mib"]) for s in args.seeds])
-        du = np.mean([np.mean(runs[(method, s)]["data_users"]) for s in args.seeds])
+        mean, sd = mean_sd([totals[(method, s)]["compute_s"] for s in seeds])
+        mS = np.mean([np.mean(runs[(method, s)]["S"]) for s in seeds])
+        mm = np.mean([np.mean(runs[(method, s)]["m"]) for s in seeds])
+        mem = np.mean([np.mean(runs[(method, s)]["memory_mib"]) for s in seeds])
+        du = np.mean([np.mean(runs[(method, s)]["data_users"]) for s in seeds])
         lines.append(f"| {method} | {mean:.1f} +- {sd:.1f} | {mS:.2f} | {mm:.2f} | {mem:.0f} | {du:.1f} |")
         figures[f"accumulated_compute_s_{method}"] = mean
         figures[f"device_memory_mib_{method}"] = float(mem)
         figures[f"data_users_{method}"] = float(du)
-    (args.out / "table.md").write_text("\n".join(lines) + "\n")
-    (args.out / "summary.json").write_text(
-        json.dumps({"task": args.task, "rounds": args.rounds, "seeds": args.seeds, "figures": figures}, indent=2)
-    )
-    import matplotlib
+    return lines
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for method in METHODS:
-        series = np.mean([np.cumsum(runs[(method, s)]["compute_s"]) for s in args.seeds], axis=0)
-        ax.plot(range(1, args.rounds + 1), series, label=method)
-    ax.set_xlabel("communication round t")
-    ax.set_ylabel("accumulated on-device computation time (s)")
-    ax.set_title(f"{args.task}: {model_name}, mean of {len(args.seeds)} seeds")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(args.out / "accumulated.png", dpi=120)
-    for name, value in figures.items():
-        print(f"{name}: {value:.4g}")
+def _plot_accumulated(runs: dict, args: argparse.Namespace, model_name: str) -> None:
+    """``accumulated.png``: each method's accumulated on-device compute over rounds, mean over seeds."""
+    curves = {method: [np.cumsum(runs[(method, s)]["compute_s"]) for s in args.seeds] for method in METHODS}
+    title = f"{args.task}: {model_name}, mean of {len(args.seeds)} seeds"
+    ylabel = "accumulated on-device computation time (s)"
+    plots.mean_curves(curves, ylabel, title, args.out / "accumulated.png")
 
 
 if __name__ == "__main__":

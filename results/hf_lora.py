@@ -87,20 +87,34 @@ def _number(value: int | float | None) -> str:
     return "not recorded" if value is None else f"{value:,.0f}"
 
 
-def upload_table(runs: dict[str, list[dict]]) -> list[str]:
-    lines = [
-        "| round | LoRA: bytes per CU (CU 0 / CU 1) | full: bytes per CU | full / LoRA | "
-        "planned uplink bits per CU, LoRA / full (eq. 11) |",
-        "|---|---|---|---|---|",
-    ]
+def paired_rounds(runs: dict[str, list[dict]]) -> list[tuple[int, dict, dict]]:
+    """(t, the LoRA run's record of round t, the full run's) for every trained round either has ({} where one has
+    none)."""
     lora = {r["round"]: r for r in runs["lora"] if r["round"] > 0}
     full = {r["round"]: r for r in runs["full"] if r["round"] > 0}
-    for t in sorted(set(lora) | set(full)):
-        up_l, up_f = uploads(lora.get(t, {})), uploads(full.get(t, {}))
+    return [(t, lora.get(t, {}), full.get(t, {})) for t in sorted(set(lora) | set(full))]
+
+
+UPLOAD_HEAD = (
+    "| round | LoRA: bytes per CU (CU 0 / CU 1) | full: bytes per CU | full / LoRA | "
+    "planned uplink bits per CU, LoRA / full (eq. 11) |",
+    "|---|---|---|---|---|",
+)
+PLAN_HEAD = (
+    "| round | LoRA plan (cluster: S, m, delta) | full fine-tuning plan | same plan | same S, m | "
+    "modelled round delay (eq. 26), LoRA / full |",
+    "|---|---|---|---|---|---|",
+)
+
+
+def upload_table(runs: dict[str, list[dict]]) -> list[str]:
+    lines = list(UPLOAD_HEAD)
+    for t, lora, full in paired_rounds(runs):
+        up_l, up_f = uploads(lora), uploads(full)
         ratio = "-"
         if up_l and up_f and None not in up_l + up_f:
             ratio = f"{min(up_f) / max(up_l):.1f}x"  # type: ignore[type-var, operator]
-        bits = [r.get("modelled", {}).get("uplink_bits") for r in (lora.get(t, {}), full.get(t, {}))]
+        bits = [r.get("modelled", {}).get("uplink_bits") for r in (lora, full)]
         lines.append(
             f"| {t} | {' / '.join(_number(u) for u in up_l)} | {' / '.join(_number(u) for u in up_f)} | {ratio} | "
             f"{_number(bits[0])} / {_number(bits[1])} |"
@@ -114,15 +128,8 @@ def s_and_m(record: dict) -> list[tuple[int, int]]:
 
 
 def plan_table(runs: dict[str, list[dict]]) -> list[str]:
-    lines = [
-        "| round | LoRA plan (cluster: S, m, delta) | full fine-tuning plan | same plan | same S, m | "
-        "modelled round delay (eq. 26), LoRA / full |",
-        "|---|---|---|---|---|---|",
-    ]
-    lora = {r["round"]: r for r in runs["lora"] if r["round"] > 0}
-    full = {r["round"]: r for r in runs["full"] if r["round"] > 0}
-    for t in sorted(set(lora) | set(full)):
-        a, b = lora.get(t, {}), full.get(t, {})
+    lines = list(PLAN_HEAD)
+    for t, a, b in paired_rounds(runs):
         same = "yes" if plan_cells(a) == plan_cells(b) else "no"
         same_sm = "yes" if s_and_m(a) == s_and_m(b) else "no"
         delay = " / ".join(f"{r.get('modelled', {}).get('round_delay_s', float('nan')):.1f} s" for r in (a, b))

@@ -22,10 +22,11 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from reportlib import plots  # noqa: E402  (results/, first on sys.path when run as a script)
 
 from collapipe_flwr.apps.simulate import generic_workload  # noqa: E402
 from collapipe_flwr.config import load_run_config  # noqa: E402
@@ -33,6 +34,19 @@ from collapipe_flwr.dssra.policies import make_policy  # noqa: E402
 from collapipe_flwr.system.state import StateSampler  # noqa: E402
 
 V_VALUES = (0.01, 1.0, 10.0, 100.0)
+
+
+def table2_setting(doc: str, figure: str, argv: list[str] | None) -> tuple[argparse.Namespace, object, object]:
+    """(arguments, config, workload) of a figure over one of Table II's clusters with the paper's Transformer
+    (network=paper_table2, N = 3, max_len 64, one local step) and the Hydra overrides given: its command line is
+    ``[overrides ...] [--out results/<figure>]`` (``doc``: the script's docstring)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / figure)
+    args = ap.parse_args(argv)
+    base = ["network=paper_table2", "federation.num_clusters=3", "model=transformer_paper", "task.max_len=64"]
+    cfg = load_run_config([*base, "federation.local_steps=1", *args.overrides])
+    return args, cfg, config_workload(cfg)
 
 
 def config_workload(cfg):
@@ -96,50 +110,55 @@ def main(argv: list[str] | None = None) -> None:
     gamma_max = cfg.scheduler.gamma_max
     print(f"gamma_max: {gamma_max:g}")
     print(f"rounds: {args.rounds}")
-    summary = {}
-    for V, rows in runs.items():
-        per_round = {}
-        for r in rows:
-            per_round.setdefault(r["round"], []).append(r)
-        delay = np.mean([rs[0]["delay"] for rs in per_round.values()])
-        gamma = np.mean([r["gamma"] for r in rows])
-        binding = np.mean([any(r["Y"] > 0 for r in rs) for rs in per_round.values()])
-        # C10 is per cluster: (1/T) sum_t Gamma_n^t <= Gamma^max; the worst cluster's time average
-        worst = max(np.mean([r["gamma"] for r in rows if r["n"] == n]) for n in {r["n"] for r in rows})
-        summary[V] = (delay, worst)
-        print(f"mean_delay_s_V{V:g}: {delay:.3f}")
-        print(f"mean_gamma_V{V:g}: {gamma:.5g}")
-        print(f"worst_cluster_mean_gamma_V{V:g}: {worst:.5g}")
-        print(f"mean_S_V{V:g}: {np.mean([r['S'] for r in rows]):.3f}")
-        print(f"share_rounds_Y_positive_V{V:g}: {binding:.3f}")
-        print(f"max_Y_V{V:g}: {max(r['Y'] for r in rows):.5g}")
+    summary = {V: _summarise(V, rows) for V, rows in runs.items()}
+    _plot_queues(runs, cfg.network.num_clusters, args.out / "queues.png")
+    _plot_tradeoff(summary, gamma_max, args.out / "v_tradeoff.png")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after choosing the headless backend
 
-    N = cfg.network.num_clusters
+def _summarise(V: float, rows: list[dict]) -> tuple[float, float]:
+    """(mean round delay, the worst cluster's time-average Gamma_n) of one V's rows; prints its figures."""
+    per_round: dict[int, list[dict]] = {}
+    for r in rows:
+        per_round.setdefault(r["round"], []).append(r)
+    delay = np.mean([rs[0]["delay"] for rs in per_round.values()])
+    gamma = np.mean([r["gamma"] for r in rows])
+    binding = np.mean([any(r["Y"] > 0 for r in rs) for rs in per_round.values()])
+    # C10 is per cluster: (1/T) sum_t Gamma_n^t <= Gamma^max; the worst cluster's time average
+    worst = max(np.mean([r["gamma"] for r in rows if r["n"] == n]) for n in {r["n"] for r in rows})
+    print(f"mean_delay_s_V{V:g}: {delay:.3f}")
+    print(f"mean_gamma_V{V:g}: {gamma:.5g}")
+    print(f"worst_cluster_mean_gamma_V{V:g}: {worst:.5g}")
+    print(f"mean_S_V{V:g}: {np.mean([r['S'] for r in rows]):.3f}")
+    print(f"share_rounds_Y_positive_V{V:g}: {binding:.3f}")
+    print(f"max_Y_V{V:g}: {max(r['Y'] for r in rows):.5g}")
+    return delay, worst
+
+
+def _plot_queues(runs: dict[float, list[dict]], num_clusters: int, path: Path) -> None:
+    """Each cluster's virtual queue Y_n over rounds, one panel a V."""
+    plt = plots.pyplot()
     fig, axes = plt.subplots(1, len(V_VALUES), figsize=(3.2 * len(V_VALUES), 3), sharey=False)
     for ax, (V, rows) in zip(axes, runs.items()):
-        for n in range(N):
+        for n in range(num_clusters):
             ys = [r["Y"] for r in rows if r["n"] == n]
             ax.plot(range(len(ys)), ys, label=f"Y_{n}")
         ax.set_title(f"V = {V:g}")
         ax.set_xlabel("round t")
     axes[0].set_ylabel("virtual queue Y_n(t) (eq. 29)")
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(args.out / "queues.png", dpi=120)
+    plots.save(fig, path, tight=True)
 
+
+def _plot_tradeoff(summary: dict[float, tuple[float, float]], gamma_max: float, path: Path) -> None:
+    """The V trade-off: mean round delay against the worst cluster's time-average Gamma_n, one point a V."""
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(5, 4))
     for V, (delay, gamma) in summary.items():
         ax.scatter(gamma, delay)
         ax.annotate(f"V={V:g}", (gamma, delay), textcoords="offset points", xytext=(5, 5))
     ax.axvline(gamma_max, ls="--", c="grey", label="Gamma^max")
-    ax.set_xlabel("worst cluster's time-average Gamma_n (C10, eq. 28)")
-    ax.set_ylabel("mean modelled round delay (s, eq. 26)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(args.out / "v_tradeoff.png", dpi=120)
+    plots.label(ax, "worst cluster's time-average Gamma_n (C10, eq. 28)", "mean modelled round delay (s, eq. 26)")
+    plots.save(fig, path)
 
 
 if __name__ == "__main__":

@@ -45,11 +45,12 @@ set beside the campaign's CollaPipe runs of the same seeds at the old operating 
 
 from __future__ import annotations
 
-import gzip
 import json
 import statistics
 import sys
 from pathlib import Path
+
+from reportlib.records import read_jsonl_gz  # results/, first on sys.path when run as a script
 
 HERE = Path(__file__).resolve().parent / "operating_point"
 RUNS = (
@@ -86,8 +87,7 @@ TARGET = 0.97  # issue 43: the long presets at the new operating point reach >= 
 
 
 def load_rounds(name: str, folder: Path = HERE) -> list[dict]:
-    with gzip.open(folder / f"{name}.rounds.jsonl.gz", "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl_gz(folder / f"{name}.rounds.jsonl.gz")
 
 
 def load(name: str, folder: Path = HERE) -> tuple[list[dict], dict, dict]:
@@ -254,34 +254,8 @@ def table(folder: Path = HERE) -> str:
     ]
     loaded = {name: load(name, folder) for name in RUNS}
     out += [plan_row(name, *loaded[name]) for name in RUNS]
-    longs = long_rows(folder)
-    if longs:
-        out += [
-            "",
-            f"## federation=long at the new operating point (seed 0; target >= {TARGET}x the central recipe)",
-            "",
-            "| record | final validation metric (over central) | target | S >= 2 of CU-rounds, mean S / m "
-            "| wall (ServerApp), host, dropout kernel | central recipe "
-            "| before (campaign seed 0, network=small): metric, S >= 2, mean S / m, wall |",
-            "|---|---|---|---|---|---|---|",
-            *longs,
-        ]
-    seeds = ner_seed_rows(folder)
-    if seeds:
-        out += [
-            "",
-            "## NER over seeds: federation=long at the new operating point against the old one, seed by seed",
-            "",
-            "Validation entity F1 on the whole split (618 sentences) over the central recipe's "
-            f"{central_val('ner')['f1']:.4f}. "
-            "New: `collapipe run` with `federation=long seed=<s>` (Ray actors, network=edge). Old: the trained-budget "
-            "campaign's CollaPipe job of the same seed (network=small, `runtime.backend=local`).",
-            "",
-            "| seed | record | new operating point: F1 | S >= 2 of CU-rounds, mean S / m | old operating point: F1 "
-            "| new - old |",
-            "|---|---|---|---|---|---|",
-            *seeds,
-        ]
+    out += _long_section(folder)
+    out += _ner_seed_section(folder)
     out += [
         "",
         "## Device memory across a run: the largest measured device peak (MiB) over the first, middle and last five "
@@ -296,24 +270,63 @@ def table(folder: Path = HERE) -> str:
         *drift_rows(folder),
     ]
     for name in RUNS:
-        rounds = loaded[name][0]
-        rows = memory_rows(rounds)
-        if not rows:
-            continue
-        errors = [r["memory"]["relative_error_median"] for r in rounds if r.get("memory")]
-        out += [
-            "",
-            f"## {name}: C7 modelled against the measured peak, per device and round (MiB, modelled / measured)",
-            "",
-            f"Median over rounds of the per-round median relative error |measured - modelled| / measured: "
-            f"{100 * statistics.median(errors):.1f}%. The fit: measured = gamma_rt' + s x delta_k gamma_0 over every "
-            "device-round so far.",
-            "",
-            "| round | device: modelled / measured | median relative error | fitted gamma_rt', s |",
-            "|---|---|---|---|",
-            *rows,
-        ]
+        out += _memory_section(name, loaded[name][0])
     return "\n".join(out) + "\n"
+
+
+def _section(heading: str, head: list[str], rows: list[str]) -> list[str]:
+    """A section of the table: a blank line, ``heading``, a blank line, ``head`` (prose, the table's header and
+    rule) and ``rows``; nothing when there are no rows."""
+    return ["", heading, "", *head, *rows] if rows else []
+
+
+def _long_section(folder: Path) -> list[str]:
+    """The federation=long records at the new operating point against the central recipe."""
+    head = [
+        "| record | final validation metric (over central) | target | S >= 2 of CU-rounds, mean S / m "
+        "| wall (ServerApp), host, dropout kernel | central recipe "
+        "| before (campaign seed 0, network=small): metric, S >= 2, mean S / m, wall |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    heading = f"## federation=long at the new operating point (seed 0; target >= {TARGET}x the central recipe)"
+    return _section(heading, head, long_rows(folder))
+
+
+def _ner_seed_section(folder: Path) -> list[str]:
+    """NER over seeds, the new operating point against the old one seed by seed."""
+    seeds = ner_seed_rows(folder)
+    if not seeds:
+        return []
+    head = [
+        "Validation entity F1 on the whole split (618 sentences) over the central recipe's "
+        f"{central_val('ner')['f1']:.4f}. "
+        "New: `collapipe run` with `federation=long seed=<s>` (Ray actors, network=edge). Old: the trained-budget "
+        "campaign's CollaPipe job of the same seed (network=small, `runtime.backend=local`).",
+        "",
+        "| seed | record | new operating point: F1 | S >= 2 of CU-rounds, mean S / m | old operating point: F1 "
+        "| new - old |",
+        "|---|---|---|---|---|---|",
+    ]
+    heading = "## NER over seeds: federation=long at the new operating point against the old one, seed by seed"
+    return _section(heading, head, seeds)
+
+
+def _memory_section(name: str, rounds: list[dict]) -> list[str]:
+    """C7's modelled memory against the measured peak per device and round of one run."""
+    rows = memory_rows(rounds)
+    if not rows:
+        return []
+    errors = [r["memory"]["relative_error_median"] for r in rounds if r.get("memory")]
+    head = [
+        f"Median over rounds of the per-round median relative error |measured - modelled| / measured: "
+        f"{100 * statistics.median(errors):.1f}%. The fit: measured = gamma_rt' + s x delta_k gamma_0 over every "
+        "device-round so far.",
+        "",
+        "| round | device: modelled / measured | median relative error | fitted gamma_rt', s |",
+        "|---|---|---|---|",
+    ]
+    heading = f"## {name}: C7 modelled against the measured peak, per device and round (MiB, modelled / measured)"
+    return _section(heading, head, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

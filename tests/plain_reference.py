@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import torch
@@ -36,3 +37,20 @@ def plain_losses(cfg, task, indices, rounds: int = 1) -> list[float]:
             losses.append(float(loss.detach()))
             step += 1
     return losses
+
+
+def plain_steps(model, batches, spec):
+    """The un-split ``model`` (a copy) trained on ``batches`` in turn: one optimizer of ``spec`` per part, loss = sum /
+    count over the whole batch. (the trained copy, each step's loss)."""
+    model = copy.deepcopy(model).train()
+    opts = [spec.build(p.parameters()) for p in model.parts()]
+    losses = []
+    for data in batches:
+        for o in opts:
+            o.zero_grad()
+        s, c = model.loss_terms(data)
+        (s / c).backward()
+        for o in opts:
+            o.step()
+        losses.append(float((s / c).detach()))
+    return model, losses

@@ -11,7 +11,10 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
 def load(name: str) -> ModuleType:
-    """``results/<name>.py`` as the module ``name``, registered in sys.modules (its dataclasses look it up there)."""
+    """``results/<name>.py`` as the module ``name``, registered in sys.modules (its dataclasses look it up there);
+    results/ goes on ``sys.path`` first, as running the script puts it (its siblings and ``reportlib`` import)."""
+    if str(RESULTS) not in sys.path:
+        sys.path.insert(0, str(RESULTS))
     spec = importlib.util.spec_from_file_location(name, RESULTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -157,3 +157,36 @@ def test_cli_exit_status(package: Path, tmp_path: Path):
     clean.mkdir()
     (clean / "m.py").write_text(_function("fits60", 60))
     assert arch_check.main(["--strict", str(clean)]) == 0
+
+
+def test_the_scripts_folders_are_held_to_the_same_lengths_and_a_test_may_take_many_fixtures(tmp_path: Path):
+    tests, results = tmp_path / "tests", tmp_path / "results"
+    tests.mkdir()
+    results.mkdir()
+    (tests / "test_m.py").write_text(
+        f"def test_with_nine_fixtures({NINE}):\n    pass\n\n\ndef helper({NINE}):\n    pass\n"
+        + CALLS  # stage calls by name: not the scripts' concern
+    )
+    (results / "big.py").write_text("\n".join(f"x{i} = {i}" for i in range(401)) + "\n")
+    (results / "lengths.py").write_text(_function("long61", 61))
+    (results / "test_like.py").write_text(f"def test_outside_tests({NINE}):\n    pass\n")
+    report = arch_check.scan_folders([results, tests])
+    assert [(w.where, w.name) for w in report.wide] == [
+        ("results/test_like.py:1", "test_outside_tests"),
+        ("tests/test_m.py:5", "helper"),
+    ]
+    assert [(f.where, f.lines) for f in report.long_files] == [("results/big.py", 401)]
+    assert [f.name for f in report.long_functions] == ["long61"]
+    assert report.name_calls == []
+    assert not report.ok
+
+
+def test_cli_checks_the_folders_beside_the_package(tmp_path: Path):
+    pkg, tests = tmp_path / "pkg", tmp_path / "tests"
+    pkg.mkdir()
+    tests.mkdir()
+    (pkg / "m.py").write_text(_function("fits60", 60))
+    (tests / "test_m.py").write_text(_function("long61", 61))
+    assert arch_check.main(["--strict", str(pkg)]) == 1
+    assert arch_check.main(["--strict", str(pkg), "--folders", "results"]) == 0  # none there
+    assert arch_check.main(["--strict", str(pkg), "--folders"]) == 0  # the package alone

@@ -180,7 +180,7 @@ sys.exit(run(build_parser().parse_args(sys.argv[2:]), flwr_exe=sys.argv[1]))
 
 def test_sigterm_stops_the_run_and_everything_it_started(tmp_path, data_dir, monkeypatch):
     """`kill <pid>` of `collapipe run` used to end only the CLI: the run went on and the SuperLink stayed."""
-    from tests.test_experiments import FAKE_FLWR
+    from tests.test_experiments_launch import FAKE_FLWR
 
     fake = tmp_path / "fake_flwr"
     fake.write_text(FAKE_FLWR.format(python=sys.executable))

@@ -72,19 +72,8 @@ def test_pack_left_moves_kept_positions_first_in_order():
 
 def test_crf_head_loss_is_the_nll_of_the_labelled_tokens_and_predicts_at_them():
     torch.manual_seed(0)
-    model = build_bert(
-        BertSplitConfig(
-            vocab_size=50,
-            hidden=16,
-            n_heads=2,
-            d_ff=32,
-            layers=1,
-            dropout=0.0,
-            max_len=16,
-            head="token_crf",
-            num_labels=3,
-        )
-    )
+    sizes = dict(vocab_size=50, hidden=16, n_heads=2, d_ff=32, layers=1, dropout=0.0, max_len=16)
+    model = build_bert(BertSplitConfig(**sizes, head="token_crf", num_labels=3))
     head = model.head.eval()
     hidden = torch.randn(2, 6, 16)
     # row 0: [CLS] a b c [SEP] pad ; row 1: [CLS] a [SEP] pad pad pad

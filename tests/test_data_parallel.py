@@ -149,18 +149,9 @@ def test_plan_refuses_zero_data_users():
     [((0,), "1 user_devices for data_users=2"), ((0, 0), "distinct devices"), ((0, 3), "distinct devices in 0..2")],
 )
 def test_plan_refuses_user_devices_that_do_not_name_one_device_per_user(user_devices, message):
+    plan = dict(cluster=0, selected=True, channel=0, power_w=0.1, S=1, m=1, delta=(2, 0, 0))
     with pytest.raises(ValueError, match=message):
-        ClusterPlan(
-            cluster=0,
-            selected=True,
-            channel=0,
-            power_w=0.1,
-            S=1,
-            m=1,
-            delta=(2, 0, 0),
-            data_users=2,
-            user_devices=user_devices,
-        )
+        ClusterPlan(**plan, data_users=2, user_devices=user_devices)
 
 
 def test_average_weighs_by_examples_and_keeps_non_float_leaves():

@@ -17,7 +17,7 @@ from collapipe_flwr.fl.dataplane.protocol import (
 )
 from collapipe_flwr.fl.dataplane.wire import from_wire_int8, to_wire_int8
 from collapipe_flwr.pipeline.head import head_step
-from tests.test_dataplane import SECRET, Served, TokenHead, make_step
+from tests.dataplane_helpers import SECRET, Served, TokenHead, make_step
 
 
 def test_int8_by_hand():

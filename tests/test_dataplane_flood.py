@@ -18,7 +18,7 @@ import pytest
 from collapipe_flwr.errors import DataPlaneError
 from collapipe_flwr.fl.dataplane.backend import TRANSPORTS
 from collapipe_flwr.fl.dataplane.socket_wire import LENGTH
-from tests.test_dataplane import MAX_ABS, MAX_LEN, Served, TokenHead, make_step
+from tests.dataplane_helpers import MAX_ABS, MAX_LEN, Served, TokenHead, make_step
 
 FLOOD = 200  # connections the flood keeps open
 FLOOD_MAX_S = 30.0  # the flood's loop ends by itself after this, whatever happens to the test

@@ -21,7 +21,7 @@ from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.protocol import encode_step_request
 from collapipe_flwr.fl.dataplane.wire import encode_frame
 from collapipe_flwr.pipeline.head import head_step
-from tests.test_dataplane import MAX_ABS, MAX_LEN, SECRET, Served, TokenHead, make_step
+from tests.dataplane_helpers import MAX_ABS, MAX_LEN, SECRET, Served, TokenHead, make_step
 from tests.test_shm_leftovers import dead_pid
 
 SHM_DIR = Path("/dev/shm")

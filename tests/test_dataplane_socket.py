@@ -17,7 +17,7 @@ from collapipe_flwr.fl.dataplane.socket_wire import LENGTH, hello_frame
 from collapipe_flwr.fl.dataplane.wire import decode_frame
 from collapipe_flwr.fl.server.decoder.host import DecoderHost
 from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
-from tests.test_dataplane import MAX_LEN, SECRET, Served, TokenHead, assert_same_state, make_step, snapshot
+from tests.dataplane_helpers import MAX_LEN, SECRET, Served, TokenHead, assert_same_state, make_step, snapshot
 
 
 class PartsHead(TokenHead):

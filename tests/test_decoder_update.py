@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import copy
-import threading
 from dataclasses import dataclass
 
 import pytest
@@ -24,6 +23,7 @@ from collapipe_flwr.fl.dataplane.client import DecoderClient, DecoderClientSpec
 from collapipe_flwr.fl.server.decoder.host import DecoderHost, DecoderHostSpec
 from collapipe_flwr.fl.server.decoder.joint import JointSteps
 from collapipe_flwr.pipeline.head import head_step
+from tests.dataplane_helpers import run_cus_then_stop
 
 H, T, CLASSES = 8, 5, 3
 
@@ -82,13 +82,7 @@ def test_joint_update_equals_one_step_on_all_clusters(tmp_path, transport):
         finally:
             client.close()
 
-    threads = [threading.Thread(target=cu, args=(c,)) for c in (0, 1)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60)
-    host.close_round()
-    host.stop()
+    run_cus_then_stop(host, cu, [(0,), (1,)], 60)
     for s in range(3):
         # the reference: one Adam step of the plain head on both clusters' micro-batches (mean over all targets)
         zs = [z.clone().requires_grad_(True) for c in (0, 1) for z, _ in data[c][s]]

@@ -25,6 +25,7 @@ from collapipe_flwr.fl.dataplane.auth import cluster_key
 from collapipe_flwr.fl.dataplane.client import DecoderClient, DecoderClientSpec
 from collapipe_flwr.fl.server.decoder.host_spec import DecoderHostSpec
 from collapipe_flwr.fl.server.decoder.ordered import OrderedSteps
+from tests.dataplane_helpers import run_cus_then_stop
 from tests.test_decoder_update import H, TokenHead, _micro_batch, adam_host
 
 STEPS = 3
@@ -62,13 +63,7 @@ def _serve(data, delays: dict[int, float], lock_timeout_s: float = 30.0, seed: i
         finally:
             client.close()
 
-    threads = [threading.Thread(target=cu, args=(c,)) for c in reversed(clusters)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60)
-    host.close_round()
-    host.stop()
+    run_cus_then_stop(host, cu, [(c,) for c in reversed(clusters)], 60)
     assert not errors, errors
     return head, host, replies
 
@@ -154,13 +149,7 @@ def test_a_silent_cluster_is_left_out_on_the_host_and_the_others_complete():
             for step in data[c]:
                 client([z for z, _ in step], [mb for _, mb in step])
 
-    threads = [threading.Thread(target=cu, args=(c,)) for c in (2, 0)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(30)
-    host.close_round()
-    host.stop()
+    run_cus_then_stop(host, cu, [(2,), (0,)], 30)
     assert host.served_order == [(1, c, s) for s in range(1, STEPS + 1) for c in (0, 2)]
 
 
@@ -190,13 +179,7 @@ def test_a_cluster_that_finished_early_or_had_a_step_refused_holds_nobody_up(tra
                     refused.append(str(err))
 
     start = time.monotonic()
-    threads = [threading.Thread(target=cu, args=(1, 4)), threading.Thread(target=cu, args=(0, 2))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(30)
-    host.close_round()
-    host.stop()
+    run_cus_then_stop(host, cu, [(1, 4), (0, 2)], 30)
     assert time.monotonic() - start < 10.0 and len(refused) == 1 and "shape" in refused[0]
     assert host._last_seq[(1, 0)] == (2, 2)  # the refused step 2 had claimed its id: it can never come again
     assert host.served_order == [(1, 0, 1), (1, 1, 1), (1, 1, 2), (1, 1, 3), (1, 1, 4)]

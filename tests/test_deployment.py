@@ -8,6 +8,7 @@ import json
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
@@ -55,35 +56,10 @@ def test_superlink_and_two_supernodes_run_one_round(tmp_path, data_dir):
         )
 
     try:
-        start(
-            "superlink",
-            [
-                "flower-superlink",
-                "--insecure",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(link_port),
-                "--disable-runtime-dependency-installation",
-                "--database",
-                str(tmp_path / "state.db"),
-            ],
-        )
+        start("superlink", _superlink_command(link_port, tmp_path / "state.db"))
         _wait_healthy(link_port)
         for pid in range(2):
-            start(
-                f"supernode{pid}",
-                [
-                    "flower-supernode",
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{link_port}",
-                    "--port",
-                    str(free_port()),
-                    "--node-config",
-                    f"partition-id={pid} num-partitions=2",
-                ],
-            )
+            start(f"supernode{pid}", _supernode_command(link_port, pid))
         run_config = f'overrides="{OVERRIDES}" output-dir="{out}"'
         proc = run(["flwr", "run", ".", "deploy", "--stream", "--run-config", run_config], env, ROOT, timeout=900)
     finally:
@@ -99,12 +75,44 @@ def test_superlink_and_two_supernodes_run_one_round(tmp_path, data_dir):
     assert sorted(clients) == ["0", "1"]
     assert all(c["steps"] == 3 for c in clients.values())
     assert "val_accuracy" in trained[0]
-    # stop_pids returns once each process is gone or a zombie; reap them (a SIGKILLed process on a loaded machine
-    # can take a moment to become one), and name any that is still running
+    left = _unreaped(procs)
+    assert not left, f"still running after stop_pids: {left}"
+
+
+def _superlink_command(port: int, database: Path) -> list[str]:
+    return [
+        "flower-superlink",
+        "--insecure",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--disable-runtime-dependency-installation",
+        "--database",
+        str(database),
+    ]
+
+
+def _supernode_command(link_port: int, partition: int) -> list[str]:
+    return [
+        "flower-supernode",
+        "--insecure",
+        "--superlink",
+        f"127.0.0.1:{link_port}",
+        "--port",
+        str(free_port()),
+        "--node-config",
+        f"partition-id={partition} num-partitions=2",
+    ]
+
+
+def _unreaped(procs: list[subprocess.Popen]) -> list[str]:
+    """stop_pids returns once each process is gone or a zombie; reap them (a SIGKILLed process on a loaded machine
+    can take a moment to become one), and name any that is still running."""
     left = []
     for p in procs:
         try:
             p.wait(timeout=30)
         except subprocess.TimeoutExpired:
             left.append(f"{p.args[0]} (pid {p.pid}, {alive(p.pid) and psutil.Process(p.pid).status()})")
-    assert not left, f"still running after stop_pids: {left}"
+    return left

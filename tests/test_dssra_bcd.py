@@ -18,21 +18,14 @@ from collapipe_flwr.dssra.policies import make_policy
 from collapipe_flwr.dssra.specs import parse_scheduler
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.state import StateSampler
-from collapipe_flwr.system.workload import Workload
+from tests.workloads import COMPUTE_HEAVY
 
 
 def conf(group: str, name: str) -> dict:
     return yaml.safe_load((CONF_DIR / group / f"{name}.yaml").read_text())
 
 
-WORKLOAD = Workload(
-    forward_flops=(2e9,) * 6,
-    backward_flops=(4e9,) * 6,
-    boundary_bytes=(4e3,) * 7,
-    param_bytes=(1e5,) * 6,
-    saved_bytes=(1e4,) * 6,
-    batch_size=16,
-)
+WORKLOAD = COMPUTE_HEAVY
 
 
 def policy(V: float, bcd: int, drift: str, spec, Y):

@@ -22,7 +22,8 @@ from collapipe_flwr.dssra.specs import SchedulerSpec, parse_scheduler
 from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.state import RoundState, StateSampler
-from collapipe_flwr.system.workload import RoundShape, Workload, measure_workload
+from collapipe_flwr.system.workload import RoundShape, measure_workload
+from tests.workloads import COMPUTE_HEAVY
 
 
 class Block(nn.Module):
@@ -192,15 +193,7 @@ GAMMA_MAX = 3.0  # with grad_bound 30: Gamma = 0.25 S^2 + 1.5 (+ tiny), between 
 
 
 def lyapunov_run(V: float, rounds: int) -> tuple[float, float]:
-    # a compute-heavy encoder (6 blocks, 6 GFLOP per sample and block), so more stages cut the delay
-    workload = Workload(
-        forward_flops=(2e9,) * 6,
-        backward_flops=(4e9,) * 6,
-        boundary_bytes=(4e3,) * 7,
-        param_bytes=(1e5,) * 6,
-        saved_bytes=(1e4,) * 6,
-        batch_size=16,
-    )
+    workload = COMPUTE_HEAVY  # (6 blocks, 6 GFLOP per sample and block), so more stages cut the delay
     spec = NetworkSpec.from_config(conf("network", "paper_table2"), 3)
     # Gamma_max below what the delay-optimal S gives, so the queue has to work
     sched = raw_scheduler("dssra", V=V, max_m=8)

@@ -49,7 +49,10 @@ def test_matching_skips_cus_without_a_feasible_channel():
     assert match_channels(cost, np.zeros(2)) == [0, None]
 
 
-def grid_objective(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max, points=200001):
+def grid_objective(pairs: tuple, i: int, points: int = 200001) -> float:
+    """The best objective of pair ``i`` of ``pairs`` (:func:`random_pairs`' arrays) over a grid of ``points`` powers
+    in (0, P_max], C8' held; inf where no grid power meets it."""
+    V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max = (x[i] for x in pairs)
     p = np.linspace(P_max / points, P_max, points)
     rate = B * np.log2(1 + g * p)
     delay = bits / rate
@@ -60,21 +63,13 @@ def grid_objective(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max, points=200
 
 @pytest.mark.parametrize("seed", range(4))
 def test_power_within_half_percent_of_grid_search(seed):
-    rng = np.random.default_rng(seed)
-    P = 40
-    V = 10 ** rng.uniform(-2, 2, P)
-    bits = rng.uniform(1e6, 8e7, P)
-    B = rng.uniform(4e5, 6e5, P)
-    h = 10 ** (rng.uniform(-0.12, -0.08, P) / 10) * rng.exponential(1.0, P)
-    I = rng.uniform(0.06, 0.08, P)
-    g = h / (I + B * 4e-21)
-    w_gamma = rng.uniform(0, 50, P) * rng.choice([0, 1], P)
-    w_lin = rng.uniform(0, 500, P) * rng.choice([0, 1], P)
-    E_max, P_max = 10.0 * rng.uniform(0.5, 3, P), np.full(P, 0.5)
+    pairs = random_pairs(seed)
+    V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max = pairs
+    P = len(V)
     p = optimal_power(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max)
     checked = 0
     for i in range(P):
-        best = grid_objective(V[i], bits[i], B[i], g[i], h[i], I[i], w_gamma[i], w_lin[i], E_max[i], P_max[i])
+        best = grid_objective(pairs, i)
         if math.isinf(best):
             continue
         assert not np.isnan(p[i])  # the grid found a C8'-feasible power, so must the solver
@@ -104,14 +99,15 @@ def random_pairs(seed: int, P: int = 40):
 @pytest.mark.parametrize("seed", range(4))
 def test_dinkelbach_sca_within_half_percent_of_grid_and_equal_to_direct(seed):
     """The DSSRA power path (Dinkelbach + SCA, CVXPY) against a fine grid and the direct convex solver."""
-    V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max = random_pairs(100 + seed)
+    pairs = random_pairs(100 + seed)
+    V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max = pairs
     result = dinkelbach_sca_power(PowerProblem(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max))
     p = result.power_w
     direct = optimal_power(V, bits, B, g, h, I, w_gamma, w_lin, E_max, P_max)
     assert result.iterations >= 2  # interior optima (w_lin > 0) really iterate
     checked = 0
     for i in range(len(V)):
-        best = grid_objective(V[i], bits[i], B[i], g[i], h[i], I[i], w_gamma[i], w_lin[i], E_max[i], P_max[i])
+        best = grid_objective(pairs, i)
         if math.isinf(best):
             assert np.isnan(p[i]) and np.isnan(direct[i])
             continue
@@ -206,18 +202,11 @@ def test_cu_selection_with_more_cus_than_channels_equals_brute_force(N):
     from collapipe_flwr.dssra.specs import parse_scheduler
     from collapipe_flwr.system.network import NetworkSpec
     from collapipe_flwr.system.state import StateSampler
-    from collapipe_flwr.system.workload import Workload
     from tests.conf_files import conf_group
+    from tests.workloads import uniform_workload
 
     spec = NetworkSpec.from_config(conf_group("network", "selection"), N)
-    workload = Workload(
-        forward_flops=(1e8,) * 4,
-        backward_flops=(2e8,) * 4,
-        boundary_bytes=(2e4,) * 5,
-        param_bytes=(1e5,) * 4,
-        saved_bytes=(1e4,) * 4,
-        batch_size=8,
-    )
+    workload = uniform_workload(4, 1e8, 2e4, 1e5, 1e4, 8)
     rng = np.random.default_rng(N)
     for t in range(4):
         sched = parse_scheduler(conf_group("scheduler", "dssra", V=float(rng.choice([0.01, 1.0]))))

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from collapipe_flwr.apps import evaluate, train_central
+from tests.central_runs import tiny_classification_args
 
 
 @pytest.fixture(scope="module")
@@ -19,21 +20,7 @@ def trained(data_dir, tmp_path_factory):
     quiet = contextlib.redirect_stderr(io.StringIO())
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), quiet:
         patch.setenv("COLLAPIPE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        summary = train_central.main(
-            [
-                "task=classification",
-                "model=bert_tiny",
-                f"data_dir={data_dir}",
-                "eval.max_examples=32",
-                "--max-steps",
-                "3",
-                "--train-examples",
-                "64",
-                "--quiet",
-                "--save",
-                str(folder),
-            ]
-        )
+        summary = train_central.main([*tiny_classification_args(data_dir, 64), "--save", str(folder)])
     return folder, summary, out.getvalue().strip().splitlines()[-1]
 
 

@@ -42,6 +42,7 @@ from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.memory import SizedBlock
 from collapipe_flwr.pipeline.optim import OptimizerSpec
+from tests.segment_chain import chain_backward, segments_forward
 
 ARCHS = ("bert", "roberta", "gpt2", "llama", "qwen2", "mistral")
 V, H, L, B, T = 100, 32, 4, 4, 9
@@ -110,23 +111,11 @@ def make_batch(task: str, seed: int) -> dict[str, torch.Tensor]:
 def segmented_backward(split, batch, delta) -> float:
     """embedding -> the segments of ``delta`` (each from a detached leaf, as pipeline stages) -> head; backward
     through the same chain; returns the loss."""
-    mask = batch["attention_mask"]
-    embedded = split.embedding(batch["input_ids"])
-    x, chain = embedded, []
-    for _, a, b in segment_bounds(delta):
-        leaf = x.detach().requires_grad_(True)
-        x = leaf
-        for block in split.blocks[a:b]:
-            x = block(x, mask)
-        chain.append((leaf, x))
-    z_enc = x.detach().requires_grad_(True)
-    loss_sum, count = split.head.loss_terms(z_enc, mask, batch)
+    embedded, z_enc, chain = segments_forward(split, batch, delta)
+    loss_sum, count = split.head.loss_terms(z_enc, batch["attention_mask"], batch)
     loss = loss_sum / count
     loss.backward()
-    grad = z_enc.grad
-    for leaf, out in reversed(chain):
-        out.backward(grad)
-        grad = leaf.grad
+    grad = chain_backward(z_enc, chain)
     if embedded.requires_grad:
         embedded.backward(grad)
     return loss.item()

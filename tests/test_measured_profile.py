@@ -100,14 +100,8 @@ def test_an_emulated_slow_device_is_profiled_at_its_true_ratio():
 def _two_ray_devices() -> ClusterPipeline:
     """Two equal device actors of one thread each, two blocks on each."""
     model = make_model()
-    return ClusterPipeline(
-        model.embedding,
-        model.blocks,
-        (2, 2),
-        ADAM,
-        devices=[device(1e9)] * 2,
-        runtime=runtime(backend="ray", actor_threads=1),
-    )
+    ray_runtime = runtime(backend="ray", actor_threads=1)
+    return ClusterPipeline(model.embedding, model.blocks, (2, 2), ADAM, devices=[device(1e9)] * 2, runtime=ray_runtime)
 
 
 def _workload(model, steps: int = 2):

@@ -20,19 +20,10 @@ from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.state import StateSampler
 from collapipe_flwr.system.workload import Workload
 from tests.test_dssra_policies import check_constraints
+from tests.workloads import uniform_workload
 
 METHODS = ("collapipe", "collapipe_no_ss", "vanilla_fl", "pipeline", "titanic")
-WORKLOAD = Workload(
-    forward_flops=(4e8,) * 5,
-    backward_flops=(8e8,) * 5,
-    boundary_bytes=(8e3,) * 6,
-    param_bytes=(2e5,) * 5,
-    saved_bytes=(5e4,) * 5,
-    batch_size=16,
-    steps_per_round=2,
-    extra_upload_bytes=1e5,
-    head_bytes=3e5,
-)
+WORKLOAD = uniform_workload(5, 4e8, 8e3, 2e5, 5e4, 16, steps_per_round=2, extra_upload_bytes=1e5, head_bytes=3e5)
 
 
 def conf(group: str, name: str) -> dict:
@@ -116,22 +107,10 @@ def test_proportional_split_by_hand():
 def hand_model(caps, speeds, L=6) -> ClusterModel:
     K = len(caps)
     speeds = np.asarray(speeds, dtype=float)
-    return ClusterModel(
-        cluster=0,
-        num_blocks=L,
-        batch_size=8,
-        steps=1,
-        flops_per_sample_block=1e8,
-        activation_bits=1e3,
-        flops_per_second=speeds,
-        flops_per_cycle=np.full(K, 10.0),
-        f_hz=speeds / 10.0,
-        d2d_rate=np.full(K, 1e9),
-        d2d_power=np.full(K, 0.1),
-        memory_cap=np.asarray(caps),
-        energy_max=1e9,
-        kappa=1e-28,
-    )
+    work = dict(cluster=0, num_blocks=L, batch_size=8, steps=1, flops_per_sample_block=1e8, activation_bits=1e3)
+    devices = dict(flops_per_second=speeds, flops_per_cycle=np.full(K, 10.0), f_hz=speeds / 10.0)
+    links = dict(d2d_rate=np.full(K, 1e9), d2d_power=np.full(K, 0.1))
+    return ClusterModel(**work, **devices, **links, memory_cap=np.asarray(caps), energy_max=1e9, kappa=1e-28)
 
 
 def test_titanic_splits_in_proportion_to_capability():

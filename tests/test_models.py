@@ -25,16 +25,8 @@ SIZES = dict(vocab_size=40, hidden=16, n_heads=2, d_ff=24, layers=3, dropout=0.0
 
 
 def hf_config(layers: int = 3) -> BertConfig:
-    return BertConfig(
-        vocab_size=40,
-        hidden_size=16,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        intermediate_size=24,
-        max_position_embeddings=12,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    sizes = dict(vocab_size=40, hidden_size=16, num_attention_heads=2, intermediate_size=24, max_position_embeddings=12)
+    return BertConfig(**sizes, num_hidden_layers=layers, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
 def inputs():

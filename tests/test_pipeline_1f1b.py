@@ -18,7 +18,6 @@ from collapipe_flwr.dssra.cluster_model import ClusterModel
 from collapipe_flwr.dssra.segments import fixed_segments
 from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
 from collapipe_flwr.fl.messages import unpack_weights
-from collapipe_flwr.models.bert import BertSplitConfig, build_bert
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec
@@ -26,6 +25,9 @@ from collapipe_flwr.pipeline.runtime_spec import LOCAL_RUNTIME
 from collapipe_flwr.pipeline.schedule import one_f_one_b_order
 from collapipe_flwr.system.pipeline_model import held_micro_batches, held_samples
 from collapipe_flwr.system.workload import Workload
+from tests.plain_reference import plain_steps
+from tests.tiny_models import tiny_bert
+from tests.workloads import uniform_workload
 
 ADAM = OptimizerSpec(name="adam", lr=1e-2)
 SGD_ONE = OptimizerSpec(name="sgd", lr=1.0)  # one step: parameters before - after = the gradient
@@ -35,20 +37,7 @@ PARTITIONS = {2: ((3, 3, 0), (2, 0, 4)), 3: ((2, 2, 2), (1, 3, 2))}
 
 
 def bert(hidden: int = 16, dtype=torch.float64):
-    torch.manual_seed(0)
-    model = build_bert(
-        BertSplitConfig(
-            vocab_size=29,
-            hidden=hidden,
-            n_heads=2,
-            d_ff=2 * hidden,
-            layers=L,
-            dropout=0.0,
-            max_len=64,
-            head="token",
-            num_labels=5,
-        )
-    )
+    model = tiny_bert(29, hidden, 2 * hidden, L, 5)
     for part in model.parts():
         part.to(dtype)
     return model
@@ -61,22 +50,6 @@ def batch(seed: int, B: int = 16, T: int = 9) -> dict[str, torch.Tensor]:
     labels = torch.randint(0, 5, (B, T), generator=g).masked_fill(mask == 0, -100)
     labels[:, 0] = -100
     return {"input_ids": torch.randint(1, 29, (B, T), generator=g) * mask, "attention_mask": mask, "labels": labels}
-
-
-def plain_steps(model, batches, spec):
-    """The un-split model: one optimizer per part, loss = sum / count over the whole batch."""
-    model = copy.deepcopy(model).train()
-    opts = [spec.build(p.parameters()) for p in model.parts()]
-    losses = []
-    for data in batches:
-        for o in opts:
-            o.zero_grad()
-        s, c = model.loss_terms(data)
-        (s / c).backward()
-        for o in opts:
-            o.step()
-        losses.append(float((s / c).detach()))
-    return model, losses
 
 
 def pipeline_steps(model, batches, spec, schedule: str, S: int, m: int, runtime=LOCAL_RUNTIME, traces=None):
@@ -225,15 +198,7 @@ def test_schedule_is_a_validated_config_choice(data_dir):
 
 # -- (d) C7 under 1F1B, by hand -----------------------------------------------------------------------------
 def workload(schedule: str) -> Workload:
-    return Workload(
-        forward_flops=(1e6,) * 4,
-        backward_flops=(2e6,) * 4,
-        boundary_bytes=(1e3,) * 5,
-        param_bytes=(1000.0,) * 4,
-        saved_bytes=(50.0,) * 4,
-        batch_size=20,
-        schedule=schedule,
-    )
+    return uniform_workload(4, 1e6, 1e3, 1000.0, 50.0, 20, schedule=schedule)
 
 
 def test_c7_activation_term_follows_the_schedule_by_hand():

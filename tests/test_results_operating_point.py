@@ -3,18 +3,15 @@ follow the records by hand."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from tests.results_scripts import load
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("operating_point", ROOT / "results" / "operating_point.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("operating_point")
 
 
 def test_the_committed_table_is_regenerated_from_the_kept_records():

@@ -4,20 +4,17 @@ headline figures follow the records by hand."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
+
+from tests.results_scripts import load
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "pretrained_lora"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("pretrained_lora", ROOT / "results" / "pretrained_lora.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("pretrained_lora")
 
 
 def test_the_committed_readme_is_regenerated_from_the_kept_records():

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from collapipe_flwr.pipeline.schedule import gpipe_critical_path_s
+from tests.workloads import random_call_times
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +63,7 @@ def test_random_call_times_match_the_longest_path_through_the_calls():
     rng = random.Random(0)
     for _ in range(50):
         S, m = rng.randint(1, 5), rng.randint(1, 8)
-        forward = [[rng.uniform(0.01, 1.0) for _ in range(S)] for _ in range(m)]
-        backward = [[rng.uniform(0.01, 1.0) for _ in range(S)] for _ in range(m)]
+        forward, backward = random_call_times(rng, S, m)
         assert gpipe_critical_path_s(forward, backward) == pytest.approx(_longest_path(forward, backward))
 
 

@@ -10,6 +10,7 @@ import torch
 
 from collapipe_flwr.tasks.lr_schedule import lr_factor
 from collapipe_flwr.tasks.registry import build_task
+from tests.central_runs import tiny_classification_args
 from tests.task_specs import specs
 
 
@@ -66,23 +67,8 @@ def test_cli_prints_the_metric_last(data_dir, tmp_path, capsys, monkeypatch, pre
     from collapipe_flwr.apps import train_central
 
     monkeypatch.setenv("COLLAPIPE_CACHE_DIR", str(tmp_path))
-    summary = train_central.main(
-        [
-            "task=classification",
-            "model=bert_tiny",
-            f"data_dir={data_dir}",
-            "eval.max_examples=32",
-            "--max-steps",
-            "3",
-            "--train-examples",
-            "256",
-            "--quiet",
-            "--json",
-            str(tmp_path / "m.json"),
-            "--precision",
-            precision,
-        ]
-    )
+    args = [*tiny_classification_args(data_dir, 256), "--json", str(tmp_path / "m.json"), "--precision", precision]
+    summary = train_central.main(args)
     assert json.loads((tmp_path / "m.json").read_text())["precision"] == precision
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("accuracy: ")

@@ -35,20 +35,8 @@ ADAM = OptimizerSpec(name="adam", lr=1e-3)
 def make_model(family: str, head: str = "token") -> SplitModel:
     torch.manual_seed(0)
     if family == "transformer":
-        model = build_transformer(
-            TransformerConfig(
-                src_vocab=23,
-                tgt_vocab=19,
-                d_model=16,
-                n_heads=2,
-                d_ff=32,
-                enc_layers=L,
-                dec_layers=2,
-                dropout=0.0,
-                max_len=16,
-                pad_id=0,
-            )
-        )
+        sizes = dict(src_vocab=23, tgt_vocab=19, d_model=16, n_heads=2, d_ff=32, enc_layers=L, dec_layers=2)
+        model = build_transformer(TransformerConfig(**sizes, dropout=0.0, max_len=16, pad_id=0))
     else:
         model = build_bert(
             BertSplitConfig(

@@ -13,6 +13,7 @@ from torch import nn
 from collapipe_flwr.pipeline.schedule import one_f_one_b_order, stage_order_critical_path_s
 from collapipe_flwr.pipeline.timings import CallCpu
 from collapipe_flwr.pipeline.virtual_clock import ClusterClock, StepCalls, virtual_step, virtual_steps, virtual_users
+from tests.workloads import random_call_times
 
 
 def _clock(K, scale=1.0, rate=0.0, latency=0.0, uplink=0.0):
@@ -101,8 +102,7 @@ def test_1f1b_critical_path_equals_a_longest_path_over_random_calls():
     rng = random.Random(3)
     for _ in range(30):
         S, m = rng.randint(1, 4), rng.randint(1, 6)
-        forward = [[rng.uniform(0.01, 1) for _ in range(S)] for _ in range(m)]
-        backward = [[rng.uniform(0.01, 1) for _ in range(S)] for _ in range(m)]
+        forward, backward = random_call_times(rng, S, m)
         got = stage_order_critical_path_s(forward, backward, "1f1b")
         assert got == pytest.approx(_longest_path_1f1b(forward, backward))
 

@@ -25,7 +25,6 @@ import os
 import re
 import secrets
 from pathlib import Path
-from types import TracebackType
 
 from collapipe_flwr.errors import TestbedError
 from collapipe_flwr.testbed.cgroup_hierarchy import (
@@ -39,6 +38,7 @@ from collapipe_flwr.testbed.cgroup_hierarchy import (
     read_value,
     write_value,
 )
+from collapipe_flwr.testbed.removal import RemovedOnExit
 
 PARENT = "collapipe"
 DEFAULT_PERIOD_US = 100_000  # the kernel's default CFS period (100 ms)
@@ -86,7 +86,7 @@ def _check_pid(pid: int) -> int:
     return pid
 
 
-class CpuQuota:
+class CpuQuota(RemovedOnExit):
     """A child cgroup that holds a CFS quota and the processes put under it; see the module docstring.
 
     Make one with :meth:`apply`; use it as a context manager or call :meth:`remove` (idempotent).
@@ -235,14 +235,6 @@ class CpuQuota:
             return
         empty_and_remove(self.path, (self.origin, self.hierarchy.mount))
         self._removed = True
-
-    def __enter__(self) -> CpuQuota:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.remove()
 
     def __repr__(self) -> str:
         state = "removed" if self._removed else f"pids={self.pids()}"

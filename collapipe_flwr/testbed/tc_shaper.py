@@ -23,9 +23,9 @@ import re
 import shutil
 import subprocess
 import sys
-from types import TracebackType
 
 from collapipe_flwr.errors import TestbedError
+from collapipe_flwr.testbed.removal import RemovedOnExit
 
 FIX = "run as root (CAP_NET_ADMIN) on Linux with iproute2's tc, or set testbed.tc_shaper=false"
 _DEV = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
@@ -94,7 +94,7 @@ def _run(argv: list[str], what: str) -> str:
     return done.stdout
 
 
-class TcShaper:
+class TcShaper(RemovedOnExit):
     """A root tbf qdisc on one interface (optionally inside a network namespace); see the module docstring.
 
     Make one with :meth:`apply`; use it as a context manager or call :meth:`remove` (idempotent; restores
@@ -169,14 +169,6 @@ class TcShaper:
         ours = any(q.get("root") and q.get("handle") == self.handle for q in json.loads(out or "[]"))
         if ours:
             _run(self._argv("tc", "qdisc", "del", "dev", self.dev, "root"), f"cannot unshape {self.dev}")
-
-    def __enter__(self) -> TcShaper:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.remove()
 
     def __repr__(self) -> str:
         where = f" in netns {self.netns}" if self.netns else ""
