@@ -138,7 +138,7 @@ def test_a_device_actor_is_set_beside_the_bytes_the_model_charges_its_segment(tm
 
 
 def test_the_launcher_keeps_the_runs_memory_beside_its_status(tmp_path, monkeypatch):
-    from tests.test_experiments import FAKE_FLWR
+    from tests.test_experiments_launch import FAKE_FLWR
 
     fake = tmp_path / "fake_flwr"
     fake.write_text(FAKE_FLWR.format(python=sys.executable))
