@@ -142,8 +142,15 @@ def dequantise(gguf: Path, out: Path) -> None:
 
 
 def _write_manifest(tmp: Path, key: dict[str, Any], gguf: Path) -> None:
-    """The manifest, last: the key, the GGUF file's sha256 and every file's size (synced before the rename)."""
+    """The manifest, last: the key, the GGUF file's sha256 and every file's size (the files and the manifest synced
+    to disk before the rename, so a crash cannot leave a renamed folder whose files were never written)."""
     files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    for name in files:
+        fd = os.open(tmp / name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     manifest = {"key": key, "gguf_sha256": _sha256(gguf), "files": files}
     with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)
