@@ -42,6 +42,21 @@ def _cu_state_in_a_temp_folder(tmp_path_factory):
         os.environ[STATE_DIR_ENV] = previous
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _gguf_cache_in_a_temp_folder(tmp_path_factory):
+    """GGUF bases are dequantised once per test session into a temporary folder (models/hf/gguf_cache.py), not into
+    ~/.cache, in every test and every process a test starts (the variable is inherited)."""
+    from collapipe_flwr.models.hf.gguf_cache import CACHE_ENV
+
+    previous = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("gguf-cache"))
+    yield
+    if previous is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = previous
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     path = _data_dir()

@@ -1,7 +1,8 @@
 """The tokenizer of a Hugging Face causal LM: the model folder's own, or a byte-level BPE trained once here.
 
 - ``model.hf_folder`` set: ``AutoTokenizer.from_pretrained(folder, local_files_only=True)`` (a hub id only with
-  ``model.allow_hub``; with ``model.gguf_file`` the tokenizer inside the GGUF file);
+  ``model.allow_hub``; with ``model.gguf_file`` the tokenizer inside the GGUF file, from the folder the GGUF cache
+  writes once per machine, models/hf/gguf_cache.py);
 - a from-scratch model (no folder): a byte-level BPE (GPT-2's scheme: every byte string is encodable, no
   unknown token) trained with ``tokenizers`` on the training file, saved as a Hugging Face tokenizer folder
   under ``<cache_dir>/tokenizers/`` and loaded back with ``AutoTokenizer``. The folder's name hashes the
@@ -47,14 +48,23 @@ def check_settings(settings: Any) -> dict[str, int]:
 
 def folder_tokenizer(source: str, allow_hub: bool = False, gguf_file: str = ""):
     """The tokenizer stored with the model (``local_files_only`` unless the hub is allowed): the folder's tokenizer
-    files, or with ``gguf_file`` the tokenizer inside that GGUF file. ``source`` may be ``package:...``
-    (models/packaged.py), resolved here."""
+    files, or with ``gguf_file`` the tokenizer inside that GGUF file (of a local folder: read from the folder the GGUF
+    cache writes once per machine, models/hf/gguf_cache.py). ``source`` may be ``package:...`` (models/packaged.py),
+    resolved here."""
     from transformers import AutoTokenizer
 
     folder = resolve_folder(source)
     local = Path(folder).expanduser().is_dir()
     if not local and not allow_hub:  # parse_model refuses this earlier; never download by accident
         raise ConfigError(f"model.hf_folder={source!r} is not a local folder and model.allow_hub is false")
+    if local and gguf_file:
+        from collapipe_flwr.models.hf.gguf_cache import cached_base, damaged_entry
+
+        entry = cached_base(source, gguf_file)
+        try:
+            return AutoTokenizer.from_pretrained(str(entry), local_files_only=True)
+        except Exception as err:  # noqa: BLE001 - a damaged tokenizer file raises anything from OSError on
+            raise damaged_entry(entry, err) from None
     try:
         return AutoTokenizer.from_pretrained(
             str(Path(folder).expanduser()) if local else source,

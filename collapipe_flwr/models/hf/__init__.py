@@ -18,7 +18,7 @@ block's O(B T H^2). The pipeline thus never learns the family.
 Modules: ``support`` (supported types, the error), ``blocks`` (the block base), ``masks``, ``gpt2``,
 ``llama`` (Llama / Qwen2 / Mistral), ``bert_like`` (BERT / RoBERTa), ``causal_lm_head``,
 ``classification_head``, ``tying`` (tied embeddings across CU and server), ``splitter``, ``loading``,
-``lora``.
+``gguf_cache`` (a GGUF base dequantised once per machine), ``quiet``, ``lora``.
 """
 
 from collapipe_flwr.models.hf.loading import load_hf_model, load_split

@@ -7,9 +7,6 @@ default: the pipeline exchanges fp32 activations and applies ``runtime.precision
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,8 @@ from transformers import (
 )
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.models.hf.gguf_cache import cached_base, damaged_entry
+from collapipe_flwr.models.hf.quiet import quiet_transformers
 from collapipe_flwr.models.hf.splitter import split_hf_model
 from collapipe_flwr.models.hf.support import check_supported
 from collapipe_flwr.models.packaged import resolve_folder
@@ -41,25 +40,6 @@ def _auto_class(task: str) -> Any:
     return TASKS[task]
 
 
-@contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """transformers' progress bars (a GGUF file's "Converting and de-quantizing", "Loading weights") and library
-    warnings off for a while, so a run's log keeps one line per event (process-wide settings, restored after)."""
-    from transformers.utils import logging as hf_logging
-
-    level, shown = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if shown:
-            hf_logging.enable_progress_bar()
-
-
 def load_hf_model(
     source: str | Path | PretrainedConfig,
     task: str = "causal_lm",
@@ -74,8 +54,9 @@ def load_hf_model(
     only with ``allow_hub=True``, a hub model id. ``model_kwargs`` go to ``from_pretrained`` / ``from_config``
     (e.g. ``attn_implementation``); ``config_kwargs`` override the folder's config.json (e.g. ``num_labels`` of a
     fresh classifier, dropout). ``source`` may be ``package:<module>[/<sub>]`` (a folder inside an installed package,
-    models/packaged.py); ``gguf_file``: config and weights (dequantised to ``dtype``) come from that GGUF file in
-    the folder (transformers reads it with the ``gguf`` package)."""
+    models/packaged.py); ``gguf_file``: config and weights come from that GGUF file in the folder, dequantised once
+    per machine into a cached folder that later loads read (models/hf/gguf_cache.py; a hub id: transformers
+    reads the file with the ``gguf`` package at each load)."""
     auto = _auto_class(task)
     if isinstance(source, PretrainedConfig):
         check_supported(source)
@@ -87,8 +68,29 @@ def load_hf_model(
             f"{source} is not a local folder; point at a folder holding config.json and the weights, or pass "
             "allow_hub=True to download it"
         )
+    if gguf_file and local:  # dequantised once per machine, then read from the cache (models/hf/gguf_cache.py)
+        entry = cached_base(source, gguf_file)
+        try:
+            return _from_folder(auto, str(entry), True, {}, dtype, config_kwargs, model_kwargs)
+        except ConfigError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a damaged safetensors file raises anything from OSError on
+            raise damaged_entry(entry, err) from None
     where = str(folder) if local else str(source)
     gguf = {"gguf_file": gguf_file} if gguf_file else {}
+    return _from_folder(auto, where, local, gguf, dtype, config_kwargs, model_kwargs)
+
+
+def _from_folder(
+    auto: Any,
+    where: str,
+    local: bool,
+    gguf: dict[str, str],
+    dtype: torch.dtype,
+    config_kwargs: dict[str, Any] | None,
+    model_kwargs: dict[str, Any],
+) -> Any:
+    """``auto.from_pretrained(where)`` after its config's model type is checked (transformers quiet)."""
     with quiet_transformers():
         config = AutoConfig.from_pretrained(where, local_files_only=local, **gguf, **(config_kwargs or {}))
         check_supported(config)
