@@ -41,6 +41,7 @@ def test_the_kind_of_a_process_comes_from_its_command_line():
     assert kind_of("ray::StageActor.forward()") == "device actors"
     assert kind_of("ray::ClientAppActor") == "CU workers"
     assert kind_of("ray::IDLE") == "Ray idle workers"
+    assert kind_of("ray::DashboardAgent") == kind_of("ray::RuntimeEnvAgent") == "Ray (GCS, raylet, agents)"
     assert (
         kind_of("/v/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --node") == "Ray (GCS, raylet, agents)"
     )

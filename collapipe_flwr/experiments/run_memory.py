@@ -49,6 +49,8 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("device actors", "ray::StageActor"),
     ("CU workers", "ray::ClientAppActor"),
     ("Ray idle workers", "ray::IDLE"),
+    ("Ray (GCS, raylet, agents)", "ray::DashboardAgent"),
+    ("Ray (GCS, raylet, agents)", "ray::RuntimeEnvAgent"),
     ("Ray (GCS, raylet, agents)", "/ray/"),
     ("server (ServerApp, decoder)", "flwr-simulation"),
     ("server (ServerApp, decoder)", "flwr-serverapp"),
