@@ -152,6 +152,18 @@ FAKE_FLWR = textwrap.dedent('''\
 ''')
 
 
+def fake_job(tmp_path, job_labels: dict) -> JobSpec:
+    """A 2-CU job in ``tmp_path/job`` for the stand-in flwr CLI (:data:`FAKE_FLWR`)."""
+    return JobSpec(
+        job_dir=tmp_path / "job",
+        overrides=("method=collapipe", "run_name=run"),
+        num_supernodes=2,
+        data_dir=str(tmp_path),
+        timeout_s=60.0,
+        labels=job_labels,
+    )
+
+
 @pytest.fixture
 def fake_flwr(tmp_path):
     path = tmp_path / "fake_flwr"
@@ -170,15 +182,7 @@ def test_an_old_summary_does_not_make_a_run_that_did_not_happen_a_success(tmp_pa
     old.write_text('{"old": true}')
     past = time.time() - 60
     os.utime(old, (past, past))
-    job = JobSpec(
-        job_dir=tmp_path / "job",
-        overrides=("method=collapipe", "run_name=run"),
-        num_supernodes=2,
-        data_dir=str(tmp_path),
-        timeout_s=60.0,
-        labels=labels(),
-    )
-    status = launch(job, echo=None, flwr_exe=str(fake_flwr))
+    status = launch(fake_job(tmp_path, labels()), echo=None, flwr_exe=str(fake_flwr))
     assert status["ok"] is False and "summary.json" in status["error"]
     assert old.read_text() == '{"old": true}'
 

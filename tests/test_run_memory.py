@@ -11,7 +11,6 @@ import time
 
 import psutil
 
-from collapipe_flwr.experiments.job import JobSpec
 from collapipe_flwr.experiments.launch import launch
 from collapipe_flwr.experiments.run_memory import (
     MEMORY_FILE,
@@ -139,22 +138,14 @@ def test_a_device_actor_is_set_beside_the_bytes_the_model_charges_its_segment(tm
 
 
 def test_the_launcher_keeps_the_runs_memory_beside_its_status(tmp_path, monkeypatch):
-    from tests.test_experiments_launch import FAKE_FLWR
+    from tests.test_experiments_launch import FAKE_FLWR, fake_job
 
     fake = tmp_path / "fake_flwr"
     fake.write_text(FAKE_FLWR.format(python=sys.executable))
     fake.chmod(0o755)
     monkeypatch.setenv("PIDFILE", str(tmp_path / "superlink.pid"))
     monkeypatch.setenv("FAKE_MODE", "ok")
-    job = JobSpec(
-        job_dir=tmp_path / "job",
-        overrides=("method=collapipe", "run_name=run"),
-        num_supernodes=2,
-        data_dir=str(tmp_path),
-        timeout_s=60.0,
-        labels={},
-    )
-    status = launch(job, echo=None, flwr_exe=str(fake))
+    status = launch(fake_job(tmp_path, {}), echo=None, flwr_exe=str(fake))
     kept = json.loads((tmp_path / "job" / MEMORY_FILE).read_text())
     assert status["ok"], status
     superlink = (tmp_path / "superlink.pid").read_text().strip()  # detached: found by its FLWR_HOME, not as a child
