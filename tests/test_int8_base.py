@@ -15,7 +15,7 @@ import torch
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.fl.messages import pack_weights, unpack_weights
 from collapipe_flwr.models.hf.int8_base import Int8BaseLinear, full_precision
-from collapipe_flwr.models.hf.peft_export import merged_copy
+from collapipe_flwr.models.hf.peft_export import base_state, merged_copy
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, param_bytes
 from collapipe_flwr.system.workload import measure_workload
 from collapipe_flwr.tasks import model_config
@@ -159,6 +159,8 @@ def test_the_download_carries_the_int8_base_exactly_and_the_export_merges_into_f
     merged = merged_copy(q.blocks)  # peft's merge, on the dequantized base
     assert {p.dtype for p in merged.parameters()} == {torch.float32}
     assert any(isinstance(m, Int8BaseLinear) for m in q.blocks.modules())  # the model itself stays int8
+    exported = base_state(q.embedding, q.blocks, q.head)  # the un-split model's weights, as the export writes them
+    assert not any(t.dtype == torch.int8 or n.endswith("weight_scale") for n, t in exported.items())
     ids, mask = batch()
     with torch.no_grad():
         x = y = q.embedding(ids)
