@@ -7,7 +7,8 @@
   downloaded once by transformers' cache. ``package:<module>[/<sub>]`` names a folder inside an installed Python
   package (models/packaged.py), resolved on each machine where the folder is read;
 - ``gguf_file``: a GGUF file in that folder holding config, weights (dequantised on load) and tokenizer;
-- ``base_dtype`` (fp32 | bf16, LoRA only): the dtype the TEBs' frozen base weights are stored in;
+- ``base_dtype`` (fp32 | bf16 | int8, LoRA only): the dtype the TEBs' frozen base weights are stored in (int8:
+  torchao's int8 weight-only quantization of the ``nn.Linear`` layers, so not GPT-2's ``Conv1D``);
 - ``allow_missing_weights`` (false): a folder whose weights lack tensors its config.json's model needs is
   refused at start-up (models/hf/folder_weights.py); true trains those from random values, and the run's
   summary says how many;
@@ -18,6 +19,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -44,9 +46,11 @@ class BaseDtype(StrEnum):
 
     FP32 = "fp32"
     BF16 = "bf16"
+    INT8 = "int8"  # torchao's int8 weight-only quantization (models/hf/int8_base.py)
 
 
 BASE_DTYPES = tuple(BaseDtype)
+CONV1D_TYPES = ("gpt2",)  # their TEBs' projections are transformers' Conv1D, which int8 does not quantize
 _LORA_KEYS = ("enabled", "r", "alpha", "dropout", "target_modules", "train_head")
 
 
@@ -146,6 +150,15 @@ class HfSpec:
             f"model.base_dtype={self.base_dtype} stores the frozen base weights and needs model.lora.enabled=true "
             "(without LoRA every weight trains, in fp32)",
         )
+        if self.base_dtype is BaseDtype.INT8:
+            require(
+                self.model_type not in CONV1D_TYPES,
+                f"model.base_dtype=int8 quantizes nn.Linear layers and {self.model_type}'s are Conv1D; use bf16",
+            )
+            require(
+                importlib.util.find_spec("torchao") is not None,
+                "model.base_dtype=int8 needs torchao: pip install 'collapipe-flwr[quant]' (torchao==0.18.0)",
+            )
 
     @property
     def from_folder(self) -> bool:

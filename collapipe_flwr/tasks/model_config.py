@@ -103,7 +103,7 @@ def build_causal_lm(model: ModelSpec, vocab_size: int, special_ids: Mapping[str,
         targets = lora.target_modules or None
         config = lora_config(hf.model_type, lora.r, lora.alpha, lora.dropout, targets)
         apply_lora(split, config, train_head=lora.train_head)
-        if hf.base_dtype is not BaseDtype.FP32:  # the TEBs' frozen base weights in bf16 (models/hf/frozen_base.py)
+        if hf.base_dtype is not BaseDtype.FP32:  # frozen base weights in bf16 / int8 (models/hf/frozen_base.py)
             from collapipe_flwr.models.hf.frozen_base import frozen_base_dtype, store_frozen_base
 
             store_frozen_base(split.blocks, frozen_base_dtype(hf.base_dtype))

@@ -1,4 +1,4 @@
-"""The frozen base weights of the TEBs stored in a smaller dtype (``model.base_dtype: bf16``), adapters in fp32.
+"""The frozen base weights of the TEBs stored in a smaller dtype (``model.base_dtype: bf16 | int8``), adapters fp32.
 
 Under LoRA the devices hold every base weight of their segment delta_k but train only the adapters; the base is
 most of a device's static memory (weights x 1, against adapters x (1 + gradient + optimizer slots)).
@@ -13,6 +13,9 @@ change is that the base weights are rounded to bf16. Under ``runtime.precision=b
 runs in bf16 from the stored weight directly. The workload (system/workload.py) counts parameter bytes from
 the real dtypes, so DSSRA's gamma_0 (C7) sees the smaller base.
 
+``int8`` (a quarter of fp32) quantizes every frozen ``nn.Linear`` with torchao instead (models/hf/int8_base.py);
+GPT-2's ``Conv1D`` has no int8 form there.
+
 Call it after the adapters are injected: peft moves a new adapter to its base layer's dtype.
 """
 
@@ -25,7 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.models.hf.int8_base import quantize_int8
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
 
 
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool) -> torch.Tensor:
@@ -73,12 +79,18 @@ _CONVERTED: dict[type, type] = {nn.Linear: FrozenBaseLinear, Conv1D: FrozenBaseC
 
 def store_frozen_base(module: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
     """Store every frozen ``nn.Linear`` / ``Conv1D`` of ``module`` (none of its parameters trains) in ``dtype``
-    and compute it as above; trainable layers (the adapters, a trained head) stay as they are. In place; returns
-    the number of layers converted."""
+    and compute it as above (``torch.int8``: torchao's int8 weight-only, ``nn.Linear`` only); trainable layers
+    (the adapters, a trained head) stay as they are. In place; returns the number of layers converted."""
     converted = 0
-    for sub in module.modules():
+    for sub in list(module.modules()):
         cls = _CONVERTED.get(type(sub))
         if cls is None or any(p.requires_grad for p in sub.parameters(recurse=False)):
+            continue
+        if dtype == torch.int8:
+            if not isinstance(sub, nn.Linear):
+                raise ConfigError(f"an int8 frozen base quantizes nn.Linear layers only, not {type(sub).__name__}")
+            quantize_int8(sub)
+            converted += 1
             continue
         sub.to(dtype)
         sub.__class__ = cls
@@ -87,5 +99,5 @@ def store_frozen_base(module: nn.Module, dtype: torch.dtype = torch.bfloat16) ->
 
 
 def frozen_base_dtype(name: str) -> torch.dtype:
-    """``model.base_dtype`` (fp32 | bf16) as a torch dtype."""
+    """``model.base_dtype`` (fp32 | bf16 | int8) as a torch dtype."""
     return DTYPES[name]

@@ -35,6 +35,7 @@ from transformers import AutoModelForCausalLM
 
 from collapipe_flwr.atomic_files import file_errors, replace_atomically, write_atomic
 from collapipe_flwr.errors import CollaPipeError, UnsupportedModelError
+from collapipe_flwr.models.hf.int8_base import full_precision
 from collapipe_flwr.models.hf.loading import quiet_transformers
 from collapipe_flwr.models.hf.peft_base import BASE_DIR, base_pointer, keep_stored_dtypes
 
@@ -75,10 +76,11 @@ def _cpu(t: torch.Tensor) -> torch.Tensor:
 
 
 def base_state(embedding: nn.Module, blocks: nn.ModuleList, head: nn.Module) -> dict[str, torch.Tensor]:
-    """The un-split model's state dict of the split's base weights (without the adapters)."""
+    """The un-split model's state dict of the split's base weights (without the adapters; an int8 base
+    dequantized, models/hf/int8_base.py)."""
     embed, stack, norm = PLACES[model_type_of(blocks)]
     out = {f"{embed}{k}": _cpu(v) for k, v in embedding.state_dict().items()}
-    for name, t in blocks.state_dict().items():
+    for name, t in full_precision(blocks).state_dict().items():
         mapped = _block_name(name, stack)
         if mapped is not None and ".lora_" not in mapped:
             out[mapped.replace(".base_layer.", ".")] = _cpu(t)
@@ -122,10 +124,11 @@ def unsplit_model(embedding: nn.Module, blocks: nn.ModuleList, head: nn.Module) 
 
 def merged_copy(blocks: nn.ModuleList) -> nn.ModuleList:
     """A copy of the TEBs with every LoRA adapter merged into its base weight (peft's ``LoraLayer.merge``); the
-    same blocks, copied, when they carry none."""
+    same blocks, copied, when they carry none. An int8 base is dequantized first (fp32 weights to merge into)."""
     from peft.tuners.lora import LoraLayer
 
-    out = copy.deepcopy(blocks)
+    out = full_precision(blocks)
+    out = copy.deepcopy(blocks) if out is blocks else out
     for module in out.modules():
         if isinstance(module, LoraLayer):
             module.merge()
