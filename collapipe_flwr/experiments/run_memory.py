@@ -83,6 +83,9 @@ class RunMemory:
 
     every_s: float
     samples: int = 0
+    started: float = field(default_factory=time.monotonic)
+    # per sample: seconds since the start, the summed PSS and each kind's sum (MiB): when the peak came, and of what
+    timeline: list[tuple[float, float, dict[str, float]]] = field(default_factory=list)
     peak_total_bytes: int = 0
     peak_by_kind_bytes: dict[str, int] = field(default_factory=dict)
     processes: dict[int, ProcessPeak] = field(default_factory=dict)
@@ -100,6 +103,8 @@ class RunMemory:
             else:
                 seen.peak_pss_bytes = max(seen.peak_pss_bytes, pss)
         self.samples += 1
+        at = round(time.monotonic() - self.started, 1)
+        self.timeline.append((at, round(total / MIB, 1), {k: round(v / MIB, 1) for k, v in sorted(by_kind.items())}))
         self.peak_total_bytes = max(self.peak_total_bytes, total)
         for kind, value in by_kind.items():
             self.peak_by_kind_bytes[kind] = max(self.peak_by_kind_bytes.get(kind, 0), value)
@@ -108,6 +113,7 @@ class RunMemory:
         return {
             "every_s": self.every_s,
             "samples": self.samples,
+            "timeline_mib": [list(entry) for entry in self.timeline],
             "peak_total_bytes": self.peak_total_bytes,
             "peak_by_kind_bytes": dict(sorted(self.peak_by_kind_bytes.items())),
             "processes": {str(pid): asdict(p) for pid, p in sorted(self.processes.items())},
