@@ -207,7 +207,7 @@ def server_optimizer_state(optimizer: ServerOptimizer) -> dict[str, Any]:
     """What a :class:`ServerOptimizer` carries between rounds, as tensors: its Flower strategy's moments
     (:data:`STRATEGY_STATE`, NumPy arrays there) and the layout of the parameters they belong to. Its
     hyperparameters come from the run's config, which a resumed run must repeat."""
-    state: dict[str, Any] = {"name": optimizer.name, "layout": optimizer._layout}
+    state: dict[str, Any] = {"name": str(optimizer.name), "layout": optimizer._layout}  # a str: weights_only loads it
     for attr in STRATEGY_STATE:
         value = getattr(optimizer.strategy, attr, None)
         if isinstance(value, dict):
