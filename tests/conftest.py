@@ -29,17 +29,10 @@ def _data_dir() -> Path | None:
 def _cu_state_in_a_temp_folder(tmp_path_factory):
     """The CUs' own checkpoints (fl/cu/cu_checkpoint.py) go to a temporary folder, not ~/.cache, in every test and
     every process a test starts (the variable is inherited)."""
-    import os
 
     from collapipe_flwr.fl.cu.cu_checkpoint import STATE_DIR_ENV
 
-    previous = os.environ.get(STATE_DIR_ENV)
-    os.environ[STATE_DIR_ENV] = str(tmp_path_factory.mktemp("cu-state"))
-    yield
-    if previous is None:
-        os.environ.pop(STATE_DIR_ENV, None)
-    else:
-        os.environ[STATE_DIR_ENV] = previous
+    yield from _env_folder(STATE_DIR_ENV, tmp_path_factory.mktemp("cu-state"))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -48,13 +41,20 @@ def _gguf_cache_in_a_temp_folder(tmp_path_factory):
     ~/.cache, in every test and every process a test starts (the variable is inherited)."""
     from collapipe_flwr.models.hf.gguf_cache import CACHE_ENV
 
-    previous = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("gguf-cache"))
+    yield from _env_folder(CACHE_ENV, tmp_path_factory.mktemp("gguf-cache"))
+
+
+def _env_folder(name: str, folder):
+    """Set the environment variable ``name`` to ``folder`` for the session (processes inherit it), then restore it."""
+    import os
+
+    previous = os.environ.get(name)
+    os.environ[name] = str(folder)
     yield
     if previous is None:
-        os.environ.pop(CACHE_ENV, None)
+        os.environ.pop(name, None)
     else:
-        os.environ[CACHE_ENV] = previous
+        os.environ[name] = previous
 
 
 @pytest.fixture(scope="session")

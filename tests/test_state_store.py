@@ -16,25 +16,15 @@ from pathlib import Path
 import torch
 from flwr.app import RecordDict
 
-from collapipe_flwr.config import load_run_config
 from collapipe_flwr.fl.cu.cu_checkpoint import state_path
 from collapipe_flwr.fl.cu.moments import ContextMoments, DiskMoments, round_moments
 from collapipe_flwr.fl.cu.state_store import CUStateStore
+from tests.test_cluster_session import _bert_tiny_cfg
 
 
 def _cluster_config(data_dir):
-    cfg = load_run_config(
-        [
-            "task=classification",
-            "model=bert_tiny",
-            "federation=tiny",
-            "network=small",
-            "federation.num_clusters=1",
-            "runtime.backend=local",
-        ],
-        data_dir=str(data_dir),
-    )
-    return cfg.cluster_config().with_data_dir(str(data_dir))
+    """One cluster of bert_tiny classification on the in-process backend (test_cluster_session's config)."""
+    return _bert_tiny_cfg(data_dir).cluster_config().with_data_dir(str(data_dir))
 
 
 def test_two_stores_in_one_process_share_nothing(data_dir):
