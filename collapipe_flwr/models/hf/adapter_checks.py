@@ -26,14 +26,20 @@ _PATTERN_KEYS = ("exclude_modules", "layers_pattern")
 _RANK_MAPS = ("rank_pattern", "alpha_pattern")
 
 
-def read_adapter_config(path: Path) -> dict[str, Any]:
-    """``adapter_config.json`` as a dict (its size bounded; a one-line ConfigError when it is not a JSON object)."""
+def read_bounded_json(path: Path, max_bytes: int) -> Any:
+    """A small JSON file of a saved run, read whole once its size is bounded; a one-line ConfigError when it is too
+    large or cannot be read or parsed."""
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path} is over {MAX_CONFIG_BYTES} bytes; save the run again")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        if path.stat().st_size > max_bytes:
+            raise ConfigError(f"{path} is over {max_bytes} bytes; save the run again")
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as err:
         raise ConfigError(f"cannot read {path} ({err.__class__.__name__}); save the run again") from None
+
+
+def read_adapter_config(path: Path) -> dict[str, Any]:
+    """``adapter_config.json`` as a dict (its size bounded; a one-line ConfigError when it is not a JSON object)."""
+    data = read_bounded_json(path, MAX_CONFIG_BYTES)
     if not isinstance(data, dict):
         raise ConfigError(f"{path} is not a JSON object; save the run again")
     return data

@@ -37,6 +37,7 @@ from torch import nn
 
 from collapipe_flwr.atomic_files import write_atomic
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.models.hf.adapter_checks import read_bounded_json
 
 BASE_DIR = "base"
 POINTER = "base_model.json"
@@ -71,12 +72,7 @@ def base_folder(adapter_dir: Path) -> Path | None:
     path = adapter_dir / POINTER
     if not path.is_file():
         return None
-    try:
-        if path.stat().st_size > MAX_POINTER_BYTES:
-            raise ConfigError(f"{path} is over {MAX_POINTER_BYTES} bytes; save the run again")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as err:
-        raise ConfigError(f"cannot read {path} ({type(err).__name__}); save the run again") from None
+    data = read_bounded_json(path, MAX_POINTER_BYTES)
     name = data.get("base_model") if isinstance(data, dict) else None
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{path} names no base_model folder; save the run again")
