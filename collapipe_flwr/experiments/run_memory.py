@@ -38,7 +38,6 @@ import psutil
 
 from collapipe_flwr.atomic_files import write_atomic
 from collapipe_flwr.errors import CollaPipeError
-from collapipe_flwr.experiments import processes
 
 MEMORY_FILE = "memory.json"
 CPU_SHARE = 0.03  # at most this share of one core goes to sampling: a longer interval when a sample costs more
@@ -143,10 +142,25 @@ def read_pss(pids: Iterable[int]) -> list[tuple[int, str, int]]:
 
 def run_pids(cli_pid: int, flwr_home: Path, scratch: Path) -> list[int]:
     """The processes of one launched run: the `flwr` CLI and all below it, the detached SuperLink (its command line
-    names the run's private FLWR_HOME) and all below it, and Ray's daemons (they name the private temp folder)."""
-    roots = [cli_pid, *processes.pids_with_text(str(flwr_home))]
-    found = set(roots) | set(processes.descendants(roots))
-    found |= set(processes.pids_with_text(str(scratch) + os.sep))
+    names the run's private FLWR_HOME) and all below it, and Ray's daemons (they name the private temp folder).
+    One pass over the process table (this runs every sample)."""
+    home, temp = str(flwr_home), str(scratch) + os.sep
+    children: dict[int, list[int]] = {}
+    roots, found = [cli_pid], set()
+    for proc in psutil.process_iter(["pid", "ppid", "cmdline"]):
+        pid, cmdline = proc.info["pid"], " ".join(proc.info.get("cmdline") or [])
+        children.setdefault(proc.info["ppid"], []).append(pid)
+        if home in cmdline:
+            roots.append(pid)
+        elif temp in cmdline:
+            found.add(pid)
+    todo, below = list(roots), set(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in below:
+                below.add(child)
+                todo.append(child)
+    found |= below
     found.discard(os.getpid())
     return sorted(found)
 
