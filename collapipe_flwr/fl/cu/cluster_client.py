@@ -60,6 +60,7 @@ from collapipe_flwr.fl.messages import (
     unpack_weights,
 )
 from collapipe_flwr.fl.round_report import Preparation, RoundReport, RoundSeconds, TestbedFigures, VirtualFigures
+from collapipe_flwr.heap_trim import trim_heap
 from collapipe_flwr.models.trainable import only_trainable, tensor_bytes, with_frozen
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.system.devices import DeviceProfile
@@ -202,6 +203,7 @@ def train_round(
     finally:
         if isinstance(head, (DecoderClient, ThrottledHead)):  # a remote head's connection ends with the round
             head.close()
+        trim_heap()  # the round's freed activations back to the kernel (heap_trim.py)
     upload_bytes = tensor_bytes(reply_parts) if run.cfg.aggregated else 0
     seconds = clock.seconds(time.time())
     report = RoundReport(

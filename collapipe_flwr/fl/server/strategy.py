@@ -63,6 +63,7 @@ from collapipe_flwr.fl.server.round_exports import RoundAdapterExport
 from collapipe_flwr.fl.server.server_state import ServerState
 from collapipe_flwr.fl.server.training_watch import TrainingWatch
 from collapipe_flwr.fl.server.virtual_round import virtual_round
+from collapipe_flwr.heap_trim import trim_heap
 
 
 class CollaPipeStrategy(Strategy):
@@ -336,6 +337,7 @@ class CollaPipeStrategy(Strategy):
         if self.privacy.enabled:
             self.ledger.note_privacy(self.privacy.close_round())
         self.ledger.close(t, metrics, evaluated_since=t0)  # its line, checkpoint, progress, listeners, watch
+        trim_heap()  # the round's freed activations and frames back to the kernel (heap_trim.py: ~0.5 GiB a round)
         return MetricRecord({k: float(v) for k, v in metrics.items()}) if metrics else None
 
     def summary_record(self, result) -> dict:

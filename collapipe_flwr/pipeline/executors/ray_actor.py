@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from collapipe_flwr.heap_trim import trim_heap
 from collapipe_flwr.pipeline.executors import shm_handoff
 from collapipe_flwr.pipeline.process_memory import ProcessMemory
 from collapipe_flwr.pipeline.runtime_spec import Handoff
@@ -157,7 +158,9 @@ class StageActor(Stage):
         parked: dict | None = None,
     ) -> int:
         """As :meth:`Stage.load_segment`; with ``parked``, ``segment`` is a skeleton on the meta device whose weights
-        wait in shared memory (``shm_handoff.parked_module``), and the optimizer state may be parked too."""
+        wait in shared memory (``shm_handoff.parked_module``), and the optimizer state may be parked too. A round's
+        segment arrives when the last round's activations are freed: their heap pages go back first (heap_trim.py)."""
+        trim_heap()
         if parked is not None:
             segment = shm_handoff.unparked_module(segment, parked)
         return super().load_segment(segment, shm_handoff.resolve_tree(optimizer_state), slowdown, offset)
