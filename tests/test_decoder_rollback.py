@@ -27,7 +27,7 @@ from collapipe_flwr.fl.dataplane.protocol import (
     step_request_frame,
 )
 from collapipe_flwr.fl.server.decoder.host import DecoderHost, DecoderHostSpec
-from collapipe_flwr.fl.server.decoder.journal import JOINT, RoundJournal
+from collapipe_flwr.fl.server.decoder.journal import JOINT, WHOLE, RoundJournal
 from collapipe_flwr.pipeline.head import head_step
 from tests.test_decoder_update import H, _micro_batch
 from tests.test_decoder_update import TokenHead as PlainTokenHead
@@ -155,12 +155,12 @@ def test_a_restart_alone_in_its_round_puts_the_decoder_back_to_the_rounds_start_
     optimizer = torch.optim.Adam(head.parameters(), lr=0.01)
     journal = RoundJournal()
     for earlier in (5, 6):  # two earlier rounds: Adam has moments and a step count, the journal its copies
-        journal.open(head, optimizer)
+        journal.open(head, optimizer, [0])
         for number in (1, 2):
             head_step(head, optimizer, *step_data(earlier, number))
         journal.close()
     at_start = copy.deepcopy(head.state_dict()), copy.deepcopy(optimizer.state_dict())
-    journal.open(head, optimizer)  # copied into the last round's copies
+    journal.open(head, optimizer, [0])  # copied into the last round's copies
     for number in (1, 2, 3):  # the attempt that a lost device cuts short
         head_step(head, optimizer, *step_data(0, number))
     assert not torch.equal(head.proj.weight, at_start[0]["proj.weight"])
@@ -176,7 +176,7 @@ def test_a_restart_alone_in_its_round_puts_the_decoder_back_to_the_rounds_start_
 def test_a_joint_update_is_kept_without_the_restarted_clusters_requests():
     journal = RoundJournal()
     head = TokenHead()
-    journal.open(head, None)
+    journal.open(head, None, [0, 1, 2])
     reqs = [decode_step_request(step_request_frame("k", 1, c, 1, *step_data(c, 1)).tobytes()) for c in (0, 1, 2)]
     journal.record(JOINT, reqs, 1)
     (kept,) = journal.restart(1, 1, 2, head, None)
@@ -192,3 +192,32 @@ def test_the_restart_mark_travels_on_a_step_and_part_0_only():
     assert part0.restart and part0.part == 0
     with pytest.raises(DataPlaneError, match="only a whole step or part 0"):
         decode_step_request(restarting(part_request_frame("k", 1, 0, 3, 1, z[1], mbs)).tobytes())
+
+
+def test_kept_requests_survive_their_frame_buffer_and_reuse_the_last_rounds_memory():
+    """The journal keeps copies, not the received frame (whose buffer the host may reuse or free), and a round's
+    copies go into the buffers of the round before."""
+    journal = RoundJournal()
+    head = TokenHead()
+    frames = [bytearray(step_request_frame("k", 1, c, 1, *step_data(c, 1)).tobytes()) for c in (0, 1)]
+    journal.open(head, None, [0, 1])
+    journal.record(WHOLE, [decode_step_request(frames[0])], 1)
+    for frame in frames:  # the received buffers overwritten: a kept view would now read zeros
+        frame[:] = bytes(len(frame))
+    (kept,) = journal.restart(1, 1, 2, head, None)
+    z, mbs = step_data(0, 1)
+    assert all(torch.equal(a, b) for a, b in zip(kept.requests[0].z_enc, z))
+    assert torch.equal(kept.requests[0].micro_batches[0]["labels"], mbs[0]["labels"])
+    first = {t.untyped_storage().data_ptr() for t in kept.requests[0].z_enc}
+    journal.open(head, None, [0, 1])  # the next round: the same shapes land in the same buffers
+    journal.record(WHOLE, [decode_step_request(step_request_frame("k", 2, 0, 1, *step_data(0, 2)).tobytes())], 1)
+    (again,) = journal.restart(2, 1, 2, head, None)
+    assert {t.untyped_storage().data_ptr() for t in again.requests[0].z_enc} == first
+
+
+def test_a_round_of_one_cluster_keeps_no_requests():
+    journal = RoundJournal()
+    head = TokenHead()
+    journal.open(head, None, [3])
+    journal.record(WHOLE, [decode_step_request(step_request_frame("k", 1, 3, 1, *step_data(3, 1)).tobytes())], 1)
+    assert journal._applied == []  # nothing another cluster's restart could need

@@ -109,7 +109,7 @@ class FrameService:
         with self.lock:
             self.gate.open(round_, clusters)
             self._parts.clear()
-            self.journal.open(self.head, self.optimizer)
+            self.journal.open(self.head, self.optimizer, clusters)
         self.step_ids.keep_round(int(round_))
         self.update.open_round(round_, clusters)
 
