@@ -85,7 +85,7 @@ def test_vanilla_fl_round_is_d_users_trained_on_their_shares_and_averaged(data_d
         users = cplan.data_users
         # network=small: every device holds bert_tiny, so all K = 3 are data users (ClusterModel.data_users)
         assert users == len(server.planner.devices_of(cplan.cluster)) == 3
-        assert plan.modelled["clusters"][cplan.cluster]["data_users"] == users
+        assert plan.modelled.clusters[cplan.cluster].data_users == users
         # one device per user, the first the one delta names
         assert sorted(cplan.user_devices) == [0, 1, 2]
         assert cplan.delta[cplan.user_devices[0]] == sum(cplan.delta)

@@ -128,7 +128,7 @@ def test_the_round_record_sets_c7_beside_the_measured_peaks_and_the_fit_recovers
         ClusterPlan(cluster=0, selected=True, S=2, m=2, delta=(2, 1, 0), channel=0, power_w=0.5),
         ClusterPlan(cluster=1, selected=True, S=2, m=2, delta=(1, 2, 0), channel=1, power_w=0.5),
     )
-    plan = RoundPlan(round=1, clusters=plans, modelled={})
+    plan = RoundPlan(round=1, clusters=plans)
     peak = lambda blocks: 9e7 + 1.5 * blocks * gamma0  # noqa: E731
     clients = {
         0: _report({"device-measured-peak-bytes": [peak(2), peak(1), 0.0]}),
@@ -174,7 +174,7 @@ def test_every_vanilla_fl_data_user_is_modelled_with_the_whole_encoder_on_its_sh
         user_devices=(0, 2, 3),
     )
     clients = {0: _report({"device-measured-peak-bytes": [2e8, 0.0, 2e8, 2e8]})}
-    rows = memory_rows(RoundPlan(round=1, clusters=(cplan,), modelled={}), workload, clients, runtime_bytes=1e8)
+    rows = memory_rows(RoundPlan(round=1, clusters=(cplan,)), workload, clients, runtime_bytes=1e8)
     assert rows["clusters"]["0"]["modelled_bytes"] == pytest.approx([1e8 + user, 0.0, 1e8 + user, 1e8 + user])
     assert sorted(x for x, _ in rows["pairs"]) == pytest.approx([user] * 3)
 
