@@ -81,7 +81,7 @@ def test_a_device_over_its_memory_limit_is_killed_by_the_kernel_named_as_memory_
         # a plan the kernel must refuse at the first forward
         limit = held + 256 * 1024
         zeros = (0.0, 0.0, 0.0)
-        pipe.set_testbed(DeviceEmulation(zeros, zeros, zeros, 0.0, (float(limit), 0.0, 0.0)), cgroup_prefix="t")
+        pipe.testbed.set_testbed(DeviceEmulation(zeros, zeros, zeros, 0.0, (float(limit), 0.0, 0.0)), cgroup_prefix="t")
         assert kernel_file(path, "memory.limit_in_bytes") == limit // 4096 * 4096  # the kernel holds it (pages)
         with pytest.raises(DeviceFailure) as failure:
             pipe.train_step(batch(), 2, head)
@@ -228,7 +228,7 @@ def test_a_devices_measured_memory_is_its_own_cgroups_limit_not_the_hosts(ray_se
     limit = 700 * 2**20
     with pipeline(model, (2, 1, 0)) as pipe:
         zeros = (0.0, 0.0, 0.0)
-        pipe.set_testbed(DeviceEmulation(zeros, zeros, zeros, 0.0, (float(limit), 0.0, 0.0)), cgroup_prefix="t")
+        pipe.testbed.set_testbed(DeviceEmulation(zeros, zeros, zeros, 0.0, (float(limit), 0.0, 0.0)), cgroup_prefix="t")
         profile = pipe.measure(8, 16, 64, repeats=1)
         path = pipe._stages.memory_paths[0]
         assert profile.devices[0].memory_bytes == kernel_file(path, "memory.limit_in_bytes") == limit

@@ -70,7 +70,7 @@ def snapshot(pipeline: ClusterPipeline, head: LocalHead) -> TrainingState:
         embedding_optimizer=copy.deepcopy(pipeline.embedding_optimizer.state_dict()),
         # copies: on the local backend a stage hands out its live tensors
         encoder={k: v.detach().clone() for k, v in pipeline.encoder_state_dict().items()},
-        encoder_optimizer=copy.deepcopy(pipeline.encoder_optimizer_state()),
+        encoder_optimizer=copy.deepcopy(pipeline.placement.encoder_optimizer_state()),
         head={k: v.detach().clone() for k, v in head.head.state_dict().items()},
         head_optimizer=copy.deepcopy(head_optimizer),
     )
@@ -85,7 +85,7 @@ def restore(pipeline: ClusterPipeline, head: LocalHead, state: TrainingState) ->
     if state.embedding_optimizer.get("state"):
         pipeline.embedding_optimizer.load_state_dict(copy.deepcopy(state.embedding_optimizer))
     if state.encoder_optimizer:
-        pipeline.load_encoder_optimizer_state(state.encoder_optimizer)
+        pipeline.placement.load_encoder_optimizer_state(state.encoder_optimizer)
     head.head.load_state_dict(state.head)
     head.reset_optimizer()
     if head.optimizer is not None and state.head_optimizer.get("state"):
