@@ -87,7 +87,7 @@ def main() -> None:
             name = f"N{N}_K{K}_J{J}{suffix}"
             print(f"solve_ms_{name}: {1000 * float(np.median(times[1:])):.1f}")
             print(f"cvxpy_solves_{name}: {counter.count}")
-            print(f"bcd_passes_{name}: {plan.modelled['bcd_iterations']}")
+            print(f"bcd_passes_{name}: {plan.modelled.bcd_iterations}")
 
 
 if __name__ == "__main__":

@@ -84,22 +84,22 @@ def run_method(
     block_bytes = workload.block_memory_bytes()  # gamma_0: one block's params, optimizer state, activations (C7)
     for t in range(rounds):
         plan = planner.plan(t, sampler.sample(t))
-        rows = plan.modelled["clusters"]
+        rows = plan.modelled.clusters
         chosen = [c.cluster for c in plan.selected]
-        compute.append(max((rows[n]["compute_s"] for n in chosen), default=0.0))
-        on_device.append(max((rows[n]["pipeline_s"] for n in chosen), default=0.0))
-        delay.append(plan.modelled["round_delay_s"])
+        compute.append(max((rows[n].compute_s for n in chosen), default=0.0))
+        on_device.append(max((rows[n].pipeline_s for n in chosen), default=0.0))
+        delay.append(plan.modelled.round_delay_s)
         # Table III: the largest per-device memory (a data user holds the whole model) and the data users
         memory.append(
             max(
-                (block_bytes * (workload.num_blocks if "data_users" in rows[n] else max(plan.clusters[n].delta)))
+                (block_bytes * (workload.num_blocks if rows[n].data_users is not None else max(plan.clusters[n].delta)))
                 for n in chosen
             )
             / 2**20
             if chosen
             else 0.0
         )
-        users.append(sum(rows[n].get("data_users", 1) for n in chosen))
+        users.append(sum((rows[n].data_users or 1) for n in chosen))
         S.append([c.S for c in plan.clusters])
         m.append([c.m for c in plan.clusters])
         for n in chosen:

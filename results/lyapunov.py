@@ -72,7 +72,7 @@ def drive(cfg, workload, V: float, rounds: int) -> list[dict]:
     rows = []
     for t in range(rounds):
         plan = policy.plan(t, sampler.sample(t))
-        for c, mod in zip(plan.clusters, plan.modelled["clusters"]):
+        for c, mod in zip(plan.clusters, plan.modelled.clusters):
             rows.append(
                 {
                     "round": t,
@@ -80,9 +80,9 @@ def drive(cfg, workload, V: float, rounds: int) -> list[dict]:
                     "n": c.cluster,
                     "S": c.S,
                     "m": c.m,
-                    "gamma": mod["gamma"],
-                    "Y": mod["Y"],
-                    "delay": plan.modelled["round_delay_s"],
+                    "gamma": mod.gamma,
+                    "Y": mod.Y,
+                    "delay": plan.modelled.round_delay_s,
                 }
             )
         policy.observe(plan, {})

@@ -13,7 +13,7 @@ from collapipe_flwr.config import load_run_config
 from collapipe_flwr.errors import ConfigError, DeviceFailure
 from collapipe_flwr.fl.server.evaluator import on_device
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
-from collapipe_flwr.pipeline.executors import LocalStages, creation_error
+from collapipe_flwr.pipeline.executors import LocalStages, StageSpec, creation_error
 from collapipe_flwr.pipeline.head import LocalHead, head_step
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from tests.runtimes import runtime
@@ -62,7 +62,7 @@ def test_cpu_stays_the_default():
 @without_cuda
 def test_a_stage_asked_for_cuda_without_one_fails_at_once():
     with pytest.raises(ConfigError, match="runtime.device=cuda but this process sees no CUDA GPU"):
-        LocalStages([(0, torch.nn.ModuleList(), None, 1.0, 0)], SGD_UNIT, runtime(device="cuda"))
+        LocalStages([StageSpec(0, torch.nn.ModuleList())], SGD_UNIT, runtime(device="cuda"))
 
 
 @without_cuda

@@ -13,7 +13,7 @@ from collapipe_flwr import wiring
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.plan import ClusterPlan
 from collapipe_flwr.fl.cu.cluster_client import ClusterIdentity, train_round
-from collapipe_flwr.fl.cu.data_parallel import RunningMean, average, user_share
+from collapipe_flwr.fl.cu.data_parallel import user_share
 from collapipe_flwr.fl.cu.state_store import CUStateStore
 from collapipe_flwr.fl.messages import unpack_weights
 from collapipe_flwr.fl.server.server_state import ServerState
@@ -85,7 +85,7 @@ def test_vanilla_fl_round_is_d_users_trained_on_their_shares_and_averaged(data_d
         users = cplan.data_users
         # network=small: every device holds bert_tiny, so all K = 3 are data users (ClusterModel.data_users)
         assert users == len(server.planner.devices_of(cplan.cluster)) == 3
-        assert plan.modelled["clusters"][cplan.cluster]["data_users"] == users
+        assert plan.modelled.clusters[cplan.cluster].data_users == users
         # one device per user, the first the one delta names
         assert sorted(cplan.user_devices) == [0, 1, 2]
         assert cplan.delta[cplan.user_devices[0]] == sum(cplan.delta)
@@ -152,23 +152,6 @@ def test_plan_refuses_user_devices_that_do_not_name_one_device_per_user(user_dev
     plan = dict(cluster=0, selected=True, channel=0, power_w=0.1, S=1, m=1, delta=(2, 0, 0))
     with pytest.raises(ValueError, match=message):
         ClusterPlan(**plan, data_users=2, user_devices=user_devices)
-
-
-def test_average_weighs_by_examples_and_keeps_non_float_leaves():
-    a = {"w": torch.tensor([1.0, 2.0]), "step": torch.tensor(3), "groups": [{"lr": 0.1}], "beta": 0.5}
-    b = {"w": torch.tensor([4.0, 8.0]), "step": torch.tensor(3), "groups": [{"lr": 0.2}], "beta": 1.0}
-    out = average([a, b], [1.0, 2.0])
-    torch.testing.assert_close(out["w"], torch.tensor([3.0, 6.0]))  # (1 * 1 + 2 * 4) / 3, (2 + 16) / 3
-    assert out["step"].item() == 3 and out["groups"] == [{"lr": 0.1}]
-    assert out["beta"] == pytest.approx((0.5 + 2.0) / 3)
-    with pytest.raises(ValueError, match="differ in their keys"):
-        average([{"x": torch.zeros(1)}, {"y": torch.zeros(1)}], [1.0, 1.0])
-    half = average(
-        [{"h": torch.tensor([1.0], dtype=torch.bfloat16)}, {"h": torch.tensor([2.0], dtype=torch.bfloat16)}], [1, 1]
-    )
-    assert half["h"].dtype == torch.bfloat16 and half["h"].item() == 1.5  # summed in float32, returned in bf16
-    with pytest.raises(ValueError, match="no data user"):
-        RunningMean().mean()
 
 
 def test_user_share_splits_rows_and_is_empty_past_a_short_batch():

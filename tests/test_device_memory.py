@@ -81,7 +81,7 @@ def test_a_device_over_its_memory_limit_is_killed_by_the_kernel_named_as_memory_
         # a plan the kernel must refuse at the first forward
         limit = held + 256 * 1024
         zeros = (0.0, 0.0, 0.0)
-        pipe.set_testbed(DeviceEmulation(zeros, zeros, zeros, 0.0, (float(limit), 0.0, 0.0)), cgroup_prefix="t")
+        pipe.testbed.set_testbed(DeviceEmulation(zeros, zeros, zeros, 0.0, (float(limit), 0.0, 0.0)), cgroup_prefix="t")
         assert kernel_file(path, "memory.limit_in_bytes") == limit // 4096 * 4096  # the kernel holds it (pages)
         with pytest.raises(DeviceFailure) as failure:
             pipe.train_step(batch(), 2, head)
@@ -128,7 +128,7 @@ def test_the_round_record_sets_c7_beside_the_measured_peaks_and_the_fit_recovers
         ClusterPlan(cluster=0, selected=True, S=2, m=2, delta=(2, 1, 0), channel=0, power_w=0.5),
         ClusterPlan(cluster=1, selected=True, S=2, m=2, delta=(1, 2, 0), channel=1, power_w=0.5),
     )
-    plan = RoundPlan(round=1, clusters=plans, modelled={})
+    plan = RoundPlan(round=1, clusters=plans)
     peak = lambda blocks: 9e7 + 1.5 * blocks * gamma0  # noqa: E731
     clients = {
         0: _report({"device-measured-peak-bytes": [peak(2), peak(1), 0.0]}),
@@ -174,7 +174,7 @@ def test_every_vanilla_fl_data_user_is_modelled_with_the_whole_encoder_on_its_sh
         user_devices=(0, 2, 3),
     )
     clients = {0: _report({"device-measured-peak-bytes": [2e8, 0.0, 2e8, 2e8]})}
-    rows = memory_rows(RoundPlan(round=1, clusters=(cplan,), modelled={}), workload, clients, runtime_bytes=1e8)
+    rows = memory_rows(RoundPlan(round=1, clusters=(cplan,)), workload, clients, runtime_bytes=1e8)
     assert rows["clusters"]["0"]["modelled_bytes"] == pytest.approx([1e8 + user, 0.0, 1e8 + user, 1e8 + user])
     assert sorted(x for x, _ in rows["pairs"]) == pytest.approx([user] * 3)
 
@@ -228,7 +228,7 @@ def test_a_devices_measured_memory_is_its_own_cgroups_limit_not_the_hosts(ray_se
     limit = 700 * 2**20
     with pipeline(model, (2, 1, 0)) as pipe:
         zeros = (0.0, 0.0, 0.0)
-        pipe.set_testbed(DeviceEmulation(zeros, zeros, zeros, 0.0, (float(limit), 0.0, 0.0)), cgroup_prefix="t")
+        pipe.testbed.set_testbed(DeviceEmulation(zeros, zeros, zeros, 0.0, (float(limit), 0.0, 0.0)), cgroup_prefix="t")
         profile = pipe.measure(8, 16, 64, repeats=1)
         path = pipe._stages.memory_paths[0]
         assert profile.devices[0].memory_bytes == kernel_file(path, "memory.limit_in_bytes") == limit

@@ -43,7 +43,7 @@ def objective_by_hand(plan, pol, spec, state) -> float:
     scale = conv.beta * conv.eta**2 / (2 * spec.num_clusters)
     total = 0.0
     interf = np.asarray(state.uplink_interference_w)
-    for c, row in zip(plan.clusters, plan.modelled["clusters"]):
+    for c, row in zip(plan.clusters, plan.modelled.clusters):
         Y = pol.Y[c.cluster]
         if pol.sched.drift == "gamma":
             total += Y * scale * conv.grad_bound**2 * c.S**2 / conv.num_blocks
@@ -56,7 +56,7 @@ def objective_by_hand(plan, pol, spec, state) -> float:
         j, p = c.channel, c.power_w
         B, h, I = spec.channel_bandwidth_hz[j], state.uplink_gain[c.cluster][j], interf[j]
         uplink = pol.uplink_bits / (B * math.log2(1 + p * h / (I + B * spec.noise_psd_w_hz)))
-        total += V * (row["pipeline_s"] + uplink)
+        total += V * (row.pipeline_s + uplink)
         total += Y * scale * conv.interference_c / (p * h + I) if pol.sched.drift == "gamma" else Y * p
     return total
 
@@ -73,10 +73,10 @@ def test_bcd_objective_never_increases_and_beats_one_pass(drift):
         V = float(10 ** rng.uniform(-2, 0))
         Y = rng.uniform(0, 200 if drift == "gamma" else 2.0, spec.num_clusters)  # drift comparable to V * delay
         bcd = policy(V, 5, drift, spec, Y).plan(trial, state)
-        history = bcd.modelled["bcd_objective"]
+        history = bcd.modelled.bcd_objective
         assert all(b <= a * (1 + 1e-9) + 1e-12 for a, b in zip(history, history[1:])), history
         one = policy(V, 1, drift, spec, Y).plan(trial, state)
-        assert len(one.modelled["bcd_objective"]) == 1
+        assert len(one.modelled.bcd_objective) == 1
         pol = policy(V, 5, drift, spec, Y)
         final = objective_by_hand(bcd, pol, spec, state)
         first = objective_by_hand(one, pol, spec, state)
@@ -90,5 +90,5 @@ def test_bcd_objective_never_increases_and_beats_one_pass(drift):
 def test_bcd_stops_after_one_pass_without_queues():
     spec = NetworkSpec.from_config(conf("network", "paper_table2"), 4)
     plan = policy(0.1, 5, "gamma", spec, 0.0).plan(0, StateSampler(spec, 0).sample(0))
-    assert plan.modelled["bcd_iterations"] <= 2  # Y = 0: idle and busy Sub-1 agree, fixed point at once
-    assert len(set(np.round(plan.modelled["bcd_objective"], 12))) == 1
+    assert plan.modelled.bcd_iterations <= 2  # Y = 0: idle and busy Sub-1 agree, fixed point at once
+    assert len(set(np.round(plan.modelled.bcd_objective, 12))) == 1

@@ -159,7 +159,7 @@ def test_cu_energy_too_tight_names_c8(workload):
     net["uplink"]["energy_max_j"] = 1e-6
     spec = NetworkSpec.from_config(net, 2)
     plan = make_policy(scheduler("dssra"), spec, workload, 0).plan(0, StateSampler(spec, 0).sample(0))
-    assert plan.selected == () and plan.modelled["round_delay_s"] == 0.0
+    assert plan.selected == () and plan.modelled.round_delay_s == 0.0
     assert sorted(plan.left_out) == [0, 1]
     assert all("C8" in why and "E_n^max=1e-06 J" in why for why in plan.left_out.values())
 
@@ -205,8 +205,8 @@ def lyapunov_run(V: float, rounds: int) -> tuple[float, float]:
     for t in range(rounds):
         plan = pol.plan(t, sampler.sample(t))
         pol.observe(plan, {})
-        gammas.append(plan.modelled["gamma_mean"])
-        delays.append(plan.modelled["round_delay_s"])
+        gammas.append(plan.modelled.gamma_mean)
+        delays.append(plan.modelled.round_delay_s)
     return float(np.mean(gammas)), float(np.mean(delays))
 
 

@@ -217,4 +217,4 @@ def test_cu_selection_with_more_cus_than_channels_equals_brute_force(N):
         chosen = [c.channel for c in plan.clusters if c.selected]
         assert len(chosen) == len(set(chosen)) == spec.num_channels  # C3-C5: J of the N CUs train
         assert all(c.power_w == pytest.approx(spec.cu_power_max_w) for c in plan.clusters if c.selected)
-        assert plan.modelled["bcd_objective"][-1] == pytest.approx(selection_brute_force(policy, spec, state), rel=1e-9)
+        assert plan.modelled.bcd_objective[-1] == pytest.approx(selection_brute_force(policy, spec, state), rel=1e-9)

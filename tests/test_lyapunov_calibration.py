@@ -77,7 +77,7 @@ def test_default_setting_has_positive_queues_in_some_rounds():
     positive = 0
     for t in range(60):
         plan = policy.plan(t, sampler.sample(t))
-        positive += any(row["Y"] > 0 for row in plan.modelled["clusters"])
+        positive += any(row.Y > 0 for row in plan.modelled.clusters)
         policy.observe(plan, {})
     assert 0 < positive < 60, positive
 

@@ -213,13 +213,13 @@ def test_a_cpu_quota_is_applied_to_the_actor_and_profiled_slower():
 
     with _two_ray_devices() as pipe:
         pids = {k: p.pid for k, p in pipe.processes().items()}
-        granted = pipe.set_testbed(DeviceEmulation((1.0, 0.25), (0.0, 0.0), (0.0, 0.0)), cgroup_prefix="tq")
+        granted = pipe.testbed.set_testbed(DeviceEmulation((1.0, 0.25), (0.0, 0.0), (0.0, 0.0)), cgroup_prefix="tq")
         try:
             assert granted == {0: pytest.approx(1.0), 1: pytest.approx(0.25)}
             assert _quota_of(pids[0]) == pytest.approx(1.0) and _quota_of(pids[1]) == pytest.approx(0.25)
             profile = pipe.measure(B, T, WIDTH, repeats=3)
         finally:
-            pipe.clear_testbed()
+            pipe.testbed.clear_testbed()
         assert _quota_of(pids[0]) == 0.0 and _quota_of(pids[1]) == 0.0
     fast, slow = profile.devices
     assert fast is not None and slow is not None
@@ -238,9 +238,9 @@ def test_a_throttled_d2d_link_is_measured_at_its_set_rate_on_the_pipeline_transp
     model = make_model()
     rates, latency = (2e6, 4e6), 0.005
     with ClusterPipeline(model.embedding, model.blocks, (2, 2), ADAM, devices=[device(1e9)] * 2) as pipe:
-        pipe.set_testbed(DeviceEmulation((0.0, 0.0), rates, (latency, latency)), cgroup_prefix="tl")
+        pipe.testbed.set_testbed(DeviceEmulation((0.0, 0.0), rates, (latency, latency)), cgroup_prefix="tl")
         profile = pipe.measure(B, T, WIDTH, repeats=3)
-        pipe.clear_testbed()
+        pipe.testbed.clear_testbed()
         free = pipe.measure(B, T, WIDTH, repeats=1)  # unthrottled again
     for link, rate in zip(profile.links, rates):
         assert link is not None
@@ -286,7 +286,7 @@ def test_device_actors_leave_no_cgroup_behind_when_the_pipeline_ends():
 
     with _two_ray_devices() as pipe:
         pids = {k: p.pid for k, p in pipe.processes().items()}
-        pipe.set_testbed(DeviceEmulation((1.0, 0.5), (0.0, 0.0), (0.0, 0.0)), cgroup_prefix="leak")
+        pipe.testbed.set_testbed(DeviceEmulation((1.0, 0.5), (0.0, 0.0), (0.0, 0.0)), cgroup_prefix="leak")
         assert _quota_of(pids[0]) == pytest.approx(1.0)
     parent = detect().mount / "collapipe"
     left = [p.name for p in parent.glob("leak*")] if parent.is_dir() else []

@@ -64,7 +64,7 @@ def test_every_method_plan_satisfies_c1_to_c9(method, policy):
         for t in range(3):
             state = sampler.sample(t)
             plan = pl.plan(t, state)
-            assert plan.modelled["method"] == method
+            assert plan.modelled.method == method
             check_constraints(
                 plan, spec, state, WORKLOAD, uplink_bits=bits_by_hand(method), with_d2d=method != "vanilla_fl"
             )
@@ -84,7 +84,7 @@ def test_vanilla_fl_trains_everything_on_the_best_device():
             ]
             best = int(np.argmax(speed))
             assert c.delta[best] == WORKLOAD.num_blocks and c.S == 1 and c.m == 1
-            assert plan.modelled["clusters"][c.cluster]["d2d_s"] == 0.0
+            assert plan.modelled.clusters[c.cluster].d2d_s == 0.0
 
 
 def test_pipeline_is_uniform_with_fixed_m():
@@ -158,11 +158,11 @@ def test_vanilla_fl_data_users_are_every_device_that_holds_the_model():
     pl, spec = planner("vanilla_fl", clusters=3)
     state = StateSampler(spec, 1).sample(1)
     plan = pl.plan(1, state)
-    for c, row in zip(plan.clusters, plan.modelled["clusters"]):
-        assert row["data_users"] == sum(
+    for c, row in zip(plan.clusters, plan.modelled.clusters):
+        assert row.data_users == sum(
             d.memory_bytes // WORKLOAD.block_memory_bytes() >= WORKLOAD.num_blocks for d in spec.devices_of(c.cluster)
         )
-        assert row["pipeline_s"] == pytest.approx(vanilla_delay_by_hand(spec, state, c.cluster), rel=1e-9)
+        assert row.pipeline_s == pytest.approx(vanilla_delay_by_hand(spec, state, c.cluster), rel=1e-9)
         # the CU still executes the whole model on its fastest data user (delta = L there, S = m = 1)
         assert c.delta.count(WORKLOAD.num_blocks) == 1 and c.S == 1 and c.m == 1
 
@@ -207,23 +207,23 @@ def test_modelled_delay_equals_the_formulas_by_hand(method):
     plan = pl.plan(3, state)
     N0 = spec.noise_psd_w_hz
     delays = []
-    for c, row in zip(plan.clusters, plan.modelled["clusters"]):
+    for c, row in zip(plan.clusters, plan.modelled.clusters):
         if method == "vanilla_fl":
             pipe = vanilla_delay_by_hand(spec, state, c.cluster)
-            assert row["pipeline_s"] == pytest.approx(pipe, rel=1e-9) and row["d2d_s"] == 0.0
-            delays += [pipe + row["uplink_s"]] if c.selected else []
+            assert row.pipeline_s == pytest.approx(pipe, rel=1e-9) and row.d2d_s == 0.0
+            delays += [pipe + row.uplink_s] if c.selected else []
             continue
         pipe = pipeline_delay_by_hand(spec, state, c.cluster, c.delta, c.m)  # eq. (15) as read
-        assert row["pipeline_s"] == pytest.approx(pipe, rel=1e-9)
+        assert row.pipeline_s == pytest.approx(pipe, rel=1e-9)
         if not c.selected:
             continue
         j = c.channel
         B, h, I = spec.channel_bandwidth_hz[j], state.uplink_gain[c.cluster][j], state.uplink_interference_w[j]
         uplink = bits_by_hand(method) / (B * math.log2(1 + c.power_w * h / (I + B * N0)))  # eqs. (10)-(11)
-        assert row["uplink_s"] == pytest.approx(uplink, rel=1e-9)
-        assert row["cu_energy_j"] == pytest.approx(c.power_w * uplink, rel=1e-9)  # eq. (12)
+        assert row.uplink_s == pytest.approx(uplink, rel=1e-9)
+        assert row.cu_energy_j == pytest.approx(c.power_w * uplink, rel=1e-9)  # eq. (12)
         delays.append(pipe + uplink)
-    assert plan.modelled["round_delay_s"] == pytest.approx(max(delays), rel=1e-9)  # eq. (26)
+    assert plan.modelled.round_delay_s == pytest.approx(max(delays), rel=1e-9)  # eq. (26)
 
 
 def test_titanic_sends_at_the_largest_feasible_power():

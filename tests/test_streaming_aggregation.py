@@ -22,8 +22,8 @@ from collapipe_flwr.dssra.specs import MethodSpec
 from collapipe_flwr.errors import CollaPipeError
 from collapipe_flwr.fl.server.aggregation.global_model import GlobalModel, flatten_parts
 from collapipe_flwr.fl.server.aggregation.server_optimizer import ServerOptimizer
-from collapipe_flwr.fl.server.aggregation.weighted_sum import WeightedSum
 from collapipe_flwr.fl.server.reply_stream import StreamingGrid
+from collapipe_flwr.fl.weighted_mean import WeightedSum
 from collapipe_flwr.models.split import SplitModel
 from tests.test_server_optimizer import HYPER, Reference
 

@@ -67,8 +67,8 @@ def test_a_clusters_rates_come_from_its_model_and_the_plans_uplink():
     model = replan.model
     assert clock.scale == pytest.approx(tuple(4e10 / np.asarray(model.flops_per_second)))
     assert clock.d2d_bytes_per_s == pytest.approx(tuple(np.asarray(model.d2d_rate) / 8))
-    row = plan.modelled["clusters"][cluster.cluster]
-    assert clock.uplink_bytes_per_s == pytest.approx(plan.modelled["uplink_bits"] / 8 / row["uplink_s"])
+    row = plan.modelled.clusters[cluster.cluster]
+    assert clock.uplink_bytes_per_s == pytest.approx(plan.modelled.uplink_bits / 8 / row.uplink_s)
     assert planner.clock_for(1, cluster, workload, 0.0, replan) is None  # no host speed, no clock
 
 

@@ -37,9 +37,9 @@ def quota_figures(batch, warmup: int, steps: int, device_cores: float, pin: str,
                     model.embedding, model.blocks, DELTAS[S], SPEC, runtime=ClusterRuntime(spec, actor_threads=1)
                 )
             )
-            stack.callback(pipe.clear_testbed)  # the cgroups go before the actors do
+            stack.callback(pipe.testbed.clear_testbed)  # the cgroups go before the actors do
             emulation = DeviceEmulation((device_cores,) * S, (0.0,) * S, (0.0,) * S)
-            cores = pipe.set_testbed(emulation, f"collapipe-bench-{key}-")
+            cores = pipe.testbed.set_testbed(emulation, f"collapipe-bench-{key}-")
             granted.update({f"quota_{key}_device{k}_cores": c for k, c in cores.items()})
             pipes[key] = pipe
         for i in range(warmup + steps):

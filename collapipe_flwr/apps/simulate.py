@@ -77,10 +77,12 @@ def run(
     for t in range(rounds):
         plan = policy.plan(t, sampler.sample(t))
         selected.append(len(plan.selected))
-        rows = [r for r in plan.modelled["clusters"] if r["delay_s"] > 0]
-        worst = max(rows, key=lambda r: r["delay_s"]) if rows else {"pipeline_s": 0.0, "uplink_s": 0.0}
-        bottleneck_pipeline.append(float(worst["pipeline_s"]))
-        bottleneck_uplink.append(float(worst["uplink_s"]))
+        modelled = plan.modelled
+        assert modelled is not None, "a policy's plan carries its modelled figures"
+        rows = [r for r in modelled.clusters if r.delay_s > 0]
+        worst = max(rows, key=lambda r: r.delay_s) if rows else None
+        bottleneck_pipeline.append(worst.pipeline_s if worst is not None else 0.0)
+        bottleneck_uplink.append(worst.uplink_s if worst is not None else 0.0)
         for c in plan.selected:
             trained[c.cluster] += 1
         losses = {
@@ -88,9 +90,9 @@ def run(
             for c in plan.selected
         }
         policy.observe(plan, losses)
-        delays.append(plan.modelled["round_delay_s"])
-        gammas.append(plan.modelled["gamma_mean"])
-        per_cluster.append([row["gamma"] for row in plan.modelled["clusters"]])
+        delays.append(modelled.round_delay_s)
+        gammas.append(modelled.gamma_mean)
+        per_cluster.append([row.gamma for row in modelled.clusters])
     return {
         "cumulative_s": np.cumsum(delays).tolist(),
         "gamma_running_mean": (np.cumsum(gammas) / np.arange(1, rounds + 1)).tolist(),

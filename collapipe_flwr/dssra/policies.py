@@ -21,7 +21,7 @@ import numpy as np
 
 from collapipe_flwr.dssra.cluster_model import ClusterModel
 from collapipe_flwr.dssra.dinkelbach import PowerProblem, c11_power_floor, dinkelbach_sca_power
-from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
+from collapipe_flwr.dssra.plan import ClusterPlan, ModelledCluster, ModelledRound, RoundPlan
 from collapipe_flwr.dssra.power import LN2, max_energy_power
 from collapipe_flwr.dssra.replan import sub1_inputs
 from collapipe_flwr.dssra.segments import (
@@ -61,7 +61,7 @@ SegmentRule = Callable[[ClusterModel, float, np.ndarray, bool], SegmentPlan]
 class PlanShape:
     """How a training method's plan differs from CollaPipe's (dssra/methods/); the default is CollaPipe.
 
-    method: name logged in plan.modelled.  segments: partition rule replacing Sub-1 / uniform blocks.
+    method: name logged in plan.modelled.method.  segments: partition rule replacing Sub-1 / uniform blocks.
     uplink_bits: bits a selected CU sends per round (default Workload.uplink_bits()).
     d2d: False = one device, no activation hand-over (tau^dd = 0, no D2D energy).
     optimise_power: False = each CU sends at the largest C6/C8'-feasible power.
@@ -282,27 +282,26 @@ class Policy:
         clusters, rows, gammas, delays = [], [], [], []
         for n in range(len(models)):
             cluster, row, delay = self._cluster_outcome(n, models[n], segs[n], sub2, radio)
-            gammas.append(row["gamma"])
+            gammas.append(row.gamma)
             if delay is not None:
                 delays.append(delay)
             clusters.append(cluster)
             rows.append(row)
         objective = self.sched.V * (max(delays) if delays else 0.0) + self._drift_total(clusters, gammas)
-        modelled = {
-            "method": self.shape.method,
-            "policy": self.name,
-            "V": self.sched.V,
-            "round_delay_s": pipeline_model.round_delay(delays, np.zeros(len(delays))) if delays else 0.0,
-            "objective": float(objective),
-            "bcd_objective": [float(x) for x in history],
-            "bcd_iterations": int(passes),
-            "uplink_bits": self.uplink_bits,
-            "gamma_max": self.conv.gamma_max,
-            "gamma_mean": float(np.mean(gammas)),
-            "clusters": rows,
-        }
-        if sub2.left_out:  # only when a CU sits out: why (dssra/selectors.py: sit_out_reason)
-            modelled["left_out"] = {str(n): reason for n, reason in sorted(sub2.left_out.items())}
+        modelled = ModelledRound(
+            method=self.shape.method,
+            policy=self.name,
+            V=self.sched.V,
+            round_delay_s=pipeline_model.round_delay(delays, np.zeros(len(delays))) if delays else 0.0,
+            objective=float(objective),
+            bcd_objective=tuple(float(x) for x in history),
+            bcd_iterations=int(passes),
+            uplink_bits=self.uplink_bits,
+            gamma_max=self.conv.gamma_max,
+            gamma_mean=float(np.mean(gammas)),
+            clusters=tuple(rows),
+            left_out=dict(sorted(sub2.left_out.items())),  # only CUs that sit out: why (selectors.sit_out_reason)
+        )
         solves_m = self.shape.segments is None and self.sched.segment_scheduling
         replan = {
             n: sub1_inputs(
@@ -335,21 +334,21 @@ class Policy:
             data_users=int(ev.get("data_users", 1)),
             user_devices=tuple(int(k) for k in ev.get("user_devices", ())),
         )
-        row = {
-            "pipeline_s": ev["pipeline_s"],
-            "compute_s": ev["compute_s"],
-            "d2d_s": ev["d2d_s"],
+        row = ModelledCluster(
+            pipeline_s=ev["pipeline_s"],
+            compute_s=ev["compute_s"],
+            d2d_s=ev["d2d_s"],
             # the CU's measured time per round outside the devices (measured profiles only): not in
             # eq. (26), so not in delay_s, and the same for every plan of a cluster
-            "overhead_s": float(ev.get("overhead_s", 0.0)),
-            "uplink_s": up,
-            "delay_s": ev["pipeline_s"] + up if selected else 0.0,
-            "device_energy_j": ev["device_energy_j"],
-            "cu_energy_j": p * up,
-            "gamma": gamma,
-            "Y": float(self.Y[n]),
-            **({"data_users": ev["data_users"]} if "data_users" in ev else {}),
-        }
+            overhead_s=float(ev.get("overhead_s", 0.0)),
+            uplink_s=up,
+            delay_s=ev["pipeline_s"] + up if selected else 0.0,
+            device_energy_j=tuple(ev["device_energy_j"]),
+            cu_energy_j=p * up,
+            gamma=gamma,
+            Y=float(self.Y[n]),
+            data_users=ev["data_users"] if "data_users" in ev else None,
+        )
         return cluster, row, (ev["pipeline_s"] + up if selected else None)
 
     def _drift_total(self, clusters, gammas) -> float:
@@ -375,7 +374,9 @@ class Policy:
     # ------------------------------------------------------------------ feedback
     def observe(self, plan: RoundPlan, losses: dict[int, float]) -> None:
         """Y_n(t+1) = max(Y_n + Gamma_n^t - Gamma^max, 0) (eq. 29); remember the reported losses."""
-        gammas = np.array([row["gamma"] for row in plan.modelled["clusters"]], dtype=float)
+        if plan.modelled is None:
+            raise ValueError(f"round {plan.round}'s plan has no modelled Gamma_n: observe takes a plan a policy made")
+        gammas = np.array([row.gamma for row in plan.modelled.clusters], dtype=float)
         self.Y = queue_update(self.Y, gammas, self.conv.gamma_max)
         for n, loss in losses.items():
             self.last_loss[int(n)] = float(loss)

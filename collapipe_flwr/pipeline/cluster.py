@@ -1,10 +1,13 @@
 """The CU-side driver of one cluster (:class:`ClusterPipeline`): the embedding on the CU, S segments on devices,
 m micro-batches per step. A façade over its three parts:
 
-- the placement (``pipeline/placement.py``, :class:`~collapipe_flwr.pipeline.placement.ClusterPlacement`): which
-  device holds which blocks, repartitions and recoveries moving blocks and optimizer state between devices, C7;
+- the placement (``pipeline/placement.py``, :class:`~collapipe_flwr.pipeline.placement.ClusterPlacement`,
+  ``pipeline.placement``): which device holds which blocks, repartitions and recoveries moving blocks and optimizer
+  state between devices, C7 (callers read and set its ``planned_caps``, ``moved_blocks`` and the encoder's
+  optimizer state there);
 - the testbed and measured profiles (``pipeline/cluster_profile.py``,
-  :class:`~collapipe_flwr.pipeline.cluster_profile.ClusterTestbed`);
+  :class:`~collapipe_flwr.pipeline.cluster_profile.ClusterTestbed`, ``pipeline.testbed``: callers set and clear the
+  devices' quotas, throttles and limits there);
 - the training step (``pipeline/cluster_step.py``, :class:`~collapipe_flwr.pipeline.cluster_step.ClusterStep`:
   micro-batches, the GPipe or 1F1B schedule, the optimizer steps).
 """
@@ -29,7 +32,7 @@ from collapipe_flwr.pipeline.runtime_spec import LOCAL_RUNTIME, ClusterRuntime
 from collapipe_flwr.pipeline.timings import StepResult
 from collapipe_flwr.precision import resolve_precision
 from collapipe_flwr.system.devices import DeviceProfile
-from collapipe_flwr.system.profile import ClusterProfile, DeviceEmulation
+from collapipe_flwr.system.profile import ClusterProfile
 
 
 def _block_modules(block: nn.Module | None) -> list[str]:
@@ -95,21 +98,6 @@ class ClusterPipeline:
         """Blocks per device k of the current partition."""
         return self.placement.delta
 
-    @property
-    def moved_blocks(self) -> bool:
-        """Whether the last partition change moved blocks between devices."""
-        return self.placement.moved_blocks
-
-    @property
-    def planned_caps(self) -> tuple[int, ...] | None:
-        """C7 as the round's planner computed it (blocks device k may hold, fl/cu/planned_memory.py); None = the
-        CU's own per-block estimate (pipeline/memory.py) in :meth:`check_memory`."""
-        return self.placement.planned_caps
-
-    @planned_caps.setter
-    def planned_caps(self, caps: tuple[int, ...] | None) -> None:
-        self.placement.planned_caps = caps
-
     def repartition(self, delta: Sequence[int]) -> None:
         """Move to a new delta, carrying every block's weights and optimizer state between the live devices
         (no device process is restarted; a bad delta changes nothing). The live layout is read first, so a
@@ -126,10 +114,6 @@ class ClusterPipeline:
         """Fresh optimizer state for the embedding and every segment (``federation.optimizer_state: reset``)."""
         self._step.reset_optimizer()
         self.placement.reset_optimizers()
-
-    def check_memory(self, batch_size_b: int, seq_len: int, m: int = 1) -> None:
-        """Constraint C7 with activations (:meth:`~collapipe_flwr.pipeline.placement.ClusterPlacement.check_memory`)."""
-        self.placement.check_memory(batch_size_b, seq_len, m)
 
     def processes(self) -> dict[int, DeviceProcess]:
         """{device k: the OS process holding it, and its network namespace} (the CU's own on the local backend). A
@@ -150,20 +134,7 @@ class ClusterPipeline:
         blocks again (the CU re-plans a later round that gives them some, ``fl/cu/device_loss.py``)."""
         return tuple(sorted(self.placement.lost))
 
-    # -- the testbed and measured profiles (pipeline/cluster_profile.py) ------------------------------
-    def live_devices(self) -> list[int]:
-        """The devices k whose actors are alive (holding blocks or idle), in index order."""
-        return self.testbed.live_devices()
-
-    def set_testbed(self, emulation: DeviceEmulation, cgroup_prefix: str) -> dict[int, float]:
-        """Every live device under ``emulation``'s CPU quota, link throttle and memory limit
-        (:meth:`~collapipe_flwr.pipeline.cluster_profile.ClusterTestbed.set_testbed`); {k: cores granted}."""
-        return self.testbed.set_testbed(emulation, cgroup_prefix)
-
-    def clear_testbed(self) -> None:
-        """Back to unthrottled devices (nothing to do when this pipeline never set a testbed)."""
-        self.testbed.clear_testbed()
-
+    # -- the testbed and measured profiles (pipeline/cluster_profile.py; quotas and throttles: ``testbed``) ------
     def measure(self, batch_size_b: int, seq_len: int, width: int, repeats: int = 3) -> ClusterProfile:
         """Time every live device's TEB and the link out of it (``pipeline/cluster_profile.py``)."""
         K = len(self.devices) if self.devices else len(self.delta)
@@ -212,14 +183,6 @@ class ClusterPipeline:
             return stages.submit_set_weights(s, renumber_blocks(state, -a, range(a, b)))
 
         gather(stages, self.S, submit)
-
-    def encoder_optimizer_state(self) -> dict[str, dict]:
-        """Every block's optimizer state, names ``"{l}.{param}"`` (the whole encoder's numbering)."""
-        return self.placement.encoder_optimizer_state()
-
-    def load_encoder_optimizer_state(self, state: dict[str, dict]) -> None:
-        """Put optimizer state (names ``"{l}.{param}"``) back into the devices holding those blocks."""
-        self.placement.load_encoder_optimizer_state(state)
 
     def embedding_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.embedding.state_dict().items()}

@@ -53,7 +53,8 @@ def segment_specs(
         else:
             segment = nn.ModuleList(copy.deepcopy(template) for _ in range(b - a))
             segment.load_state_dict(renumber_blocks(weights or {}, -a, range(a, b)), strict=True)
-        specs.append((k, segment, renumber_blocks(optimizer_state or {}, -a, range(a, b)), slowdown.get(k, 1.0), a))
+        state = renumber_blocks(optimizer_state or {}, -a, range(a, b))
+        specs.append(StageSpec(k, segment, state, slowdown=slowdown.get(k, 1.0), offset=a))
     return specs
 
 
@@ -152,7 +153,8 @@ class ClusterPlacement:
         bounds = segment_bounds(delta)
         if len(held) == len(bounds) and all(held.get(k) == (a, b) for k, a, b in bounds):
             slowdown = self._slowdowns(bounds)
-            self.stages.place([(k, None, None, slowdown.get(k, 1.0), a) for k, a, _ in bounds], free_others=False)
+            held_specs = [StageSpec(k, slowdown=slowdown.get(k, 1.0), offset=a) for k, a, _ in bounds]
+            self.stages.place(held_specs, free_others=False)
             self.delta, self.bounds = tuple(delta), bounds
             self.moved_blocks = False
         else:

@@ -281,7 +281,7 @@ def _prepare(run: CuRound) -> Preparation:
 def _take_planned_caps(run: CuRound) -> None:
     """C7 for the partition the pipeline now holds, as the planner computed it (fl/cu/planned_memory.py)."""
     pipeline = run.session.live_pipeline()
-    pipeline.planned_caps = planned_caps(run.instructions, pipeline.delta, run.m)
+    pipeline.placement.planned_caps = planned_caps(run.instructions, pipeline.delta, run.m)
 
 
 def _round_head(run: CuRound, testbed: RoundTestbed) -> DecoderClient | ThrottledHead | LocalHead:

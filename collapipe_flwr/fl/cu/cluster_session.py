@@ -105,7 +105,7 @@ class ClusterSession:
         else:
             pipeline = self.pipeline
             pipeline.repartition(delta)
-        moved = bool(getattr(pipeline, "moved_blocks", False))
+        moved = pipeline.placement.moved_blocks
         pipeline.load_encoder_state_dict(parts["encoder"])
         if not cfg.head_on_server and self.local_head is None:
             self.local_head = LocalHead(
@@ -183,7 +183,7 @@ class ClusterSession:
                     flat[f"{part}|{names[id(p)]}|{key}"] = torch.as_tensor(value).detach()
         pipeline = self.live_pipeline()
         if pipeline.backend is Backend.LOCAL or with_encoder:
-            for name, st in pipeline.encoder_optimizer_state().items():
+            for name, st in pipeline.placement.encoder_optimizer_state().items():
                 for key, value in st.items():
                     flat[f"encoder|{name}|{key}"] = torch.as_tensor(value).detach()
         return flat
@@ -210,4 +210,4 @@ class ClusterSession:
                     optimizer.state[params[pname]] = {k: v.clone() for k, v in st.items()}
         pipeline = self.live_pipeline()
         if "encoder" in grouped and (pipeline.backend is Backend.LOCAL or encoder):
-            pipeline.load_encoder_optimizer_state(grouped["encoder"])
+            pipeline.placement.load_encoder_optimizer_state(grouped["encoder"])

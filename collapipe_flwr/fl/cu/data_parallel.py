@@ -13,7 +13,9 @@ and train it on their share within E_k^max, C9'). In round t each user d = 0..D-
    (FedAvg inside the cluster, eq. (5)'s "simple averaging") and uploads that one model.
 
 The users' optimizer moments are averaged the same way (the CU keeps one optimizer state per cluster across
-rounds, ``federation.optimizer_state: keep``; with ``reset`` every user starts each round fresh anyway).
+rounds, ``federation.optimizer_state: keep``; with ``reset`` every user starts each round fresh anyway). The
+average is the server's own weighted mean (``fl/weighted_mean.py``: :class:`TreeMean` over one ``WeightedSum``,
+the one FedAvg of the CUs and the server).
 
 User d trains on its own device, ``ClusterPlan.user_devices[d]`` (the whole encoder is moved there with
 ``ClusterPipeline.repartition`` before its steps, under that device's CPU quota and memory limit on the testbed),
@@ -39,11 +41,11 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from collapipe_flwr.fl.cu.step_log import StepLog
+from collapipe_flwr.fl.weighted_mean import TreeMean
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 
@@ -68,7 +70,7 @@ def snapshot(pipeline: ClusterPipeline, head: LocalHead) -> TrainingState:
         embedding_optimizer=copy.deepcopy(pipeline.embedding_optimizer.state_dict()),
         # copies: on the local backend a stage hands out its live tensors
         encoder={k: v.detach().clone() for k, v in pipeline.encoder_state_dict().items()},
-        encoder_optimizer=copy.deepcopy(pipeline.encoder_optimizer_state()),
+        encoder_optimizer=copy.deepcopy(pipeline.placement.encoder_optimizer_state()),
         head={k: v.detach().clone() for k, v in head.head.state_dict().items()},
         head_optimizer=copy.deepcopy(head_optimizer),
     )
@@ -83,81 +85,11 @@ def restore(pipeline: ClusterPipeline, head: LocalHead, state: TrainingState) ->
     if state.embedding_optimizer.get("state"):
         pipeline.embedding_optimizer.load_state_dict(copy.deepcopy(state.embedding_optimizer))
     if state.encoder_optimizer:
-        pipeline.load_encoder_optimizer_state(state.encoder_optimizer)
+        pipeline.placement.load_encoder_optimizer_state(state.encoder_optimizer)
     head.head.load_state_dict(state.head)
     head.reset_optimizer()
     if head.optimizer is not None and state.head_optimizer.get("state"):
         head.optimizer.load_state_dict(copy.deepcopy(state.head_optimizer))
-
-
-class RunningMean:
-    """The weighted mean of nested dicts of tensors (FedAvg), one tree at a time, so that the CU holds one sum
-    rather than all D users' states: floating tensors are summed in at least float32 and cast back to their
-    dtype; floats are averaged; integer tensors, lists and other leaves (Adam's hyperparameters, names) are
-    taken from the first tree."""
-
-    def __init__(self) -> None:
-        self._sum: Any = None
-        self._weight = 0.0
-
-    def add(self, tree: Any, weight: float) -> None:
-        self._sum = _scaled(tree, float(weight)) if self._sum is None else _accumulate(self._sum, tree, float(weight))
-        self._weight += float(weight)
-
-    def mean(self) -> Any:
-        if self._sum is None or not self._weight > 0:
-            raise ValueError("no data user's state (or only zero weights) to average")
-        return _divided(self._sum, self._weight)
-
-
-@dataclass
-class _Sum:
-    """A floating tensor's running weighted sum and the dtype to return it in."""
-
-    total: torch.Tensor
-    dtype: torch.dtype
-
-
-def _scaled(tree: Any, weight: float) -> Any:
-    if isinstance(tree, dict):
-        return {key: _scaled(value, weight) for key, value in tree.items()}
-    if torch.is_tensor(tree) and tree.is_floating_point():
-        return _Sum(tree.detach().to(torch.promote_types(tree.dtype, torch.float32)) * weight, tree.dtype)
-    if isinstance(tree, float):
-        return tree * weight
-    return tree
-
-
-def _accumulate(acc: Any, tree: Any, weight: float) -> Any:
-    if isinstance(acc, dict):
-        if not isinstance(tree, dict) or tree.keys() != acc.keys():
-            keys = sorted(tree) if isinstance(tree, dict) else type(tree).__name__
-            raise ValueError(f"data users' states differ in their keys: {sorted(acc)} vs {keys}")
-        return {key: _accumulate(acc[key], tree[key], weight) for key in acc}
-    if isinstance(acc, _Sum):
-        acc.total += tree.detach().to(acc.total.dtype) * weight
-        return acc
-    if isinstance(acc, float):
-        return acc + float(tree) * weight
-    return acc
-
-
-def _divided(acc: Any, weight: float) -> Any:
-    if isinstance(acc, dict):
-        return {key: _divided(value, weight) for key, value in acc.items()}
-    if isinstance(acc, _Sum):
-        return (acc.total / weight).to(acc.dtype)
-    if isinstance(acc, float):
-        return acc / weight
-    return acc
-
-
-def average(trees: Sequence[Any], weights: Sequence[float]) -> Any:
-    """The weighted mean of ``trees`` (``RunningMean`` over them)."""
-    running = RunningMean()
-    for tree, weight in zip(trees, weights):
-        running.add(tree, weight)
-    return running.mean()
 
 
 def user_share(batch: dict[str, torch.Tensor], user: int, users: int) -> dict[str, torch.Tensor] | None:
@@ -201,7 +133,7 @@ def train_data_parallel(
         raise ValueError(f"{users} data users but {len(user_devices)} user devices: name one device per user")
     home = pipeline.delta
     start = snapshot(pipeline, head)
-    mean = RunningMean()
+    mean = TreeMean()
     runs: list[StepLog] = []
     user_seconds: list[float] = []
     memory: list[dict] = []

@@ -85,7 +85,7 @@ def upload(bucket: TokenBucket | None, weights: dict[str, dict[str, torch.Tensor
 def apply_emulation(pipeline: ClusterPipeline, emulation: DeviceEmulation, cluster: int) -> list[float]:
     """Every live device of the cluster under its CPU quota and link throttle; the cores each cgroup grants
     (read back), 0 where no quota is set or the device is not alive."""
-    granted = pipeline.set_testbed(emulation, cgroup_prefix=f"c{cluster}")
+    granted = pipeline.testbed.set_testbed(emulation, cgroup_prefix=f"c{cluster}")
     return [float(granted.get(k, 0.0)) for k in range(len(emulation.cpu_cores))]
 
 

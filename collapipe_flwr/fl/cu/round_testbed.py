@@ -35,7 +35,7 @@ def prepare_testbed(session, cfg: ClusterConfig, instructions: TrainInstructions
         out.cores = apply_emulation(pipeline, emulation, cluster)
         out.bucket = uplink_bucket(emulation)
     else:
-        pipeline.clear_testbed()
+        pipeline.testbed.clear_testbed()
     if instructions.measure:
         batches = round_batches(session.task, cfg, session.examples, instructions.round, cluster)
         first = next(itertools.islice(batches, 1))

@@ -54,7 +54,7 @@ class RoundRecord:
         out["failures"] = self.failures
         out.update({f"val_{k}": v for k, v in self.val.items()})
         out["plan"] = self.plan.to_dict() if self.plan else None
-        out["modelled"] = self.plan.modelled if self.plan else {}
+        out["modelled"] = self.plan.modelled_dict() if self.plan else {}
         out["measured_s"] = dict(self.measured_s)
         if self.profiles:
             out["profiles"] = dict(self.profiles)

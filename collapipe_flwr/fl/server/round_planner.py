@@ -118,11 +118,9 @@ class RoundPlanner:
             cores = np.asarray(tb.cpu_cores)
         rate = model.d2d_rate * tb.d2d_rate_scale / 8.0 if tb.d2d else np.zeros(model.K)
         latency = np.asarray(model.d2d_latency_s) / 2.0 if tb.d2d else np.zeros(model.K)
-        uplink = 0.0
         last = self.last_plan
-        row = last.modelled["clusters"][n] if last is not None else None
-        if tb.uplink and last is not None and row is not None and row["uplink_s"] > 0:
-            uplink = float(last.modelled["uplink_bits"]) / 8.0 / float(row["uplink_s"])
+        modelled = last.modelled if last is not None else None
+        uplink = modelled.uplink_bytes_per_s(n) if tb.uplink and modelled is not None else 0.0
         memory = tuple(d.memory_bytes for d in self.network.devices_of(n)) if tb.memory_limit else ()
         return DeviceEmulation(
             tuple(float(x) for x in cores),
@@ -159,11 +157,9 @@ class RoundPlanner:
         rate = np.asarray(model.d2d_rate, dtype=float) / 8.0
         rate = np.where(np.isfinite(rate), rate, 0.0)  # an infinite r_k^dd (no D2D link in the model): no D2D time
         latency = np.broadcast_to(np.asarray(model.d2d_latency_s, dtype=float), (model.K,)).copy()
-        uplink = 0.0
         last = self.last_plan
-        row = last.modelled["clusters"][n] if last is not None and last.round == t else None
-        if last is not None and row is not None and float(row.get("uplink_s", 0.0)) > 0:
-            uplink = float(last.modelled["uplink_bits"]) / 8.0 / float(row["uplink_s"])
+        modelled = last.modelled if last is not None and last.round == t else None
+        uplink = modelled.uplink_bytes_per_s(n) if modelled is not None else 0.0
         if emulation is not None:
             scale = np.asarray([1.0 / c if c > 0 else s for c, s in zip(emulation.cpu_cores, scale)])
             throttled = np.asarray(emulation.d2d_bytes_per_s, dtype=float) > 0

@@ -6,7 +6,7 @@ Per round t:
 2. each selected CU gets a ``train`` message with the global embedding + encoder and its plan; during
    the round it talks to the server's decoder over the data plane (never one Flower message per step);
 3. the returned encoders theta_n^enc (⊕ of segments, eq. 4) are example-weighted averaged (FedAvg), each
-   reply checked and folded into a running sum as it arrives (``reply_stream.py``, ``weighted_sum.py``);
+   reply checked and folded into a running sum as it arrives (``reply_stream.py``, ``fl/weighted_mean.py``);
    the decoder is never averaged: it is trained on the server from every CU's activations;
 4. the queues Y_n are updated (eq. 29), the global model is evaluated on the validation split, and one
    JSON line is logged.

@@ -14,6 +14,7 @@ of the current plan and answers a handle (a failure names the first stage of the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from torch import nn
@@ -21,8 +22,26 @@ from torch import nn
 from collapipe_flwr.errors import DeviceFailure
 from collapipe_flwr.pipeline.device_process import DeviceProcess
 
-# (device index k, segment or None = keep what the device holds, optimizer state, slowdown, first block index)
-StageSpec = tuple[int, "nn.ModuleList | None", "dict | None", float, int]
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What pipeline stage s is to hold when a plan is placed (:meth:`Stages.place`: stage s = ``specs[s]``).
+
+    device: k, the cluster's device that runs the stage.
+    segment: its delta_k consecutive TEBs, blocks [offset, offset + delta_k) of the encoder numbered from 0 within
+        the segment; None keeps what device k holds (a plan whose segments the devices hold already, or a device
+        started idle).
+    optimizer_state: the segment's optimizer moments in its own block numbers; None: fresh moments.
+    slowdown: the emulated slowdown max_j(phi_j f_j) / (phi_k f_k) >= 1 of device k (``runtime.emulate``,
+        ``stage.emulation_slowdowns``); 1 runs at full speed.
+    offset: the encoder's number of the segment's first block, sum of delta_k' over the devices k' before k.
+    """
+
+    device: int
+    segment: nn.ModuleList | None = None
+    optimizer_state: dict | None = None
+    slowdown: float = 1.0
+    offset: int = 0
 
 
 class Stages(Protocol):
@@ -31,7 +50,7 @@ class Stages(Protocol):
     backend: str
 
     def place(self, specs: Sequence[StageSpec], free_others: bool = True) -> None:
-        """Make stage s = device specs[s].k, loading each spec's segment (when not None) into it."""
+        """Make stage s = device specs[s].device, loading each spec's segment (when not None) into it."""
 
     def start_idle(self, devices: Sequence[int], warm_modules: Sequence[str] = ()) -> None:
         """Have ``devices`` ready (holding no blocks) before a plan uses them, each importing ``warm_modules``

@@ -35,22 +35,22 @@ class LocalStages:
         self.place(specs)
 
     def place(self, specs: Sequence[StageSpec], free_others: bool = True) -> None:
-        """Make stage s = device specs[s].k; a spec's segment (if not None) replaces what the device held;
+        """Make stage s = device specs[s].device; a spec's segment (if not None) replaces what the device held;
         with ``free_others`` a device outside ``specs`` drops its blocks."""
-        for k, segment, state, slowdown, offset in specs:
-            if k not in self.devices:
-                self.devices[k] = Stage(  # a new device with no segment starts idle, as on Ray
-                    k,
-                    segment if segment is not None else nn.ModuleList(),
+        for spec in specs:
+            if spec.device not in self.devices:
+                self.devices[spec.device] = Stage(  # a new device with no segment starts idle, as on Ray
+                    spec.device,
+                    spec.segment if spec.segment is not None else nn.ModuleList(),
                     self.optimizer,
-                    optimizer_state=state,
-                    slowdown=slowdown,
-                    offset=offset,
+                    optimizer_state=spec.optimizer_state,
+                    slowdown=spec.slowdown,
+                    offset=spec.offset,
                     compute=StageCompute(device=self.device, precision=self.precision),
                 )
-            elif segment is not None:
-                self.devices[k].load_segment(segment, state, slowdown, offset)
-        self.device_indices = [spec[0] for spec in specs]
+            elif spec.segment is not None:
+                self.devices[spec.device].load_segment(spec.segment, spec.optimizer_state, spec.slowdown, spec.offset)
+        self.device_indices = [spec.device for spec in specs]
         self.stages = [self.devices[k] for k in self.device_indices]
         for k, stage in self.devices.items():  # a device the plan leaves idle frees its blocks
             if free_others and specs and k not in self.device_indices and len(stage.segment):

@@ -78,7 +78,7 @@ class RayStages(RayStageCalls):
         self._told: dict[int, tuple[str, str]] = {}  # device k -> (its node, the hand-over it was told)
         self._parking = shm_handoff.ParkingLot(tag=uuid.uuid4().hex[:8])  # this pipeline's own tensors (CU side)
         shm_handoff.remove_stale()  # what processes of an earlier run that crashed left unread
-        self.num_devices = max(num_devices, 1 + max((spec[0] for spec in specs), default=0))
+        self.num_devices = max(num_devices, 1 + max((spec.device for spec in specs), default=0))
         self._discover()
         self.place(specs)
 
@@ -97,34 +97,36 @@ class RayStages(RayStageCalls):
                 self._learn_memory_paths([k])
 
     def place(self, specs: Sequence[StageSpec], free_others: bool = True, pin: bool = True) -> None:
-        """Make stage s = device specs[s].k: start the actors not yet alive, load a spec's segment (if not
+        """Make stage s = device specs[s].device: start the actors not yet alive, load a spec's segment (if not
         None) into its live actor; devices outside ``specs`` stay alive (a later plan may use them) and,
         with ``free_others``, drop the blocks they held; with ``pin``, give the S stages their cores
         (:meth:`pin_stages`)."""
-        started = [spec[0] for spec in specs if spec[0] not in self.devices]
+        started = [spec.device for spec in specs if spec.device not in self.devices]
         for k in started:  # started empty: each segment then goes once, by a load (shared memory where it can)
             self.devices[k] = self._start_actor(k)
         if started:  # where the new actors run decides the hand-over before any segment travels
             self._wait_started([(k, self.devices[k].ping.remote()) for k in started])
             self._learn_memory_paths(started)
             self._set_handoff()
-        loads = [(k, self._load(k, seg, state, slow, off)) for k, seg, state, slow, off in specs if seg is not None]
-        used = {spec[0] for spec in specs}
+        loads = [(spec.device, self._load(spec, spec.segment)) for spec in specs if spec.segment is not None]
+        used = {spec.device for spec in specs}
         for k, actor in self.devices.items():  # a device the plan leaves idle frees its blocks (empty segment)
             if free_others and specs and k not in used and k not in started:
                 loads.append((k, actor.load_segment.remote(nn.ModuleList(), None, 1.0, 0)))
-        self.device_indices = [spec[0] for spec in specs]
+        self.device_indices = [spec.device for spec in specs]
         self.actors = [self.devices[k] for k in self.device_indices]
         self._wait_started(loads)
         self._set_handoff()
         if pin and self.actors and self.runtime.spec.pin_threads is not PinThreads.FALSE:
             self.pin_stages()
 
-    def _load(self, k: int, segment: nn.Module, state, slowdown: float, offset: int) -> Any:
-        """Start loading ``segment`` into device k's live actor. Once the hand-over is shared memory, the blocks'
-        weights and the optimizer state take it too (``shm_handoff.parked_module``): through Ray's object store
-        their pages would stay mapped into the device, memory it seems to hold round after round."""
-        actor = self.devices[k]
+    def _load(self, spec: StageSpec, segment: nn.Module) -> Any:
+        """Start loading ``segment`` (``spec``'s, not None) into device k's live actor (the spec's fields travel as
+        the arguments of ``Stage.load_segment``). Once the hand-over is shared memory, the blocks' weights and the
+        optimizer state take it too (``shm_handoff.parked_module``): through Ray's object store their pages would
+        stay mapped into the device, memory it seems to hold round after round."""
+        actor = self.devices[spec.device]
+        state, slowdown, offset = spec.optimizer_state, spec.slowdown, spec.offset
         parked = shm_handoff.parked_module(segment, self._parking) if self.handoff is Handoff.SHM else None
         if parked is None:
             return actor.load_segment.remote(segment, state, slowdown, offset)
@@ -253,14 +255,14 @@ class RayStages(RayStageCalls):
         uses them pays no process start-up in its round; each then imports ``warm_modules`` (``Stage.warm_up``)
         without this CU waiting for it. Ray runs an actor's calls in order, so a segment sent later waits for
         the import at most, and a fresh device's first segment costs what a later move does."""
-        idle = [(k, None, None, 1.0, 0) for k in devices if k not in self.devices]
+        idle = [StageSpec(k) for k in devices if k not in self.devices]
         if idle:
             keep = (list(self.device_indices), list(self.actors))
             self.place(idle, free_others=False, pin=False)
             self.device_indices, self.actors = keep
             if warm_modules:
-                for k, *_ in idle:
-                    self.devices[k].warm_up.remote(list(warm_modules))  # not awaited: a background import
+                for spec in idle:
+                    self.devices[spec.device].warm_up.remote(list(warm_modules))  # not awaited: a background import
 
     def layout(self) -> dict[int, tuple[int, int]]:
         """{device k: (first block, last block + 1)} of every live device."""

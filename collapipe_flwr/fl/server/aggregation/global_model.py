@@ -25,7 +25,7 @@ from collapipe_flwr.dssra.specs import MethodSpec
 from collapipe_flwr.fl.messages import pack_weights
 from collapipe_flwr.fl.server.aggregation.central_dp import add_central_noise
 from collapipe_flwr.fl.server.aggregation.server_optimizer import ServerOptimizer
-from collapipe_flwr.fl.server.aggregation.weighted_sum import WeightedSum
+from collapipe_flwr.fl.weighted_mean import WeightedSum
 from collapipe_flwr.models.split import SplitModel
 from collapipe_flwr.models.trainable import only_trainable
 
@@ -53,7 +53,7 @@ class RoundFold:
     """
 
     def __init__(self, aggregate: bool) -> None:
-        self.sum: WeightedSum | None = WeightedSum() if aggregate else None
+        self.sum: WeightedSum[str] | None = WeightedSum() if aggregate else None
         self.own: dict[int, Parts] = {}
 
     @property

@@ -10,7 +10,7 @@ strategies (``flwr.serverapp.strategy``) through exactly the calls Flower's ``St
 2. one train instruction ``Message`` (ArrayRecord under ``strategy.arrayrecord_key``, ConfigRecord with
    ``server-round`` under ``strategy.configrecord_key``) and one reply ``Message(content, reply_to=...)``
    carrying the clients' example-weighted mean (a
-   :class:`~collapipe_flwr.fl.server.aggregation.weighted_sum.WeightedSum`
+   :class:`~collapipe_flwr.fl.weighted_mean.WeightedSum`
    the server folded every CU's reply into as it arrived) and a MetricRecord with their total weight W under
    ``strategy.weighted_by_key``: Flower's FedAvg of that one reply is the mean itself (w / W = 1), and every
    strategy here uses only that mean (FedAvgM/FedOpt: the pseudo-gradient between it and the global arrays);
@@ -51,7 +51,7 @@ from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedYog
 
 from collapipe_flwr.config.server_optimizer_rules import SERVER_OPTIMIZERS, ServerOptimizerName, check_server_optimizer
 from collapipe_flwr.errors import CollaPipeError
-from collapipe_flwr.fl.server.aggregation.weighted_sum import WeightedSum, sum_dtype
+from collapipe_flwr.fl.weighted_mean import WeightedSum, sum_dtype
 
 __all__ = ["SERVER_OPTIMIZERS", "ServerOptimizer"]
 
@@ -190,7 +190,7 @@ class ServerOptimizer:
             raise CollaPipeError("aggregation weights (num-examples) sum to zero; every CU reported 0 examples")
 
     def _validate_folded(
-        self, server_round: object, current: object, folded: WeightedSum
+        self, server_round: object, current: object, folded: WeightedSum[str]
     ) -> tuple[list[str], list[str]]:
         """Check :meth:`apply`'s inputs before anything changes; return (floating keys, other keys)."""
         _check_round(server_round)
@@ -233,7 +233,7 @@ class ServerOptimizer:
             strategy.current_arrays = {k: array.numpy() for k, array in arrays.items()}
 
     def _flower_step(
-        self, server_round: int, current: Mapping[str, torch.Tensor], folded: WeightedSum, keys: list[str]
+        self, server_round: int, current: Mapping[str, torch.Tensor], folded: WeightedSum[str], keys: list[str]
     ) -> dict[str, torch.Tensor]:
         """Flower's strategy on one reply: the clients' weighted mean with weight W (its FedAvg of one reply is
         that mean exactly, w / W = 1), so FedAvgM/FedOpt apply their update to the mean of every client."""
@@ -287,13 +287,13 @@ class ServerOptimizer:
         into a :class:`WeightedSum` and handed to :meth:`apply`. Inputs are not modified.
         """
         self._validate(server_round, current, results)
-        folded = WeightedSum()
+        folded: WeightedSum[str] = WeightedSum()
         for state, weight in results:
             folded.add({k: state[k] for k in current}, float(weight))
         return self.apply(server_round, current, folded)
 
     def apply(
-        self, server_round: int, current: dict[str, torch.Tensor], folded: WeightedSum
+        self, server_round: int, current: dict[str, torch.Tensor], folded: WeightedSum[str]
     ) -> dict[str, torch.Tensor]:
         """The new global flat state dict from the round's running sum (the clients' states folded in one at
         a time, :class:`WeightedSum`): Flower's strategy on the weighted mean for the floating tensors, the
