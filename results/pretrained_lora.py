@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py,
 import campaign  # noqa: E402
 from pretrained_lora_tables import (  # noqa: E402
     EVAL,
+    MODEL,
     NEW_TOKENS,
     OUT,
     ROUNDS,
@@ -62,17 +63,14 @@ from pretrained_lora_tables import (  # noqa: E402
     STEPS,
     WARMUP_STEPS,
     central_steps,
+    federated_config,
+    federated_overrides,
     report,
 )
 
 EVAL_BATCH = 64
 SCORED = ("fp32", "bf16")  # the precisions every model is scored in: plain fp32, and bf16 autocast
-MODEL = "model=smollm2_135m"
 COMMON = f"task=causal_lm {MODEL} eval.max_examples={EVAL} seed={SEED}"
-FEDERATED = (
-    f"{MODEL} federation=small federation.num_rounds={ROUNDS} federation.local_steps={STEPS} eval.every=1 "
-    f"eval.at_start=true eval.max_examples={EVAL} checkpoint=false"
-)
 VARIANTS = {  # memory: the model as the run trains it, its int8 base, and fp32 full fine-tuning of the same model
     "lora_bf16_base": [],
     "lora_int8_base": ["model.base_dtype=int8"],
@@ -87,17 +85,6 @@ def common(seed: int) -> list[str]:
     return [*COMMON.replace(f"seed={SEED}", f"seed={seed}").split(), "eval.precision=fp32"]
 
 
-def federated_overrides(seed: int) -> str:
-    return f"{FEDERATED} seed={seed} eval.precision=fp32"
-
-
-def federated_config(seed: int = SEED):
-    """The federated run's typed config (``collapipe run`` adds only output folders and run names to it)."""
-    from collapipe_flwr.config import load_run_config
-
-    return load_run_config(["task=causal_lm", *federated_overrides(seed).split()])
-
-
 def warmup_lines(val: list[str], batch: int) -> list[str]:
     """The warm-up's captions: the WARMUP_STEPS x ``batch`` validation captions after the EVAL scored ones."""
     lines = val[EVAL : EVAL + WARMUP_STEPS * batch]
@@ -110,9 +97,11 @@ def run_federated(root: Path, seed: int) -> None:
     name = f"federated_s{seed}"
     if (OUT / f"{name}.summary.json").is_file():
         return
+    folder = root / name
+    if folder.is_dir() and not (folder / "summary.json").is_file():  # a failed try (e.g. killed for memory): aside
+        folder.rename(root / f"{name}.failed-{int(time.time())}")
     if not campaign.run_job(root, name, federated_overrides(seed), flat="task='causal_lm'"):
         raise SystemExit(f"the federated run {name} failed; see its log in ROOT")
-    folder = root / name
     with open(folder / "rounds.jsonl", "rb") as src, gzip.open(OUT / f"{name}.rounds.jsonl.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     shutil.copyfile(folder / "config.json", OUT / f"{name}.config.json")
@@ -123,11 +112,12 @@ def run_federated(root: Path, seed: int) -> None:
     (OUT / f"{name}.summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
 
 
-def run_central(root: Path, name: str, overrides: list[str], steps: int) -> None:
-    """``train_central`` of ``overrides`` for ``steps`` steps, saved to ROOT/name/model; its record and config."""
+def run_central(root: Path, name: str, overrides: list[str], steps: int) -> bool:
+    """``train_central`` of ``overrides`` for ``steps`` steps, saved to ROOT/name/model; its record and config.
+    Whether it ran (False: its record was kept already)."""
     out = OUT / f"{name}.json"
     if out.is_file():
-        return
+        return False
     cmd = [
         sys.executable, "-m", "collapipe_flwr.apps.train_central", *overrides, "--quiet",
         "--max-steps", str(steps), "--minutes", "120", "--json", str(root / f"{name}.json"),
@@ -144,6 +134,7 @@ def run_central(root: Path, name: str, overrides: list[str], steps: int) -> None
     meta = json.loads((root / name / "model" / "model.json").read_text())
     (OUT / f"{name}.config.json").write_text(json.dumps(meta["config"], indent=2, sort_keys=True))
     out.write_text(json.dumps(record, indent=2, sort_keys=True))
+    return True
 
 
 def run_legacy_central(root: Path, name: str, extra: tuple[str, ...] = ()) -> None:
@@ -165,7 +156,7 @@ def run_legacy_central(root: Path, name: str, extra: tuple[str, ...] = ()) -> No
     out.write_text(json.dumps(record, indent=2, sort_keys=True))
 
 
-def run_warmup(root: Path, seed: int) -> None:
+def run_warmup(root: Path, seed: int) -> bool:
     """The format-only warm-up of seed ``seed``: WARMUP_STEPS central steps on :func:`warmup_lines`."""
     from collapipe_flwr.config import load_run_config
 
@@ -173,7 +164,7 @@ def run_warmup(root: Path, seed: int) -> None:
     val = (cfg.resolved_data_dir() / str(cfg.task.options["val_file"])).read_text(encoding="utf-8").splitlines()
     text = root / "warmup_captions.txt"
     text.write_text("\n".join(warmup_lines(val, cfg.task.batch_size)) + "\n", encoding="utf-8")
-    run_central(root, f"warmup_s{seed}", [*common(seed), f"task.train_file={text}"], WARMUP_STEPS)
+    return run_central(root, f"warmup_s{seed}", [*common(seed), f"task.train_file={text}"], WARMUP_STEPS)
 
 
 def score(root: Path, name: str, folder: str) -> None:
@@ -316,17 +307,32 @@ def run_samples(root: Path) -> None:
     out.write_text(json.dumps(rows, indent=2, ensure_ascii=False))
 
 
-def run_all(root: Path) -> None:
-    """Every step whose record is missing, seed by seed (a seed's three runs before the next seed's)."""
+def run_all(root: Path, federated: bool = True) -> None:
+    """Every step whose record is missing: the base, then seed by seed the federated and central runs (seed 0's
+    warm-up with them), then the other seeds' warm-ups, the int8 pair, memory and samples; without ``federated``
+    only the first missing central run or warm-up and the scores (they fit beside another user's federated run)."""
     steps = central_steps(federated_config())
     score(root, "base", "")
     for seed in SEEDS:
-        run_federated(root, seed)
-        score(root, f"federated_s{seed}", str(root / f"federated_s{seed}"))
-        run_central(root, f"central_s{seed}", common(seed), steps)
+        if federated:
+            run_federated(root, seed)
+            score(root, f"federated_s{seed}", str(root / f"federated_s{seed}"))
+        ran = run_central(root, f"central_s{seed}", common(seed), steps)
         score(root, f"central_s{seed}", str(root / f"central_s{seed}"))
-        run_warmup(root, seed)
+        if ran and not federated:
+            return
+        if seed == SEED:  # the other seeds' warm-ups (short) after every federated and central run
+            ran = run_warmup(root, seed)
+            score(root, f"warmup_s{seed}", str(root / f"warmup_s{seed}"))
+            if ran and not federated:
+                return
+    for seed in SEEDS:
+        ran = run_warmup(root, seed)
         score(root, f"warmup_s{seed}", str(root / f"warmup_s{seed}"))
+        if ran and not federated:
+            return
+    if not federated:
+        return
     run_legacy_central(root, "central")
     run_legacy_central(root, "central_int8", ("model.base_dtype=int8",))
     run_memory()
@@ -337,6 +343,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path)
     parser.add_argument("--report", action="store_true", help="only rebuild README.md from the kept records")
+    parser.add_argument(
+        "--skip-federated", action="store_true", help="run only the first missing central run or warm-up, and scores"
+    )
     parser.add_argument("--score-folder", default=None, help=argparse.SUPPRESS)  # score(): one model, in a child
     parser.add_argument("--score-json", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -346,7 +355,9 @@ def main() -> None:
     if not args.report:
         args.root.mkdir(parents=True, exist_ok=True)
         OUT.mkdir(parents=True, exist_ok=True)
-        run_all(args.root)
+        run_all(args.root, federated=not args.skip_federated)
+        if args.skip_federated:
+            return
     (OUT / "README.md").write_text(report(), encoding="utf-8")
     print((OUT / "README.md").read_text())
 

@@ -17,6 +17,22 @@ SEEDS = (0, 1, 2)
 WARMUP_STEPS = 8
 SEGMENTS = (1, 2, 4)
 NEW_TOKENS = 20
+MODEL = "model=smollm2_135m"
+FEDERATED = (
+    f"{MODEL} federation=small federation.num_rounds={ROUNDS} federation.local_steps={STEPS} eval.every=1 "
+    f"eval.at_start=true eval.max_examples={EVAL} checkpoint=false"
+)
+
+
+def federated_overrides(seed: int) -> str:
+    return f"{FEDERATED} seed={seed} eval.precision=fp32"
+
+
+def federated_config(seed: int = SEED):
+    """The federated run's typed config (``collapipe run`` adds only output folders and run names to it)."""
+    from collapipe_flwr.config import load_run_config
+
+    return load_run_config(["task=causal_lm", *federated_overrides(seed).split()])
 
 
 def equal_examples(cfg) -> int:
@@ -69,11 +85,16 @@ def spread(values: list[float]) -> str:
     return f"{mean:.2f} +- {sd:.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def kept_config(seed: int = SEED):
-    """The typed run config of the kept federated record of ``seed`` (its config.json)."""
+def kept_config():
+    """The typed run config of the first kept federated record (its config.json); before any, the config the
+    script runs it with."""
     from collapipe_flwr.config import RunConfig
 
-    return RunConfig.from_dict(record(f"federated_s{seed}.config"))  # type: ignore[arg-type]
+    for seed in SEEDS:
+        kept = record(f"federated_s{seed}.config")
+        if kept is not None:
+            return RunConfig.from_dict(kept)
+    return federated_config()
 
 
 def examples_lines(cfg) -> list[str]:
@@ -148,7 +169,7 @@ def target_lines() -> list[str]:
         "",
         "bf16 autocast against fp32 on the same weights: "
         + ", ".join(
-            f"{p} {mean_sd(perplexities(p, 'bf16'))[0] / mean[p] - 1.0:+.1%}"
+            f"{p.replace('warmup', 'warm-up')} {mean_sd(perplexities(p, 'bf16'))[0] / mean[p] - 1.0:+.1%}"
             for p in ("base", "warmup", "central", "federated")
         )
         + " (mean over seeds).",
@@ -193,6 +214,14 @@ def int8_lines() -> list[str]:
         f"Quantized base (issue 66; `central.json`, `central_int8.json`: central LoRA, {ROUNDS * STEPS} steps, seed "
         f"{SEED}, scored under the run's bf16 autocast): bf16 base {central:.2f}, int8 base {int8:.2f}, {change:+.1%} "
         f"(target within 3%: {'met' if abs(change) <= 0.03 else 'missed'}).",
+        "",
+        "Superseded records: issue 46's single-seed federated run (`federated.rounds.jsonl.gz`, "
+        "`federated.summary.json`:",
+        "scored under bf16 autocast, its config not kept) is replaced by `federated_s0.*` (the same settings, "
+        "scored in fp32);",
+        f"its `central.json` ({ROUNDS * STEPS} steps, as many as the federated global model's averaged updates, "
+        "not as many examples)",
+        "is kept only as the int8 pair's reference.",
     ]
 
 
@@ -245,7 +274,13 @@ def report() -> str:
         *int8_lines(),
         *memory_table(memory),
     ]
-    lines += ["", f"Greedy continuations ({NEW_TOKENS} new tokens) of validation captions' first words:", ""]
+    lines += [
+        "",
+        f"Greedy continuations ({NEW_TOKENS} new tokens) of validation captions' first words by the base and by the "
+        "federated",
+        "model (`samples.json`, kept from issue 46's seed-0 run):",
+        "",
+    ]
     for row in samples:
         lines += [f"- prompt `{row['prompt']}`", f"  - base: {row['base']!r}", f"  - federated: {row['federated']!r}"]
     return "\n".join(lines) + "\n"

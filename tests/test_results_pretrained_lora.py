@@ -119,7 +119,7 @@ def test_the_report_is_built_from_hand_built_records(tmp_path, monkeypatch):
     assert "federated LoRA 83.3% below the base (target >= 20%: met)" in text
     assert "federated +0.0% against central at equal examples (target within +-5%, two-sided: met)" in text
     assert "the 8-step warm-up alone is 58.3% below the base" in text
-    assert "bf16 autocast against fp32 on the same weights: base +3.3%, warmup +3.0%" in text
+    assert "bf16 autocast against fp32 on the same weights: base +3.3%, warm-up +3.0%" in text
     assert "int8 base 51.00, +2.0% (target within 3%: met)" in text
     assert "| 1 | 130.00 | 52.00 | 51.00 | 100.00, 50.00, 33.33 | 60.0, 200.0, 900.0 | 4000.0 |" in text
     assert text.count("Verdict rule") == 1
