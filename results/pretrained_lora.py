@@ -22,6 +22,9 @@ validation captions twice, fp32 and under bf16 autocast (``<name>.scores.json``,
 config is kept beside its record (``<name>.config.json``: the federated run's ``config.json``, the central runs'
 saved config). Also kept from issues 46/66 (seed 0):
 
+- ``federated.rounds.jsonl.gz`` / ``federated.summary.json``: issue 46's federated run (the same settings, scored
+  only under bf16 autocast, its config not kept), shown as its own labelled row, never judged;
+
 - ``central`` / ``central_int8``: central LoRA for ROUNDS x STEPS steps with the frozen base in bf16 and in int8
   (``model.base_dtype=int8``, torchao's int8 weight-only quantization), scored under the run's bf16 autocast;
 - ``memory``: per-device peak memory of one pipeline step (params + gradients + Adam state + saved activations,

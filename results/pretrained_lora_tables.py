@@ -143,14 +143,37 @@ def comparison_lines() -> list[str]:
             f"| {what.format(**words)} | {counts[prefix]} | {', '.join(map(str, seeds_of(prefix))) or '-'} | "
             f"{spread(perplexities(prefix, 'fp32'))} | {spread(perplexities(prefix, 'bf16'))} |"
         )
+    old = issue46_federated()
+    if old is not None:
+        lines.append(
+            f"| federated LoRA, issue 46's record (`federated.*`: the same settings, seed {SEED}, its config not kept) "
+            f"| {old[1]} | {SEED} | (not scored) | {old[0]:.2f} |"
+        )
     return [*lines, "", *examples_lines(cfg), "", *target_lines()]
+
+
+def issue46_federated() -> tuple[float, int] | None:
+    """Issue 46's kept federated record (scored only under its bf16 autocast): (final perplexity, examples)."""
+    path = OUT / "federated.rounds.jsonl.gz"
+    if not path.is_file():
+        return None
+    rounds = read_jsonl_gz(path)
+    examples = sum(c.get("num-examples", 0) for r in rounds for c in (r.get("clients") or {}).values())
+    return rounds[-1]["val_perplexity"], examples
 
 
 def target_lines() -> list[str]:
     """The verdicts, on the fp32 means over seeds."""
     mean = {p: mean_sd(perplexities(p, "fp32"))[0] for p in ("base", "warmup", "central", "federated")}
     if any(v != v for v in mean.values()):  # nan: a side not run yet
-        return ["Targets: judged once every side has a kept seed."]
+        lines = ["Targets: judged once every side has a kept seed."]
+        old, central = issue46_federated(), mean_sd(perplexities("central", "bf16"))[0]
+        if old is not None and central == central:
+            lines.append(
+                f"Meanwhile, issue 46's federated record (bf16 autocast, one seed) against central's bf16 mean at "
+                f"equal examples: {old[0] / central - 1.0:+.1%} (no verdict: not fp32, one seed)."
+            )
+        return lines
     below = 1.0 - mean["federated"] / mean["base"]
     within = mean["federated"] / mean["central"] - 1.0
     fed, cen = perplexities("federated", "fp32"), perplexities("central", "fp32")
@@ -217,8 +240,8 @@ def int8_lines() -> list[str]:
         "",
         "Superseded records: issue 46's single-seed federated run (`federated.rounds.jsonl.gz`, "
         "`federated.summary.json`:",
-        "scored under bf16 autocast, its config not kept) is replaced by `federated_s0.*` (the same settings, "
-        "scored in fp32);",
+        "scored only under bf16 autocast, its config not kept) is kept beside as its own labelled row; "
+        "`federated_s<seed>.*` supersede it;",
         f"its `central.json` ({ROUNDS * STEPS} steps, as many as the federated global model's averaged updates, "
         "not as many examples)",
         "is kept only as the int8 pair's reference.",

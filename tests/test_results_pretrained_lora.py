@@ -131,6 +131,16 @@ def test_a_side_not_run_yet_leaves_the_targets_unjudged(tmp_path, monkeypatch):
     mod = _tables(monkeypatch, tmp_path)
     _hand_built_records(tmp_path, load_run_config(TINY))
     for seed in (0, 1):
-        (tmp_path / f"central_s{seed}.scores.json").unlink()
+        (tmp_path / f"federated_s{seed}.scores.json").unlink()
+    # issue 46's federated record: scored only under bf16 autocast, one seed; shown, never judged
+    clients = {str(c): {"num-examples": 128} for c in (1, 2)}
+    rounds = [{"round": 0, "val_perplexity": 300.0}] + [
+        {"round": t, "val_perplexity": 60.0, "clients": clients} for t in (1, 2, 3)
+    ]
+    with gzip.open(tmp_path / "federated.rounds.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rounds)
     text = mod.report()
     assert "(not run yet)" in text and "Targets: judged once every side has a kept seed." in text
+    assert "| 768 | 0 | (not scored) | 60.00 |" in text
+    # against central's bf16 mean (48 x 1.03 and 52 x 1.03: 51.50): 60 / 51.5 - 1
+    assert "at equal examples: +16.5% (no verdict: not fp32, one seed)" in text
