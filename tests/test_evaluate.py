@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 
 import pytest
 
@@ -48,6 +49,22 @@ def test_flags_override_the_saved_eval_settings(trained, capsys):
     metrics = evaluate.main([str(folder / "model"), "--max-examples", "8", "--batch-size", "4", "--precision", "fp32"])
     assert metrics["examples"] == 8.0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("accuracy: ")
+
+
+def test_the_saved_eval_precision_is_the_default(trained, data_dir, tmp_path):
+    """eval.precision (when not ``runtime``) decides the precision of a saved run's evaluation, before its
+    runtime.precision; train_central records what its final evaluation ran under."""
+    folder, summary, _ = trained
+    copy = tmp_path / "run"
+    shutil.copytree(folder, copy)
+    meta_file = copy / "model" / "model.json"
+    meta = json.loads(meta_file.read_text())
+    assert summary["eval_precision"] == meta["info"]["precision"]  # eval.precision=runtime: the training's
+    meta["config"]["runtime"]["precision"] = "bf16"
+    meta["config"]["eval"]["precision"] = "fp32"
+    meta_file.write_text(json.dumps(meta))
+    evaluate.main([str(copy), "--data-dir", str(data_dir), "--max-examples", "4", "--json", str(tmp_path / "e.json")])
+    assert json.loads((tmp_path / "e.json").read_text())["precision"] == "fp32"
 
 
 def test_missing_folder_is_one_line_and_nonzero(tmp_path, capsys):

@@ -8,10 +8,11 @@ RUN_FOLDER is a folder written by ``train_central --save`` or a federated run (o
 The task and model are rebuilt from the saved config, the weights loaded strictly, and the evaluation is
 the server's validation call (``task.evaluate`` in eval mode under ``torch.no_grad`` and the precision's
 autocast); max_examples / batch_size / beam_size default to the saved config's ``eval`` section, the
-precision to its ``runtime.precision`` (else auto). ``task.<key>=<value>`` changes the saved task config,
-e.g. ``task.test_file=toutiao/test.txt`` to name a test split. All metrics go to stderr; the LAST stdout
-line is the task metric (``bleu: 23.10``, ``f1: 0.6100``, ``accuracy: 0.7200``). A causal_lm run also prints
-``--samples`` greedy continuations (20 new tokens) of its split's first lines' first 3 words beside perplexity.
+precision to its ``eval.precision`` (else its ``runtime.precision``, else auto). ``task.<key>=<value>`` changes
+the saved task config, e.g. ``task.test_file=toutiao/test.txt`` to name a test split. All metrics go to
+stderr; the LAST stdout line is the task metric (``bleu: 23.10``, ``f1: 0.6100``, ``accuracy: 0.7200``). A
+causal_lm run also prints ``--samples`` greedy continuations (20 new tokens) of its split's first lines' first 3
+words beside perplexity.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-examples", type=int, help="first N examples (0 = all; default: eval.max_examples)")
     parser.add_argument("--batch-size", type=int, help="batch size (default: eval.batch_size, else 64)")
     parser.add_argument("--beam-size", type=int, help="translation beam (1 = greedy; default: eval.beam_size)")
-    parser.add_argument("--precision", choices=PRECISIONS, help="default: the saved runtime.precision, else auto")
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, help="default: the saved eval.precision, else runtime.precision, else auto"
+    )
     parser.add_argument(
         "--device",
         choices=DEVICES,
@@ -151,7 +154,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     device = resolve_device(
         args.device or str(runtime.get("server_device") or runtime.get("device") or "cpu"), "--device"
     )
-    requested = args.precision or str(runtime.get("precision") or "auto")
+    saved_eval = str((saved.get("eval") or {}).get("precision") or "runtime")  # eval.precision, then runtime's
+    requested = args.precision or (saved_eval if saved_eval != "runtime" else str(runtime.get("precision") or "auto"))
     precision = resolve_precision(requested, device.type)
     cfg, task, model = load_model(args.folder, data_dir=args.data_dir or None, task_overrides=changes)
     shown = " ".join(f"{k}={v}" for k, v in settings.items())

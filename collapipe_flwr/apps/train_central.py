@@ -15,7 +15,7 @@ and optimizer state stay fp32); on CPUs with AVX512-BF16 a translation step took
 0.66-0.69 s here. Without ``--precision`` the config's ``runtime.precision`` (default ``auto``: bf16 only
 where the CPU has it natively, see collapipe_flwr/precision.py) decides. ``--save DIR`` writes the trained
 model in the collapipe_flwr.model_store format to ``DIR/model/`` (``python -m collapipe_flwr.apps.evaluate DIR``
-evaluates it again).
+evaluates it again). The final evaluation runs under ``eval.precision`` (default ``runtime``: the training's).
 """
 
 from __future__ import annotations
@@ -316,14 +316,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
     t0 = time.monotonic()
     settings = TrainSettings(args.minutes, args.max_steps, args.precision, device, args.quiet)
     summary = train(task, model, settings, indices, seed, eval_cfg)
-    with autocast(args.precision, device.type):
+    eval_precision = resolve_precision(eval_cfg.resolved_precision(args.precision), device.type)  # eval.precision
+    with torch.no_grad(), autocast(eval_precision, device.type):
         metrics = task.evaluate(
             model, max_examples=eval_cfg.max_examples, batch_size=eval_cfg.batch_size, beam_size=eval_cfg.beam_size
         )
     summary.update(eval_seconds=time.monotonic() - t0 - summary["train_seconds"], total_seconds=time.monotonic() - t0)
     summary["val"] = metrics
+    summary["eval_precision"] = eval_precision
     if args.test:
-        with autocast(args.precision, device.type):
+        with torch.no_grad(), autocast(eval_precision, device.type):
             summary["test"] = task.evaluate(
                 model, batch_size=eval_cfg.batch_size, beam_size=eval_cfg.beam_size, split="test"
             )

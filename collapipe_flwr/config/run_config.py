@@ -94,7 +94,7 @@ class RunConfig:
             "federation": dataclasses.asdict(self.federation),
             "runtime": self.runtime.to_raw(),
             "dataplane": dataclasses.asdict(self.dataplane),
-            "eval": dataclasses.asdict(self.eval),
+            "eval": self.eval.to_raw(),
             "save_client_weights": self.save_client_weights,
             "checkpoint": self.checkpoint,
             "flower_log": self.flower_log,

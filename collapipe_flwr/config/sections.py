@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from collapipe_flwr.config.server_optimizer_rules import ServerOptimizerName, check_server_optimizer
+from collapipe_flwr.precision import Precision
 from collapipe_flwr.spec_parsing import choices, mapping, require, typed
 from collapipe_flwr.system.pipeline_model import Schedule
 
@@ -188,6 +190,17 @@ def parse_dataplane(raw: Any) -> DataPlaneSpec:
     return typed("dataplane", DataPlaneSpec, raw)
 
 
+class EvalPrecision(StrEnum):
+    """``eval.precision``: the compute precision of the evaluation's forward passes: ``runtime`` (default) follows
+    ``runtime.precision``; ``auto`` | ``fp32`` | ``bf16`` set it for the evaluation alone (precision.py), e.g. fp32
+    scoring of a model trained under bf16 autocast (bf16 moved a pretrained LLM's perplexity by 3.5%, issue 66)."""
+
+    RUNTIME = "runtime"
+    AUTO = "auto"
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
 @dataclass(frozen=True)
 class EvalSpec:
     max_examples: int = 0
@@ -195,9 +208,26 @@ class EvalSpec:
     beam_size: int = 1
     every: int = 1  # evaluate after rounds every, 2*every, ... and always after the last round
     at_start: bool = True  # also evaluate the initial model (round 0)
+    precision: EvalPrecision = EvalPrecision.RUNTIME  # runtime = runtime.precision's
 
     def __post_init__(self) -> None:
+        choices(self, "eval", precision=EvalPrecision)
         require(self.every >= 1, "eval.every must be >= 1 (1 = evaluate after every round)")
         require(self.max_examples >= 0, "eval.max_examples must be >= 0 (0 = whole validation split)")
         require(self.batch_size >= 1, "eval.batch_size must be >= 1")
         require(self.beam_size >= 1, "eval.beam_size must be >= 1")
+
+    def resolved_precision(self, runtime_precision: str) -> Precision:
+        """The evaluation's precision before :func:`collapipe_flwr.precision.resolve_precision`: its own, or
+        ``runtime_precision`` under ``runtime``."""
+        if self.precision is EvalPrecision.RUNTIME:
+            return Precision(str(runtime_precision))
+        return Precision(self.precision.value)
+
+    def to_raw(self) -> dict[str, Any]:
+        """The YAML-shaped section; ``precision`` only when changed, so the config.json of earlier runs stays the
+        same (a resume compares them)."""
+        raw = {**dataclasses.asdict(self), "precision": self.precision.value}
+        if self.precision is EvalPrecision.RUNTIME:
+            del raw["precision"]
+        return raw

@@ -172,6 +172,7 @@ class ServerState:
             model.head.to(device)
         precision = resolve_precision(cfg.runtime.precision, device.type)
         decoder = start_decoder(cfg, model, int(hidden.shape[-1]), precision)
+        eval_precision = resolve_precision(cfg.eval.resolved_precision(precision), device.type)  # eval.precision
         embedding_trained = wiring.embedding_travels(cfg)
         host_flops = cfg.clock.host_flops or measure_host_flops(model, workload, hidden, mask, cfg)
         return cls(
@@ -190,7 +191,7 @@ class ServerState:
             ),
             planner,
             decoder,
-            Evaluator(task, cfg.eval, precision, decoder, device),
+            Evaluator(task, cfg.eval, eval_precision, decoder, device),
             host_flops=host_flops,
         )
 
