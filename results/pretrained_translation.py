@@ -19,7 +19,8 @@ token or a newline token, the answer's first line kept; corpus BLEU by sacrebleu
 raw German references. Target perplexity on the first ``EVAL`` validation pairs.
 
 Records kept in ``results/pretrained_translation/``: ``base.json`` (figures and the base's translations), per seed
-``federated_s<seed>.rounds.jsonl.gz``, ``.summary.json``, ``.config.json`` and ``.cost.json``; ``--report`` rebuilds
+``federated_s<seed>.rounds.jsonl.gz``, ``.summary.json``, ``.config.json`` and ``.cost.json``, and
+``samples_s0.json`` (seed 0's run translating the same sources through ``generate``); ``--report`` rebuilds
 ``README.md`` from them alone. Each step is skipped when its record exists, so the script resumes. Usage:
 ``python results/pretrained_translation.py ROOT [--report] [--seeds 0 1 2]`` (ROOT holds the run folders and logs).
 """
@@ -32,6 +33,7 @@ import gzip
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -97,6 +99,26 @@ def run_federated(root: Path, seed: int) -> None:
     shutil.copyfile(folder / "summary.json", OUT / f"{name}.summary.json")
 
 
+def run_samples(root: Path, seed: int = SEEDS[0]) -> None:
+    """The translations of the base's shown sources by a federated run's saved model, through ``generate`` itself
+    (``python -m collapipe_flwr.apps.generate RUN --prompt <src>``: it writes each source as the run trained)."""
+    out = OUT / f"samples_s{seed}.json"
+    if out.is_file() or not (OUT / f"federated_s{seed}.summary.json").is_file():
+        return
+    rows = json.loads((OUT / "base.json").read_text(encoding="utf-8"))["translations"]
+    prompts = [arg for row in rows for arg in ("--prompt", row["src"])]
+    cmd = [sys.executable, "-m", "collapipe_flwr.apps.generate", str(root / f"federated_s{seed}"), *prompts]
+    start = time.time()
+    done = subprocess.run(
+        [*cmd, "--max-new-tokens", str(NEW_TOKENS)], cwd=campaign.REPO, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"generate failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+    texts = done.stdout.splitlines()
+    record = {"seed": seed, "translations": texts, "wall_s": round(time.time() - start, 1)}
+    out.write_text(json.dumps(record, indent=2, ensure_ascii=False))
+
+
 # ----------------------------------------------------------------------------- the report, from records only
 def _last_eval(seed: int) -> dict | None:
     path = OUT / f"federated_s{seed}.rounds.jsonl.gz"
@@ -156,12 +178,27 @@ def report() -> str:
         f"Federated BLEU: {_spread(bleus)}; base {base['metrics']['bleu']:.2f}: **{verdict}**. Seeds missing: "
         f"{', '.join(str(s) for s in SEEDS if s not in done) or 'none'}.",
         "",
-        "The base's zero-shot translations of the first validation sources (the same prompt):",
-        "",
     ]
-    for row in base["translations"]:
+    if base["metrics"]["bleu"] < 1.0:
+        lines += [
+            "The base's BLEU is near zero because it does not translate zero-shot: its answers below repeat or",
+            "paraphrase the English source (or drift), so almost no German n-gram matches the references.",
+            "",
+        ]
+    return "\n".join(lines + _sample_lines(base)) + "\n"
+
+
+def _sample_lines(base: dict) -> list[str]:
+    """The base's answers (and seed 0's federated ones, from ``generate``, when recorded) beside the references."""
+    path = OUT / f"samples_s{SEEDS[0]}.json"
+    federated = json.loads(path.read_text(encoding="utf-8"))["translations"] if path.is_file() else []
+    who = f" and by the federated run of seed {SEEDS[0]} (`generate` on its saved model)" if federated else ""
+    lines = [f"Translations of the first validation sources by the base (zero-shot){who}:", ""]
+    for i, row in enumerate(base["translations"]):
         lines += [f"- `{row['src']}`", f"  - reference: `{row['ref']}`", f"  - base: `{row['base']}`"]
-    return "\n".join(lines) + "\n"
+        if i < len(federated):
+            lines.append(f"  - federated: `{federated[i]}`")
+    return lines
 
 
 def main() -> None:
@@ -177,6 +214,7 @@ def main() -> None:
         for seed in args.seeds:
             run_federated(args.root, seed)
             (OUT / "README.md").write_text(report(), encoding="utf-8")
+        run_samples(args.root)
     (OUT / "README.md").write_text(report(), encoding="utf-8")
     print((OUT / "README.md").read_text())
 
