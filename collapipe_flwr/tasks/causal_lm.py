@@ -84,7 +84,8 @@ class CausalLMTask(Task):
         words over the training split (0 = shortest quarter .. 3 = longest)."""
         import numpy as np
 
-        texts = [e.src if self.translating else e for e in self.train_examples()]
+        translating = self.translating
+        texts = [e.src if translating else e for e in self.train_examples()]
         lengths = np.array([len(text.split()) for text in texts])
         edges = np.quantile(lengths, [0.25, 0.5, 0.75])
         return [int(q) for q in np.searchsorted(edges, lengths, side="right")]
