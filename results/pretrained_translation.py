@@ -8,10 +8,11 @@ What it runs, all on this machine, nothing downloaded (the base ships inside the
   German target's tokens only (the prompt's labels are -100), ``task.max_len=MAX_LEN``;
 - ``base``: the pretrained model zero-shot, the same prompt, the same evaluation (``task.evaluate``: target
   perplexity, then BLEU), in this process;
-- ``federated_s<seed>``: ``collapipe run`` with ``federation=small`` (N = 3 clusters, 2 CUs a round, DSSRA's plan on
-  ``network=edge``), ``ROUNDS`` rounds of ``STEPS`` local steps (b = 16), seeds ``SEEDS``, evaluated by the server
-  after the last round (``val_bleu`` in its rounds.jsonl); ``LEAN``: one CU trains at a time, its devices in its
-  process (the same updates; it fits a shared memory limit), a run killed by other work's memory started again.
+- ``federated_s<seed>``: the federated run (``run_server``, the ServerApp's body, with the 3 CUs' ClientApp handlers
+  in one process: tests/inprocess_grid.py; see ``LEAN``) with ``federation=small`` (N = 3 clusters, 2 CUs a round,
+  DSSRA's plan on ``network=edge``), ``ROUNDS`` rounds of ``STEPS`` local steps (b = 16), seeds ``SEEDS``,
+  evaluated by the server after the last round (``val_bleu`` in its rounds.jsonl); a run that fails or loses a CU
+  is started again.
 
 BLEU, the same for every row: the first ``BLEU_N`` validation pairs (a fixed subset), the split model's adapters
 merged into the un-split Hugging Face model, greedy decoding with the project's generation helper (the one
@@ -54,10 +55,11 @@ TASK = (
 SHOWN = 6  # translations shown in the report
 
 
-# one CU trains at a time and its devices run in its process: the run fits beside other work in a shared 10 GiB
-# memory cgroup (two Ray actors per run were killed for memory); the same updates, planned and averaged alike
-LEAN = "runtime.concurrent_cus=1 runtime.backend=local"
-ATTEMPTS, RETRY_WAIT_S = 8, 120
+# The server and the 3 CUs in one process (tests/inprocess_grid.py: the real ServerApp and ClientApp handlers, the
+# CUs answering one after the other), the devices in the CU's process: in a shared 8 GiB memory limit the Flower
+# simulation's Ray CU actors were killed for memory in 5 of 5 tries here; the same updates, planned and averaged alike
+LEAN = "runtime.backend=local"
+ATTEMPTS, RETRY_WAIT_S = 6, 60
 
 
 def federated(seed: int) -> str:
@@ -101,12 +103,43 @@ def _every_cu_trained(folder: Path) -> bool:
     return not lost
 
 
+def _run_in_process(root: Path, seed: int) -> bool:
+    """This script with ``--in-process-seed`` in a child process (wall seconds and the peak memory of its tree go
+    to the run folder's ``cost.json``, as results/campaign.py's jobs); True when it finished."""
+    name = f"federated_s{seed}"
+    if (root / name / "summary.json").is_file():
+        return True
+    cmd = [sys.executable, __file__, str(root), "--in-process-seed", str(seed)]
+    start = time.time()
+    with open(root / f"{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=campaign.REPO, stdout=log, stderr=subprocess.STDOUT)
+        peak = campaign.peak_tree_pss(proc)
+    wall = time.time() - start
+    print(f"job {name}: exit {proc.returncode} in {wall:.0f} s, peak memory {peak / campaign.MB:.0f} MB", flush=True)
+    if proc.returncode == 0:
+        cost = {"wall_s": round(wall, 1), "peak_pss_mb": round(peak / campaign.MB, 1)}
+        (root / name / "cost.json").write_text(json.dumps(cost))
+    return proc.returncode == 0
+
+
+def in_process(root: Path, seed: int) -> None:
+    """The federated run of ``seed``: ``run_server`` (the ServerApp's body) over the in-process grid of 3 CUs."""
+    sys.path.insert(0, str(campaign.REPO))
+    from collapipe_flwr.config import resolve_data_dir
+    from collapipe_flwr.fl.server.server_main import run_server
+    from tests.inprocess_grid import InProcessGrid
+
+    data = str(resolve_data_dir(None))
+    overrides = f"task=causal_lm {federated(seed)} run_name=federated_s{seed}"
+    run_server(InProcessGrid(3, data), {"overrides": overrides, "data-dir": data, "output-dir": str(root)})
+
+
 def run_federated(root: Path, seed: int) -> None:
     name = f"federated_s{seed}"
     if (OUT / f"{name}.summary.json").is_file():
         return
     for attempt in range(1, ATTEMPTS + 1):  # a run killed for memory by other work is started again, fresh
-        if campaign.run_job(root, name, federated(seed), flat="task='causal_lm'") and _every_cu_trained(root / name):
+        if _run_in_process(root, seed) and _every_cu_trained(root / name):
             break
         shutil.rmtree(root / name, ignore_errors=True)
         (root / f"{name}.log").replace(root / f"{name}.failed{attempt}.log")
@@ -173,8 +206,9 @@ def report() -> str:
         "(else **no clear gain**).",
         "",
         f"Task: `task=causal_lm {TASK}`; federated: `federation=small` (3 CUs, 2 a round), {ROUNDS} rounds x",
-        f"{STEPS} local steps, b = 16, LoRA r = 8 on q/k/v/o, Adam lr 5e-4, frozen base in bf16, `{LEAN}` (one CU",
-        "at a time, its devices in its process: to fit a shared memory limit; the same updates).",
+        f"{STEPS} local steps, b = 16, LoRA r = 8 on q/k/v/o, Adam lr 5e-4, frozen base in bf16, `{LEAN}`; the",
+        "server and the CUs' ClientApp handlers in one process (tests/inprocess_grid.py), to fit a shared 8 GiB memory",
+        "limit in which the Flower simulation's Ray CU actors were killed (5 tries); the same updates.",
         "",
         f"Generation: greedy, at most {NEW_TOKENS} new tokens, stopping at end-of-sequence or a newline token, the",
         f"answer's first line kept; BLEU: sacrebleu corpus BLEU (13a, cased) on the first {BLEU_N} Multi30K",
@@ -230,7 +264,10 @@ def main() -> None:
     parser.add_argument("root", type=Path)
     parser.add_argument("--report", action="store_true", help="only rebuild README.md from the kept records")
     parser.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS), help="the seeds to run (default all)")
+    parser.add_argument("--in-process-seed", type=int, help="(internal) run one seed's federated run here, then exit")
     args = parser.parse_args()
+    if args.in_process_seed is not None:
+        return in_process(args.root, args.in_process_seed)
     if not args.report:
         args.root.mkdir(parents=True, exist_ok=True)
         OUT.mkdir(parents=True, exist_ok=True)
