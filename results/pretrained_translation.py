@@ -236,6 +236,13 @@ def report() -> str:
         f"{', '.join(str(s) for s in SEEDS if s not in done) or 'none'}.",
         "",
     ]
+    lines += _low_bleu_notes(base, [r["val_perplexity"] for r in done.values()], bleus)
+    return "\n".join(lines + _sample_lines(base)) + "\n"
+
+
+def _low_bleu_notes(base: dict, ppl: list[float], bleus: list[float]) -> list[str]:
+    """Why a BLEU is near zero, from the records: the base's answers, the federated target perplexity."""
+    lines: list[str] = []
     if base["metrics"]["bleu"] < 1.0:
         lines += [
             "The base's BLEU is near zero because it does not translate zero-shot: its answers below repeat or",
@@ -243,15 +250,15 @@ def report() -> str:
             "",
         ]
     if bleus and statistics.mean(bleus) < 5.0:
-        ppl = [r["val_perplexity"] for r in done.values()]
         lines += [
             f"The federated BLEU stays low too: the target perplexity falls from {base['metrics']['perplexity']:.1f}",
             f"to {statistics.mean(ppl):.1f} (the model learns the German targets' tokens), but {ROUNDS} rounds x",
             f"{STEPS} local steps (b = 16, {ROUNDS * STEPS} averaged steps) are far too few to make a 135M,",
-            "English-centric model a translator; what it writes is shown below when seed 0's samples are recorded.",
+            "English-centric model a translator: seed 0's answers below (through `generate`, when recorded) are",
+            "German-looking but mostly unrelated to the source, and often loop on a phrase until the token limit.",
             "",
         ]
-    return "\n".join(lines + _sample_lines(base)) + "\n"
+    return lines
 
 
 def _sample_lines(base: dict) -> list[str]:
