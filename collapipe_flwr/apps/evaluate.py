@@ -132,9 +132,13 @@ def causal_lm_samples(task, model, split: str, count: int, device: torch.device)
     from collapipe_flwr.models.hf.generation import Sampling, continuations
     from collapipe_flwr.models.hf.peft_export import merged_copy, unsplit_model
 
-    prompts = [" ".join(line.split()[:3]) for line in task.read_split(split)[:count]]
+    examples = task.read_split(split)[:count]
+    if task.translating:  # a translation run's sources, written as it trained (models/hf/prompting.py)
+        prompts = [pair.src for pair in examples]
+    else:
+        prompts = [" ".join(line.split()[:3]) for line in examples]
     net = unsplit_model(model.embedding, merged_copy(model.blocks), model.head).to(device)
-    texts = continuations(net, task.tokenizer(), prompts, Sampling(max_new_tokens=20))
+    texts = continuations(net, task.tokenizer(), prompts, Sampling(max_new_tokens=20), task.format)
     return [{"prompt": p, "continuation": t} for p, t in zip(prompts, texts)]
 
 

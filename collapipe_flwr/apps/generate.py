@@ -11,7 +11,9 @@ adapters name (``model/base/``, models/hf/peft_base.py; for a run saved before i
 ``peft.PeftModel.from_pretrained(base, model/peft)``. ``--round R`` does the same with round R's adapters,
 ``model/rounds/R/peft`` (config/round_adapters.py), of a finished run or one still training. Greedy unless
 ``--temperature`` or ``--top-p`` is given. Each prompt's continuation goes to stdout, one a line; what was
-loaded to stderr.
+loaded to stderr. A prompt is written as the run wrote its examples (``task.format``, ``task.chat_template``:
+models/hf/prompting.py, the function its training and evaluation call): a translation run's ``--prompt`` is the
+source sentence and the output its translation.
 """
 
 from __future__ import annotations
@@ -66,6 +68,14 @@ def sampling_of(args: argparse.Namespace):
     temperature = 1.0 if args.temperature is None else args.temperature
     top_p = 1.0 if args.top_p is None else args.top_p
     return Sampling(args.max_new_tokens, not sampled, temperature, top_p, args.seed)
+
+
+def prompt_format_of(model_dir: Path):
+    """How the run wrote its examples (task.format, task.chat_template: models/hf/prompting.py), read from its saved
+    config, so a prompt is written as training wrote a source (a run saved before the option: plain text)."""
+    from collapipe_flwr.tasks.lm_translation import prompt_format
+
+    return prompt_format(read_meta(model_dir)["config"]["task"])
 
 
 def causal_lm_dir(folder: str) -> Path:
@@ -213,11 +223,15 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
         model, tokenizer = (
             load_merged(model_dir) if source == "merged" else load_adapters(adapters, model_dir, args.data_dir)
         )
-    check_lengths(model, tokenizer, args.prompt, sampling)
+    fmt = prompt_format_of(model_dir)
+    check_lengths(model, tokenizer, args.prompt, sampling, fmt)
     model.to(device)
     what = source if args.round is None else f"round {args.round}'s adapters"
-    print(f"generating from {model_dir} ({what}) on {device}: {sampling.describe()}", file=sys.stderr)
-    texts = continuations(model, tokenizer, args.prompt, sampling)
+    print(
+        f"generating from {model_dir} ({what}) on {device}: {sampling.describe()}, prompts as {fmt.describe()}",
+        file=sys.stderr,
+    )
+    texts = continuations(model, tokenizer, args.prompt, sampling, fmt)
     for text in texts:
         print(text, flush=True)
     return texts

@@ -100,12 +100,14 @@ def train_byte_bpe(lines: Sequence[str], vocab_size: int, min_frequency: int):
     )
 
 
-def cached_byte_bpe(cache_dir: Path, source: Path, lines: Sequence[str], settings: Mapping[str, int]):
-    """The byte-level BPE of (``source``'s content, ``settings``) from ``cache_dir``, trained and saved if absent."""
+def cached_byte_bpe(cache_dir: Path, source: Path | Sequence[Path], lines: Sequence[str], settings: Mapping[str, int]):
+    """The byte-level BPE of (the content of ``source``, one file or several, ``settings``) from ``cache_dir``,
+    trained on ``lines`` and saved if absent."""
     from transformers import AutoTokenizer
 
     key = json.dumps({**settings, "kind": "byte_bpe", "v": 1}, sort_keys=True).encode()
-    digest = hashlib.sha256(Path(source).read_bytes() + key).hexdigest()[:16]
+    files = [source] if isinstance(source, (str, Path)) else list(source)
+    digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in files) + key).hexdigest()[:16]
     folder = Path(cache_dir) / "tokenizers" / f"hf-byte-bpe-{digest}"
     if not (folder / "tokenizer.json").is_file():
         _save_folder(train_byte_bpe(lines, settings["vocab_size"], settings["min_frequency"]), folder)
