@@ -126,6 +126,16 @@ def run_central(root: Path, name: str, overrides: list[str], steps: int) -> bool
         "--max-steps", str(steps), "--minutes", "120", "--json", str(root / f"{name}.json"),
         "--save", str(root / name),
     ]  # fmt: skip
+    record = _train_central(root, name, cmd)
+    record["examples"] = record["steps"] * record["task"]["batch_size"]
+    meta = json.loads((root / name / "model" / "model.json").read_text())
+    (OUT / f"{name}.config.json").write_text(json.dumps(meta["config"], indent=2, sort_keys=True))
+    out.write_text(json.dumps(record, indent=2, sort_keys=True))
+    return True
+
+
+def _train_central(root: Path, name: str, cmd: list[str]) -> dict:
+    """Run one ``train_central`` command (its log in ROOT/<name>.log); its JSON record with the wall seconds."""
     start = time.time()
     with open(root / f"{name}.log", "w") as log:
         rc = subprocess.call(cmd, cwd=campaign.REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -133,11 +143,7 @@ def run_central(root: Path, name: str, overrides: list[str], steps: int) -> bool
         raise SystemExit(f"central training failed (exit {rc}); see {root / f'{name}.log'}")
     record = json.loads((root / f"{name}.json").read_text())
     record["wall_s"] = round(time.time() - start, 1)
-    record["examples"] = record["steps"] * record["task"]["batch_size"]
-    meta = json.loads((root / name / "model" / "model.json").read_text())
-    (OUT / f"{name}.config.json").write_text(json.dumps(meta["config"], indent=2, sort_keys=True))
-    out.write_text(json.dumps(record, indent=2, sort_keys=True))
-    return True
+    return record
 
 
 def run_legacy_central(root: Path, name: str, extra: tuple[str, ...] = ()) -> None:
@@ -149,13 +155,7 @@ def run_legacy_central(root: Path, name: str, extra: tuple[str, ...] = ()) -> No
         sys.executable, "-m", "collapipe_flwr.apps.train_central", *COMMON.split(), *extra,
         "--max-steps", str(ROUNDS * STEPS), "--minutes", "120", "--json", str(root / f"{name}.json"),
     ]  # fmt: skip
-    start = time.time()
-    with open(root / f"{name}.log", "w") as log:
-        rc = subprocess.call(cmd, cwd=campaign.REPO, stdout=log, stderr=subprocess.STDOUT)
-    if rc != 0:
-        raise SystemExit(f"central training failed (exit {rc}); see {root / f'{name}.log'}")
-    record = json.loads((root / f"{name}.json").read_text())
-    record["wall_s"] = round(time.time() - start, 1)
+    record = _train_central(root, name, cmd)
     out.write_text(json.dumps(record, indent=2, sort_keys=True))
 
 
