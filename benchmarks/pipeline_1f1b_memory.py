@@ -161,7 +161,7 @@ def shipped(model, batch, S: int, m: int, schedule: str) -> tuple[list[int], lis
     runtime = dataclasses.replace(LOCAL_RUNTIME, schedule=schedule)
     with ClusterPipeline(work.embedding, work.blocks, delta, SPEC, runtime=runtime) as pipe:
         grads: list[torch.Tensor] = []
-        for stage in pipe._stages.stages:  # type: ignore[attr-defined]  # LocalStages: the Stage objects
+        for stage in pipe.stages.stages:  # type: ignore[attr-defined]  # LocalStages: the Stage objects
 
             def step(lr_factor: float = 1.0, stage=stage, update=stage.step) -> float:
                 grads.extend(p.grad.detach().clone() for p in stage.segment.parameters())

@@ -75,7 +75,7 @@ def test_a_device_over_its_memory_limit_is_killed_by_the_kernel_named_as_memory_
     start = {k: v.clone() for k, v in model.blocks.state_dict().items()}
     with pipeline(model, (2, 1, 0)) as pipe:
         head = LocalHead(model.head, ADAM)
-        path = pipe._stages.memory_paths[0]
+        path = pipe.stages.memory_paths[0]
         held = kernel_file(path, "memory.usage_in_bytes")  # device 0's two blocks, charged since it joined idle
         # gamma_0's activations for one step of 32 x 48 tokens are megabytes: a limit of what it holds + 256 KiB is
         # a plan the kernel must refuse at the first forward
@@ -100,7 +100,7 @@ def test_a_devices_reported_peak_is_within_15_percent_of_its_cgroups_own_figure(
         head = LocalHead(model.head, ADAM)
         for _ in range(3):
             pipe.train_step(batch(), 4, head)
-        kernel = {k: kernel_file(path, "memory.max_usage_in_bytes") for k, path in pipe._stages.memory_paths.items()}
+        kernel = {k: kernel_file(path, "memory.max_usage_in_bytes") for k, path in pipe.stages.memory_paths.items()}
         report = {r["device"]: r for r in pipe.memory_report()}
         for k in (0, 1):
             rss, cgroup = report[k]["rss_peak_bytes"], report[k]["cgroup_peak_bytes"]
@@ -111,7 +111,7 @@ def test_a_devices_reported_peak_is_within_15_percent_of_its_cgroups_own_figure(
             assert report[k]["measured_peak_bytes"] == cgroup
             assert abs(rss - cgroup) <= 0.15 * cgroup, (k, rss, cgroup)
         # the peaks restart with each report (per round): the kernel's peak restarts at what the device holds now
-        path = pipe._stages.memory_paths[0]
+        path = pipe.stages.memory_paths[0]
         assert kernel_file(path, "memory.max_usage_in_bytes") <= kernel_file(path, "memory.usage_in_bytes") + 2**20
 
 
@@ -230,7 +230,7 @@ def test_a_devices_measured_memory_is_its_own_cgroups_limit_not_the_hosts(ray_se
         zeros = (0.0, 0.0, 0.0)
         pipe.testbed.set_testbed(DeviceEmulation(zeros, zeros, zeros, 0.0, (float(limit), 0.0, 0.0)), cgroup_prefix="t")
         profile = pipe.measure(8, 16, 64, repeats=1)
-        path = pipe._stages.memory_paths[0]
+        path = pipe.stages.memory_paths[0]
         assert profile.devices[0].memory_bytes == kernel_file(path, "memory.limit_in_bytes") == limit
         assert profile.devices[1].memory_bytes > limit  # no limit: the host's available memory
 

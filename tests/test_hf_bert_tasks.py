@@ -123,7 +123,7 @@ def test_minilm_classification_step_through_the_pipeline_equals_the_unsplit_mode
     sgd = OptimizerSpec(name="sgd", lr=1.0)
     pipe = ClusterPipeline(split.embedding, split.blocks, (3, 3), sgd)
     try:
-        assert pipe.S == 2
+        assert pipe.placement.S == 2
         result = pipe.train_step(batch, 2, LocalHead(split.head, sgd))
         encoder = pipe.encoder_state_dict()
     finally:

@@ -197,7 +197,7 @@ def pipeline_steps(split, batches, deltas) -> tuple[list[float], dict[str, torch
     try:
         head, losses = LocalHead(split.head, sgd), []
         for batch, delta in zip(batches, deltas):
-            pipe.repartition(delta)
+            pipe.placement.repartition(delta)
             losses.append(pipe.train_step(batch, 2, head).loss)
         return losses, pipe.encoder_state_dict()
     finally:

@@ -34,17 +34,17 @@ def test_a_dead_idle_device_is_left_out_and_lost_and_a_dead_device_holding_block
     rt = runtime(backend="ray", actor_threads=1, prestart_devices=True)
     with ClusterPipeline(model.embedding, model.blocks, (0, 3, 0), ADAM, [profile(1.0)] * 3, runtime=rt) as pipe:
         head = LocalHead(model.head, ADAM)
-        assert sorted(pipe.processes()) == [0, 1, 2]  # devices 0 and 2 alive, idle
-        ray_session.kill(pipe._stages.devices[2], no_restart=True)
+        assert sorted(pipe.stages.processes()) == [0, 1, 2]  # devices 0 and 2 alive, idle
+        ray_session.kill(pipe.stages.devices[2], no_restart=True)
         assert math.isfinite(pipe.train_step(batch(), 2, head).loss)  # device 2 takes no part in the step
-        assert sorted(pipe.processes()) == [0, 1]  # before the fix: DeviceFailure "device 2 gave no answer"
+        assert sorted(pipe.stages.processes()) == [0, 1]  # before the fix: DeviceFailure "device 2 gave no answer"
         losses = pipe.take_idle_losses()
         assert [f.device for f in losses] == [2] and "device 2" in str(losses[0])
         assert pipe.lost_devices == (2,) and pipe.take_idle_losses() == []  # taken once
-        assert sorted(pipe.processes()) == [0, 1]  # forgotten: not asked again
-        ray_session.kill(pipe._stages.devices[1], no_restart=True)
+        assert sorted(pipe.stages.processes()) == [0, 1]  # forgotten: not asked again
+        ray_session.kill(pipe.stages.devices[1], no_restart=True)
         with pytest.raises(DeviceFailure) as failure:  # device 1 holds every block: its loss fails as before
-            pipe.processes()
+            pipe.stages.processes()
         assert failure.value.device == 1 and pipe.take_idle_losses() == []
 
 
@@ -65,9 +65,9 @@ def test_a_cu_whose_idle_device_dies_mid_round_finishes_the_round_and_never_give
     calls = []
 
     def step(self, *args, **kwargs):
-        calls.append(self.delta)
+        calls.append(self.placement.delta)
         if len(calls) == 2:  # round 1, mid-round: the device the plan leaves idle dies
-            ray_session.kill(self._stages.devices[2], no_restart=True)
+            ray_session.kill(self.stages.devices[2], no_restart=True)
         return real_step(self, *args, **kwargs)
 
     monkeypatch.setattr(ClusterPipeline, "train_step", step)

@@ -212,7 +212,7 @@ def test_a_cpu_quota_is_applied_to_the_actor_and_profiled_slower():
     from collapipe_flwr.system.profile import DeviceEmulation
 
     with _two_ray_devices() as pipe:
-        pids = {k: p.pid for k, p in pipe.processes().items()}
+        pids = {k: p.pid for k, p in pipe.stages.processes().items()}
         granted = pipe.testbed.set_testbed(DeviceEmulation((1.0, 0.25), (0.0, 0.0), (0.0, 0.0)), cgroup_prefix="tq")
         try:
             assert granted == {0: pytest.approx(1.0), 1: pytest.approx(0.25)}
@@ -285,7 +285,7 @@ def test_device_actors_leave_no_cgroup_behind_when_the_pipeline_ends():
     from collapipe_flwr.testbed import detect
 
     with _two_ray_devices() as pipe:
-        pids = {k: p.pid for k, p in pipe.processes().items()}
+        pids = {k: p.pid for k, p in pipe.stages.processes().items()}
         pipe.testbed.set_testbed(DeviceEmulation((1.0, 0.5), (0.0, 0.0), (0.0, 0.0)), cgroup_prefix="leak")
         assert _quota_of(pids[0]) == pytest.approx(1.0)
     parent = detect().mount / "collapipe"

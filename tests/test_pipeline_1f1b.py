@@ -63,8 +63,8 @@ def pipeline_steps(model, batches, spec, schedule: str, S: int, m: int, runtime=
         losses = []
         for step, data in enumerate(batches):
             if step == 1:
-                pipe.repartition(second)
-                assert pipe.S == S
+                pipe.placement.repartition(second)
+                assert pipe.placement.S == S
             losses.append(pipe.train_step(data, m, head).loss)
             if traces is not None:
                 traces.append(pipe.traces())

@@ -65,12 +65,12 @@ def test_repartition_carries_weights_and_optimizer_state():
     pipe = ClusterPipeline(work.embedding, work.blocks, (1, 3, 2), ADAM)
     losses = [pipe.train_step(batch, 2, head).loss]
     with pytest.raises(PartitionError, match="remove 1 block"):
-        pipe.repartition((4, 1, 2))
-    assert pipe.delta == (1, 3, 2)  # unchanged, still usable
-    pipe.repartition((4, 0, 2))
-    assert pipe.delta == (4, 0, 2) and pipe.S == 2
+        pipe.placement.repartition((4, 1, 2))
+    assert pipe.placement.delta == (1, 3, 2)  # unchanged, still usable
+    pipe.placement.repartition((4, 0, 2))
+    assert pipe.placement.delta == (4, 0, 2) and pipe.placement.S == 2
     losses.append(pipe.train_step(batch2, 4, head).loss)
-    pipe.repartition((6,))
+    pipe.placement.repartition((6,))
     losses.append(pipe.train_step(batch, 1, head).loss)
     assert losses == pytest.approx(ref_losses, rel=1e-10)
     got = pipe.encoder_state_dict()

@@ -100,7 +100,7 @@ def test_stages_work_on_different_micro_batches_at_the_same_time(ray_session):
         first, second = steps[-1]
 
         def head_that_outlives_device_1(z_enc, micro_batches, lr_factor):
-            pipe._stages.kill(1)  # device 1 dies between the forward and the backward pass
+            pipe.stages.kill(1)  # device 1 dies between the forward and the backward pass
             return head(z_enc, micro_batches, lr_factor)
 
         with pytest.raises(DeviceFailure, match=r"^device 1 died during the step"):
@@ -124,7 +124,7 @@ def test_each_device_reports_the_cpu_seconds_its_own_process_spent(ray_session):
     across three steps in a row: never more than the OS counted, and most of it (the actors idle between steps)."""
     psutil = pytest.importorskip("psutil")
     with two_warm_device_actors() as (pipe, head, data):
-        procs = {k: psutil.Process(p.pid) for k, p in pipe.processes().items()}
+        procs = {k: psutil.Process(p.pid) for k, p in pipe.stages.processes().items()}
         assert procs[0].pid != procs[1].pid != os.getpid()
         before = {k: sum(proc.cpu_times()[:2]) for k, proc in procs.items()}
         reported = {0: 0.0, 1: 0.0}
@@ -180,12 +180,12 @@ def test_a_killed_device_actor_is_named_and_the_pipeline_recovers_without_it(ray
     ) as pipe:
         head = LocalHead(model.head, ADAM)
         pipe.train_step(batch(), 2, head)
-        ray.kill(pipe._stages.devices[1], no_restart=True)
+        ray.kill(pipe.stages.devices[1], no_restart=True)
         with pytest.raises(DeviceFailure) as failure:
             pipe.train_step(batch(), 2, head)
         assert failure.value.device == 1
         pipe.recover((3, 0, 1), start, [1])
-        assert pipe.delta == (3, 0, 1) and 1 not in pipe._stages.devices
+        assert pipe.placement.delta == (3, 0, 1) and 1 not in pipe.stages.devices
         assert torch.equal(
             pipe.encoder_state_dict()["0.layer.attention.self.query.weight"],
             start["0.layer.attention.self.query.weight"],
@@ -215,10 +215,10 @@ def test_pinned_device_actors_run_on_their_own_cores_and_train_as_the_plain_mode
     ) as pipe:
         head = LocalHead(model.head, ADAM)
         pipe.train_step(data, 2, head)
-        pids = {k: p.pid for k, p in pipe.processes().items()}
+        pids = {k: p.pid for k, p in pipe.stages.processes().items()}
         want = core_sets(cores, 2, "true")
         assert [set(os.sched_getaffinity(pids[k])) for k in (0, 1)] == [set(c) for c in want]
-        pipe.repartition((4, 0))  # S = 1: device 0 alone, on the S = 1 core set
+        pipe.placement.repartition((4, 0))  # S = 1: device 0 alone, on the S = 1 core set
         assert set(os.sched_getaffinity(pids[0])) == set(core_sets(cores, 1, "true")[0])
         pipe.train_step(data, 4, head)
         got = pipe.encoder_state_dict()
@@ -235,9 +235,9 @@ def test_an_idle_device_has_the_blocks_code_imported_before_a_plan_uses_it(ray_s
     needed = ["transformers.models.bert.modeling_bert", "collapipe_flwr.models.bert"]  # the layer's own modules
     rt = runtime(backend="ray", prestart_devices=True)
     with ClusterPipeline(model.embedding, model.blocks, (4, 0, 0), ADAM, [profile(1.0)] * 3, runtime=rt) as pipe:
-        assert sorted(pipe.processes()) == [0, 1, 2]  # devices 1 and 2 alive, idle
+        assert sorted(pipe.stages.processes()) == [0, 1, 2]  # devices 1 and 2 alive, idle
         # Ray runs an actor's calls in order: this one answers after the warm-up the pipeline queued
-        assert pipe._stages.missing_modules(2, needed) == []
-        pipe.repartition((0, 0, 4))
+        assert pipe.stages.missing_modules(2, needed) == []
+        pipe.placement.repartition((0, 0, 4))
         loss = pipe.train_step(batch(), 2, LocalHead(model.head, ADAM)).loss
         assert math.isfinite(loss)

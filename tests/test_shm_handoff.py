@@ -138,12 +138,12 @@ def _train(model, batch, mode: str):
     head = LocalHead(model.head, SGD_UNIT)
     rt = runtime(backend="ray", handoff=mode)
     with ClusterPipeline(model.embedding, model.blocks, (1, 3, 2), SGD_UNIT, runtime=rt) as pipe:
-        used = pipe._stages.handoff
+        used = pipe.stages.handoff
         before = named_weights(model.embedding, pipe.encoder_state_dict(), model.head)
         result = pipe.train_step(batch, 4, head)
         after = named_weights(model.embedding, pipe.encoder_state_dict(), model.head)
-        pids = [process.pid for process in pipe._stages.processes().values()]
-        cu_folder = pipe._stages._parking.path
+        pids = [process.pid for process in pipe.stages.processes().values()]
+        cu_folder = pipe.stages._parking.path
         left = [f for folder in _ours(cu_folder, pids) for f in folder.iterdir()]
     still = _ours(cu_folder, pids)  # after the run: the CU's and every actor's folder removed
     return used, result.loss, {k: before[k] - after[k] for k in before}, left + still
@@ -208,9 +208,9 @@ def _weights_round_trips(mode: str, rounds: int = 6) -> tuple[float, bool]:
     with ClusterPipeline(
         model.embedding, model.blocks, (1, 1), SGD_UNIT, runtime=runtime(backend="ray", handoff=mode)
     ) as pipe:
-        assert pipe._stages.handoff == mode
+        assert pipe.stages.handoff == mode
         first = pipe.encoder_state_dict()
-        pids = [process.pid for process in pipe.processes().values()]
+        pids = [process.pid for process in pipe.stages.processes().values()]
         start = [_shmem_mib(pid) for pid in pids]
         for _ in range(rounds):
             pipe.load_encoder_state_dict(pipe.encoder_state_dict())
@@ -272,10 +272,10 @@ def _moves(mode: str, moves: int = 8) -> tuple[float, bool]:
     rt = runtime(backend="ray", handoff=mode)
     with ClusterPipeline(model.embedding, model.blocks, (1, 1), SGD_UNIT, runtime=rt) as pipe:
         first = pipe.encoder_state_dict()
-        pids = [process.pid for process in pipe.processes().values()]
+        pids = [process.pid for process in pipe.stages.processes().values()]
         start = [_shmem_mib(pid) for pid in pids]
         for i in range(moves):
-            pipe.repartition((2, 0) if i % 2 == 0 else (1, 1))
+            pipe.placement.repartition((2, 0) if i % 2 == 0 else (1, 1))
         growth = max(_shmem_mib(pid) - s for pid, s in zip(pids, start))
         last = pipe.encoder_state_dict()
     return growth, all(torch.equal(first[k], last[k]) for k in first)
@@ -303,7 +303,7 @@ def _fresh_device_shmem(mode: str) -> tuple[float, bool]:
     with ClusterPipeline(
         model.embedding, model.blocks, (1, 1), SGD_UNIT, runtime=runtime(backend="ray", handoff=mode)
     ) as pipe:
-        shmem = max(_shmem_mib(process.pid) for process in pipe.processes().values())
+        shmem = max(_shmem_mib(process.pid) for process in pipe.stages.processes().values())
         got = pipe.encoder_state_dict()
     return shmem, all(torch.equal(sent[k], got[k]) for k in sent)
 

@@ -111,8 +111,8 @@ class _Rig:
                 ClusterPipeline(three.embedding, three.blocks, DELTAS[2], SPEC, runtime=runtime("object_store"))
             )
             pipes["S2_object_store"] = self.pipe_three
-        print(f"handoff: {self.pipe_two._stages.handoff}")
-        pids = {name: {p.pid for p in pipe._stages.processes().values()} for name, pipe in pipes.items()}
+        print(f"handoff: {self.pipe_two.stages.handoff}")
+        pids = {name: {p.pid for p in pipe.stages.processes().values()} for name, pipe in pipes.items()}
         every_actor = set().union(*pids.values())
         self.meters = {
             key: CpuMeter({"devices": pids[key[:2]], "idle_actors": every_actor - pids[key[:2]]})

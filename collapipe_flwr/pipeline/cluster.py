@@ -23,7 +23,6 @@ from collapipe_flwr.errors import ConfigError, DeviceFailure, StateMismatchError
 from collapipe_flwr.models.split import concat_segments, renumber_blocks
 from collapipe_flwr.pipeline.cluster_profile import ClusterTestbed
 from collapipe_flwr.pipeline.cluster_step import ClusterStep, gather
-from collapipe_flwr.pipeline.device_process import DeviceProcess
 from collapipe_flwr.pipeline.executors import Stages
 from collapipe_flwr.pipeline.head import HeadFn, MicroHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec
@@ -54,6 +53,11 @@ class ClusterPipeline:
 
     ``blocks`` are copied into the stages (the caller's modules are not trained); the ``embedding`` is
     the CU's own module and is trained in place. Read the encoder back with :meth:`encoder_state_dict`.
+
+    Callers hold the seams they use, no method hands on to them: :attr:`placement` (``S``, ``delta``,
+    ``repartition``: pipeline/placement.py), :attr:`stages` (the executor: ``processes()``, the device handles),
+    :attr:`step` (one step and the embedding's optimizer: pipeline/cluster_step.py) and :attr:`testbed` (quotas,
+    throttles, measured profiles). The methods here each join two of them (``recover``, ``train_step``, ...).
     """
 
     def __init__(
@@ -73,7 +77,7 @@ class ClusterPipeline:
         self.embedding = embedding
         self.optimizer_spec = optimizer
         self.precision = resolve_precision(rt.precision, "cpu")  # the CU's embedding runs on the CU's CPU
-        self._step = ClusterStep(embedding, optimizer, self.precision, runtime.schedule)
+        self.step = ClusterStep(embedding, optimizer, self.precision, runtime.schedule)
         self.devices = list(devices) if devices else None
         self.runtime = runtime
         self.backend = rt.backend
@@ -83,27 +87,12 @@ class ClusterPipeline:
         self.num_blocks = len(blocks)
         self._encoder_keys = list(blocks.state_dict())
         self.placement = ClusterPlacement(blocks, delta, optimizer, self.devices, runtime)
-        self._stages: Stages = self.placement.stages
-        self.testbed = ClusterTestbed(self._stages)
+        self.stages: Stages = self.placement.stages
+        self.testbed = ClusterTestbed(self.stages)
         if rt.prestart_devices and self.devices:
-            self._stages.start_idle(range(len(self.devices)), _block_modules(self.placement.template))
+            self.stages.start_idle(range(len(self.devices)), _block_modules(self.placement.template))
 
-    # -- partition (pipeline/placement.py) ----------------------------------------------------------
-    @property
-    def S(self) -> int:
-        return self.placement.S
-
-    @property
-    def delta(self) -> tuple[int, ...]:
-        """Blocks per device k of the current partition."""
-        return self.placement.delta
-
-    def repartition(self, delta: Sequence[int]) -> None:
-        """Move to a new delta, carrying every block's weights and optimizer state between the live devices
-        (no device process is restarted; a bad delta changes nothing). The live layout is read first, so a
-        session whose devices another CU process re-partitioned since still lands on ``delta``."""
-        self.placement.repartition(delta)
-
+    # -- partition (pipeline/placement.py: S, delta, repartition) ---------------------------------------
     def recover(self, delta: Sequence[int], encoder_state: dict[str, torch.Tensor], lost: Sequence[int]) -> None:
         """After device failures: forget the ``lost`` devices and place ``delta`` (0 on every lost device) on
         the others from ``encoder_state`` (the round's starting theta^enc), with fresh optimizer state."""
@@ -112,19 +101,13 @@ class ClusterPipeline:
 
     def reset_optimizers(self) -> None:
         """Fresh optimizer state for the embedding and every segment (``federation.optimizer_state: reset``)."""
-        self._step.reset_optimizer()
+        self.step.reset_optimizer()
         self.placement.reset_optimizers()
 
-    def processes(self) -> dict[int, DeviceProcess]:
-        """{device k: the OS process holding it, and its network namespace} (the CU's own on the local backend). A
-        device the plan leaves idle that gives no answer is left out and lost (:meth:`take_idle_losses`); one that
-        holds blocks raises :class:`~collapipe_flwr.errors.DeviceFailure`."""
-        return self._stages.processes()
-
     def take_idle_losses(self) -> list[DeviceFailure]:
-        """The devices found dead while the plan left them idle, since the last take (:meth:`processes`): they took
+        """The devices found dead while the plan left them idle, since the last take (``stages.processes()``): they took
         no part in the steps, so the round stands; they join :attr:`lost_devices`."""
-        losses = self._stages.take_idle_losses()
+        losses = self.stages.take_idle_losses()
         self.placement.lost.update(int(f.device) for f in losses if f.device is not None)
         return losses
 
@@ -137,15 +120,10 @@ class ClusterPipeline:
     # -- the testbed and measured profiles (pipeline/cluster_profile.py; quotas and throttles: ``testbed``) ------
     def measure(self, batch_size_b: int, seq_len: int, width: int, repeats: int = 3) -> ClusterProfile:
         """Time every live device's TEB and the link out of it (``pipeline/cluster_profile.py``)."""
-        K = len(self.devices) if self.devices else len(self.delta)
+        K = len(self.devices) if self.devices else len(self.placement.delta)
         return self.testbed.measure(K, self.placement.block(), batch_size_b, seq_len, width, repeats)
 
     # -- one step (pipeline/cluster_step.py) --------------------------------------------------------------
-    @property
-    def embedding_optimizer(self) -> torch.optim.Optimizer:
-        """The CU's embedding's optimizer (new after :meth:`reset_optimizers`)."""
-        return self._step.embedding_optimizer
-
     def train_step(
         self,
         batch: dict[str, torch.Tensor],
@@ -159,12 +137,13 @@ class ClusterPipeline:
         ``tasks.lr_schedule.LrClock``); ``step_seed`` (``runtime.seeded_dropout``) fixes the dropout masks of the
         embedding and of every block, the same whichever device holds it (``pipeline/dropout_seed.py``).
         Under 1F1B ``head`` must be a :class:`~collapipe_flwr.pipeline.head.MicroHead` (m exchanges a step)."""
-        return self._step.train_step(self.placement, batch, m, head, lr_factor, step_seed)
+        return self.step.train_step(self.placement, batch, m, head, lr_factor, step_seed)
 
     # -- state ------------------------------------------------------------------------------------
     def encoder_state_dict(self) -> dict[str, torch.Tensor]:
         """theta^enc = theta^1 (+) ... (+) theta^S (eq. (4)), names ``"{l}.{param}"``."""
-        return concat_segments(gather(self._stages, self.S, self._stages.submit_get_weights), self.delta)
+        weights = gather(self.stages, self.placement.S, self.stages.submit_get_weights)
+        return concat_segments(weights, self.placement.delta)
 
     def load_encoder_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load theta^enc (names ``"{l}.{param}"``) into the segments, each device its slice."""
@@ -176,13 +155,13 @@ class ClusterPipeline:
                 f"encoder state dict {what} ({len(missing)} missing, {len(extra)} unexpected); it must come from an "
                 f"encoder with the same model config (L={self.num_blocks})"
             )
-        bounds, stages = self.placement.bounds, self._stages
+        bounds, stages = self.placement.bounds, self.stages
 
         def submit(s: int):
             _, a, b = bounds[s]
             return stages.submit_set_weights(s, renumber_blocks(state, -a, range(a, b)))
 
-        gather(stages, self.S, submit)
+        gather(stages, self.placement.S, submit)
 
     def embedding_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.embedding.state_dict().items()}
@@ -199,16 +178,16 @@ class ClusterPipeline:
 
     def traces(self) -> list[list[tuple[str, int, float, float]]]:
         """Per stage, the last step's (F|B, micro-batch, wall start, wall end) calls (schedule plots)."""
-        return gather(self._stages, self.S, self._stages.submit_trace)
+        return gather(self.stages, self.placement.S, self.stages.submit_trace)
 
     def memory_report(self) -> list[dict]:
         """Per device used: param, optimizer-state and peak activation bytes (and their sum)."""
-        return gather(self._stages, self.S, self._stages.submit_memory_report)
+        return gather(self.stages, self.placement.S, self.stages.submit_memory_report)
 
     def shutdown(self) -> None:
-        if self._stages is not None:
-            self._stages.shutdown()
-            self._stages = None  # type: ignore[assignment]  # shut down: every later call fails
+        if self.stages is not None:
+            self.stages.shutdown()
+            self.stages = None  # type: ignore[assignment]  # shut down: every later call fails
 
     def __enter__(self) -> ClusterPipeline:
         return self

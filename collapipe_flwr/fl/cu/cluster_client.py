@@ -281,7 +281,7 @@ def _prepare(run: CuRound) -> Preparation:
 def _take_planned_caps(run: CuRound) -> None:
     """C7 for the partition the pipeline now holds, as the planner computed it (fl/cu/planned_memory.py)."""
     pipeline = run.session.live_pipeline()
-    pipeline.placement.planned_caps = planned_caps(run.instructions, pipeline.delta, run.m)
+    pipeline.placement.planned_caps = planned_caps(run.instructions, pipeline.placement.delta, run.m)
 
 
 def _round_head(run: CuRound, testbed: RoundTestbed) -> DecoderClient | ThrottledHead | LocalHead:
@@ -348,14 +348,14 @@ def _device_report(run: CuRound, steps: StepLog) -> DeviceReport:
     idle device found dead counts as lost (``lost-devices``) without failing the round."""
     pipeline = run.session.live_pipeline()
     memory = list(steps.memory) or pipeline.memory_report()
-    report = device_report(memory, pipeline.processes(), len(run.devices))
+    report = device_report(memory, pipeline.stages.processes(), len(run.devices))
     for failure in pipeline.take_idle_losses():  # held no blocks: took no part in the steps, the round stands
         log.warning("cluster %s round %s: %s; it held no blocks", run.cluster, run.instructions.round, failure)
         if failure.device is not None:
             run.lost.append(failure.device)
             run.lost_reasons.append(failure.reason)
     if run.lost:
-        report.lost, report.final_delta, report.final_m = list(run.lost), list(pipeline.delta), run.m
+        report.lost, report.final_delta, report.final_m = list(run.lost), list(pipeline.placement.delta), run.m
         report.lost_reasons = list(run.lost_reasons)
     return report
 

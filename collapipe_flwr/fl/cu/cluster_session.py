@@ -104,7 +104,7 @@ class ClusterSession:
             self._release_held_copies()
         else:
             pipeline = self.pipeline
-            pipeline.repartition(delta)
+            pipeline.placement.repartition(delta)
         moved = pipeline.placement.moved_blocks
         pipeline.load_encoder_state_dict(parts["encoder"])
         if not cfg.head_on_server and self.local_head is None:
@@ -166,7 +166,7 @@ class ClusterSession:
 
     # -- optimizer state between rounds (fl/cu/moments.py) -------------------------------------------
     def _optimizers(self) -> dict[str, tuple[torch.optim.Optimizer, torch.nn.Module]]:
-        out = {"embedding": (self.live_pipeline().embedding_optimizer, self.model.embedding)}
+        out = {"embedding": (self.live_pipeline().step.embedding_optimizer, self.model.embedding)}
         if self.local_head is not None and self.local_head.optimizer is not None:
             out["head"] = (self.local_head.optimizer, self.model.head)
         return out

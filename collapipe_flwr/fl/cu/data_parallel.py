@@ -17,8 +17,8 @@ rounds, ``federation.optimizer_state: keep``; with ``reset`` every user starts e
 average is the server's own weighted mean (``fl/weighted_mean.py``: :class:`TreeMean` over one ``WeightedSum``,
 the one FedAvg of the CUs and the server).
 
-User d trains on its own device, ``ClusterPlan.user_devices[d]`` (the whole encoder is moved there with
-``ClusterPipeline.repartition`` before its steps, under that device's CPU quota and memory limit on the testbed),
+User d trains on its own device, ``ClusterPlan.user_devices[d]`` (the whole encoder is moved there with the
+pipeline's ``placement.repartition`` before its steps, under that device's CPU quota and memory limit on the testbed),
 one user after another: the paper's users run in parallel, each on its own device, and a machine with fewer cores
 than devices cannot run them so without slowing each one. Each user's seconds are measured apart: its steps
 (``StepLog.user_seconds``, metric ``seconds-users``) and its hand-over (the model moved to its device and its
@@ -67,7 +67,7 @@ def snapshot(pipeline: ClusterPipeline, head: LocalHead) -> TrainingState:
     head_optimizer = head.optimizer.state_dict() if head.optimizer is not None else {}
     return TrainingState(
         embedding=pipeline.embedding_state_dict(),
-        embedding_optimizer=copy.deepcopy(pipeline.embedding_optimizer.state_dict()),
+        embedding_optimizer=copy.deepcopy(pipeline.step.embedding_optimizer.state_dict()),
         # copies: on the local backend a stage hands out its live tensors
         encoder={k: v.detach().clone() for k, v in pipeline.encoder_state_dict().items()},
         encoder_optimizer=copy.deepcopy(pipeline.placement.encoder_optimizer_state()),
@@ -83,7 +83,7 @@ def restore(pipeline: ClusterPipeline, head: LocalHead, state: TrainingState) ->
     pipeline.load_encoder_state_dict(state.encoder)
     pipeline.reset_optimizers()
     if state.embedding_optimizer.get("state"):
-        pipeline.embedding_optimizer.load_state_dict(copy.deepcopy(state.embedding_optimizer))
+        pipeline.step.embedding_optimizer.load_state_dict(copy.deepcopy(state.embedding_optimizer))
     if state.encoder_optimizer:
         pipeline.placement.load_encoder_optimizer_state(state.encoder_optimizer)
     head.head.load_state_dict(state.head)
@@ -131,7 +131,7 @@ def train_data_parallel(
     """
     if user_devices and len(user_devices) < users:
         raise ValueError(f"{users} data users but {len(user_devices)} user devices: name one device per user")
-    home = pipeline.delta
+    home = pipeline.placement.delta
     start = snapshot(pipeline, head)
     mean = TreeMean()
     runs: list[StepLog] = []
@@ -141,7 +141,7 @@ def train_data_parallel(
     for d in range(users):
         handed = time.perf_counter()
         if user_devices:
-            pipeline.repartition(whole_model_on(int(user_devices[d]), len(home), sum(home)))
+            pipeline.placement.repartition(whole_model_on(int(user_devices[d]), len(home), sum(home)))
         if d:
             restore(pipeline, head, start)
         began = time.perf_counter()
@@ -156,7 +156,7 @@ def train_data_parallel(
         handover_seconds.append(began - handed + time.perf_counter() - ended)
     averaged = time.perf_counter()
     if user_devices:
-        pipeline.repartition(home)
+        pipeline.placement.repartition(home)
     restore(pipeline, head, TrainingState(**mean.mean()))
     average_seconds = time.perf_counter() - averaged
     merged = _merged(runs)
