@@ -2,7 +2,7 @@
 
 ``python results/readme_tables.py`` rewrites every block of ``results/README.md`` that lies between a line
 ``<!-- table:NAME -->`` and a line ``<!-- /table:NAME -->`` with what :data:`TABLES` [NAME] makes of the kept
-records; ``tests/test_results_readme_tables.py`` fails when a committed block differs. The prose around a block is
+records; ``tests/results/test_results_readme_tables.py`` fails when a committed block differs. The prose around a block is
 written by hand and cites it. (The claims table has its own block and script, ``results/claims.py``; the testbed
 campaign's tables are files of their own, ``results/testbed_paper_tables.py``.)
 
@@ -53,7 +53,7 @@ from readme_sections.optimizer import (  # noqa: E402
     lyapunov_table,
 )
 from readme_sections.trained import trained_claims, trained_final, trained_grid, trained_jobs  # noqa: E402
-from readme_sections.verdict import verdict  # noqa: E402, F401  (the rule, read by tests/test_results_readme_tables.py)
+from readme_sections.verdict import verdict  # noqa: E402, F401  (the rule, read by tests/results/test_results_readme_tables.py)
 
 README = RESULTS / "README.md"
 
