@@ -45,6 +45,7 @@ def test_plan_fixes_folders_and_supernodes_from_the_config(tmp_path, data_dir):
     assert f"run_name={fresh.run_dir.name}" in fresh.overrides
 
 
+@pytest.mark.e2e
 def test_a_bad_config_is_one_line_and_exit_2_before_flower_starts(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "collapipe_flwr", "run", "--run-config", "num-clusters=0 overrides='method.fixed_m=-1'"],
@@ -134,6 +135,7 @@ def _cli(args: list[str], tmp_path: Path, **kw) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "files,extra,needle",
     [
@@ -178,6 +180,7 @@ sys.exit(run(build_parser().parse_args(sys.argv[2:]), flwr_exe=sys.argv[1]))
 """
 
 
+@pytest.mark.e2e
 def test_sigterm_stops_the_run_and_everything_it_started(tmp_path, data_dir, monkeypatch):
     """`kill <pid>` of `collapipe run` used to end only the CLI: the run went on and the SuperLink stayed."""
     from tests.experiments.test_experiments_launch import FAKE_FLWR
@@ -237,6 +240,7 @@ def test_gpu_shares_that_cannot_all_be_granted_are_refused_before_flower_starts(
         build_job(compose(sweep_job), [], tmp_path / "job")
 
 
+@pytest.mark.e2e
 def test_a_second_launcher_of_a_live_run_name_exits_2_and_touches_none_of_its_files(tmp_path, data_dir):
     """Two `collapipe run` of one run-name at once: the second is refused before it writes (the first's flwr.log
     and status.json intact), exit 2, one line naming the holder's pid."""
@@ -271,6 +275,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.e2e
 def test_a_disk_that_takes_no_byte_at_start_is_one_line_exit_1_and_leaves_no_temp_folder(tmp_path, data_dir):
     """No file can grow (RLIMIT_FSIZE = 0: every write fails as on a full disk; folders can still be made): the
     launcher used to end with an OSError traceback and leave its private temp folder behind."""
@@ -292,6 +297,7 @@ def test_a_disk_that_takes_no_byte_at_start_is_one_line_exit_1_and_leaves_no_tem
     assert list(temp.iterdir()) == []  # no private temp folder left
 
 
+@pytest.mark.e2e
 def test_a_resume_whose_checkpoint_would_run_code_exits_2_before_flower_starts(tmp_path, data_dir):
     """`collapipe run ... resume=true` reads checkpoint.pt without running it before anything starts: a payload
     whose unpickling would write a marker file is refused with one line naming the file, exit 2."""

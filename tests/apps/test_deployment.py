@@ -16,7 +16,8 @@ import pytest
 from collapipe_flwr.experiments.processes import alive
 from tests.flower_env import ROOT, flower_env, free_port, run, stop_pids, write_flower_config
 
-pytestmark = pytest.mark.slow  # the flwr run simulation (test_flwr_run.py) is the README command's Flower run
+# slow: the flwr run simulation (test_flwr_run.py) is the README command's Flower run
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 OVERRIDES = (
     "task=classification model=bert_tiny federation=tiny network=small federation.num_rounds=1 "

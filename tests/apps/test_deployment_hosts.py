@@ -29,7 +29,7 @@ from tests.flower_env import ROOT, flower_env
 from tests.netns_lab import NetnsLab, why_not_available
 from tests.tls_certs import self_signed
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 CLUSTERS, DEVICES = 2, 2
 BOXES = ["server", *(f"cu{n}" for n in range(CLUSTERS))]

@@ -15,6 +15,8 @@ import torch
 
 from tests.flower_env import ROOT, flower_env, local_simulation_config, run, stop_local_superlink, write_flower_config
 
+pytestmark = pytest.mark.e2e
+
 OVERRIDES = (
     "task=translation model=transformer_tiny federation=tiny network=small scheduler=dssra "
     "save_client_weights=true eval.max_examples=32 run_name=e2e federation.local_steps=6"

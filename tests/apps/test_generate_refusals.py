@@ -53,6 +53,7 @@ def test_bad_sampling_arguments_and_prompts_are_one_line(run, args, match):
     assert match in _refused([str(run), *args])
 
 
+@pytest.mark.e2e
 def test_an_invalid_utf8_prompt_on_the_command_line_exits_2(run):
     done = subprocess.run(
         [sys.executable, "-m", "collapipe_flwr.apps.generate", str(run).encode(), b"--prompt", b"caf\xe9"],

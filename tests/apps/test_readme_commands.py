@@ -20,7 +20,7 @@ import pytest
 from collapipe_flwr.experiments import processes
 from tests.paths import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 README = ROOT / "README.md"
 PLOTS = {"loss.png", "metric.png", "delay.png", "memory.png"}

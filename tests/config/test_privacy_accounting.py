@@ -115,6 +115,7 @@ OVERRIDES = (
 )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "privacy", ["privacy=central privacy.noise_multiplier=1.0", "privacy=local privacy.epsilon=100"]
 )

@@ -142,6 +142,7 @@ def test_check_real_data_folder(data_dir, capsys):
     assert "vocab 21,128 tokens" in out
 
 
+@pytest.mark.e2e
 def test_cli_exit_codes_in_a_subprocess(tmp_path):
     make_layout(tmp_path)
     (tmp_path / "toutiao/train.txt").unlink()

@@ -146,6 +146,7 @@ def test_wide_limit_needs_reasons_and_at_most_five(tmp_path: Path):
     assert not arch_check.scan(pkg).ok  # one, without a reason
 
 
+@pytest.mark.e2e
 def test_cli_exit_status(package: Path, tmp_path: Path):
     run = [sys.executable, str(SCRIPT)]
     loose = subprocess.run([*run, str(package)], capture_output=True, text=True, check=False)

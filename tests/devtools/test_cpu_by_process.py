@@ -40,6 +40,7 @@ def test_a_process_is_grouped_by_what_it_is(cmdline, group):
     assert cpu_by_process.group_of(cmdline).startswith(group)
 
 
+@pytest.mark.e2e
 def test_a_busy_process_shows_its_core_seconds():
     """A child spinning one core for the whole 2 s window: its group is credited with about 2 core-seconds
     (the window's CPU time, not its wall: at least 1 even when this machine is shared)."""

@@ -57,6 +57,7 @@ OVERRIDES = (
 )
 
 
+@pytest.mark.e2e
 def test_a_cu_that_loses_a_device_mid_round_replans_and_finishes_the_round(data_dir, tmp_path, monkeypatch):
     real_step = ClusterPipeline.train_step
     failed: list[tuple[str, int]] = []
@@ -91,6 +92,7 @@ def _losses(folder) -> dict[int, dict[str, list[float]]]:
     return {r["round"]: {n: c["train-losses"] for n, c in r["clients"].items()} for r in records if r.get("clients")}
 
 
+@pytest.mark.e2e
 def test_a_replanned_round_trains_as_the_same_round_uninterrupted(data_dir, tmp_path, monkeypatch):
     """Issue 63/67: the aborted attempt leaves no trace. The run whose cluster 0 loses a device at its second step
     of round 1 against the same run uninterrupted (reference): cluster 0's fresh attempt and every later round give

@@ -92,6 +92,7 @@ def test_registering_a_name_twice_is_refused():
         register_method("collapipe")(lambda *a: None)
 
 
+@pytest.mark.e2e
 def test_method_registry_fills_itself_on_first_use():
     """A fresh interpreter that imports only the specs still knows every method (pkgutil discovery)."""
     code = (

@@ -170,6 +170,7 @@ def fake_flwr(tmp_path):
     return path
 
 
+@pytest.mark.e2e
 def test_an_old_summary_does_not_make_a_run_that_did_not_happen_a_success(tmp_path, fake_flwr, monkeypatch):
     """flwr exits 0 and writes nothing; the run folder holds a finished run's summary.json from before the launch
     (the CLI used to count it and exit 0: "finished in 18 s")."""
@@ -185,6 +186,7 @@ def test_an_old_summary_does_not_make_a_run_that_did_not_happen_a_success(tmp_pa
     assert old.read_text() == '{"old": true}'
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["ok", "fail", "hang", "server_failed"])
 def test_launch_writes_status_and_stops_the_detached_superlink(tmp_path, fake_flwr, monkeypatch, mode):
     pidfile = tmp_path / "superlink.pid"
@@ -216,6 +218,7 @@ def test_launch_writes_status_and_stops_the_detached_superlink(tmp_path, fake_fl
     assert not processes.alive(superlink), "the detached SuperLink was left running"
 
 
+@pytest.mark.e2e
 def test_launch_keeps_ray_files_in_a_private_temp_folder_and_removes_it(tmp_path, fake_flwr, monkeypatch):
     pidfile, envfile = tmp_path / "superlink.pid", tmp_path / "env.json"
     monkeypatch.setenv("PIDFILE", str(pidfile))
@@ -253,6 +256,7 @@ def test_private_temp_env_names_one_short_folder(tmp_path):
         private_temp_env(tmp_path / ("x" * 60))
 
 
+@pytest.mark.e2e
 def test_descendants_and_stop_tree(tmp_path):
     parent = subprocess.Popen(
         [
@@ -276,6 +280,7 @@ def test_descendants_and_stop_tree(tmp_path):
             parent.kill()
 
 
+@pytest.mark.e2e
 def test_stop_pids_kills_a_process_that_ignores_sigterm_and_returns_once_it_is_gone():
     """A process that traps SIGTERM is SIGKILLed after the grace, and stop_pids returns only when it has exited
     (the deployment test's check right after stop_pids failed on a loaded machine when it did not wait)."""
@@ -315,6 +320,7 @@ def _entry(args, cwd, env=None, timeout=120):
     )
 
 
+@pytest.mark.e2e
 def test_entry_point_bad_config_is_one_line_and_a_sweep_goes_on(tmp_path):
     single = _entry(["method.fixed_m=-1", f"hydra.run.dir={tmp_path / 'single'}"], tmp_path)
     assert single.returncode == 2, single.stderr[-2000:]
@@ -330,6 +336,7 @@ def test_entry_point_bad_config_is_one_line_and_a_sweep_goes_on(tmp_path):
     assert "Sweep: `python -m collapipe_flwr.experiments -m method.fixed_m=-2,-1`" in (out / "results.md").read_text()
 
 
+@pytest.mark.e2e
 def test_entry_point_gives_a_task_its_default_model(tmp_path):
     """task=ner without model=: the job validates against the task's own model (bert_small), so the only
     error left is the one we planted."""
@@ -339,6 +346,7 @@ def test_entry_point_gives_a_task_its_default_model(tmp_path):
 
 
 # --------------------------------------------------------------------------- end to end (Flower)
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_two_run_multirun_of_the_tiny_config_end_to_end(tmp_path, data_dir):
     sweep = tmp_path / "sweep"
@@ -368,6 +376,7 @@ def test_two_run_multirun_of_the_tiny_config_end_to_end(tmp_path, data_dir):
     ) >= 2
 
 
+@pytest.mark.e2e
 def test_collapipe_run_exits_1_when_the_server_failed_though_flwr_run_exited_0(
     tmp_path, fake_flwr, monkeypatch, data_dir, capsys
 ):

@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 from collapipe_flwr.experiments.launch import launch
 from collapipe_flwr.experiments.run_memory import (
@@ -88,6 +89,7 @@ def _rss(pids: list[int]) -> int:
     return sum(psutil.Process(pid).memory_info().rss for pid in pids)
 
 
+@pytest.mark.e2e
 def test_summed_pss_counts_a_page_shared_by_two_processes_once(tmp_path):
     """Two processes touch the same 96 MiB of shared memory, one of them 64 MiB of its own: the summed PSS grows
     by 96 + 64 MiB (the reference: what was allocated), where the summed RSS grows by 2 x 96 + 64."""
@@ -137,6 +139,7 @@ def test_a_device_actor_is_set_beside_the_bytes_the_model_charges_its_segment(tm
     }
 
 
+@pytest.mark.e2e
 def test_the_launcher_keeps_the_runs_memory_beside_its_status(tmp_path, monkeypatch):
     from tests.experiments.test_experiments_launch import FAKE_FLWR, fake_job
 

@@ -15,6 +15,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e
+
 STATUS_DRIVER = textwrap.dedent(
     """
     import resource, signal, sys

@@ -13,6 +13,8 @@ from collapipe_flwr.fl.messages import unpack_weights
 from collapipe_flwr.fl.server.server_state import ServerState
 from tests.fold_replies import absorb_replies
 
+pytestmark = pytest.mark.e2e
+
 
 def _one_round(data_dir, method: str, *extra: str):
     cfg = load_run_config(

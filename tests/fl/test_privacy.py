@@ -44,6 +44,7 @@ def _global_change(data_dir, tmp_path, name: str, privacy: str) -> float:
     return math.sqrt(total)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_clipping_bounds_the_global_change_by_c_and_without_dp_it_is_larger(data_dir, tmp_path):
     """Each CU's update clipped to C (Flower's fixedclipping_mod behind the ClientApp's mod): their weighted mean,

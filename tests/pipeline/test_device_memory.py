@@ -68,6 +68,7 @@ def pipeline(model, delta):
     return ClusterPipeline(model.embedding, model.blocks, delta, ADAM, devices=DEVICES, runtime=rt)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_a_device_over_its_memory_limit_is_killed_by_the_kernel_named_as_memory_and_the_pipeline_goes_on(ray_session):
     model = bert()
@@ -93,6 +94,7 @@ def test_a_device_over_its_memory_limit_is_killed_by_the_kernel_named_as_memory_
         assert report[1]["measured_peak_bytes"] > 0 and report[1]["limit_bytes"] == 0  # unlimited, measured
 
 
+@pytest.mark.e2e
 def test_a_devices_reported_peak_is_within_15_percent_of_its_cgroups_own_figure(ray_session):
     model = bert()
     with pipeline(model, (2, 1, 0)) as pipe:
@@ -214,12 +216,14 @@ def _actor_env(preset: str | None, memory_counted: bool) -> str:
     return out.stdout.split()[-1]
 
 
+@pytest.mark.e2e
 def test_a_device_whose_memory_the_kernel_counts_bounds_onednns_cache_unless_the_user_set_it():
     assert _actor_env(None, memory_counted=False) == "unset"  # a device without a cgroup keeps oneDNN's default
     assert _actor_env(None, memory_counted=True) == "32"
     assert _actor_env("256", memory_counted=True) == "256"
 
 
+@pytest.mark.e2e
 def test_a_devices_measured_memory_is_its_own_cgroups_limit_not_the_hosts(ray_session):
     # system.profile=measured on the testbed: C7's gamma_k^max comes from the device's own memory cgroup (a child
     # of the hierarchy, found through /proc/<pid>/cgroup), so a measured plan keeps the limit the kernel enforces

@@ -251,6 +251,7 @@ def test_dssra_memory_cap_follows_the_schedule_by_hand():
 
 
 # -- Ray: the same numbers with one actor per device ----------------------------------------------------------
+@pytest.mark.e2e
 def test_1f1b_on_ray_runs_each_actor_in_1f1b_order_and_equals_the_plain_model():
     ray = pytest.importorskip("ray")
     from tests.runtimes import runtime
@@ -316,6 +317,7 @@ def run_through_data_plane(data_dir, schedule: str, m: int = 4, steps: int = 2):
     return (initial, decoder), weights, metrics, served
 
 
+@pytest.mark.e2e
 def test_1f1b_through_the_data_plane_updates_the_decoder_as_gpipe(data_dir, monkeypatch):
     """One step of m = 4 micro-batches: the same z_enc reach the decoder in 4 exchanges instead of 1, the decoder
     sums their gradients and steps once, so its parameters after the step equal GPipe's (float32, the same sums in

@@ -115,6 +115,7 @@ def test_without_the_seed_the_masks_differ_so_the_check_can_fail():
         assert_same(pipelined_grads(model, batch, DELTAS[2], "local", None), reference_grads(model, batch))
 
 
+@pytest.mark.e2e
 def test_ray_device_actors_draw_the_same_masks_in_their_own_processes(ray_session):
     model, batch = make_model(), make_batch()
     assert_same(pipelined_grads(model, batch, DELTAS[2], "ray", STEP), reference_grads(model, batch))

@@ -178,6 +178,7 @@ def test_reference_actually_detects_a_wrong_pipeline():
         torch.testing.assert_close(before[name] - after[name], ref_grads[f"blocks.{name}"], rtol=1e-5, atol=1e-12)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "family,delta,m,adam",
     [

@@ -194,6 +194,7 @@ def _quota_of(pid: int) -> float:
     return 0.0
 
 
+@pytest.mark.e2e
 @needs_quota
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")
@@ -276,6 +277,7 @@ def test_the_cu_uplink_holds_z_enc_and_the_upload_at_the_planned_rate():
     assert held == pytest.approx(0.2, rel=0.15)
 
 
+@pytest.mark.e2e
 @needs_quota
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")

@@ -26,6 +26,7 @@ def test_each_extra_corpus_holds_out_min_1000_or_a_tenth_of_itself_and_the_main_
     assert hold_out(examples, corpora) == (train, sizes, held)  # the same examples on every call
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_domain_run_reports_the_global_and_each_domains_validation(data_dir, tmp_path):
     overrides = (

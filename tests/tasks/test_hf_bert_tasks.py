@@ -145,6 +145,7 @@ def test_minilm_classification_step_through_the_pipeline_equals_the_unsplit_mode
 
 
 # ----------------------------------------------------------------------------- federated runs
+@pytest.mark.e2e
 @pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 @needs_minilm
 def test_one_federated_round_of_classification_on_minilm_with_lora(data_dir, tmp_path):
@@ -198,6 +199,7 @@ def char_bert(data_dir, tmp_path_factory):
     return folder
 
 
+@pytest.mark.e2e
 def test_ner_on_a_character_bert_folder_aligns_tags_and_runs_a_round(data_dir, char_bert, tmp_path):
     """``task=ner model=hf_bert model.hf_folder=<folder>``: the folder's character tokenizer gives one token per
     character (tags map 1:1), the head is the task's CRF over its 7 tags, and one federated round reports entity F1."""

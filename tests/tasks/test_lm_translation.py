@@ -161,6 +161,7 @@ def federated(data_dir, cache, tmp_path_factory):
         )
 
 
+@pytest.mark.e2e
 def test_a_federated_run_reports_bleu_and_generate_translates_as_it_trained(federated):
     rounds = [json.loads(line) for line in (federated / "rounds.jsonl").read_text().splitlines() if line.strip()]
     last = rounds[-1]

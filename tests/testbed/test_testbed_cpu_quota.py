@@ -90,6 +90,7 @@ def _cpu_cgroup_line(pid: int, version: int) -> str:
     raise AssertionError(f"no cpu cgroup line for pid {pid}")
 
 
+@pytest.mark.e2e
 def test_quota_throttles_a_real_process_to_a_quarter_core(busy_child, quotas):
     hierarchy = _needs_quotas()
     before = _cpu_cgroup_line(busy_child.pid, hierarchy.version)
@@ -135,6 +136,7 @@ def _needs_quotas() -> Hierarchy:
     return found
 
 
+@pytest.mark.e2e
 def test_quota_holds_all_threads_of_the_process_together(busy_threads_child, quotas):
     hierarchy = _needs_quotas()
     pid = busy_threads_child.pid
@@ -151,6 +153,7 @@ def test_quota_holds_all_threads_of_the_process_together(busy_threads_child, quo
     assert share == pytest.approx(0.5, rel=0.2)
 
 
+@pytest.mark.e2e
 def test_remove_stale_takes_only_dead_runs_cgroups(quotas):
     hierarchy = _needs_quotas()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -167,6 +170,7 @@ def test_remove_stale_takes_only_dead_runs_cgroups(quotas):
             stale.rmdir()
 
 
+@pytest.mark.e2e
 def test_a_process_that_exited_is_refused_and_nothing_is_left(quotas):
     hierarchy = _needs_quotas()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -176,6 +180,7 @@ def test_a_process_that_exited_is_refused_and_nothing_is_left(quotas):
     assert not list((hierarchy.mount / cq.PARENT).glob("pytest-dead-*"))
 
 
+@pytest.mark.e2e
 def test_context_manager_set_cores_and_unique_names(busy_child, quotas):
     _needs_quotas()
     with CpuQuota.apply(busy_child.pid, 0.5, "pytest-cm") as one, CpuQuota.apply(os.getpid(), 4, "pytest-cm") as two:

@@ -93,6 +93,7 @@ def _in_private_netns(scenario: str) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.e2e
 def test_tbf_on_a_namespaced_lo_paces_a_tcp_transfer():
     out = _in_private_netns(SHAPED_TRANSFER)
     # tc's own view of the kernel's state, independent of the object.
@@ -111,6 +112,7 @@ def test_tbf_on_a_namespaced_lo_paces_a_tcp_transfer():
     assert "no tbf root qdisc" in out["after_error"]
 
 
+@pytest.mark.e2e
 def test_refusals_are_one_line():
     out = _in_private_netns(REFUSALS)
     assert "below lo's MTU 1500" in out["mtu"]

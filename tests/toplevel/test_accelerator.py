@@ -65,6 +65,7 @@ def test_a_stage_asked_for_cuda_without_one_fails_at_once():
         LocalStages([StageSpec(0, torch.nn.ModuleList())], SGD_UNIT, runtime(device="cuda"))
 
 
+@pytest.mark.e2e
 @without_cuda
 @pytest.mark.usefixtures("ray_session")
 def test_a_ray_actor_asked_for_cuda_names_the_cause():

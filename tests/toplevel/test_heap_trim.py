@@ -11,6 +11,8 @@ import pytest
 
 from collapipe_flwr.heap_trim import trim_heap
 
+pytestmark = pytest.mark.e2e
+
 glibc = pytest.mark.skipif(trim_heap() is None, reason="malloc_trim is glibc's; this C library has none")
 
 # A fresh interpreter: raise glibc's dynamic mmap threshold by freeing one 8 MiB mmapped block, then take 160 blocks

@@ -119,6 +119,7 @@ def test_a_model_with_nan_weights_is_refused_in_one_line(saved, tmp_path):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.e2e
 def test_a_full_disk_is_one_line_naming_the_file_and_the_old_file_stays(tmp_path):
     """A 256 KiB tmpfs: torch.save of a 1 MB checkpoint fails (it raised RuntimeError '[enforce fail at
     inline_container.cc]' with no word of the disk) and safetensors likewise; the previous files are intact."""

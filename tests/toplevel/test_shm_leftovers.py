@@ -40,6 +40,7 @@ def test_the_creator_pid_is_read_from_the_name_only_where_the_name_carries_one(n
     assert shm_leftovers.creator_pid(name, prefix) == pid
 
 
+@pytest.mark.e2e
 def test_both_kinds_of_a_gone_process_are_removed_and_a_live_ones_kept(tmp_path):
     dead, alive = dead_pid(), os.getpid()
     dead_segment, live_segment = tmp_path / shm.segment_name(dead), tmp_path / shm.segment_name(alive)
@@ -60,6 +61,7 @@ def test_both_kinds_of_a_gone_process_are_removed_and_a_live_ones_kept(tmp_path)
     assert shm_leftovers.remove_all_stale(tmp_path) == []  # nothing stale is left
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not shm_leftovers.SHM_DIR.is_dir(), reason="needs /dev/shm")
 def test_the_launcher_sweeps_dev_shm_after_stopping_a_run(tmp_path):
     dead = dead_pid()

@@ -43,6 +43,7 @@ def _instructions(cfg, server, t, delta) -> TrainInstructions:
     return server.instructions_for(t, _plan(delta))
 
 
+@pytest.mark.e2e
 @pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_ray_actors_live_across_rounds_and_processes_and_training_equals_the_plain_model(data_dir):
     cfg = load_run_config(
@@ -157,6 +158,7 @@ def _adam_by_hand(w, grads: list[torch.Tensor], lr: float, b1: float, b2: float,
     return w
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("optimizer_state,other_process", [("keep", False), ("keep", True), ("reset", False)])
 def test_optimizer_state_keep_and_reset_match_adam_by_hand(data_dir, optimizer_state, other_process):
     cfg = _vanilla_cfg(data_dir, optimizer_state)

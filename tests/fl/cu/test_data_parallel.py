@@ -74,6 +74,7 @@ def _by_hand(cfg, task, before, cluster: int, users: int):
     return expected, sum(rows)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("embedding", ["trained", "frozen"])
 def test_vanilla_fl_round_is_d_users_trained_on_their_shares_and_averaged(data_dir, embedding):
     cfg = _config(data_dir, f"federation.embedding={embedding}")

@@ -26,6 +26,8 @@ from tests.fold_replies import absorb_replies
 from tests.pipeline.executors.test_pipeline_ray import ADAM, batch, bert, profile
 from tests.runtimes import runtime
 
+pytestmark = pytest.mark.e2e
+
 STEPS = 3
 
 

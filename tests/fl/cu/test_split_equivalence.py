@@ -17,6 +17,8 @@ from collapipe_flwr.fl.cu.state_store import CUStateStore
 from collapipe_flwr.fl.server.server_state import ServerState
 from tests.plain_reference import plain_losses
 
+pytestmark = pytest.mark.e2e
+
 STEPS = 5
 _RUN_IDS = itertools.count(9100)  # a fresh run per case: a CU session (and its optimizer moments) never carries over
 

@@ -134,6 +134,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("who", "refused_as"), [("stranger", "UNAUTHENTICATED"), ("cluster 0 itself", "RESOURCE_EXHAUSTED")]
 )

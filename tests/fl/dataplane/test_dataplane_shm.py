@@ -121,6 +121,7 @@ def test_the_client_falls_back_inline_when_the_host_cannot_open_its_segment(serv
     assert loss == ref_loss and all(torch.equal(g, r) for g, r in zip(grads, ref_grads))
 
 
+@pytest.mark.e2e
 def test_a_killed_clients_segment_is_removed():
     """SIGKILL leaves no time to clean up: Python's resource tracker (its own process) unlinks the segment."""
     code = textwrap.dedent(
@@ -147,6 +148,7 @@ def test_a_killed_clients_segment_is_removed():
     assert not (SHM_DIR / name).exists()
 
 
+@pytest.mark.e2e
 def test_a_segment_left_by_a_killed_process_group_is_removed_when_the_next_host_starts():
     """SIGKILL to the CU's whole process group (its resource tracker included, as a container stop) leaves the
     segment in /dev/shm; the next decoder host on this machine unlinks it at its start."""
@@ -183,6 +185,7 @@ def test_a_segment_left_by_a_killed_process_group_is_removed_when_the_next_host_
         served.host.stop(grace_s=0)
 
 
+@pytest.mark.e2e
 def test_the_sweep_removes_only_segments_whose_creator_is_gone(tmp_path):
     dead, alive = dead_pid(), os.getpid()
     names = {

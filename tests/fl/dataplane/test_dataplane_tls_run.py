@@ -11,6 +11,8 @@ from collapipe_flwr.fl.server.server_main import run_server
 from tests.inprocess_grid import InProcessGrid
 from tests.tls_certs import self_signed
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.mark.parametrize("transport", ["grpc", "socket"])
 def test_a_round_over_a_tls_data_plane(data_dir, tmp_path, transport):

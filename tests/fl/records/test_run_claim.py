@@ -42,6 +42,7 @@ def _holder(folder, name):
     return proc
 
 
+@pytest.mark.e2e
 def test_a_folder_held_by_a_live_process_is_refused_with_its_pid_and_freed_when_that_process_is_killed(tmp_path):
     proc = _holder(tmp_path / "run", SERVER_LOCK)
     try:
@@ -56,6 +57,7 @@ def test_a_folder_held_by_a_live_process_is_refused_with_its_pid_and_freed_when_
         assert claim.path.read_text().strip() == str(os.getpid())
 
 
+@pytest.mark.e2e
 def test_a_second_serverapp_of_the_same_run_name_is_refused_before_it_writes_anything(data_dir, tmp_path, capsys):
     """The second run's ServerApp finds the folder held (by the first run's, here a stand-in process) and stops
     with one line; the folder holds nothing of it (no config.json, no rounds.jsonl)."""

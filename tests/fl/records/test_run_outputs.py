@@ -13,6 +13,8 @@ import pytest
 from collapipe_flwr.fl.server.server_main import run_server
 from tests.inprocess_grid import InProcessGrid
 
+pytestmark = pytest.mark.e2e
+
 OVERRIDES = (
     "task=translation model=transformer_tiny federation=tiny network=small federation.num_rounds=2 "
     "federation.local_steps=2 runtime.backend=local task.batch_size=8 eval.max_examples=16 run_name=outputs "

@@ -104,6 +104,7 @@ def _reference_texts(model, tokenizer) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- adapters that load anywhere
+@pytest.mark.e2e
 def test_peft_alone_loads_the_adapters_with_the_merged_logits(where):
     model_dir = where / "model"
     config = json.loads((model_dir / "peft" / "adapter_config.json").read_text())
@@ -119,6 +120,7 @@ def test_peft_alone_loads_the_adapters_with_the_merged_logits(where):
         assert not torch.allclose(_logits(peft, ids), _logits(merged, ids), atol=1e-3)
 
 
+@pytest.mark.e2e
 def test_the_base_keeps_the_bf16_weights_the_run_trained_over(run):
     """model/base holds the TEBs' frozen weights in bf16 as the run stored them (fp32 config: read back in fp32),
     not the package's fp32 originals: base + adapters equal the merged model exactly, not merely close."""
@@ -132,6 +134,7 @@ def test_the_base_keeps_the_bf16_weights_the_run_trained_over(run):
     assert torch.equal(stored, original.to(torch.bfloat16)) and not torch.equal(stored.float(), original)
 
 
+@pytest.mark.e2e
 def test_generate_from_adapters_equals_transformers_generate_on_peft(where):
     peft = AutoPeftModelForCausalLM.from_pretrained(str(where / "model" / "peft")).eval()
     want = _reference_texts(peft, AutoTokenizer.from_pretrained(where / "model" / "base"))
@@ -142,6 +145,7 @@ def test_generate_from_adapters_equals_transformers_generate_on_peft(where):
     torch.testing.assert_close(_logits(model.eval(), ids), _logits(peft, ids), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.e2e
 def test_a_moved_run_folder_alone_loads_its_adapters(run, tmp_path, monkeypatch):
     """A copy of the run moved elsewhere, its first place gone and the package gone: generate --from adapters
     follows base_model.json (relative) and gives the merged model's texts; peft over the moved base agrees."""
@@ -159,6 +163,7 @@ def test_a_moved_run_folder_alone_loads_its_adapters(run, tmp_path, monkeypatch)
     assert texts == _reference_texts(peft, AutoTokenizer.from_pretrained(f"{moved}/model/base")) == _generate(args)
 
 
+@pytest.mark.e2e
 def test_a_missing_base_folder_is_one_line(run, tmp_path):
     copy = shutil.copytree(run, tmp_path / "copy")
     shutil.rmtree(copy / "model" / "base")
@@ -173,6 +178,7 @@ def _adapters(folder) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "adapter_model.safetensors"))
 
 
+@pytest.mark.e2e
 def test_each_round_keeps_its_adapters_and_only_the_newest_stay(run):
     rounds = run / "model" / "rounds"
     assert sorted(p.name for p in rounds.iterdir()) == ["2", "3"]  # round_adapters.keep=2: round 1 removed
@@ -185,6 +191,7 @@ def test_each_round_keeps_its_adapters_and_only_the_newest_stay(run):
     assert pointer["base_model"] == "../../../base"
 
 
+@pytest.mark.e2e
 def test_generate_round_reads_that_rounds_adapters(where):
     peft = AutoPeftModelForCausalLM.from_pretrained(str(where / "model" / "rounds" / "2" / "peft")).eval()
     final = AutoPeftModelForCausalLM.from_pretrained(str(where / "model" / "peft")).eval()
@@ -196,6 +203,7 @@ def test_generate_round_reads_that_rounds_adapters(where):
     assert _generate([str(where), "--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--round", "2"]) == want
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "args, match",
     [(["--round", "1"], "no adapters of round 1 (rounds kept: 2, 3)"), (["--round", "2", "--from", "merged"], "drop")],
@@ -207,6 +215,7 @@ def test_a_round_not_kept_is_one_line(run, args, match):
     assert done.value.code == 2 and err.getvalue().count("\n") == 1 and match in err.getvalue()
 
 
+@pytest.mark.e2e
 def test_a_resumed_run_drops_the_rounds_it_trains_again(run, tmp_path):
     copy = shutil.copytree(run, tmp_path / "copy")
     cfg = build_run_config(compose(["task=causal_lm", "model=llama_tiny", "round_adapters.keep=2"]))

@@ -206,6 +206,7 @@ def test_a_tensor_that_does_not_fit_this_runs_model_is_refused_naming_it(server,
     assert not server.decoder.host.optimizer.state  # nothing of it was loaded
 
 
+@pytest.mark.e2e
 def test_the_serverapps_own_resume_refuses_an_expanded_moment(data_dir, tmp_path, capsys):
     """`flwr run` with resume=true (the deployment path, no launcher pre-check): the ServerApp's own load
     refuses a decoder moment of the head's shape whose storage is one number (stride 0)."""

@@ -12,11 +12,15 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from collapipe_flwr import wiring
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.fl.server.server_main import run_server
 from tests.inprocess_grid import InProcessGrid
 from tests.paths import GOLDEN_DIR
+
+pytestmark = pytest.mark.e2e
 
 GOLDEN = GOLDEN_DIR / "rounds_translation_tiny_seed0.jsonl"
 OVERRIDES = (

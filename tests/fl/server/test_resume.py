@@ -60,6 +60,7 @@ def _run(data_dir, out, name: str, grid, extra: str = ""):
     return run_server(grid, {"overrides": overrides, "data-dir": str(data_dir), "output-dir": str(out)})
 
 
+@pytest.mark.e2e
 def test_resumed_run_continues_exactly_like_an_uninterrupted_one(data_dir, tmp_path):
     reference = _rounds(_run(data_dir, tmp_path, "whole", InProcessGrid(2, str(data_dir), run_id=11)))
 
@@ -84,6 +85,7 @@ def test_resumed_run_continues_exactly_like_an_uninterrupted_one(data_dir, tmp_p
     assert summary["final_val"]["loss"] == pytest.approx(reference[-1]["val_loss"], rel=1e-6)
 
 
+@pytest.mark.e2e
 def test_existing_run_folder_is_refused_unless_resumed(data_dir, tmp_path, capsys):
     _run(data_dir, tmp_path, "once", InProcessGrid(2, str(data_dir), run_id=21), "federation.num_rounds=1")
     before = (tmp_path / "once" / "rounds.jsonl").read_text()
@@ -94,6 +96,7 @@ def test_existing_run_folder_is_refused_unless_resumed(data_dir, tmp_path, capsy
     assert (tmp_path / "once" / "rounds.jsonl").read_text() == before  # nothing appended, nothing lost
 
 
+@pytest.mark.e2e
 def test_resume_with_a_different_config_is_refused(data_dir, tmp_path, capsys):
     with pytest.raises(_ServerKilled):
         _run(data_dir, tmp_path, "r", _DyingGrid(2, str(data_dir), run_id=31, die_at=2))
@@ -137,6 +140,7 @@ def test_a_full_disk_is_a_one_line_error_and_keeps_the_old_file(tmp_path, monkey
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"final_val": {"bleu": 1.0}}
 
 
+@pytest.mark.e2e
 @pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_a_resumed_run_with_kept_moments_equals_the_uninterrupted_one(data_dir, tmp_path, monkeypatch):
     """federation.optimizer_state=keep (the default): the CUs' Adam moments live on the CUs, not in the server's
@@ -164,6 +168,7 @@ def test_a_resumed_run_with_kept_moments_equals_the_uninterrupted_one(data_dir, 
         assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_without_the_cu_state_the_resumed_run_would_differ(data_dir, tmp_path, monkeypatch):
     """The reference for the test above: the same resume with the CU state files removed starts round 3 with

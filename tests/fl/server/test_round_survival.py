@@ -19,6 +19,8 @@ from collapipe_flwr.fl.server.server_main import run_server
 from collapipe_flwr.fl.server.training_watch import NothingTrained
 from tests.inprocess_grid import InProcessGrid
 
+pytestmark = pytest.mark.e2e
+
 BASE = (
     "task=translation model=transformer_tiny federation=tiny network=small federation.num_rounds=2 "
     "federation.local_steps=1 runtime.backend=local runtime.precision=fp32 task.batch_size=8 eval.max_examples=16 "

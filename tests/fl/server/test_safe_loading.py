@@ -157,6 +157,7 @@ def test_the_numpy_random_state_survives_a_weights_only_round_trip(tmp_path, odd
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
+@pytest.mark.e2e
 def test_a_resume_with_a_hostile_checkpoint_is_refused_before_anything_runs(data_dir, tmp_path, capsys):
     """The ServerApp's own path (run_server): a ConfigError with its one line on stderr, the code never run."""
     from collapipe_flwr.fl.server.server_main import run_server
@@ -309,6 +310,7 @@ def test_a_key_that_is_not_a_run_token_is_refused(cu_state, key):
     assert not (cu_state.parent / "escape").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_a_resumed_run_with_a_damaged_cu_state_file_stops_naming_it(data_dir, tmp_path, monkeypatch, capsys):
     """End to end: the CU's round fails with the file's name and reason, the server records it in the round's

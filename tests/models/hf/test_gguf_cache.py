@@ -196,6 +196,7 @@ print(gguf_cache.cached_base(folder, "tiny.gguf"))
 """
 
 
+@pytest.mark.e2e
 def test_two_processes_starting_at_once_build_one_entry(tiny, tmp_path):
     folder, cache, _ = tiny
     log, go = tmp_path / "builds", tmp_path / "go"

@@ -179,6 +179,7 @@ def runs(data_dir, cache, tmp_path_factory):
     return {lora: _run(data_dir, out, lora) for lora in (True, False)}
 
 
+@pytest.mark.e2e
 def test_a_lora_run_learns_and_uploads_only_adapters(runs):
     folder, rounds, grid = runs[True]
     losses = [r["train_loss"] for r in rounds[1:]]
@@ -194,6 +195,7 @@ def test_a_lora_run_learns_and_uploads_only_adapters(runs):
     assert all(set(d) == {"encoder"} and d["encoder"].keys() == grid.uploads[0]["encoder"].keys() for d in later)
 
 
+@pytest.mark.e2e
 def test_lora_uplink_is_20x_smaller_and_dssra_plans_with_it(runs):
     lora_up = [tensor_bytes(u) for u in runs[True][2].uploads]
     full_up = [tensor_bytes(u) for u in runs[False][2].uploads]
@@ -212,6 +214,7 @@ def test_lora_uplink_is_20x_smaller_and_dssra_plans_with_it(runs):
     assert lora_plan["round_delay_s"] < full_plan["round_delay_s"]
 
 
+@pytest.mark.e2e
 def test_a_saved_lora_run_holds_the_adapters_and_evaluates_to_its_last_perplexity(runs):
     folder, rounds, _ = runs[True]
     meta = json.loads((folder / "model" / "model.json").read_text())

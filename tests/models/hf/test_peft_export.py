@@ -123,6 +123,7 @@ def _peft_model(run, base):
     return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), run / "model" / "peft").eval()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_the_adapters_reload_through_peft_with_the_runs_perplexity(runs, name):
     run, base = runs[name]
@@ -140,6 +141,7 @@ def test_the_adapters_reload_through_peft_with_the_runs_perplexity(runs, name):
     assert _perplexity(AutoModelForCausalLM.from_pretrained(base), task) != pytest.approx(_perplexity(peft, task))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["llama", "gpt2", "scratch"])
 def test_the_merged_folder_loads_alone_with_base_plus_adapters_logits(runs, name, tmp_path):
     run, base = runs[name]
@@ -166,6 +168,7 @@ def _generate(argv):
     return texts, out.getvalue()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("source", ["merged", "adapters"])
 def test_greedy_generation_equals_transformers_generate_on_the_peft_model(runs, source):
     run, base = runs["llama"]
@@ -181,6 +184,7 @@ def test_greedy_generation_equals_transformers_generate_on_the_peft_model(runs, 
     assert texts == want and printed.splitlines() == want and all(want)
 
 
+@pytest.mark.e2e
 def test_sampling_follows_the_seed_and_a_scratch_base_loads_with_adapters(runs, data_dir):
     run, _ = runs["scratch"]
     args = [str(run), "--prompt", "a dog", "--temperature", "1.5", "--top-p", "0.9", "--max-new-tokens", "8"]
@@ -191,6 +195,7 @@ def test_sampling_follows_the_seed_and_a_scratch_base_loads_with_adapters(runs, 
     assert greedy == _generate([str(run), "--prompt", "a dog", "--max-new-tokens", "8"])[0]
 
 
+@pytest.mark.e2e
 def test_evaluate_prints_generated_samples_beside_perplexity(runs):
     run, _ = runs["gpt2"]
     out, err = io.StringIO(), io.StringIO()
@@ -200,6 +205,7 @@ def test_evaluate_prints_generated_samples_beside_perplexity(runs):
     assert len(samples) == 3 and out.getvalue().strip().splitlines()[-1].startswith("perplexity: ")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "args,match",
     [
@@ -230,6 +236,7 @@ def test_bad_generate_inputs_are_one_line_and_exit_2(runs, tmp_path, args, match
     assert out.getvalue() == ""
 
 
+@pytest.mark.e2e
 def test_the_command_line_refuses_a_missing_folder_in_one_line(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "collapipe_flwr.apps.generate", str(tmp_path / "nothing"), "--prompt", "a"],

@@ -21,6 +21,8 @@ from collapipe_flwr.system.devices import DeviceProfile
 from tests.runtimes import runtime
 from tests.tiny_models import tiny_bert
 
+pytestmark = pytest.mark.e2e
+
 ray = pytest.importorskip("ray")
 ADAM = OptimizerSpec(name="adam", lr=1e-3)
 DEVICE_RESOURCES = {"edge_box_0": 1.0, "edge_box_1": 1.0}

@@ -104,6 +104,7 @@ def test_the_choice_follows_where_the_actors_run():
         load_run_config(["runtime.handoff=disk"])
 
 
+@pytest.mark.e2e
 def test_folders_of_processes_that_are_gone_are_swept(tmp_path):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = shm_handoff.ParkingLot(tmp_path, tag="ab12", pid=int(gone.stdout))
@@ -149,6 +150,7 @@ def _train(model, batch, mode: str):
     return used, result.loss, {k: before[k] - after[k] for k in before}, left + still
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not shm_handoff.available(), reason="needs a writable /dev/shm")
 def test_a_ray_pipeline_trains_the_same_through_shared_memory(ray_session):
     import copy
@@ -219,6 +221,7 @@ def _weights_round_trips(mode: str, rounds: int = 6) -> tuple[float, bool]:
     return growth, all(torch.equal(first[k], last[k]) for k in first)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not shm_handoff.available(), reason="needs a writable /dev/shm")
 def test_weights_through_shared_memory_leave_no_object_store_pages_in_the_device(ray_session):
     """Through Ray's object store every read of a device's weights leaves the store's pages it wrote mapped into the
@@ -281,6 +284,7 @@ def _moves(mode: str, moves: int = 8) -> tuple[float, bool]:
     return growth, all(torch.equal(first[k], last[k]) for k in first)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not shm_handoff.available(), reason="needs a writable /dev/shm")
 def test_blocks_moved_through_shared_memory_leave_no_object_store_pages_in_the_device(ray_session):
     """A new delta moves blocks between live devices: through the object store their pages stay mapped into the
@@ -308,6 +312,7 @@ def _fresh_device_shmem(mode: str) -> tuple[float, bool]:
     return shmem, all(torch.equal(sent[k], got[k]) for k in sent)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not shm_handoff.available(), reason="needs a writable /dev/shm")
 def test_a_new_device_gets_its_first_segment_once_through_shared_memory(ray_session):
     """A device started for a plan receives its blocks once, by the hand-over the CU chose: not in its actor's

@@ -20,7 +20,7 @@ import pytest
 
 from tests.flower_env import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 def _smoke_run(data_dir: Path, out: Path, name: str) -> list[dict]:
