@@ -64,7 +64,7 @@ for folder in (HERE.parent, HERE):  # the package, and overhead/ beside this scr
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
-from overhead.bounds import gpipe_limit_S2, step_bound  # noqa: E402, F401  (read by tests/test_schedule_critical_path.py)
+from overhead.bounds import gpipe_limit_S2, step_bound  # noqa: E402, F401  (read by tests/pipeline/test_schedule_critical_path.py)
 from overhead.fair import fair_figures  # noqa: E402
 from overhead.model import DELTAS, SPEC, PlainTrainer, make_batch, make_model, plain_model_figures  # noqa: E402
 from overhead.pair import pair_figures  # noqa: E402

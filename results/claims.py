@@ -39,7 +39,7 @@ bound on the gain and are left out of a bound row (said in its cell).
 
 The sign comes first: an interval as wide as three noisy seeds give (-107% [-265, +51] against the paper's 15%)
 holds the paper's figure, yet a mean of the other sign reproduces nothing. A claim with no record to judge it is a
-row of its own with the verdict *no record*. ``tests/test_results_claims.py`` regenerates the table from the
+row of its own with the verdict *no record*. ``tests/results/test_results_claims.py`` regenerates the table from the
 records and fails when the committed text differs, and checks the rule on hand-built gains whose size misses.
 """
 

@@ -52,7 +52,7 @@ from learning_sections.runs import (  # noqa: E402
 )
 from reportlib.stats import mean_sd  # noqa: E402
 
-# read by tests/test_results_learning.py through this script
+# read by tests/results/test_results_learning.py through this script
 __all__ = ["central_section", "margin_verdict", "margins_section", "repeat_section", "grid_claims_section"]
 __all__ += ["max_loss_difference", "paired_gaps", "mean_sd"]
 

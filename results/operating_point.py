@@ -6,7 +6,7 @@ writes ``results/operating_point/table.md``: per run, how often DSSRA split the 
 often delta is uneven (not the equal split over the S devices used), how many rounds had a CU sit out, the wall
 time and the validation metric; and for every device-round the C7 bytes the planner modelled (gamma_rt +
 delta_k gamma_0) beside the peak the device measured, their median relative error per round, and the memory
-terms fitted on the peaks (``fl/server/memory_model.py``). ``tests/test_results_operating_point.py`` regenerates
+terms fitted on the peaks (``fl/server/memory_model.py``). ``tests/results/test_results_operating_point.py`` regenerates
 the table from the kept records and fails when the committed text differs.
 
 It also writes the ``federation=long`` runs at the new operating point (``long_<task>``, kept here the same way,

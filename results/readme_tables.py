@@ -2,9 +2,9 @@
 
 ``python results/readme_tables.py`` rewrites every block of ``results/README.md`` that lies between a line
 ``<!-- table:NAME -->`` and a line ``<!-- /table:NAME -->`` with what :data:`TABLES` [NAME] makes of the kept
-records; ``tests/test_results_readme_tables.py`` fails when a committed block differs. The prose around a block is
-written by hand and cites it. (The claims table has its own block and script, ``results/claims.py``; the testbed
-campaign's tables are files of their own, ``results/testbed_paper_tables.py``.)
+records; ``tests/results/test_results_readme_tables.py`` fails when a committed block differs. The prose around a
+block is written by hand and cites it. (The claims table has its own block and script, ``results/claims.py``; the
+testbed campaign's tables are files of their own, ``results/testbed_paper_tables.py``.)
 
 The trained-budget campaign (``results/trained/runs.csv``, ``trained/grid.md`` and the central references in
 ``results/trained/jobs/``, all from the records ``results/trained_learning.py`` keeps -- measured): the final
@@ -53,7 +53,7 @@ from readme_sections.optimizer import (  # noqa: E402
     lyapunov_table,
 )
 from readme_sections.trained import trained_claims, trained_final, trained_grid, trained_jobs  # noqa: E402
-from readme_sections.verdict import verdict  # noqa: E402, F401  (the rule, read by tests/test_results_readme_tables.py)
+from readme_sections.verdict import verdict  # noqa: E402, F401  (the rule, read by tests/results/test_results_readme_tables.py)
 
 README = RESULTS / "README.md"
 

@@ -13,7 +13,7 @@
 6. ``readme_tables``: every other marked table of ``README.md``.
 
 No job is run and nothing is downloaded; each script can still be run alone (its docstring says how). The tests
-under ``tests/test_results_*.py`` regenerate the same tables and fail when a committed one differs.
+under ``tests/results/test_results_*.py`` regenerate the same tables and fail when a committed one differs.
 """
 
 from __future__ import annotations

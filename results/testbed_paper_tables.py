@@ -2,7 +2,7 @@
 
 ``python results/testbed_paper_tables.py`` reads ``results/testbed_paper/records/j<J>/s<seed>/<run>.*`` (kept by
 ``results/testbed_paper.py``) and writes ``results/testbed_paper/runs.csv`` (one row per J, seed and run) and
-``results/testbed_paper/table.md``. ``tests/test_results_testbed_paper.py`` regenerates both from the records
+``results/testbed_paper/table.md``. ``tests/results/test_results_testbed_paper.py`` regenerates both from the records
 and fails when the committed text differs.
 
 How a round is measured. The server's clock from ``configure_train`` to the end of ``aggregate_train``

@@ -12,7 +12,7 @@ import torch
 from collapipe_flwr.config import resolve_data_dir
 from collapipe_flwr.errors import ConfigError
 
-# The data plane's fixtures (``transport``, ``served``), shared by the tests/test_dataplane*.py files.
+# The data plane's fixtures (``transport``, ``served``), shared by the tests/fl/dataplane/test_dataplane*.py files.
 pytest_plugins = ["tests.dataplane_helpers"]
 
 ROOT = Path(__file__).resolve().parent.parent

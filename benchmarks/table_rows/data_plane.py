@@ -12,7 +12,7 @@ CONF = Path(__file__).resolve().parent.parent.parent / "conf" / "config.yaml"
 
 
 def default_transport() -> str:
-    """``dataplane.transport`` as conf/config.yaml sets it (tests/test_config.py ties it to the
+    """``dataplane.transport`` as conf/config.yaml sets it (tests/config/test_config.py ties it to the
     code's default), read without importing the data plane package (torch, grpc: seconds at the driver's start)."""
     conf = yaml.safe_load(CONF.read_text(encoding="utf-8"))
     return str(conf["dataplane"]["transport"])

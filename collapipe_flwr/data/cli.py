@@ -32,7 +32,7 @@ and the fix).
   files). NOTE: the download itself was never run where this was written (no network): the record -> line
   converters (:func:`parallel_lines`, :func:`moses_lines`, :func:`bio_lines`, :func:`title_lines`) and the
   orchestration against stand-in ``datasets`` / ``huggingface_hub`` / ``sacremoses`` modules are
-  unit-tested offline (tests/test_data_command.py); the calls follow those libraries' documented APIs.
+  unit-tested offline (tests/data/test_data_command.py); the calls follow those libraries' documented APIs.
   The Hub's NER and TNEWS splits are larger than the copy the experiments were run on (docs/data.md).
 - neither: only checks DIR and prints the commands that would fetch what is missing.
 

@@ -1,6 +1,6 @@
 """``prepare --from-hub``: download the tasks' splits and the vocab from the Hugging Face Hub (``datasets``,
 ``huggingface_hub``, ``sacremoses`` for the tokenised Multi30K files) and write them in the layout. Only
-tested offline, against stand-in modules (tests/test_data_command.py)."""
+tested offline, against stand-in modules (tests/data/test_data_command.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The network namespace stands for the host: two processes on different machines, in different containers or in
 different Linux network namespaces have different ones, and the CU cannot tell this from its own side (device k's
 actor may be on another box). Linux names a namespace by the inode of ``/proc/<pid>/ns/net``; the deployment test
-(tests/test_deployment_hosts.py) compares it with the inode of ``/run/netns/<box>``.
+(tests/apps/test_deployment_hosts.py) compares it with the inode of ``/run/netns/<box>``.
 """
 
 from __future__ import annotations

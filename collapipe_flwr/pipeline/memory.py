@@ -111,7 +111,7 @@ def activation_bytes_per_token(hidden: int, ffn: int, heads: int, seq_len: int, 
     (LayerNorm inputs, Q/K/V, attention context and output, FFN input, FFN pre- and post-activation), a
     pre-LN ``nn.TransformerEncoderLayer`` about 4 H + 2 F; fused attention kernels keep no [T, T]
     probabilities, an eager kernel keeps h T per token, so that term is kept to stay an upper bound.
-    tests/test_pipeline_local.py checks estimate >= measured and <= 3x measured.
+    tests/pipeline/test_pipeline_local.py checks estimate >= measured and <= 3x measured.
     """
     return dtype_bytes * (8 * hidden + 2 * ffn + heads * seq_len)
 

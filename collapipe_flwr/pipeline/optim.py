@@ -54,7 +54,7 @@ def fused_kernel_fits(params) -> bool:
     """Whether torch's fused Adam / AdamW kernel takes ``params``: floating-point tensors on a CPU or a CUDA GPU.
     It updates each tensor in one pass instead of one op per moment: 3.9 ms instead of 10.6 ms for the six BERT
     blocks of benchmarks/pipeline_overhead.py on one CPU thread, the same update to 1e-6
-    (tests/test_optim_fused.py), and the CU's embedding, every device's segment and the server's decoder take
+    (tests/pipeline/test_optim_fused.py), and the CU's embedding, every device's segment and the server's decoder take
     one such step per local step."""
     return all(p.is_floating_point() and p.device.type in FUSED_DEVICES for p in params)
 

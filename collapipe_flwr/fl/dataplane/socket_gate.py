@@ -8,9 +8,9 @@ dripping bytes is closed as a silent one); at most ``max_pending_per_peer`` (128
 ``max_pending`` (256) in all wait, and a connection over either bound evicts the oldest pending one (of its own
 address, or of the address holding the most), never itself: a flood recycles its own connections, and a CU, which
 sends its hello at once, gets through even from the flood's own address (200 connections held open and reopened
-on loopback: every step served, ``tests/test_dataplane_flood.py``); a hello prefix over 4 KiB is refused before
-the body is read. A connection whose hello is whole (or refused on its prefix) leaves the gate's books and goes,
-socket and all, to the listener's ``on_hello``, which admits or refuses it (:mod:`.socket_server`).
+on loopback: every step served, ``tests/fl/dataplane/test_dataplane_flood.py``); a hello prefix over 4 KiB is
+refused before the body is read. A connection whose hello is whole (or refused on its prefix) leaves the gate's
+books and goes, socket and all, to the listener's ``on_hello``, which admits or refuses it (:mod:`.socket_server`).
 """
 
 from __future__ import annotations
