@@ -2,7 +2,8 @@
 
     python results/lyapunov.py [--rounds 200] [--out results/lyapunov] [hydra overrides ...]
 
-Drives the DSSRA policy (``scheduler=dssra``, the default config: network ``small``, N = 2 CUs, the
+Drives the DSSRA policy (``scheduler=dssra`` on network ``small``, the default of the config when the figures
+were first made and pinned here since, so they regenerate: N = 2 CUs, the
 transformer_small encoder counted on generic blocks, b = 64, one pipelined batch a round as in Algorithm 1:
 ``federation.local_steps=1`` unless overridden)
 over ``--rounds`` rounds of the system model's random channels (``StateSampler``), once per V in
@@ -67,8 +68,9 @@ def config_workload(cfg):
 def drive(cfg, workload, V: float, rounds: int) -> list[dict]:
     """One row per (round, cluster): the plan's S, m, Gamma_n, the queue Y_n it was planned with, the delay."""
     sched = dataclasses.replace(cfg.scheduler, V=V)
-    policy = make_policy(sched, cfg.network, workload, cfg.seed)
-    sampler = StateSampler(cfg.network, cfg.seed)
+    network = cfg.network.sized_to(workload.encoder_memory_bytes)  # a network giving memory as shares of the model
+    policy = make_policy(sched, network, workload, cfg.seed)
+    sampler = StateSampler(network, cfg.seed)
     rows = []
     for t in range(rounds):
         plan = policy.plan(t, sampler.sample(t))
@@ -95,7 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "lyapunov")
     args = ap.parse_args(argv)
-    cfg = load_run_config(["scheduler=dssra", "federation.local_steps=1", *args.overrides])
+    base = ["scheduler=dssra", "network=small", "federation.num_clusters=2", "federation.local_steps=1"]
+    cfg = load_run_config([*base, *args.overrides])
     workload = config_workload(cfg)
     runs = {V: drive(cfg, workload, V, args.rounds) for V in V_VALUES}
     args.out.mkdir(parents=True, exist_ok=True)
