@@ -315,7 +315,7 @@ def table() -> str:
         "cell is a lower bound (the baseline never reached the target; its rounds summed): reproduced only when it "
         'meets an "at least", direction only when it has the paper\'s sign, else -.',
         "",
-        *md.head(("claim", "task", "paper", "ours", "kind", "record", "verdict")),
+        *md.head("| claim | task | paper | ours | kind | record | verdict |"),
     ]
     channels = sorted({int(r["channels"]) for r in read_csv(TESTBED)}, reverse=True)
     testbed = [line for j in channels for line in testbed_rows(j)]

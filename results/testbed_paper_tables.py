@@ -233,15 +233,9 @@ def calibration(jobs: list[tuple[int, int, str, list[dict]]]) -> list[str]:
                     overhead.append(mod.overhead_s)
             for key in (f"J = {channels}", "all"):
                 per_round.setdefault(key, []).append((plan.round_delay_s, measured_round(r)))
-    columns = (
-        "eq. (26) alone against",
-        "runs",
-        "points",
-        "median abs. rel. error",
-        "p90",
-        "median modelled / measured",
+    lines = md.head(
+        "| eq. (26) alone against | runs | points | median abs. rel. error | p90 | median modelled / measured |"
     )
-    lines = md.head(columns)
     keys = sorted(per_round, key=lambda k: (k == "all", -int(k.split()[-1]) if k != "all" else 0))
     for name, found in (("the CU-side time (local steps + upload)", per_cu), ("the measured round", per_round)):
         for key in keys:
@@ -267,16 +261,13 @@ def _mean_sd(values: list[float]) -> str:
     return plus_minus(values, 1) if values else "-"
 
 
-METHOD_COLUMNS = (
-    *("J", "run", "seeds", "mean S", "reached target", "s to target", "round 1 s", "steady round s", "CU-side s"),
-    *("D2D link s", "upload s", "head s", "server + messaging s", "eq. (26) s", "peak device MiB (C7)"),
-    *("device compute s (modelled)", "devices lost for memory"),
-)
-
-
 def method_lines(rows: list[dict]) -> list[str]:
     """Per J and run: the means over seeds."""
-    lines = md.head(METHOD_COLUMNS)
+    lines = md.head(
+        "| J | run | seeds | mean S | reached target | s to target | round 1 s | steady round s | CU-side s | "
+        "D2D link s | upload s | head s | server + messaging s | eq. (26) s | peak device MiB (C7) | device "
+        "compute s (modelled) | devices lost for memory |"
+    )
     groups: dict[tuple[int, str], list[dict]] = {}
     for row in rows:
         groups.setdefault((row["channels"], row["run"]), []).append(row)

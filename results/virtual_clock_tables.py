@@ -147,12 +147,12 @@ def table(records_dir: Path = RECORDS) -> str:
         "and two of the clock's parts against their measured counterparts; relative error = (clock - measured) / "
         "measured.",
         "",
-        *md.head(("comparison", "rounds", "median abs. error", "p90 abs. error", "median signed error")),
+        *md.head("| comparison | rounds | median abs. error | p90 abs. error | median signed error |"),
     ]
     body = [line for plan, loaded in sorted(groups.items()) for line in group_lines(plan, loaded)]
     if not body:
         return "\n".join([*head, "| (no records yet) | 0 | - | - | - |"]) + "\n"
-    shares = ["", "Median share of each virtual part in the virtual steps:", "", *md.head(("plan", *PARTS))]
+    shares = ["", "Median share of each virtual part in the virtual steps:", "", *md.head(md.row(("plan", *PARTS)))]
     shares += [share_line(plan, loaded) for plan, loaded in sorted(groups.items())]
     return "\n".join([*head, *body, *shares]) + "\n"
 

@@ -32,6 +32,7 @@ OUT = RESULTS / "virtual_paper" / "table.md"
 CSV = RESULTS / "virtual_paper" / "runs.csv"
 VIRTUAL_PARTS = ("compute_s", "d2d_s", "cu_s", "uplink_s", "decoder_s", "setup_s")
 MODELLED_PARTS = ("compute_s", "d2d_s", "uplink_s")
+PART_COLUMNS = [("virtual", p) for p in VIRTUAL_PARTS] + [("modelled", p) for p in MODELLED_PARTS]
 
 
 def time_to_target(records: list[dict], target: float) -> tuple[float, int | None, float]:
@@ -116,18 +117,7 @@ def table(rows: list[dict]) -> str:
         "(`>=`: censored, the target not reached; the sum over every round is a lower bound).",
         "",
         *md.head(
-            (
-                "part",
-                "setting",
-                "seed",
-                "run",
-                "virtual s to target",
-                "round",
-                "final BLEU",
-                "wall s",
-                "peak MB",
-                "lost",
-            )
+            "| part | setting | seed | run | virtual s to target | round | final BLEU | wall s | peak MB | lost |"
         ),
     ]
     body = []
@@ -143,15 +133,7 @@ def table(rows: list[dict]) -> str:
         "The round by part (median over a job's rounds; virtual: the slowest cluster's, measured compute scaled, "
         "links from bytes; modelled: eq. (26)'s slowest cluster):",
         "",
-        *md.head(
-            (
-                "setting",
-                "seed",
-                "run",
-                *(f"virtual {p}" for p in VIRTUAL_PARTS),
-                *(f"modelled {p}" for p in MODELLED_PARTS),
-            )
-        ),
+        *md.head(md.row(("setting", "seed", "run", *(f"{kind} {p}" for kind, p in PART_COLUMNS)))),
     ]
     for r in rows:
         cells = [f"{r[f'virtual_{p}']:.2f}" for p in VIRTUAL_PARTS] + [

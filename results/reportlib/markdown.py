@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -11,9 +11,10 @@ def row(cells: Iterable[object]) -> str:
     return "| " + " | ".join(map(str, cells)) + " |"
 
 
-def head(columns: Sequence[str]) -> list[str]:
-    """A markdown table's header row over ``columns`` and its rule (``|---|`` a column)."""
-    return [row(columns), "|" + "---|" * len(columns)]
+def head(header: str) -> list[str]:
+    """A markdown table's ``header`` row (``| a | b |``; its cells parted by `` | ``) and the rule under it, a
+    ``---|`` for each of its columns."""
+    return [header, "|" + "---|" * len(header.strip()[2:-2].split(" | "))]
 
 
 def write(path: Path, text: str) -> None:
