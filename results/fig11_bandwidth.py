@@ -26,15 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fig7_8_methods import task_workload  # noqa: E402
 from fig11_policies import PAPER, SETTING, reductions, run_policies  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
 from reportlib import plots  # noqa: E402
 from reportlib.stats import mean_sd  # noqa: E402
 
 from collapipe_flwr.config import compose, load_run_config  # noqa: E402
 
 TABLE_HEAD = (
-    "| B_n^U scale | B_n^U (MHz) | DSSRA's uplink share | vs loss-only | vs delay-only | vs random "
-    "| DSSRA's worst mean Gamma_n |",
-    "|---|---|---|---|---|---|---|",
+    *md.head(
+        "| B_n^U scale | B_n^U (MHz) | DSSRA's uplink share | vs loss-only | vs delay-only | vs random "
+        "| DSSRA's worst mean Gamma_n |"
+    ),
 )
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
 import campaign  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "hf_lora"
 ROUNDS, STEPS, SEED = 5, 20, 0
@@ -96,14 +97,16 @@ def paired_rounds(runs: dict[str, list[dict]]) -> list[tuple[int, dict, dict]]:
 
 
 UPLOAD_HEAD = (
-    "| round | LoRA: bytes per CU (CU 0 / CU 1) | full: bytes per CU | full / LoRA | "
-    "planned uplink bits per CU, LoRA / full (eq. 11) |",
-    "|---|---|---|---|---|",
+    *md.head(
+        "| round | LoRA: bytes per CU (CU 0 / CU 1) | full: bytes per CU | full / LoRA | "
+        "planned uplink bits per CU, LoRA / full (eq. 11) |"
+    ),
 )
 PLAN_HEAD = (
-    "| round | LoRA plan (cluster: S, m, delta) | full fine-tuning plan | same plan | same S, m | "
-    "modelled round delay (eq. 26), LoRA / full |",
-    "|---|---|---|---|---|---|",
+    *md.head(
+        "| round | LoRA plan (cluster: S, m, delta) | full fine-tuning plan | same plan | same S, m | "
+        "modelled round delay (eq. 26), LoRA / full |"
+    ),
 )
 
 

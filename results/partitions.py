@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
 import campaign  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "partitions"
@@ -90,9 +91,10 @@ def sizes(partitions: dict) -> str:
 
 def report(root: Path, tasks: list[str], seed: int) -> str:
     lines = [
-        "| task | partition | final validation metric | vs IID | the extra domain's own validation | "
-        "clusters: examples (largest label's share) |",
-        "|---|---|---|---|---|---|",
+        *md.head(
+            "| task | partition | final validation metric | vs IID | the extra domain's own validation | "
+            "clusters: examples (largest label's share) |"
+        ),
     ]
     for task in tasks:
         metric = METRICS[task]

@@ -42,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
 import campaign  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
 from reportlib.records import read_jsonl_gz  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "pretrained_translation"
@@ -214,8 +215,7 @@ def report() -> str:
         f"answer's first line kept; BLEU: sacrebleu corpus BLEU (13a, cased) on the first {BLEU_N} Multi30K",
         f"validation pairs (raw cased references); target perplexity on the first {EVAL} pairs.",
         "",
-        "| model | seed | BLEU | target perplexity | wall s |",
-        "|---|---|---|---|---|",
+        *md.head("| model | seed | BLEU | target perplexity | wall s |"),
         f"| base, zero-shot | - | {base['metrics']['bleu']:.2f} | {base['metrics']['perplexity']:.2f} | "
         f"{base['wall_s']:.0f} |",
     ]

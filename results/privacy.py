@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
 import campaign  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "privacy"
@@ -43,8 +44,7 @@ def final(folder: Path) -> tuple[float | None, float | None]:
 
 def report(root: Path) -> str:
     lines = [
-        "| privacy | overrides | sigma per parameter | final val BLEU | vs none | last train loss |",
-        "|---|---|---|---|---|---|",
+        *md.head("| privacy | overrides | sigma per parameter | final val BLEU | vs none | last train loss |"),
     ]
     base, _ = final(root / "s0" / "none")
     for name, overrides in SETTINGS.items():

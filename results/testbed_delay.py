@@ -37,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
 import campaign  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 COMMON = (
@@ -259,8 +260,7 @@ def report(root: Path, out: Path) -> dict:
     ]
     if per_round:
         lines += [
-            "| run | seeds | measured s / round | modelled eq. (26) s / round | measured s to target loss |",
-            "|---|---|---|---|---|",
+            *md.head("| run | seeds | measured s / round | modelled eq. (26) s / round | measured s to target loss |"),
         ]
         for name, (mean, sd, n) in per_round.items():
             tt = to_target.get(name)

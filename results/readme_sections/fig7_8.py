@@ -8,6 +8,7 @@ import csv
 import statistics
 from pathlib import Path
 
+from reportlib import markdown as md
 from reportlib.markdown import table_rows
 from reportlib.stats import mean_sd
 
@@ -48,8 +49,9 @@ def reductions(folder: str, baseline: str, column: str = "compute_s") -> list[fl
 
 def fig7_8_margins() -> list[str]:
     lines = [
-        "| paper's metric and task | paper | ours, paper's model size | verdict | ours, small model | verdict |",
-        "|---|---|---|---|---|---|",
+        *md.head(
+            "| paper's metric and task | paper | ours, paper's model size | verdict | ours, small model | verdict |"
+        ),
     ]
     for fig, task in (("Fig. 7", "translation"), ("Fig. 8", "classification")):
         for baseline, name in BASELINE_NAMES.items():
@@ -105,9 +107,11 @@ def fig7_8_compute() -> list[str]:
 
 def fig7_8_round_delay() -> list[str]:
     lines = [
-        "| CollaPipe vs | translation (paper size / small) | classification (paper size / small) | ner (paper size / "
-        "small) |",
-        "|---|---|---|---|",
+        *md.head(
+            "| CollaPipe vs | translation (paper size / small) | classification (paper size / small) "
+            "| ner (paper size / "
+            "small) |"
+        ),
     ]
     for baseline, name in BASELINE_NAMES.items():
         cells = [
@@ -136,9 +140,10 @@ def table3_memory() -> list[str]:
         rows = table_rows(FIG7_8 / folder / "table.md")
         tables[folder] = {r[0]: (float(r[4]), float(r[5])) for r in rows if len(r) == 6 and r[0] in PAPER_TABLE3}
     lines = [
-        "| method | paper: memory / data users | ours, BERT-base classification | ours, BERT-base NER | ours, "
-        "bert_small classification | largest device below VanillaFL's (the three columns) |",
-        "|---|---|---|---|---|---|",
+        *md.head(
+            "| method | paper: memory / data users | ours, BERT-base classification | ours, BERT-base NER | ours, "
+            "bert_small classification | largest device below VanillaFL's (the three columns) |"
+        ),
     ]
     names = {"collapipe": "CollaPipe", **BASELINE_NAMES}
     for method, paper in PAPER_TABLE3.items():
@@ -169,9 +174,10 @@ def fig7_8_device_spread() -> list[str]:
         return " / ".join(out) + "%"
 
     lines = [
-        "| a | slowest device vs its cluster's mean | Fig. 7 translation: vs w/o SS / VanillaFL / TITANIC / PipeLine | "
-        "Fig. 8 classification: the same |",
-        "|---|---|---|---|",
+        *md.head(
+            "| a | slowest device vs its cluster's mean "
+            "| Fig. 7 translation: vs w/o SS / VanillaFL / TITANIC / PipeLine | Fig. 8 classification: the same |"
+        ),
     ]
     for t_row, c_row in zip(per_task["translation"], per_task["classification"]):
         if t_row[0] == "paper":

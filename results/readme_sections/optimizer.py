@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from reportlib import markdown as md
 from reportlib.markdown import name_values, table_rows
 from reportlib.stats import mean_sd
 
@@ -26,9 +27,10 @@ def fig11_policies() -> list[str]:
     by = {(r["policy"], r["seed"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows if r["policy"] == "dssra"}, key=int)
     lines = [
-        "| paper's metric and task: total delay reduction, DSSRA vs | paper | ours, mean +- sd | verdict | worst "
-        "cluster's mean Gamma_n (DSSRA / it) |",
-        "|---|---|---|---|---|",
+        *md.head(
+            "| paper's metric and task: total delay reduction, DSSRA vs | paper | ours, mean +- sd | verdict | worst "
+            "cluster's mean Gamma_n (DSSRA / it) |"
+        ),
     ]
     for policy, paper in PAPER_FIG11.items():
         red = [
@@ -59,8 +61,7 @@ def fig4_grid() -> list[str]:
     s_first, s_last, m_last = s_values[0], s_values[-1], m_values[-1]
     corner = grid[s_first, m1]
     return [
-        "| paper's metric and task | paper | ours |",
-        "|---|---|---|",
+        *md.head("| paper's metric and task | paper | ours |"),
         '| round time over S x m, even delta, Transformer: is there an interior optimal (S, m)? | "there is always an '
         f'optimal S and m" | {"yes" if s_first < S < s_last and m_values[0] < m < m_last else "no"}: best S = {S}, '
         f"m = {m}, {best:.2f} s |",
@@ -75,9 +76,11 @@ def fig4_grid() -> list[str]:
 def lyapunov_table() -> list[str]:
     """Y_n and Gamma_n over V (``lyapunov/<setting>/figures.txt``, ``results/lyapunov.py``: modelled)."""
     lines = [
-        "| setting | V | mean round delay (s) | worst cluster's mean Gamma_n | Gamma^max | share of rounds with some "
-        "Y_n > 0 | max Y_n |",
-        "|---|---|---|---|---|---|---|",
+        *md.head(
+            "| setting | V | mean round delay (s) | worst cluster's mean Gamma_n | Gamma^max "
+            "| share of rounds with some "
+            "Y_n > 0 | max Y_n |"
+        ),
     ]
     for setting, first in (("default", "default (small, N = 2)"), ("selection", "selection (N = 10, J = 4)")):
         fig = name_values(RESULTS / "lyapunov" / setting / "figures.txt")
@@ -95,9 +98,10 @@ def fig11_uplink_share() -> list[str]:
     ``results/fig11_uplink_share.py --seeds 0``: modelled)."""
     fig = name_values(RESULTS / "fig11" / "uplink_share.txt")
     lines = [
-        "| policy (seed 0) | mean round delay (s) | of it tau^pipe (s) | of it uplink (s) | uplink share | CUs "
-        "selected per round |",
-        "|---|---|---|---|---|---|",
+        *md.head(
+            "| policy (seed 0) | mean round delay (s) | of it tau^pipe (s) | of it uplink (s) | uplink share | CUs "
+            "selected per round |"
+        ),
     ]
     for policy, name in (
         ("dssra", "DSSRA"),
@@ -137,9 +141,11 @@ def fig11_bandwidth() -> list[str]:
     """Fig. 11's margins as the uplink bandwidth grows (``fig11/bandwidth/table.md``, ``results/fig11_bandwidth.py``:
     modelled); **bold**: within ``MATCH_PP`` of the paper's margin with its sign."""
     lines = [
-        "| B_n^U scale (MHz) | DSSRA's uplink share | vs loss-only (paper 46.44%) | vs delay-only (15.48%) | vs random "
-        "(7.12%) |",
-        "|---|---|---|---|---|",
+        *md.head(
+            "| B_n^U scale (MHz) | DSSRA's uplink share | vs loss-only (paper 46.44%) | vs delay-only (15.48%) "
+            "| vs random "
+            "(7.12%) |"
+        ),
     ]
     for cells in table_rows(RESULTS / "fig11" / "bandwidth" / "table.md"):
         if cells[0] == "paper":

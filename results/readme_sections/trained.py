@@ -10,6 +10,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from reportlib import markdown as md
 from reportlib.markdown import section_rows
 from reportlib.stats import mean_sd
 
@@ -73,9 +74,10 @@ def trained_grid(task: str) -> list[str]:
     _, label, _ = METRIC[task]
     metric_digits, loss_digits, gap_digits = (2, 3, 3) if task == "translation" else (3, 4, 4)
     lines = [
-        f"| S | m | final {label} | final train loss | largest per-round loss gap to S = 1, m = 1 | modelled delay "
-        "(s) |",
-        "|---|---|---|---|---|---|",
+        *md.head(
+            f"| S | m | final {label} | final train loss | largest per-round loss gap to S = 1, m = 1 | modelled delay "
+            "(s) |"
+        ),
     ]
     with (TRAINED / "runs.csv").open(newline="", encoding="utf-8") as f:
         full = {
@@ -112,8 +114,7 @@ def trained_claims() -> list[str]:
     learning = (TRAINED / "learning.md").read_text(encoding="utf-8")
     grid = (TRAINED / "grid.md").read_text(encoding="utf-8")
     lines = [
-        "| figure | task | paper | compared | ours | noise | verdict |",
-        "|---|---|---|---|---|---|---|",
+        *md.head("| figure | task | paper | compared | ours | noise | verdict |"),
     ]
     for task in ("translation", "classification", "ner"):
         for figure, paper, baseline, gap, floor, verdict_text in _section_table(
@@ -150,8 +151,7 @@ def trained_jobs() -> list[str]:
         if seconds is not None:
             taken.setdefault((job.task, job.name.split("/")[1]), []).append(seconds)
     lines = [
-        "| part | jobs | hours here | one job, seconds (fastest - slowest) |",
-        "|---|---|---|---|",
+        *md.head("| part | jobs | hours here | one job, seconds (fastest - slowest) |"),
     ]
     for task in ("translation", "classification", "ner"):
         parts = [p for p in TRAINED_PARTS if (task, p) in taken]
