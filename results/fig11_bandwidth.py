@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"uplink_share_dssra_bw_x{scale:g}: {share:.3f}")
         rows.append(row)
         mhz = f"{bw[0] / 1e6:.4g}-{bw[-1] / 1e6:.4g}"
-        lines.append(f"| x{scale:g} | {mhz} | {share:.3f} | " + " | ".join(cells) + f" | {gamma:.3f} |")
-    lines.append("| paper | - | - | " + " | ".join(f"{v}%" for v in PAPER.values()) + " | - |")
+        lines.append(md.row((f"x{scale:g}", mhz, f"{share:.3f}", *cells, f"{gamma:.3f}")))
+    lines.append(md.row(("paper", "-", "-", *(f"{v}%" for v in PAPER.values()), "-")))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     plt = plots.pyplot()

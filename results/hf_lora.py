@@ -76,11 +76,11 @@ def uploads(record: dict) -> list[int | None]:
 
 
 def perplexity_table(runs: dict[str, list[dict]]) -> list[str]:
-    lines = ["| round | LoRA perplexity | full fine-tuning perplexity |", "|---|---|---|"]
+    lines = md.head("| round | LoRA perplexity | full fine-tuning perplexity |")
     by_round = {name: {r["round"]: r.get("val_perplexity") for r in recs} for name, recs in runs.items()}
     for t in sorted(set().union(*(b.keys() for b in by_round.values()))):
         cells = [by_round[name].get(t) for name in JOBS]
-        lines.append(f"| {t} | " + " | ".join("-" if v is None else f"{v:.1f}" for v in cells) + " |")
+        lines.append(md.row((t, *("-" if v is None else f"{v:.1f}" for v in cells))))
     return lines
 
 

@@ -268,7 +268,7 @@ def report(root: Path, out: Path) -> dict:
             lines.append(f"| {name} | {n} | {mean:.2f} +- {sd:.2f} | {modelled[name][0]:.2f} | {tt_text} |")
         lines.append("")
     if value:
-        lines += ["| seed | slow device | profile | measured s / round | modelled s / round |", "|---|---|---|---|---|"]
+        lines += md.head("| seed | slow device | profile | measured s / round | modelled s / round |")
         for row in sorted(value, key=lambda r: (r["seed"], r["slow_device"], r["profile"])):
             lines.append(
                 f"| {row['seed']} | {row['slow_device']} | {row['profile']} | {row['measured_s_per_round']:.2f} | "

@@ -4,12 +4,12 @@ seeds (as ``results/fig7_8_methods.py`` computes it)."""
 
 from __future__ import annotations
 
-import csv
 import statistics
 from pathlib import Path
 
 from reportlib import markdown as md
 from reportlib.markdown import table_rows
+from reportlib.records import read_csv
 from reportlib.stats import mean_sd
 
 from readme_sections.verdict import BASELINE_NAMES, PAPER, PAPER_VANILLA_VS_PIPELINE, verdict
@@ -32,11 +32,10 @@ MODELS = {
 
 def methods(folder: str) -> dict[str, dict[str, dict[str, float]]]:
     """{method: {seed: {column: value}}} of ``fig7_8/<folder>/methods.csv``."""
-    with (FIG7_8 / folder / "methods.csv").open(newline="", encoding="utf-8") as f:
-        out: dict[str, dict[str, dict[str, float]]] = {}
-        for row in csv.DictReader(f):
-            values = {k: float(v) for k, v in row.items() if k not in ("method", "seed")}
-            out.setdefault(row["method"], {})[row["seed"]] = values
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for row in read_csv(FIG7_8 / folder / "methods.csv"):
+        values = {k: float(v) for k, v in row.items() if k not in ("method", "seed")}
+        out.setdefault(row["method"], {})[row["seed"]] = values
     return out
 
 
@@ -89,7 +88,7 @@ def _plan_value(value: float, always_decimals: bool) -> str:
 def fig7_8_compute() -> list[str]:
     order = ("collapipe", "collapipe_no_ss", "vanilla_fl", "titanic", "pipeline")
     names = {"collapipe": "CollaPipe", **BASELINE_NAMES, "collapipe_no_ss": "w/o SS"}
-    lines = [f"| task, model | {' | '.join(names[m] for m in order)} |", "|---|" + "---|" * len(order)]
+    lines = md.head(md.row(("task, model", *(names[m] for m in order))))
     for sizes in zip(*SIZES.values()):
         for folder in sizes:
             task = folder.removesuffix("_paper_size")

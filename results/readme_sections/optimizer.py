@@ -3,13 +3,13 @@ uplink share and bandwidth sensitivity, and the Lyapunov settings, from the file
 
 from __future__ import annotations
 
-import csv
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 from reportlib import markdown as md
 from reportlib.markdown import name_values, table_rows
+from reportlib.records import read_csv
 from reportlib.stats import mean_sd
 
 from readme_sections.verdict import MATCH_PP, verdict
@@ -22,8 +22,7 @@ def fig11_policies() -> list[str]:
     """DSSRA's total-delay reduction against each scheduling baseline (``fig11/policies.csv``: the planner over
     the system model, 150 rounds, seeds 0, 1, 2 -- modelled), per seed then mean +- sd, with the worst cluster's
     mean Gamma_n (C10)."""
-    with (RESULTS / "fig11" / "policies.csv").open(newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(RESULTS / "fig11" / "policies.csv")
     by = {(r["policy"], r["seed"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows if r["policy"] == "dssra"}, key=int)
     lines = [
@@ -52,8 +51,7 @@ def fig11_policies() -> list[str]:
 def fig4_grid() -> list[str]:
     """Fig. 4's corners and optimum of the round time over S x m with an even delta (``fig4/grid.csv``: the
     system model, modelled)."""
-    with (RESULTS / "fig4" / "grid.csv").open(newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(RESULTS / "fig4" / "grid.csv")
     grid = {(int(k[1:]), int(r["m"])): float(v) for r in rows for k, v in r.items() if k.startswith("S")}
     (S, m), best = min(grid.items(), key=lambda kv: kv[1])
     s_values, m_values = sorted({k[0] for k in grid}), sorted({k[1] for k in grid})
@@ -110,7 +108,7 @@ def fig11_uplink_share() -> list[str]:
         ("random", "random"),
     ):
         keys = ("mean_delay_s", "mean_pipeline_s", "mean_uplink_s", "uplink_share", "mean_selected")
-        lines.append(f"| {name} | " + " | ".join(fig[f"{k}_{policy}"] for k in keys) + " |")
+        lines.append(md.row((name, *(fig[f"{k}_{policy}"] for k in keys))))
     return lines
 
 
@@ -120,15 +118,14 @@ def fig5_clusters() -> list[str]:
     fig = name_values(RESULTS / "fig5" / "figures.txt")
     n = sorted(int(k[2:]) for k in fig if k.startswith("S_"))
 
+    clusters = [f"ours, cluster {i}" if i == n[0] else f"cluster {i}" for i in n]
+
     def row(label: str, paper: str, key: str, fmt: Callable[[str], str] = str, bold: bool = False) -> str:
         cells = [fmt(fig[f"{key}_{i}"]) for i in n]
-        return f"| {label} | {paper} | " + " | ".join(f"**{c}**" if bold else c for c in cells) + " |"
+        return md.row((label, paper, *(f"**{c}**" if bold else c for c in cells)))
 
     return [
-        "| paper's metric (BERT, heterogeneous clusters) | paper | "
-        + " | ".join(f"ours, cluster {i}" if i == n[0] else f"cluster {i}" for i in n)
-        + " |",
-        "|---|---|" + "---|" * len(n),
+        *md.head(md.row(("paper's metric (BERT, heterogeneous clusters)", "paper", *clusters))),
         row("optimal S", "5 / 4 / 3", "S", bold=True),
         row("optimal m", "14 / 11 / 9", "m"),
         row("pipeline delay at the optimum (s)", "-", "pipeline_s", lambda v: f"{float(v):.2f}"),
