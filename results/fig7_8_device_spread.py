@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         row, line = _spread_step(args, model_name, workload, a)
         rows.append(row)
         lines.append(line)
-    lines.append(md.row(("paper", "", "", "", *(f"{PAPER_MARGINS[b]:.2f}%" for b in bases), "")))
+    lines.append("| paper | | | | " + " | ".join(f"{PAPER_MARGINS[b]:.2f}%" for b in bases) + " | |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     _plot_margins(rows, args)

@@ -3,13 +3,12 @@ and the settings both share (the runs' sizes, the seeds, how many examples each 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/reportlib, run as a script or loaded by path
 from reportlib import markdown as md  # noqa: E402
-from reportlib.records import read_jsonl_gz  # noqa: E402
+from reportlib.records import read_json, read_jsonl_gz  # noqa: E402
 from reportlib.stats import mean_sd  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "pretrained_lora"
@@ -62,7 +61,7 @@ ROWS = (  # the comparison's models: (record name prefix, what the row says)
 def record(name: str) -> dict | None:
     """The kept JSON record ``name`` (without .json), None when it is not there (yet)."""
     path = OUT / f"{name}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path) if path.is_file() else None
 
 
 def seeds_of(prefix: str) -> list[int]:
@@ -285,8 +284,8 @@ def memory_table(memory: dict) -> list[str]:
 
 
 def report() -> str:
-    memory = json.loads((OUT / "memory.json").read_text())
-    samples = json.loads((OUT / "samples.json").read_text())
+    memory = read_json(OUT / "memory.json")
+    samples = read_json(OUT / "samples.json")
     lines = [
         "# Federated LoRA on a pretrained LLM (SmolLM2-135M-Instruct), issues 46 and 66",
         "",

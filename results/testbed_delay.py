@@ -38,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
 import campaign  # noqa: E402
 from reportlib import markdown as md  # noqa: E402
+from reportlib.records import read_jsonl  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 COMMON = (
@@ -85,8 +86,7 @@ def run_job(root: Path, job: Job) -> bool:
 
 # ----------------------------------------------------------------------------- reading a run
 def _rounds(folder: Path) -> list[dict]:
-    lines = (folder / "rounds.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r.get("round", 0) > 0 and "modelled" in r]
+    return [r for r in read_jsonl(folder / "rounds.jsonl") if r.get("round", 0) > 0 and "modelled" in r]
 
 
 def cluster_rows(folder: Path) -> list[dict]:
