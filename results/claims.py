@@ -45,12 +45,13 @@ records and fails when the committed text differs, and checks the rule on hand-b
 
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from reportlib import markdown as md
+from reportlib.records import read_csv
 from scipy import stats
 
 RESULTS = Path(__file__).resolve().parent
@@ -126,11 +127,6 @@ class Paired:
         return f"{self.mean:+.2f}% [{self.mean - self.half_width:+.2f}, {self.mean + self.half_width:+.2f}]"
 
 
-def _rows(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
-
-
 def paired(rows: list[dict[str, str]], baseline: str, column: str, lower_is_better: bool) -> Paired:
     """CollaPipe against ``baseline`` on ``column``, paired by seed (only seeds both have)."""
     ours = {r["seed"]: float(r[column]) for r in rows if r["method"] == "collapipe"}
@@ -144,7 +140,7 @@ def paired(rows: list[dict[str, str]], baseline: str, column: str, lower_is_bett
 
 def row(claim: str, task: str, paper: PaperFigure, p: Paired, kind: str, source: str) -> str:
     """One line of the table: the claim, the paper's figure, ours with its interval, and the verdict."""
-    return f"| {claim} | {task} | {paper.cell()} | {p.cell()} | {kind} | {source} | {p.verdict(paper)} |"
+    return md.row((claim, task, paper.cell(), p.cell(), kind, source, p.verdict(paper)))
 
 
 def latency_floor() -> PaperFigure:
@@ -169,9 +165,9 @@ def unrecorded_rows() -> list[str]:
         ("convergence within 15 rounds (Fig. 6c)", "translation", "15 rounds", "`trained/learning.md` (Fig. 6)"),
         ("(S, m) = (2, 2) learns best (Fig. 9)", "translation", "(2, 2)", "`trained/grid.md` (Fig. 9)"),
     ]
+    no_record = "no testbed or virtual-clock record yet; learning read in {}"
     return [
-        f"| {claim} | {task} | {paper} | - | no testbed or virtual-clock record yet; learning read in {where} | - "
-        "| no record |"
+        md.row((claim, task, paper, "-", no_record.format(where), "-", "no record"))
         for claim, task, paper, where in claims
     ]
 
@@ -179,7 +175,7 @@ def unrecorded_rows() -> list[str]:
 def delay_rows() -> list[str]:
     lines = []
     for task, folder in FIG7_8.items():
-        rows = _rows(RESULTS / "fig7_8" / folder / "methods.csv")
+        rows = read_csv(RESULTS / "fig7_8" / folder / "methods.csv")
         source = f"`fig7_8/{folder}/methods.csv`"
         for baseline in BASELINES:
             p = paired(rows, baseline, "compute_s", lower_is_better=True)
@@ -195,7 +191,7 @@ def delay_rows() -> list[str]:
 def quality_rows() -> list[str]:
     """The campaign ran before issue 43's operating point (network=small), where CollaPipe seldom split: its mean S
     per task is shown with each row."""
-    rows = [r for r in _rows(RESULTS / "trained" / "runs.csv") if r["part"] == "methods" and r["ok"] == "True"]
+    rows = [r for r in read_csv(RESULTS / "trained" / "runs.csv") if r["part"] == "methods" and r["ok"] == "True"]
     lines = []
     for task in QUALITY_TASKS:
         task_rows = [r for r in rows if r["task"] == task]
@@ -210,7 +206,7 @@ def quality_rows() -> list[str]:
 
 def testbed_runs(channels: int) -> list[dict[str, str]]:
     """The testbed campaign's rows at J = ``channels``, CollaPipe (the ``dssra`` run) named ``collapipe``."""
-    rows = [r for r in _rows(TESTBED) if int(r["channels"]) == channels]
+    rows = [r for r in read_csv(TESTBED) if int(r["channels"]) == channels]
     return [{**r, "method": "collapipe" if r["run"] == "dssra" else r["run"]} for r in rows]
 
 
@@ -239,8 +235,7 @@ def testbed_rows(channels: int) -> list[str]:
             p = paired([r for r in rows if r["seed"] in both], baseline, "measured_s_to_target", lower_is_better=True)
             lines.append(row(claim, task, paper, p, kind, source))
         else:
-            missing = "no seed where both reached it"
-            lines.append(f"| {claim} | {task} | {paper.cell()} | {missing} | {kind} | {source} | - |")
+            lines.append(md.row((claim, task, paper.cell(), "no seed where both reached it", kind, source, "-")))
         p = paired(rows, baseline, "steady_round_s", lower_is_better=True)
         lines.append(row(f"steady measured round below {baseline}", task, paper, p, "measured (testbed)", source))
     for baseline in BASELINES:
@@ -263,7 +258,7 @@ def bound_row(claim: str, task: str, paper: PaperFigure, rows: list[dict[str, st
     seeds = len(p.gains)
     cell = f">= {p.mean:+.2f}% (a lower bound: {baseline} censored in {censored} of {seeds} seed(s))"
     kind = "virtual clock (censored: the baseline's rounds summed)"
-    return f"| {claim} | {task} | {paper.cell()} | {cell} | {kind} | {source} | {p.bound_verdict(paper)} |"
+    return md.row((claim, task, paper.cell(), cell, kind, source, p.bound_verdict(paper)))
 
 
 def virtual_rows() -> list[str]:
@@ -273,7 +268,7 @@ def virtual_rows() -> list[str]:
         return []
     rows = [
         {**r, "method": "collapipe" if r["run"] == "dssra" else r["run"]}
-        for r in _rows(VIRTUAL)
+        for r in read_csv(VIRTUAL)
         if r["part"] == "paper"
     ]
     source = "`virtual_paper/runs.csv`"
@@ -296,9 +291,7 @@ def virtual_rows() -> list[str]:
                 chosen = [r for r in mine if r["seed"] in both | censored]
                 lines.append(bound_row(claim, task, paper, chosen, baseline, source))
             elif any(r["method"] == baseline for r in mine):
-                lines.append(
-                    f"| {claim} | {task} | {paper.cell()} | no seed where both reached it | {kind} | {source} | - |"
-                )
+                lines.append(md.row((claim, task, paper.cell(), "no seed where both reached it", kind, source, "-")))
             if any(r["method"] == baseline for r in mine):
                 p = paired(mine, baseline, "virtual_round_median_s", lower_is_better=True)
                 lines.append(row(f"median virtual round below {baseline}", task, paper, p, "virtual clock", source))
@@ -322,10 +315,9 @@ def table() -> str:
         "cell is a lower bound (the baseline never reached the target; its rounds summed): reproduced only when it "
         'meets an "at least", direction only when it has the paper\'s sign, else -.',
         "",
-        "| claim | task | paper | ours | kind | record | verdict |",
-        "|---|---|---|---|---|---|---|",
+        *md.head("| claim | task | paper | ours | kind | record | verdict |"),
     ]
-    channels = sorted({int(r["channels"]) for r in _rows(TESTBED)}, reverse=True)
+    channels = sorted({int(r["channels"]) for r in read_csv(TESTBED)}, reverse=True)
     testbed = [line for j in channels for line in testbed_rows(j)]
     return "\n".join([*head, *delay_rows(), *quality_rows(), *testbed, *virtual_rows(), *unrecorded_rows()]) + "\n"
 
@@ -345,9 +337,8 @@ def readme_with(text: str, readme: str) -> str:
 
 
 def main() -> None:
-    OUT.parent.mkdir(parents=True, exist_ok=True)
     text = table()
-    OUT.write_text(text, encoding="utf-8")
+    md.write(OUT, text)
     README.write_text(readme_with(text, README.read_text(encoding="utf-8")), encoding="utf-8")
     print(f"wrote {OUT} and the claims block of {README}")
 

@@ -26,15 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fig7_8_methods import task_workload  # noqa: E402
 from fig11_policies import PAPER, SETTING, reductions, run_policies  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
 from reportlib import plots  # noqa: E402
 from reportlib.stats import mean_sd  # noqa: E402
 
 from collapipe_flwr.config import compose, load_run_config  # noqa: E402
 
 TABLE_HEAD = (
-    "| B_n^U scale | B_n^U (MHz) | DSSRA's uplink share | vs loss-only | vs delay-only | vs random "
-    "| DSSRA's worst mean Gamma_n |",
-    "|---|---|---|---|---|---|---|",
+    *md.head(
+        "| B_n^U scale | B_n^U (MHz) | DSSRA's uplink share | vs loss-only | vs delay-only | vs random "
+        "| DSSRA's worst mean Gamma_n |"
+    ),
 )
 
 
@@ -77,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"uplink_share_dssra_bw_x{scale:g}: {share:.3f}")
         rows.append(row)
         mhz = f"{bw[0] / 1e6:.4g}-{bw[-1] / 1e6:.4g}"
-        lines.append(f"| x{scale:g} | {mhz} | {share:.3f} | " + " | ".join(cells) + f" | {gamma:.3f} |")
-    lines.append("| paper | - | - | " + " | ".join(f"{v}%" for v in PAPER.values()) + " | - |")
+        lines.append(md.row((f"x{scale:g}", mhz, f"{share:.3f}", *cells, f"{gamma:.3f}")))
+    lines.append(md.row(("paper", "-", "-", *(f"{v}%" for v in PAPER.values()), "-")))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     plt = plots.pyplot()

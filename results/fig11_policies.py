@@ -24,6 +24,7 @@ if str(ROOT) not in sys.path:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fig7_8_methods import task_workload  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
 from reportlib import plots  # noqa: E402
 from reportlib.stats import mean_sd  # noqa: E402
 
@@ -67,9 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         f"# Fig. 11 in the model: N = 10 CUs, J = 4 channels, {args.rounds} rounds, seeds {seeds}",
         "",
-        "| DSSRA vs | total delay reduction, mean +- sd over seeds | paper "
-        "| worst cluster's mean Gamma_n (DSSRA / it) |",
-        "|---|---|---|---|",
+        *md.head(
+            "| DSSRA vs | total delay reduction, mean +- sd over seeds | paper "
+            "| worst cluster's mean Gamma_n (DSSRA / it) |"
+        ),
     ]
     for p, paper in PAPER.items():
         per_seed = reductions(results, p, args.seeds)

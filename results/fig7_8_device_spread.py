@@ -37,11 +37,13 @@ from fig7_8_methods import (  # noqa: E402
     run_method,
     task_workload,
 )
+from reportlib import markdown as md  # noqa: E402
 from reportlib import plots  # noqa: E402
 from reportlib.stats import mean_sd  # noqa: E402
 
 from collapipe_flwr.config import load_run_config  # noqa: E402
 
+SPREAD_COLUMNS = ("a", "f_k (GHz)", "phi_k", "slowest device vs its cluster's mean")
 PAPER_MARGINS = {**PAPER, "collapipe_no_ss": reduction(1, 1 + PAPER_NO_SS_INCREASE / 100)}
 
 
@@ -80,10 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         f"# Figs. 7-8's margins against the device spread: {args.task} ({model_name}), {args.rounds} rounds, "
         f"seeds {', '.join(map(str, args.seeds))}; CollaPipe's reduction of the accumulated on-device compute",
         "",
-        "| a | f_k (GHz) | phi_k | slowest device vs its cluster's mean | "
-        + " | ".join(f"vs {b}" for b in bases)
-        + " | CollaPipe's mean S |",
-        "|---" * (5 + len(bases)) + "|",
+        *md.head(md.row((*SPREAD_COLUMNS, *(f"vs {b}" for b in bases), "CollaPipe's mean S"))),
     ]
     rows = []
     for a in args.steps:
@@ -116,8 +115,9 @@ def _spread_step(args: argparse.Namespace, model_name: str, workload, a: float) 
     mean_S = float(np.mean([np.mean(runs[("collapipe", s)]["S"]) for s in args.seeds]))
     print(f"slowest_vs_mean_a{a:g}: {row['ratio']:.3g}")
     f_lo, phi_lo = 0.1 + 0.5 * a, 10 + 10 * a
-    setting = f"| {a:g} | {f_lo:.3g}-0.8 | {phi_lo:.3g}-24 | {row['ratio']:.2f}x | "
-    return row, setting + " | ".join(cells) + f" | {mean_S:.2f} |"
+    return row, md.row(
+        (f"{a:g}", f"{f_lo:.3g}-0.8", f"{phi_lo:.3g}-24", f"{row['ratio']:.2f}x", *cells, f"{mean_S:.2f}")
+    )
 
 
 def _plot_margins(rows: list[dict], args: argparse.Namespace) -> None:

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from reportlib import markdown as md  # noqa: E402
 from reportlib import plots  # noqa: E402  (results/, first on sys.path when run as a script)
 from reportlib.stats import mean_sd  # noqa: E402
 
@@ -179,8 +180,7 @@ def _write_methods_csv(path: Path, runs: dict, totals: dict) -> None:
 def _margin_lines(totals: dict, seeds: list[int], figures: dict[str, float]) -> list[str]:
     """The table of CollaPipe's reductions against each baseline, per measure, beside the paper's."""
     lines = [
-        "| measure | CollaPipe vs | ours: reduction, mean +- sd over seeds | paper |",
-        "|---|---|---|---|",
+        *md.head("| measure | CollaPipe vs | ours: reduction, mean +- sd over seeds | paper |"),
     ]
     for metric in ("compute_s", "on_device_s", "round_delay_s"):
         for base in METHODS[1:]:
@@ -199,9 +199,10 @@ def _margin_lines(totals: dict, seeds: list[int], figures: dict[str, float]) -> 
 def _method_lines(runs: dict, totals: dict, seeds: list[int], figures: dict[str, float]) -> list[str]:
     """The table of each method's accumulated compute, mean plan, memory and data users (Table III)."""
     lines = [
-        "| method | accumulated on-device compute (s), mean +- sd | mean S | mean m | largest per-device memory "
-        "(MiB, Table III) | data users per round (Table III) |",
-        "|---|---|---|---|---|---|",
+        *md.head(
+            "| method | accumulated on-device compute (s), mean +- sd | mean S | mean m | largest per-device memory "
+            "(MiB, Table III) | data users per round (Table III) |"
+        ),
     ]
     for method in METHODS:
         mean, sd = mean_sd([totals[(method, s)]["compute_s"] for s in seeds])

@@ -20,13 +20,14 @@ X(t) per cluster n (S_n, m_n, delta_n). Each job is skipped when its folder alre
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
 import campaign  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
+from reportlib.records import modelled, read_jsonl  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "hf_lora"
 ROUNDS, STEPS, SEED = 5, 20, 0
@@ -54,7 +55,7 @@ def records(folder: Path) -> list[dict] | None:
     """The run's rounds.jsonl records, or None when it has not finished."""
     if not (folder / "summary.json").is_file():
         return None
-    return [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
+    return read_jsonl(folder / "rounds.jsonl")
 
 
 def plan_cells(record: dict) -> str:
@@ -75,11 +76,11 @@ def uploads(record: dict) -> list[int | None]:
 
 
 def perplexity_table(runs: dict[str, list[dict]]) -> list[str]:
-    lines = ["| round | LoRA perplexity | full fine-tuning perplexity |", "|---|---|---|"]
+    lines = md.head("| round | LoRA perplexity | full fine-tuning perplexity |")
     by_round = {name: {r["round"]: r.get("val_perplexity") for r in recs} for name, recs in runs.items()}
     for t in sorted(set().union(*(b.keys() for b in by_round.values()))):
         cells = [by_round[name].get(t) for name in JOBS]
-        lines.append(f"| {t} | " + " | ".join("-" if v is None else f"{v:.1f}" for v in cells) + " |")
+        lines.append(md.row((t, *("-" if v is None else f"{v:.1f}" for v in cells))))
     return lines
 
 
@@ -96,14 +97,16 @@ def paired_rounds(runs: dict[str, list[dict]]) -> list[tuple[int, dict, dict]]:
 
 
 UPLOAD_HEAD = (
-    "| round | LoRA: bytes per CU (CU 0 / CU 1) | full: bytes per CU | full / LoRA | "
-    "planned uplink bits per CU, LoRA / full (eq. 11) |",
-    "|---|---|---|---|---|",
+    *md.head(
+        "| round | LoRA: bytes per CU (CU 0 / CU 1) | full: bytes per CU | full / LoRA | "
+        "planned uplink bits per CU, LoRA / full (eq. 11) |"
+    ),
 )
 PLAN_HEAD = (
-    "| round | LoRA plan (cluster: S, m, delta) | full fine-tuning plan | same plan | same S, m | "
-    "modelled round delay (eq. 26), LoRA / full |",
-    "|---|---|---|---|---|---|",
+    *md.head(
+        "| round | LoRA plan (cluster: S, m, delta) | full fine-tuning plan | same plan | same S, m | "
+        "modelled round delay (eq. 26), LoRA / full |"
+    ),
 )
 
 
@@ -114,7 +117,7 @@ def upload_table(runs: dict[str, list[dict]]) -> list[str]:
         ratio = "-"
         if up_l and up_f and None not in up_l + up_f:
             ratio = f"{min(up_f) / max(up_l):.1f}x"  # type: ignore[type-var, operator]
-        bits = [r.get("modelled", {}).get("uplink_bits") for r in (lora, full)]
+        bits = [plan.uplink_bits if (plan := modelled(r)) else None for r in (lora, full)]
         lines.append(
             f"| {t} | {' / '.join(_number(u) for u in up_l)} | {' / '.join(_number(u) for u in up_f)} | {ratio} | "
             f"{_number(bits[0])} / {_number(bits[1])} |"
@@ -132,7 +135,8 @@ def plan_table(runs: dict[str, list[dict]]) -> list[str]:
     for t, a, b in paired_rounds(runs):
         same = "yes" if plan_cells(a) == plan_cells(b) else "no"
         same_sm = "yes" if s_and_m(a) == s_and_m(b) else "no"
-        delay = " / ".join(f"{r.get('modelled', {}).get('round_delay_s', float('nan')):.1f} s" for r in (a, b))
+        delays = [plan.round_delay_s if (plan := modelled(r)) else float("nan") for r in (a, b)]
+        delay = " / ".join(f"{d:.1f} s" for d in delays)
         lines.append(f"| {t} | {plan_cells(a) or '-'} | {plan_cells(b) or '-'} | {same} | {same_sm} | {delay} |")
     return lines
 
@@ -236,8 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             set_aside(root / name)
             failed += not campaign.run_job(root, name, overrides(name), flat=FLAT)
     text = report(root)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "README.md").write_text(text)
+    md.write(OUT / "README.md", text)
     print(text)
     return 1 if failed else 0
 

@@ -18,13 +18,14 @@ finished. Usage: ``python results/partitions.py ROOT [--tasks translation classi
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
 import campaign  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
+from reportlib.records import read_jsonl  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "partitions"
@@ -71,7 +72,7 @@ def final_metric(folder: Path, metric: str) -> tuple[float | None, dict, float |
     metric on the extra corpus's own held-out validation (``val_<metric>_domain1``; None: not finished / none)."""
     if not (folder / "summary.json").is_file():
         return None, {}, None
-    records = [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
+    records = read_jsonl(folder / "rounds.jsonl")
     scored = [r for r in records if f"val_{metric}" in r]
     value = float(scored[-1][f"val_{metric}"]) if scored else None
     domain = scored[-1].get(f"val_{metric}_domain1") if scored else None
@@ -90,9 +91,10 @@ def sizes(partitions: dict) -> str:
 
 def report(root: Path, tasks: list[str], seed: int) -> str:
     lines = [
-        "| task | partition | final validation metric | vs IID | the extra domain's own validation | "
-        "clusters: examples (largest label's share) |",
-        "|---|---|---|---|---|---|",
+        *md.head(
+            "| task | partition | final validation metric | vs IID | the extra domain's own validation | "
+            "clusters: examples (largest label's share) |"
+        ),
     ]
     for task in tasks:
         metric = METRICS[task]
@@ -123,11 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         for job in todo:
             failed += not run_job(args.root, job)
     table = report(args.root, args.tasks, args.seed)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "README.md").write_text(
+    md.write(
+        OUT / "README.md",
         "# Partition kinds per task (results/partitions.py)\n\n"
         f"`python results/partitions.py ROOT --seed {args.seed}`; defaults otherwise "
-        "(federation=small: N = 2, 10 rounds of 20 local steps).\n\n" + table
+        "(federation=small: N = 2, 10 rounds of 20 local steps).\n\n" + table,
     )
     print(table)
     return 1 if failed else 0

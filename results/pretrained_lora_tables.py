@@ -3,12 +3,12 @@ and the settings both share (the runs' sizes, the seeds, how many examples each 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/reportlib, run as a script or loaded by path
-from reportlib.records import read_jsonl_gz  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
+from reportlib.records import read_json, read_jsonl_gz  # noqa: E402
 from reportlib.stats import mean_sd  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "pretrained_lora"
@@ -61,7 +61,7 @@ ROWS = (  # the comparison's models: (record name prefix, what the row says)
 def record(name: str) -> dict | None:
     """The kept JSON record ``name`` (without .json), None when it is not there (yet)."""
     path = OUT / f"{name}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path) if path.is_file() else None
 
 
 def seeds_of(prefix: str) -> list[int]:
@@ -132,8 +132,7 @@ def comparison_lines() -> list[str]:
         "autocast; over seeds: mean +- sample sd (min-max). The frozen base is stored in bf16 in every row (the",
         "runs' `model.base_dtype`), so fp32 scoring computes in fp32 on bf16-rounded base weights.",
         "",
-        "| model | training examples | seeds | perplexity, fp32 | perplexity, bf16 autocast |",
-        "|---|---|---|---|---|",
+        *md.head("| model | training examples | seeds | perplexity, fp32 | perplexity, bf16 autocast |"),
         f"| pretrained base, untrained (LoRA B = 0) | 0 | (none) | {spread(perplexities('base', 'fp32'))} | "
         f"{spread(perplexities('base', 'bf16'))} |",
     ]
@@ -206,9 +205,10 @@ def seed_lines() -> list[str]:
         "Per seed (fp32 perplexity; federated rounds from the run's own evaluation, `eval.precision=fp32`; wall",
         "seconds of each run, start-up and evaluation included, on this shared 2-core machine):",
         "",
-        "| seed | warm-up | central | federated | federated after rounds 1, 2, 3 | wall s: warm-up, central, "
-        "federated | federated peak memory (PSS, MB) |",
-        "|---|---|---|---|---|---|---|",
+        *md.head(
+            "| seed | warm-up | central | federated | federated after rounds 1, 2, 3 | wall s: warm-up, central, "
+            "federated | federated peak memory (PSS, MB) |"
+        ),
     ]
     for seed in SEEDS:
         names = [f"{p}_s{seed}" for p in ("warmup", "central", "federated")]
@@ -255,9 +255,11 @@ def memory_table(memory: dict) -> list[str]:
         "Per-device peak memory of one pipeline step (the device holding the most; MiB; params + gradients + Adam",
         "state + saved activations, from the real tensors), balanced segments; ratio = full fine-tuning / LoRA:",
         "",
-        "| S | delta | LoRA, bf16 base | LoRA, int8 base | full fine-tuning, fp32 | ratio, bf16 base (target >= 2x) "
-        "| ratio, int8 base (target >= 3.5x) |",
-        "|---|---|---|---|---|---|---|",
+        *md.head(
+            "| S | delta | LoRA, bf16 base | LoRA, int8 base | full fine-tuning, fp32 "
+            "| ratio, bf16 base (target >= 2x) "
+            "| ratio, int8 base (target >= 3.5x) |"
+        ),
     ]
     for S in map(str, SEGMENTS):
         bf16, int8, full = (memory[name][S] for name in ("lora_bf16_base", "lora_int8_base", "full_fp32"))
@@ -282,8 +284,8 @@ def memory_table(memory: dict) -> list[str]:
 
 
 def report() -> str:
-    memory = json.loads((OUT / "memory.json").read_text())
-    samples = json.loads((OUT / "samples.json").read_text())
+    memory = read_json(OUT / "memory.json")
+    samples = read_json(OUT / "samples.json")
     lines = [
         "# Federated LoRA on a pretrained LLM (SmolLM2-135M-Instruct), issues 46 and 66",
         "",
@@ -316,8 +318,7 @@ def _round_lines() -> list[str]:
         "Per round (federated): fp32 perplexity, what each training CU uploaded (bytes of its reply's tensors,",
         "measured on the CU: the adapters only), and DSSRA's plan per selected CU:",
         "",
-        "| seed | round | perplexity | upload bytes per CU | plans (CU: S, m, delta) |",
-        "|---|---|---|---|---|",
+        *md.head("| seed | round | perplexity | upload bytes per CU | plans (CU: S, m, delta) |"),
     ]
     for seed in seeds_of("federated"):
         for r in read_jsonl_gz(OUT / f"federated_s{seed}.rounds.jsonl.gz"):

@@ -42,7 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
 import campaign  # noqa: E402
-from reportlib.records import read_jsonl_gz  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
+from reportlib.records import read_json, read_jsonl, read_jsonl_gz  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "pretrained_translation"
 ROUNDS, STEPS, SEEDS = 2, 8, (0, 1, 2)
@@ -96,7 +97,7 @@ def run_base() -> None:
 
 def _every_cu_trained(folder: Path) -> bool:
     """No round of the run lost a CU (a CU actor killed for memory fails its round, and the run goes on)."""
-    rounds = [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines() if line.strip()]
+    rounds = read_jsonl(folder / "rounds.jsonl")
     lost = [r["round"] for r in rounds if r.get("failures")]
     if lost:
         print(f"{folder.name}: CUs failed in rounds {lost}; the run is started again", flush=True)
@@ -193,7 +194,7 @@ def _spread(values: list[float]) -> str:
 
 
 def report() -> str:
-    base = json.loads((OUT / "base.json").read_text(encoding="utf-8"))
+    base = read_json(OUT / "base.json")
     rows = {seed: _last_eval(seed) for seed in SEEDS}
     done = {seed: r for seed, r in rows.items() if r is not None}
     bleus = [r["val_bleu"] for r in done.values()]
@@ -214,14 +215,13 @@ def report() -> str:
         f"answer's first line kept; BLEU: sacrebleu corpus BLEU (13a, cased) on the first {BLEU_N} Multi30K",
         f"validation pairs (raw cased references); target perplexity on the first {EVAL} pairs.",
         "",
-        "| model | seed | BLEU | target perplexity | wall s |",
-        "|---|---|---|---|---|",
+        *md.head("| model | seed | BLEU | target perplexity | wall s |"),
         f"| base, zero-shot | - | {base['metrics']['bleu']:.2f} | {base['metrics']['perplexity']:.2f} | "
         f"{base['wall_s']:.0f} |",
     ]
     for seed, r in done.items():
         cost = OUT / f"federated_s{seed}.cost.json"
-        wall = json.loads(cost.read_text())["wall_s"] if cost.is_file() else float("nan")
+        wall = read_json(cost)["wall_s"] if cost.is_file() else float("nan")
         lines.append(
             f"| federated LoRA, round {r['round']} | {seed} | {r['val_bleu']:.2f} | {r['val_perplexity']:.2f} | "
             f"{wall:.0f} |"
@@ -264,7 +264,7 @@ def _low_bleu_notes(base: dict, ppl: list[float], bleus: list[float]) -> list[st
 def _sample_lines(base: dict) -> list[str]:
     """The base's answers (and seed 0's federated ones, from ``generate``, when recorded) beside the references."""
     path = OUT / f"samples_s{SEEDS[0]}.json"
-    federated = json.loads(path.read_text(encoding="utf-8"))["translations"] if path.is_file() else []
+    federated = read_json(path)["translations"] if path.is_file() else []
     who = f" and by the federated run of seed {SEEDS[0]} (`generate` on its saved model)" if federated else ""
     lines = [f"Translations of the first validation sources by the base (zero-shot){who}:", ""]
     for i, row in enumerate(base["translations"]):

@@ -12,12 +12,13 @@ Usage: ``python results/privacy.py ROOT``
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
 import campaign  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
+from reportlib.records import read_jsonl  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "privacy"
@@ -35,7 +36,7 @@ def final(folder: Path) -> tuple[float | None, float | None]:
     """(last validation BLEU, last round's training loss), None where the run has not finished."""
     if not (folder / "summary.json").is_file():
         return None, None
-    records = [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
+    records = read_jsonl(folder / "rounds.jsonl")
     bleu = [r["val_bleu"] for r in records if "val_bleu" in r]
     loss = [r["train_loss"] for r in records if r.get("train_loss") is not None]
     return (bleu[-1] if bleu else None), (loss[-1] if loss else None)
@@ -43,8 +44,7 @@ def final(folder: Path) -> tuple[float | None, float | None]:
 
 def report(root: Path) -> str:
     lines = [
-        "| privacy | overrides | sigma per parameter | final val BLEU | vs none | last train loss |",
-        "|---|---|---|---|---|---|",
+        *md.head("| privacy | overrides | sigma per parameter | final val BLEU | vs none | last train loss |"),
     ]
     base, _ = final(root / "s0" / "none")
     for name, overrides in SETTINGS.items():
@@ -72,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, overrides in SETTINGS.items():
             failed += not campaign.run_job(args.root, f"s0/{name}", f"{overrides} seed=0 checkpoint=false")
     table = report(args.root)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "README.md").write_text(
+    md.write(
+        OUT / "README.md",
         "# Differential privacy's cost (results/privacy.py)\n\n`python results/privacy.py ROOT`: the default "
-        "translation run (N = 2, 10 rounds of 20 local steps, seed 0), C = 1.\n\n" + table
+        "translation run (N = 2, 10 rounds of 20 local steps, seed 0), C = 1.\n\n" + table,
     )
     print(table)
     return 1 if failed else 0

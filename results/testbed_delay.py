@@ -37,6 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
 import campaign  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
+from reportlib.records import read_jsonl  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 COMMON = (
@@ -84,8 +86,7 @@ def run_job(root: Path, job: Job) -> bool:
 
 # ----------------------------------------------------------------------------- reading a run
 def _rounds(folder: Path) -> list[dict]:
-    lines = (folder / "rounds.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r.get("round", 0) > 0 and "modelled" in r]
+    return [r for r in read_jsonl(folder / "rounds.jsonl") if r.get("round", 0) > 0 and "modelled" in r]
 
 
 def cluster_rows(folder: Path) -> list[dict]:
@@ -259,8 +260,7 @@ def report(root: Path, out: Path) -> dict:
     ]
     if per_round:
         lines += [
-            "| run | seeds | measured s / round | modelled eq. (26) s / round | measured s to target loss |",
-            "|---|---|---|---|---|",
+            *md.head("| run | seeds | measured s / round | modelled eq. (26) s / round | measured s to target loss |"),
         ]
         for name, (mean, sd, n) in per_round.items():
             tt = to_target.get(name)
@@ -268,7 +268,7 @@ def report(root: Path, out: Path) -> dict:
             lines.append(f"| {name} | {n} | {mean:.2f} +- {sd:.2f} | {modelled[name][0]:.2f} | {tt_text} |")
         lines.append("")
     if value:
-        lines += ["| seed | slow device | profile | measured s / round | modelled s / round |", "|---|---|---|---|---|"]
+        lines += md.head("| seed | slow device | profile | measured s / round | modelled s / round |")
         for row in sorted(value, key=lambda r: (r["seed"], r["slow_device"], r["profile"])):
             lines.append(
                 f"| {row['seed']} | {row['slow_device']} | {row['profile']} | {row['measured_s_per_round']:.2f} | "

@@ -42,14 +42,15 @@ seeds, the kernel killed a device over its gamma_k^max (the CU re-planned around
 from __future__ import annotations
 
 import csv
-import gzip
 import io
-import json
 import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
+from reportlib import markdown as md  # results/, first on sys.path when run as a script
+from reportlib.records import modelled, read_jsonl_gz
+from reportlib.stats import plus_minus
 
 HERE = Path(__file__).resolve().parent / "testbed_paper"
 RECORDS = HERE / "records"
@@ -83,8 +84,7 @@ COLUMNS = (
 
 
 def load(path: Path) -> list[dict]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [r for r in map(json.loads, f) if r.get("round", 0) > 0 and r.get("plan")]
+    return [r for r in read_jsonl_gz(path) if r.get("round", 0) > 0 and r.get("plan")]
 
 
 def records(folder: Path = RECORDS) -> list[tuple[int, int, str, list[dict]]]:
@@ -182,13 +182,11 @@ def job_row(channels: int, seed: int, run: str, rounds: list[dict]) -> dict:
         "steady_upload_s": statistics.mean(float(c.get("seconds-upload", 0.0)) for c in slow),
         "steady_head_s": statistics.mean(float(c.get("seconds-step-head", 0.0)) for c in slow),
         "steady_server_s": statistics.mean(server_outside_cus(r) for r in steady),
-        "modelled_round_s": statistics.mean(float(r["modelled"]["round_delay_s"]) for r in steady),
+        "modelled_round_s": statistics.mean(modelled(r).round_delay_s for r in steady),
         "peak_device_mb": max(peaks) / 2**20,
         "modelled_peak_device_mb": peak_at / 2**20,
         "device_compute_s": sum(max(c["device-compute-seconds"]) for r in rounds for c in r["clients"].values()),
-        "modelled_compute_s": sum(
-            float(m["compute_s"]) for r in rounds for m in r["modelled"]["clusters"] if m.get("delay_s")
-        ),
+        "modelled_compute_s": sum(c.compute_s for r in rounds for c in modelled(r).clusters if c.delay_s),
         # devices the kernel killed for exceeding gamma_k^max, each re-planned around within its round
         "lost_for_memory": sum(len(c.get("lost-for-memory") or []) for r in rounds for c in r["clients"].values()),
         # data users read as parallel from per-user hand-overs ("measured"), or the older even share ("estimated")
@@ -226,16 +224,18 @@ def calibration(jobs: list[tuple[int, int, str, list[dict]]]) -> list[str]:
     overhead = []
     for channels, _, _, rounds in jobs:
         for r in rounds[1:]:
+            plan = modelled(r)
             for n, cu in r["clients"].items():
-                mod = r["modelled"]["clusters"][int(n)]
-                if mod.get("delay_s"):
+                mod = plan.clusters[int(n)]
+                if mod.delay_s:
                     for key in (f"J = {channels}", "all"):
-                        per_cu.setdefault(key, []).append((float(mod["delay_s"]), cu_round_s(cu)))
-                    overhead.append(float(mod.get("overhead_s", 0.0)))
+                        per_cu.setdefault(key, []).append((mod.delay_s, cu_round_s(cu)))
+                    overhead.append(mod.overhead_s)
             for key in (f"J = {channels}", "all"):
-                per_round.setdefault(key, []).append((float(r["modelled"]["round_delay_s"]), measured_round(r)))
-    lines = ["| eq. (26) alone against | runs | points | median abs. rel. error | p90 | median modelled / measured |"]
-    lines.append("|---|---|---|---|---|---|")
+                per_round.setdefault(key, []).append((plan.round_delay_s, measured_round(r)))
+    lines = md.head(
+        "| eq. (26) alone against | runs | points | median abs. rel. error | p90 | median modelled / measured |"
+    )
     keys = sorted(per_round, key=lambda k: (k == "all", -int(k.split()[-1]) if k != "all" else 0))
     for name, found in (("the CU-side time (local steps + upload)", per_cu), ("the measured round", per_round)):
         for key in keys:
@@ -258,20 +258,16 @@ def calibration(jobs: list[tuple[int, int, str, list[dict]]]) -> list[str]:
 
 
 def _mean_sd(values: list[float]) -> str:
-    if not values:
-        return "-"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.1f} +- {sd:.1f}"
+    return plus_minus(values, 1) if values else "-"
 
 
 def method_lines(rows: list[dict]) -> list[str]:
     """Per J and run: the means over seeds."""
-    lines = [
+    lines = md.head(
         "| J | run | seeds | mean S | reached target | s to target | round 1 s | steady round s | CU-side s | "
         "D2D link s | upload s | head s | server + messaging s | eq. (26) s | peak device MiB (C7) | device "
-        "compute s (modelled) | devices lost for memory |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+        "compute s (modelled) | devices lost for memory |"
+    )
     groups: dict[tuple[int, str], list[dict]] = {}
     for row in rows:
         groups.setdefault((row["channels"], row["run"]), []).append(row)
@@ -345,8 +341,8 @@ def table(jobs: list[tuple[int, int, str, list[dict]]]) -> str:
 def write(folder: Path = HERE) -> tuple[str, str]:
     jobs = records(folder / "records")
     text, rows_csv = table(jobs), csv_text([job_row(*job) for job in jobs])
-    (folder / "table.md").write_text(text)
-    (folder / "runs.csv").write_text(rows_csv)
+    md.write(folder / "table.md", text)
+    md.write(folder / "runs.csv", rows_csv)
     return text, rows_csv
 
 

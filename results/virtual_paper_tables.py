@@ -17,14 +17,14 @@ Per job (one method, seed and J, or N for the scale part):
 from __future__ import annotations
 
 import csv
-import gzip
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import virtual_paper  # noqa: E402
+from reportlib import markdown as md  # noqa: E402
+from reportlib.records import modelled, read_json, read_jsonl_gz  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent
 RECORDS = RESULTS / "virtual_paper" / "records"
@@ -32,11 +32,7 @@ OUT = RESULTS / "virtual_paper" / "table.md"
 CSV = RESULTS / "virtual_paper" / "runs.csv"
 VIRTUAL_PARTS = ("compute_s", "d2d_s", "cu_s", "uplink_s", "decoder_s", "setup_s")
 MODELLED_PARTS = ("compute_s", "d2d_s", "uplink_s")
-
-
-def load(path: Path) -> list[dict]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+PART_COLUMNS = [("virtual", p) for p in VIRTUAL_PARTS] + [("modelled", p) for p in MODELLED_PARTS]
 
 
 def time_to_target(records: list[dict], target: float) -> tuple[float, int | None, float]:
@@ -61,20 +57,21 @@ def lost_devices(records: list[dict]) -> int:
 def round_parts(records: list[dict]) -> dict[str, float]:
     """Median over the rounds of the slowest cluster's virtual parts and of eq. (26)'s modelled slowest cluster."""
     virtual = {p: [] for p in VIRTUAL_PARTS}
-    modelled = {p: [] for p in MODELLED_PARTS}
+    eq26: dict[str, list[float]] = {p: [] for p in MODELLED_PARTS}
     for record in records:
         v = record.get("virtual") or {}
         if v.get("clusters"):
             row = v["clusters"][str(v["slowest"])]
             for p in VIRTUAL_PARTS:
                 virtual[p].append(float(row[p]))
-        rows = [c for c in (record.get("modelled") or {}).get("clusters") or [] if c.get("delay_s", 0) > 0]
+        plan = modelled(record)
+        rows = [c for c in (plan.clusters if plan else ()) if c.delay_s > 0]
         if rows:
-            worst = max(rows, key=lambda c: c["delay_s"])
-            for p in MODELLED_PARTS:
-                modelled[p].append(float(worst.get(p, 0.0)))
+            worst = max(rows, key=lambda c: c.delay_s)
+            for p, value in zip(MODELLED_PARTS, (worst.compute_s, worst.d2d_s, worst.uplink_s)):
+                eq26[p].append(value)
     out = {f"virtual_{p}": statistics.median(v) if v else float("nan") for p, v in virtual.items()}
-    out.update({f"modelled_{p}": statistics.median(v) if v else float("nan") for p, v in modelled.items()})
+    out.update({f"modelled_{p}": statistics.median(v) if v else float("nan") for p, v in eq26.items()})
     return out
 
 
@@ -85,12 +82,12 @@ def job_rows(records_dir: Path = RECORDS) -> list[dict]:
             continue
         part, setting, seed = path.parts[-4], path.parts[-3], path.parts[-2]
         run = path.name.split(".")[0]
-        records = load(path)
+        records = read_jsonl_gz(path)
         seconds, reached, final = time_to_target(records, virtual_paper.TARGET_BLEU)
         rounds_s = [float((r.get("virtual") or {}).get("round_s") or 0.0) for r in records if r.get("round", 0) >= 1]
-        summary = json.loads(path.with_name(f"{run}.summary.json").read_text(encoding="utf-8"))
+        summary = read_json(path.with_name(f"{run}.summary.json"))
         cost_file = path.with_name(f"{run}.cost.json")
-        cost = json.loads(cost_file.read_text(encoding="utf-8")) if cost_file.is_file() else {}
+        cost = read_json(cost_file) if cost_file.is_file() else {}
         rows.append(
             {
                 "part": part,
@@ -119,8 +116,9 @@ def table(rows: list[dict]) -> str:
         f"{virtual_paper.LOCAL_STEPS} local steps at most. Time to target: the virtual clock's rounds summed "
         "(`>=`: censored, the target not reached; the sum over every round is a lower bound).",
         "",
-        "| part | setting | seed | run | virtual s to target | round | final BLEU | wall s | peak MB | lost |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        *md.head(
+            "| part | setting | seed | run | virtual s to target | round | final BLEU | wall s | peak MB | lost |"
+        ),
     ]
     body = []
     for r in rows:
@@ -135,18 +133,13 @@ def table(rows: list[dict]) -> str:
         "The round by part (median over a job's rounds; virtual: the slowest cluster's, measured compute scaled, "
         "links from bytes; modelled: eq. (26)'s slowest cluster):",
         "",
-        "| setting | seed | run | "
-        + " | ".join(f"virtual {p}" for p in VIRTUAL_PARTS)
-        + " | "
-        + " | ".join(f"modelled {p}" for p in MODELLED_PARTS)
-        + " |",
-        "|---|---|---|" + "---|" * (len(VIRTUAL_PARTS) + len(MODELLED_PARTS)),
+        *md.head(md.row(("setting", "seed", "run", *(f"{kind} {p}" for kind, p in PART_COLUMNS)))),
     ]
     for r in rows:
         cells = [f"{r[f'virtual_{p}']:.2f}" for p in VIRTUAL_PARTS] + [
             f"{r[f'modelled_{p}']:.2f}" for p in MODELLED_PARTS
         ]
-        split.append(f"| {r['setting']} | {r['seed']} | {r['run']} | " + " | ".join(cells) + " |")
+        split.append(md.row((r["setting"], r["seed"], r["run"], *cells)))
     if not rows:
         body = ["| (no records yet) | | | | | | | | | |"]
     return "\n".join([*head, *body, *split]) + "\n"
@@ -154,8 +147,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     rows = job_rows()
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(table(rows), encoding="utf-8")
+    md.write(OUT, table(rows))
     if rows:
         with CSV.open("w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))

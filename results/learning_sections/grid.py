@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from reportlib import markdown as md
 from reportlib.stats import mean_sd
 
 
@@ -14,9 +15,10 @@ def grid_section(task: str, runs: list[dict], figures: dict) -> list[str]:
     lines = [
         f"## {task}: learning over (S, m) (Figs. 9-10), uniform split, seed 0, metric = validation {metric}",
         "",
-        f"| S | m | final {metric} | final train loss | largest per-round |loss - loss at S={ref['S']:.0f}, "
-        f"m={ref['m']:.0f}| | modelled delay (s) |",
-        "|---|---|---|---|---|---|",
+        *md.head(
+            f"| S | m | final {metric} | final train loss | largest per-round |loss - loss at S={ref['S']:.0f}, "
+            f"m={ref['m']:.0f}| | modelled delay (s) |"
+        ),
     ]
     for r in ok:
         diff = max(abs(a - b) for a, b in zip(r["loss"], ref["loss"]) if a is not None and b is not None)
@@ -50,8 +52,7 @@ def grid_claims_section(task: str, grid: list[dict], methods: list[dict], figure
     lines = [
         f"### {task}: the paper's (S, m) claims beside the grid",
         "",
-        "| figure | paper | ours (seed 0) | noise | verdict |",
-        "|---|---|---|---|---|",
+        *md.head("| figure | paper | ours (seed 0) | noise | verdict |"),
     ]
     lines += _best_point_row(task, points, metric, noise, figures)
     lines += _small_m_rows(task, points, metric, noise, figures)

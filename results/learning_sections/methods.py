@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 
+from reportlib import markdown as md
 from reportlib.stats import mean_sd
 
 from learning_sections.runs import (
@@ -28,9 +29,11 @@ def method_section(task: str, runs: list[dict], figures: dict) -> list[str]:
     lines = [
         f"## {task}: learning per method (Fig. 6), metric = validation {metric}",
         "",
-        f"| method | final {metric} | final train loss | mean train loss, rounds 1-{EARLY_ROUNDS} | mean S | mean m "
-        "| modelled on-device compute (s) | modelled delay (s) | measured CU training (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *md.head(
+            f"| method | final {metric} | final train loss | mean train loss, rounds 1-{EARLY_ROUNDS} | mean S "
+            "| mean m "
+            "| modelled on-device compute (s) | modelled delay (s) | measured CU training (s) |"
+        ),
     ]
     lines += _method_rows(task, groups, figures)
     lines += _paired_gap_rows(task, metric, groups, figures)
@@ -71,8 +74,7 @@ def _paired_gap_rows(task: str, metric: str, groups: dict[str, list[dict]], figu
         f"CollaPipe minus each baseline, paired by seed (mean +- sd over the seeds both finished; final {metric}, "
         f"and the mean training loss over rounds 1-{EARLY_ROUNDS}, negative = CollaPipe's loss falls faster):",
         "",
-        f"| CollaPipe vs | final {metric} gap | relative gap (% of baseline) | early-loss gap |",
-        "|---|---|---|---|",
+        *md.head(f"| CollaPipe vs | final {metric} gap | relative gap (% of baseline) | early-loss gap |"),
     ]
     for base in METHODS[1:]:
         gaps = paired_gaps(groups, base, "final_metric")
@@ -113,8 +115,9 @@ def repeat_section(task: str, methods: list[dict], repeats: list[dict], figures:
     lines = [
         f"### {task}: the same-seed noise floor (CollaPipe run again with the same config and seed)",
         "",
-        "| seed | largest per-round |training loss difference| | final metric, first run | again | difference |",
-        "|---|---|---|---|---|",
+        *md.head(
+            "| seed | largest per-round |training loss difference| | final metric, first run | again | difference |"
+        ),
     ]
     for first, again in pairs:
         diff = max_loss_difference({"collapipe": [first], "again": [again]}, "again")
@@ -191,8 +194,9 @@ def margins_section(task: str, methods: list[dict], repeats: list[dict], figures
     lines = [
         f"### {task}: the paper's margins against the noise",
         "",
-        "| figure | paper | CollaPipe vs | our paired gap, mean +- sd (n seeds) | same-seed floor | verdict |",
-        "|---|---|---|---|---|---|",
+        *md.head(
+            "| figure | paper | CollaPipe vs | our paired gap, mean +- sd (n seeds) | same-seed floor | verdict |"
+        ),
     ]
     for fig, key, bases, claim in rows:
         relative = key == "final_metric"

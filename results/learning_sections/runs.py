@@ -6,7 +6,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from reportlib.stats import mean_sd
+from reportlib.records import read_json
+from reportlib.stats import plus_minus
 
 from collapipe_flwr.experiments import aggregate
 from collapipe_flwr.experiments.aggregate import cumulative
@@ -33,8 +34,7 @@ PART_SUFFIX = {"long": "_long", "grid_nodropout": "_no_dropout", "grid_joint": "
 
 
 def fmt(values: list[float], digits: int = 3) -> str:
-    mean, sd = mean_sd(values)
-    return "-" if not values else f"{mean:.{digits}f} +- {sd:.{digits}f} (n={len(values)})"
+    return f"{plus_minus(values, digits)} (n={len(values)})" if values else "-"
 
 
 def run_summary(run: RunData) -> dict:
@@ -99,10 +99,8 @@ def max_loss_difference(by_method: dict, peer: str) -> float | None:
 def read_central(root: Path, task: str) -> dict | None:
     """The central reference of ``task`` (``<task>/central/seed0/central.json``, written by
     ``python -m collapipe_flwr.apps.train_central --json``), None when it has not run."""
-    import json
-
     path = root / task / "central" / "seed0" / "central.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path) if path.is_file() else None
 
 
 def by_method(runs: list[dict]) -> dict[str, list[dict]]:

@@ -4,11 +4,12 @@ seeds (as ``results/fig7_8_methods.py`` computes it)."""
 
 from __future__ import annotations
 
-import csv
 import statistics
 from pathlib import Path
 
+from reportlib import markdown as md
 from reportlib.markdown import table_rows
+from reportlib.records import read_csv
 from reportlib.stats import mean_sd
 
 from readme_sections.verdict import BASELINE_NAMES, PAPER, PAPER_VANILLA_VS_PIPELINE, verdict
@@ -31,11 +32,10 @@ MODELS = {
 
 def methods(folder: str) -> dict[str, dict[str, dict[str, float]]]:
     """{method: {seed: {column: value}}} of ``fig7_8/<folder>/methods.csv``."""
-    with (FIG7_8 / folder / "methods.csv").open(newline="", encoding="utf-8") as f:
-        out: dict[str, dict[str, dict[str, float]]] = {}
-        for row in csv.DictReader(f):
-            values = {k: float(v) for k, v in row.items() if k not in ("method", "seed")}
-            out.setdefault(row["method"], {})[row["seed"]] = values
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for row in read_csv(FIG7_8 / folder / "methods.csv"):
+        values = {k: float(v) for k, v in row.items() if k not in ("method", "seed")}
+        out.setdefault(row["method"], {})[row["seed"]] = values
     return out
 
 
@@ -48,8 +48,9 @@ def reductions(folder: str, baseline: str, column: str = "compute_s") -> list[fl
 
 def fig7_8_margins() -> list[str]:
     lines = [
-        "| paper's metric and task | paper | ours, paper's model size | verdict | ours, small model | verdict |",
-        "|---|---|---|---|---|---|",
+        *md.head(
+            "| paper's metric and task | paper | ours, paper's model size | verdict | ours, small model | verdict |"
+        ),
     ]
     for fig, task in (("Fig. 7", "translation"), ("Fig. 8", "classification")):
         for baseline, name in BASELINE_NAMES.items():
@@ -87,7 +88,7 @@ def _plan_value(value: float, always_decimals: bool) -> str:
 def fig7_8_compute() -> list[str]:
     order = ("collapipe", "collapipe_no_ss", "vanilla_fl", "titanic", "pipeline")
     names = {"collapipe": "CollaPipe", **BASELINE_NAMES, "collapipe_no_ss": "w/o SS"}
-    lines = [f"| task, model | {' | '.join(names[m] for m in order)} |", "|---|" + "---|" * len(order)]
+    lines = md.head(md.row(("task, model", *(names[m] for m in order))))
     for sizes in zip(*SIZES.values()):
         for folder in sizes:
             task = folder.removesuffix("_paper_size")
@@ -105,9 +106,11 @@ def fig7_8_compute() -> list[str]:
 
 def fig7_8_round_delay() -> list[str]:
     lines = [
-        "| CollaPipe vs | translation (paper size / small) | classification (paper size / small) | ner (paper size / "
-        "small) |",
-        "|---|---|---|---|",
+        *md.head(
+            "| CollaPipe vs | translation (paper size / small) | classification (paper size / small) "
+            "| ner (paper size / "
+            "small) |"
+        ),
     ]
     for baseline, name in BASELINE_NAMES.items():
         cells = [
@@ -136,9 +139,10 @@ def table3_memory() -> list[str]:
         rows = table_rows(FIG7_8 / folder / "table.md")
         tables[folder] = {r[0]: (float(r[4]), float(r[5])) for r in rows if len(r) == 6 and r[0] in PAPER_TABLE3}
     lines = [
-        "| method | paper: memory / data users | ours, BERT-base classification | ours, BERT-base NER | ours, "
-        "bert_small classification | largest device below VanillaFL's (the three columns) |",
-        "|---|---|---|---|---|---|",
+        *md.head(
+            "| method | paper: memory / data users | ours, BERT-base classification | ours, BERT-base NER | ours, "
+            "bert_small classification | largest device below VanillaFL's (the three columns) |"
+        ),
     ]
     names = {"collapipe": "CollaPipe", **BASELINE_NAMES}
     for method, paper in PAPER_TABLE3.items():
@@ -169,9 +173,10 @@ def fig7_8_device_spread() -> list[str]:
         return " / ".join(out) + "%"
 
     lines = [
-        "| a | slowest device vs its cluster's mean | Fig. 7 translation: vs w/o SS / VanillaFL / TITANIC / PipeLine | "
-        "Fig. 8 classification: the same |",
-        "|---|---|---|---|",
+        *md.head(
+            "| a | slowest device vs its cluster's mean "
+            "| Fig. 7 translation: vs w/o SS / VanillaFL / TITANIC / PipeLine | Fig. 8 classification: the same |"
+        ),
     ]
     for t_row, c_row in zip(per_task["translation"], per_task["classification"]):
         if t_row[0] == "paper":

@@ -3,12 +3,13 @@ uplink share and bandwidth sensitivity, and the Lyapunov settings, from the file
 
 from __future__ import annotations
 
-import csv
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from reportlib import markdown as md
 from reportlib.markdown import name_values, table_rows
+from reportlib.records import read_csv
 from reportlib.stats import mean_sd
 
 from readme_sections.verdict import MATCH_PP, verdict
@@ -21,14 +22,14 @@ def fig11_policies() -> list[str]:
     """DSSRA's total-delay reduction against each scheduling baseline (``fig11/policies.csv``: the planner over
     the system model, 150 rounds, seeds 0, 1, 2 -- modelled), per seed then mean +- sd, with the worst cluster's
     mean Gamma_n (C10)."""
-    with (RESULTS / "fig11" / "policies.csv").open(newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(RESULTS / "fig11" / "policies.csv")
     by = {(r["policy"], r["seed"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows if r["policy"] == "dssra"}, key=int)
     lines = [
-        "| paper's metric and task: total delay reduction, DSSRA vs | paper | ours, mean +- sd | verdict | worst "
-        "cluster's mean Gamma_n (DSSRA / it) |",
-        "|---|---|---|---|---|",
+        *md.head(
+            "| paper's metric and task: total delay reduction, DSSRA vs | paper | ours, mean +- sd | verdict | worst "
+            "cluster's mean Gamma_n (DSSRA / it) |"
+        ),
     ]
     for policy, paper in PAPER_FIG11.items():
         red = [
@@ -50,8 +51,7 @@ def fig11_policies() -> list[str]:
 def fig4_grid() -> list[str]:
     """Fig. 4's corners and optimum of the round time over S x m with an even delta (``fig4/grid.csv``: the
     system model, modelled)."""
-    with (RESULTS / "fig4" / "grid.csv").open(newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(RESULTS / "fig4" / "grid.csv")
     grid = {(int(k[1:]), int(r["m"])): float(v) for r in rows for k, v in r.items() if k.startswith("S")}
     (S, m), best = min(grid.items(), key=lambda kv: kv[1])
     s_values, m_values = sorted({k[0] for k in grid}), sorted({k[1] for k in grid})
@@ -59,8 +59,7 @@ def fig4_grid() -> list[str]:
     s_first, s_last, m_last = s_values[0], s_values[-1], m_values[-1]
     corner = grid[s_first, m1]
     return [
-        "| paper's metric and task | paper | ours |",
-        "|---|---|---|",
+        *md.head("| paper's metric and task | paper | ours |"),
         '| round time over S x m, even delta, Transformer: is there an interior optimal (S, m)? | "there is always an '
         f'optimal S and m" | {"yes" if s_first < S < s_last and m_values[0] < m < m_last else "no"}: best S = {S}, '
         f"m = {m}, {best:.2f} s |",
@@ -75,9 +74,11 @@ def fig4_grid() -> list[str]:
 def lyapunov_table() -> list[str]:
     """Y_n and Gamma_n over V (``lyapunov/<setting>/figures.txt``, ``results/lyapunov.py``: modelled)."""
     lines = [
-        "| setting | V | mean round delay (s) | worst cluster's mean Gamma_n | Gamma^max | share of rounds with some "
-        "Y_n > 0 | max Y_n |",
-        "|---|---|---|---|---|---|---|",
+        *md.head(
+            "| setting | V | mean round delay (s) | worst cluster's mean Gamma_n | Gamma^max "
+            "| share of rounds with some "
+            "Y_n > 0 | max Y_n |"
+        ),
     ]
     for setting, first in (("default", "default (small, N = 2)"), ("selection", "selection (N = 10, J = 4)")):
         fig = name_values(RESULTS / "lyapunov" / setting / "figures.txt")
@@ -95,9 +96,10 @@ def fig11_uplink_share() -> list[str]:
     ``results/fig11_uplink_share.py --seeds 0``: modelled)."""
     fig = name_values(RESULTS / "fig11" / "uplink_share.txt")
     lines = [
-        "| policy (seed 0) | mean round delay (s) | of it tau^pipe (s) | of it uplink (s) | uplink share | CUs "
-        "selected per round |",
-        "|---|---|---|---|---|---|",
+        *md.head(
+            "| policy (seed 0) | mean round delay (s) | of it tau^pipe (s) | of it uplink (s) | uplink share | CUs "
+            "selected per round |"
+        ),
     ]
     for policy, name in (
         ("dssra", "DSSRA"),
@@ -106,7 +108,7 @@ def fig11_uplink_share() -> list[str]:
         ("random", "random"),
     ):
         keys = ("mean_delay_s", "mean_pipeline_s", "mean_uplink_s", "uplink_share", "mean_selected")
-        lines.append(f"| {name} | " + " | ".join(fig[f"{k}_{policy}"] for k in keys) + " |")
+        lines.append(md.row((name, *(fig[f"{k}_{policy}"] for k in keys))))
     return lines
 
 
@@ -116,15 +118,14 @@ def fig5_clusters() -> list[str]:
     fig = name_values(RESULTS / "fig5" / "figures.txt")
     n = sorted(int(k[2:]) for k in fig if k.startswith("S_"))
 
+    clusters = [f"ours, cluster {i}" if i == n[0] else f"cluster {i}" for i in n]
+
     def row(label: str, paper: str, key: str, fmt: Callable[[str], str] = str, bold: bool = False) -> str:
         cells = [fmt(fig[f"{key}_{i}"]) for i in n]
-        return f"| {label} | {paper} | " + " | ".join(f"**{c}**" if bold else c for c in cells) + " |"
+        return md.row((label, paper, *(f"**{c}**" if bold else c for c in cells)))
 
     return [
-        "| paper's metric (BERT, heterogeneous clusters) | paper | "
-        + " | ".join(f"ours, cluster {i}" if i == n[0] else f"cluster {i}" for i in n)
-        + " |",
-        "|---|---|" + "---|" * len(n),
+        *md.head(md.row(("paper's metric (BERT, heterogeneous clusters)", "paper", *clusters))),
         row("optimal S", "5 / 4 / 3", "S", bold=True),
         row("optimal m", "14 / 11 / 9", "m"),
         row("pipeline delay at the optimum (s)", "-", "pipeline_s", lambda v: f"{float(v):.2f}"),
@@ -137,9 +138,11 @@ def fig11_bandwidth() -> list[str]:
     """Fig. 11's margins as the uplink bandwidth grows (``fig11/bandwidth/table.md``, ``results/fig11_bandwidth.py``:
     modelled); **bold**: within ``MATCH_PP`` of the paper's margin with its sign."""
     lines = [
-        "| B_n^U scale (MHz) | DSSRA's uplink share | vs loss-only (paper 46.44%) | vs delay-only (15.48%) | vs random "
-        "(7.12%) |",
-        "|---|---|---|---|---|",
+        *md.head(
+            "| B_n^U scale (MHz) | DSSRA's uplink share | vs loss-only (paper 46.44%) | vs delay-only (15.48%) "
+            "| vs random "
+            "(7.12%) |"
+        ),
     ]
     for cells in table_rows(RESULTS / "fig11" / "bandwidth" / "table.md"):
         if cells[0] == "paper":

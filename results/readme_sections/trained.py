@@ -4,13 +4,13 @@ measured)."""
 
 from __future__ import annotations
 
-import csv
-import json
 import statistics
 import sys
 from pathlib import Path
 
+from reportlib import markdown as md
 from reportlib.markdown import section_rows
+from reportlib.records import read_csv, read_json
 from reportlib.stats import mean_sd
 
 from readme_sections.verdict import BASELINE_NAMES
@@ -28,15 +28,16 @@ TRAINED_ORDER = ("collapipe", "collapipe_no_ss", "titanic", "pipeline", "vanilla
 
 def central_reference(task: str) -> float:
     """The central recipe's validation metric (``trained/jobs/<task>/central/seed0/central.json``)."""
-    record = json.loads((TRAINED / "jobs" / task / "central" / "seed0" / "central.json").read_text(encoding="utf-8"))
+    record = read_json(TRAINED / "jobs" / task / "central" / "seed0" / "central.json")
     return float(record["val"][METRIC[task][0]])
 
 
 def trained_final(task: str) -> list[str]:
     """The trained-budget campaign's final validation metric per method (``trained/runs.csv``, part ``methods``)
     beside the central reference; on NER also each seed, the early training loss and the mean plan."""
-    with (TRAINED / "runs.csv").open(newline="", encoding="utf-8") as f:
-        rows = [r for r in csv.DictReader(f) if r["task"] == task and r["part"] == "methods" and r["ok"] == "True"]
+    rows = [
+        r for r in read_csv(TRAINED / "runs.csv") if r["task"] == task and r["part"] == "methods" and r["ok"] == "True"
+    ]
     _, label, digits = METRIC[task]
     ref = central_reference(task)
     ref_text = f"{ref:.{digits}f}"
@@ -44,7 +45,7 @@ def trained_final(task: str) -> list[str]:
     extra = task == "ner"
     if extra:
         head += " seed 0 / 1 / 2 | mean train loss, rounds 1-10 | mean S / m |"
-    lines = [head, "|---|---|---|---|" + ("---|---|---|" if extra else "")]
+    lines = md.head(head)
     names = {"collapipe": "CollaPipe", **BASELINE_NAMES}
     for method in TRAINED_ORDER:
         mine = sorted((r for r in rows if r["method"] == method), key=lambda r: int(r["seed"]))
@@ -73,16 +74,13 @@ def trained_grid(task: str) -> list[str]:
     _, label, _ = METRIC[task]
     metric_digits, loss_digits, gap_digits = (2, 3, 3) if task == "translation" else (3, 4, 4)
     lines = [
-        f"| S | m | final {label} | final train loss | largest per-round loss gap to S = 1, m = 1 | modelled delay "
-        "(s) |",
-        "|---|---|---|---|---|---|",
+        *md.head(
+            f"| S | m | final {label} | final train loss | largest per-round loss gap to S = 1, m = 1 | modelled delay "
+            "(s) |"
+        ),
     ]
-    with (TRAINED / "runs.csv").open(newline="", encoding="utf-8") as f:
-        full = {
-            (int(float(r["S"])), int(float(r["m"]))): r
-            for r in csv.DictReader(f)
-            if r["task"] == task and r["part"] == "grid"
-        }
+    grid_runs = [r for r in read_csv(TRAINED / "runs.csv") if r["task"] == task and r["part"] == "grid"]
+    full = {(int(float(r["S"])), int(float(r["m"]))): r for r in grid_runs}
     for row in rows:  # the gap from grid.md (3 significant digits), the rest at full precision from runs.csv
         S, m, _, _, gap = (c.strip() for c in row.strip("|").split("|")[:5])
         run = full[int(S), int(m)]
@@ -112,8 +110,7 @@ def trained_claims() -> list[str]:
     learning = (TRAINED / "learning.md").read_text(encoding="utf-8")
     grid = (TRAINED / "grid.md").read_text(encoding="utf-8")
     lines = [
-        "| figure | task | paper | compared | ours | noise | verdict |",
-        "|---|---|---|---|---|---|---|",
+        *md.head("| figure | task | paper | compared | ours | noise | verdict |"),
     ]
     for task in ("translation", "classification", "ner"):
         for figure, paper, baseline, gap, floor, verdict_text in _section_table(
@@ -150,8 +147,7 @@ def trained_jobs() -> list[str]:
         if seconds is not None:
             taken.setdefault((job.task, job.name.split("/")[1]), []).append(seconds)
     lines = [
-        "| part | jobs | hours here | one job, seconds (fastest - slowest) |",
-        "|---|---|---|---|",
+        *md.head("| part | jobs | hours here | one job, seconds (fastest - slowest) |"),
     ]
     for task in ("translation", "classification", "ner"):
         parts = [p for p in TRAINED_PARTS if (task, p) in taken]

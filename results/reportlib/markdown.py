@@ -1,8 +1,26 @@
-"""Reading back what the scripts keep as text: ``name: value`` files and markdown tables."""
+"""What the scripts keep as text: markdown tables written and read back, ``name: value`` files, a generated file."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+
+
+def row(cells: Iterable[object]) -> str:
+    """One markdown table row: ``| a | b |`` (each cell as ``str`` gives it)."""
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def head(header: str) -> list[str]:
+    """A markdown table's ``header`` row (``| a | b |``; its cells parted by `` | ``) and the rule under it, a
+    ``---|`` for each of its columns."""
+    return [header, "|" + "---|" * len(header.strip()[2:-2].split(" | "))]
+
+
+def write(path: Path, text: str) -> None:
+    """Write the generated ``text`` to ``path`` (UTF-8), its folder made first when it is not there."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
 
 
 def name_values(path: Path) -> dict[str, str]:

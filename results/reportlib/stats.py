@@ -1,4 +1,4 @@
-"""Summaries over seeds."""
+"""Summaries over seeds, and how a table writes them."""
 
 from __future__ import annotations
 
@@ -10,3 +10,9 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
     if not values:
         return float("nan"), float("nan")
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def plus_minus(values: list[float], digits: int = 2, unit: str = "") -> str:
+    """``mean<unit> +- sd`` of ``values`` (:func:`mean_sd`) at ``digits`` decimals, e.g. ``12.34% +- 0.56``."""
+    mean, sd = mean_sd(values)
+    return f"{mean:.{digits}f}{unit} +- {sd:.{digits}f}"

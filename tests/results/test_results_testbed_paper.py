@@ -8,7 +8,7 @@ import gzip
 import pytest
 
 from tests.paths import ROOT
-from tests.results_scripts import load
+from tests.results_scripts import load, modelled_section
 
 RESULTS = ROOT / "results"
 
@@ -38,10 +38,9 @@ def _round(t: int, loss: float, round_s: float, clients: dict, modelled_round: f
         "measured_s": {"round_s": round_s},
         "clients": clients,
         "plan": {"clusters": [{"cluster": int(n), "selected": True, "S": 2} for n in clients]},
-        "modelled": {
-            "round_delay_s": modelled_round,
-            "clusters": [{"delay_s": 3.0, "compute_s": 1.5, "overhead_s": 0.2} for _ in clients],
-        },
+        "modelled": modelled_section(
+            modelled_round, [{"delay_s": 3.0, "compute_s": 1.5, "overhead_s": 0.2}] * len(clients)
+        ),
         "memory": {"clusters": {n: {"modelled_bytes": [50.0, 200.0]} for n in clients}},
     }
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.results_scripts import RESULTS, load
+from tests.results_scripts import RESULTS, load, modelled_section
 
 
 def _round(t, round_s, bleu=None, clusters=None):
@@ -35,7 +35,7 @@ def test_the_round_by_part_is_the_slowest_clusters_median():
         {**_round(t, 0.0), "virtual": {"round_s": 0.0, "clusters": {"0": slow, "1": parts}, "slowest": 0}}
         for t in (1, 2, 3)
     ]
-    records[0]["modelled"] = {"clusters": [{"delay_s": 5.0, "compute_s": 3.0, "d2d_s": 1.0, "uplink_s": 1.0}]}
+    records[0]["modelled"] = modelled_section(5.0, [{"delay_s": 5.0, "compute_s": 3.0, "d2d_s": 1.0, "uplink_s": 1.0}])
     got = tables.round_parts(records)
     assert got["virtual_compute_s"] == 4.0 and got["virtual_uplink_s"] == 3.0
     assert got["modelled_compute_s"] == 3.0
@@ -48,7 +48,7 @@ def test_the_clocks_error_is_read_per_cu_round_against_the_measured_steps(tmp_pa
     record = {
         "round": 1,
         "virtual": {"clusters": {"0": parts}, "round_s": 15.0, "slowest": 0},
-        "modelled": {"clusters": [{"delay_s": 4.0}]},
+        "modelled": modelled_section(4.0, [{"delay_s": 4.0}]),
         "clients": {
             "0": {
                 "steps": 5,
