@@ -38,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results/campaign.py, run as a script or loaded by path
 import campaign  # noqa: E402
 from reportlib import markdown as md  # noqa: E402
+from reportlib.records import modelled as modelled_round  # noqa: E402
 from reportlib.records import read_jsonl  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,18 +94,20 @@ def cluster_rows(folder: Path) -> list[dict]:
     """Per (round, selected cluster that replied): eq. (26)'s terms and what the CU measured for them."""
     out = []
     for r in _rounds(folder):
-        for n, mod in enumerate(r["modelled"]["clusters"]):
+        plan = modelled_round(r)
+        assert plan is not None  # _rounds keeps rounds with a modelled section
+        for n, mod in enumerate(plan.clusters):
             cu = r["clients"].get(str(n))
-            if cu is None or not mod.get("delay_s"):
+            if cu is None or not mod.delay_s:
                 continue
             wait = cu.get("seconds-uplink-wait", 0.0)
             out.append(
                 {
                     "round": r["round"],
                     "cluster": n,
-                    "modelled_pipeline_s": mod["pipeline_s"],
-                    "modelled_uplink_s": mod["uplink_s"],
-                    "modelled_overhead_s": mod.get("overhead_s", 0.0),
+                    "modelled_pipeline_s": mod.pipeline_s,
+                    "modelled_uplink_s": mod.uplink_s,
+                    "modelled_overhead_s": mod.overhead_s,
                     # the GPipe step without the head exchange: forward (embedding included) + backward + update
                     "measured_pipeline_s": cu["seconds-step-forward"]
                     + cu["seconds-step-backward"]
@@ -121,15 +124,17 @@ def cluster_rows(folder: Path) -> list[dict]:
 def round_series(folder: Path) -> tuple[list[float], list[float], list[float]]:
     """Per round: measured delay (max over its clusters), eq. (26)'s modelled delay, training loss."""
     rows = cluster_rows(folder)
-    measured, modelled, loss = [], [], []
+    measured, delays, loss = [], [], []
     for r in _rounds(folder):
         mine = [x["measured_s"] for x in rows if x["round"] == r["round"]]
         if not mine or r.get("train_loss") is None:
             continue
         measured.append(max(mine))
-        modelled.append(float(r["modelled"]["round_delay_s"]))
+        plan = modelled_round(r)
+        assert plan is not None
+        delays.append(plan.round_delay_s)
         loss.append(float(r["train_loss"]))
-    return measured, modelled, loss
+    return measured, delays, loss
 
 
 def seconds_to(measured: list[float], loss: list[float], target: float) -> float:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.paths import ROOT
+from tests.results_scripts import modelled_section
 
 SCRIPT = ROOT / "results" / "testbed_delay.py"
 
@@ -48,13 +49,13 @@ def _write_run(folder: Path, rounds: list[tuple[float, float, dict, dict]]) -> N
     folder.mkdir(parents=True)
     lines = [json.dumps({"round": 0, "elapsed_s": 1.0})]
     for t, (loss, delay, modelled, clients) in enumerate(rounds, start=1):
-        clusters = [modelled.get(n, {"delay_s": 0.0}) for n in range(2)]
+        clusters = [modelled.get(n, {"delay_s": 0.0}) for n in range(2)]  # a cluster not selected: delay 0
         lines.append(
             json.dumps(
                 {
                     "round": t,
                     "train_loss": loss,
-                    "modelled": {"round_delay_s": delay, "clusters": clusters},
+                    "modelled": modelled_section(delay, clusters),
                     "clients": {str(n): c for n, c in clients.items()},
                 }
             )
