@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 
@@ -68,7 +68,7 @@ class Task(ABC):
         self.seed = int(seed)
         self.cache_dir = resolve_cache_dir(cache_dir or task.cache_dir)
         self._examples: dict[str, tuple] = {}
-        self._features: dict[str, list[dict]] = {}
+        self._features: dict[str, dict[int, dict]] = {}  # split -> {example index: its encoding}, filled on demand
         self._corpus_sizes: list[int] = []  # examples per training corpus, set by read_split (domain partition)
 
     # ---- configuration -------------------------------------------------------------------------
@@ -156,10 +156,24 @@ class Task(ABC):
         return self._split_examples(split)
 
     def features(self, split: str) -> list[dict]:
-        """The encoded examples of ``split`` (token id lists), computed once per Task."""
-        if split not in self._features:
-            self._features[split] = self.encode(self.examples(split))
-        return self._features[split]
+        """Every encoded example of ``split``, in order (:meth:`features_at` of all of them)."""
+        done = self.features_at(split, range(len(self.examples(split))))
+        return [done[i] for i in range(len(done))]
+
+    def features_at(self, split: str, indices: Iterable[int]) -> Mapping[int, dict]:
+        """The encoded examples of ``split`` at ``indices``, as {index: encoding}.
+
+        Encoded on demand and kept per Task: only the indices not encoded yet are tokenised, in one batched call,
+        so a CU encodes its own partition D_n and an evaluation its first ``max_examples``, not the whole split.
+        Every task's :meth:`encode` treats each example on its own (padding is :meth:`collate`'s), so an
+        example's encoding does not depend on which others are encoded with it. The mapping returned is the
+        split's cache: it holds at least ``indices``."""
+        done = self._features.setdefault(split, {})
+        examples = self.examples(split)
+        missing = sorted({int(i) for i in indices} - done.keys())
+        if missing:
+            done.update(zip(missing, self.encode([examples[i] for i in missing]), strict=True))
+        return done
 
     @abstractmethod
     def read_split(self, split: str) -> Sequence:
@@ -177,8 +191,8 @@ class Task(ABC):
     def collate(self, features: Sequence[dict]) -> dict[str, torch.Tensor]:
         """Pad a list of encoded examples into a batch dict (docs/contracts.md "Batches")."""
 
-    def lengths(self, split: str) -> list[int] | None:
-        """Token lengths used for length bucketing (None: no bucketing)."""
+    def feature_length(self, feature: dict) -> int | None:
+        """An encoded example's token length, for length bucketing (``task.bucket``; None: no bucketing)."""
         return None
 
     def partition_labels(self) -> list[int] | None:
@@ -236,13 +250,14 @@ class Task(ABC):
         split: str = "train",
     ) -> Iterator[dict[str, torch.Tensor]]:
         """One pass over ``indices`` of ``split`` in batches of ``batch_size`` (b), shuffled by ``seed``."""
-        feats = self.features(split)
-        bad = [i for i in indices if not 0 <= int(i) < len(feats)]
+        size = len(self.examples(split))
+        bad = [i for i in indices if not 0 <= int(i) < size]
         if bad:
-            raise ConfigError(f"example index {bad[0]} is out of range for the {len(feats)} {split} examples")
-        order = batching.batch_order(
-            indices, batch_size, seed, shuffle, drop_last, self.lengths(split), self.spec.bucket
-        )
+            raise ConfigError(f"example index {bad[0]} is out of range for the {size} {split} examples")
+        feats = self.features_at(split, indices)
+        lengths = {int(i): self.feature_length(feats[int(i)]) for i in indices}
+        bucketing = None if None in lengths.values() else cast("dict[int, int]", lengths)  # None: no lengths
+        order = batching.batch_order(indices, batch_size, seed, shuffle, drop_last, bucketing, self.spec.bucket)
         for batch in order:
             yield self.collate([feats[i] for i in batch])
 
@@ -264,7 +279,7 @@ class Task(ABC):
             p.eval()
         try:
             loss_sum, count, outputs = 0.0, 0, []
-            feats = self.features(split)
+            feats = self.features_at(split, indices)
             for start in range(0, len(indices), batch_size):
                 chunk = indices[start : start + batch_size]
                 batch = batch_to(self.collate([feats[i] for i in chunk]), module_device(model.embedding))

@@ -14,7 +14,7 @@ shapes and the memory (docs/testbed.md: measured).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ def batch_order(
     seed: int,
     shuffle: bool = True,
     drop_last: bool = False,
-    lengths: Sequence[int] | None = None,
+    lengths: Sequence[int] | Mapping[int, int] | None = None,
     bucket: int = 0,
 ) -> list[list[int]]:
     """The batches (lists of example indices) of one pass over ``indices``."""

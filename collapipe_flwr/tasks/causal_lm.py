@@ -121,8 +121,8 @@ class CausalLMTask(Task):
         encoded = self.tokenizer()(list(examples), add_special_tokens=False)["input_ids"]
         return [{"ids": [ids["bos_token_id"], *tokens[:keep], ids["eos_token_id"]]} for tokens in encoded]
 
-    def lengths(self, split: str) -> list[int]:
-        return [len(f["ids"]) for f in self.features(split)]
+    def feature_length(self, feature: dict) -> int:
+        return len(feature["ids"])
 
     def collate(self, features: Sequence[dict]) -> dict[str, torch.Tensor]:
         seqs = [f["ids"] for f in features]

@@ -132,8 +132,8 @@ class ClassificationTask(Task):
         enc = self.tokenizer()([t.text for t in examples], truncation=True, max_length=self.max_len)
         return [{"input_ids": ids, "label": t.label} for ids, t in zip(enc["input_ids"], examples)]
 
-    def lengths(self, split: str) -> list[int]:
-        return [len(f["input_ids"]) for f in self.features(split)]
+    def feature_length(self, feature: dict) -> int:
+        return len(feature["input_ids"])
 
     def partition_labels(self) -> list[int]:
         return [t.label for t in self.train_examples()]

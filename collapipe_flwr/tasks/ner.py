@@ -164,8 +164,8 @@ class NerTask(Task):
             out.append({"input_ids": enc["input_ids"][i], "labels": labels, "word_ids": words})
         return out
 
-    def lengths(self, split: str) -> list[int]:
-        return [len(f["input_ids"]) for f in self.features(split)]
+    def feature_length(self, feature: dict) -> int:
+        return len(feature["input_ids"])
 
     def collate(self, features: Sequence[dict]) -> dict[str, torch.Tensor]:
         ids = [f["input_ids"] for f in features]
@@ -187,7 +187,7 @@ class NerTask(Task):
         return [tags[row].tolist() for row in range(len(indices))]
 
     def score(self, split, indices, predictions) -> dict[str, float]:
-        examples, feats = self.examples(split), self.features(split)
+        examples, feats = self.examples(split), self.features_at(split, indices)
         gold, pred = [], []
         for i, token_tags in zip(indices, predictions):
             sentence = examples[i]

@@ -178,8 +178,8 @@ class TranslationTask(Task):
         tgt = tgt_tok.encode_batch([p.tgt for p in examples], add_special_tokens=False)
         return [{"src": s.ids[:keep] + [bpe_tokenizer.EOS_ID], "tgt": t.ids[:keep]} for s, t in zip(src, tgt)]
 
-    def lengths(self, split: str) -> list[int]:
-        return [len(f["src"]) + len(f["tgt"]) for f in self.features(split)]
+    def feature_length(self, feature: dict) -> int:
+        return len(feature["src"]) + len(feature["tgt"])
 
     def collate(self, features: Sequence[dict]) -> dict[str, torch.Tensor]:
         src = [f["src"] for f in features]
