@@ -65,6 +65,12 @@ def build_encoder_model(model: ModelSpec, vocab_size: int, head: str, num_labels
     from collapipe_flwr.models.fast_dropout import with_dropout_kernel
     from collapipe_flwr.models.hf import apply_lora, load_hf_model, lora_config, split_hf_model
     from collapipe_flwr.models.hf.classification_head import ClassificationHead, CRFClassificationHead
+    from collapipe_flwr.models.hf.frozen_base import (
+        frozen_base_dtype,
+        loaded_storages,
+        own_loaded_weights,
+        store_frozen_base,
+    )
 
     hf = model.hf
     if hf is None:
@@ -96,6 +102,7 @@ def build_encoder_model(model: ModelSpec, vocab_size: int, head: str, num_labels
             f"{hf.hf_folder} has vocab_size={net.config.vocab_size} but its tokenizer has {vocab_size} tokens; "
             "the folder's weights and tokenizer files do not belong together"
         )
+    loaded = loaded_storages(net)  # the weights as loaded from the folder: views into its memory-mapped file
     split = split_hf_model(net)
     if head == "token_crf" and isinstance(split.head, ClassificationHead):  # the CRF over the classifier's logits
         split.head = CRFClassificationHead(split.head.tail, num_labels)
@@ -104,7 +111,6 @@ def build_encoder_model(model: ModelSpec, vocab_size: int, head: str, num_labels
         config = lora_config(hf.model_type, lora.r, lora.alpha, lora.dropout, lora.target_modules or None)
         apply_lora(split, config, train_head=True)  # the classifier starts random: it must train
         if hf.base_dtype is not BaseDtype.FP32:  # frozen base weights in bf16 / int8 (models/hf/frozen_base.py)
-            from collapipe_flwr.models.hf.frozen_base import frozen_base_dtype, store_frozen_base
-
             store_frozen_base(split.blocks, frozen_base_dtype(hf.base_dtype))
+            own_loaded_weights(split.parts(), loaded)  # the file's mapping goes with the converted fp32 weights
     return with_dropout_kernel(split, model.dropout_kernel)

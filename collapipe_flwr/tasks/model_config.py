@@ -81,13 +81,21 @@ def build_causal_lm(model: ModelSpec, vocab_size: int, special_ids: Mapping[str,
     else from scratch (``model_type`` and sizes, the tokenizer's vocabulary); with ``model.lora.enabled`` LoRA
     adapters on every TEB and every base weight frozen (models/hf/lora.py), stored in ``model.base_dtype``."""
     from collapipe_flwr.models.hf import apply_lora, load_hf_model, lora_config, split_hf_model
+    from collapipe_flwr.models.hf.frozen_base import (
+        frozen_base_dtype,
+        loaded_storages,
+        own_loaded_weights,
+        store_frozen_base,
+    )
     from collapipe_flwr.models.hf_arch import inline_config
 
     hf = model.hf
     if hf is None:
         raise ConfigError(f"model {model.name!r} is a {model.family} model; a causal LM task needs family: hf")
+    loaded: set[int] = set()  # the weights as loaded from the folder: views into its memory-mapped file
     if hf.from_folder:
         net = _folder_causal_lm(hf)
+        loaded = loaded_storages(net)
         if int(net.config.vocab_size) < vocab_size:
             raise ConfigError(
                 f"{hf.hf_folder} has vocab_size={net.config.vocab_size} but its tokenizer has {vocab_size} tokens; "
@@ -104,7 +112,6 @@ def build_causal_lm(model: ModelSpec, vocab_size: int, special_ids: Mapping[str,
         config = lora_config(hf.model_type, lora.r, lora.alpha, lora.dropout, targets)
         apply_lora(split, config, train_head=lora.train_head)
         if hf.base_dtype is not BaseDtype.FP32:  # frozen base weights in bf16 / int8 (models/hf/frozen_base.py)
-            from collapipe_flwr.models.hf.frozen_base import frozen_base_dtype, store_frozen_base
-
             store_frozen_base(split.blocks, frozen_base_dtype(hf.base_dtype))
+            own_loaded_weights(split.parts(), loaded)  # the file's mapping goes with the converted fp32 weights
     return with_dropout_kernel(split, model.dropout_kernel)

@@ -17,10 +17,19 @@ the real dtypes, so DSSRA's gamma_0 (C7) sees the smaller base.
 GPT-2's ``Conv1D`` has no int8 form there.
 
 Call it after the adapters are injected: peft moves a new adapter to its base layer's dtype.
+
+A base loaded from a folder's safetensors file is memory-mapped: every weight is a view into one mapping of the
+whole file, which stays mapped (and every page the conversion read, resident) while any view lives. After the
+conversion the fp32 originals of the converted layers are gone, but the weights that stay as loaded (the
+embedding, the norms) keep the whole file mapped: SmolLM2-135M's 513 MiB in every process that builds the model
+(server, CUs), where the weights still read from it are 108 MiB. :func:`own_loaded_weights` copies those out of
+the file (same values), so the mapping and its pages go; take :func:`loaded_storages` of the model right after
+loading, before the split copies anything.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -96,6 +105,33 @@ def store_frozen_base(module: nn.Module, dtype: torch.dtype = torch.bfloat16) ->
         sub.__class__ = cls
         converted += 1
     return converted
+
+
+def loaded_storages(module: nn.Module) -> set[int]:
+    """The data pointers of the storages of ``module``'s parameters and buffers (taken right after loading: the
+    tensors that may be views into the memory-mapped checkpoint file)."""
+    return {t.untyped_storage().data_ptr() for t in module.state_dict(keep_vars=True).values()}
+
+
+def own_loaded_weights(modules: Iterable[nn.Module], loaded: set[int]) -> int:
+    """Give every parameter and buffer of ``modules`` still in one of the ``loaded`` storages (:func:`loaded_storages`)
+    memory of its own, with the same values (in place: the same Parameter objects, so the parts' references and
+    flags stay); a tensor met twice (a tied weight) gets one copy. Then the checkpoint file's mapping goes
+    once nothing else holds it (the large copies are mmapped by malloc: no heap left to trim). Returns the bytes
+    copied."""
+    copies: dict[tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype], torch.Tensor] = {}
+    copied = 0
+    for module in modules:
+        for t in module.state_dict(keep_vars=True).values():
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in loaded:
+                continue
+            key = (storage.data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+            if key not in copies:
+                copies[key] = t.detach().clone()
+                copied += t.nbytes
+            t.data = copies[key]
+    return copied
 
 
 def frozen_base_dtype(name: str) -> torch.dtype:
