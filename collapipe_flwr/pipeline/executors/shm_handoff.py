@@ -160,23 +160,35 @@ def resolve(value):
     return fetch(value) if isinstance(value, ShmTensor) else value
 
 
+TRANSIENT_KEY = "__non_persistent_buffers__"  # never a state-dict name (those are dotted attribute names)
+
+
 def parked_module(module: M, lot: ParkingLot) -> tuple[M, dict] | None:
     """``module`` as (a copy on the meta device: its structure without its weights, its state dict with the large
     tensors parked in ``lot``), so that blocks moving to a device skip Ray's object store as weights do; None
-    when its state dict would not rebuild it (a non-persistent buffer, or a parameter shared between two of its
-    modules, which ``to_empty`` would split)."""
+    when a parameter is shared between two of its modules (``to_empty`` would split it). Buffers a state dict
+    leaves out (non-persistent: a Llama block's rotary ``inv_freq``, a few hundred bytes) travel in the state under
+    :data:`TRANSIENT_KEY`, as they are, and :func:`unparked_module` puts them back."""
     state = module.state_dict()
-    buffers = [name for name, _ in module.named_buffers()]
     shared = len(list(module.named_parameters(remove_duplicate=False))) != len(list(module.parameters()))
-    if shared or any(name not in state for name in buffers):
+    if shared:
         return None
-    return copy.deepcopy(module).to("meta"), lot.handover_tree(state)
+    parked = lot.handover_tree(state)
+    transient = {name: buf.detach().clone() for name, buf in module.named_buffers() if name not in state}
+    if transient:
+        parked[TRANSIENT_KEY] = transient
+    return copy.deepcopy(module).to("meta"), parked
 
 
 def unparked_module(skeleton: M, state: dict) -> M:
     """The module :func:`parked_module` took apart, rebuilt on the CPU from its parked state."""
+    state = dict(state)
+    transient = state.pop(TRANSIENT_KEY, {})
     module = skeleton.to_empty(device="cpu")
     module.load_state_dict(resolve_tree(state), strict=True)
+    for name, value in transient.items():
+        owner, _, leaf = name.rpartition(".")
+        module.get_submodule(owner).register_buffer(leaf, value, persistent=False)
     return module
 
 

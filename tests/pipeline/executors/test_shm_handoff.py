@@ -235,7 +235,7 @@ def test_weights_through_shared_memory_leave_no_object_store_pages_in_the_device
 
 def test_a_segment_taken_apart_for_shared_memory_is_rebuilt_equal(tmp_path):
     """parked_module / unparked_module against the module itself: the same state, the same output, the same
-    frozen parameters; a module its state dict cannot rebuild is refused (None)."""
+    frozen parameters, its non-persistent buffers; a module whose parameters are shared is refused (None)."""
     from collapipe_flwr.models.transformer import EncoderBlock
 
     torch.manual_seed(0)
@@ -256,9 +256,14 @@ def test_a_segment_taken_apart_for_shared_memory_is_rebuilt_equal(tmp_path):
     segment.eval(), rebuilt.eval()
     assert torch.equal(rebuilt[1](rebuilt[0](x, mask), mask), segment[1](segment[0](x, mask), mask))
 
+    # a non-persistent buffer (a Llama block's rotary inv_freq) is not in the state dict: it travels beside it
     with_buffer = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
-    with_buffer[0].register_buffer("table", torch.ones(4), persistent=False)
-    assert shm_handoff.parked_module(with_buffer, lot) is None
+    with_buffer[0].register_buffer("table", torch.arange(4.0), persistent=False)
+    parked = shm_handoff.parked_module(with_buffer, lot)
+    assert parked is not None
+    rebuilt = shm_handoff.unparked_module(*parked)
+    assert torch.equal(rebuilt[0].table, torch.arange(4.0)) and "0.table" not in rebuilt.state_dict()
+    assert torch.equal(rebuilt[0].weight, with_buffer[0].weight)
     tied = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
     tied[1].weight = tied[0].weight
     assert shm_handoff.parked_module(tied, lot) is None
@@ -323,3 +328,30 @@ def test_a_new_device_gets_its_first_segment_once_through_shared_memory(ray_sess
     assert same_store and same_shm
     assert store > 8.0
     assert shm < 2.0
+
+
+def test_a_llama_segment_takes_the_shared_memory_way_and_computes_the_same(tmp_path):
+    """A Llama block keeps its rotary ``inv_freq`` as a non-persistent buffer; its segment used to be refused the
+    shared-memory hand-over (through Ray's object store instead). Rebuilt from the parked state it gives the same
+    output as the segment itself, buffers included."""
+    from collapipe_flwr.models.hf import load_hf_model, split_hf_model
+    from tests.models.hf.test_hf_split import make_batch, make_config
+
+    config, task = make_config("llama")
+    torch.manual_seed(0)
+    split = split_hf_model(load_hf_model(config, task))
+    segment = torch.nn.ModuleList(list(split.blocks[1:3]))
+    state = segment.state_dict()
+    assert any(name not in state for name, _ in segment.named_buffers())  # the case this test is about
+    parked = shm_handoff.parked_module(segment, shm_handoff.ParkingLot(tmp_path))
+    assert parked is not None
+    rebuilt = shm_handoff.unparked_module(*parked)
+    for (name, want), (_, got) in zip(segment.named_buffers(), rebuilt.named_buffers(), strict=True):
+        assert torch.equal(want, got), name
+    batch = make_batch(task, 0)
+    x, mask = split.embedding(batch["input_ids"]).detach(), batch["attention_mask"]
+    segment.eval(), rebuilt.eval()
+    want, got = x, x
+    for a, b in zip(segment, rebuilt, strict=True):
+        want, got = a(want, mask), b(got, mask)
+    assert torch.equal(want, got)
