@@ -11,7 +11,9 @@ Per job (one method, seed and J, or N for the scale part):
   PSS, ``cost.json``: ``results/campaign.py``);
 * **the round by part** (the median over a job's rounds of the slowest cluster's parts): virtual compute, D2D,
   CU, uplink, decoder, set-up, and eq. (26)'s modelled compute, D2D and uplink of the modelled slowest cluster,
-  so a reader sees which term decides.
+  so a reader sees which term decides;
+* **selection** (the plan's ``selected`` CUs of each round): CUs selected a round (mean), how many of the N
+  CUs were ever selected, and the largest share of rounds one CU was selected in (1.0: some CU every round).
 """
 
 from __future__ import annotations
@@ -75,6 +77,23 @@ def round_parts(records: list[dict]) -> dict[str, float]:
     return out
 
 
+def selection(records: list[dict]) -> dict[str, float | int]:
+    """Which CUs the plans selected over the trained rounds (see the module docstring)."""
+    picks = [
+        [int(c["cluster"]) for c in (r.get("plan") or {}).get("clusters", []) if c.get("selected")]
+        for r in records
+        if r.get("round", 0) >= 1
+    ]
+    clusters = max((len((r.get("plan") or {}).get("clusters", [])) for r in records), default=0)
+    counts = [sum(n in chosen for chosen in picks) for n in range(clusters)]
+    return {
+        "num_clusters": clusters,
+        "selected_per_round": round(statistics.mean(len(c) for c in picks), 3) if picks else "",
+        "cus_ever_selected": sum(c > 0 for c in counts),
+        "top_cu_share": round(max(counts) / len(picks), 3) if picks and counts else "",
+    }
+
+
 def job_rows(records_dir: Path = RECORDS) -> list[dict]:
     rows = []
     for path in sorted(records_dir.glob("*/*/*/*.rounds.jsonl.gz")):
@@ -101,6 +120,7 @@ def job_rows(records_dir: Path = RECORDS) -> list[dict]:
                 "wall_s": cost.get("wall_s", summary.get("wall_s", "")),
                 "peak_pss_mb": cost.get("peak_pss_mb", ""),
                 "lost_devices": lost_devices(records),
+                **selection(records),
                 **{k: round(v, 3) for k, v in round_parts(records).items()},
             }
         )
@@ -140,9 +160,32 @@ def table(rows: list[dict]) -> str:
             f"{r[f'modelled_{p}']:.2f}" for p in MODELLED_PARTS
         ]
         split.append(md.row((r["setting"], r["seed"], r["run"], *cells)))
+    chosen = [
+        "",
+        "Selection (the plans' selected CUs over the rounds):",
+        "",
+        *md.head(
+            "| part | setting | seed | run | N | CUs selected a round | CUs ever selected | top CU's share of rounds |"
+        ),
+    ]
+    for r in rows:
+        chosen.append(
+            md.row(
+                (
+                    r["part"],
+                    r["setting"],
+                    r["seed"],
+                    r["run"],
+                    r["num_clusters"],
+                    r["selected_per_round"],
+                    r["cus_ever_selected"],
+                    r["top_cu_share"],
+                )
+            )
+        )
     if not rows:
         body = ["| (no records yet) | | | | | | | | | |"]
-    return "\n".join([*head, *body, *split]) + "\n"
+    return "\n".join([*head, *body, *split, *chosen]) + "\n"
 
 
 def main() -> None:

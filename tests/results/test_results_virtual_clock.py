@@ -41,6 +41,19 @@ def test_the_round_by_part_is_the_slowest_clusters_median():
     assert got["modelled_compute_s"] == 3.0
 
 
+def test_selection_counts_the_plans_selected_cus_by_hand():
+    """N = 4, three trained rounds selecting {0, 1}, {0, 2}, {0}: 5/3 a round, 3 of 4 CUs ever, CU 0 in every one."""
+    tables = load("virtual_paper_tables")
+
+    def plan(t, chosen):
+        clusters = [{"cluster": n, "selected": n in chosen} for n in range(4)]
+        return {"round": t, "plan": {"clusters": clusters}}
+
+    records = [{"round": 0}, plan(1, {0, 1}), plan(2, {0, 2}), plan(3, {0})]
+    got = tables.selection(records)
+    assert got == {"num_clusters": 4, "selected_per_round": 1.667, "cus_ever_selected": 3, "top_cu_share": 1.0}
+
+
 def test_the_clocks_error_is_read_per_cu_round_against_the_measured_steps(tmp_path):
     tables = load("virtual_clock_tables")
     parts = {"compute_s": 3.0, "d2d_s": 1.0, "cu_s": 0.5, "uplink_s": 0.5, "decoder_s": 1.0, "setup_s": 9.0}
