@@ -63,7 +63,7 @@ def test_a_cu_that_loses_a_device_mid_round_replans_and_finishes_the_round(data_
     failed: list[tuple[str, int]] = []
 
     def step(self, batch, m, head, lr_factor=1.0, step_seed=None):
-        used = [k for k, d in enumerate(self.delta) if d > 0]
+        used = [k for k, d in enumerate(self.placement.delta) if d > 0]
         # cluster 0 loses the last device its plan uses, at its second step of round 1
         if self.name == "cluster0" and not failed and getattr(step, "calls", 0) == 1:
             failed.append((self.name, used[-1]))
@@ -108,7 +108,7 @@ def test_a_replanned_round_trains_as_the_same_round_uninterrupted(data_dir, tmp_
         if self.name == "cluster0":
             calls["cluster0"] += 1
             if calls["cluster0"] == 2:  # round 1, step 2: the first step already reached the decoder
-                used = [k for k, d in enumerate(self.delta) if d > 0]
+                used = [k for k, d in enumerate(self.placement.delta) if d > 0]
                 raise DeviceFailure(f"device {used[-1]} died during the step", device=used[-1])
         return real_step(self, batch, m, head, lr_factor=lr_factor, step_seed=step_seed)
 
