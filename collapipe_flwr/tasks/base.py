@@ -255,8 +255,10 @@ class Task(ABC):
         if bad:
             raise ConfigError(f"example index {bad[0]} is out of range for the {size} {split} examples")
         feats = self.features_at(split, indices)
-        lengths = {int(i): self.feature_length(feats[int(i)]) for i in indices}
-        bucketing = None if None in lengths.values() else cast("dict[int, int]", lengths)  # None: no lengths
+        bucketing = None
+        if shuffle and self.spec.bucket > 1:  # batch_order sorts by length only then
+            lengths = {int(i): self.feature_length(feats[int(i)]) for i in indices}
+            bucketing = None if None in lengths.values() else cast("dict[int, int]", lengths)  # None: no lengths
         order = batching.batch_order(indices, batch_size, seed, shuffle, drop_last, bucketing, self.spec.bucket)
         for batch in order:
             yield self.collate([feats[i] for i in batch])
