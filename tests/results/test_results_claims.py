@@ -109,3 +109,18 @@ def test_a_lower_bound_on_the_gain_is_judged_only_as_far_as_a_bound_can_be():
     assert paired((7.2,)).bound_verdict(figure(7.12)) == "direction only"  # within 25%, but only a bound
     assert paired((7.2,)).verdict(figure(7.12)) == "reproduced"  # the same number as a measured gain
     assert paired((-5.0,)).bound_verdict(figure(7.12)) == "-"
+
+
+def test_the_grid_row_ranks_the_grid_runs_final_bleu_by_hand():
+    """Fig. 9's row: (2, 2) is judged against every grid run's last validation BLEU, read here from the records."""
+    import json
+
+    finals = {}
+    for folder in (ROOT / "results/trained/jobs/translation/grid").iterdir():
+        rows = [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines() if line.strip()]
+        finals[folder.name] = [r["val_bleu"] for r in rows if r.get("val_bleu") is not None][-1]
+    row = _module().grid_row()
+    best = max(finals.values())
+    assert f"best BLEU {best:.2f}" in row
+    assert f"(2, 2): {finals['S2_m2']:.2f}" in row
+    assert row.endswith("| reproduced |" if finals["S2_m2"] == best else "| not reproduced |")
