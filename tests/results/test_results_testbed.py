@@ -99,7 +99,7 @@ def test_report_figures_by_hand(testbed, tmp_path):
     one("methods/s0/uniform", 8.0, 6.0, [5.0, 4.5, 3.5])
     one("value/s0/slow0_config", 10.0, 5.0, [5.0, 4.0])
     one("value/s0/slow0_measured", 5.0, 5.0, [5.0, 4.0])
-    summary = testbed.report(tmp_path, tmp_path / "out")
+    summary = testbed.report(tmp_path, tmp_path / "out", target=3.5)
     fig = summary["figures"]
     # rounds after the first: DSSRA 4 s, uniform 8 s a round -> (8 - 4) / 8; modelled (6 - 4) / 6
     assert fig["measured_round_margin_vs_uniform"] == pytest.approx(0.5)
@@ -110,3 +110,11 @@ def test_report_figures_by_hand(testbed, tmp_path):
     target = {r["run"]: r for r in summary["methods"]}["dssra"]
     assert target["target_loss"] == 3.5 and target["measured_s_to_target"] == pytest.approx(12.0)
     assert (tmp_path / "out" / "summary.md").read_text().count("| dssra |") == 1
+    # the target is the caller's, never the runs' worst final loss: at 3.0 only DSSRA reaches it (12 s), and
+    # without one nothing is timed
+    late = {r["run"]: r for r in testbed.report(tmp_path, tmp_path / "out3", target=3.0)["methods"]}
+    assert late["dssra"]["measured_s_to_target"] == pytest.approx(12.0)
+    assert math.isnan(late["uniform"]["measured_s_to_target"])
+    unset = testbed.report(tmp_path, tmp_path / "out_unset")
+    assert all(math.isnan(r["measured_s_to_target"]) for r in unset["methods"])
+    assert "no target set" in (tmp_path / "out_unset" / "summary.md").read_text()
