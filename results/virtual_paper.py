@@ -17,7 +17,8 @@ its time a lower bound.
 Runs per seed and J: ``dssra`` (CollaPipe), ``random`` (the paper's random scheduling), and the method baselines
 ``collapipe_no_ss``, ``pipeline``, ``vanilla_fl``, ``titanic`` (docs/baselines.md), each under DSSRA's scheduling.
 
-Usage: ``python results/virtual_paper.py ROOT [--part paper|scale] [--channels 4 2] [--seeds 0 1 2] [--runs ...]``.
+Usage: ``python results/virtual_paper.py ROOT [--part paper|scale|classification] [--channels 4 2] [--seeds 0 1 2]
+[--runs ...]``; ``--part classification --pilot`` runs the pilot that fixes that part's target (``TASK_PARTS``).
 A job whose run folder has ``summary.json``, or whose records are kept in the repository already, is skipped, so
 the campaign resumes over several sessions and machines; each job prints its cost as it ends, and its
 ``rounds.jsonl`` (gzip), ``summary.json``, ``status.json`` and ``cost.json`` (wall seconds, peak memory of its
@@ -48,13 +49,39 @@ TARGET_BLEU = 12.0
 EVAL_EXAMPLES = 256
 ROUNDS = 30
 LOCAL_STEPS = 10
+TRANSLATION_MODEL = "model=transformer_small model.enc_layers=6"  # what a task part replaces, with the eval size
+TRANSLATION_EVAL = f"eval.max_examples={EVAL_EXAMPLES}"
 COMMON = (
-    "clock=virtual runtime.backend=local network=testbed_paper model=transformer_small model.enc_layers=6 "
-    f"eval.every=1 eval.max_examples={EVAL_EXAMPLES} checkpoint=false "
+    f"clock=virtual runtime.backend=local network=testbed_paper {TRANSLATION_MODEL} "
+    f"eval.every=1 {TRANSLATION_EVAL} checkpoint=false "
     f"federation.num_rounds={ROUNDS} federation.local_steps={LOCAL_STEPS}"
 )
 RUNS = testbed_paper.RUNS  # the same six runs as the testbed campaign: CollaPipe, random and the four baselines
 SCALE_RUNS = ("dssra", "titanic", "random")
+
+
+@dataclass(frozen=True)
+class TaskPart:
+    """A task's part of the campaign: the overrides that replace the translation part's task and model (``model``)
+    and its evaluation size (``eval``), the validation metric judged (its rounds.jsonl key), and its target, fixed
+    before the part's first job (``None``: not fixed yet, so only ``--pilot`` runs)."""
+
+    model: str
+    eval: str
+    metric: str
+    target: float | None
+
+
+# the paper's second task, next after translation (issue 63): 15-class Toutiao titles, BERT (bert_small at L = 6 TEBs,
+# as the translation part's encoder, from random weights: no pretrained Chinese BERT ships here); accuracy on the
+# first CLS_EVAL validation titles. Its target is set from a pilot (``--pilot``: dssra, J = 4, seed 0, not kept)
+# before any of its jobs runs, as the translation part's was, and committed with the pilot's readings
+CLS_EVAL = 1024
+TASK_PARTS = {
+    "classification": TaskPart(
+        "task=classification model=bert_small model.layers=6", f"eval.max_examples={CLS_EVAL}", "val_accuracy", None
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -76,6 +103,31 @@ def paper_jobs(channels: list[int], seeds: list[int], runs: list[str]) -> list[J
         for seed in seeds
         for run in runs
     ]
+
+
+def task_jobs(part: str, channels: list[int], seeds: list[int], runs: list[str]) -> list[Job]:
+    """The paper's setting (N = 3, K = 6) for another task: the translation part's jobs with the task's overrides."""
+    task = TASK_PARTS[part]
+    return [
+        Job(part, job.name, job.overrides.replace(TRANSLATION_MODEL, task.model).replace(TRANSLATION_EVAL, task.eval))
+        for job in paper_jobs(channels, seeds, runs)
+    ]
+
+
+def pilot_job(part: str) -> Job:
+    """The pilot that fixes a task part's target: CollaPipe, J = 4, seed 0; run under ROOT/pilot, never kept."""
+    job = task_jobs(part, [4], [0], ["dssra"])[0]
+    return Job("pilot", f"{part}/{job.name}", job.overrides)
+
+
+def pilot_readings(root: Path, part: str) -> str:
+    """The pilot's validation metric by round, as the line to quote beside the target it fixes."""
+    from reportlib.records import read_jsonl
+
+    job = pilot_job(part)
+    metric = TASK_PARTS[part].metric
+    rounds = read_jsonl(root / job.part / job.name / "rounds.jsonl")
+    return ", ".join(f"{r['round']}: {r[metric]:.4f}" for r in rounds if r.get(metric) is not None)
 
 
 def scale_jobs(clusters: list[int], seeds: list[int]) -> list[Job]:
@@ -107,17 +159,30 @@ def is_kept(job: Job, records: Path = RECORDS) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="where the runs go (kept between invocations)")
-    parser.add_argument("--part", choices=["paper", "scale"], default="paper")
+    parser.add_argument("--part", choices=["paper", "scale", *TASK_PARTS], default="paper")
+    parser.add_argument("--pilot", action="store_true", help="a task part's pilot only (fixes its target; not kept)")
     parser.add_argument("--channels", nargs="+", type=int, default=[4, 2])
     parser.add_argument("--clusters", nargs="+", type=int, default=[10, 30])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     args = parser.parse_args(argv)
     root = args.root.resolve()
+    if args.pilot:
+        if args.part not in TASK_PARTS:
+            parser.error(f"--pilot is for a task part ({', '.join(TASK_PARTS)}), not {args.part}")
+        job = pilot_job(args.part)
+        failed = campaign.run_queue(f"pilot ({args.part})", [(root / job.part, job.name, job.overrides, lambda: None)])
+        if not failed:
+            print(f"pilot {args.part}, {TASK_PARTS[args.part].metric} by round: {pilot_readings(root, args.part)}")
+        return failed
     if args.part == "paper":
         todo = paper_jobs(args.channels, args.seeds, args.runs)
-    else:
+    elif args.part == "scale":
         todo = scale_jobs(args.clusters, args.seeds)
+    elif TASK_PARTS[args.part].target is None:
+        parser.error(f"the {args.part} part's target is not fixed yet: run its --pilot, then set it in TASK_PARTS")
+    else:
+        todo = task_jobs(args.part, args.channels, args.seeds, args.runs)
     kept = [j for j in todo if is_kept(j)]
     if kept:  # a later session, another ROOT: what is kept in the repository is done
         print(f"{len(kept)} job(s) already kept in {RECORDS.relative_to(REPO)}: skipped", flush=True)

@@ -97,6 +97,45 @@ def test_the_campaign_has_every_method_per_seed_and_channel_count_on_the_virtual
     assert {j.name for j in scale} == {f"n{n}/s0/{r}" for n in (10, 30) for r in ("dssra", "titanic", "random")}
 
 
+def test_a_task_part_keeps_the_setting_and_swaps_only_the_task_model_and_evaluation():
+    """The classification part: every translation job's setting, with the task, the model and the eval size replaced
+    (a config that loads), and no job before its target is fixed, only the pilot."""
+    from collapipe_flwr.config import load_run_config
+
+    campaign = load("virtual_paper")
+    translation = campaign.paper_jobs([4, 2], [0], ["dssra", "random"])
+    classification = campaign.task_jobs("classification", [4, 2], [0], ["dssra", "random"])
+    assert [j.name for j in classification] == [j.name for j in translation]
+    for ours, theirs in zip(classification, translation, strict=True):
+        kept = set(theirs.overrides.split()) - {
+            "model=transformer_small",
+            "model.enc_layers=6",
+            "eval.max_examples=256",
+        }
+        assert kept <= set(ours.overrides.split())
+    cfg = load_run_config(classification[0].overrides.split())
+    assert (cfg.task.name, cfg.model.name, cfg.model.sizes["layers"]) == ("classification", "bert_small", 6)
+    assert cfg.clock.mode == "virtual" and cfg.eval.max_examples == campaign.CLS_EVAL
+    assert campaign.pilot_job("classification").part == "pilot"  # never under records/
+    if campaign.TASK_PARTS["classification"].target is None:
+        with pytest.raises(SystemExit):
+            campaign.main(["/nonexistent-root", "--part", "classification"])
+
+
+def test_a_task_part_is_timed_on_its_own_metric_and_only_once_its_target_is_fixed(monkeypatch):
+    tables = load("virtual_paper_tables")
+    records = [{"round": 1, "virtual": {"round_s": 4.0}, "val_accuracy": 0.5, "val_bleu": 30.0}]
+    records.append({"round": 2, "virtual": {"round_s": 5.0}, "val_accuracy": 0.7})
+    assert tables.time_to_target(records, 0.6, "val_accuracy") == (9.0, 2, 0.7)
+    assert tables.quality_target("paper") == ("val_bleu", tables.virtual_paper.TARGET_BLEU)
+    task = tables.virtual_paper.TASK_PARTS["classification"]
+    monkeypatch.setitem(
+        tables.virtual_paper.TASK_PARTS, "classification", type(task)(task.model, task.eval, task.metric, None)
+    )
+    with pytest.raises(ValueError, match="not fixed"):
+        tables.quality_target("classification")
+
+
 def test_the_committed_tables_are_regenerated_from_the_kept_records():
     clock = load("virtual_clock_tables")
     assert clock.table() == (RESULTS / "virtual_clock" / "table.md").read_text(encoding="utf-8")
