@@ -283,7 +283,10 @@ def report() -> str:
             f"{_spread([c['val']['perplexity'] for c in central.values()])}, federated "
             f"{_spread([r['val_perplexity'] for r in done.values()])}. Both evaluated by `task.evaluate` under the "
             "runs' bf16 autocast (`runtime.precision=auto` on this bf16-capable CPU; the federated runs predate "
-            "`eval.precision`, whose default `runtime` keeps that behaviour; central's record says bf16).",
+            "`eval.precision`, whose default `runtime` keeps that behaviour; central's record says bf16). Equal "
+            f"examples are not equal steps: the federated model moves by {ROUNDS} averaged updates of {STEPS} steps "
+            f"each ({ROUNDS * STEPS} steps in sequence), central by {CENTRAL_STEPS}; averaging the CUs' updates is "
+            "the likely cost, as on the caption task (pretrained_lora/README.md).",
             "",
         ]
     lines += _low_bleu_notes(base, [r["val_perplexity"] for r in done.values()], bleus)
