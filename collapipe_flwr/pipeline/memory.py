@@ -189,9 +189,7 @@ def segment_memory_bytes(
     return int(delta_k) * per_block + module_input_bytes(block, input_samples, seq_len)
 
 
-def max_blocks_per_device(
-    memory_bytes: Sequence[float], per_block_bytes: float, fixed_bytes: float = 0.0
-) -> list[int]:
+def max_blocks_per_device(memory_bytes: Sequence[float], per_block_bytes: float, fixed_bytes: float = 0.0) -> list[int]:
     """How many TEBs each device's budget gamma_k^max holds: floor((gamma_k - fixed) / per-block bytes), with
     ``fixed_bytes`` what the stage holds whatever delta_k (checkpointed micro-batches' inputs; 0 without)."""
     if per_block_bytes <= 0:

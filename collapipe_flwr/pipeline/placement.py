@@ -141,7 +141,11 @@ class ClusterPlacement:
             per_block = module_block_memory_bytes(self.block(), full, seq_len, name)
             fixed = module_input_bytes(self.block(), inputs, seq_len)
             caps[k] = max_blocks_per_device([mem[k]], per_block, fixed)[0]
-        how = f"{self.schedule}, checkpoint {self.checkpoint}" if self.checkpoint is not Checkpoint.NEVER else self.schedule
+        how = (
+            f"{self.schedule}, checkpoint {self.checkpoint}"
+            if self.checkpoint is not Checkpoint.NEVER
+            else self.schedule
+        )
         note = f"a batch of {batch_size_b}x{seq_len} tokens, {how} (~{per_block / 2**20:.1f} MiB per block)"
         validate_partition(self.delta, self.num_blocks, caps, memory_note=note)
 

@@ -143,7 +143,9 @@ class Stage:
         self._step_seed = step_seed
         if micro_batches is None and self.checkpoint is Checkpoint.EXCEPT_LAST:
             raise ValueError(f"device {self.device_index}: pipeline.checkpoint=except_last needs the step's m")
-        self._checkpoint_stop = checkpoint_stop(self.checkpoint, sys.maxsize if micro_batches is None else micro_batches)
+        self._checkpoint_stop = checkpoint_stop(
+            self.checkpoint, sys.maxsize if micro_batches is None else micro_batches
+        )
         self.optimizer.zero_grad(set_to_none=True)
         self._pending.clear()
         self._live_activation_bytes = 0

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_map_only
 
 from collapipe_flwr.config import build_run_config, load_run_config
 from collapipe_flwr.dssra.cluster_model import ClusterModel
-from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.errors import ConfigError, PartitionError
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.dropout_seed import EMBEDDING, block_seed, step_seed
 from collapipe_flwr.pipeline.head import LocalHead
@@ -29,10 +29,11 @@ from collapipe_flwr.pipeline.memory import SavedTensorMeter, segment_memory_byte
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.runtime_spec import LOCAL_RUNTIME
 from collapipe_flwr.pipeline.stage import Stage, StageCompute
+from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.system.pipeline_model import checkpoint_stop, held_activation_samples
 from collapipe_flwr.system.workload import Workload
-from tests.pipeline.test_pipeline_1f1b import bert
 from tests.pipeline.test_pipeline_1f1b import batch as ragged_batch
+from tests.pipeline.test_pipeline_1f1b import bert
 from tests.pipeline.test_seeded_dropout import make_model
 from tests.runtimes import runtime
 from tests.workloads import uniform_workload
@@ -292,6 +293,25 @@ def test_segment_estimate_bounds_the_measured_checkpointed_peak():
             assert report["peak_bytes"] <= estimate <= 3 * report["peak_bytes"], (mode, k, report, estimate)
 
 
+def test_the_cus_c7_check_lets_a_re_materializing_stage_hold_more_blocks():
+    """ClusterPlacement.check_memory: two devices whose budget is exactly 3 blocks under always (m = 4, b = 16:
+    4 samples in full, 12 as inputs) train (3, 3) with it, and refuse it without (3 blocks at all 16 samples)."""
+    model, data = bert(), ragged_batch(6)
+    block, T_ = model.blocks[0], data["input_ids"].shape[1]
+    budget = segment_memory_bytes(block, 3, *held_activation_samples("gpipe", "always", 16, 4, 2, 0), T_, "adam")
+    assert segment_memory_bytes(block, 3, 16, 0, T_, "adam") > budget
+    device = DeviceProfile(f_hz=1e9, flops_per_cycle=4, memory_bytes=budget, d2d_power_w=0.1)
+    for mode in ("never", "always"):
+        work = copy.deepcopy(model)
+        rt = dataclasses.replace(LOCAL_RUNTIME, checkpoint=mode)
+        with ClusterPipeline(work.embedding, work.blocks, (3, 3), ADAM, devices=[device, device], runtime=rt) as pipe:
+            if mode == "never":
+                with pytest.raises(PartitionError, match=r"device 0 can hold at most 1 block\(s\) .* gpipe \("):
+                    pipe.train_step(data, 4, LocalHead(work.head, ADAM))
+            else:
+                pipe.train_step(data, 4, LocalHead(work.head, ADAM))
+
+
 def test_the_meter_counts_a_held_tensor_once():
     x = torch.randn(4, 3)
     with SavedTensorMeter() as meter:
@@ -307,7 +327,9 @@ def test_checkpoint_is_a_validated_config_choice_that_reaches_the_stages(data_di
     cfg = load_run_config(["federation=tiny", "pipeline.checkpoint=always"], data_dir=str(data_dir))
     assert cfg.pipeline.checkpoint == "always" and cfg.cluster_config().pipeline.checkpoint == "always"
     assert build_run_config(cfg.to_dict()) == cfg
-    with pytest.raises(ConfigError, match=r"^pipeline\.checkpoint='sometimes' must be one of never, except_last, always$"):
+    with pytest.raises(
+        ConfigError, match=r"^pipeline\.checkpoint='sometimes' must be one of never, except_last, always$"
+    ):
         load_run_config(["federation=tiny", "pipeline.checkpoint=sometimes"], data_dir=str(data_dir))
     model = bert()
     rt = dataclasses.replace(LOCAL_RUNTIME, checkpoint="except_last")

@@ -21,7 +21,8 @@ from collapipe_flwr.pipeline.timings import StageSeconds
 class LocalStages:
     """Stages as plain objects in this process, one per device index k; calls run immediately, in
     submission order. Like :class:`~collapipe_flwr.pipeline.executors.ray_stages.RayStages` the device objects
-    outlive a repartition (:meth:`place`). Of the ``runtime`` only the precision, the device and ``checkpoint`` matter here."""
+    outlive a repartition (:meth:`place`). Of the ``runtime`` only the precision, the device and ``checkpoint``
+    matter here."""
 
     backend = "local"
 
