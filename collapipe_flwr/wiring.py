@@ -100,12 +100,16 @@ def build_pipeline(
     actor_prefix: str = "",
 ) -> ClusterPipeline:
     """The CU-side pipeline driver over the partition delta (Ray actors or in-process stages), in the run's
-    ``pipeline.schedule`` (gpipe | 1f1b). With
+    ``pipeline.schedule`` (gpipe | 1f1b) and ``pipeline.checkpoint``. With
     ``actor_prefix`` the device actors are named and detached: a later round, or another CU process, finds
     them again even after every handle of the process that started them is gone (a deployed SuperNode runs
     a process per message); the run's ``release`` message, or the end of the Ray instance, ends them."""
     runtime = ClusterRuntime(
-        cfg.runtime, name=f"cluster{cluster}", actor_prefix=actor_prefix, schedule=cfg.pipeline.schedule
+        cfg.runtime,
+        name=f"cluster{cluster}",
+        actor_prefix=actor_prefix,
+        schedule=cfg.pipeline.schedule,
+        checkpoint=cfg.pipeline.checkpoint,
     )
     return ClusterPipeline(model.embedding, model.blocks, tuple(delta), optimizer, devices, runtime)
 

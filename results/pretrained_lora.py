@@ -30,7 +30,8 @@ saved config). Also kept from issues 46/66 (seed 0):
 - ``memory``: per-device peak memory of one pipeline step (params + gradients + Adam state + saved activations,
   counted from the real tensors: ``ClusterPipeline.memory_report``) at S = 1, 2, 4 balanced segments, for the
   bf16-base and the int8-base LoRA model against fp32 full fine-tuning of the same model, on one real batch of
-  captions (a variant missing from ``memory.json`` is measured and added; the others are kept);
+  captions (a variant missing from ``memory.json`` is measured and added; the others are kept); the same three
+  again with ``pipeline.checkpoint=always`` (GPipe's re-materialization) at m = ``CHECKPOINT_M`` micro-batches;
 - ``samples``: greedy continuations of a few validation captions' first words by the base and by the seed-0
   federated run's saved model (its merged export, ``model/merged``), with the project's generation helper.
 
@@ -79,6 +80,11 @@ VARIANTS = {  # memory: the model as the run trains it, its int8 base, and fp32 
     "lora_int8_base": ["model.base_dtype=int8"],
     "full_fp32": ["model.lora.enabled=false", "model.base_dtype=fp32"],
 }
+# the same three with GPipe's re-materialization (issue 66), at CHECKPOINT_M micro-batches: with m = 1 a stage
+# would recompute the whole batch at once and save nothing; the others run at m = S (a GPipe stage without
+# re-materialization holds every micro-batch, so its peak does not depend on m)
+CHECKPOINT_M = 8
+VARIANTS.update({f"{name}_checkpoint": [*VARIANTS[name], "pipeline.checkpoint=always"] for name in list(VARIANTS)})
 PROMPT_WORDS, SAMPLES = 4, 3
 MIB = 2.0**20
 
@@ -215,8 +221,13 @@ def balanced(layers: int, S: int) -> list[int]:
     return [layers // S + (1 if s < layers % S else 0) for s in range(S)]
 
 
-def device_peaks(overrides: list[str]) -> dict[str, dict]:
-    """Per S: the device with the largest params + grads + Adam state + saved activations after one step."""
+def device_peaks(overrides: list[str], m: int | None = None) -> dict[str, dict]:
+    """Per S: the device with the largest params + grads + Adam state + saved activations after one step of m
+    micro-batches (None: m = S), in the config's ``pipeline.checkpoint``. Under re-materialization the stage's
+    ``peak_activation_bytes`` includes the recompute's activations in the backward (the recompute runs under the
+    stage's SavedTensorMeter; tests/pipeline/test_checkpoint.py checks the meter against the live tensor bytes)."""
+    import dataclasses
+
     import torch
 
     from collapipe_flwr import wiring
@@ -225,6 +236,7 @@ def device_peaks(overrides: list[str]) -> dict[str, dict]:
     from collapipe_flwr.models.split import segment_bounds
     from collapipe_flwr.pipeline.cluster import ClusterPipeline
     from collapipe_flwr.pipeline.head import LocalHead
+    from collapipe_flwr.pipeline.runtime_spec import LOCAL_RUNTIME
 
     cfg = load_run_config([*COMMON.split(), "runtime.precision=fp32", *overrides])
     task = wiring.build_task(cfg)
@@ -236,9 +248,10 @@ def device_peaks(overrides: list[str]) -> dict[str, dict]:
         model = wiring.build_model(task, cfg)
         delta = balanced(len(model.blocks), S)
         grads = [trainable_bytes(model.blocks[a:b]) for _, a, b in segment_bounds(delta)]
-        pipe = ClusterPipeline(model.embedding, model.blocks, delta, spec)
+        runtime = dataclasses.replace(LOCAL_RUNTIME, checkpoint=cfg.pipeline.checkpoint)
+        pipe = ClusterPipeline(model.embedding, model.blocks, delta, spec, runtime=runtime)
         try:
-            pipe.train_step(batch, S, LocalHead(model.head, spec))
+            pipe.train_step(batch, S if m is None else m, LocalHead(model.head, spec))
             rows = [
                 {
                     "params_mib": r["param_bytes"] / MIB,
@@ -251,7 +264,7 @@ def device_peaks(overrides: list[str]) -> dict[str, dict]:
             ]
         finally:
             pipe.shutdown()
-        out[str(S)] = {"delta": delta, **max(rows, key=lambda r: r["peak_mib"])}
+        out[str(S)] = {"delta": delta, **max(rows, key=lambda r: r["peak_mib"]), **({"m": m} if m else {})}
         del model, pipe
         gc.collect()
     return out
@@ -262,7 +275,7 @@ def run_memory() -> None:
     record = json.loads(out.read_text()) if out.is_file() else {}
     missing = [name for name in VARIANTS if name not in record]
     for name in missing:
-        record[name] = device_peaks(VARIANTS[name])
+        record[name] = device_peaks(VARIANTS[name], CHECKPOINT_M if name.endswith("_checkpoint") else None)
         out.write_text(json.dumps(record, indent=2, sort_keys=True))
 
 

@@ -283,6 +283,42 @@ def memory_table(memory: dict) -> list[str]:
     return lines
 
 
+def checkpoint_table(memory: dict) -> list[str]:
+    """The same three models with GPipe's re-materialization (``pipeline.checkpoint=always``), when measured: each
+    LoRA variant's ratio against full fine-tuning without it (the table above's) and with it (the fair pairing)."""
+    names = ("lora_bf16_base", "lora_int8_base", "full_fp32")
+    if not all(f"{name}_checkpoint" in memory for name in names):
+        return []
+    m = memory["full_fp32_checkpoint"][str(SEGMENTS[0])].get("m")
+    lines = [
+        "",
+        f"The same with re-materialization (`pipeline.checkpoint=always`, m = {m} micro-batches): a stage keeps only",
+        "each micro-batch's segment input and recomputes its forward in the backward (about one extra forward per",
+        "micro-batch), so its saved activations are the inputs plus one micro-batch's, recomputed (counted at the",
+        "backward's peak); ratios of full fine-tuning without re-materialization (the table above, m = S) and with",
+        "it (this table) to each LoRA variant with it:",
+        "",
+        *md.head(
+            "| S | LoRA, bf16 base | LoRA, int8 base | full fine-tuning, fp32 | activations (bf16, int8, full) "
+            "| bf16 base: vs full / vs full re-mat. (target >= 2x) "
+            "| int8 base: vs full / vs full re-mat. (target >= 3.5x) |"
+        ),
+    ]
+    for S in map(str, SEGMENTS):
+        bf16, int8, full = (memory[f"{name}_checkpoint"][S] for name in names)
+        plain = memory["full_fp32"][S]["peak_mib"]
+        cells = []
+        for lora, bound in ((bf16, 2.0), (int8, 3.5)):
+            ratios = (plain / lora["peak_mib"], full["peak_mib"] / lora["peak_mib"])
+            cells.append(" / ".join(f"{r:.2f}x ({'met' if r >= bound else 'missed'})" for r in ratios))
+        acts = ", ".join(f"{r['act_mib']:.0f}" for r in (bf16, int8, full))
+        lines.append(
+            f"| {S} | {bf16['peak_mib']:.0f} | {int8['peak_mib']:.0f} | {full['peak_mib']:.0f} | {acts} | "
+            f"{cells[0]} | {cells[1]} |"
+        )
+    return lines
+
+
 def report() -> str:
     memory = read_json(OUT / "memory.json")
     samples = read_json(OUT / "samples.json")
@@ -298,6 +334,7 @@ def report() -> str:
         *_round_lines(),
         *int8_lines(),
         *memory_table(memory),
+        *checkpoint_table(memory),
     ]
     lines += [
         "",

@@ -103,7 +103,7 @@ class RunConfig:
             "system": self.system.to_raw(),
             "testbed": self.testbed.to_raw(),
             "privacy": dataclasses.asdict(self.privacy),
-            "pipeline": dataclasses.asdict(self.pipeline),
+            "pipeline": self.pipeline.to_raw(),
             "clock": self.clock.to_raw(),
             # only when changed: the config.json of earlier runs stays the same (a resume compares them)
             **(
@@ -170,7 +170,7 @@ class ClusterConfig:
             "head_on_server": self.head_on_server,
             "aggregated": self.aggregated,
             "privacy": dataclasses.asdict(self.privacy),
-            "pipeline": dataclasses.asdict(self.pipeline),
+            "pipeline": self.pipeline.to_raw(),
         }
 
     def with_data_dir(self, data_dir: str) -> ClusterConfig:

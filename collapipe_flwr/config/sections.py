@@ -11,7 +11,7 @@ from typing import Any
 from collapipe_flwr.config.server_optimizer_rules import ServerOptimizerName, check_server_optimizer
 from collapipe_flwr.precision import Precision
 from collapipe_flwr.spec_parsing import choices, mapping, require, typed
-from collapipe_flwr.system.pipeline_model import Schedule
+from collapipe_flwr.system.pipeline_model import Checkpoint, Schedule
 
 
 class OptimizerState(StrEnum):
@@ -134,12 +134,25 @@ class PipelineSpec:
     """How a cluster's S stages run its m micro-batches. schedule: ``gpipe`` (every forward, one head call on
     the whole batch, every backward: a stage holds all m micro-batches' activations) | ``1f1b`` (one head
     exchange per micro-batch, stage k runs min(S - k - 1, m) warm-up forwards then one forward / one backward,
-    so it holds at most min(m, S - k); the same gradients and parameters after a step)."""
+    so it holds at most min(m, S - k); the same gradients and parameters after a step). checkpoint: GPipe's
+    re-materialization (``system.pipeline_model.Checkpoint``): ``never`` (every held micro-batch's activations kept
+    for its backward) | ``except_last`` | ``always`` (a stage keeps only a checkpointed micro-batch's segment input
+    and recomputes its forward in the backward: about one extra forward per micro-batch for the activation memory
+    of one micro-batch instead of all held ones; the same gradients)."""
 
     schedule: Schedule = Schedule.GPIPE
+    checkpoint: Checkpoint = Checkpoint.NEVER
 
     def __post_init__(self) -> None:
-        choices(self, "pipeline", schedule=Schedule)
+        choices(self, "pipeline", schedule=Schedule, checkpoint=Checkpoint)
+
+    def to_raw(self) -> dict[str, Any]:
+        """The YAML-shaped section; ``checkpoint`` only when changed, so the config.json of earlier runs stays the
+        same (a resume compares them)."""
+        raw = {"schedule": self.schedule.value, "checkpoint": self.checkpoint.value}
+        if self.checkpoint is Checkpoint.NEVER:
+            del raw["checkpoint"]
+        return raw
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 from collapipe_flwr.errors import ConfigError, InfeasiblePlanError
 from collapipe_flwr.system import channel, pipeline_model
 from collapipe_flwr.system.network import NetworkSpec
-from collapipe_flwr.system.pipeline_model import Schedule
+from collapipe_flwr.system.pipeline_model import Checkpoint, Schedule
 from collapipe_flwr.system.profile import ClusterProfile
 from collapipe_flwr.system.state import RoundState
 from collapipe_flwr.system.workload import Workload
@@ -78,6 +78,10 @@ class ClusterModel:
     block_static_bytes: float = 0.0
     saved_bytes_per_sample: float = 0.0
     schedule: Schedule = Schedule.GPIPE
+    # pipeline.checkpoint: re-materialization holds one micro-batch in full and the others' segment inputs z^s
+    # (input_bytes_per_sample each, the widest block boundary), so the cap follows m under GPipe too
+    checkpoint: Checkpoint = Checkpoint.NEVER
+    input_bytes_per_sample: float = 0.0
 
     def __post_init__(self) -> None:
         shape = np.shape(self.flops_per_second)  # [K], or [N, 1, K] for stack_models
@@ -133,6 +137,8 @@ class ClusterModel:
             block_static_bytes=workload.block_static_bytes(),
             saved_bytes_per_sample=workload.saved_bytes_per_sample,
             schedule=workload.schedule,
+            checkpoint=workload.checkpoint,
+            input_bytes_per_sample=workload.activation_bytes_per_sample * workload.memory_scale,
         )
 
     def with_profile(self, profile: ClusterProfile, workload: Workload) -> ClusterModel:
@@ -232,14 +238,22 @@ class ClusterModel:
         schedule (``pipeline_model.held_samples``). GPipe: ``memory_cap`` (the whole batch b, any m). 1F1B: stage k
         of S holds min(b, ceil(b/m) min(m, S - k)) samples; without a position (the solver, before it picks
         the S devices) the first stage's count with S = min(K, L), a bound every stage of every plan meets.
-        m scalar -> [K]; an array of M values -> [M, K] (GPipe: ``memory_cap`` itself, broadcast by the caller)."""
-        if self.schedule == Schedule.GPIPE or not np.any(np.asarray(self.memory_bytes) > 0):
+        m scalar -> [K]; an array of M values -> [M, K] (GPipe: ``memory_cap`` itself, broadcast by the caller).
+        With ``checkpoint`` (``pipeline_model.held_activation_samples``): floor((gamma_k^max - gamma_rt - z^s x the
+        input-only samples) / gamma_0 at the samples held in full), under GPipe too."""
+        never = self.checkpoint == Checkpoint.NEVER
+        if (self.schedule == Schedule.GPIPE and never) or not np.any(np.asarray(self.memory_bytes) > 0):
             return self.memory_cap
         stages = float(min(self.K, self.num_blocks) if S is None else S) - (0.0 if k is None else np.asarray(k, float))
-        held = np.minimum(np.asarray(m, dtype=float)[..., None], stages)  # min(m, S - k)
-        samples = np.minimum(self.batch_size, self._b_hat(m)[..., None] * held)
-        gamma0 = self.block_static_bytes + self.saved_bytes_per_sample * samples
-        return np.minimum(np.floor(np.asarray(self.memory_bytes, dtype=float) / gamma0), self.num_blocks).astype(int)
+        m_arr = np.asarray(m, dtype=float)[..., None]
+        held = m_arr if self.schedule == Schedule.GPIPE else np.minimum(m_arr, stages)  # m or min(m, S - k)
+        b_hat = self._b_hat(m)[..., None]
+        samples = np.minimum(self.batch_size, b_hat * held)
+        in_full = 2.0 if self.checkpoint == Checkpoint.EXCEPT_LAST and self.schedule == Schedule.ONE_F_ONE_B else 1.0
+        full = samples if never else np.minimum(samples, b_hat * np.minimum(in_full, held))
+        gamma0 = self.block_static_bytes + self.saved_bytes_per_sample * full
+        free = np.asarray(self.memory_bytes, dtype=float) - self.input_bytes_per_sample * (samples - full)
+        return np.clip(np.floor(free / gamma0), 0, self.num_blocks).astype(int)
 
     def stage_memory_cap(self, delta, m: int) -> np.ndarray:
         """C7 for a given partition: device k, the j-th used one of S, holds ``memory_cap_at(m, S, j)`` blocks

@@ -74,7 +74,7 @@ class ClusterStep:
         micro = split_batch(batch, m)
         m = len(micro)  # min(m, b): a short batch (an epoch's last) runs in fewer micro-batches
         placement.check_memory(b, int(batch["input_ids"].shape[1]), m)
-        self._begin_step(placement, step_seed)
+        self._begin_step(placement, step_seed, m)
         cu = CuEmbedding(self.embedding, self.precision, step_seed)
         updates = None  # GPipe submits each stage's update behind its backward (pipeline/gpipe.py)
         if self.schedule == Schedule.ONE_F_ONE_B:
@@ -102,11 +102,11 @@ class ClusterStep:
         count = int((batch["labels"] != -100).sum()) if "labels" in batch else b
         return StepResult(loss=float(loss), count=count, timings=timings)
 
-    def _begin_step(self, placement: ClusterPlacement, step_seed: int | None) -> None:
+    def _begin_step(self, placement: ClusterPlacement, step_seed: int | None, m: int) -> None:
         self.embedding.train()
         self.embedding_optimizer.zero_grad(set_to_none=True)
         stages = placement.stages
-        gather(stages, placement.S, lambda s: stages.submit_begin_step(s, step_seed))
+        gather(stages, placement.S, lambda s: stages.submit_begin_step(s, step_seed, m))
 
     def _update(
         self, placement: ClusterPlacement, lr_factor: float, submitted: list | None = None

@@ -7,7 +7,11 @@ Two views of the same quantity (constraint C7, gamma_k^max):
 - estimated (no forward needed, so DSSRA can use it while planning): :func:`block_memory_bytes` for one
   TEB of hidden size H, FFN size F, h heads, and :func:`max_blocks_per_device` for a memory budget.
 GPipe keeps the activations of all m micro-batches until the backward pass, so the activation term
-is for the whole batch b (b_hat * m tokens), whatever m is.
+is for the whole batch b (b_hat * m tokens), whatever m is. With re-materialization (``pipeline.checkpoint``)
+a stage keeps only a checkpointed micro-batch's segment input z^s and recomputes one micro-batch's activations
+at a time in the backward: :func:`segment_memory_bytes` of delta_k blocks is then delta_k x gamma per TEB at the
+samples held in full (``system.pipeline_model.held_activation_samples``) plus the inputs of the others, a term
+that does not grow with delta_k (:func:`max_blocks_per_device` takes it as ``fixed_bytes``).
 """
 
 from __future__ import annotations
@@ -82,6 +86,12 @@ class SavedTensorMeter:
         return t.untyped_storage().data_ptr()
 
     def _pack(self, t: torch.Tensor):
+        self.count(t)
+        return t
+
+    def count(self, t: torch.Tensor) -> None:
+        """Count ``t``'s storage as held for backward, as a saved tensor is (once; never a parameter): a
+        checkpointed micro-batch's input leaf, held by the stage rather than by autograd."""
         try:
             key = self._key(t)
             storage_bytes = t.untyped_storage().nbytes()
@@ -90,7 +100,6 @@ class SavedTensorMeter:
         if key not in self._exclude and key not in self._seen:
             self._seen.add(key)
             self.bytes += storage_bytes
-        return t
 
     @staticmethod
     def _unpack(t: torch.Tensor) -> torch.Tensor:
@@ -155,8 +164,34 @@ def module_block_memory_bytes(block: nn.Module, batch: int, seq_len: int, optimi
     return n * dtype_bytes * (1 + OPTIMIZER_SLOTS.get(optimizer, 2))
 
 
-def max_blocks_per_device(memory_bytes: Sequence[float], per_block_bytes: float) -> list[int]:
-    """How many TEBs each device's budget gamma_k^max holds: floor(gamma_k / per-block bytes)."""
+def input_bytes(hidden: int, samples: int, seq_len: int, dtype_bytes: int = 4) -> int:
+    """The segment inputs z^s a stage keeps of checkpointed micro-batches: ``samples`` x T x H values."""
+    return int(samples) * int(seq_len) * int(hidden) * int(dtype_bytes)
+
+
+def module_input_bytes(block: nn.Module, samples: int, seq_len: int) -> int:
+    """:func:`input_bytes` for a built block (its ``hidden_size`` and parameter dtype); 0 for a block that does
+    not name its sizes (its activations are not estimated either)."""
+    if not isinstance(block, SizedBlock):
+        return 0
+    params = list(block.parameters())
+    return input_bytes(block.hidden_size, samples, seq_len, params[0].element_size() if params else 4)
+
+
+def segment_memory_bytes(
+    block: nn.Module, delta_k: int, full_samples: int, input_samples: int, seq_len: int, optimizer: str = "adam"
+) -> int:
+    """gamma of a segment of delta_k copies of ``block``: delta_k x :func:`module_block_memory_bytes` at the
+    ``full_samples`` whose activations the stage holds in full, plus the segment inputs of ``input_samples``
+    checkpointed ones (``system.pipeline_model.held_activation_samples`` gives both; (b, 0) without
+    re-materialization, the GPipe figure delta_k x gamma(b))."""
+    per_block = module_block_memory_bytes(block, full_samples, seq_len, optimizer)
+    return int(delta_k) * per_block + module_input_bytes(block, input_samples, seq_len)
+
+
+def max_blocks_per_device(memory_bytes: Sequence[float], per_block_bytes: float, fixed_bytes: float = 0.0) -> list[int]:
+    """How many TEBs each device's budget gamma_k^max holds: floor((gamma_k - fixed) / per-block bytes), with
+    ``fixed_bytes`` what the stage holds whatever delta_k (checkpointed micro-batches' inputs; 0 without)."""
     if per_block_bytes <= 0:
         return [10**9 for _ in memory_bytes]
-    return [int(m // per_block_bytes) for m in memory_bytes]
+    return [int((m - fixed_bytes) // per_block_bytes) for m in memory_bytes]

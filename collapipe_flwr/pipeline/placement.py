@@ -14,12 +14,12 @@ from torch import nn
 from collapipe_flwr.errors import ConfigError, PartitionError
 from collapipe_flwr.models.split import renumber_blocks, segment_bounds, validate_partition
 from collapipe_flwr.pipeline.executors import Stages, StageSpec, open_stages
-from collapipe_flwr.pipeline.memory import max_blocks_per_device, module_block_memory_bytes
+from collapipe_flwr.pipeline.memory import max_blocks_per_device, module_block_memory_bytes, module_input_bytes
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.pipeline.runtime_spec import ClusterRuntime
 from collapipe_flwr.pipeline.stage import emulation_slowdowns
 from collapipe_flwr.system.devices import DeviceProfile
-from collapipe_flwr.system.pipeline_model import Schedule, held_samples
+from collapipe_flwr.system.pipeline_model import Checkpoint, Schedule, held_activation_samples
 
 
 def whole_encoder_holders(layout: Mapping[int, tuple[int, int]], num_blocks: int) -> dict[int, tuple[int, int]]:
@@ -78,6 +78,7 @@ class ClusterPlacement:
         self.name = runtime.name
         self.emulate = runtime.spec.emulate
         self.schedule = runtime.schedule
+        self.checkpoint = runtime.checkpoint
         self.num_blocks = len(blocks)
         self.template = copy.deepcopy(blocks[0]) if len(blocks) else None
         self.delta = self._check_delta(delta)
@@ -122,7 +123,9 @@ class ClusterPlacement:
 
     def check_memory(self, batch_size_b: int, seq_len: int, m: int = 1) -> None:
         """Constraint C7 with activations: delta_k blocks at the samples stage k holds at once must fit
-        gamma_k^max (the whole batch under GPipe, min(b, b_hat min(m, S - k)) under 1F1B)."""
+        gamma_k^max (the whole batch under GPipe, min(b, b_hat min(m, S - k)) under 1F1B); with
+        ``pipeline.checkpoint`` one micro-batch in full plus the segment inputs of the others
+        (``system.pipeline_model.held_activation_samples``, ``memory.segment_memory_bytes``)."""
         if not self.devices:
             return
         if self.planned_caps is not None:
@@ -132,11 +135,18 @@ class ClusterPlacement:
         mem, name = [d.memory_bytes for d in self.devices], self.optimizer_spec.name
         per_block = module_block_memory_bytes(self.block(), batch_size_b, seq_len, name)
         caps = max_blocks_per_device(mem, per_block)  # GPipe: the whole batch on every device
-        for s, (k, _, _) in enumerate(self.bounds if self.schedule is not Schedule.GPIPE else ()):
-            held = held_samples(self.schedule, batch_size_b, m, self.S, s)
-            per_block = module_block_memory_bytes(self.block(), held, seq_len, name)
-            caps[k] = max_blocks_per_device([mem[k]], per_block)[0]
-        note = f"a batch of {batch_size_b}x{seq_len} tokens, {self.schedule} (~{per_block / 2**20:.1f} MiB per block)"
+        staged = self.schedule is not Schedule.GPIPE or self.checkpoint is not Checkpoint.NEVER
+        for s, (k, _, _) in enumerate(self.bounds if staged else ()):
+            full, inputs = held_activation_samples(self.schedule, self.checkpoint, batch_size_b, m, self.S, s)
+            per_block = module_block_memory_bytes(self.block(), full, seq_len, name)
+            fixed = module_input_bytes(self.block(), inputs, seq_len)
+            caps[k] = max_blocks_per_device([mem[k]], per_block, fixed)[0]
+        how = (
+            f"{self.schedule}, checkpoint {self.checkpoint}"
+            if self.checkpoint is not Checkpoint.NEVER
+            else self.schedule
+        )
+        note = f"a batch of {batch_size_b}x{seq_len} tokens, {how} (~{per_block / 2**20:.1f} MiB per block)"
         validate_partition(self.delta, self.num_blocks, caps, memory_note=note)
 
     # -- placing and moving blocks --------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from collapipe_flwr.accelerator import Device
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.precision import Precision
 from collapipe_flwr.spec_parsing import choices, require, typed
-from collapipe_flwr.system.pipeline_model import Schedule
+from collapipe_flwr.system.pipeline_model import Checkpoint, Schedule
 
 
 class Backend(StrEnum):
@@ -166,16 +166,19 @@ class ClusterRuntime:
     device actors named and detached (``executors.ray_actor.actor_name``), so a later round or another process
     of the same CU finds them again; actor_threads: torch threads per device actor (None:
     ``executors.cores.default_actor_threads(S)``, or the size of the actor's core set when it is pinned);
-    schedule: the stages' order in a step, ``gpipe`` | ``1f1b`` (the ``pipeline`` section's ``schedule``)."""
+    schedule: the stages' order in a step, ``gpipe`` | ``1f1b`` (the ``pipeline`` section's ``schedule``);
+    checkpoint: the stages' re-materialization, ``never`` | ``except_last`` | ``always`` (``pipeline.checkpoint``,
+    handed to each stage in its ``StageCompute``)."""
 
     spec: RuntimeSpec
     name: str = ""
     actor_prefix: str = ""
     actor_threads: int | None = None
     schedule: Schedule = Schedule.GPIPE
+    checkpoint: Checkpoint = Checkpoint.NEVER
 
     def __post_init__(self) -> None:
-        choices(self, "pipeline", schedule=Schedule)
+        choices(self, "pipeline", schedule=Schedule, checkpoint=Checkpoint)
 
     @property
     def detached(self) -> bool:

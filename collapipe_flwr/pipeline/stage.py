@@ -2,8 +2,10 @@
 
 The same class runs in-process (backend "local") and inside a Ray actor (backend "ray", see
 ``executors/ray_actor.py``). Per micro-batch i it keeps what backward needs between ``forward`` and
-``backward``: the detached input leaf and the output with its graph. Gradients accumulate over the m
-micro-batches; ``step`` applies one optimizer update (GPipe's synchronous update).
+``backward``: the detached input leaf and the output with its graph; under ``pipeline.checkpoint`` (``always``, or
+``except_last`` for every micro-batch but the last) only the leaf, and its backward first recomputes the segment's
+forward from it (``pipeline/recompute.py``). Gradients accumulate over the m micro-batches; ``step`` applies one
+optimizer update (GPipe's synchronous update).
 
 Emulation (optional): after each forward/backward the stage sleeps ``(slowdown - 1) x`` its compute
 time, so a device with relative throughput phi_k f_k / max_j(phi_j f_j) = 1 / slowdown takes
@@ -36,9 +38,11 @@ from collapipe_flwr.pipeline.dropout_seed import seed_block
 from collapipe_flwr.pipeline.memory import SavedTensorMeter, optimizer_state_bytes, param_bytes
 from collapipe_flwr.pipeline.optim import OptimizerSpec, scale_lr
 from collapipe_flwr.pipeline.process_memory import ProcessMemory
+from collapipe_flwr.pipeline.recompute import Held, RngState, saved_dropped
 from collapipe_flwr.pipeline.timings import CallCpu, StageSeconds
 from collapipe_flwr.precision import autocast, resolve_precision
 from collapipe_flwr.system.devices import DeviceProfile
+from collapipe_flwr.system.pipeline_model import Checkpoint, checkpoint_stop
 from collapipe_flwr.testbed.cpu_quota import CpuQuota
 from collapipe_flwr.testbed.token_bucket import TokenBucket
 
@@ -59,11 +63,13 @@ def emulation_slowdowns(devices: Sequence[DeviceProfile], used: Sequence[int]) -
 class StageCompute:
     """Where and how a stage computes (see the module docstring): ``device`` (auto | cpu | cuda) and ``precision``
     as the config names them, resolved in the stage's own process; ``host_io``: its outputs go back as CPU tensors
-    (a Ray actor, whose results cross a process)."""
+    (a Ray actor, whose results cross a process); ``checkpoint``: ``pipeline.checkpoint`` (never | except_last |
+    always), which micro-batches the stage re-materializes."""
 
     device: str = "cpu"
     precision: str = "fp32"
     host_io: bool = False
+    checkpoint: str = "never"
 
 
 class Stage:
@@ -86,9 +92,11 @@ class Stage:
         self.device = resolve_device(compute.device)
         self.host_io = bool(compute.host_io)
         self.precision = resolve_precision(compute.precision, self.device.type)
+        self.checkpoint = Checkpoint(compute.checkpoint)
         self.load_segment(segment, optimizer_state, slowdown, offset)
-        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self._pending: dict[int, Held] = {}
         self._step_seed: int | None = None
+        self._checkpoint_stop = 0  # micro-batches i < this one are re-materialized this step
         self._live_activation_bytes = 0
         self.peak_activation_bytes = 0
         self.compute_seconds = 0.0
@@ -128,10 +136,16 @@ class Stage:
         self._base_lrs = [group["lr"] for group in self.optimizer.param_groups]
 
     # -- the step ---------------------------------------------------------------------------------
-    def begin_step(self, step_seed: int | None = None) -> int:
+    def begin_step(self, step_seed: int | None = None, micro_batches: int | None = None) -> int:
         """Start a training step: zero gradients and drop anything left from a failed step. ``step_seed``
-        (``runtime.seeded_dropout``): each block's dropout masks this step come from it (pipeline/dropout_seed.py)."""
+        (``runtime.seeded_dropout``): each block's dropout masks this step come from it (pipeline/dropout_seed.py);
+        ``micro_batches``: the step's m, which ``pipeline.checkpoint=except_last`` needs (None: unknown)."""
         self._step_seed = step_seed
+        if micro_batches is None and self.checkpoint is Checkpoint.EXCEPT_LAST:
+            raise ValueError(f"device {self.device_index}: pipeline.checkpoint=except_last needs the step's m")
+        self._checkpoint_stop = checkpoint_stop(
+            self.checkpoint, sys.maxsize if micro_batches is None else micro_batches
+        )
         self.optimizer.zero_grad(set_to_none=True)
         self._pending.clear()
         self._live_activation_bytes = 0
@@ -144,36 +158,67 @@ class Stage:
         return self.device_index
 
     def forward(self, mb_index: int, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """z^{s+1} = segment(z^s) for micro-batch ``mb_index``; keeps the graph for :meth:`backward`."""
+        """z^{s+1} = segment(z^s) for micro-batch ``mb_index``; keeps the graph for :meth:`backward`, or only the
+        input leaf when the micro-batch is checkpointed (``pipeline/recompute.py``)."""
         start, cpu_start = time.perf_counter(), time.thread_time()
         leaf = x.detach().to(self.device).requires_grad_(True)
         attention_mask = attention_mask.to(self.device)
-        with SavedTensorMeter(exclude=self.segment.parameters()) as meter:
-            hidden = leaf
-            with autocast(self.precision, self.device.type):
-                for j, block in enumerate(self.segment):
-                    seed_block(self._step_seed, mb_index, self.offset + j)
-                    hidden = block(hidden, attention_mask)
-            hidden = hidden.to(leaf.dtype)  # stages exchange the input's dtype whatever the compute precision
-        self._pending[mb_index] = (leaf, hidden, meter.bytes)
-        self._live_activation_bytes += meter.bytes
+        if mb_index < self._checkpoint_stop:
+            held = Held(leaf, None, 0, attention_mask, RngState.capture(self.device))
+            with saved_dropped():
+                hidden = self._segment_forward(mb_index, leaf, attention_mask)
+            with SavedTensorMeter(exclude=self.segment.parameters()) as meter:
+                meter.count(leaf)  # what the stage itself holds until the backward: z^s
+            held.saved = meter.bytes
+        else:
+            with SavedTensorMeter(exclude=self.segment.parameters()) as meter:
+                hidden = self._segment_forward(mb_index, leaf, attention_mask)
+            held = Held(leaf, hidden, meter.bytes)
+        self._pending[mb_index] = held
+        self._live_activation_bytes += held.saved
         self.peak_activation_bytes = max(self.peak_activation_bytes, self._live_activation_bytes)
         out = self._out(hidden.detach())
         self._account(start, cpu_start, "F", mb_index, out)
         return self._send(out)
 
+    def _segment_forward(self, mb_index: int, leaf: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The delta_k blocks on micro-batch ``mb_index``, each block's dropout seeded (``runtime.seeded_dropout``),
+        under the stage's precision; the output in the input's dtype (what stages exchange)."""
+        hidden = leaf
+        with autocast(self.precision, self.device.type):
+            for j, block in enumerate(self.segment):
+                seed_block(self._step_seed, mb_index, self.offset + j)
+                hidden = block(hidden, attention_mask)
+        return hidden.to(leaf.dtype)
+
+    def _recompute(self, mb_index: int, held: Held) -> torch.Tensor:
+        """A checkpointed micro-batch's forward again, from its leaf and with the generators its forward had,
+        under the meter: its transient activations (its input counted once) on top of what the stage holds of the
+        other micro-batches count in ``peak_activation_bytes``."""
+        if held.rng is None or held.mask is None:  # unreachable: forward sets both for a checkpointed micro-batch
+            raise RuntimeError(f"device {self.device_index}: micro-batch {mb_index} was not checkpointed")
+        with held.rng.replayed(), SavedTensorMeter(exclude=self.segment.parameters()) as meter:
+            meter.count(held.leaf)
+            out = self._segment_forward(mb_index, held.leaf, held.mask)
+        live = self._live_activation_bytes - held.saved + meter.bytes
+        self.peak_activation_bytes = max(self.peak_activation_bytes, live)
+        return out
+
     def backward(self, mb_index: int, grad_out: torch.Tensor) -> torch.Tensor:
-        """dL/dz^s from dL/dz^{s+1} for micro-batch ``mb_index``; accumulates the segment's gradients."""
+        """dL/dz^s from dL/dz^{s+1} for micro-batch ``mb_index``; accumulates the segment's gradients (first
+        recomputing a checkpointed micro-batch's forward)."""
         start, cpu_start = time.perf_counter(), time.thread_time()
         if mb_index not in self._pending:
             raise RuntimeError(f"device {self.device_index}: backward of micro-batch {mb_index} without its forward")
-        leaf, out, saved = self._pending.pop(mb_index)
+        held = self._pending.pop(mb_index)
+        out = held.out if held.out is not None else self._recompute(mb_index, held)
         torch.autograd.backward(out, grad_out.to(self.device))
-        self._live_activation_bytes -= saved
+        self._live_activation_bytes -= held.saved
+        leaf = held.leaf
         grad_in = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-        out = self._out(grad_in)
-        self._account(start, cpu_start, "B", mb_index, out)
-        return self._send(out)
+        result = self._out(grad_in)
+        self._account(start, cpu_start, "B", mb_index, result)
+        return self._send(result)
 
     def _out(self, tensor: torch.Tensor) -> torch.Tensor:
         return to_host(tensor) if self.host_io else tensor

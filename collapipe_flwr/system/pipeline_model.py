@@ -47,6 +47,43 @@ def held_samples(schedule: str, b: int, m: int, S: int, k: int) -> int:
     return min(int(b), micro_batch_size(b, m) * held_micro_batches(schedule, m, S, k))
 
 
+class Checkpoint(StrEnum):
+    """``pipeline.checkpoint``: GPipe's re-materialization (torchgpipe's ``checkpoint`` option). ``never``: a stage
+    keeps every held micro-batch's activations for its backward; ``always``: it keeps only each micro-batch's segment
+    input z^s and recomputes the segment's forward in that micro-batch's backward (about one extra forward per
+    micro-batch); ``except_last``: as ``always`` but the last micro-batch (i = m - 1) keeps its activations, since
+    under GPipe its backward comes right after its forward and a recompute would save nothing."""
+
+    NEVER = "never"
+    EXCEPT_LAST = "except_last"
+    ALWAYS = "always"
+
+
+def checkpoint_stop(checkpoint: str, m: int) -> int:
+    """Micro-batches i < stop are checkpointed (torchgpipe's ``checkpoint_stop``): m under ``always``, m - 1 under
+    ``except_last``, 0 under ``never``."""
+    stops = {Checkpoint.ALWAYS: int(m), Checkpoint.EXCEPT_LAST: max(0, int(m) - 1), Checkpoint.NEVER: 0}
+    if checkpoint not in stops:
+        raise ValueError(f"checkpoint {checkpoint!r} must be one of {', '.join(Checkpoint)}")
+    return stops[Checkpoint(checkpoint)]
+
+
+def held_activation_samples(schedule: str, checkpoint: str, b: int, m: int, S: int, k: int) -> tuple[int, int]:
+    """(full, inputs): at stage k's memory peak, the samples whose whole segment activations it holds (delta_k
+    blocks' saved tensors each) and the samples of which it holds only the segment input z^s (a checkpointed
+    micro-batch waiting for its backward). ``never``: (:func:`held_samples`, 0). With checkpointing the peak is in
+    a backward: one micro-batch of b_hat = ceil(b / m) recomputed in full, every other held micro-batch as its
+    input; under 1F1B with ``except_last`` the last micro-batch's full activations are still held while stage k
+    recomputes the earlier ones of its cool-down, so two micro-batches count in full there."""
+    held = held_samples(schedule, b, m, S, k)
+    stop = checkpoint_stop(checkpoint, m)
+    if stop == 0:
+        return held, 0
+    in_full = 2 if (checkpoint == Checkpoint.EXCEPT_LAST and schedule == Schedule.ONE_F_ONE_B) else 1
+    full = min(held, micro_batch_size(b, m) * min(in_full, held_micro_batches(schedule, m, S, k)))
+    return full, held - full
+
+
 def micro_batch_size(b: int, m: int) -> int:
     """b_hat = ceil(b / m) (eq. 5): the largest micro-batch torch.tensor_split makes."""
     return int(math.ceil(b / m))

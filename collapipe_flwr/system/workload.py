@@ -27,7 +27,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.spec_parsing import choice
-from collapipe_flwr.system.pipeline_model import Schedule, held_samples
+from collapipe_flwr.system.pipeline_model import Checkpoint, Schedule, held_activation_samples
 
 T = TypeVar("T")
 
@@ -49,7 +49,9 @@ class Workload:
     of C9 / eq. 26) and what takes gradients and optimizer slots in gamma_0 (C7); the frozen base weights
     still occupy param_bytes of memory.
     schedule: the stage order (``pipeline.schedule``: gpipe | 1f1b), which sets C7's activation term
-    (:meth:`block_memory_bytes`).
+    (:meth:`block_memory_bytes`); checkpoint: ``pipeline.checkpoint`` (never | except_last | always), whose
+    re-materialization holds one micro-batch's activations in full and only the segment inputs z^s of the others
+    (:meth:`stage_memory_bytes`).
     memory_scale: multiplies gamma_0 (both its static and activation terms): 1 = as counted on the blocks; the
     planner's correction from the devices' measured peaks (``system.profile: measured``, fl/server/memory_model.py).
     """
@@ -67,11 +69,13 @@ class Workload:
     trainable_bytes: tuple[float, ...] = ()
     schedule: Schedule = Schedule.GPIPE
     memory_scale: float = 1.0
+    checkpoint: Checkpoint = Checkpoint.NEVER
 
     def __post_init__(self) -> None:
         if not (self.memory_scale > 0 and self.memory_scale < float("inf")):
             raise ConfigError(f"workload memory_scale={self.memory_scale!r} must be a finite number > 0")
         object.__setattr__(self, "schedule", choice("workload schedule", self.schedule, Schedule))
+        object.__setattr__(self, "checkpoint", choice("workload checkpoint", self.checkpoint, Checkpoint))
         L = len(self.forward_flops)
         if L < 1 or not (len(self.backward_flops) == len(self.param_bytes) == len(self.saved_bytes) == L):
             raise ConfigError("workload needs the same number L >= 1 of forward, backward, parameter and saved sizes")
@@ -141,16 +145,27 @@ class Workload:
 
     def block_memory_bytes(self, m: int | None = None, S: int = 1, k: int = 0) -> float:
         """gamma_0 (C7): memory to train one TEB on stage k of S with m micro-batches: weights + gradients +
-        optimizer slots + the saved activations of the samples the stage holds at once
-        (``pipeline_model.held_samples``): all b under GPipe (every micro-batch's activations live until its
-        backward), min(b, ceil(b/m) min(m, S - k)) under 1F1B. ``m=None``: the whole batch (GPipe's figure,
-        whatever the schedule: the bound that holds for every m)."""
-        samples = self.batch_size if m is None else held_samples(self.schedule, self.batch_size, m, S, k)
-        return self.block_static_bytes() + self.saved_bytes_per_sample * samples
+        optimizer slots + the saved activations of the samples the stage holds at once in full
+        (``pipeline_model.held_activation_samples``): all b under GPipe (every micro-batch's activations live until
+        its backward), min(b, ceil(b/m) min(m, S - k)) under 1F1B; with ``checkpoint`` one micro-batch's (two under
+        1F1B with except_last), the other held ones only as segment inputs (:meth:`stage_memory_bytes`).
+        ``m=None``: the whole batch (GPipe's figure, whatever the schedule: the bound that holds for every m)."""
+        if m is None:
+            return self.block_static_bytes() + self.saved_bytes_per_sample * self.batch_size
+        full, _ = held_activation_samples(self.schedule, self.checkpoint, self.batch_size, m, S, k)
+        return self.block_static_bytes() + self.saved_bytes_per_sample * full
+
+    def checkpoint_input_bytes(self, m: int, S: int, k: int) -> float:
+        """What stage k of S keeps of its checkpointed micro-batches whatever delta_k: their segment inputs z^s
+        (``activation_bytes_per_sample`` each, x memory_scale); 0 without re-materialization."""
+        _, inputs = held_activation_samples(self.schedule, self.checkpoint, self.batch_size, m, S, k)
+        return float(self.activation_bytes_per_sample * inputs) * self.memory_scale
 
     def stage_memory_bytes(self, delta_k: int, m: int, S: int, k: int) -> float:
-        """C7's left side delta_k gamma_0 for stage k of S holding delta_k TEBs, m micro-batches."""
-        return float(delta_k) * self.block_memory_bytes(m, S, k)
+        """C7's left side for stage k of S holding delta_k TEBs, m micro-batches: delta_k gamma_0, plus the
+        checkpointed micro-batches' inputs under ``checkpoint`` (:meth:`checkpoint_input_bytes`)."""
+        fixed = self.checkpoint_input_bytes(m, S, k) if self.checkpoint is not Checkpoint.NEVER else 0.0
+        return float(delta_k) * self.block_memory_bytes(m, S, k) + fixed
 
     def user_memory_bytes(self, users: int) -> float:
         """C7's left side for one of D = ``users`` VanillaFL data users: all L TEBs, trained on its share
@@ -166,7 +181,11 @@ class Workload:
         return 8.0 * (z_enc + self.encoder_upload_bytes + self.extra_upload_bytes)
 
     def to_dict(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+        """Every field (``checkpoint`` only when re-materializing, so the records of earlier runs stay the same)."""
+        out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+        if self.checkpoint is Checkpoint.NEVER:
+            del out["checkpoint"]
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Workload:
@@ -234,11 +253,13 @@ def _saved_bytes(fn: Callable[[], T]) -> tuple[T, float]:
 @dataclass(frozen=True)
 class RoundShape:
     """What one round runs, as :class:`Workload` records it: b = ``batch_size`` (None: the probe's B),
-    ``steps_per_round`` local optimizer steps, and the pipeline's ``schedule`` (gpipe | 1f1b, for C7)."""
+    ``steps_per_round`` local optimizer steps, and the pipeline's ``schedule`` (gpipe | 1f1b) and ``checkpoint``
+    (never | except_last | always), both for C7."""
 
     batch_size: int | None = None
     steps_per_round: int = 1
     schedule: Schedule = Schedule.GPIPE
+    checkpoint: Checkpoint = Checkpoint.NEVER
 
 
 def measure_workload(
@@ -297,6 +318,7 @@ def measure_workload(
         head_bytes=_count_bytes(head, bytes_per_param, trainable=True) if head is not None else 0.0,
         trainable_bytes=tuple(trainable) if trainable != params else (),
         schedule=shape.schedule,
+        checkpoint=shape.checkpoint,
     )
 
 

@@ -144,3 +144,24 @@ def test_a_side_not_run_yet_leaves_the_targets_unjudged(tmp_path, monkeypatch):
     assert "| 768 | 0 | (not scored) | 60.00 |" in text
     # against central's bf16 mean (48 x 1.03 and 52 x 1.03: 51.50): 60 / 51.5 - 1
     assert "at equal examples: +16.5% (no verdict: not fp32, one seed)" in text
+
+
+def test_the_checkpoint_rows_pair_each_lora_variant_with_full_fine_tuning_with_and_without_it(tmp_path, monkeypatch):
+    """issue 66: pipeline.checkpoint=always variants, shown once all three are measured; ratios by hand: full
+    fine-tuning 100 MiB without re-materialization (m = S) and 60 MiB with it, LoRA 40 (bf16) and 20 (int8)."""
+    from collapipe_flwr.config import load_run_config
+
+    mod = _tables(monkeypatch, tmp_path)
+    _hand_built_records(tmp_path, load_run_config(TINY))
+    assert "re-materialization" not in mod.report()  # not measured yet: no table
+    memory = json.loads((tmp_path / "memory.json").read_text())
+    for name, peak in (("lora_bf16_base", 40.0), ("lora_int8_base", 20.0), ("full_fp32", 60.0)):
+        row = {"delta": [30], "peak_mib": peak, "params_mib": 1.0, "grads_mib": 1.0, "optim_mib": 1.0, "m": 8}
+        memory[f"{name}_checkpoint"] = {S: {**row, "act_mib": peak / 2} for S in ("1", "2", "4")}
+    _write(tmp_path, "memory.json", memory)
+    text = mod.report()
+    assert "(`pipeline.checkpoint=always`, m = 8 micro-batches)" in text
+    assert "| 1 | 40 | 20 | 60 | 20, 10, 30 | 2.50x (met) / 1.50x (missed) | 5.00x (met) / 3.00x (missed) |" in text
+    assert {f"{name}_checkpoint" for name in ("lora_bf16_base", "lora_int8_base", "full_fp32")} <= set(
+        _module().VARIANTS
+    )

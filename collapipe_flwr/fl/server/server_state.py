@@ -64,6 +64,7 @@ def count_workload(model: SplitModel, hidden: torch.Tensor, mask: torch.Tensor, 
         batch_size=wiring.batch_size(cfg),
         steps_per_round=cfg.federation.local_steps,
         schedule=cfg.pipeline.schedule,  # C7's activation term (Workload.block_memory_bytes)
+        checkpoint=cfg.pipeline.checkpoint,  # and its re-materialization (Workload.stage_memory_bytes)
     )
     return measure_workload(
         model.blocks,

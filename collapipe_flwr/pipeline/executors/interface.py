@@ -66,8 +66,9 @@ class Stages(Protocol):
     def put(self, value) -> Any:
         """A handle on ``value`` that later submits may take as an argument."""
 
-    def submit_begin_step(self, stage: int, step_seed: int | None) -> Any:
-        """Start ``Stage.begin_step(step_seed)`` on stage ``stage``; return its handle."""
+    def submit_begin_step(self, stage: int, step_seed: int | None, micro_batches: int | None = None) -> Any:
+        """Start ``Stage.begin_step(step_seed, micro_batches)`` on stage ``stage`` (m: which micro-batches
+        ``pipeline.checkpoint`` re-materializes); return its handle."""
 
     def submit_forward(self, stage: int, mb_index: int, x: Any, attention_mask: Any) -> Any:
         """Start ``Stage.forward`` of micro-batch ``mb_index`` (``x``, ``attention_mask``: values or handles)."""

@@ -21,7 +21,8 @@ from collapipe_flwr.pipeline.timings import StageSeconds
 class LocalStages:
     """Stages as plain objects in this process, one per device index k; calls run immediately, in
     submission order. Like :class:`~collapipe_flwr.pipeline.executors.ray_stages.RayStages` the device objects
-    outlive a repartition (:meth:`place`). Of the ``runtime`` only the precision and the device matter here."""
+    outlive a repartition (:meth:`place`). Of the ``runtime`` only the precision, the device and ``checkpoint``
+    matter here."""
 
     backend = "local"
 
@@ -31,6 +32,7 @@ class LocalStages:
         self.optimizer = optimizer
         self.precision = runtime.spec.precision
         self.device = runtime.spec.device
+        self.checkpoint = runtime.checkpoint
         self.devices: dict[int, Stage] = {}
         self.place(specs)
 
@@ -46,7 +48,7 @@ class LocalStages:
                     optimizer_state=spec.optimizer_state,
                     slowdown=spec.slowdown,
                     offset=spec.offset,
-                    compute=StageCompute(device=self.device, precision=self.precision),
+                    compute=StageCompute(device=self.device, precision=self.precision, checkpoint=self.checkpoint),
                 )
             elif spec.segment is not None:
                 self.devices[spec.device].load_segment(spec.segment, spec.optimizer_state, spec.slowdown, spec.offset)
@@ -72,8 +74,8 @@ class LocalStages:
         """A value later submits may take as an argument (here: the value itself)."""
         return value
 
-    def submit_begin_step(self, stage: int, step_seed: int | None) -> int:
-        return self.stages[stage].begin_step(step_seed)
+    def submit_begin_step(self, stage: int, step_seed: int | None, micro_batches: int | None = None) -> int:
+        return self.stages[stage].begin_step(step_seed, micro_batches)
 
     def submit_forward(self, stage: int, mb_index: int, x: Any, attention_mask: Any) -> torch.Tensor:
         return self.stages[stage].forward(mb_index, x, attention_mask)

@@ -139,9 +139,9 @@ class StageActor(Stage):
         if self.process_memory is not None:
             self.process_memory.remove()
 
-    def begin_step(self, step_seed: int | None = None) -> int:
+    def begin_step(self, step_seed: int | None = None, micro_batches: int | None = None) -> int:
         self._parking.clear()  # tensors a failed step parked and nobody read
-        return super().begin_step(step_seed)
+        return super().begin_step(step_seed, micro_batches)
 
     def forward(self, mb_index: int, x, attention_mask):
         return self._handover(super().forward(mb_index, shm_handoff.resolve(x), shm_handoff.resolve(attention_mask)))

@@ -47,8 +47,8 @@ class RayStageCalls:
         return ref
 
     # -- one step's calls on the stages of the plan ----------------------------------------------------------
-    def submit_begin_step(self, stage: int, step_seed: int | None) -> Any:
-        return self._submit(stage, self.actors[stage].begin_step, step_seed)
+    def submit_begin_step(self, stage: int, step_seed: int | None, micro_batches: int | None = None) -> Any:
+        return self._submit(stage, self.actors[stage].begin_step, step_seed, micro_batches)
 
     def submit_forward(self, stage: int, mb_index: int, x: Any, attention_mask: Any) -> Any:
         return self._submit(stage, self.actors[stage].forward, mb_index, x, attention_mask)

@@ -202,7 +202,10 @@ class RayStages(RayStageCalls):
                 torch.nn.ModuleList(),
                 self.optimizer,
                 compute=StageCompute(
-                    device=self.runtime.spec.device, precision=self.runtime.spec.precision, host_io=True
+                    device=self.runtime.spec.device,
+                    precision=self.runtime.spec.precision,
+                    host_io=True,
+                    checkpoint=self.runtime.checkpoint,
                 ),
                 memory_cgroup=f"dev{k}" if self.runtime.spec.memory_cgroup else "",
             )
