@@ -264,33 +264,40 @@ def report() -> str:
             f"| central LoRA, {c['steps']} steps | {seed} | {c['val']['bleu']:.2f} | {c['val']['perplexity']:.2f} | "
             f"{c['wall_s']:.0f} |"
         )
-    central_bleus = [c["val"]["bleu"] for c in central.values()]
     lines += [
         "",
         f"Federated BLEU: {_spread(bleus)}; base {base['metrics']['bleu']:.2f}: "
         f"**{_verdict(bleus, [base['metrics']['bleu']], 'the base')}**. Seeds missing: "
         f"{', '.join(str(s) for s in SEEDS if s not in done) or 'none'}.",
         "",
+        *_central_lines(central, done),
     ]
-    if central:
-        examples = ", ".join(str(c["examples"]) for c in central.values())
-        lines += [
-            f"Central LoRA at equal training examples ({CENTRAL_STEPS} steps x b = {BATCH}: {examples} examples a "
-            f"seed, against the federated run's {ROUNDS} rounds x {CUS_PER_ROUND} CUs x {STEPS} steps x b = {BATCH})",
-            f"BLEU: {_spread(central_bleus)}; central against federated: "
-            f"**{_verdict(central_bleus, bleus, 'the federated LoRA')}**; federated against central: "
-            f"**{_verdict(bleus, central_bleus, 'the central LoRA')}**. Target perplexity: central "
-            f"{_spread([c['val']['perplexity'] for c in central.values()])}, federated "
-            f"{_spread([r['val_perplexity'] for r in done.values()])}. Both evaluated by `task.evaluate` under the "
-            "runs' bf16 autocast (`runtime.precision=auto` on this bf16-capable CPU; the federated runs predate "
-            "`eval.precision`, whose default `runtime` keeps that behaviour; central's record says bf16). Equal "
-            f"examples are not equal steps: the federated model moves by {ROUNDS} averaged updates of {STEPS} steps "
-            f"each ({ROUNDS * STEPS} steps in sequence), central by {CENTRAL_STEPS}; averaging the CUs' updates is "
-            "the likely cost, as on the caption task (pretrained_lora/README.md).",
-            "",
-        ]
     lines += _low_bleu_notes(base, [r["val_perplexity"] for r in done.values()], bleus)
     return "\n".join(lines + _sample_lines(base)) + "\n"
+
+
+def _central_lines(central: dict[int, dict], done: dict[int, dict]) -> list[str]:
+    """Central LoRA against the federated runs at equal training examples (none before a central record)."""
+    if not central:
+        return []
+    bleus = [r["val_bleu"] for r in done.values()]
+    central_bleus = [c["val"]["bleu"] for c in central.values()]
+    examples = ", ".join(str(c["examples"]) for c in central.values())
+    return [
+        f"Central LoRA at equal training examples ({CENTRAL_STEPS} steps x b = {BATCH}: {examples} examples a "
+        f"seed, against the federated run's {ROUNDS} rounds x {CUS_PER_ROUND} CUs x {STEPS} steps x b = {BATCH})",
+        f"BLEU: {_spread(central_bleus)}; central against federated: "
+        f"**{_verdict(central_bleus, bleus, 'the federated LoRA')}**; federated against central: "
+        f"**{_verdict(bleus, central_bleus, 'the central LoRA')}**. Target perplexity: central "
+        f"{_spread([c['val']['perplexity'] for c in central.values()])}, federated "
+        f"{_spread([r['val_perplexity'] for r in done.values()])}. Both evaluated by `task.evaluate` under the "
+        "runs' bf16 autocast (`runtime.precision=auto` on this bf16-capable CPU; the federated runs predate "
+        "`eval.precision`, whose default `runtime` keeps that behaviour; central's record says bf16). Equal "
+        f"examples are not equal steps: the federated model moves by {ROUNDS} averaged updates of {STEPS} steps "
+        f"each ({ROUNDS * STEPS} steps in sequence), central by {CENTRAL_STEPS}; averaging the CUs' updates is "
+        "the likely cost, as on the caption task (pretrained_lora/README.md).",
+        "",
+    ]
 
 
 def _verdict(ours: list[float], other: list[float], name: str) -> str:
