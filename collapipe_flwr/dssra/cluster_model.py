@@ -14,9 +14,7 @@ on its devices: phi_k f_k = (o_l + o'_l) / s_k, c0_k, r_k^dd, tau_0 per link and
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
@@ -82,6 +80,8 @@ class ClusterModel:
     # (input_bytes_per_sample each, the widest block boundary), so the cap follows m under GPipe too
     checkpoint: Checkpoint = Checkpoint.NEVER
     input_bytes_per_sample: float = 0.0
+    # o_l: the forward a re-materialized micro-batch's backward computes again (recompute_per_block); 0: none counted
+    forward_flops_per_sample_block: float = 0.0
 
     def __post_init__(self) -> None:
         shape = np.shape(self.flops_per_second)  # [K], or [N, 1, K] for stack_models
@@ -139,6 +139,7 @@ class ClusterModel:
             schedule=workload.schedule,
             checkpoint=workload.checkpoint,
             input_bytes_per_sample=workload.activation_bytes_per_sample * workload.memory_scale,
+            forward_flops_per_sample_block=workload.forward_flops_per_sample_block,
         )
 
     def with_profile(self, profile: ClusterProfile, workload: Workload) -> ClusterModel:
@@ -188,6 +189,24 @@ class ClusterModel:
         b_hat = self._b_hat(m)[..., None]
         return pipeline_model.chunk_compute_delay(1, b_hat, self.flops_per_sample_block, self.flops_per_second)
 
+    def recomputed(self, m) -> np.ndarray:
+        """n^rc(m): the micro-batches re-materialized (``checkpoint``), m scalar or an array of M values."""
+        return pipeline_model.recomputed_micro_batches(self.checkpoint, m)
+
+    def recompute_per_block(self, m) -> np.ndarray:
+        """The forward a recomputed micro-batch's backward runs again through ONE block: b_hat o_l / (phi_k f_k) (s)."""
+        b_hat = self._b_hat(m)[..., None]
+        return pipeline_model.chunk_compute_delay(1, b_hat, self.forward_flops_per_sample_block, self.flops_per_second)
+
+    def planned_compute_per_block(self, m) -> np.ndarray:
+        """Sub-1's c_k(m): :meth:`compute_per_block`, plus :meth:`recompute_per_block` at every m that recomputes a
+        micro-batch. ``always``: the exact chunk; ``except_last``: (S + m - 1) C^rc bounds the critical path
+        C + (S + m - 2) C^rc (``pipeline_model.pipeline_delay``, :meth:`evaluate`) by at most one recompute."""
+        compute = self.compute_per_block(m)
+        if self.checkpoint == Checkpoint.NEVER:
+            return compute
+        return compute + np.where(self.recomputed(m)[..., None] > 0, self.recompute_per_block(m), 0.0)
+
     def d2d_delay(self, m) -> np.ndarray:
         """tau_k^dd of one micro-batch (z^s + g^{s+1}, eq. 13) on device k (s), plus the fixed per-transfer
         hand-over latency tau_0 (network.d2d.latency_s): without it eq. (15) always prefers m = b, since
@@ -203,13 +222,19 @@ class ClusterModel:
         return self.d2d_delay(m) + self.per_microbatch_s
 
     def device_energy(self, delta, m) -> np.ndarray:
-        """E_k^pipe of a whole round (eqs. 14, 16): steps * m * (compute + D2D energy per chunk); 0 if unused."""
+        """E_k^pipe of a whole round (eqs. 14, 16): steps * m * (compute + D2D energy per chunk), plus the n^rc
+        recomputed forwards under ``checkpoint``; 0 if unused."""
         delta = np.asarray(delta, dtype=float)
         m_arr = np.asarray(m, dtype=float)[..., None]
         b_hat = self._b_hat(m)[..., None]
         comp = pipeline_model.compute_energy(
             self.kappa, delta, b_hat, self.flops_per_sample_block, self.flops_per_cycle, self.f_hz, m_arr
         )
+        if self.checkpoint != Checkpoint.NEVER:  # n^rc forwards again: compute_energy at o_l, n^rc times
+            n = self.recomputed(m)[..., None]
+            comp = comp + pipeline_model.compute_energy(
+                self.kappa, delta, b_hat, self.forward_flops_per_sample_block, self.flops_per_cycle, self.f_hz, n
+            )
         d2d = m_arr * channel.transmit_energy(self.d2d_power, self.d2d_delay(m))
         return np.where(delta > 0, self.steps * (comp + d2d), 0.0)
 
@@ -268,20 +293,26 @@ class ClusterModel:
 
     # ---------------------------------------------------------------- direct evaluation
     def evaluate(self, delta, m: int) -> dict:
-        """Delay split and energy of partition ``delta`` with ``m`` micro-batches (eqs. 13-16)."""
+        """Delay split and energy of partition ``delta`` with ``m`` micro-batches (eqs. 13-16). Under ``checkpoint``
+        the n^rc recomputed micro-batches' chunks add their forward again: (m - n^rc) clocks of the slowest plain
+        chunk and S + n^rc - 1 of the slowest recomputed one (``pipeline_model.pipeline_delay``)."""
         delta = np.asarray(delta, dtype=int)
         used = delta > 0
         S = int(used.sum())
         comp = delta * self.compute_per_block(m) + self.per_microbatch_s
         d2d = self.d2d_delay(m)
-        chunk = np.where(used, comp + d2d, -np.inf)
-        k_star = int(np.argmax(chunk))
-        clocks = self.steps * (S + m - 1)
+        n = int(self.recomputed(m))
+        kinds = [(S + m - 1 if n == 0 else m - n, comp)]  # (clocks, compute per stage) of each kind of chunk
+        if n:
+            kinds.append((S + n - 1, comp + delta * self.recompute_per_block(m)))
+        chunks = [np.where(used, c + d2d, -np.inf) for _, c in kinds]
+        stars = [int(np.argmax(chunk)) for chunk in chunks]  # the slowest stage of each kind
+        pipe = pipeline_model.pipeline_delay(chunks[0][used], S, m, chunks[-1][used], n)
         return {
             "S": S,
-            "pipeline_s": float(self.steps * pipeline_model.pipeline_delay(chunk[used], S, m)),
-            "compute_s": float(clocks * comp[k_star]),
-            "d2d_s": float(clocks * d2d[k_star]),
+            "pipeline_s": float(self.steps * pipe),
+            "compute_s": float(sum(self.steps * c * x[k] for (c, x), k in zip(kinds, stars))),
+            "d2d_s": float(sum(self.steps * c * d2d[k] for (c, _), k in zip(kinds, stars))),
             "overhead_s": float(self.steps * self.cu_step_s),
             "device_energy_j": [float(e) for e in self.device_energy(delta, m)],
         }
@@ -356,30 +387,3 @@ class ClusterModel:
             f"{int(caps[worst])}); "
             "raise network.device.energy_max_j or lower the workload"
         )
-
-
-# The scalars of the cost model that stack_models needs to be the same in every cluster.
-SHARED_FIELDS = (
-    "num_blocks",
-    "batch_size",
-    "steps",
-    "flops_per_sample_block",
-    "activation_bits",
-    "energy_max",
-    "kappa",
-)
-
-
-def stack_models(models: Sequence[ClusterModel]) -> ClusterModel:
-    """N clusters of K devices each as one ClusterModel whose per-device arrays are [N, 1, K], so that
-    ``compute_per_block``, ``chunk_fixed`` and ``block_cap`` of an array of M values of m give [N, M, K]
-    (the same elementwise formulas, eqs. 13-16, as for one cluster). The scalars (L, b, steps, o_l + o'_l,
-    activation bits, E_k^max, kappa) must agree; ``cluster`` is the first one's, cu_step_s is dropped."""
-    first = models[0]
-    for model in models[1:]:
-        if model.K != first.K or any(getattr(model, f) != getattr(first, f) for f in SHARED_FIELDS):
-            raise ValueError(f"cluster {model.cluster}'s cost model does not stack with cluster {first.cluster}'s")
-    arrays: dict[str, Any] = {
-        f: np.stack([np.asarray(getattr(m, f)) for m in models])[:, None, :] for f in PER_DEVICE_FIELDS
-    }
-    return replace(first, cu_step_s=0.0, **arrays)

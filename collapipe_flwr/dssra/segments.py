@@ -5,7 +5,10 @@
 
 with tau^pipe = steps (S + m - 1) max_{k: delta_k > 0} (delta_k c_k(m) + d_k(m)) (eq. 15 as read in
 system/pipeline_model.py; d_k(m) = c0 + tau_k^dd(m), ClusterModel.chunk_fixed) and drift(S) the queue
-term (Y_n S in the paper's P2, Y_n Gamma_n(S) here).
+term (Y_n S in the paper's P2, Y_n Gamma_n(S) here). Under ``pipeline.checkpoint`` c_k(m) is a recomputed
+micro-batch's (ClusterModel.planned_compute_per_block: one more forward o_l): exact under ``always``; under
+``except_last`` (its last micro-batch not recomputed) a bound on the critical path by at most one recompute,
+which ClusterModel.evaluate (the modelled round) counts exactly.
 
 Exactness without a MILP: for fixed m, a stage-time bound T admits a partition on S devices iff the S
 devices with the most room u_k(T) = #{delta in 1..cap_k(m): delta c_k + d_k <= T} all have u_k >= 1 and
@@ -19,11 +22,12 @@ order does not matter (footnote 1). ``StageTables`` / ``solve_tables`` do this f
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
-from collapipe_flwr.dssra.cluster_model import ClusterModel, stack_models
+from collapipe_flwr.dssra.cluster_model import PER_DEVICE_FIELDS, ClusterModel
 from collapipe_flwr.dssra.stage_times import min_stage_times, partitions
 from collapipe_flwr.errors import InfeasiblePlanError
 
@@ -39,9 +43,40 @@ class SegmentPlan:
     objective: float
 
 
+# The scalars of the cost model that stack_models needs to be the same in every cluster.
+SHARED_FIELDS = (
+    "num_blocks",
+    "batch_size",
+    "steps",
+    "flops_per_sample_block",
+    "forward_flops_per_sample_block",
+    "activation_bits",
+    "energy_max",
+    "kappa",
+    "checkpoint",
+)
+
+
+def stack_models(models: Sequence[ClusterModel]) -> ClusterModel:
+    """N clusters of K devices each as one ClusterModel whose per-device arrays are [N, 1, K], so that
+    ``compute_per_block``, ``chunk_fixed`` and ``block_cap`` of an array of M values of m give [N, M, K]
+    (the same elementwise formulas, eqs. 13-16, as for one cluster). The scalars (L, b, steps, o_l + o'_l, o_l,
+    activation bits, E_k^max, kappa, pipeline.checkpoint) must agree; ``cluster`` is the first one's, cu_step_s is
+    dropped."""
+    first = models[0]
+    for model in models[1:]:
+        if model.K != first.K or any(getattr(model, f) != getattr(first, f) for f in SHARED_FIELDS):
+            raise ValueError(f"cluster {model.cluster}'s cost model does not stack with cluster {first.cluster}'s")
+    arrays: dict[str, Any] = {
+        f: np.stack([np.asarray(getattr(m, f)) for m in models])[:, None, :] for f in PER_DEVICE_FIELDS
+    }
+    return replace(first, cu_step_s=0.0, **arrays)
+
+
 def distinct_b_hat(batch_size: int, m_values: np.ndarray) -> np.ndarray:
     """Mask of the m values Sub-1 needs to try: the smallest m of each micro-batch size b_hat = ceil(b / m).
-    A larger m with the same b_hat has the same chunk times c_k, d_k, a cap no larger (E_k^pipe grows with m,
+    A larger m with the same b_hat has the same chunk times c_k, d_k (re-materializing, no smaller), a cap no larger
+    (E_k^pipe grows with m,
     eq. 16) and a longer pipeline (S + m - 1), so its objective (V >= 0) is never smaller, and argmin's ties
     go to the earlier m. Only for increasing m values (otherwise every m is kept)."""
     m_values = np.asarray(m_values, dtype=int)
@@ -73,7 +108,7 @@ class StageTables:
         m_arr = np.asarray(list(m_values), dtype=int)
         if V >= 0:
             m_arr = m_arr[distinct_b_hat(stacked.batch_size, m_arr)]
-        compute, d2d = stacked.compute_per_block(m_arr), stacked.chunk_fixed(m_arr)
+        compute, d2d = stacked.planned_compute_per_block(m_arr), stacked.chunk_fixed(m_arr)
         cap = stacked.block_cap(m_arr)
         L = stacked.num_blocks
         step = max(1, TABLE_ELEMENTS // max(1, compute[0].size * L))  # clusters per block

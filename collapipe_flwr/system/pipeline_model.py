@@ -10,7 +10,12 @@ Reading chosen (docs/system_model.md explains why):
   z_enc to the server), so no hop is subtracted and the delay does not depend on the device order,
   as footnote 1 of the paper requires;
 * device energy (eq. 16 with the CMOS constant kappa): ``E_k = m (kappa * cycles * f_k^2 + p_k tau_k^dd)``
-  with cycles = delta_k b_hat (o_l + o'_l) / phi_k: m chunks, each one forward and one backward.
+  with cycles = delta_k b_hat (o_l + o'_l) / phi_k: m chunks, each one forward and one backward;
+* with re-materialization (``pipeline.checkpoint``) the backward of each of the n^rc recomputed micro-batches
+  (:func:`recomputed_micro_batches`: m under ``always``, m - 1 under ``except_last``, 0 under ``never``) first runs
+  the segment's forward again, so its chunk computes ``delta_k * b_hat * (o_l + o_l + o'_l) / (phi_k f_k)``
+  (:func:`pipeline_delay` gives the critical path of the two chunk kinds) and the energy counts
+  m chunks + n^rc extra forwards (:func:`compute_energy` twice). ``never`` is eq. (15)-(16) as above.
 """
 
 from __future__ import annotations
@@ -90,20 +95,51 @@ def micro_batch_size(b: int, m: int) -> int:
 
 
 def chunk_compute_delay(delta, b_hat, flops_per_sample_block, flops_per_second):
-    """delta_k * b_hat * (o_l + o'_l) / (phi_k f_k): compute time of one micro-batch on device k (s)."""
+    """delta_k * b_hat * (o_l + o'_l) / (phi_k f_k): compute time of one micro-batch on device k (s). A recomputed
+    micro-batch (``pipeline.checkpoint``) computes delta_k * b_hat * (o_l + o_l + o'_l) / (phi_k f_k): pass
+    o_l + o_l + o'_l, or add this function at o_l (its recompute) to the chunk."""
     return np.asarray(delta, dtype=float) * b_hat * flops_per_sample_block / np.asarray(flops_per_second, dtype=float)
 
 
-def pipeline_delay(stage_chunk_s, S: int, m: int) -> float:
-    """(S + m - 1) * max_k chunk_k (eq. 15): GPipe fill, steady state and drain over S stages."""
+def recomputed_micro_batches(checkpoint: str, m):
+    """n^rc: the micro-batches whose backward recomputes their segment's forward (:func:`checkpoint_stop`'s count,
+    for one m or an array of them): m under ``always``, max(m - 1, 0) under ``except_last``, 0 under ``never``."""
+    checkpoint_stop(checkpoint, 1)  # the name is one of Checkpoint's
+    m_arr = np.asarray(m)
+    if checkpoint == Checkpoint.ALWAYS:
+        return m_arr
+    return np.maximum(m_arr - 1, 0) if checkpoint == Checkpoint.EXCEPT_LAST else np.zeros_like(m_arr)
+
+
+def pipeline_delay(stage_chunk_s, S: int, m: int, recomputed_chunk_s=None, recomputed: int = 0) -> float:
+    """(S + m - 1) * max_k chunk_k (eq. 15): GPipe fill, steady state and drain over S stages.
+
+    With re-materialization, ``recomputed`` = n^rc micro-batches (i < n^rc, :func:`recomputed_micro_batches`)
+    whose chunks are ``recomputed_chunk_s`` (chunk_k plus the recompute delta_k b_hat o_l / (phi_k f_k)) and
+    C = max_k chunk_k, C^rc = max_k chunk^rc_k:
+    ``(m - n^rc) C + (S + n^rc - 1) C^rc`` (n^rc >= 1). GPipe runs the backwards in descending i, so the m - n^rc
+    micro-batches kept in full come first and the recomputed ones after; a critical path over the clocks visits
+    S + m - 1 (micro-batch, stage) cells, every micro-batch at least once, so the longest one takes each
+    kept micro-batch once and spends its other S + n^rc - 1 cells on recomputed ones. ``always`` (n^rc = m):
+    (S + m - 1) C^rc; ``except_last`` (n^rc = m - 1): C + (S + m - 2) C^rc. With equal stages this is the exact
+    critical path of the GPipe order (``pipeline/schedule.py``); under 1F1B (the kept micro-batch's backward
+    last) it is an upper bound."""
     chunks = np.asarray(stage_chunk_s, dtype=float)
     if chunks.size == 0:
         return 0.0
-    return float((S + m - 1) * chunks.max())
+    n = int(recomputed)
+    if recomputed_chunk_s is None or n <= 0:
+        return float((S + m - 1) * chunks.max())
+    slow = float(np.max(recomputed_chunk_s))
+    if n >= m:
+        return float((S + m - 1) * slow)
+    return float((m - n) * chunks.max() + (S + n - 1) * slow)
 
 
 def compute_energy(kappa, delta, b_hat, flops_per_sample_block, flops_per_cycle, f_hz, m: float | np.ndarray):
-    """m * kappa * (delta b_hat (o_l + o'_l) / phi_k) * f_k^2: dynamic CPU energy of eq. (16) (J)."""
+    """m * kappa * (delta b_hat (o_l + o'_l) / phi_k) * f_k^2: dynamic CPU energy of eq. (16) (J). The recompute of
+    re-materialization is this at o_l (``flops_per_sample_block``) and n^rc (``m``): n^rc extra forwards of
+    delta b_hat o_l / phi_k cycles, so E_k's compute is kappa (m (o_l + o'_l) + n^rc o_l) delta b_hat f_k^2 / phi_k."""
     cycles = np.asarray(delta, dtype=float) * b_hat * flops_per_sample_block / np.asarray(flops_per_cycle, dtype=float)
     return m * kappa * cycles * np.asarray(f_hz, dtype=float) ** 2
 

@@ -105,6 +105,12 @@ class Workload:
         return max(f + b for f, b in zip(self.forward_flops, self.backward_flops))
 
     @property
+    def forward_flops_per_sample_block(self) -> float:
+        """o_l of the heaviest block's forward: what a re-materialized micro-batch's backward computes again per
+        sample and block (``pipeline.checkpoint``), on top of :attr:`flops_per_sample_block` (a bound as above)."""
+        return max(self.forward_flops)
+
+    @property
     def activation_bytes_per_sample(self) -> float:
         """z^s per sample at the widest block boundary (bytes)."""
         return max(self.boundary_bytes)

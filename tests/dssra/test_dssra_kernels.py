@@ -11,9 +11,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from collapipe_flwr.dssra.cluster_model import stack_models
 from collapipe_flwr.dssra.power import max_energy_power
-from collapipe_flwr.dssra.segments import StageTables, distinct_b_hat, solve_segments, solve_tables
+from collapipe_flwr.dssra.segments import StageTables, distinct_b_hat, solve_segments, solve_tables, stack_models
 from collapipe_flwr.dssra.stage_times import min_stage_times, partitions
 from collapipe_flwr.errors import InfeasiblePlanError
 from tests.dssra.test_dssra_bruteforce import all_deltas, random_model
