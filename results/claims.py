@@ -53,7 +53,7 @@ from pathlib import Path
 import convergence
 from reportlib import markdown as md
 from reportlib.records import read_csv, read_jsonl
-from scipy import stats
+from reportlib.stats import t_half_width
 
 RESULTS = Path(__file__).resolve().parent
 OUT = RESULTS / "claims" / "table.md"
@@ -99,10 +99,7 @@ class Paired:
     @property
     def half_width(self) -> float:
         """Half the 95% Student-t interval of the mean (n - 1 degrees of freedom)."""
-        n = len(self.gains)
-        if n < 2:
-            return math.inf
-        return float(stats.t.ppf(0.975, n - 1)) * statistics.stdev(self.gains) / math.sqrt(n)
+        return t_half_width(self.gains)
 
     def verdict(self, paper: PaperFigure) -> str:
         """The verdict rule (module docstring) on this gain against the paper's figure."""

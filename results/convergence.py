@@ -18,13 +18,12 @@ or our mean is within 25% of it; else *not reproduced* (a count of rounds has no
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from reportlib.records import read_jsonl
-from scipy import stats
+from reportlib.stats import t_half_width
 
 RESULTS = Path(__file__).resolve().parent
 FRACTION, TAIL = 0.9, 5
@@ -57,20 +56,13 @@ def collapipe_rounds(task: str) -> list[int]:
 def verdict(values: Sequence[float], ceiling: float = PAPER_ROUNDS) -> str:
     """The one rule, read for a ceiling (module docstring)."""
     mean = statistics.mean(values)
-    half = half_width(values)
+    half = t_half_width(values)
     if mean <= ceiling or mean - half <= ceiling <= mean + half:
         return "reproduced"
     return "reproduced" if abs(mean - ceiling) <= SIZE_TOLERANCE * ceiling else "not reproduced"
 
 
-def half_width(values: Sequence[float]) -> float:
-    """Half the 95% Student-t interval of the mean (n - 1 degrees of freedom); infinite for one value."""
-    if len(values) < 2:
-        return math.inf
-    return float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
-
-
 def cell(values: Sequence[float]) -> str:
-    mean, half = statistics.mean(values), half_width(values)
+    mean, half = statistics.mean(values), t_half_width(values)
     seeds = ", ".join(str(v) for v in values)
     return f"{mean:.1f} rounds [{mean - half:.1f}, {mean + half:.1f}] (seeds: {seeds})"
