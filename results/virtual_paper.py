@@ -77,10 +77,14 @@ class TaskPart:
 # first CLS_EVAL validation titles. Its target is set from a pilot (``--pilot``: dssra, J = 4, seed 0, not kept)
 # before any of its jobs runs, as the translation part's was, and committed with the pilot's readings
 CLS_EVAL = 1024
+# the third, after classification: People's Daily NER, the same encoder, the CRF head on the server; entity F1
+# (seqeval) on the first NER_EVAL validation sentences. Its target is fixed by its own pilot, as classification's
+NER_EVAL = 512
 TASK_PARTS = {
     "classification": TaskPart(
         "task=classification model=bert_small model.layers=6", f"eval.max_examples={CLS_EVAL}", "val_accuracy", None
     ),
+    "ner": TaskPart("task=ner model=bert_small model.layers=6", f"eval.max_examples={NER_EVAL}", "val_f1", None),
 }
 
 

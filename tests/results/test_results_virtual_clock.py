@@ -97,29 +97,32 @@ def test_the_campaign_has_every_method_per_seed_and_channel_count_on_the_virtual
     assert {j.name for j in scale} == {f"n{n}/s0/{r}" for n in (10, 30) for r in ("dssra", "titanic", "random")}
 
 
-def test_a_task_part_keeps_the_setting_and_swaps_only_the_task_model_and_evaluation():
-    """The classification part: every translation job's setting, with the task, the model and the eval size replaced
-    (a config that loads), and no job before its target is fixed, only the pilot."""
+@pytest.mark.parametrize(
+    ("part", "task", "eval_size"), [("classification", "classification", "CLS_EVAL"), ("ner", "ner", "NER_EVAL")]
+)
+def test_a_task_part_keeps_the_setting_and_swaps_only_the_task_model_and_evaluation(part, task, eval_size):
+    """A task part (classification, NER): every translation job's setting, with the task, the model and the eval
+    size replaced (a config that loads), and no job before its target is fixed, only the pilot."""
     from collapipe_flwr.config import load_run_config
 
     campaign = load("virtual_paper")
     translation = campaign.paper_jobs([4, 2], [0], ["dssra", "random"])
-    classification = campaign.task_jobs("classification", [4, 2], [0], ["dssra", "random"])
-    assert [j.name for j in classification] == [j.name for j in translation]
-    for ours, theirs in zip(classification, translation, strict=True):
+    jobs = campaign.task_jobs(part, [4, 2], [0], ["dssra", "random"])
+    assert [j.name for j in jobs] == [j.name for j in translation]
+    for ours, theirs in zip(jobs, translation, strict=True):
         kept = set(theirs.overrides.split()) - {
             "model=transformer_small",
             "model.enc_layers=6",
             "eval.max_examples=256",
         }
         assert kept <= set(ours.overrides.split())
-    cfg = load_run_config(classification[0].overrides.split())
-    assert (cfg.task.name, cfg.model.name, cfg.model.sizes["layers"]) == ("classification", "bert_small", 6)
-    assert cfg.clock.mode == "virtual" and cfg.eval.max_examples == campaign.CLS_EVAL
-    assert campaign.pilot_job("classification").part == "pilot"  # never under records/
-    if campaign.TASK_PARTS["classification"].target is None:
+    cfg = load_run_config(jobs[0].overrides.split())
+    assert (cfg.task.name, cfg.model.name, cfg.model.sizes["layers"]) == (task, "bert_small", 6)
+    assert cfg.clock.mode == "virtual" and cfg.eval.max_examples == getattr(campaign, eval_size)
+    assert campaign.pilot_job(part).part == "pilot"  # never under records/
+    if campaign.TASK_PARTS[part].target is None:
         with pytest.raises(SystemExit):
-            campaign.main(["/nonexistent-root", "--part", "classification"])
+            campaign.main(["/nonexistent-root", "--part", part])
 
 
 def test_a_task_part_is_timed_on_its_own_metric_and_only_once_its_target_is_fixed(monkeypatch):
