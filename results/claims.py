@@ -28,7 +28,10 @@ gives its mean over the seeds and the 95% Student-t interval of that mean (n = 3
 * *reproduced*: g has P's sign, and P lies within [lo, hi], or g is within 25% of P (|g - P| <= 0.25 |P|), or P
   is an "at least" / "more than" and g >= P;
 * *direction only*: g has P's sign, but its size is none of the above;
-* *not reproduced*: otherwise (g has the other sign, or is 0).
+* *not reproduced*: otherwise (g has the other sign, or is 0);
+* *pending (n of 3 seeds)*: fewer than :data:`MIN_SEEDS` paired seeds, so no verdict yet. Two seeds' interval is
+  12.7 standard errors wide (Student-t, one degree of freedom) and holds almost any figure, so "the paper's figure
+  lies within our interval" could not fail; a campaign part still running shows its rows this way.
 
 A bound is judged by the same rule, as far as a bound can be: where the baseline never reached the quality target
 within its rounds (censored), its time to target is the sum of all its rounds, a lower bound, so our gain from it is
@@ -71,6 +74,7 @@ QUALITY_TASKS = ("translation", "classification", "ner")
 
 
 SIZE_TOLERANCE = 0.25  # the verdict rule: our mean within 25% of the paper's figure, relative, is its size
+MIN_SEEDS = 3  # the verdict rule: fewer paired seeds than this give no verdict ("pending"), whatever they read
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,8 @@ class Paired:
 
     def verdict(self, paper: PaperFigure) -> str:
         """The verdict rule (module docstring) on this gain against the paper's figure."""
+        if len(self.gains) < MIN_SEEDS:
+            return self.pending()
         if self.mean * paper.value <= 0:
             return "not reproduced"
         low, high = self.mean - self.half_width, self.mean + self.half_width
@@ -115,9 +121,14 @@ class Paired:
 
     def bound_verdict(self, paper: PaperFigure) -> str:
         """The verdict rule (module docstring) on a lower bound of the gain: the mean of per-seed lower bounds."""
+        if len(self.gains) < MIN_SEEDS:
+            return self.pending()
         if paper.at_least and self.mean >= paper.value:
             return "reproduced"
         return "direction only" if self.mean * paper.value > 0 else "-"
+
+    def pending(self) -> str:
+        return f"pending ({len(self.gains)} of {MIN_SEEDS} seeds)"
 
     def cell(self) -> str:
         if not math.isfinite(self.half_width):
@@ -345,7 +356,8 @@ def table() -> str:
         "*direction only* = the paper's sign, not its size; *not reproduced* = otherwise; *no record* = nothing kept "
         'judges the claim yet. *Modelled* rows come from the planner over the system model, not from a clock. A ">=" '
         "cell is a lower bound (the baseline never reached the target; its rounds summed): reproduced only when it "
-        'meets an "at least", direction only when it has the paper\'s sign, else -.',
+        'meets an "at least", direction only when it has the paper\'s sign, else -. *Pending (n of 3 seeds)*: fewer '
+        "than 3 paired seeds, no verdict yet (two seeds' interval holds almost any figure).",
         "",
         *md.head("| claim | task | paper | ours | kind | record | verdict |"),
     ]
