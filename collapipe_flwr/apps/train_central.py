@@ -78,6 +78,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="where the model trains: cpu, cuda, or auto (cuda when a GPU is visible); default: the config's "
         "runtime.device",
     )
+    parser.add_argument(
+        "--eval-every-s",
+        type=float,
+        default=0.0,
+        help="also evaluate every this many seconds of training (the final evaluation's slice; its time is not "
+        "charged to the budget); the readings go to the JSON's val_history (0 = only at the end)",
+    )
     parser.add_argument("--test", action="store_true", help="also evaluate the test split named in the task config")
     parser.add_argument("--save", default="", help="write the trained model to DIR/model/ (safetensors + model.json)")
     parser.add_argument("--json", default="", help="write the final metrics and settings to this JSON file")
@@ -161,20 +168,24 @@ class TrainSettings:
     precision: str = "fp32"
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     quiet: bool = False
+    eval_every_s: float = 0.0  # also evaluate every this many seconds of training (0: only at the end)
 
 
 def train(
     task: Task, model: SplitModel, settings: TrainSettings, indices: list[int], seed: int, eval_cfg: EvalSpec
 ) -> dict:
     """Train on ``indices`` until the budget (minus the evaluation it must leave room for) or ``max_steps`` of
-    ``settings`` is used."""
+    ``settings`` is used. With ``eval_every_s`` the model is also evaluated every that many seconds of training, the
+    clock paused meanwhile, so ``seconds`` in ``val_history`` (and ``train_seconds``) count training alone: what a
+    time-to-quality comparison needs (benchmarks/time_to_quality.py)."""
     max_steps, precision, device, quiet = settings.max_steps, settings.precision, settings.device, settings.quiet
     optimizer, base_lrs = _optimizer(task, model)
     lr_schedule = task.model_spec.lr_schedule
     budget = settings.minutes * 60.0
     start = time.monotonic()
     reserve = _eval_reserve_guess(task, eval_cfg)
-    step, epoch, losses, history = 0, 0, [], []
+    step, epoch, losses, history, val_history = 0, 0, [], [], []
+    next_eval = settings.eval_every_s
     probed = False
     last_note = 0.0
     _train_mode(model)
@@ -200,6 +211,11 @@ def train(
                 recent = sum(losses[-20:]) / len(losses[-20:])
                 status = f"epoch {epoch} step {step} loss {recent:.3f} lr {base_lrs[0] * factor:.2e}"
                 last_note = _show_progress(progress, bar, min(budget, elapsed), elapsed, status, quiet, last_note)
+                if settings.eval_every_s and time.monotonic() - start >= next_eval:
+                    reading, spent = _evaluate_midrun(task, model, eval_cfg, precision, device.type)
+                    val_history.append({"step": step, "seconds": round(time.monotonic() - start - spent, 1), **reading})
+                    start += spent  # the clock counts training alone
+                    next_eval = time.monotonic() - start + settings.eval_every_s
                 if not probed and not max_steps and elapsed >= 0.5 * train_budget:
                     probed = True
                     reserve = _probe_midway(task, model, eval_cfg, precision, device.type, progress.console)
@@ -211,7 +227,20 @@ def train(
         "first_loss": losses[0] if losses else math.nan,
         "last_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
         "history": history,
+        **({"val_history": val_history} if settings.eval_every_s else {}),
     }
+
+
+def _evaluate_midrun(task: Task, model: SplitModel, eval_cfg: EvalSpec, precision: str, device_type: str):
+    """The validation metrics of the model as it stands, on the final evaluation's slice and precision, and the
+    seconds they took; the model back in train mode after."""
+    t0 = time.monotonic()
+    with torch.no_grad(), autocast(resolve_precision(eval_cfg.resolved_precision(precision), device_type), device_type):
+        metrics = task.evaluate(
+            model, max_examples=eval_cfg.max_examples, batch_size=eval_cfg.batch_size, beam_size=eval_cfg.beam_size
+        )
+    _train_mode(model)
+    return metrics, time.monotonic() - t0
 
 
 def _eval_reserve_guess(task: Task, eval_cfg: EvalSpec) -> float:
@@ -314,7 +343,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     task.features("val")
     print(_describe(task, model, len(indices), args, device, requested), file=sys.stderr)
     t0 = time.monotonic()
-    settings = TrainSettings(args.minutes, args.max_steps, args.precision, device, args.quiet)
+    if args.eval_every_s < 0:
+        raise ConfigError(f"--eval-every-s={args.eval_every_s} must be >= 0 (0: evaluate only at the end)")
+    settings = TrainSettings(args.minutes, args.max_steps, args.precision, device, args.quiet, args.eval_every_s)
     summary = train(task, model, settings, indices, seed, eval_cfg)
     eval_precision = resolve_precision(eval_cfg.resolved_precision(args.precision), device.type)  # eval.precision
     with torch.no_grad(), autocast(eval_precision, device.type):

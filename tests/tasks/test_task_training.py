@@ -76,6 +76,24 @@ def test_cli_prints_the_metric_last(data_dir, tmp_path, capsys, monkeypatch, pre
     assert summary["steps"] == 3 and (tmp_path / "m.json").is_file()
 
 
+def test_evaluations_during_training_are_kept_and_the_last_is_the_final_model(data_dir, tmp_path, monkeypatch):
+    """--eval-every-s: an evaluation after each of the 3 steps (a period shorter than any step), each on the final
+    evaluation's slice; the one after step 3 judged the same model as the final evaluation, so it reads the same, and
+    its training seconds leave the evaluations before it out (below train_seconds, which counts training alone)."""
+    from collapipe_flwr.apps import train_central
+
+    monkeypatch.setenv("COLLAPIPE_CACHE_DIR", str(tmp_path))
+    summary = train_central.main([*tiny_classification_args(data_dir, 256), "--eval-every-s", "1e-9"])
+    history = summary["val_history"]
+    assert [h["step"] for h in history] == [1, 2, 3]
+    assert all(h["examples"] == 32 for h in history)
+    assert history[-1]["accuracy"] == pytest.approx(summary["val"]["accuracy"])
+    assert history[-1]["loss"] == pytest.approx(summary["val"]["loss"], rel=1e-5)
+    seconds = [h["seconds"] for h in history]
+    assert seconds == sorted(seconds) and seconds[-1] <= summary["train_seconds"]
+    assert summary["total_seconds"] >= summary["train_seconds"] + summary["eval_seconds"] - 1e-6
+
+
 def test_cli_picks_the_task_default_model(data_dir):
     from collapipe_flwr.config import compose
 
