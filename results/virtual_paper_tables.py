@@ -204,13 +204,13 @@ def table(rows: list[dict]) -> str:
         "The round by part (median over a job's rounds; virtual: the slowest cluster's, measured compute scaled, "
         "links from bytes; modelled: eq. (26)'s slowest cluster):",
         "",
-        *md.head(md.row(("setting", "seed", "run", *(f"{kind} {p}" for kind, p in PART_COLUMNS)))),
+        *md.head(md.row(("part", "setting", "seed", "run", *(f"{kind} {p}" for kind, p in PART_COLUMNS)))),
     ]
     for r in rows:
         cells = [f"{r[f'virtual_{p}']:.2f}" for p in VIRTUAL_PARTS] + [
             f"{r[f'modelled_{p}']:.2f}" for p in MODELLED_PARTS
         ]
-        split.append(md.row((r["setting"], r["seed"], r["run"], *cells)))
+        split.append(md.row((r["part"], r["setting"], r["seed"], r["run"], *cells)))
     chosen = _selection_lines(rows)
     if not rows:
         body = ["| (no records yet) | | | | | | | | | |"]
