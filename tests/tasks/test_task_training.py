@@ -90,7 +90,7 @@ def test_evaluations_during_training_are_kept_and_the_last_is_the_final_model(da
     assert history[-1]["accuracy"] == pytest.approx(summary["val"]["accuracy"])
     assert history[-1]["loss"] == pytest.approx(summary["val"]["loss"], rel=1e-5)
     seconds = [h["seconds"] for h in history]
-    assert seconds == sorted(seconds) and seconds[-1] <= summary["train_seconds"]
+    assert seconds == sorted(seconds) and seconds[-1] <= summary["train_seconds"] + 0.05  # kept to 0.1 s
     assert summary["total_seconds"] >= summary["train_seconds"] + summary["eval_seconds"] - 1e-6
 
 
