@@ -212,7 +212,8 @@ def train(
                 status = f"epoch {epoch} step {step} loss {recent:.3f} lr {base_lrs[0] * factor:.2e}"
                 last_note = _show_progress(progress, bar, min(budget, elapsed), elapsed, status, quiet, last_note)
                 if settings.eval_every_s and time.monotonic() - start >= next_eval:
-                    reading, spent = _evaluate_midrun(task, model, eval_cfg, precision, device.type)
+                    eval_precision = resolve_precision(eval_cfg.resolved_precision(precision), device.type)
+                    reading, spent = _evaluate(task, model, eval_cfg, eval_precision, device.type)
                     val_history.append({"step": step, "seconds": round(time.monotonic() - start - spent, 1), **reading})
                     start += spent  # the clock counts training alone
                     next_eval = time.monotonic() - start + settings.eval_every_s
@@ -231,11 +232,11 @@ def train(
     }
 
 
-def _evaluate_midrun(task: Task, model: SplitModel, eval_cfg: EvalSpec, precision: str, device_type: str):
-    """The validation metrics of the model as it stands, on the final evaluation's slice and precision, and the
-    seconds they took; the model back in train mode after."""
+def _evaluate(task: Task, model: SplitModel, eval_cfg: EvalSpec, eval_precision: str, device_type: str):
+    """The validation metrics of the model as it stands on ``eval_cfg``'s slice under ``eval_precision``, and the
+    seconds they took; the model back in train mode after (the evaluations during training and the final one)."""
     t0 = time.monotonic()
-    with torch.no_grad(), autocast(resolve_precision(eval_cfg.resolved_precision(precision), device_type), device_type):
+    with torch.no_grad(), autocast(eval_precision, device_type):
         metrics = task.evaluate(
             model, max_examples=eval_cfg.max_examples, batch_size=eval_cfg.batch_size, beam_size=eval_cfg.beam_size
         )
@@ -348,10 +349,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     settings = TrainSettings(args.minutes, args.max_steps, args.precision, device, args.quiet, args.eval_every_s)
     summary = train(task, model, settings, indices, seed, eval_cfg)
     eval_precision = resolve_precision(eval_cfg.resolved_precision(args.precision), device.type)  # eval.precision
-    with torch.no_grad(), autocast(eval_precision, device.type):
-        metrics = task.evaluate(
-            model, max_examples=eval_cfg.max_examples, batch_size=eval_cfg.batch_size, beam_size=eval_cfg.beam_size
-        )
+    metrics, _ = _evaluate(task, model, eval_cfg, eval_precision, device.type)
     summary.update(eval_seconds=time.monotonic() - t0 - summary["train_seconds"], total_seconds=time.monotonic() - t0)
     summary["val"] = metrics
     summary["eval_precision"] = eval_precision
