@@ -18,154 +18,34 @@
   device's memory cgroup measured; CollaPipe is the ``dssra`` run, and the paper's random scheduling is a row of
   its own (Fig. 11: DSSRA 7.12% below random).
 
-Per seed s, the paired difference is CollaPipe's gain over the baseline in percent of the baseline:
-``100 (base_s - ours_s) / base_s`` for a delay, ``100 (ours_s - base_s) / base_s`` for a quality metric; the table
-gives its mean over the seeds and the 95% Student-t interval of that mean (n = 3, 2 degrees of freedom).
+Per seed s, CollaPipe's gain over the baseline in percent of the baseline, paired by seed; the table gives its mean
+over the seeds and the 95% Student-t interval of that mean. **One verdict rule judges every row**, sizes and not
+signs alone (issue 63), stated once in ``results/reportlib/verdict.py``: *reproduced*, *direction only*, *not
+reproduced*, *pending (n of 3 seeds)*, and for a lower bound on the gain (a censored baseline) as far as a bound
+can be. The campaign on the virtual clock has rows of its own (``results/virtual_claims.py``).
 
-**The verdict rule, for every row** (issue 63: verdicts judge size, not sign alone): with the paper's figure P
-(a gain in percent) and our mean gain g with its 95% interval [lo, hi],
-
-* *reproduced*: g has P's sign, and P lies within [lo, hi], or g is within 25% of P (|g - P| <= 0.25 |P|), or P
-  is an "at least" / "more than" and g >= P;
-* *direction only*: g has P's sign, but its size is none of the above;
-* *not reproduced*: otherwise (g has the other sign, or is 0);
-* *pending (n of 3 seeds)*: fewer than :data:`MIN_SEEDS` paired seeds, so no verdict yet. Two seeds' interval is
-  12.7 standard errors wide (Student-t, one degree of freedom) and holds almost any figure, so "the paper's figure
-  lies within our interval" could not fail; a campaign part still running shows its rows this way.
-
-A bound is judged by the same rule, as far as a bound can be: where the baseline never reached the quality target
-within its rounds (censored), its time to target is the sum of all its rounds, a lower bound, so our gain from it is
-a lower bound b on the gain (shown as ">= b"); it is *reproduced* when it meets an "at least" (b >= P), *direction
-only* when b has P's sign (a bound does not pin a size, so never "within 25%"), and otherwise undecided (verdict
-"-": the true gain may still have P's sign). Seeds where CollaPipe itself never reached the target give an upper
-bound on the gain and are left out of a bound row (said in its cell).
-
-The sign comes first: an interval as wide as three noisy seeds give (-107% [-265, +51] against the paper's 15%)
-holds the paper's figure, yet a mean of the other sign reproduces nothing. A claim with no record to judge it is a
-row of its own with the verdict *no record*. ``tests/results/test_results_claims.py`` regenerates the table from the
-records and fails when the committed text differs, and checks the rule on hand-built gains whose size misses.
+A claim with no record to judge it is a row of its own with the verdict *no record*.
+``tests/results/test_results_claims.py`` regenerates the table from the records and fails when the committed text
+differs, and checks the rule on hand-built gains whose size misses.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 
 import convergence
+import virtual_claims
 from reportlib import markdown as md
+from reportlib.paper_figures import BASELINES, compute_figure, delay_figure, latency_floor, quality_figure
 from reportlib.records import read_csv, read_jsonl
-from reportlib.stats import t_half_width
+from reportlib.verdict import PaperFigure, paired, row
 
 RESULTS = Path(__file__).resolve().parent
 OUT = RESULTS / "claims" / "table.md"
-BASELINES = ("titanic", "vanilla_fl", "pipeline", "collapipe_no_ss")
-# Section VI (Figs. 7-8): CollaPipe's accumulated computation delay below each baseline's, in percent; w/o SS's
-# "+22.45% latency" is 22.45 / 122.45 = 18.33% below it
-PAPER_COMPUTE = {"titanic": 18.94, "vanilla_fl": 15.09, "pipeline": 40.55, "collapipe_no_ss": 100 * 22.45 / 122.45}
-PAPER_LATENCY = 48.98  # abstract: "reduces end-to-end latency by at least 48.98%"
-PAPER_QUALITY = 2.76  # contribution 4: "improvements of up to 2.76% in inference accuracy"
-PAPER_RANDOM = 7.12  # Section VI on Fig. 11: DSSRA's latency 7.12% below random scheduling's
 TESTBED = RESULTS / "testbed_paper" / "runs.csv"
-VIRTUAL = RESULTS / "virtual_paper" / "runs.csv"  # the campaign on the virtual clock (results/virtual_paper.py)
 FIG7_8 = {"translation": "translation_paper_size", "classification": "classification_paper_size"}
 QUALITY_TASKS = ("translation", "classification", "ner")
-
-
-SIZE_TOLERANCE = 0.25  # the verdict rule: our mean within 25% of the paper's figure, relative, is its size
-MIN_SEEDS = 3  # the verdict rule: fewer paired seeds than this give no verdict ("pending"), whatever they read
-
-
-@dataclass(frozen=True)
-class PaperFigure:
-    """A figure of the paper's, as a gain in percent: ``value`` and whether the claim is a floor (``at_least``: "at
-    least 48.98%", "more than half"); ``text`` is how the table shows it."""
-
-    value: float
-    at_least: bool = False
-    text: str = ""
-
-    def cell(self) -> str:
-        return self.text or f"{self.value:.2f}%"
-
-
-@dataclass(frozen=True)
-class Paired:
-    """CollaPipe's per-seed gains over one baseline (percent of the baseline) and their summary."""
-
-    gains: tuple[float, ...]
-
-    @property
-    def mean(self) -> float:
-        return statistics.mean(self.gains)
-
-    @property
-    def half_width(self) -> float:
-        """Half the 95% Student-t interval of the mean (n - 1 degrees of freedom)."""
-        return t_half_width(self.gains)
-
-    def verdict(self, paper: PaperFigure) -> str:
-        """The verdict rule (module docstring) on this gain against the paper's figure."""
-        if len(self.gains) < MIN_SEEDS:
-            return self.pending()
-        if self.mean * paper.value <= 0:
-            return "not reproduced"
-        low, high = self.mean - self.half_width, self.mean + self.half_width
-        within = math.isfinite(self.half_width) and low <= paper.value <= high  # one seed has no interval
-        if within or abs(self.mean - paper.value) <= SIZE_TOLERANCE * abs(paper.value):
-            return "reproduced"
-        if paper.at_least and self.mean >= paper.value:
-            return "reproduced"
-        return "direction only"
-
-    def bound_verdict(self, paper: PaperFigure) -> str:
-        """The verdict rule (module docstring) on a lower bound of the gain: the mean of per-seed lower bounds."""
-        if len(self.gains) < MIN_SEEDS:
-            return self.pending()
-        if paper.at_least and self.mean >= paper.value:
-            return "reproduced"
-        return "direction only" if self.mean * paper.value > 0 else "-"
-
-    def pending(self) -> str:
-        return f"pending ({len(self.gains)} of {MIN_SEEDS} seeds)"
-
-    def cell(self) -> str:
-        if not math.isfinite(self.half_width):
-            return f"{self.mean:+.2f}% (one seed, no interval)"
-        return f"{self.mean:+.2f}% [{self.mean - self.half_width:+.2f}, {self.mean + self.half_width:+.2f}]"
-
-
-def paired(rows: list[dict[str, str]], baseline: str, column: str, lower_is_better: bool) -> Paired:
-    """CollaPipe against ``baseline`` on ``column``, paired by seed (only seeds both have)."""
-    ours = {r["seed"]: float(r[column]) for r in rows if r["method"] == "collapipe"}
-    base = {r["seed"]: float(r[column]) for r in rows if r["method"] == baseline}
-    seeds = sorted(set(ours) & set(base), key=int)
-    if not seeds:
-        raise ValueError(f"no seed has both collapipe and {baseline} in the records")
-    sign = 1.0 if lower_is_better else -1.0
-    return Paired(tuple(sign * 100.0 * (base[s] - ours[s]) / base[s] for s in seeds))
-
-
-def row(claim: str, task: str, paper: PaperFigure, p: Paired, kind: str, source: str) -> str:
-    """One line of the table: the claim, the paper's figure, ours with its interval, and the verdict."""
-    return md.row((claim, task, paper.cell(), p.cell(), kind, source, p.verdict(paper)))
-
-
-def latency_floor() -> PaperFigure:
-    return PaperFigure(PAPER_LATENCY, at_least=True, text=f"at least {PAPER_LATENCY:.2f}%")
-
-
-def compute_figure(baseline: str) -> PaperFigure:
-    return PaperFigure(PAPER_COMPUTE[baseline])
-
-
-def quality_figure() -> PaperFigure:
-    return PaperFigure(PAPER_QUALITY, text=f"up to {PAPER_QUALITY:.2f}%")
-
-
-def random_figure() -> PaperFigure:
-    return PaperFigure(PAPER_RANDOM, text=f"{PAPER_RANDOM:.2f}% (Fig. 11)")
 
 
 def convergence_row() -> str:
@@ -268,7 +148,7 @@ def testbed_rows(channels: int) -> list[str]:
     lines = []
     ours, ours_missed = _reached(rows, "collapipe")
     for baseline in (*BASELINES, "random"):
-        paper = random_figure() if baseline == "random" else latency_floor()
+        paper = delay_figure(baseline)
         theirs, missed = _reached(rows, baseline)
         both = {r["seed"] for r in ours} & {r["seed"] for r in theirs}
         kind = f"measured (testbed; seeds where both reached the target: {len(both)}"
@@ -292,60 +172,6 @@ def testbed_rows(channels: int) -> list[str]:
     return lines
 
 
-def bound_row(claim: str, task: str, paper: PaperFigure, rows: list[dict[str, str]], baseline: str, source: str) -> str:
-    """A time-to-target row where the baseline never reached the target in some seeds (``rows``: the seeds where
-    CollaPipe did): each such seed's gain from the baseline's censored time (all its rounds, a lower bound) is a
-    lower bound, and so is their mean with the other seeds' gains (module docstring)."""
-    p = paired(rows, baseline, "virtual_s_to_target", lower_is_better=True)
-    censored = sum(r["reached_round"] == "" for r in rows if r["method"] == baseline)
-    seeds = len(p.gains)
-    cell = f">= {p.mean:+.2f}% (a lower bound: {baseline} censored in {censored} of {seeds} seed(s))"
-    kind = "virtual clock (censored: the baseline's rounds summed)"
-    return md.row((claim, task, paper.cell(), cell, kind, source, p.bound_verdict(paper)))
-
-
-def virtual_rows() -> list[str]:
-    """The paper's setting on the virtual clock (``virtual_paper/runs.csv``), per J: time to the BLEU target (seeds
-    where both runs reached it), the median virtual round and the slowest cluster's virtual computation per round."""
-    if not VIRTUAL.is_file():
-        return []
-    rows = [
-        {**r, "method": "collapipe" if r["run"] == "dssra" else r["run"]}
-        for r in read_csv(VIRTUAL)
-        if r["part"] == "paper"
-    ]
-    source = "`virtual_paper/runs.csv`"
-    lines = []
-    for setting in sorted({r["setting"] for r in rows}, reverse=True):
-        mine = [r for r in rows if r["setting"] == setting]
-        task = f"translation, {setting.replace('j', 'J = ')}"
-        ours = {r["seed"] for r in mine if r["method"] == "collapipe" and r["reached_round"] != ""}
-        for baseline in (*BASELINES, "random"):
-            paper = random_figure() if baseline == "random" else latency_floor()
-            theirs = {r["seed"] for r in mine if r["method"] == baseline and r["reached_round"] != ""}
-            both = ours & theirs
-            claim = f"time to target BLEU below {baseline}"
-            kind = f"virtual clock (seeds where both reached the target: {len(both)})"
-            censored = {r["seed"] for r in mine if r["method"] == baseline and r["reached_round"] == ""} & ours
-            if both and not censored:
-                p = paired([r for r in mine if r["seed"] in both], baseline, "virtual_s_to_target", True)
-                lines.append(row(claim, task, paper, p, kind, source))
-            elif both or censored:
-                chosen = [r for r in mine if r["seed"] in both | censored]
-                lines.append(bound_row(claim, task, paper, chosen, baseline, source))
-            elif any(r["method"] == baseline for r in mine):
-                lines.append(md.row((claim, task, paper.cell(), "no seed where both reached it", kind, source, "-")))
-            if any(r["method"] == baseline for r in mine):
-                p = paired(mine, baseline, "virtual_round_median_s", lower_is_better=True)
-                lines.append(row(f"median virtual round below {baseline}", task, paper, p, "virtual clock", source))
-        for baseline in BASELINES:
-            if any(r["method"] == baseline for r in mine):
-                p = paired(mine, baseline, "virtual_compute_s", lower_is_better=True)
-                claim = f"virtual computation per round below {baseline} (Figs. 7-8)"
-                lines.append(row(claim, task, compute_figure(baseline), p, "virtual clock", source))
-    return lines
-
-
 def table() -> str:
     head = [
         "# The paper's headline claims against the kept records (generated by results/claims.py)",
@@ -363,10 +189,8 @@ def table() -> str:
     ]
     channels = sorted({int(r["channels"]) for r in read_csv(TESTBED)}, reverse=True)
     testbed = [line for j in channels for line in testbed_rows(j)]
-    return (
-        "\n".join([*head, *delay_rows(), *quality_rows(), *testbed, *virtual_rows(), convergence_row(), grid_row()])
-        + "\n"
-    )
+    lines = [*head, *delay_rows(), *quality_rows(), *testbed, *virtual_claims.rows(), convergence_row(), grid_row()]
+    return "\n".join(lines) + "\n"
 
 
 README = RESULTS / "README.md"

@@ -9,10 +9,25 @@ from tests.paths import ROOT
 from tests.results_scripts import load
 
 T_975_2DF = 4.302652729911275  # Student's t, 97.5% quantile, 2 degrees of freedom (tables)
+# the columns of results/virtual_paper/runs.csv that the virtual clock's claims read
+HEADER = "part,setting,seed,run,virtual_s_to_target,reached_round,virtual_round_median_s,virtual_compute_s,"
+HEADER += "final_metric\n"
 
 
 def _module():
     return load("claims")
+
+
+def _rule():
+    """results/reportlib/verdict.py, the one verdict rule (importable once a results script is loaded)."""
+    _module()
+    import importlib
+
+    return importlib.import_module("reportlib.verdict")
+
+
+def _virtual():
+    return load("virtual_claims")
 
 
 def test_the_committed_table_is_regenerated_from_the_kept_records():
@@ -51,8 +66,8 @@ def test_a_computation_row_follows_its_csv_by_hand():
 
 
 def test_a_gain_whose_size_misses_the_papers_cannot_be_called_reproduced():
-    claims = _module()
-    paired, figure = claims.Paired, claims.PaperFigure
+    rule = _rule()
+    paired, figure = rule.Paired, rule.PaperFigure
     floor = figure(48.98, at_least=True)
     # +0.41% against "at least 48.98%" (the modelled round against TITANIC): the sign only
     assert paired((0.06, 0.41, 0.76)).verdict(floor) == "direction only"
@@ -67,8 +82,8 @@ def test_a_gain_whose_size_misses_the_papers_cannot_be_called_reproduced():
 def test_fewer_than_three_seeds_give_no_verdict_however_wide_their_interval():
     """Two seeds' Student-t interval (12.7 standard errors) holds almost any figure: +21.73% [-80.63, +124.09]
     (J = 2's time to target against random after two seeds) would be "reproduced" against 7.12%; it is pending."""
-    claims = _module()
-    paired, figure = claims.Paired, claims.PaperFigure
+    rule = _rule()
+    paired, figure = rule.Paired, rule.PaperFigure
     two = paired((13.67, 29.79))
     assert two.mean - two.half_width < 7.12 < two.mean + two.half_width  # the interval does hold the figure
     assert two.verdict(figure(7.12)) == "pending (2 of 3 seeds)"
@@ -77,8 +92,8 @@ def test_fewer_than_three_seeds_give_no_verdict_however_wide_their_interval():
 
 
 def test_a_gain_of_the_papers_size_is_reproduced_each_way_the_rule_allows():
-    claims = _module()
-    paired, figure = claims.Paired, claims.PaperFigure
+    rule = _rule()
+    paired, figure = rule.Paired, rule.PaperFigure
     assert paired((14.0, 17.5, 21.0)).verdict(figure(15.09)) == "reproduced"  # the figure within the interval
     assert paired((18.5, 18.6, 18.7)).verdict(figure(15.09)) == "reproduced"  # 23.3% above it: within 25%
     assert paired((19.5, 19.6, 19.7)).verdict(figure(15.09)) == "direction only"  # 29.9% above it
@@ -86,38 +101,59 @@ def test_a_gain_of_the_papers_size_is_reproduced_each_way_the_rule_allows():
 
 
 def test_the_virtual_clock_rows_pair_seeds_and_bound_the_censored_ones(tmp_path, monkeypatch):
-    claims = _module()
-    header = "part,setting,seed,run,virtual_s_to_target,reached_round,virtual_round_median_s,virtual_compute_s\n"
+    virtual = _virtual()
+    header = HEADER
     rows = [
-        "paper,j4,0,dssra,100,10,10,2",
-        "paper,j4,1,dssra,110,11,10,2",
-        "paper,j4,0,titanic,200,20,20,4",
-        "paper,j4,1,titanic,300,,20,4",  # censored: seed 1's 300 s is a lower bound on TITANIC's time
-        "paper,j4,2,dssra,120,12,10,2",
-        "paper,j4,2,titanic,240,24,20,4",
+        "paper,j4,0,dssra,100,10,10,2,15",
+        "paper,j4,1,dssra,110,11,10,2,15",
+        "paper,j4,0,titanic,200,20,20,4,12",
+        "paper,j4,1,titanic,300,,20,4,12",  # censored: seed 1's 300 s is a lower bound on TITANIC's time
+        "paper,j4,2,dssra,120,12,10,2,15",
+        "paper,j4,2,titanic,240,24,20,4,12",
     ]
     path = tmp_path / "runs.csv"
     path.write_text(header + "\n".join(rows) + "\n")
-    monkeypatch.setattr(claims, "VIRTUAL", path)
-    lines = claims.virtual_rows()
+    monkeypatch.setattr(virtual, "VIRTUAL", path)
+    lines = virtual.rows()
     target = next(line for line in lines if line.startswith("| time to target BLEU below titanic"))
     # seeds 0 and 2: 100 against 200 and 120 against 240, +50%; seed 1: 110 against at least 300, at least +63.33%;
     # their mean is a lower bound, +54.44%, which meets "at least 48.98%"
     assert "| >= +54.44% (a lower bound: titanic censored in 1 of 3 seed(s)) |" in target
     assert target.endswith("| reproduced |")
-    rows[3] = "paper,j4,1,titanic,300,30,20,4"  # both reached in both seeds: a measured gain with its interval
+    rows[3] = "paper,j4,1,titanic,300,30,20,4,12"  # both reached in both seeds: a measured gain with its interval
     path.write_text(header + "\n".join(rows) + "\n")
-    target = next(line for line in claims.virtual_rows() if line.startswith("| time to target BLEU below titanic"))
+    target = next(line for line in virtual.rows() if line.startswith("| time to target BLEU below titanic"))
     assert "| +54.44% [" in target and "seeds where both reached the target: 3" in target
     compute = next(line for line in lines if line.startswith("| virtual computation per round below titanic"))
     assert "| +50.00% [+50.00, +50.00] |" in compute and compute.endswith("| direction only |")  # vs 18.94%
 
 
+def test_a_task_part_gets_rows_of_its_own_named_by_its_task_and_metric(tmp_path, monkeypatch):
+    """Classification's records give their own rows (task "classification, J = 4", metric accuracy), paired by
+    seed on their own; the final accuracy's gain is worked by hand: (0.72 - 0.70) / 0.70 in each of three seeds."""
+    virtual = _virtual()
+    header = HEADER
+    rows = [f"classification,j4,{s},dssra,{100 + s},10,10,2,0.72" for s in range(3)]
+    rows += [f"classification,j4,{s},random,{200 + s},12,20,4,0.70" for s in range(3)]
+    rows += ["paper,j4,0,dssra,100,10,10,2,15", "paper,j4,0,random,50,5,5,1,16"]  # translation: one seed, pending
+    path = tmp_path / "runs.csv"
+    path.write_text(header + "\n".join(rows) + "\n")
+    monkeypatch.setattr(virtual, "VIRTUAL", path)
+    lines = virtual.rows()
+    accuracy = next(line for line in lines if line.startswith("| final validation accuracy above random"))
+    assert "| classification, J = 4 |" in accuracy and "| +2.86% [+2.86, +2.86] |" in accuracy
+    assert accuracy.endswith("| reproduced |")  # 2.86% is within 25% of "up to 2.76%"
+    target = next(line for line in lines if line.startswith("| time to target accuracy below random"))
+    assert "seeds where both reached the target: 3" in target and target.endswith("| direction only |")  # ~50%
+    bleu = next(line for line in lines if line.startswith("| time to target BLEU below random"))
+    assert "| translation, J = 4 |" in bleu and bleu.endswith("| pending (1 of 3 seeds) |")
+
+
 def test_a_lower_bound_on_the_gain_is_judged_only_as_far_as_a_bound_can_be():
     """A censored baseline makes our gain a lower bound: it reproduces an "at least" it meets, never a point figure
     (a bound does not pin a size), and says nothing when it does not even have the paper's sign."""
-    claims = _module()
-    paired, figure = claims.Paired, claims.PaperFigure
+    rule = _rule()
+    paired, figure = rule.Paired, rule.PaperFigure
     assert paired((71.4,) * 3).bound_verdict(figure(48.98, at_least=True)) == "reproduced"
     assert paired((30.0,) * 3).bound_verdict(figure(48.98, at_least=True)) == "direction only"
     assert paired((7.2,) * 3).bound_verdict(figure(7.12)) == "direction only"  # within 25%, but only a bound
