@@ -24,11 +24,11 @@ from pathlib import Path
 
 from reportlib.records import read_jsonl
 from reportlib.stats import t_half_width
+from reportlib.verdict import SIZE_TOLERANCE  # the one rule's: within 25% of the paper's figure is its size
 
 RESULTS = Path(__file__).resolve().parent
 FRACTION, TAIL = 0.9, 5
 PAPER_ROUNDS = 15  # Section VI on Fig. 6c: "typically within 15 training rounds" (classification)
-SIZE_TOLERANCE = 0.25  # results/claims.py's rule: within 25% of the paper's figure is its size
 SEEDS = (0, 1, 2)
 
 
