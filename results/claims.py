@@ -183,7 +183,10 @@ def table() -> str:
         'judges the claim yet. *Modelled* rows come from the planner over the system model, not from a clock. A ">=" '
         "cell is a lower bound (the baseline never reached the target; its rounds summed): reproduced only when it "
         'meets an "at least", direction only when it has the paper\'s sign, else -. *Pending (n of 3 seeds)*: fewer '
-        "than 3 paired seeds, no verdict yet (two seeds' interval holds almost any figure).",
+        "than 3 paired seeds, no verdict yet (two seeds' interval holds almost any figure). *Pending (3 of 5 seeds: "
+        "the interval holds 0 and P)*: an interval that holds both 0 and the paper's figure settles neither sign nor "
+        "size; it is judged at 5 seeds (an interval that spans 0 but excludes the figure is judged at 3). The rule: "
+        "`results/reportlib/verdict.py`.",
         "",
         *md.head("| claim | task | paper | ours | kind | record | verdict |"),
     ]

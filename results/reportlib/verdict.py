@@ -12,7 +12,12 @@ With the paper's figure P (a gain in percent) and our mean gain g with its 95% i
 * *not reproduced*: otherwise (g has the other sign, or is 0);
 * *pending (n of 3 seeds)*: fewer than :data:`MIN_SEEDS` paired seeds, so no verdict yet. Two seeds' interval is
   12.7 standard errors wide (Student-t, one degree of freedom) and holds almost any figure, so "the paper's figure
-  lies within our interval" could not fail; a campaign part still running shows its rows this way.
+  lies within our interval" could not fail; a campaign part still running shows its rows this way;
+* *pending (n of 5 seeds: the interval holds 0 and P)*: fewer than :data:`FULL_SEEDS` paired seeds, and an interval
+  that holds both 0 and the paper's figure: the seeds settle neither the sign nor the size, so "the paper's figure
+  lies within our interval" could not fail, and a verdict either way would be read off noise (issue 63: "3 seeds,
+  and 5 where an interval spans zero"). An interval that spans 0 but excludes P still judges the size (P is
+  outside it: not reproduced in size, whichever the sign); with 5 seeds the rule judges every interval.
 
 A lower bound on the gain (the baseline censored: it never reached the target, so its time is a lower bound) is
 judged as far as a bound can be (:meth:`Paired.bound_verdict`): *reproduced* when it meets an "at least", *direction
@@ -33,6 +38,7 @@ from reportlib.stats import t_half_width
 
 SIZE_TOLERANCE = 0.25  # the verdict rule: our mean within 25% of the paper's figure, relative, is its size
 MIN_SEEDS = 3  # the verdict rule: fewer paired seeds than this give no verdict ("pending"), whatever they read
+FULL_SEEDS = 5  # ... and fewer than this give none while the interval holds both 0 and the paper's figure
 
 
 @dataclass(frozen=True)
@@ -67,9 +73,11 @@ class Paired:
         """The verdict rule (module docstring) on this gain against the paper's figure."""
         if len(self.gains) < MIN_SEEDS:
             return self.pending()
+        low, high = self.mean - self.half_width, self.mean + self.half_width
+        if len(self.gains) < FULL_SEEDS and low <= 0 <= high and low <= paper.value <= high:
+            return f"pending ({len(self.gains)} of {FULL_SEEDS} seeds: the interval holds 0 and P)"
         if self.mean * paper.value <= 0:
             return "not reproduced"
-        low, high = self.mean - self.half_width, self.mean + self.half_width
         within = math.isfinite(self.half_width) and low <= paper.value <= high  # one seed has no interval
         if within or abs(self.mean - paper.value) <= SIZE_TOLERANCE * abs(paper.value):
             return "reproduced"

@@ -73,8 +73,8 @@ def test_a_gain_whose_size_misses_the_papers_cannot_be_called_reproduced():
     assert paired((0.06, 0.41, 0.76)).verdict(floor) == "direction only"
     # +62.58% [+60.98, +64.19] against 40.55%: 54% above it, outside the interval
     assert paired((61.0, 62.58, 64.16)).verdict(figure(40.55)) == "direction only"
-    # a loss never reproduces a gain, even when a wide interval holds the paper's figure
-    assert paired((-250.0, -107.0, 36.0)).verdict(figure(15.09)) == "not reproduced"
+    # a loss never reproduces a gain, even when a wide interval holds the paper's figure (five seeds: judged)
+    assert paired((-250.0, -107.0, 36.0, -120.0, -90.0)).verdict(figure(15.09)) == "not reproduced"
     # three seeds whose interval misses the figure and whose mean is 99% above it: the sign only
     assert paired((29.0, 30.0, 31.0)).verdict(figure(15.09)) == "direction only"
 
@@ -89,6 +89,24 @@ def test_fewer_than_three_seeds_give_no_verdict_however_wide_their_interval():
     assert two.verdict(figure(7.12)) == "pending (2 of 3 seeds)"
     assert paired((7.12,)).verdict(figure(7.12)) == "pending (1 of 3 seeds)"  # even the paper's figure exactly
     assert paired((60.0, 70.0)).bound_verdict(figure(48.98, at_least=True)) == "pending (2 of 3 seeds)"
+
+
+def test_three_seeds_whose_interval_holds_both_zero_and_the_papers_figure_judge_nothing_until_five():
+    """+6.77% [-64.61, +78.16] (J = 2's median virtual round against VanillaFL) holds 0 and "at least 48.98%": it
+    was "reproduced" by the interval clause alone; three such seeds settle neither sign nor size, so it is pending
+    until five (issue 63). An interval that spans 0 but excludes the figure still judges the size at three."""
+    rule = _rule()
+    paired, figure = rule.Paired, rule.PaperFigure
+    wide = paired((-30.0, 6.77, 43.54))
+    assert wide.mean - wide.half_width < 0 < 48.98 < wide.mean + wide.half_width
+    assert wide.verdict(figure(48.98, at_least=True)) == "pending (3 of 5 seeds: the interval holds 0 and P)"
+    loss = paired((-250.0, -107.0, 36.0))  # holds 0 and 15.09: was "not reproduced", now pending too
+    assert loss.verdict(figure(15.09)) == "pending (3 of 5 seeds: the interval holds 0 and P)"
+    small = paired((-10.0, -1.0, 8.0))  # spans 0, but its upper end (+21.4) is far below 48.98: the size is judged
+    assert small.mean + small.half_width < 48.98
+    assert small.verdict(figure(48.98, at_least=True)) == "not reproduced"
+    five = paired((-40.0, 0.0, 40.0, 80.0, 20.0))  # five seeds: +20% [-35.5, +75.5], judged by the rule as it is
+    assert five.verdict(figure(48.98, at_least=True)) == "reproduced"
 
 
 def test_a_gain_of_the_papers_size_is_reproduced_each_way_the_rule_allows():
