@@ -40,7 +40,7 @@ import virtual_claims
 from reportlib import markdown as md
 from reportlib.paper_figures import BASELINES, compute_figure, delay_figure, latency_floor, quality_figure
 from reportlib.records import read_csv, read_jsonl
-from reportlib.verdict import PaperFigure, paired, row
+from reportlib.verdict import PaperFigure, by_method, paired, row
 
 RESULTS = Path(__file__).resolve().parent
 OUT = RESULTS / "claims" / "table.md"
@@ -131,7 +131,7 @@ def quality_rows() -> list[str]:
 def testbed_runs(channels: int) -> list[dict[str, str]]:
     """The testbed campaign's rows at J = ``channels``, CollaPipe (the ``dssra`` run) named ``collapipe``."""
     rows = [r for r in read_csv(TESTBED) if int(r["channels"]) == channels]
-    return [{**r, "method": "collapipe" if r["run"] == "dssra" else r["run"]} for r in rows]
+    return by_method(rows)
 
 
 def _reached(rows: list[dict[str, str]], method: str) -> tuple[list[dict[str, str]], int]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from reportlib import markdown as md
 from reportlib.paper_figures import BASELINES, compute_figure, delay_figure, quality_figure
 from reportlib.records import read_csv
-from reportlib.verdict import PaperFigure, paired, row
+from reportlib.verdict import PaperFigure, by_method, paired, row
 
 RESULTS = Path(__file__).resolve().parent
 VIRTUAL = RESULTS / "virtual_paper" / "runs.csv"
@@ -32,7 +32,7 @@ PARTS = {"paper": ("translation", "BLEU"), "classification": ("classification", 
 
 def runs() -> list[dict[str, str]]:
     """The campaign's rows, CollaPipe (the ``dssra`` run) named ``collapipe``."""
-    return [{**r, "method": "collapipe" if r["run"] == "dssra" else r["run"]} for r in read_csv(VIRTUAL)]
+    return by_method(read_csv(VIRTUAL))
 
 
 def bound_row(claim: str, task: str, paper: PaperFigure, rows: list[dict[str, str]], baseline: str) -> str:

@@ -179,6 +179,7 @@ def train(
     clock paused meanwhile, so ``seconds`` in ``val_history`` (and ``train_seconds``) count training alone: what a
     time-to-quality comparison needs (benchmarks/time_to_quality.py)."""
     max_steps, precision, device, quiet = settings.max_steps, settings.precision, settings.device, settings.quiet
+    eval_precision = resolve_precision(eval_cfg.resolved_precision(precision), device.type)  # eval.precision
     optimizer, base_lrs = _optimizer(task, model)
     lr_schedule = task.model_spec.lr_schedule
     budget = settings.minutes * 60.0
@@ -212,7 +213,6 @@ def train(
                 status = f"epoch {epoch} step {step} loss {recent:.3f} lr {base_lrs[0] * factor:.2e}"
                 last_note = _show_progress(progress, bar, min(budget, elapsed), elapsed, status, quiet, last_note)
                 if settings.eval_every_s and time.monotonic() - start >= next_eval:
-                    eval_precision = resolve_precision(eval_cfg.resolved_precision(precision), device.type)
                     reading, spent = _evaluate(task, model, eval_cfg, eval_precision, device.type)
                     val_history.append({"step": step, "seconds": round(time.monotonic() - start - spent, 1), **reading})
                     start += spent  # the clock counts training alone

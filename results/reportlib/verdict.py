@@ -102,6 +102,12 @@ class Paired:
         return f"{self.mean:+.2f}% [{self.mean - self.half_width:+.2f}, {self.mean + self.half_width:+.2f}]"
 
 
+def by_method(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """A campaign's rows with a ``method`` column: its ``run``, CollaPipe's (the ``dssra`` run) named ``collapipe``,
+    the name :func:`paired` reads."""
+    return [{**r, "method": "collapipe" if r["run"] == "dssra" else r["run"]} for r in rows]
+
+
 def paired(rows: list[dict[str, str]], baseline: str, column: str, lower_is_better: bool) -> Paired:
     """CollaPipe against ``baseline`` on ``column``, paired by seed (only seeds both have)."""
     ours = {r["seed"]: float(r[column]) for r in rows if r["method"] == "collapipe"}
