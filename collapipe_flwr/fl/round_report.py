@@ -288,7 +288,8 @@ class Replan:
 @dataclass(frozen=True)
 class VirtualFigures:
     """The cluster's round on the virtual clock by part (seconds): the devices' critical path, what the D2D
-    hand-overs add, the CU's embedding, z^enc and the reply at R_n (eq. 11), set-up and profiling as measured;
+    hand-overs add, the CU's embedding, z^enc and the reply at R_n (eq. 11), set-up and profiling (the CU's own
+    work: the host's seconds x the clock's ``cu_scale``);
     each device's busy seconds; the cluster's round without the server's decoder (``cluster``)."""
 
     compute: float

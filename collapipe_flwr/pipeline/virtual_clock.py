@@ -16,7 +16,9 @@ participant's time is its measured work scaled by its device's speed, plus netwo
 * **the cluster's step** is the critical path of those call durations in the step's stage order (GPipe or 1F1B,
   :mod:`.schedule`), plus the CU's embedding (its thread's CPU seconds, at host speed), the head when the CU
   trains it (VanillaFL: on the device of the last stage, so scaled as that device), and the z^enc uplink
-  (eq. 11: bytes / R_n, R_n the Shannon rate of the channel and power DSSRA chose).
+  (eq. 11: bytes / R_n, R_n the Shannon rate of the channel and power DSSRA chose). The CU's own work (its
+  embedding, and its set-up in ``fl/cu``) is its thread's CPU seconds x ``cu_scale`` (host speed / the CU's,
+  ``clock.cu_flops``; 1 = the host's own seconds).
 
 The server adds its decoder's CPU seconds per cluster and its aggregation (``fl/server``), and a round is the
 slowest selected cluster plus the server's part. What is measured and what is modelled stays apart in the parts
@@ -37,15 +39,17 @@ from collapipe_flwr.pipeline.timings import CallCpu
 class ClusterClock:
     """The rates of cluster n's virtual clock in round t, per device k: ``scale`` (virtual seconds per CPU
     second of the host), ``d2d_bytes_per_s`` (r_k^dd / 8; 0 = no D2D time) and ``d2d_latency_s`` (tau_0 of a
-    micro-batch's two hand-overs); and ``uplink_bytes_per_s`` (R_n / 8, eq. 10; 0 = no uplink time) and
+    micro-batch's two hand-overs); and ``uplink_bytes_per_s`` (R_n / 8, eq. 10; 0 = no uplink time),
     ``host_flops`` (the host's measured FLOP rate the scales came from; 0 on the testbed, whose scales are its
-    quotas)."""
+    quotas) and ``cu_scale`` (virtual seconds per host CPU second of the CU's own work, its embedding and set-up:
+    host_flops / clock.cu_flops; 1 = the host's own seconds)."""
 
     scale: tuple[float, ...]
     d2d_bytes_per_s: tuple[float, ...]
     d2d_latency_s: tuple[float, ...]
     uplink_bytes_per_s: float = 0.0
     host_flops: float = 0.0
+    cu_scale: float = 1.0
 
     def __post_init__(self) -> None:
         K = len(self.scale)
@@ -55,7 +59,8 @@ class ClusterClock:
                 f"{len(self.d2d_bytes_per_s)} and {len(self.d2d_latency_s)}"
             )
         values = (*self.scale, *self.d2d_bytes_per_s, *self.d2d_latency_s, self.uplink_bytes_per_s, self.host_flops)
-        if any(not (v >= 0.0 and v < float("inf")) for v in values) or any(s <= 0 for s in self.scale):
+        scales = (*self.scale, self.cu_scale)
+        if any(not (v >= 0.0 and v < float("inf")) for v in (*values, self.cu_scale)) or any(s <= 0 for s in scales):
             raise ValueError(f"a cluster clock's rates must be finite and >= 0 (scales > 0), got {self}")
 
     def handover_s(self, device: int, nbytes: int) -> float:
@@ -78,6 +83,7 @@ class ClusterClock:
             d2d_latency_s=tuple(float(x) for x in data["d2d_latency_s"]),
             uplink_bytes_per_s=float(data.get("uplink_bytes_per_s", 0.0)),
             host_flops=float(data.get("host_flops", 0.0)),
+            cu_scale=float(data.get("cu_scale", 1.0)),
         )
 
 
@@ -167,7 +173,7 @@ def virtual_step(
     (default: the last stage's forward outputs); 0 for a head on the CU (nothing crosses the uplink)."""
     stages = step.stages
     if not stages:
-        return VirtualSteps(cu=step.cu_cpu_s, steps=1)
+        return VirtualSteps(cu=step.cu_cpu_s * clock.cu_scale, steps=1)
     compute = _path(stages, clock, schedule, with_links=False)
     with_links = _path(stages, clock, schedule, with_links=True)
     last = stages[-1][0]
@@ -181,7 +187,7 @@ def virtual_step(
     return VirtualSteps(
         compute=compute + head,
         d2d=with_links - compute,
-        cu=step.cu_cpu_s,
+        cu=step.cu_cpu_s * clock.cu_scale,
         uplink=clock.uplink_s(head_bytes),
         device=tuple(device),
         steps=1,

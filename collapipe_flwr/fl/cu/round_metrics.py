@@ -110,10 +110,12 @@ def virtual_figures(
 ) -> VirtualFigures | None:
     """The round on the virtual clock (``pipeline/virtual_clock.py``), by part, when the server sent its rates
     (None when it did not): the devices' critical path, what the D2D hand-overs add, the CU's embedding, z^enc and
-    the reply's weights at R_n (eq. 11), the round's set-up and profiling as measured (wall seconds, not scaled),
-    each device's busy seconds, the cluster's round without the server's decoder."""
+    the reply's weights at R_n (eq. 11), the round's set-up and profiling (wall seconds of the CU's host, x the
+    clock's ``cu_scale``: the CU's speed against the host's), each device's busy seconds, the cluster's round without
+    the server's decoder."""
     if clock is None:
         return None
+    setup_s = setup_s * clock.cu_scale
     if steps.user_calls:
         part = virtual_users(steps.user_calls, clock, schedule)
     else:

@@ -13,7 +13,7 @@ The strategy (``fl/server/strategy.py``) only speaks Flower and drives these par
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -196,6 +196,12 @@ class ServerState:
             host_flops=host_flops,
         )
 
+    def own_work_scale(self, role: str) -> float:
+        """The virtual clock's seconds per host CPU second of the server's (``"server"``) or a CU's (``"cu"``) own
+        work (``ClockSpec.own_work_scale``: host_flops / clock.<role>_flops); 1 on the emulated testbed, whose
+        server and CUs are this host's processes, timed as they run."""
+        return 1.0 if self.cfg.testbed.enabled else self.cfg.clock.own_work_scale(self.host_flops, role)
+
     @property
     def max_examples_per_round(self) -> int:
         """The most examples a CU can train on in one round (local_steps x b): bounds its FedAvg weight."""
@@ -206,6 +212,8 @@ class ServerState:
         testbed what its devices and uplink are throttled to, and whether to measure its devices this round."""
         emulation = self.planner.emulation_for(t, plan, self.workload)
         clock = self.planner.clock_for(t, plan, self.workload, self.host_flops, replan, emulation)
+        if clock is not None:  # the CU's own work against its speed (clock.cu_flops)
+            clock = replace(clock, cu_scale=self.own_work_scale("cu"))
         return TrainInstructions(
             round=t,
             plan=plan,

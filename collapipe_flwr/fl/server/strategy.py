@@ -267,7 +267,8 @@ class CollaPipeStrategy(Strategy):
         now = self.server.decoder.head_cpu_seconds()
         decoder = {n: now.get(n, 0.0) - self._decoder_cpu0.get(n, 0.0) for n in now}
         server = self._server_cpu_s + aggregate_cpu_s
-        self.ledger.note_virtual(virtual_round(clients, decoder, server))
+        scale = self.server.own_work_scale("server")
+        self.ledger.note_virtual(virtual_round(clients, decoder, server, scale, self.server.host_flops))
 
     def _fold_reply(
         self, t: int, reply: Message, cluster: int, fold: RoundFold, clients: dict[int, RoundReport]

@@ -1,10 +1,12 @@
 """The server's side of the virtual clock: the round put together by hand (fl/server/virtual_round.py), each
 cluster's rates from its model and the testbed (RoundPlanner.clock_for), the rates' trip in the train
-instructions, and clock=virtual's refusals at start-up."""
+instructions, a round that reads the same on a host 4x slower once the server's and the CUs' own work are set
+against their speeds (clock.server_flops, clock.cu_flops), and clock=virtual's refusals at start-up."""
 
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,9 +14,13 @@ import pytest
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.plan import ClusterPlan, RoundPlan
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.fl.cu.round_metrics import virtual_figures
+from collapipe_flwr.fl.cu.step_log import StepLog
 from collapipe_flwr.fl.round_report import RoundReport
 from collapipe_flwr.fl.server.virtual_round import virtual_round
-from collapipe_flwr.pipeline.virtual_clock import ClusterClock
+from collapipe_flwr.pipeline.timings import CallCpu
+from collapipe_flwr.pipeline.virtual_clock import ClusterClock, StepCalls
+from collapipe_flwr.system.clock_spec import ClockSpec
 from collapipe_flwr.system.profile import DeviceEmulation
 from tests.fl.server.aggregation.test_reply_checks import GOOD
 
@@ -47,6 +53,60 @@ def test_the_round_is_the_slowest_cluster_with_its_decoder_plus_the_server():
     assert got["round_s"] == pytest.approx(19.75)
     assert set(got["clusters"]) == {"0", "1"}  # a CU that sent no virtual clock is not a row
     assert virtual_round({0: _report({})}, {}, 1.0) == {}
+
+
+def test_the_servers_work_is_set_against_the_edge_servers_speed():
+    clients = {0: _metrics(10.0, 1.0, 0.5, 3.0, 2.0), 1: _metrics(9.0, 1.0, 0.5, 3.0, 2.0)}
+    # the server's thread is 2x slower than the host's: its decoder's 1 and 4 CPU seconds take 2 and 8, its 0.25 0.5
+    got = virtual_round(clients, {0: 1.0, 1: 4.0}, server_cpu_s=0.25, server_scale=2.0, host_flops=8e10)
+    assert got["clusters"]["0"]["total_s"] == pytest.approx(16.5 + 2.0)
+    assert got["clusters"]["1"]["total_s"] == pytest.approx(15.5 + 8.0)
+    assert got["round_s"] == pytest.approx(23.5 + 0.5)
+    assert (got["server_scale"], got["host_flops"]) == (2.0, 8e10)
+    with pytest.raises(ValueError, match="server_scale"):
+        virtual_round(clients, {}, 0.25, server_scale=0.0)
+
+
+# one cluster's round as a host measures it: two devices of 1e10 FLOP/s, ten steps; a host ``slowdown`` times slower
+# than the reference host (8e10 FLOP/s per thread) measures every CPU second of the same work ``slowdown`` times longer
+REFERENCE_FLOPS, DEVICE_FLOPS = 8e10, 1e10
+OWN_WORK = {"cu": 0.003 * 10, "setup": 0.5, "decoder": 0.8, "server": 0.1}  # the reference host's seconds
+
+
+def _round_on(host_flops: float, spec: ClockSpec) -> float:
+    slowdown = REFERENCE_FLOPS / host_flops
+    cu_scale = spec.own_work_scale(host_flops, "cu")
+    clock = ClusterClock((host_flops / DEVICE_FLOPS,) * 2, (1e6,) * 2, (0.004,) * 2, 2e5, host_flops, cu_scale)
+    calls = tuple(CallCpu(kind, i, cpu * slowdown, 4096) for kind, i, cpu in (("F", 0, 0.01), ("B", 0, 0.02)))
+    step = StepCalls(((0, calls), (1, calls)), cu_cpu_s=0.003 * slowdown)
+    steps = StepLog([], 0, {}, [], calls=[step] * 10)
+    figures = virtual_figures(steps, clock, "gpipe", True, OWN_WORK["setup"] * slowdown, 10_000)
+    report = dataclasses.replace(_report({}), virtual=figures)
+    decoder = {0: OWN_WORK["decoder"] * slowdown}
+    scale = spec.own_work_scale(host_flops, "server")
+    return virtual_round({0: report}, decoder, OWN_WORK["server"] * slowdown, scale, host_flops)["round_s"]
+
+
+def test_a_round_reads_the_same_on_a_slower_host_once_the_server_and_cus_have_speeds():
+    speeds = ClockSpec(server_flops=4e10, cu_flops=2e10)
+    assert _round_on(REFERENCE_FLOPS / 4, speeds) == pytest.approx(_round_on(REFERENCE_FLOPS, speeds))
+    # against the host's own seconds: the server's work at 2x them, the CU's at 4x, by hand
+    own = sum(OWN_WORK.values())
+    scaled = 4 * (OWN_WORK["cu"] + OWN_WORK["setup"]) + 2 * (OWN_WORK["decoder"] + OWN_WORK["server"])
+    assert _round_on(REFERENCE_FLOPS, speeds) - _round_on(REFERENCE_FLOPS, ClockSpec()) == pytest.approx(scaled - own)
+    # left at the host's own seconds, the 4x slower host adds 3x that work to the round: the record depends on it
+    slower = _round_on(REFERENCE_FLOPS / 4, ClockSpec()) - _round_on(REFERENCE_FLOPS, ClockSpec())
+    assert slower == pytest.approx(3 * own)
+
+
+def test_the_emulated_testbed_keeps_the_servers_and_cus_own_seconds():
+    from collapipe_flwr.fl.server.server_state import ServerState
+
+    speeds = ["clock.server_flops=4e10", "clock.cu_flops=2e10"]
+    host = SimpleNamespace(cfg=load_run_config(speeds), host_flops=8e10)
+    assert (ServerState.own_work_scale(host, "server"), ServerState.own_work_scale(host, "cu")) == (2.0, 4.0)
+    testbed = SimpleNamespace(cfg=load_run_config([*speeds, "testbed=emulated"]), host_flops=8e10)
+    assert ServerState.own_work_scale(testbed, "server") == ServerState.own_work_scale(testbed, "cu") == 1.0
 
 
 def _planner(overrides):
@@ -117,6 +177,8 @@ def test_the_rates_travel_in_the_train_instructions():
         (["clock=virtual", "runtime.torch_threads=2"], "runtime.torch_threads=1"),
         (["clock.mode=sundial"], "clock.mode"),
         (["clock.host_flops=-1"], "clock.host_flops"),
+        (["clock.server_flops=-1"], "clock.server_flops"),
+        (["clock.cu_flops=inf"], "clock.cu_flops"),
     ],
 )
 def test_a_clock_that_cannot_be_kept_is_refused_at_start_up(overrides, needle):
