@@ -1,0 +1,89 @@
+"""Old virtual-clock records read at the configured server and CU speeds (results/reportlib/host_speed.py): the
+round recomputed by hand, the host's speed read back from devices built from the job's own network draw, and a
+read-back refused where the devices disagree."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.results_scripts import load
+
+load("virtual_paper_tables")  # puts results/ on sys.path, where reportlib lives
+from reportlib import host_speed  # noqa: E402
+
+OVERRIDES = ["network=testbed_paper", "network.seed=1", "network.num_channels=2", "federation.num_clusters=3"]
+
+
+def _cluster(compute, cu, setup, decoder, uplink=1.0, device_s=(0.0,)):
+    return {
+        "compute_s": compute,
+        "d2d_s": 0.0,
+        "cu_s": cu,
+        "uplink_s": uplink,
+        "setup_s": setup,
+        "decoder_s": decoder,
+        "device_s": list(device_s),
+        "total_s": compute + cu + uplink + setup + decoder,
+    }
+
+
+def test_a_record_is_read_with_its_own_work_at_the_configured_speeds_by_hand():
+    # host 2e10, server and CUs 8e10: their own work takes a quarter of the host's seconds
+    record = {
+        "round": 3,
+        "virtual": {
+            "clusters": {"0": _cluster(10.0, 0.4, 2.0, 8.0), "1": _cluster(12.0, 0.4, 0.0, 0.4)},
+            "server_s": 1.0,
+            "slowest": 0,
+            "round_s": 22.4,
+        },
+    }
+    got = host_speed.at_reference(record, 2e10, server_flops=8e10, cu_flops=8e10)["virtual"]
+    # cluster 0: 10 + 0.1 + 1 + 0.5 + 2 = 13.6; cluster 1: 12 + 0.1 + 1 + 0 + 0.1 = 13.2
+    assert got["clusters"]["0"]["total_s"] == pytest.approx(13.6)
+    assert got["clusters"]["1"]["total_s"] == pytest.approx(13.2)
+    assert got["clusters"]["0"]["decoder_s"] == pytest.approx(2.0)
+    assert got["round_s"] == pytest.approx(13.6 + 0.25)
+    assert (got["slowest"], got["server_scale"], got["host_flops"]) == (0, 0.25, 2e10)
+    assert record["virtual"]["round_s"] == 22.4  # the kept record is not changed
+    # cluster 0's set-up no longer decides once it is read faster than cluster 1's compute
+    record["virtual"]["clusters"]["0"]["setup_s"] = 0.0
+    record["virtual"]["clusters"]["0"]["total_s"] = 19.4
+    assert host_speed.at_reference(record, 2e10, 8e10, 8e10)["virtual"]["slowest"] == 1
+
+
+def test_a_record_written_at_the_configured_speeds_is_left_as_it_is():
+    record = {"round": 1, "virtual": {"clusters": {"0": _cluster(1.0, 1.0, 1.0, 1.0)}, "server_scale": 0.5}}
+    assert host_speed.at_reference(record, 2e10, 8e10, 8e10) == record
+
+
+def _records_on(host_flops, cpu=2.0, rounds=3):
+    """Rounds whose every device ran ``cpu`` compute seconds, charged as the clock charges them on that host."""
+    devices = host_speed.job_network(OVERRIDES).devices
+    out = []
+    for t in range(1, rounds + 1):
+        clients, clusters = {}, {}
+        for n in range(3):
+            clients[str(n)] = {"device-compute-seconds": [cpu] * 6}
+            device_s = [cpu * host_flops / d.flops_per_second for d in devices[n]]
+            clusters[str(n)] = _cluster(5.0, 0.1, 0.1, 2.0, device_s=device_s)
+        out.append({"round": t, "clients": clients, "virtual": {"clusters": clusters, "server_s": 0.1, "slowest": 0}})
+    return out
+
+
+def test_the_hosts_speed_is_read_back_from_the_jobs_own_devices():
+    read, host = host_speed.records_at_reference(_records_on(2e10), OVERRIDES, "hand-built")
+    assert host == pytest.approx(2e10)
+    assert read[0]["virtual"]["clusters"]["0"]["decoder_s"] == pytest.approx(2.0 * 2e10 / 8e10)
+
+
+def test_a_read_back_is_refused_where_the_devices_disagree():
+    records = _records_on(2e10)
+    for record in records[1:]:  # two of three rounds' compute seconds inflated, as a shared machine's wall seconds are
+        for client in record["clients"].values():
+            client["device-compute-seconds"] = [4.0] * 6
+    with pytest.raises(ValueError, match="devices disagree"):
+        host_speed.records_at_reference(records, OVERRIDES, "hand-built")
+    other_draw = [*OVERRIDES[:1], "network.seed=2", *OVERRIDES[2:]]  # another seed's devices: the ratios scatter
+    with pytest.raises(ValueError, match="devices disagree"):
+        host_speed.records_at_reference(_records_on(2e10), other_draw, "hand-built")
