@@ -87,3 +87,28 @@ def test_a_read_back_is_refused_where_the_devices_disagree():
     other_draw = [*OVERRIDES[:1], "network.seed=2", *OVERRIDES[2:]]  # another seed's devices: the ratios scatter
     with pytest.raises(ValueError, match="devices disagree"):
         host_speed.records_at_reference(_records_on(2e10), other_draw, "hand-built")
+
+
+def _keep(folder, run, records):
+    import gzip
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with gzip.open(folder / f"{run}.rounds.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    (folder / f"{run}.status.json").write_text(json.dumps({"overrides": OVERRIDES}))
+
+
+def test_the_host_check_reads_the_kept_jobs_that_ran_alone_and_refuses_a_host_off_their_speed(tmp_path, monkeypatch):
+    check = load("host_check")
+    _keep(tmp_path / "paper" / "j2" / "s1", "dssra", _records_on(8e10))
+    shared = _records_on(8e10)
+    for client in shared[1]["clients"].values():
+        client["device-compute-seconds"] = [6.0] * 6
+    _keep(tmp_path / "paper" / "j2" / "s1", "random", shared)  # its devices disagree: left out
+    assert check.kept_host_flops("paper", tmp_path) == [pytest.approx(8e10)]
+    monkeypatch.setattr(check, "kept_host_flops", lambda part: [7.5e10, 8e10, 8.5e10])
+    monkeypatch.setattr(check, "this_host_flops", lambda overrides: 2e10)  # 4x slower than the kept jobs' host
+    assert check.main([]) == 1
+    monkeypatch.setattr(check, "this_host_flops", lambda overrides: 7.2e10)  # 10% slower: within the tolerance
+    assert check.main([]) == 0
