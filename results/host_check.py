@@ -8,7 +8,8 @@ only among hosts of one speed (``virtual_paper/records/other_host/README.md``). 
 
 measures the virtual clock's host speed as a run's server does (``measure_host_flops``: the part's model, its first
 TEB, the workload's probe; the median of three readings) and reads the kept jobs' host speed back from their devices
-(``reportlib/host_speed.py``; jobs whose devices disagree, those that shared the machine, are left out). It prints
+(``reportlib/host_speed.py``; jobs whose devices disagree, most of those that shared the machine, are left out; one
+that shared it for its whole run reads low, which the median over the kept jobs outweighs). It prints
 both and exits 1 when they differ by more than ``TOLERANCE``: then run the parts at the current code version, whose
 clock sets that work against ``clock.server_flops`` and ``clock.cu_flops`` and reads alike on any host.
 """
@@ -48,6 +49,8 @@ def kept_host_flops(part: str, records: Path = virtual_paper.RECORDS) -> list[fl
     out = []
     for path in sorted((records / part).glob("*/*/*.rounds.jsonl.gz")):
         run = path.name.split(".")[0]
+        if run == "vanilla_fl":  # its devices train as data users, whose seconds read back another way
+            continue
         overrides = read_json(path.with_name(f"{run}.status.json"))["overrides"]
         timed = [r for r in read_jsonl_gz(path) if (r.get("virtual") or {}).get("clusters")]
         try:
