@@ -14,7 +14,7 @@ participant's time is its measured work scaled by its device's speed, plus netwo
   the testbed's links do); the CU <-> stage 0 and last stage -> head transfers are not D2D (eq. 15 leaves out
   "the communication between the s-th device and BS");
 * **the cluster's step** is the critical path of those call durations in the step's stage order (GPipe or 1F1B,
-  :mod:`.schedule`), plus the CU's embedding (its thread's CPU seconds, at host speed), the head when the CU
+  :mod:`.schedule`), plus the CU's embedding (its thread's CPU seconds, see below), the head when the CU
   trains it (VanillaFL: on the device of the last stage, so scaled as that device), and the z^enc uplink
   (eq. 11: bytes / R_n, R_n the Shannon rate of the channel and power DSSRA chose). The CU's own work (its
   embedding, and its set-up in ``fl/cu``) is its thread's CPU seconds x ``cu_scale`` (host speed / the CU's,
