@@ -58,9 +58,9 @@ class ClusterClock:
                 f"a cluster clock needs one scale, D2D rate and latency per device, got {K}, "
                 f"{len(self.d2d_bytes_per_s)} and {len(self.d2d_latency_s)}"
             )
-        values = (*self.scale, *self.d2d_bytes_per_s, *self.d2d_latency_s, self.uplink_bytes_per_s, self.host_flops)
         scales = (*self.scale, self.cu_scale)
-        if any(not (v >= 0.0 and v < float("inf")) for v in (*values, self.cu_scale)) or any(s <= 0 for s in scales):
+        values = (*scales, *self.d2d_bytes_per_s, *self.d2d_latency_s, self.uplink_bytes_per_s, self.host_flops)
+        if any(not (v >= 0.0 and v < float("inf")) for v in values) or any(s <= 0 for s in scales):
             raise ValueError(f"a cluster clock's rates must be finite and >= 0 (scales > 0), got {self}")
 
     def handover_s(self, device: int, nbytes: int) -> float:
