@@ -125,12 +125,14 @@ def job_rows(records_dir: Path = RECORDS) -> list[dict]:
         summary = read_json(path.with_name(f"{run}.summary.json"))
         cost_file = path.with_name(f"{run}.cost.json")
         cost = read_json(cost_file) if cost_file.is_file() else {}
+        overrides = read_json(path.with_name(f"{run}.status.json"))["overrides"]
         rows.append(
             {
                 "part": part,
                 "setting": setting,
                 "seed": seed.lstrip("s"),
                 "run": run,
+                **_host_speed(records, overrides, str(path.relative_to(RESULTS))),
                 "virtual_s_to_target": round(seconds, 3),
                 "reached_round": "" if reached is None else reached,
                 "final_metric": round(final, 3),
@@ -142,6 +144,37 @@ def job_rows(records_dir: Path = RECORDS) -> list[dict]:
                 **{k: round(v, 3) for k, v in round_parts(records).items()},
             }
         )
+    return mark_seed_hosts(rows)
+
+
+def _host_speed(records: list[dict], overrides: list[str], where: str) -> dict[str, float | str]:
+    """The job's host speed in GFLOP/s (``host_speed.job_host_flops``) and where it was read: ``clock`` (the clock
+    measured it at start-up and wrote it), ``devices`` (read back from an old record's devices, whose compute
+    seconds are wall seconds, so a job that shared the machine part of the time reads low), or "" where neither
+    reads it (a job that shared the machine throughout, or VanillaFL's of an old record)."""
+    try:
+        speed = host_speed.job_host_flops(records, overrides, where)
+    except ValueError:
+        return {"host_gflops": "", "host_read": ""}
+    timed = [r for r in records if (r.get("virtual") or {}).get("clusters")]
+    source = "clock" if all(host_speed.written_at_speeds(r) for r in timed) else "devices"
+    return {"host_gflops": round(speed / 1e9, 1), "host_read": source}
+
+
+def mark_seed_hosts(rows: list[dict]) -> list[dict]:
+    """Each row's ``seed_hosts``: "two" where the jobs of its part, setting and seed whose clock wrote its host's
+    speed (``host_read`` "clock") span more than ``host_speed.SAME_HOST`` (a seed's methods run on two hosts, which
+    the clock's residual host dependence, about 10% between hosts 4x apart, docs/testbed.md, would enter as a
+    gain), else "one". The claims (``virtual_claims.py``) pair only seeds run on one host. Speeds read back from an
+    old record's devices are wall seconds, lowered where the job shared the machine (61-92e9 FLOP/s among the
+    translation part's jobs on one host), so they do not count here; that part is kept to one host speed as a whole
+    (``host_check.py``, ``records/other_host/``)."""
+    speeds: dict[tuple[str, str, str], list[float]] = {}
+    for r in rows:
+        if r["host_read"] == "clock":
+            speeds.setdefault((r["part"], r["setting"], r["seed"]), []).append(float(r["host_gflops"]))
+    for r in rows:
+        r["seed_hosts"] = "two" if host_speed.two_hosts(speeds.get((r["part"], r["setting"], r["seed"]), [])) else "one"
     return rows
 
 
@@ -193,6 +226,24 @@ def _other_host_lines(rows: list[dict]) -> list[str]:
     return out
 
 
+def _host_cell(r: dict) -> str:
+    return {"clock": f"{r['host_gflops']}", "devices": f"~{r['host_gflops']}"}.get(r["host_read"], "-")
+
+
+def _host_lines(rows: list[dict]) -> list[str]:
+    """The seeds whose methods ran on two hosts (``mark_seed_hosts``), which the claims leave out."""
+    two = sorted({(r["part"], r["setting"], r["seed"]) for r in rows if r["seed_hosts"] == "two"})
+    rule = (
+        "host GFLOP/s: the speed the job's clock was set against (`reportlib/host_speed.py`), as the clock wrote it, "
+        "or `~` read back from an old record's devices (wall seconds: low where the job shared the machine; `-`: "
+        f"not readable). A seed whose written speeds span more than {host_speed.SAME_HOST:.0%} ran on two hosts and "
+        "is left out of the claims"
+    )
+    if not two:
+        return ["", f"{rule}; no such seed."]
+    return ["", f"{rule}: " + ", ".join(f"{part} {setting} s{seed}" for part, setting, seed in two) + "."]
+
+
 def _task_targets() -> str:
     """The task parts' targets for the table's first line (``not fixed yet`` before the part's pilot)."""
     out = []
@@ -241,7 +292,8 @@ def table(rows: list[dict], apart: list[dict] | None = None) -> str:
         "(`>=`: censored, the target not reached; the sum over every round is a lower bound).",
         "",
         *md.head(
-            "| part | setting | seed | run | virtual s to target | round | final metric | wall s | peak MB | lost |"
+            "| part | setting | seed | run | virtual s to target | round | final metric | wall s | peak MB | lost "
+            "| host GFLOP/s |"
         ),
     ]
     body = []
@@ -251,8 +303,9 @@ def table(rows: list[dict], apart: list[dict] | None = None) -> str:
             f"| {r['part']} | {r['setting']} | {r['seed']} | {r['run']} | {mark}{r['virtual_s_to_target']:.1f} | "
             f"{r['reached_round'] or '-'} | {r['final_metric']:.{2 if r['part'] in ('paper', 'scale') else 3}f} | "
             f"{r['wall_s']} | {r['peak_pss_mb']} | "
-            f"{r['lost_devices']} |"
+            f"{r['lost_devices']} | {_host_cell(r)} |"
         )
+    body.extend(_host_lines(rows))
     split = [
         "",
         "The round by part (median over a job's rounds; virtual: the slowest cluster's, measured compute scaled, "
@@ -267,7 +320,7 @@ def table(rows: list[dict], apart: list[dict] | None = None) -> str:
         split.append(md.row((r["part"], r["setting"], r["seed"], r["run"], *cells)))
     chosen = _selection_lines(rows)
     if not rows:
-        body = ["| (no records yet) | | | | | | | | | |"]
+        body = ["| (no records yet) | | | | | | | | | | |"]
     return "\n".join([*head, *body, *split, *chosen, *_other_host_lines(apart or [])]) + "\n"
 
 

@@ -36,6 +36,9 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 OWN_CU_PARTS = ("cu_s", "setup_s")
 # a recovered host speed whose middle half of devices spans more than this (relative to its median) is refused
 MAX_SPREAD = 0.15
+# two host speeds further apart than this (the faster over the slower, less 1) are two hosts: a seed whose methods
+# ran on two hosts is not paired, and a session whose host is that far from a code version's kept jobs adds none
+SAME_HOST = 0.20
 
 
 def reference_rates(conf: Path = CONF) -> tuple[float, float]:
@@ -85,7 +88,11 @@ def check_spread(ratios: Sequence[float], where: str) -> float:
 
 
 def recovered_host_flops(records: Sequence[Mapping[str, Any]], overrides: Sequence[str], where: str) -> float:
-    """The host speed an old record's devices were set against (see the module docstring)."""
+    """The host speed an old record's devices were set against (see the module docstring). Refused for VanillaFL,
+    whose devices train the whole encoder as data users: their compute seconds agree among themselves but read the
+    host about 2x fast (153-162e9 FLOP/s beside its seeds' 67-92e9)."""
+    if "method=vanilla_fl" in overrides:
+        raise ValueError(f"{where}: VanillaFL's devices train as data users; they do not read the host's speed back")
     return check_spread(device_speed_ratios(records, job_network(overrides)), where)
 
 
@@ -122,14 +129,29 @@ def at_reference(record: Mapping[str, Any], host_flops: float, server_flops: flo
     return out
 
 
+def job_host_flops(records: Sequence[Mapping[str, Any]], overrides: Sequence[str], where: str) -> float:
+    """The host speed a job's virtual clock was set against: ``virtual.host_flops`` where the clock wrote it (the
+    median over its rounds; one reading at start-up), else read back from its devices (:func:`recovered_host_flops`,
+    which raises ValueError where they disagree)."""
+    timed = [r for r in records if (r.get("virtual") or {}).get("clusters")]
+    if timed and all(written_at_speeds(r) for r in timed):
+        return statistics.median(float(r["virtual"]["host_flops"]) for r in timed)
+    return recovered_host_flops(timed, overrides, where)
+
+
+def two_hosts(speeds: Sequence[float]) -> bool:
+    """Whether host speeds span more than SAME_HOST: the fastest over the slowest, less 1."""
+    return len(speeds) > 1 and max(speeds) / min(speeds) - 1.0 > SAME_HOST
+
+
 def records_at_reference(
     records: Sequence[Mapping[str, Any]], overrides: Sequence[str], where: str
 ) -> tuple[list[dict], float]:
-    """A job's records read at the reference speeds (:func:`at_reference`), and the host speed they were read from:
-    ``virtual.host_flops`` where the clock wrote it, else read back from the devices."""
+    """A job's records read at the reference speeds (:func:`at_reference`), and the host speed they were read from
+    (:func:`job_host_flops`)."""
+    host_flops = job_host_flops(records, overrides, where)
     timed = [r for r in records if (r.get("virtual") or {}).get("clusters")]
     if timed and all(written_at_speeds(r) for r in timed):
-        return [dict(r) for r in records], float(timed[0]["virtual"]["host_flops"])
-    host_flops = recovered_host_flops(timed, overrides, where)
+        return [dict(r) for r in records], host_flops
     server_flops, cu_flops = reference_rates()
     return [at_reference(r, host_flops, server_flops, cu_flops) for r in records], host_flops

@@ -112,3 +112,47 @@ def test_the_host_check_reads_the_kept_jobs_that_ran_alone_and_refuses_a_host_of
     assert check.main([]) == 1
     monkeypatch.setattr(check, "this_host_flops", lambda overrides: 7.2e10)  # 10% slower: within the tolerance
     assert check.main([]) == 0
+
+
+def _written_on(host_flops, rounds=3):
+    """Rounds as the current clock writes them: its host speed in ``virtual.host_flops`` beside ``server_scale``."""
+    out = _records_on(host_flops, rounds=rounds)
+    for record in out:
+        record["virtual"].update(host_flops=host_flops, server_scale=host_flops / 8e10)
+    return out
+
+
+def test_a_jobs_host_speed_is_the_clocks_where_it_wrote_one_and_never_vanilla_fls_read_back():
+    records = _written_on(2.6e10)
+    records[1]["virtual"]["host_flops"] = 9e10  # one odd reading: the median of the three rounds
+    assert host_speed.job_host_flops(records, ["method=vanilla_fl"], "hand-built") == 2.6e10
+    assert host_speed.job_host_flops(_records_on(2e10), OVERRIDES, "hand-built") == pytest.approx(2e10)
+    with pytest.raises(ValueError, match="VanillaFL"):
+        host_speed.job_host_flops(_records_on(2e10), [*OVERRIDES, "method=vanilla_fl"], "hand-built")
+
+
+def test_two_hosts_are_speeds_more_than_a_fifth_apart():
+    assert not host_speed.two_hosts([2.6e10])
+    assert not host_speed.two_hosts([2.0e10, 2.38e10, 2.2e10])  # 19%: one host
+    assert host_speed.two_hosts([2.0e10, 2.41e10])
+    assert host_speed.two_hosts([8e10, 2e10])
+
+
+def _keep_task(records_dir, seed, runs, host_flops):
+    import json
+
+    folder = records_dir / "classification" / "j4" / seed
+    for run in runs:
+        _keep(folder, run, _written_on(host_flops))
+        (folder / f"{run}.summary.json").write_text(json.dumps({}))
+
+
+def test_the_host_check_refuses_to_finish_a_seed_begun_on_another_host(tmp_path, monkeypatch, capsys):
+    check = load("host_check")
+    _keep_task(tmp_path, "s0", ["dssra", "titanic"], 2.6e10)  # begun on a slow host
+    _keep_task(tmp_path, "s1", list(check.virtual_paper.RUNS), 8e10)  # finished on a fast one: not asked about
+    monkeypatch.setattr(check.virtual_paper, "RECORDS", tmp_path)
+    assert check.begun_seeds("classification", tmp_path) == {("j4", "s0"): [2.6e10, 2.6e10]}
+    assert check.check_task_part("classification", 2.8e10) == 0  # 8% faster: the same host's speed
+    assert check.check_task_part("classification", 8e10) == 1
+    assert "begun on another host" in capsys.readouterr().out

@@ -145,3 +145,24 @@ def test_the_committed_tables_are_regenerated_from_the_kept_records():
     paper = load("virtual_paper_tables")
     committed = (RESULTS / "virtual_paper" / "table.md").read_text(encoding="utf-8")
     assert paper.table(paper.job_rows(), paper.other_host_rows()) == committed
+
+
+def test_a_seed_whose_methods_ran_on_two_hosts_is_marked_by_its_written_speeds_only():
+    """Seed 0's clock-written speeds 20 and 26 GFLOP/s are 30% apart: two hosts. Seed 1's 20 and 23 are one host,
+    and its old record read back at 80 from its devices (wall seconds) does not count."""
+    tables = load("virtual_paper_tables")
+
+    def row(seed, run, speed, read="clock"):
+        return {
+            "part": "classification",
+            "setting": "j4",
+            "seed": seed,
+            "run": run,
+            "host_gflops": speed,
+            "host_read": read,
+        }
+
+    rows = [row("0", "dssra", 20.0), row("0", "titanic", 26.0), row("0", "vanilla_fl", "", "")]
+    rows += [row("1", "dssra", 20.0), row("1", "titanic", 23.0), row("1", "random", 80.0, "devices")]
+    marked = tables.mark_seed_hosts(rows)
+    assert [r["seed_hosts"] for r in marked] == ["two"] * 3 + ["one"] * 3
