@@ -34,9 +34,8 @@ import virtual_paper  # noqa: E402
 from reportlib import host_speed  # noqa: E402
 from reportlib.records import read_json, read_jsonl_gz  # noqa: E402
 
-from collapipe_flwr import wiring  # noqa: E402
 from collapipe_flwr.config import load_run_config  # noqa: E402
-from collapipe_flwr.fl.server.server_state import count_workload, measure_host_flops, sample_hidden  # noqa: E402
+from collapipe_flwr.fl.server.server_state import Probe  # noqa: E402
 
 READINGS = 3
 
@@ -44,11 +43,8 @@ READINGS = 3
 def this_host_flops(overrides: list[str], readings: int = READINGS) -> float:
     """The median of ``readings`` host-speed readings, each as a run's server takes it at start-up."""
     cfg = load_run_config(overrides)
-    task = wiring.build_task(cfg)
-    model = wiring.build_model(task, cfg)
-    hidden, mask = sample_hidden(task, model, cfg)
-    workload = count_workload(model, hidden, mask, cfg)
-    return statistics.median(measure_host_flops(model, workload, hidden, mask, cfg) for _ in range(readings))
+    probe = Probe.build(cfg)
+    return statistics.median(probe.host_flops(cfg) for _ in range(readings))
 
 
 def kept_speeds(part: str, records: Path = virtual_paper.RECORDS) -> dict[tuple[str, str], list[float]]:

@@ -86,6 +86,33 @@ def measure_host_flops(
     return host_flop_rate(model.blocks[0], hidden, mask, flops, precision)
 
 
+@dataclass(frozen=True)
+class Probe:
+    """What the server counts a round's workload and the host's speed on: the task, the model, a few real examples'
+    activations after the embedding (``sample_hidden``) and the workload counted on them."""
+
+    task: Task
+    model: SplitModel
+    hidden: torch.Tensor
+    mask: torch.Tensor
+    workload: Workload
+
+    @classmethod
+    def build(cls, cfg: RunConfig) -> Probe:
+        """The start-up's first steps, in order: the partition check, the model, the probe, the workload."""
+        torch.manual_seed(cfg.seed)
+        task = wiring.build_task(cfg)
+        # the clusters' partitions first: data too small for them is one line here, not the probe's index error
+        check_partitions(task, cfg.federation.num_clusters, cfg.task.batch_size)
+        model = wiring.build_model(task, cfg)
+        hidden, mask = sample_hidden(task, model, cfg)
+        return cls(task, model, hidden, mask, count_workload(model, hidden, mask, cfg))
+
+    def host_flops(self, cfg: RunConfig) -> float:
+        """The virtual clock's host speed as a run measures it at start-up (``measure_host_flops``)."""
+        return measure_host_flops(self.model, self.workload, self.hidden, self.mask, cfg)
+
+
 def check_testbed(cfg: RunConfig) -> None:
     """The emulated testbed's CPU quotas and memory limits need cgroups: refuse at start-up, before any CU trains
     unthrottled or unlimited."""
@@ -157,13 +184,8 @@ class ServerState:
     def build(cls, cfg: RunConfig) -> ServerState:
         """Everything in start-up order: the partition check, model, workload, planner, decoder service,
         aggregation, evaluation."""
-        torch.manual_seed(cfg.seed)
-        task = wiring.build_task(cfg)
-        # the clusters' partitions first: data too small for them is one line here, not the probe's index error
-        check_partitions(task, cfg.federation.num_clusters, cfg.task.batch_size)
-        model = wiring.build_model(task, cfg)
-        hidden, mask = sample_hidden(task, model, cfg)
-        workload = count_workload(model, hidden, mask, cfg)
+        probe = Probe.build(cfg)
+        task, model, hidden, workload = probe.task, probe.model, probe.hidden, probe.workload
         check_testbed(cfg)
         planner = build_planner(cfg, workload)
         # the decoder / head and the evaluation compute on runtime.server_device (collapipe_flwr/accelerator.py);
@@ -175,7 +197,7 @@ class ServerState:
         decoder = start_decoder(cfg, model, int(hidden.shape[-1]), precision)
         eval_precision = resolve_precision(cfg.eval.resolved_precision(precision), device.type)  # eval.precision
         embedding_trained = wiring.embedding_travels(cfg)
-        host_flops = cfg.clock.host_flops or measure_host_flops(model, workload, hidden, mask, cfg)
+        host_flops = cfg.clock.host_flops or probe.host_flops(cfg)
         return cls(
             cfg,
             task,
