@@ -18,8 +18,8 @@ campaign's host): then run the parts at the current code version, whose clock se
 That clock still reads about 10% apart between hosts 4x apart (docs/testbed.md), so a seed's methods, which the
 claims pair, run on one host. For a task part (``--part classification`` or ``ner``) the check lists the seeds begun
 but not finished, with their kept jobs' host speed (``virtual.host_flops``, written by the clock), and exits 1 when
-one of them ran on another host than this one: queue other seeds here. The tables leave a seed run on two hosts out
-of the claims whatever ran it (``virtual_paper_tables.mark_seed_hosts``).
+this host is more than ``host_speed.SAME_SPEED`` from one of them: queue other seeds here. The tables leave a job
+set against another speed than its seed's out of the claims whatever ran it (``virtual_paper_tables.mark_host_off``).
 """
 
 from __future__ import annotations
@@ -80,12 +80,12 @@ def begun_seeds(part: str, records: Path = virtual_paper.RECORDS) -> dict[tuple[
     return begun
 
 
-def check_task_part(part: str, here: float) -> int:
-    """For a part at the current clock: 1 when a begun seed (:func:`begun_seeds`) ran on another host than this."""
+def check_task_part(part: str, here: float, records: Path = virtual_paper.RECORDS) -> int:
+    """For a part at the current clock: 1 when this host is off a begun seed's speed (:func:`begun_seeds`)."""
     refused = 0
-    for (setting, seed), speeds in sorted(begun_seeds(part).items()):
+    for (setting, seed), speeds in sorted(begun_seeds(part, records).items()):
         there = statistics.median(speeds)
-        other = host_speed.two_hosts([here, there])
+        other = host_speed.off_speed(here, there)
         refused += other
         verdict = "begun on another host: finish it on one of its speed" if other else "may go on here"
         print(f"{part} {setting} {seed}: kept jobs {there / 1e9:.1f}e9 FLOP/s, this host {here / 1e9:.1f}e9; {verdict}")

@@ -144,7 +144,7 @@ def job_rows(records_dir: Path = RECORDS) -> list[dict]:
                 **{k: round(v, 3) for k, v in round_parts(records).items()},
             }
         )
-    return mark_seed_hosts(rows)
+    return mark_host_off(rows)
 
 
 def _host_speed(records: list[dict], overrides: list[str], where: str) -> dict[str, float | str]:
@@ -161,20 +161,25 @@ def _host_speed(records: list[dict], overrides: list[str], where: str) -> dict[s
     return {"host_gflops": round(speed / 1e9, 1), "host_read": source}
 
 
-def mark_seed_hosts(rows: list[dict]) -> list[dict]:
-    """Each row's ``seed_hosts``: "two" where the jobs of its part, setting and seed whose clock wrote its host's
-    speed (``host_read`` "clock") span more than ``host_speed.SAME_HOST`` (a seed's methods run on two hosts, which
-    the clock's residual host dependence, about 10% between hosts 4x apart, docs/testbed.md, would enter as a
-    gain), else "one". The claims (``virtual_claims.py``) pair only seeds run on one host. Speeds read back from an
-    old record's devices are wall seconds, lowered where the job shared the machine (61-92e9 FLOP/s among the
-    translation part's jobs on one host), so they do not count here; that part is kept to one host speed as a whole
-    (``host_check.py``, ``records/other_host/``)."""
+def mark_host_off(rows: list[dict]) -> list[dict]:
+    """Each row's ``host_off``: "yes" where its clock-written host speed (``host_read`` "clock") is more than
+    ``host_speed.SAME_SPEED`` from the median of its part, setting and seed's written speeds, "no" where it is
+    within, "" where its clock wrote none. Its devices' compute was then set against another speed than its seed's
+    other methods' (another host, which the clock's residual host dependence, about 10% between hosts 4x apart,
+    docs/testbed.md, would enter as a gain; or an outlier of the one start-up probe), so the claims
+    (``virtual_claims.py``) leave its pairings out; rerun it. Speeds read back from an old record's devices are wall
+    seconds, lowered where the job shared the machine (61-92e9 FLOP/s among the translation part's jobs), so they do
+    not count here; that part is kept to one kind of host as a whole (``host_check.py``, ``records/other_host/``)."""
     speeds: dict[tuple[str, str, str], list[float]] = {}
     for r in rows:
         if r["host_read"] == "clock":
             speeds.setdefault((r["part"], r["setting"], r["seed"]), []).append(float(r["host_gflops"]))
     for r in rows:
-        r["seed_hosts"] = "two" if host_speed.two_hosts(speeds.get((r["part"], r["setting"], r["seed"]), [])) else "one"
+        if r["host_read"] != "clock":
+            r["host_off"] = ""
+            continue
+        median = statistics.median(speeds[r["part"], r["setting"], r["seed"]])
+        r["host_off"] = "yes" if host_speed.off_speed(float(r["host_gflops"]), median) else "no"
     return rows
 
 
@@ -227,21 +232,24 @@ def _other_host_lines(rows: list[dict]) -> list[str]:
 
 
 def _host_cell(r: dict) -> str:
-    return {"clock": f"{r['host_gflops']}", "devices": f"~{r['host_gflops']}"}.get(r["host_read"], "-")
+    cell = {"clock": f"{r['host_gflops']}", "devices": f"~{r['host_gflops']}"}.get(r["host_read"], "-")
+    return f"{cell} (off)" if r["host_off"] == "yes" else cell
 
 
 def _host_lines(rows: list[dict]) -> list[str]:
-    """The seeds whose methods ran on two hosts (``mark_seed_hosts``), which the claims leave out."""
-    two = sorted({(r["part"], r["setting"], r["seed"]) for r in rows if r["seed_hosts"] == "two"})
+    """The jobs set against another host speed than their seed's (``mark_host_off``), which the claims leave out."""
+    off = [r for r in rows if r["host_off"] == "yes"]
     rule = (
-        "host GFLOP/s: the speed the job's clock was set against (`reportlib/host_speed.py`), as the clock wrote it, "
-        "or `~` read back from an old record's devices (wall seconds: low where the job shared the machine; `-`: "
-        f"not readable). A seed whose written speeds span more than {host_speed.SAME_HOST:.0%} ran on two hosts and "
-        "is left out of the claims"
+        "host GFLOP/s: the speed the job's clock was set against (`reportlib/host_speed.py`), as the clock wrote it "
+        "(one probe at start-up), or `~` read back from an old record's devices (wall seconds: low where the job "
+        f"shared the machine; `-`: not readable). A job whose written speed is more than {host_speed.SAME_SPEED:.0%} "
+        "from its seed's median was set against another speed than the seed's other methods (another host, or an "
+        "outlier of the probe): its pairings are left out of the claims until it is rerun"
     )
-    if not two:
-        return ["", f"{rule}; no such seed."]
-    return ["", f"{rule}: " + ", ".join(f"{part} {setting} s{seed}" for part, setting, seed in two) + "."]
+    if not off:
+        return ["", f"{rule}; no such job."]
+    names = ", ".join(f"{r['part']} {r['setting']} s{r['seed']} {r['run']} ({r['host_gflops']})" for r in off)
+    return ["", f"{rule}: {names}."]
 
 
 def _task_targets() -> str:

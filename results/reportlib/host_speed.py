@@ -36,9 +36,13 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 OWN_CU_PARTS = ("cu_s", "setup_s")
 # a recovered host speed whose middle half of devices spans more than this (relative to its median) is refused
 MAX_SPREAD = 0.15
-# two host speeds further apart than this (the faster over the slower, less 1) are two hosts: a seed whose methods
-# ran on two hosts is not paired, and a session whose host is that far from a code version's kept jobs adds none
+# a session whose host speed is further than this from the translation part's kept jobs' (read back from their
+# devices, wall seconds: 61-92e9 FLOP/s on one kind of host) adds none to that part's code version
 SAME_HOST = 0.20
+# a job whose clock-written host speed is further than this from its seed's median is set against another speed
+# than the seed's other methods: another host, or an outlier of the start-up probe (one reading: 30 readings in one
+# process under a running job spanned 24.3-26.6e9, fresh processes 23.8-26.3e9, one job's start-up 21.1e9)
+SAME_SPEED = 0.10
 
 
 def reference_rates(conf: Path = CONF) -> tuple[float, float]:
@@ -137,6 +141,11 @@ def job_host_flops(records: Sequence[Mapping[str, Any]], overrides: Sequence[str
     if timed and all(written_at_speeds(r) for r in timed):
         return statistics.median(float(r["virtual"]["host_flops"]) for r in timed)
     return recovered_host_flops(timed, overrides, where)
+
+
+def off_speed(speed: float, reference: float) -> bool:
+    """Whether ``speed`` is more than SAME_SPEED from ``reference`` (relative to it)."""
+    return abs(speed / reference - 1.0) > SAME_SPEED
 
 
 def two_hosts(speeds: Sequence[float]) -> bool:

@@ -131,6 +131,12 @@ def test_a_jobs_host_speed_is_the_clocks_where_it_wrote_one_and_never_vanilla_fl
         host_speed.job_host_flops(_records_on(2e10), [*OVERRIDES, "method=vanilla_fl"], "hand-built")
 
 
+def test_a_speed_is_off_another_beyond_a_tenth_of_it():
+    assert not host_speed.off_speed(2.7e10, 2.5e10)  # 8%
+    assert host_speed.off_speed(2.11e10, 2.59e10)  # 18.5% below
+    assert host_speed.off_speed(2.9e10, 2.6e10)  # 11.5% above
+
+
 def test_two_hosts_are_speeds_more_than_a_fifth_apart():
     assert not host_speed.two_hosts([2.6e10])
     assert not host_speed.two_hosts([2.0e10, 2.38e10, 2.2e10])  # 19%: one host
@@ -147,12 +153,12 @@ def _keep_task(records_dir, seed, runs, host_flops):
         (folder / f"{run}.summary.json").write_text(json.dumps({}))
 
 
-def test_the_host_check_refuses_to_finish_a_seed_begun_on_another_host(tmp_path, monkeypatch, capsys):
+def test_the_host_check_refuses_to_finish_a_seed_begun_on_another_host(tmp_path, capsys):
     check = load("host_check")
     _keep_task(tmp_path, "s0", ["dssra", "titanic"], 2.6e10)  # begun on a slow host
     _keep_task(tmp_path, "s1", list(check.virtual_paper.RUNS), 8e10)  # finished on a fast one: not asked about
-    monkeypatch.setattr(check.virtual_paper, "RECORDS", tmp_path)
     assert check.begun_seeds("classification", tmp_path) == {("j4", "s0"): [2.6e10, 2.6e10]}
-    assert check.check_task_part("classification", 2.8e10) == 0  # 8% faster: the same host's speed
-    assert check.check_task_part("classification", 8e10) == 1
+    assert check.check_task_part("classification", 2.8e10, tmp_path) == 0  # 8% faster: the seed's speed
+    assert check.check_task_part("classification", 8e10, tmp_path) == 1
+    assert check.check_task_part("classification", 2.9e10, tmp_path) == 1  # 11.5% faster: off by more than a tenth
     assert "begun on another host" in capsys.readouterr().out
