@@ -12,6 +12,11 @@ set-up) is measured in CPU seconds of the host too. ``server_flops`` and ``cu_fl
 server's and a CU's speed, as the devices' are set against theirs: ``x host_flops / server_flops``. Left at 0 they
 stay the host's own seconds, and a record then depends on the host that ran it (a host 4x slower per thread made the
 decoder's term 4x larger, 2026-11-29).
+
+``host_flops: 0`` measures the host's speed with one probe at the server's start. That one reading's error enters
+every device's compute in the run (one start-up read 21.1e9 FLOP/s on a host whose other readings were 24-27e9,
+2026-11-30). ``probe_every_round`` takes one more reading at each round's start, before the plan, and sets the
+round's devices against the median of every reading so far.
 """
 
 from __future__ import annotations
@@ -35,12 +40,14 @@ class ClockSpec:
     """mode: ``wall`` | ``virtual``; host_flops: the host's FLOP rate the devices' speeds are set against
     (FLOP/s of one thread on one TEB's forward + backward); 0 = measured by the server at start. server_flops and
     cu_flops: the edge server's and a CU's FLOP rate (the same measure), the server's and the CUs' measured work
-    is set against; 0 = the host's own (their terms stay the host's seconds)."""
+    is set against; 0 = the host's own (their terms stay the host's seconds). probe_every_round: with host_flops
+    measured, read it again at each round's start and use the median of every reading so far."""
 
     mode: ClockMode = ClockMode.WALL
     host_flops: float = 0.0
     server_flops: float = 0.0
     cu_flops: float = 0.0
+    probe_every_round: bool = False
 
     def __post_init__(self) -> None:
         choices(self, "clock", mode=ClockMode)

@@ -12,8 +12,9 @@ The strategy (``fl/server/strategy.py``) only speaks Flower and drives these par
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -174,8 +175,12 @@ class ServerState:
     planner: RoundPlanner
     decoder: DecoderService
     evaluator: Evaluator
-    # the host's FLOP rate the virtual clock sets the devices' speeds against (clock.host_flops, or measured at start)
+    # the host's FLOP rate the virtual clock sets the devices' speeds against (clock.host_flops, or measured: the
+    # median of host_readings)
     host_flops: float = 0.0
+    # what the host speed is measured on (None: clock.host_flops is given) and its readings so far
+    probe: Probe | None = None
+    host_readings: list[float] = field(default_factory=list)
     # the run's key for the CUs' own checkpoint of their optimizer moments (fl/cu/cu_checkpoint.py): set by the
     # server when it checkpoints and the moments are kept across rounds; "" = the CUs keep nothing on disk
     cu_state_key: str = ""
@@ -197,7 +202,8 @@ class ServerState:
         decoder = start_decoder(cfg, model, int(hidden.shape[-1]), precision)
         eval_precision = resolve_precision(cfg.eval.resolved_precision(precision), device.type)  # eval.precision
         embedding_trained = wiring.embedding_travels(cfg)
-        host_flops = cfg.clock.host_flops or probe.host_flops(cfg)
+        readings = [] if cfg.clock.host_flops else [probe.host_flops(cfg)]
+        host_flops = cfg.clock.host_flops or readings[0]
         return cls(
             cfg,
             task,
@@ -216,7 +222,20 @@ class ServerState:
             decoder,
             Evaluator(task, cfg.eval, eval_precision, decoder, device),
             host_flops=host_flops,
+            probe=None if cfg.clock.host_flops else probe,
+            host_readings=readings,
         )
+
+    def read_host_speed(self) -> float | None:
+        """One more reading of the host's speed at a round's start (``clock.probe_every_round``), ``host_flops``
+        the median of every reading so far; the reading, or None where none is taken (the speed is configured,
+        the option is off, or the emulated testbed sets the devices' scales from its quotas)."""
+        if self.probe is None or not self.cfg.clock.probe_every_round or self.cfg.testbed.enabled:
+            return None
+        reading = self.probe.host_flops(self.cfg)
+        self.host_readings.append(reading)
+        self.host_flops = statistics.median(self.host_readings)
+        return reading
 
     def own_work_scale(self, role: str) -> float:
         """The virtual clock's seconds per host CPU second of the server's (``"server"``) or a CU's (``"cu"``) own

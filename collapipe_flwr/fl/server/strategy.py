@@ -99,6 +99,7 @@ class CollaPipeStrategy(Strategy):
         # per cluster when it began (fl/server/virtual_round.py)
         self._server_cpu_s = 0.0
         self._decoder_cpu0: dict[int, float] = {}
+        self._host_reading: float | None = None  # this round's reading of the host's speed (clock.probe_every_round)
         # round_adapters: the adapters in PEFT's format after the rounds it names (None: not a LoRA causal LM)
         self.round_adapters = RoundAdapterExport.of(self.cfg, run_log.folder, round_offset)
         self.ledger = RoundLedger(
@@ -207,6 +208,7 @@ class CollaPipeStrategy(Strategy):
         self._open_round(t)
         if not self.node_of_cluster:
             self.discover_clusters(grid)
+        self._host_reading = self.server.read_host_speed()  # before the plan: outside the clock's server part
         t0, cpu0 = time.time(), time.thread_time()
         plan = self.server.planner.plan(t)
         self._server_cpu_s = time.thread_time() - cpu0  # the virtual clock's server part: the plan, then aggregation
@@ -268,7 +270,10 @@ class CollaPipeStrategy(Strategy):
         decoder = {n: now.get(n, 0.0) - self._decoder_cpu0.get(n, 0.0) for n in now}
         server = self._server_cpu_s + aggregate_cpu_s
         scale = self.server.own_work_scale("server")
-        self.ledger.note_virtual(virtual_round(clients, decoder, server, scale, self.server.host_flops))
+        virtual = virtual_round(clients, decoder, server, scale, self.server.host_flops)
+        if virtual and self._host_reading is not None:
+            virtual["host_reading"] = self._host_reading  # this round's reading; host_flops is the median so far
+        self.ledger.note_virtual(virtual)
 
     def _fold_reply(
         self, t: int, reply: Message, cluster: int, fold: RoundFold, clients: dict[int, RoundReport]

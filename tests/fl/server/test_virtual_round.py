@@ -6,6 +6,7 @@ against their speeds (clock.server_flops, clock.cu_flops), and clock=virtual's r
 from __future__ import annotations
 
 import dataclasses
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -109,6 +110,49 @@ def test_the_emulated_testbed_keeps_the_servers_and_cus_own_seconds():
     assert ServerState.own_work_scale(testbed, "server") == ServerState.own_work_scale(testbed, "cu") == 1.0
 
 
+class _Readings:
+    """A probe whose readings are given: the host's speed as a run would read it, one value per call."""
+
+    def __init__(self, *values):
+        self.values = list(values)
+
+    def host_flops(self, cfg):
+        return self.values.pop(0)
+
+
+def _reading_server(overrides, start, *later):
+    from collapipe_flwr.fl.server.server_state import ServerState
+
+    host = SimpleNamespace(cfg=load_run_config(overrides), host_flops=start, host_readings=[start])
+    host.probe = _Readings(*later)
+    return host, lambda: ServerState.read_host_speed(host)
+
+
+def test_a_round_reads_the_host_again_and_sets_its_devices_against_the_median_so_far():
+    """A start-up outlier (21.1e9 against 26e9) moves the rounds' speed only while it is not outvoted: the median
+    of [21.1], then [21.1, 26.0], then [21.1, 26.0, 25.6] (by hand: 23.55e9, then 25.6e9)."""
+    host, read = _reading_server(["clock=virtual"], 21.1e9, 26.0e9, 25.6e9, 26.3e9)
+    assert read() == 26.0e9 and host.host_flops == pytest.approx(23.55e9)
+    assert read() == 25.6e9 and host.host_flops == 25.6e9
+    assert read() == 26.3e9 and host.host_flops == pytest.approx(25.8e9)
+    assert host.host_readings == [21.1e9, 26.0e9, 25.6e9, 26.3e9]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["clock=wall"], ["clock=virtual", "clock.probe_every_round=false"], ["testbed=emulated"]],
+)
+def test_no_reading_is_taken_where_the_option_is_off_or_the_testbed_sets_the_scales(overrides):
+    host, read = _reading_server(overrides, 21.1e9, 26.0e9)
+    assert read() is None and host.host_flops == 21.1e9 and host.host_readings == [21.1e9]
+
+
+def test_a_configured_host_speed_is_never_read_again():
+    host, read = _reading_server(["clock=virtual", "clock.host_flops=5e10"], 5e10)
+    host.probe = None  # ServerState.build keeps no probe when clock.host_flops is given
+    assert read() is None and host.host_flops == 5e10
+
+
 def _planner(overrides):
     from collapipe_flwr.fl.server.server_state import build_planner
     from collapipe_flwr.system.workload import Workload
@@ -185,3 +229,27 @@ def test_a_clock_that_cannot_be_kept_is_refused_at_start_up(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
         load_run_config(overrides)
     assert load_run_config(["clock=virtual"]).clock.virtual
+
+
+@pytest.mark.e2e
+def test_a_virtual_run_records_each_rounds_reading_and_the_median_it_used(data_dir, tmp_path):
+    """Two rounds of a tiny virtual-clock run (whole server, real CU handlers, in process): each round records its
+    reading (``host_reading``) and the speed its devices were set against (``host_flops``). Round 1's is the median
+    of the start-up reading and its own, their mean, which gives the start-up reading back; round 2's must be the
+    middle of the three, by hand."""
+    from collapipe_flwr.fl.server.server_main import run_server
+    from tests.inprocess_grid import InProcessGrid
+
+    overrides = (
+        "task=translation model=transformer_tiny federation=tiny network=small federation.num_rounds=2 "
+        "federation.local_steps=1 runtime.backend=local runtime.precision=fp32 task.batch_size=8 "
+        "eval.max_examples=8 clock=virtual run_name=reprobe"
+    )
+    run_config = {"overrides": overrides, "data-dir": str(data_dir), "output-dir": str(tmp_path)}
+    folder = run_server(InProcessGrid(2, str(data_dir)), run_config)
+    rounds = [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
+    first, second = (r["virtual"] for r in rounds if r.get("round", 0) >= 1)
+    start = 2 * first["host_flops"] - first["host_reading"]
+    assert start > 0
+    middle = sorted([start, first["host_reading"], second["host_reading"]])[1]
+    assert second["host_flops"] == pytest.approx(middle, rel=1e-9)
