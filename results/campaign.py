@@ -21,7 +21,8 @@ MB = 1e6
 def run_job(root: Path, name: str, overrides: str, flat: str = "") -> bool:
     """Run ``collapipe run`` with the flat run-config keys ``flat`` and ``overrides`` into ``root/name``; its output
         goes to ``root/<name with / as _>.log``; a finished run's wall seconds and the peak memory of its process tree
-    (summed PSS, sampled every 5 s) go to its folder's ``cost.json``. True when the run finished (now or before)."""
+    (summed PSS, sampled every 5 s) and the code version (:func:`code_version`) go to its folder's ``cost.json``.
+    True when the run finished (now or before)."""
     folder = root / name
     if (folder / "summary.json").is_file():
         return True
@@ -38,12 +39,24 @@ def run_job(root: Path, name: str, overrides: str, flat: str = "") -> bool:
     rc = proc.returncode
     wall = time.time() - start
     if rc == 0:
-        (folder / "cost.json").write_text(json.dumps({"wall_s": round(wall, 1), "peak_pss_mb": round(peak / MB, 1)}))
+        cost = {"wall_s": round(wall, 1), "peak_pss_mb": round(peak / MB, 1), "commit": code_version()}
+        (folder / "cost.json").write_text(json.dumps(cost))
     print(
         f"job {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {wall:.0f} s, peak memory {peak / MB:.0f} MB",
         flush=True,
     )
     return rc == 0
+
+
+def code_version(repo: Path = REPO) -> str:
+    """The commit the campaign's code is checked out at (``git rev-parse HEAD``), with ``+changes`` when its tracked
+    files differ from it; "" outside a git checkout. A job's cost.json keeps it, so a part's records say which code
+    version ran them."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=False)
+    if head.returncode != 0:
+        return ""
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=repo, check=False).returncode != 0
+    return head.stdout.strip() + ("+changes" if dirty else "")
 
 
 def peak_tree_pss(proc: subprocess.Popen, every_s: float = 5.0) -> float:

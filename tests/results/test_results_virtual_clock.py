@@ -167,3 +167,23 @@ def test_a_job_set_against_another_speed_than_its_seeds_is_marked_by_written_spe
     rows += [row("1", "dssra", 20.0), row("1", "titanic", 21.5), row("1", "random", 80.0, "devices")]
     marked = tables.mark_host_off(rows)
     assert [r["host_off"] for r in marked] == ["no", "yes", "no", "", "no", "no", ""]
+
+
+def test_a_jobs_code_version_is_its_checkouts_commit_marked_when_its_tracked_files_changed(tmp_path):
+    import subprocess
+
+    campaign = load("campaign")
+    assert campaign.code_version(tmp_path) == ""  # not a git checkout
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "clock.py").write_text("SCALE = 1\n")
+    git("add", "clock.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "clock")
+    head = git("rev-parse", "HEAD")
+    (tmp_path / "records.csv").write_text("kept\n")  # an untracked file (a kept record) is not a change of code
+    assert campaign.code_version(tmp_path) == head
+    (tmp_path / "clock.py").write_text("SCALE = 2\n")
+    assert campaign.code_version(tmp_path) == f"{head}+changes"
