@@ -149,7 +149,7 @@ def job_rows(records_dir: Path = RECORDS) -> list[dict]:
 
 def _host_speed(records: list[dict], overrides: list[str], where: str) -> dict[str, float | str]:
     """The job's host speed in GFLOP/s (``host_speed.job_host_flops``) and where it was read: ``clock`` (the clock
-    measured it at start-up and wrote it), ``devices`` (read back from an old record's devices, whose compute
+    measured it and wrote it), ``devices`` (read back from an old record's devices, whose compute
     seconds are wall seconds, so a job that shared the machine part of the time reads low), or "" where neither
     reads it (a job that shared the machine throughout, or VanillaFL's of an old record)."""
     try:
@@ -166,7 +166,7 @@ def mark_host_off(rows: list[dict]) -> list[dict]:
     ``host_speed.SAME_SPEED`` from the median of its part, setting and seed's written speeds, "no" where it is
     within, "" where its clock wrote none. Its devices' compute was then set against another speed than its seed's
     other methods' (another host, which the clock's residual host dependence, about 10% between hosts 4x apart,
-    docs/testbed.md, would enter as a gain; or an outlier of the one start-up probe), so the claims
+    docs/testbed.md, would enter as a gain; or an outlier of its probe), so the claims
     (``virtual_claims.py``) leave its pairings out; rerun it. Speeds read back from an old record's devices are wall
     seconds, lowered where the job shared the machine (61-92e9 FLOP/s among the translation part's jobs), so they do
     not count here; that part is kept to one kind of host as a whole (``host_check.py``, ``records/other_host/``)."""
@@ -241,7 +241,8 @@ def _host_lines(rows: list[dict]) -> list[str]:
     off = [r for r in rows if r["host_off"] == "yes"]
     rule = (
         "host GFLOP/s: the speed the job's clock was set against (`reportlib/host_speed.py`), as the clock wrote it "
-        "(one probe at start-up), or `~` read back from an old record's devices (wall seconds: low where the job "
+        "(the probe at start-up, or from `f306ec1` the median of a reading every round), or `~` read back from an "
+        "old record's devices (wall seconds: low where the job "
         f"shared the machine; `-`: not readable). A job whose written speed is more than {host_speed.SAME_SPEED:.0%} "
         "from its seed's median was set against another speed than the seed's other methods (another host, or an "
         "outlier of the probe): its pairings are left out of the claims until it is rerun"

@@ -135,7 +135,8 @@ def at_reference(record: Mapping[str, Any], host_flops: float, server_flops: flo
 
 def job_host_flops(records: Sequence[Mapping[str, Any]], overrides: Sequence[str], where: str) -> float:
     """The host speed a job's virtual clock was set against: ``virtual.host_flops`` where the clock wrote it (the
-    median over its rounds; one reading at start-up), else read back from its devices (:func:`recovered_host_flops`,
+    median over its rounds of the speed each used: the start-up reading, or with ``clock.probe_every_round`` the
+    median of the readings so far), else read back from its devices (:func:`recovered_host_flops`,
     which raises ValueError where they disagree)."""
     timed = [r for r in records if (r.get("virtual") or {}).get("clusters")]
     if timed and all(written_at_speeds(r) for r in timed):

@@ -110,7 +110,8 @@ class Probe:
         return cls(task, model, hidden, mask, count_workload(model, hidden, mask, cfg))
 
     def host_flops(self, cfg: RunConfig) -> float:
-        """The virtual clock's host speed as a run measures it at start-up (``measure_host_flops``)."""
+        """One reading of the virtual clock's host speed (``measure_host_flops``): at start-up, and at each round's
+        start with ``clock.probe_every_round``."""
         return measure_host_flops(self.model, self.workload, self.hidden, self.mask, cfg)
 
 
