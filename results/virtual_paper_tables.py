@@ -156,8 +156,7 @@ def _host_speed(records: list[dict], overrides: list[str], where: str) -> dict[s
         speed = host_speed.job_host_flops(records, overrides, where)
     except ValueError:
         return {"host_gflops": "", "host_read": ""}
-    timed = [r for r in records if (r.get("virtual") or {}).get("clusters")]
-    source = "clock" if all(host_speed.written_at_speeds(r) for r in timed) else "devices"
+    source = "clock" if host_speed.clock_wrote_speed(records) else "devices"
     return {"host_gflops": round(speed / 1e9, 1), "host_read": source}
 
 

@@ -133,13 +133,20 @@ def at_reference(record: Mapping[str, Any], host_flops: float, server_flops: flo
     return out
 
 
+def clock_wrote_speed(records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether every timed round of a job was written by the clock that records its host speed
+    (:func:`written_at_speeds`)."""
+    timed = [r for r in records if (r.get("virtual") or {}).get("clusters")]
+    return bool(timed) and all(written_at_speeds(r) for r in timed)
+
+
 def job_host_flops(records: Sequence[Mapping[str, Any]], overrides: Sequence[str], where: str) -> float:
     """The host speed a job's virtual clock was set against: ``virtual.host_flops`` where the clock wrote it (the
     median over its rounds of the speed each used: the start-up reading, or with ``clock.probe_every_round`` the
     median of the readings so far), else read back from its devices (:func:`recovered_host_flops`,
     which raises ValueError where they disagree)."""
     timed = [r for r in records if (r.get("virtual") or {}).get("clusters")]
-    if timed and all(written_at_speeds(r) for r in timed):
+    if clock_wrote_speed(timed):
         return statistics.median(float(r["virtual"]["host_flops"]) for r in timed)
     return recovered_host_flops(timed, overrides, where)
 
@@ -160,8 +167,7 @@ def records_at_reference(
     """A job's records read at the reference speeds (:func:`at_reference`), and the host speed they were read from
     (:func:`job_host_flops`)."""
     host_flops = job_host_flops(records, overrides, where)
-    timed = [r for r in records if (r.get("virtual") or {}).get("clusters")]
-    if timed and all(written_at_speeds(r) for r in timed):
+    if clock_wrote_speed(records):
         return [dict(r) for r in records], host_flops
     server_flops, cu_flops = reference_rates()
     return [at_reference(r, host_flops, server_flops, cu_flops) for r in records], host_flops
