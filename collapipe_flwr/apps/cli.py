@@ -70,7 +70,7 @@ def plan_launch(run_config: Mapping[str, Any], cwd: Path | None = None):
         override_key,
         run_timeout_s,
     )
-    from collapipe_flwr.fl.server.server_main import run_folder
+    from collapipe_flwr.fl.records.run_log import run_folder
 
     cwd = cwd or Path.cwd()
     overrides = hydra_overrides(run_config)
@@ -120,7 +120,6 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None
     from collapipe_flwr.experiments.launch import launch
     from collapipe_flwr.fl.records.run_claim import RunFolderBusy
     from collapipe_flwr.fl.records.run_log import check_run_folder
-    from collapipe_flwr.fl.server.checkpoint import load_checkpoint
 
     t0 = time.monotonic()
     try:
@@ -130,6 +129,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, flwr_exe: str | None
         # the server would refuse this folder: say so now, before flwr.log or status.json overwrite its files
         check_run_folder(job.run_dir, cfg.resume)
         if cfg.resume:  # a missing, damaged or hostile checkpoint.pt: refused here with exit 2 (read, never run)
+            from collapipe_flwr.fl.server.checkpoint import load_checkpoint
+
             load_checkpoint(job.run_dir)  # mapped, not read: its sizes are bounded before anything is allocated
     except CollaPipeError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -161,9 +161,9 @@ def test_a_run_folder_the_server_would_refuse_is_refused_before_anything_is_writ
 
 
 def test_two_unnamed_runs_in_the_same_second_get_their_own_folders(tmp_path, data_dir, monkeypatch):
-    import collapipe_flwr.fl.server.server_main as server_main
+    import collapipe_flwr.fl.records.run_log as run_log
 
-    monkeypatch.setattr(server_main.time, "strftime", lambda fmt: "20261125-000000")  # the same second
+    monkeypatch.setattr(run_log.time, "strftime", lambda fmt: "20261125-000000")  # the same second
     folders = [plan_launch({"data-dir": str(data_dir)}, cwd=tmp_path)[1].run_dir for _ in range(3)]
     assert [f.name for f in folders] == [
         "20261125-000000-collapipe-translation",

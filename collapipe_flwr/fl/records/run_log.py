@@ -16,10 +16,13 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collapipe_flwr.atomic_files import file_errors, write_atomic
 from collapipe_flwr.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collapipe_flwr.config import RunConfig
 
 RUN_FILES = ("config.json", "rounds.jsonl", "summary.json", "checkpoint.pt")
 
@@ -66,6 +69,18 @@ def check_run_folder(folder: Path, resume: bool) -> None:
         raise ConfigError(
             f"run {folder} finished (summary.json is there): there is nothing to resume; start a new run_name"
         )
+
+
+def run_folder(cfg: RunConfig) -> Path:
+    """The run's folder: ``output_dir/run_name``, or a fresh one claimed for an unnamed run. Here, beside the
+    folder's other rules, so that ``collapipe run`` names it without importing the server."""
+    if cfg.resume and not cfg.run_name:
+        raise ConfigError("resume=true needs the run_name of the run to continue (run_name=<name>)")
+    parent = Path(cfg.output_dir).expanduser().resolve()
+    if cfg.run_name:
+        return parent / cfg.run_name
+    # an unnamed run claims a fresh folder (two started in the same second get -2, -3, ..)
+    return claim_run_folder(parent, time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.method.name}-{cfg.task.name}")
 
 
 def claim_run_folder(parent: Path, base: str) -> Path:

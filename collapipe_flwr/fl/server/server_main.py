@@ -33,7 +33,7 @@ from collapipe_flwr.errors import CollaPipeError, ConfigError
 from collapipe_flwr.fl.records.progress import RoundProgress
 from collapipe_flwr.fl.records.round_values import LOWER_IS_BETTER
 from collapipe_flwr.fl.records.run_claim import SERVER_LOCK, FolderClaim, claim_folder
-from collapipe_flwr.fl.records.run_log import RunLog, claim_run_folder
+from collapipe_flwr.fl.records.run_log import RunLog, run_folder
 from collapipe_flwr.fl.records.run_plots import TensorBoardLog, load_rounds, write_run_plots
 from collapipe_flwr.fl.server.checkpoint import checkpoint_path, load_checkpoint, restore
 from collapipe_flwr.fl.server.server_state import ServerState
@@ -56,16 +56,6 @@ def config_from_flower(run_config: dict) -> RunConfig:
         "output_dir": str(run_config.get("output-dir", "") or ""),
     }
     return load_run_config(overrides, **top)
-
-
-def run_folder(cfg: RunConfig) -> Path:
-    if cfg.resume and not cfg.run_name:
-        raise ConfigError("resume=true needs the run_name of the run to continue (run_name=<name>)")
-    parent = Path(cfg.output_dir).expanduser().resolve()
-    if cfg.run_name:
-        return parent / cfg.run_name
-    # an unnamed run claims a fresh folder (two started in the same second get -2, -3, ..)
-    return claim_run_folder(parent, time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.method.name}-{cfg.task.name}")
 
 
 @dataclass
