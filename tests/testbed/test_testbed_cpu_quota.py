@@ -115,7 +115,9 @@ def test_quota_throttles_a_real_process_to_a_quarter_core(busy_child, quotas):
     cpu1, wall1 = _cpu_seconds(busy_child.pid), time.monotonic()
     share = (cpu1 - cpu0) / (wall1 - wall0)
     print(f"child CPU share {share:.3f} of a core under a 0.25 quota; throttled {quota.throttled()}")
-    assert share == pytest.approx(0.25, rel=0.2)
+    # The quota is a ceiling, not a grant: on a loaded host the child may get less (other processes want the
+    # cores too), never more. The floor catches a unit error (a quota 10x too small reads 0.025).
+    assert 0.5 * 0.25 <= share <= 1.2 * 0.25
     assert quota.throttled()[0] > 0
 
     quota.remove()
@@ -150,7 +152,9 @@ def test_quota_holds_all_threads_of_the_process_together(busy_threads_child, quo
     time.sleep(1.5)
     share = (_cpu_seconds(pid) - cpu0) / (time.monotonic() - wall0)
     print(f"two busy threads: CPU share {share:.3f} of a core together under a 0.5 quota")
-    assert share == pytest.approx(0.5, rel=0.2)
+    # Two spinning threads would take up to 2 cores unlimited: at most 1.2x the quota means it holds them together
+    # (a ceiling; on a loaded host they may get less). The floor catches a unit error.
+    assert 0.5 * 0.5 <= share <= 1.2 * 0.5
 
 
 @pytest.mark.e2e
