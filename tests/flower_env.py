@@ -19,11 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def flower_env(flwr_home: Path, data_dir: Path | None = None) -> dict[str, str]:
+    """The environment for Flower's CLI in a test: a private FLWR_HOME and, for a ``:local:`` SuperLink, free ports
+    instead of Flower's fixed 39091/39093, so two test processes (pytest-xdist's workers) or a user's own local
+    SuperLink never meet on one port."""
     env = os.environ.copy()
     env.update(
         FLWR_HOME=str(flwr_home),
         FLWR_DISABLE_UPDATE_CHECK="1",
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
+        FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
         PYTHONUNBUFFERED="1",
         RAY_DEDUP_LOGS="0",
     )
