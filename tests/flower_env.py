@@ -8,34 +8,19 @@ its ``--database`` path inside our private FLWR_HOME and killed by pid, with its
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
-from collapipe_flwr.experiments import processes
+from collapipe_flwr.experiments import flower_command, processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def flower_env(flwr_home: Path, data_dir: Path | None = None) -> dict[str, str]:
-    """The environment for Flower's CLI in a test: a private FLWR_HOME and, for a ``:local:`` SuperLink, free ports
-    instead of Flower's fixed 39091/39093, so two test processes (pytest-xdist's workers) or a user's own local
-    SuperLink never meet on one port."""
-    env = os.environ.copy()
-    env.update(
-        FLWR_HOME=str(flwr_home),
-        FLWR_DISABLE_UPDATE_CHECK="1",
-        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
-        FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
-        PYTHONUNBUFFERED="1",
-        RAY_DEDUP_LOGS="0",
-    )
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    if data_dir is not None:
-        env["COLLAPIPE_DATA_DIR"] = str(data_dir)
-    return env
+def flower_env(flwr_home: Path, data_dir: Path) -> dict[str, str]:
+    """The launcher's environment for Flower's CLI (``experiments.flower_command.flower_env``): a private FLWR_HOME
+    and, for a ``:local:`` SuperLink, free ports instead of Flower's fixed 39091/39093, so two test processes
+    (pytest-xdist's workers) or a user's own local SuperLink never meet on one port."""
+    return flower_command.flower_env(os.environ, flwr_home, str(data_dir), free_port(), free_port())
 
 
 def write_flower_config(flwr_home: Path, text: str) -> None:
@@ -61,10 +46,7 @@ def stop_local_superlink(flwr_home: Path) -> None:
     processes.stop_processes_mentioning(str(flwr_home))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = flower_command.free_port
 
 
 def run(cmd: list[str], env: dict, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
