@@ -54,6 +54,39 @@ def test_selection_counts_the_plans_selected_cus_by_hand():
     assert got == {"num_clusters": 4, "selected_per_round": 1.667, "cus_ever_selected": 3, "top_cu_share": 1.0}
 
 
+def test_c10_reads_the_queue_each_selected_plan_was_made_with_by_hand():
+    """Two trained rounds of N = 2 (round 0 and an unselected CU left out): CU-rounds (S, m, Gamma_n, Y_n) = (1, 1,
+    2.0, 0.5), (4, 8, 6.0, 0.0), (1, 2, 2.0, 1.5); mean Gamma 10/3, Y_n > 0 in 2 of 3, S = 1 in both of those and in
+    none of the one with Y_n = 0, mean m 11/3."""
+    tables = load("virtual_paper_tables")
+
+    def trained(t, plans, figures):
+        section = modelled_section(0.0, [{} for _ in plans])
+        section["gamma_max"] = 3.5
+        for cluster, (gamma, queue) in zip(section["clusters"], figures):
+            cluster.update(gamma=gamma, Y=queue)
+        clusters = [{"cluster": n, "selected": S > 0, "S": S, "m": m} for n, (S, m) in enumerate(plans)]
+        return {"round": t, "plan": {"clusters": clusters}, "modelled": section}
+
+    records = [
+        trained(0, [(6, 16), (6, 16)], [(9.0, 9.0), (9.0, 9.0)]),  # set-up round: not a trained round
+        trained(1, [(1, 1), (4, 8)], [(2.0, 0.5), (6.0, 0.0)]),
+        trained(2, [(1, 2), (0, 0)], [(2.0, 1.5), (9.0, 9.0)]),  # CU 1 sits round 2 out
+    ]
+    got = tables.c10_queue(records)
+    assert got == {
+        "gamma_max": 3.5,
+        "gamma_mean": 3.333,
+        "cu_rounds": 3,
+        "y_positive_share": 0.667,
+        "s1_share_y_positive": 1.0,
+        "s1_share_y_zero": 0.0,
+        "mean_m": 3.67,
+    }
+    assert tables.c10_queue([records[0]])["cu_rounds"] == 0  # no trained round: shares left blank
+    assert tables.c10_queue([records[0]])["s1_share_y_positive"] == ""
+
+
 def test_the_clocks_error_is_read_per_cu_round_against_the_measured_steps(tmp_path):
     tables = load("virtual_clock_tables")
     parts = {"compute_s": 3.0, "d2d_s": 1.0, "cu_s": 0.5, "uplink_s": 0.5, "decoder_s": 1.0, "setup_s": 9.0}
