@@ -15,11 +15,7 @@ Per job (one method, seed and J, or N for the scale part):
   so a reader sees which term decides;
 * **selection** (the plan's ``selected`` CUs of each round): CUs selected a round (mean), how many of the N
   CUs were ever selected, and the largest share of rounds one CU was selected in (1.0: some CU every round);
-* **C10 and the queue** (:func:`c10_queue`, over the selected CU-rounds): the mean of Gamma_n (eq. 28) against
-  Gamma^max, the share of CU-rounds planned with Y_n > 0 (eq. 29: C10 behind), and how often S = 1 was planned
-  with Y_n > 0 and with Y_n = 0. DSSRA minimises V tau + sum_n Y_n (S + p_n) (eq. 32), so a positive queue
-  pushes it to few segments; the other methods fix S (w/o SS and PipeLine: every device; TITANIC and VanillaFL:
-  S = 1) or draw it (random), so the queue does not move their S and their Gamma_n may exceed Gamma^max.
+* **C10 and the queue** (``reportlib/c10_queue.py``): per job, the plans' Gamma_n and Y_n against C10.
 
 Jobs kept apart in ``records/other_host/`` (run on a host of another speed by a clock that kept the server's and
 the CUs' own work at the host's seconds: ``reportlib/host_speed.py``) are not in the comparison; the table lists
@@ -35,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import virtual_paper  # noqa: E402
-from reportlib import host_speed  # noqa: E402
+from reportlib import c10_queue, host_speed  # noqa: E402
 from reportlib import markdown as md  # noqa: E402
 from reportlib.records import modelled, read_json, read_jsonl_gz  # noqa: E402
 
@@ -117,48 +113,9 @@ def selection(records: list[dict]) -> dict[str, float | int]:
     }
 
 
-def c10_queue(records: list[dict]) -> dict[str, float | int | str]:
-    """C10 (eq. 27: the mean of Gamma over the rounds <= Gamma^max) and the queue Y_n (eq. 29) the plans were made
-    with, over the selected CU-rounds of the trained rounds: ``gamma_max``, ``gamma_mean`` (the mean of Gamma_n,
-    eq. 28), ``cu_rounds``, ``y_positive_share`` (planned with Y_n > 0), ``s1_share_y_positive`` and
-    ``s1_share_y_zero`` (S = 1 among those planned with Y_n > 0, with Y_n = 0; "" where there are none) and
-    ``mean_m``."""
-    gammas: list[float] = []
-    ones = {True: 0, False: 0}
-    counts = {True: 0, False: 0}
-    ms: list[int] = []
-    gamma_max = float("nan")
-    for record in records:
-        plan, model = record.get("plan") or {}, modelled(record)
-        if record.get("round", 0) < 1 or model is None:
-            continue
-        gamma_max = model.gamma_max
-        for cluster, figures in zip(plan.get("clusters", []), model.clusters):
-            if not cluster.get("selected"):
-                continue
-            behind = figures.Y > 0
-            counts[behind] += 1
-            ones[behind] += int(cluster["S"]) == 1
-            gammas.append(figures.gamma)
-            ms.append(int(cluster["m"]))
-    total = counts[True] + counts[False]
-
-    def share(k: int, n: int) -> float | str:
-        return round(k / n, 3) if n else ""
-
-    return {
-        "gamma_max": gamma_max,
-        "gamma_mean": round(statistics.mean(gammas), 3) if gammas else "",
-        "cu_rounds": total,
-        "y_positive_share": share(counts[True], total),
-        "s1_share_y_positive": share(ones[True], counts[True]),
-        "s1_share_y_zero": share(ones[False], counts[False]),
-        "mean_m": round(statistics.mean(ms), 2) if ms else "",
-    }
-
-
 def job_rows(records_dir: Path = RECORDS) -> list[dict]:
     rows = []
+    rules: dict[tuple[str, str], float] = {}  # Gamma^max by the docs' rule per part and setting (composed once)
     for path in sorted(records_dir.glob("*/*/*/*.rounds.jsonl.gz")):
         if "superseded" in path.parts or "other_host" in path.parts:
             continue
@@ -171,6 +128,8 @@ def job_rows(records_dir: Path = RECORDS) -> list[dict]:
         cost_file = path.with_name(f"{run}.cost.json")
         cost = read_json(cost_file) if cost_file.is_file() else {}
         overrides = read_json(path.with_name(f"{run}.status.json"))["overrides"]
+        if (part, setting) not in rules:
+            rules[(part, setting)] = c10_queue.rule_gamma_max(overrides)
         rows.append(
             {
                 "part": part,
@@ -186,7 +145,8 @@ def job_rows(records_dir: Path = RECORDS) -> list[dict]:
                 "peak_pss_mb": cost.get("peak_pss_mb", ""),
                 "lost_devices": lost_devices(records),
                 **selection(records),
-                **c10_queue(records),
+                **c10_queue.c10_queue(records),
+                "rule_gamma_max": rules[(part, setting)],
                 **{k: round(v, 3) for k, v in round_parts(records).items()},
             }
         )
@@ -232,11 +192,14 @@ def other_host_rows(records_dir: Path = OTHER_HOST) -> list[dict]:
     """Per job kept apart for its host: the host speed read back from its devices, its time to target and median
     decoder term as recorded and read at the configured speeds (``host_speed.records_at_reference``)."""
     rows = []
+    rules: dict[tuple[str, str], float] = {}  # Gamma^max by the docs' rule per part and setting (composed once)
     for path in sorted(records_dir.glob("*/*/*/*.rounds.jsonl.gz")):
         part, setting, seed = path.parts[-4], path.parts[-3], path.parts[-2]
         run = path.name.split(".")[0]
         records = read_jsonl_gz(path)
         overrides = read_json(path.with_name(f"{run}.status.json"))["overrides"]
+        if (part, setting) not in rules:
+            rules[(part, setting)] = c10_queue.rule_gamma_max(overrides)
         metric, target = quality_target(part)
         read, host = host_speed.records_at_reference(records, overrides, str(path.relative_to(RESULTS)))
         recorded, reached, _ = time_to_target(records, target, metric)
@@ -335,27 +298,6 @@ def _selection_lines(rows: list[dict]) -> list[str]:
     return chosen
 
 
-def _c10_lines(rows: list[dict]) -> list[str]:
-    """The C10 section: per job, mean Gamma_n against Gamma^max and the plans' S = 1 share by the queue's state."""
-    lines = [
-        "",
-        "C10 and the queue (the selected CU-rounds: mean Gamma_n, eq. 28, against Gamma^max; the share planned with "
-        "Y_n > 0, eq. 29; S = 1 among those planned with Y_n > 0 and with Y_n = 0; DSSRA minimises "
-        "V tau + sum_n Y_n (S + p_n), eq. 32; the other methods fix S or draw it, so the queue does not move their S):",
-        "",
-        *md.head(
-            "| part | setting | seed | run | CU-rounds | mean Gamma_n | Gamma^max | Y_n > 0 | S = 1 when Y_n > 0 "
-            "| S = 1 when Y_n = 0 | mean m |"
-        ),
-    ]
-    for r in rows:
-        cells = (r["cu_rounds"], r["gamma_mean"], r["gamma_max"], r["y_positive_share"])
-        cells += (r["s1_share_y_positive"] if r["s1_share_y_positive"] != "" else "-",)
-        cells += (r["s1_share_y_zero"] if r["s1_share_y_zero"] != "" else "-", r["mean_m"])
-        lines.append(md.row((r["part"], r["setting"], r["seed"], r["run"], *cells)))
-    return lines
-
-
 def table(rows: list[dict], apart: list[dict] | None = None) -> str:
     head = [
         "# The paper's comparison on the virtual clock (generated by results/virtual_paper_tables.py)",
@@ -396,7 +338,7 @@ def table(rows: list[dict], apart: list[dict] | None = None) -> str:
     chosen = _selection_lines(rows)
     if not rows:
         body = ["| (no records yet) | | | | | | | | | | |"]
-    c10 = _c10_lines(rows)
+    c10 = c10_queue.table_lines(rows)
     return "\n".join([*head, *body, *split, *chosen, *c10, *_other_host_lines(apart or [])]) + "\n"
 
 

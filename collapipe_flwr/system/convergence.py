@@ -68,3 +68,17 @@ def fair_share_gamma(params: ConvergenceParams, S: int, power_w: float, gain: fl
     sent = params.gamma(S, power_w, gain, interference_w)
     idle = params.gamma(S, 0.0, gain, interference_w)
     return float(share * sent + (1 - share) * idle)
+
+
+GAMMA_MAX_MARGIN = 1.07  # the calibrated reading's slack over the fair-share Gamma (docs/system_model.md)
+
+
+def calibrated_gamma_max(
+    params: ConvergenceParams, power_max_w: float, gain: float, interference_w: float, J: int
+) -> float:
+    """Gamma^max by the reading conf/scheduler/*.yaml was calibrated with (docs/system_model.md "Calibrated
+    Gamma^max"): 1.07 x :func:`fair_share_gamma` at S = 1, p = P_n^max, the mean channel gain h_n and the mean
+    interference I_i, for ``params``' N and L and J channels. It depends on N (eq. 28's 1/(2N)), L (S^2/L) and J,
+    so one value does not fit every setting: 3.5 at the default (N = 2, L = 3, J = 2), about 2.07 at the paper's
+    N = 3, L = 6, J = 4."""
+    return GAMMA_MAX_MARGIN * fair_share_gamma(params, 1, power_max_w, gain, interference_w, J)

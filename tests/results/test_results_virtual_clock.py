@@ -58,7 +58,7 @@ def test_c10_reads_the_queue_each_selected_plan_was_made_with_by_hand():
     """Two trained rounds of N = 2 (round 0 and an unselected CU left out): CU-rounds (S, m, Gamma_n, Y_n) = (1, 1,
     2.0, 0.5), (4, 8, 6.0, 0.0), (1, 2, 2.0, 1.5); mean Gamma 10/3, Y_n > 0 in 2 of 3, S = 1 in both of those and in
     none of the one with Y_n = 0, mean m 11/3."""
-    tables = load("virtual_paper_tables")
+    c10 = load("virtual_paper_tables").c10_queue  # results/reportlib/c10_queue.py
 
     def trained(t, plans, figures):
         section = modelled_section(0.0, [{} for _ in plans])
@@ -73,7 +73,7 @@ def test_c10_reads_the_queue_each_selected_plan_was_made_with_by_hand():
         trained(1, [(1, 1), (4, 8)], [(2.0, 0.5), (6.0, 0.0)]),
         trained(2, [(1, 2), (0, 0)], [(2.0, 1.5), (9.0, 9.0)]),  # CU 1 sits round 2 out
     ]
-    got = tables.c10_queue(records)
+    got = c10.c10_queue(records)
     assert got == {
         "gamma_max": 3.5,
         "gamma_mean": 3.333,
@@ -83,8 +83,8 @@ def test_c10_reads_the_queue_each_selected_plan_was_made_with_by_hand():
         "s1_share_y_zero": 0.0,
         "mean_m": 3.67,
     }
-    assert tables.c10_queue([records[0]])["cu_rounds"] == 0  # no trained round: shares left blank
-    assert tables.c10_queue([records[0]])["s1_share_y_positive"] == ""
+    assert c10.c10_queue([records[0]])["cu_rounds"] == 0  # no trained round: shares left blank
+    assert c10.c10_queue([records[0]])["s1_share_y_positive"] == ""
 
 
 def test_the_clocks_error_is_read_per_cu_round_against_the_measured_steps(tmp_path):

@@ -12,7 +12,12 @@ import pytest
 from collapipe_flwr.apps.simulate import generic_workload
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.policies import make_policy
-from collapipe_flwr.system.convergence import ConvergenceParams, fair_share_gamma, queue_update
+from collapipe_flwr.system.convergence import (
+    ConvergenceParams,
+    calibrated_gamma_max,
+    fair_share_gamma,
+    queue_update,
+)
 from collapipe_flwr.system.state import StateSampler
 from tests.conf_files import conf_group
 
@@ -37,6 +42,19 @@ def test_gamma_max_is_the_documented_reading():
     share = ConvergenceParams(**{k: CONV[k] for k in CONV}, num_clusters=10, num_blocks=L)
     by_hand = 0.4 * gamma_by_hand(1, 0.5, h, 0.07) * N / 10 + 0.6 * gamma_by_hand(1, 0.0, h, 0.07) * N / 10
     assert fair_share_gamma(share, 1, 0.5, h, 0.07, J=4) == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_the_calibrated_gamma_max_is_the_documented_reading_in_any_setting():
+    """The conf's 3.5 back at the default setting, and the paper's N = 3, L = 6, J = 4 by hand: all three CUs send,
+    so 1.07 x eq. (28) at S = 1, P^max = 0.5 W, h = -0.1 dB, I = 0.07 W with 1/(2N) = 1/6 and S^2/L = 1/6."""
+    h = 10 ** (-0.1 / 10)
+    default = ConvergenceParams(**{k: CONV[k] for k in CONV}, num_clusters=N, num_blocks=L)
+    assert calibrated_gamma_max(default, 0.5, h, 0.07, J=2) == pytest.approx(CONV["gamma_max"], rel=0.01)
+    beta, eta, phi, C = CONV["beta"], CONV["eta"], CONV["grad_bound"], CONV["interference_c"]
+    by_hand = 1.07 * beta * eta**2 / 6 * (phi**2 / 6 + C / (0.5 * h + 0.07) + phi**2)
+    paper = ConvergenceParams(**{k: CONV[k] for k in CONV}, num_clusters=3, num_blocks=6)
+    assert calibrated_gamma_max(paper, 0.5, h, 0.07, J=4) == pytest.approx(by_hand, rel=1e-12)
+    assert by_hand == pytest.approx(2.074, abs=1e-3)  # well under the conf's 3.5, which the default setting fits
 
 
 def test_hand_made_rounds_make_the_queue_grow_and_c10_bind():
