@@ -2,7 +2,8 @@
 (``results/virtual_paper_tables.py``'s "C10 and the queue" section).
 
 Per job, over its selected CU-rounds: the mean of Gamma_n (eq. 28) against the Gamma^max it ran at, the share of
-CU-rounds planned with Y_n > 0 (C10 behind), and how often S = 1 was planned with Y_n > 0 and with Y_n = 0. DSSRA
+CU-rounds planned with Y_n > 0 (C10 behind), how often S = 1 was planned with Y_n > 0 and with Y_n = 0, and the
+median virtual CU-round of each (what the queue's state cost in time). DSSRA
 minimises V tau + sum_n Y_n (S + p_n) (eq. 32), so a positive queue pushes it to few segments; the other methods
 fix S (w/o SS and PipeLine: every device; TITANIC and VanillaFL: S = 1) or draw it (random), so the queue does not
 move their S and their Gamma_n may exceed Gamma^max. Beside the Gamma^max each job ran at, the one
@@ -23,8 +24,11 @@ def c10_queue(records: list[dict]) -> dict[str, float | int | str]:
     with, over the selected CU-rounds of the trained rounds: ``gamma_max``, ``gamma_mean`` (the mean of Gamma_n,
     eq. 28), ``cu_rounds``, ``y_positive_share`` (planned with Y_n > 0), ``s1_share_y_positive`` and
     ``s1_share_y_zero`` (S = 1 among those planned with Y_n > 0, with Y_n = 0; "" where there are none) and
-    ``mean_m``."""
+    ``mean_m``; and ``cu_round_y_positive_s`` and ``cu_round_y_zero_s``, the median virtual CU-round (the
+    cluster's ``virtual.clusters[n].total_s``: its devices, links, CU, uplink, decoder share and set-up) of those
+    planned with Y_n > 0 and with Y_n = 0 ("" where none or without a virtual clock)."""
     gammas: list[float] = []
+    seconds: dict[bool, list[float]] = {True: [], False: []}
     ones = {True: 0, False: 0}
     counts = {True: 0, False: 0}
     ms: list[int] = []
@@ -42,6 +46,9 @@ def c10_queue(records: list[dict]) -> dict[str, float | int | str]:
             ones[behind] += int(cluster["S"]) == 1
             gammas.append(figures.gamma)
             ms.append(int(cluster["m"]))
+            clock = ((record.get("virtual") or {}).get("clusters") or {}).get(str(cluster["cluster"]))
+            if clock is not None:
+                seconds[behind].append(float(clock["total_s"]))
     total = counts[True] + counts[False]
 
     def share(k: int, n: int) -> float | str:
@@ -55,6 +62,8 @@ def c10_queue(records: list[dict]) -> dict[str, float | int | str]:
         "s1_share_y_positive": share(ones[True], counts[True]),
         "s1_share_y_zero": share(ones[False], counts[False]),
         "mean_m": round(statistics.mean(ms), 2) if ms else "",
+        "cu_round_y_positive_s": round(statistics.median(seconds[True]), 2) if seconds[True] else "",
+        "cu_round_y_zero_s": round(statistics.median(seconds[False]), 2) if seconds[False] else "",
     }
 
 
@@ -84,16 +93,19 @@ def table_lines(rows: list[dict]) -> list[str]:
         "Y_n > 0, eq. 29; S = 1 among those planned with Y_n > 0 and with Y_n = 0; DSSRA minimises "
         "V tau + sum_n Y_n (S + p_n), eq. 32; the other methods fix S or draw it, so the queue does not move their S). "
         "Every job ran at the conf's Gamma^max; \"by the docs' rule\" is what docs/system_model.md's calibration "
-        "(1.07 x the fair-share Gamma at S = 1, P^max and the mean channel) gives for the job's own N, L and J:",
+        "(1.07 x the fair-share Gamma at S = 1, P^max and the mean channel) gives for the job's own N, L and J. "
+        "CU-round s: the median virtual CU-round (the cluster's whole part of its round) of those planned with "
+        "Y_n > 0 and with Y_n = 0:",
         "",
         *md.head(
             "| part | setting | seed | run | CU-rounds | mean Gamma_n | Gamma^max | by the docs' rule | Y_n > 0 "
-            "| S = 1 when Y_n > 0 | S = 1 when Y_n = 0 | mean m |"
+            "| S = 1 when Y_n > 0 | S = 1 when Y_n = 0 | mean m | CU-round s, Y_n > 0 | CU-round s, Y_n = 0 |"
         ),
     ]
     for r in rows:
         cells = (r["cu_rounds"], r["gamma_mean"], r["gamma_max"], r["rule_gamma_max"], r["y_positive_share"])
         cells += (r["s1_share_y_positive"] if r["s1_share_y_positive"] != "" else "-",)
         cells += (r["s1_share_y_zero"] if r["s1_share_y_zero"] != "" else "-", r["mean_m"])
+        cells += tuple(r[k] if r[k] != "" else "-" for k in ("cu_round_y_positive_s", "cu_round_y_zero_s"))
         lines.append(md.row((r["part"], r["setting"], r["seed"], r["run"], *cells)))
     return lines

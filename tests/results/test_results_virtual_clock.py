@@ -56,8 +56,8 @@ def test_selection_counts_the_plans_selected_cus_by_hand():
 
 def test_c10_reads_the_queue_each_selected_plan_was_made_with_by_hand():
     """Two trained rounds of N = 2 (round 0 and an unselected CU left out): CU-rounds (S, m, Gamma_n, Y_n) = (1, 1,
-    2.0, 0.5), (4, 8, 6.0, 0.0), (1, 2, 2.0, 1.5); mean Gamma 10/3, Y_n > 0 in 2 of 3, S = 1 in both of those and in
-    none of the one with Y_n = 0, mean m 11/3."""
+    2.0, 0.5), (4, 8, 6.0, 0.0), (1, 2, 2.0, 1.5) taking 20, 30 and 30 virtual s; mean Gamma 10/3, Y_n > 0 in 2 of 3,
+    S = 1 in both of those and in none of the one with Y_n = 0, mean m 11/3, median CU-round 25 and 30 s."""
     c10 = load("virtual_paper_tables").c10_queue  # results/reportlib/c10_queue.py
 
     def trained(t, plans, figures):
@@ -66,7 +66,8 @@ def test_c10_reads_the_queue_each_selected_plan_was_made_with_by_hand():
         for cluster, (gamma, queue) in zip(section["clusters"], figures):
             cluster.update(gamma=gamma, Y=queue)
         clusters = [{"cluster": n, "selected": S > 0, "S": S, "m": m} for n, (S, m) in enumerate(plans)]
-        return {"round": t, "plan": {"clusters": clusters}, "modelled": section}
+        virtual = {"clusters": {str(n): {"total_s": 10.0 * (t + n + 1)} for n, (S, _) in enumerate(plans) if S}}
+        return {"round": t, "plan": {"clusters": clusters}, "modelled": section, "virtual": virtual}
 
     records = [
         trained(0, [(6, 16), (6, 16)], [(9.0, 9.0), (9.0, 9.0)]),  # set-up round: not a trained round
@@ -82,6 +83,8 @@ def test_c10_reads_the_queue_each_selected_plan_was_made_with_by_hand():
         "s1_share_y_positive": 1.0,
         "s1_share_y_zero": 0.0,
         "mean_m": 3.67,
+        "cu_round_y_positive_s": 25.0,  # CU 0's rounds 1 and 2: 20 and 30 s
+        "cu_round_y_zero_s": 30.0,  # CU 1's round 1
     }
     assert c10.c10_queue([records[0]])["cu_rounds"] == 0  # no trained round: shares left blank
     assert c10.c10_queue([records[0]])["s1_share_y_positive"] == ""
