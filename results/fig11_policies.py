@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| {p} | {mean:.2f}% +- {sd:.2f} | {paper}% | {g_ours:.3f} / {g_theirs:.3f} |")
         print(f"reduction_pct_vs_{p}: {mean:.4g}")
     lines.append(
-        f"\nGamma^max = {cfg.scheduler.gamma_max} (C10: a cluster's long-run mean Gamma_n must stay below it)."
+        f"\nGamma^max = {'auto' if cfg.scheduler.gamma_max_auto else cfg.scheduler.gamma_max} (C10: a cluster's "
+        "long-run mean Gamma_n must stay below it)."
     )
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     curves = {p: [results[(p, s)]["cumulative_s"] for s in args.seeds] for p in policies}

@@ -31,7 +31,7 @@ from reportlib import plots  # noqa: E402  (results/, first on sys.path when run
 
 from collapipe_flwr.apps.simulate import generic_workload  # noqa: E402
 from collapipe_flwr.config import load_run_config  # noqa: E402
-from collapipe_flwr.dssra.policies import make_policy  # noqa: E402
+from collapipe_flwr.dssra.policies import convergence_params, make_policy  # noqa: E402
 from collapipe_flwr.system.state import StateSampler  # noqa: E402
 
 V_VALUES = (0.01, 1.0, 10.0, 100.0)
@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"{r['round']},{r['V']:g},{r['n']},{r['S']},{r['m']},{r['gamma']:.6g},{r['Y']:.6g},"
                     f"{r['delay']:.6g}\n"
                 )
-    gamma_max = cfg.scheduler.gamma_max
+    network = cfg.network.sized_to(workload.encoder_memory_bytes)
+    gamma_max = convergence_params(cfg.scheduler, network, workload.num_blocks).gamma_max  # a number, or auto's
     print(f"gamma_max: {gamma_max:g}")
     print(f"rounds: {args.rounds}")
     summary = {V: _summarise(V, rows) for V, rows in runs.items()}

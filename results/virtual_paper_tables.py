@@ -192,14 +192,11 @@ def other_host_rows(records_dir: Path = OTHER_HOST) -> list[dict]:
     """Per job kept apart for its host: the host speed read back from its devices, its time to target and median
     decoder term as recorded and read at the configured speeds (``host_speed.records_at_reference``)."""
     rows = []
-    rules: dict[tuple[str, str], float] = {}  # Gamma^max by the docs' rule per part and setting (composed once)
     for path in sorted(records_dir.glob("*/*/*/*.rounds.jsonl.gz")):
         part, setting, seed = path.parts[-4], path.parts[-3], path.parts[-2]
         run = path.name.split(".")[0]
         records = read_jsonl_gz(path)
         overrides = read_json(path.with_name(f"{run}.status.json"))["overrides"]
-        if (part, setting) not in rules:
-            rules[(part, setting)] = c10_queue.rule_gamma_max(overrides)
         metric, target = quality_target(part)
         read, host = host_speed.records_at_reference(records, overrides, str(path.relative_to(RESULTS)))
         recorded, reached, _ = time_to_target(records, target, metric)

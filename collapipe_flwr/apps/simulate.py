@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from collapipe_flwr.config import load_run_config
-from collapipe_flwr.dssra.policies import make_policy
+from collapipe_flwr.dssra.policies import convergence_params, make_policy
 from collapipe_flwr.dssra.specs import SchedulerSpec
 from collapipe_flwr.errors import ConfigError, exit_on_user_error
 from collapipe_flwr.system.network import NetworkSpec
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     spec = spec.sized_to(workload.encoder_memory_bytes)  # device.memory_share: gamma_k^max of this workload
     results = {p: run(p, args.rounds, spec, workload, scheduler, cfg.seed) for p in policies}
     _write_records(args, policies, results, scheduler.V, workload)
-    _plot(args, policies, results, scheduler.V, scheduler.gamma_max)
+    _plot(args, policies, results, scheduler.V, convergence_params(scheduler, spec, workload.num_blocks).gamma_max)
     for p in policies:
         print(f"cumulative_delay_s_{p}: {results[p]['cumulative_s'][-1]:.3f}")
         print(f"mean_gamma_{p}: {results[p]['gamma_mean']:.5g}")

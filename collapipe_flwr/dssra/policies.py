@@ -37,7 +37,7 @@ from collapipe_flwr.dssra.sub1_round import RoundSub1
 from collapipe_flwr.dssra.sub2_data import RadioState, Sub2Result
 from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.system import pipeline_model
-from collapipe_flwr.system.convergence import ConvergenceParams, queue_update
+from collapipe_flwr.system.convergence import ConvergenceParams, calibrated_gamma_max_for, queue_update
 from collapipe_flwr.system.network import NetworkSpec
 from collapipe_flwr.system.profile import ClusterProfile
 from collapipe_flwr.system.state import RoundState
@@ -77,6 +77,22 @@ class PlanShape:
     evaluate: Callable[[ClusterModel, SegmentPlan], dict] | None = None
 
 
+def convergence_params(sched: SchedulerSpec, spec: NetworkSpec, num_blocks: int) -> ConvergenceParams:
+    """Eq. (28)'s constants for a run of N = ``spec.num_clusters`` clusters and L = ``num_blocks`` TEBs, with
+    Gamma^max calibrated for that N, L and the network's J when ``scheduler.convergence.gamma_max: auto``
+    (system/convergence.calibrated_gamma_max_for, docs/system_model.md)."""
+    conv = ConvergenceParams(
+        sched.beta,
+        sched.eta,
+        sched.grad_bound,
+        sched.interference_c,
+        1.0 if sched.gamma_max_auto else sched.gamma_max,  # replaced below when auto
+        spec.num_clusters,
+        num_blocks,
+    )
+    return replace(conv, gamma_max=calibrated_gamma_max_for(conv, spec)) if sched.gamma_max_auto else conv
+
+
 class Policy:
     """One scheduling policy with its Lyapunov queues Y_n and loss history."""
 
@@ -86,15 +102,7 @@ class Policy:
         self.sched, self.spec, self.workload = sched, spec, workload
         self.shape = shape or PlanShape()
         self.name = sched.name
-        self.conv = ConvergenceParams(
-            sched.beta,
-            sched.eta,
-            sched.grad_bound,
-            sched.interference_c,
-            sched.gamma_max,
-            spec.num_clusters,
-            workload.num_blocks,
-        )
+        self.conv = convergence_params(sched, spec, workload.num_blocks)
         self.Y = np.zeros(spec.num_clusters)
         self.last_loss: dict[int, float] = {}
         self.rng = np.random.default_rng([int(seed), 0xD55])

@@ -37,6 +37,7 @@ class Drift(StrEnum):
 DRIFTS = tuple(Drift)
 _KEYS = ("name", "V", "segment_scheduling", "fixed_m", "max_m", "drift", "bcd_max_iters", "convergence")
 _CONV_KEYS = ("beta", "eta", "grad_bound", "interference_c", "gamma_max")
+GAMMA_MAX_AUTO = 0.0  # scheduler.convergence.gamma_max: auto
 
 
 # ----------------------------------------------------------------------------- method
@@ -77,7 +78,8 @@ class SchedulerSpec:
     """name: policy; V: Lyapunov control factor; segment_scheduling: Sub-1 on (else equal blocks over all K
     with m = fixed_m); max_m: largest m tried (0 = b); drift: 'gamma' (Y_n Gamma_n, default) or 'paper'
     (Y_n (S + p_n), eq. 32 as printed); convergence: beta, eta, grad_bound (phi), interference_c (C),
-    gamma_max (Gamma^max) of eqs. (28)-(29)."""
+    gamma_max (Gamma^max) of eqs. (28)-(29); ``GAMMA_MAX_AUTO`` (0.0, ``auto`` in YAML) = calibrated for the run's
+    own N, L, J and network when its policy is built (system/convergence.calibrated_gamma_max_for)."""
 
     name: str
     V: float
@@ -95,10 +97,17 @@ class SchedulerSpec:
     def __post_init__(self) -> None:
         choices(self, "scheduler", drift=Drift)
 
+    @property
+    def gamma_max_auto(self) -> bool:
+        """Whether Gamma^max is calibrated for the run's setting (``gamma_max: auto``)."""
+        return self.gamma_max == GAMMA_MAX_AUTO
+
     def to_raw(self) -> dict[str, Any]:
         """The YAML shape: the convergence constants nested under ``convergence``."""
         flat = asdict(self)
         conv = {key: flat.pop(key) for key in _CONV_KEYS}
+        if self.gamma_max_auto:
+            conv["gamma_max"] = "auto"
         return {**flat, "convergence": conv}
 
 
@@ -117,6 +126,16 @@ def _num(
     if (positive and not x > 0) or (nonneg and not x >= 0):
         raise ConfigError(f"{where}.{key}={value!r} must be {'> 0' if positive else '>= 0'}")
     return x
+
+
+def _gamma_max(conv: Mapping, where: str) -> float:
+    """``gamma_max``: a number > 0, or ``auto`` (GAMMA_MAX_AUTO: calibrated for the run's setting)."""
+    if conv.get("gamma_max") == "auto":
+        return GAMMA_MAX_AUTO
+    try:
+        return _num(conv, "gamma_max", where, positive=True)
+    except ConfigError as err:
+        raise ConfigError(f"{err} or auto (calibrated for the run's N, L and J, docs/system_model.md)") from None
 
 
 def _int(raw: Mapping, key: str, default: int, minimum: int) -> int:
@@ -163,5 +182,5 @@ def parse_scheduler(raw: Any) -> SchedulerSpec:
         eta=_num(conv, "eta", where, 0.1, positive=True),
         grad_bound=_num(conv, "grad_bound", where, 1.0, positive=True),
         interference_c=_num(conv, "interference_c", where, 0.01, nonneg=True),
-        gamma_max=_num(conv, "gamma_max", where, positive=True),
+        gamma_max=_gamma_max(conv, where),
     )

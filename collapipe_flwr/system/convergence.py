@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from collapipe_flwr.errors import ConfigError
+from collapipe_flwr.system.network import NetworkSpec
 
 
 @dataclass(frozen=True)
@@ -82,3 +83,12 @@ def calibrated_gamma_max(
     so one value does not fit every setting: 3.5 at the default (N = 2, L = 3, J = 2), about 2.07 at the paper's
     N = 3, L = 6, J = 4."""
     return GAMMA_MAX_MARGIN * fair_share_gamma(params, 1, power_max_w, gain, interference_w, J)
+
+
+def calibrated_gamma_max_for(params: ConvergenceParams, spec: NetworkSpec) -> float:
+    """:func:`calibrated_gamma_max` in the network ``spec``'s setting (``scheduler.convergence.gamma_max: auto``):
+    P_n^max, the mean over the CUs of their mean uplink gains (dB, as conf/network gives them), the middle of the
+    interference range I_i and its J channels, with ``params``' N, L (their ``gamma_max`` is not read)."""
+    gain = 10.0 ** (float(np.mean(spec.uplink_mean_gain_db)) / 10.0)
+    interference = float(np.mean(spec.uplink_interference_w))
+    return calibrated_gamma_max(params, spec.cu_power_max_w, gain, interference, spec.num_channels)

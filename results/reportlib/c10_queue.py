@@ -68,21 +68,17 @@ def c10_queue(records: list[dict]) -> dict[str, float | int | str]:
 
 
 def rule_gamma_max(overrides: list[str]) -> float:
-    """Gamma^max by the reading the conf's 3.5 was calibrated with (``system/convergence.py:
-    calibrated_gamma_max``, docs/system_model.md), for the job's own N, L and J, at P_n^max and the mean of the
-    network's uplink gains (dB) and interference range: what C10 would have been had the campaign recomputed it per
-    setting, as the docs ask. The campaign kept the conf's 3.5 everywhere."""
+    """Gamma^max by the reading the conf's 3.5 was calibrated with (``scheduler.convergence.gamma_max=auto``:
+    ``dssra.policies.convergence_params``, docs/system_model.md) for the job's own N, L, J and network: what C10
+    would have been had the campaign recomputed it per setting, as the docs ask. The campaign kept the conf's 3.5
+    everywhere."""
     from collapipe_flwr.config.load import load_run_config
-    from collapipe_flwr.system.convergence import ConvergenceParams, calibrated_gamma_max
+    from collapipe_flwr.dssra.policies import convergence_params
 
-    cfg = load_run_config(overrides)
-    sched, net, sizes = cfg.scheduler, cfg.network, cfg.model.sizes
+    cfg = load_run_config([*overrides, "scheduler.convergence.gamma_max=auto"])
+    sizes = cfg.model.sizes
     blocks = int(sizes.get("enc_layers", sizes.get("layers", 0)))
-    conv = (sched.beta, sched.eta, sched.grad_bound, sched.interference_c, sched.gamma_max)
-    params = ConvergenceParams(*conv, net.num_clusters, blocks)
-    gain = 10 ** (statistics.mean(net.uplink_mean_gain_db) / 10)
-    interference = statistics.mean(net.uplink_interference_w)
-    return round(calibrated_gamma_max(params, net.cu_power_max_w, gain, interference, net.num_channels), 3)
+    return round(convergence_params(cfg.scheduler, cfg.network, blocks).gamma_max, 3)
 
 
 def table_lines(rows: list[dict]) -> list[str]:

@@ -12,6 +12,7 @@ import pytest
 from collapipe_flwr.apps.simulate import generic_workload
 from collapipe_flwr.config import load_run_config
 from collapipe_flwr.dssra.policies import make_policy
+from collapipe_flwr.errors import ConfigError
 from collapipe_flwr.system.convergence import (
     ConvergenceParams,
     calibrated_gamma_max,
@@ -113,3 +114,29 @@ def test_simulate_run_splits_each_round_delay_into_the_bottleneck_parts():
         parts = np.add(out["bottleneck_pipeline_s"], out["bottleneck_uplink_s"])
         assert parts == pytest.approx(per_round, rel=1e-9)
         assert all(1 <= k <= 4 for k in out["selected"])
+
+
+def test_gamma_max_auto_is_calibrated_for_the_runs_own_setting_and_recorded_in_its_plans():
+    """``scheduler.convergence.gamma_max=auto`` at the paper's N = 3 (J = 4: every CU sends) with L = 6 blocks: the
+    policy's Gamma^max is 1.07 x eq. (28) by hand at S = 1, P^max and the network's mean gain and interference."""
+    cfg = load_run_config(
+        ["network=testbed_paper", "federation.num_clusters=3", "scheduler.convergence.gamma_max=auto"]
+    )
+    assert cfg.scheduler.gamma_max_auto
+    assert cfg.scheduler.to_raw()["convergence"]["gamma_max"] == "auto"  # written back as the user gave it
+    workload = generic_workload(64, 4, 128, 6, 16, 8, 1)
+    network = cfg.network.sized_to(workload.encoder_memory_bytes)
+    h = 10 ** (float(np.mean(network.uplink_mean_gain_db)) / 10)
+    interference = float(np.mean(network.uplink_interference_w))
+    beta, eta, phi, C = CONV["beta"], CONV["eta"], CONV["grad_bound"], CONV["interference_c"]
+    by_hand = 1.07 * beta * eta**2 / 6 * (phi**2 / 6 + C / (0.5 * h + interference) + phi**2)
+    policy = make_policy(cfg.scheduler, network, workload, cfg.seed)
+    assert policy.conv.gamma_max == pytest.approx(by_hand, rel=1e-12)
+    plan = policy.plan(0, StateSampler(network, cfg.seed).sample(0))
+    assert plan.modelled is not None and plan.modelled.gamma_max == pytest.approx(by_hand, rel=1e-12)
+
+
+@pytest.mark.parametrize("value", ["fast", 0, -1.0])
+def test_a_gamma_max_that_is_neither_positive_nor_auto_is_one_config_error(value):
+    with pytest.raises(ConfigError, match=r"scheduler\.convergence\.gamma_max=.* or auto"):
+        load_run_config([f"scheduler.convergence.gamma_max={value}"])
