@@ -15,7 +15,9 @@ split), and a job's time to target is the virtual clock's sum over the rounds up
 its time a lower bound.
 
 Runs per seed and J: ``dssra`` (CollaPipe), ``random`` (the paper's random scheduling), and the method baselines
-``collapipe_no_ss``, ``pipeline``, ``vanilla_fl``, ``titanic`` (docs/baselines.md), each under DSSRA's scheduling.
+``collapipe_no_ss``, ``pipeline``, ``vanilla_fl``, ``titanic`` (docs/baselines.md), each under DSSRA's scheduling;
+and, only when named in ``--runs``, C10's sensitivity (``C10_RUNS``: CollaPipe at the Gamma^max calibrated for the
+setting, and with C10 off).
 
 Usage: ``python results/virtual_paper.py ROOT [--part paper|scale|classification] [--channels 4 2] [--seeds 0 1 2]
 [--runs ...]``; ``--part classification --pilot`` runs the pilot that fixes that part's target (``TASK_PARTS``).
@@ -58,6 +60,15 @@ COMMON = (
 )
 RUNS = testbed_paper.RUNS  # the same six runs as the testbed campaign: CollaPipe, random and the four baselines
 SCALE_RUNS = ("dssra", "titanic", "random")
+# C10's sensitivity, beside a seed's six runs and only when asked for (``--runs``): CollaPipe with Gamma^max
+# calibrated for the job's own N, L and J (``auto``: 2.07 at N = 3, L = 6, J = 4, where the six runs keep the conf's
+# 3.5) and with C10 never binding (a Gamma^max no Gamma_n reaches: DSSRA plans for delay alone). They read what C10
+# costs in time and gains in learning; the claims leave them out (results/virtual_claims.py reads the six runs)
+C10_RUNS = {
+    "dssra_c10_auto": "scheduler=dssra scheduler.convergence.gamma_max=auto",
+    "dssra_c10_off": "scheduler=dssra scheduler.convergence.gamma_max=1e9",
+}
+ALL_RUNS = {**RUNS, **C10_RUNS}
 
 
 @dataclass(frozen=True)
@@ -115,7 +126,8 @@ def paper_jobs(channels: list[int], seeds: list[int], runs: list[str]) -> list[J
         Job(
             "paper",
             f"j{j}/s{seed}/{run}",
-            f"{COMMON} federation.num_clusters=3 network.num_channels={j} seed={seed} network.seed={seed} {RUNS[run]}",
+            f"{COMMON} federation.num_clusters=3 network.num_channels={j} seed={seed} network.seed={seed} "
+            f"{ALL_RUNS[run]}",
         )
         for j in channels
         for seed in seeds
@@ -182,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channels", nargs="+", type=int, default=[4, 2])
     parser.add_argument("--clusters", nargs="+", type=int, default=[10, 30])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(ALL_RUNS))
     args = parser.parse_args(argv)
     root = args.root.resolve()
     if args.pilot:

@@ -4,6 +4,7 @@ campaign's jobs (results/virtual_paper.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 
@@ -131,6 +132,21 @@ def test_the_campaign_has_every_method_per_seed_and_channel_count_on_the_virtual
     assert not campaign.is_kept(job, records=RESULTS / "no such folder")
     scale = campaign.scale_jobs([10, 30], [0])
     assert {j.name for j in scale} == {f"n{n}/s0/{r}" for n in (10, 30) for r in ("dssra", "titanic", "random")}
+
+
+def test_c10s_sensitivity_runs_only_when_asked_and_only_moves_gamma_max():
+    """The two C10 runs are CollaPipe's job with Gamma^max alone changed (auto: 2.07 at N = 3, L = 6, J = 4; off: a
+    bound no Gamma_n reaches), and the default queue (the six runs the claims read) leaves them out."""
+    from collapipe_flwr.config import load_run_config
+
+    campaign = load("virtual_paper")
+    assert not set(campaign.C10_RUNS) & set(campaign.RUNS)
+    jobs = campaign.task_jobs("classification", [4], [0], ["dssra", *campaign.C10_RUNS])
+    base, auto, off = (load_run_config(j.overrides.split()) for j in jobs)
+    assert auto.scheduler.gamma_max_auto and off.scheduler.gamma_max >= 1e6
+    for cfg in (auto, off):  # everything else is CollaPipe's job
+        same = dataclasses.replace(cfg, scheduler=base.scheduler)
+        assert same == base
 
 
 @pytest.mark.parametrize(
