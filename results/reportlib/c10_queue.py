@@ -55,7 +55,7 @@ def c10_queue(records: list[dict]) -> dict[str, float | int | str]:
         return round(k / n, 3) if n else ""
 
     return {
-        "gamma_max": gamma_max,
+        "gamma_max": round(gamma_max, 3),
         "gamma_mean": round(statistics.mean(gammas), 3) if gammas else "",
         "cu_rounds": total,
         "y_positive_share": share(counts[True], total),
