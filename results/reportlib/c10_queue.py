@@ -3,10 +3,10 @@
 
 Per job, over its selected CU-rounds: the mean of Gamma_n (eq. 28) against the Gamma^max it ran at, the share of
 CU-rounds planned with Y_n > 0 (C10 behind), how often S = 1 was planned with Y_n > 0 and with Y_n = 0, and the
-median virtual CU-round of each (what the queue's state cost in time). DSSRA
-minimises V tau + sum_n Y_n (S + p_n) (eq. 32), so a positive queue pushes it to few segments; the other methods
-fix S (w/o SS and PipeLine: every device; TITANIC and VanillaFL: S = 1) or draw it (random), so the queue does not
-move their S and their Gamma_n may exceed Gamma^max. Beside the Gamma^max each job ran at, the one
+median virtual CU-round of each (what the queue's state cost in time). DSSRA minimises V tau + sum_n Y_n (S + p_n)
+(eq. 32), so a positive queue pushes it to few segments; the other methods fix S (w/o SS and PipeLine: every device;
+TITANIC and VanillaFL: S = 1) or plan it for delay alone (random: Sub-1 with V only, its channels drawn), so the
+queue does not move their S and their Gamma_n may exceed Gamma^max. Beside the Gamma^max each job ran at, the one
 docs/system_model.md's calibration gives for its own N, L and J (:func:`rule_gamma_max`): the campaign kept the
 conf's value in every setting.
 """
@@ -87,8 +87,10 @@ def table_lines(rows: list[dict]) -> list[str]:
         "",
         "C10 and the queue (the selected CU-rounds: mean Gamma_n, eq. 28, against Gamma^max; the share planned with "
         "Y_n > 0, eq. 29; S = 1 among those planned with Y_n > 0 and with Y_n = 0; DSSRA minimises "
-        "V tau + sum_n Y_n (S + p_n), eq. 32; the other methods fix S or draw it, so the queue does not move their S). "
-        "Every job ran at the conf's Gamma^max; \"by the docs' rule\" is what docs/system_model.md's calibration "
+        "V tau + sum_n Y_n (S + p_n), eq. 32; the other methods fix S or, as random, plan it for delay alone, so the "
+        "queue does not move their S). "
+        "Gamma^max: what the job ran at (the six methods' jobs: the conf's); \"by the docs' rule\": what "
+        "docs/system_model.md's calibration "
         "(1.07 x the fair-share Gamma at S = 1, P^max and the mean channel) gives for the job's own N, L and J. "
         "CU-round s: the median virtual CU-round (the cluster's whole part of its round) of those planned with "
         "Y_n > 0 and with Y_n = 0:",
