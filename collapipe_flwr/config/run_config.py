@@ -11,6 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from collapipe_flwr.accelerator import Device
 from collapipe_flwr.config.data_dir import resolve_data_dir
 from collapipe_flwr.config.hydra_conf import to_plain
 from collapipe_flwr.config.privacy import PrivacyMode, PrivacySpec
@@ -299,7 +300,9 @@ def _check_testbed(cfg: RunConfig) -> None:
 
 def _check_clock(cfg: RunConfig) -> None:
     """The virtual clock is computed, never waited for: an emulated slowdown or throttle would only slow the run;
-    and it counts the CPU of the thread that runs a call, which misses torch's other threads."""
+    and it counts the CPU of the thread that runs a call, which misses torch's other threads and a GPU's work: on
+    an H200, a bert_small TEB's call read half its wall time in thread CPU seconds, and the same 2.2-2.6 ms for 1 to
+    64 samples where eq. (7)'s FLOPs grow 64x (benchmarks/gpu_machine/thread_time_on_cuda.py, docs/testbed.md)."""
     if not cfg.clock.virtual:
         return
     if cfg.testbed.enabled or cfg.runtime.emulate:
@@ -312,6 +315,12 @@ def _check_clock(cfg: RunConfig) -> None:
             f"clock=virtual counts the CPU seconds of the thread that runs each call, which misses torch's other "
             f"threads; set runtime.torch_threads=1 (got {cfg.runtime.torch_threads})"
         )
+    for key, device in (("runtime.device", cfg.runtime.device), ("runtime.server_device", cfg.runtime.head_device)):
+        if device is not Device.CPU:
+            raise ConfigError(
+                f"clock=virtual scales each call's thread CPU seconds by the host's CPU FLOP rate, which does not "
+                f"measure GPU work; set {key}=cpu (got {device.value}), or use clock=wall to time a GPU run"
+            )
 
 
 def _check_privacy(cfg: RunConfig) -> None:

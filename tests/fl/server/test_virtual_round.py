@@ -219,6 +219,11 @@ def test_the_rates_travel_in_the_train_instructions():
         (["clock=virtual", "testbed=emulated"], "drop testbed=emulated"),
         (["clock=virtual", "runtime.emulate=true"], "drop testbed=emulated"),
         (["clock=virtual", "runtime.torch_threads=2"], "runtime.torch_threads=1"),
+        # a GPU call's thread CPU seconds are not its work (benchmarks/gpu_machine/thread_time_on_cuda.py)
+        (["clock=virtual", "runtime.device=cuda"], "runtime.device=cpu"),
+        (["clock=virtual", "runtime.device=auto"], "runtime.device=cpu"),
+        (["clock=virtual", "runtime.server_device=cuda"], "runtime.server_device=cpu"),
+        (["clock=virtual", "runtime.device=cuda", "runtime.server_device=cpu"], "runtime.device=cpu"),
         (["clock.mode=sundial"], "clock.mode"),
         (["clock.host_flops=-1"], "clock.host_flops"),
         (["clock.server_flops=-1"], "clock.server_flops"),
@@ -229,6 +234,8 @@ def test_a_clock_that_cannot_be_kept_is_refused_at_start_up(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
         load_run_config(overrides)
     assert load_run_config(["clock=virtual"]).clock.virtual
+    assert load_run_config(["clock=virtual", "runtime.device=cpu", "runtime.server_device=cpu"]).clock.virtual
+    assert load_run_config(["runtime.device=cuda"]).runtime.device == "cuda"  # the wall clock times a GPU run
 
 
 @pytest.mark.e2e
