@@ -53,12 +53,11 @@ def table2_setting(doc: str, figure: str, argv: list[str] | None) -> tuple[argpa
 def config_workload(cfg):
     """The configured encoder (sizes, L, b, max_len, local steps) counted on generic Transformer blocks."""
     sizes = cfg.model.sizes
-    layers = sizes.get("enc_layers", sizes.get("layers"))
     return generic_workload(
         cfg.model.width,
         sizes["n_heads"],
         sizes["d_ff"],
-        layers,
+        cfg.model.encoder_blocks,
         cfg.task.max_len,
         cfg.task.batch_size,
         cfg.federation.local_steps,

@@ -229,6 +229,12 @@ class ModelSpec:
         return self.sizes[SIZE_KEYS[self.family][0]]
 
     @property
+    def encoder_blocks(self) -> int:
+        """L, the blocks split over a cluster's devices (the Transformer's enc_layers; the layers of BERT or a
+        Hugging Face model)."""
+        return int(self.sizes["enc_layers" if self.family is ModelFamily.TRANSFORMER else "layers"])
+
+    @property
     def adapters_only(self) -> bool:
         """LoRA on: only the adapters (and what else trains) travel and are averaged; frozen base weights stay."""
         return self.hf is not None and self.hf.lora.enabled

@@ -76,9 +76,7 @@ def rule_gamma_max(overrides: list[str]) -> float:
     from collapipe_flwr.dssra.policies import convergence_params
 
     cfg = load_run_config([*overrides, "scheduler.convergence.gamma_max=auto"])
-    sizes = cfg.model.sizes
-    blocks = int(sizes.get("enc_layers", sizes.get("layers", 0)))
-    return round(convergence_params(cfg.scheduler, cfg.network, blocks).gamma_max, 3)
+    return round(convergence_params(cfg.scheduler, cfg.network, cfg.model.encoder_blocks).gamma_max, 3)
 
 
 def table_lines(rows: list[dict]) -> list[str]:

@@ -59,6 +59,9 @@ def test_model_split_typed_fields():
     model = parse_model(conf_group("model", "transformer_small"), task)
     assert model.sizes == {"d_model": 256, "n_heads": 4, "d_ff": 512, "enc_layers": 3, "dec_layers": 2}
     assert model.width == 256 and model.tie_embeddings and model.dropout == 0.1
+    assert model.encoder_blocks == 3  # L: the encoder's blocks, not the decoder's 2
+    bert = parse_model(conf_group("model", "bert_small", layers=6), parse_task(conf_group("task", "classification")))
+    assert bert.encoder_blocks == 6
     assert model.optimizer == OptimizerSpec(name="adam", lr=0.002, weight_decay=0.0, betas=(0.9, 0.98))
     assert model.lr_schedule == LrScheduleSpec(warmup_steps=150, decay="linear", total_steps=0, min_factor=0.05)
 
