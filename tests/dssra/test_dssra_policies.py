@@ -109,6 +109,21 @@ def check_constraints(
     assert len(used_channels) <= min(spec.num_clusters, spec.num_channels)
 
 
+def c8_reachable(spec: NetworkSpec, state: RoundState, bits: float, margin: float = 0.99) -> np.ndarray:
+    """[N, J]: whether CU n can meet its upload energy E_n^max (C8) on channel j at some power, written out here.
+    The energy p bits / (B log2(1 + p h / (I + B N0))) grows with p, so its floor is its limit at p -> 0,
+    ln 2 bits (I + B N0) / (B h); ``margin`` keeps pairs at the edge (where the floor is met only in the limit)
+    out."""
+    N0 = spec.noise_psd_w_hz
+    out = np.zeros((spec.num_clusters, spec.num_channels), dtype=bool)
+    for n in range(spec.num_clusters):
+        for j in range(spec.num_channels):
+            B, h, I = spec.channel_bandwidth_hz[j], state.uplink_gain[n][j], state.uplink_interference_w[j]
+            floor = math.log(2) * bits * (I + B * N0) / (B * h) if h > 0 else math.inf
+            out[n, j] = floor <= margin * spec.cu_energy_max_j
+    return out
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 10_000),
@@ -127,11 +142,30 @@ def test_every_plan_satisfies_c1_to_c9(workload, seed, t, clusters, policy, queu
     state = StateSampler(spec, seed).sample(t)
     plan = pol.plan(t, state)
     check_constraints(plan, spec, state, workload)
-    if all(np.isfinite(row) for row in np.asarray(state.gain_matrix()).ravel()):
+    if c8_reachable(spec, state, workload.uplink_bits()).all():  # every CU can use every channel: J of them serve
         assert len(plan.selected) == min(clusters, spec.num_channels)
     again = RoundPlan.from_dict(json.loads(json.dumps(plan.to_dict())))  # JSON-safe
     assert again == plan
     pol.observe(plan, {c.cluster: 1.0 for c in plan.selected})
+
+
+def test_random_may_give_away_the_only_channel_another_cu_can_use(workload):
+    """Found by the property test above (seed 3094, t 894, 2 CUs): CU 1 can meet C8 on channel 0 only (its gain on
+    channel 1 is 0.0023); random gave channel 0 to CU 0, so CU 1 sits out, and says why. All gains are finite, so
+    the property's old precondition (finite gains: J CUs served) was wrong; C8's reachability is the right one."""
+    net = conf("network", "small")
+    net["seed"] = 3094 % 17
+    spec = NetworkSpec.from_config(net, 2)
+    state = StateSampler(spec, 3094).sample(894)
+    reachable = c8_reachable(spec, state, workload.uplink_bits())
+    assert reachable.tolist() == [[True, True], [True, False]]  # by hand: CU 1 only on channel 0
+    plan = make_policy(scheduler("random", drift="gamma", V=0.5), spec, workload, 3094).plan(894, state)
+    check_constraints(plan, spec, state, workload)
+    assert [(c.cluster, c.channel) for c in plan.selected] == [(0, 0)]
+    assert plan.left_out == {1: "all 1 usable channels went to other CUs"}
+    # DSSRA's matching serves both: CU 1 on the channel it can use
+    dssra = make_policy(scheduler("dssra", drift="gamma", V=0.5), spec, workload, 3094).plan(894, state)
+    assert sorted((c.cluster, c.channel) for c in dssra.selected) == [(0, 1), (1, 0)]
 
 
 def test_memory_too_small_names_c7_and_the_cluster(workload):
