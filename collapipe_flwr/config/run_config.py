@@ -302,7 +302,7 @@ def _check_clock(cfg: RunConfig) -> None:
     """The virtual clock is computed, never waited for: an emulated slowdown or throttle would only slow the run;
     and it counts the CPU of the thread that runs a call, which misses torch's other threads and a GPU's work: on
     an H200, a bert_small TEB's call read half its wall time in thread CPU seconds, and the same 2.2-2.6 ms for 1 to
-    64 samples where eq. (7)'s FLOPs grow 64x (benchmarks/gpu_machine/thread_time_on_cuda.py, docs/testbed.md)."""
+    64 samples, where the work grows 64x (benchmarks/gpu_machine/thread_time_on_cuda.py, docs/testbed.md)."""
     if not cfg.clock.virtual:
         return
     if cfg.testbed.enabled or cfg.runtime.emulate:
