@@ -14,10 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from collapipe_flwr.errors import DeviceFailure
-from collapipe_flwr.models.bert import BertSplitConfig, build_bert
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec
@@ -25,8 +23,8 @@ from collapipe_flwr.system.devices import DeviceProfile
 from collapipe_flwr.system.profile import DeviceEmulation
 from collapipe_flwr.testbed import memory_available
 from tests.paths import ROOT
-from tests.pipeline.executors.test_pipeline_ray import batch as ray_batch
 from tests.runtimes import runtime
+from tests.tiny_models import tiny_transformer, translation_batch
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.skipif(memory_available() is not None, reason=f"no memory cgroups: {memory_available()}")
@@ -46,17 +44,14 @@ def ray_session():
         ray.shutdown()
 
 
-def bert():
-    torch.manual_seed(0)
-    return build_bert(
-        BertSplitConfig(
-            vocab_size=50, hidden=64, n_heads=2, d_ff=256, layers=3, dropout=0.0, max_len=64, head="token", num_labels=3
-        )
-    )
+def encoder_model():
+    """Three blocks of width 64 (a tiny translation Transformer: its device actors import torch alone, see
+    tests/pipeline/executors/test_pipeline_ray.py)."""
+    return tiny_transformer(50, 64, 256, 3)
 
 
 def batch():
-    return ray_batch(B=32, T=48)
+    return translation_batch(50, B=32, T=48)
 
 
 def kernel_file(path: str, name: str) -> int:
@@ -71,7 +66,7 @@ def pipeline(model, delta):
 @pytest.mark.e2e
 @pytest.mark.slow  # the README's test command leaves it out (docs/development.md); the full suite runs it
 def test_a_device_over_its_memory_limit_is_killed_by_the_kernel_named_as_memory_and_the_pipeline_goes_on(ray_session):
-    model = bert()
+    model = encoder_model()
     start = {k: v.clone() for k, v in model.blocks.state_dict().items()}
     with pipeline(model, (2, 1, 0)) as pipe:
         head = LocalHead(model.head, ADAM)
@@ -96,7 +91,7 @@ def test_a_device_over_its_memory_limit_is_killed_by_the_kernel_named_as_memory_
 
 @pytest.mark.e2e
 def test_a_devices_reported_peak_is_within_15_percent_of_its_cgroups_own_figure(ray_session):
-    model = bert()
+    model = encoder_model()
     with pipeline(model, (2, 1, 0)) as pipe:
         head = LocalHead(model.head, ADAM)
         for _ in range(3):
@@ -227,7 +222,7 @@ def test_a_device_whose_memory_the_kernel_counts_bounds_onednns_cache_unless_the
 def test_a_devices_measured_memory_is_its_own_cgroups_limit_not_the_hosts(ray_session):
     # system.profile=measured on the testbed: C7's gamma_k^max comes from the device's own memory cgroup (a child
     # of the hierarchy, found through /proc/<pid>/cgroup), so a measured plan keeps the limit the kernel enforces
-    model = bert()
+    model = encoder_model()
     limit = 700 * 2**20
     with pipeline(model, (2, 1, 0)) as pipe:
         zeros = (0.0, 0.0, 0.0)

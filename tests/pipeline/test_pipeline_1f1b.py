@@ -26,7 +26,7 @@ from collapipe_flwr.pipeline.schedule import one_f_one_b_order
 from collapipe_flwr.system.pipeline_model import held_micro_batches, held_samples
 from collapipe_flwr.system.workload import Workload
 from tests.plain_reference import plain_steps
-from tests.tiny_models import tiny_bert
+from tests.tiny_models import tiny_bert, tiny_transformer, translation_batch
 from tests.workloads import uniform_workload
 
 ADAM = OptimizerSpec(name="adam", lr=1e-2)
@@ -261,7 +261,11 @@ def test_1f1b_on_ray_runs_each_actor_in_1f1b_order_and_equals_the_plain_model():
         os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
         ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     try:
-        model, batches = bert(), [batch(7), batch(8)]
+        # the translation Transformer: its device actors import torch alone (BERT's import transformers' BERT too)
+        model = tiny_transformer(29, 16, 32, L)
+        for part in model.parts():
+            part.double()
+        batches = [translation_batch(29, B=16, T=9, seed=seed) for seed in (7, 8)]
         ref, ref_losses = plain_steps(model, batches, ADAM)
         rt = runtime(backend="ray", actor_threads=1, precision="fp32", prestart_devices=False)
         traces: list = []

@@ -182,7 +182,9 @@ def test_reference_actually_detects_a_wrong_pipeline():
 @pytest.mark.parametrize(
     "family,delta,m,adam",
     [
-        ("bert", (1, 3, 2), 2, False),
+        # BERT over Ray in the README's command: tests/pipeline/test_checkpoint.py's Ray run equals the local one bit
+        # for bit; this case (each actor importing transformers' BERT) in the full suite
+        pytest.param("bert", (1, 3, 2), 2, False, marks=pytest.mark.slow),
         ("transformer", (0, 2, 0, 4), 4, False),
         pytest.param("transformer", (1, 3, 2), 4, True, marks=pytest.mark.slow),
         pytest.param("bert", (6,), 1, True, marks=pytest.mark.slow),

@@ -23,7 +23,7 @@ from collapipe_flwr.fl.server.server_state import ServerState
 from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from tests.fold_replies import absorb_replies
-from tests.pipeline.executors.test_pipeline_ray import ADAM, batch, bert, profile
+from tests.pipeline.executors.test_pipeline_ray import ADAM, batch, profile, tiny
 from tests.runtimes import runtime
 
 pytestmark = pytest.mark.e2e
@@ -32,7 +32,7 @@ STEPS = 3
 
 
 def test_a_dead_idle_device_is_left_out_and_lost_and_a_dead_device_holding_blocks_still_fails(ray_session):
-    model = bert(layers=3)
+    model = tiny(layers=3)
     rt = runtime(backend="ray", actor_threads=1, prestart_devices=True)
     with ClusterPipeline(model.embedding, model.blocks, (0, 3, 0), ADAM, [profile(1.0)] * 3, runtime=rt) as pipe:
         head = LocalHead(model.head, ADAM)
