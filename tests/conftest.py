@@ -37,11 +37,18 @@ def _cu_state_in_a_temp_folder(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def _gguf_cache_in_a_temp_folder(tmp_path_factory):
-    """GGUF bases are dequantised once per test session into a temporary folder (models/hf/gguf_cache.py), not into
-    ~/.cache, in every test and every process a test starts (the variable is inherited)."""
+    """GGUF bases are dequantised once per test run into a temporary folder (models/hf/gguf_cache.py), not into
+    ~/.cache, in every test and every process a test starts (the variable is inherited). Under pytest-xdist the
+    workers share the run's folder (their base folders' parent): the cache's lock lets one build an entry while the
+    others wait, so SmolLM2 is dequantised once, not once per worker (20-40 s of CPU on this machine)."""
     from collapipe_flwr.models.hf.gguf_cache import CACHE_ENV
 
-    yield from _env_folder(CACHE_ENV, tmp_path_factory.mktemp("gguf-cache"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.getbasetemp().parent / "gguf-cache"
+        folder.mkdir(exist_ok=True)
+    else:
+        folder = tmp_path_factory.mktemp("gguf-cache")
+    yield from _env_folder(CACHE_ENV, folder)
 
 
 def _env_folder(name: str, folder):
