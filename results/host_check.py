@@ -82,8 +82,12 @@ def begun_seeds(part: str, records: Path = virtual_paper.RECORDS) -> dict[tuple[
 
 def check_task_part(part: str, here: float, records: Path = virtual_paper.RECORDS) -> int:
     """For a part at the current clock: 1 when this host is off a begun seed's speed (:func:`begun_seeds`)."""
+    begun = begun_seeds(part, records)
+    if not begun:
+        print(f"{part}: no seed begun and unfinished; this host ({here / 1e9:.1f}e9 FLOP/s) may start any seed")
+        return 0
     refused = 0
-    for (setting, seed), speeds in sorted(begun_seeds(part, records).items()):
+    for (setting, seed), speeds in sorted(begun.items()):
         there = statistics.median(speeds)
         other = host_speed.off_speed(here, there)
         refused += other

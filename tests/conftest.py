@@ -11,6 +11,7 @@ import torch
 
 from collapipe_flwr.config import resolve_data_dir
 from collapipe_flwr.errors import ConfigError
+from tests.runtimes import DEVICE_RESOURCES
 
 # The data plane's fixtures (``transport``, ``served``), shared by the tests/fl/dataplane/test_dataplane*.py files.
 pytest_plugins = ["tests.dataplane_helpers"]
@@ -87,15 +88,24 @@ def cache(tmp_path_factory):
         yield path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_session():
-    """A local Ray instance (2 CPUs) for a test module's Ray-backed pipelines, shut down after it if it started
-    it; skipped where Ray is not installed."""
+    """One local Ray instance (2 CPUs and two device boxes' ``DEVICE_RESOURCES``) for every Ray-backed test of a
+    pytest process, shut down at the session's end if it started it; skipped where Ray is not installed.
+    Session-wide, not per module: a Ray start and shutdown cost several seconds, and ten modules use it. The tests
+    kill only the actors they started (``ray.kill``, device-memory kills), which leaves the instance sound for the
+    next module."""
     ray = pytest.importorskip("ray")
     started = not ray.is_initialized()
     if started:
         os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as pipeline.executors.ensure_ray does
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+        ray.init(
+            num_cpus=2,
+            resources=dict(DEVICE_RESOURCES),
+            include_dashboard=False,
+            logging_level="WARNING",
+            log_to_driver=False,
+        )
     yield ray
     if started:
         ray.shutdown()

@@ -33,17 +33,6 @@ ADAM = OptimizerSpec(name="adam", lr=1e-3)
 DEVICES = [DeviceProfile(f_hz=1e9, flops_per_cycle=4, memory_bytes=1e12, d2d_power_w=0.1)] * 3
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    started = not ray.is_initialized()
-    if started:
-        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as pipeline.executors.ensure_ray does
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
 def encoder_model():
     """Three blocks of width 64 (a tiny translation Transformer: its device actors import torch alone, see
     tests/pipeline/executors/test_pipeline_ray.py)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 
 import numpy as np
 import pytest
@@ -252,33 +251,23 @@ def test_dssra_memory_cap_follows_the_schedule_by_hand():
 
 # -- Ray: the same numbers with one actor per device ----------------------------------------------------------
 @pytest.mark.e2e
-def test_1f1b_on_ray_runs_each_actor_in_1f1b_order_and_equals_the_plain_model():
-    ray = pytest.importorskip("ray")
+def test_1f1b_on_ray_runs_each_actor_in_1f1b_order_and_equals_the_plain_model(ray_session):
     from tests.runtimes import runtime
 
-    started = not ray.is_initialized()
-    if started:
-        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
-    try:
-        # the translation Transformer: its device actors import torch alone (BERT's import transformers' BERT too)
-        model = tiny_transformer(29, 16, 32, L)
-        for part in model.parts():
-            part.double()
-        batches = [translation_batch(29, B=16, T=9, seed=seed) for seed in (7, 8)]
-        ref, ref_losses = plain_steps(model, batches, ADAM)
-        rt = runtime(backend="ray", actor_threads=1, precision="fp32", prestart_devices=False)
-        traces: list = []
-        *parts, losses = pipeline_steps(model, batches, ADAM, "1f1b", 2, 4, runtime=rt, traces=traces)
-        for step in traces:  # each actor ran its calls in its 1F1B order
-            assert [[(kind, i) for kind, i, _, _ in trace] for trace in step] == [
-                one_f_one_b_order(k, 2, 4) for k in range(2)
-            ]
-        assert losses == pytest.approx(ref_losses, rel=1e-10)
-        assert_same_parts(*parts, ref)
-    finally:
-        if started:
-            ray.shutdown()
+    # the translation Transformer: its device actors import torch alone (BERT's import transformers' BERT too)
+    model = tiny_transformer(29, 16, 32, L)
+    for part in model.parts():
+        part.double()
+    batches = [translation_batch(29, B=16, T=9, seed=seed) for seed in (7, 8)]
+    ref, ref_losses = plain_steps(model, batches, ADAM)
+    rt = runtime(backend="ray", actor_threads=1, precision="fp32", prestart_devices=False)
+    traces: list = []
+    *parts, losses = pipeline_steps(model, batches, ADAM, "1f1b", 2, 4, runtime=rt, traces=traces)
+    for step in traces:  # each actor ran its calls in its 1F1B order
+        want = [one_f_one_b_order(k, 2, 4) for k in range(2)]
+        assert [[(kind, i) for kind, i, _, _ in trace] for trace in step] == want
+    assert losses == pytest.approx(ref_losses, rel=1e-10)
+    assert_same_parts(*parts, ref)
 
 
 # -- (c) through the real data plane: the server's decoder updated once per step, as under GPipe ------------

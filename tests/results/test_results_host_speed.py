@@ -162,3 +162,10 @@ def test_the_host_check_refuses_to_finish_a_seed_begun_on_another_host(tmp_path,
     assert check.check_task_part("classification", 8e10, tmp_path) == 1
     assert check.check_task_part("classification", 2.9e10, tmp_path) == 1  # 11.5% faster: off by more than a tenth
     assert "begun on another host" in capsys.readouterr().out
+
+
+def test_the_host_check_says_a_part_with_no_seed_begun_may_start_here(tmp_path, capsys):
+    check = load("host_check")
+    _keep_task(tmp_path, "s1", list(check.virtual_paper.RUNS), 8e10)  # a finished seed only
+    assert check.check_task_part("classification", 2.6e10, tmp_path) == 0
+    assert "no seed begun and unfinished" in capsys.readouterr().out

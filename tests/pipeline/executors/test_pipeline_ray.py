@@ -20,31 +20,13 @@ from collapipe_flwr.pipeline.cluster import ClusterPipeline
 from collapipe_flwr.pipeline.head import LocalHead
 from collapipe_flwr.pipeline.optim import OptimizerSpec
 from collapipe_flwr.system.devices import DeviceProfile
-from tests.runtimes import runtime
+from tests.runtimes import DEVICE_RESOURCES, runtime
 from tests.tiny_models import tiny_bert, tiny_transformer, translation_batch
 
 pytestmark = pytest.mark.e2e
 
 ray = pytest.importorskip("ray")
 ADAM = OptimizerSpec(name="adam", lr=1e-3)
-DEVICE_RESOURCES = {"edge_box_0": 1.0, "edge_box_1": 1.0}
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    started = not ray.is_initialized()
-    if started:
-        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as pipeline.executors.ensure_ray does
-        ray.init(
-            num_cpus=2,
-            resources=dict(DEVICE_RESOURCES),  # as a device box offers them: ray start --resources '{...}'
-            include_dashboard=False,
-            logging_level="WARNING",
-            log_to_driver=False,
-        )
-    yield
-    if started:
-        ray.shutdown()
 
 
 VOCAB = 50
