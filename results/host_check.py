@@ -15,6 +15,15 @@ that shared it for its whole run reads low, which the median over the kept jobs 
 campaign's host): then run the parts at the current code version, whose clock sets that work against
 ``clock.server_flops`` and ``clock.cu_flops``.
 
+The probe is a matrix product; it does not see everything that sets a training step's speed. On 2026-11-30 it read
+69-75e9 on a host (within 20% of the part's 79.1e9) whose jobs then ran 1.7x slower than the kept ones. So after a
+session's first jobs of a translation part:
+
+    python results/host_check.py --part paper --jobs ROOT/paper/j2/s3/dssra ROOT/paper/j2/s3/random
+
+compares what that part's clock keeps at the host's own seconds, the decoder's term, with the kept jobs' of the same
+methods, and exits 1 when they read another kind of host (:func:`check_jobs`).
+
 That clock still reads about 10% apart between hosts 4x apart (docs/testbed.md), so a seed's methods, which the
 claims pair, run on one host. For a task part (``--part classification`` or ``ner``) the check lists the seeds begun
 but not finished, with their kept jobs' host speed (``virtual.host_flops``, written by the clock), and exits 1 when
@@ -32,7 +41,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import virtual_paper  # noqa: E402
 from reportlib import host_speed  # noqa: E402
-from reportlib.records import read_json, read_jsonl_gz  # noqa: E402
+from reportlib.records import read_json, read_jsonl, read_jsonl_gz  # noqa: E402
+from virtual_paper_tables import round_parts  # noqa: E402
 
 from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.fl.server.server_state import Probe  # noqa: E402
@@ -98,10 +108,64 @@ def check_task_part(part: str, here: float, records: Path = virtual_paper.RECORD
     return int(refused > 0)
 
 
+def decoder_terms(part: str, records: Path = virtual_paper.RECORDS) -> dict[str, list[float]]:
+    """Each kept job's median decoder term (the slowest cluster's ``decoder_s``, ``round_parts``) of a translation
+    part, by run (method), VanillaFL left out (its server trains no decoder)."""
+    out: dict[str, list[float]] = {}
+    for path in sorted((records / part).glob("*/*/*.rounds.jsonl.gz")):
+        run = path.name.split(".")[0]
+        if run != "vanilla_fl":
+            out.setdefault(run, []).append(round_parts(read_jsonl_gz(path))["virtual_decoder_s"])
+    return out
+
+
+def check_jobs(part: str, job_dirs: list[Path], records: Path = virtual_paper.RECORDS) -> int:
+    """1 when the given finished jobs (``ROOT/<part>/<setting>/<seed>/<run>/``) ran on another kind of host than the
+    part's kept jobs, read from what the part's clock keeps at the host's own CPU seconds: the decoder's term. Each
+    job's median decoder term over its method's median among the kept jobs; refused when the median of those ratios
+    is more than ``host_speed.SAME_HOST`` from 1. The kept seeds' own medians lie within 0.92-1.15 (single jobs
+    0.87-1.46: DSSRA's plans move its term); J = 2's seed 3 of 2026-11-30, on a host whose probe read 5-13% below the
+    part's but whose training ran 1.7x slower, read 1.50-1.82, median 1.65 (``records/other_host/README.md``)."""
+    kept = {run: statistics.median(terms) for run, terms in decoder_terms(part, records).items()}
+    ratios = []
+    for job in job_dirs:
+        if job.name not in kept:
+            print(f"{job}: no kept {part} job of method {job.name} to compare with; left out", file=sys.stderr)
+            continue
+        term = round_parts(read_jsonl(job / "rounds.jsonl"))["virtual_decoder_s"]
+        ratios.append(term / kept[job.name])
+        print(f"{job}: decoder term {term:.2f} s a round, kept {job.name} jobs' median {kept[job.name]:.2f} s")
+    if not ratios:
+        print("no job to compare: name finished run folders of the part's methods but VanillaFL", file=sys.stderr)
+        return 2
+    ratio = statistics.median(ratios)
+    print(f"median ratio to the kept jobs: {ratio:.2f} over {len(ratios)} job(s)")
+    if abs(ratio - 1.0) > host_speed.SAME_HOST:
+        print(
+            f"the jobs' decoder terms are {ratio:.2f}x the kept jobs': another kind of host for this workload; keep "
+            f"them apart (records/other_host/) and add no more {part} jobs here",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", default="paper", choices=["paper", "scale", *virtual_paper.TASK_PARTS])
+    parser.add_argument(
+        "--jobs",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="finished run folders of a translation part (ROOT/paper/j2/s3/dssra ...): check their decoder terms "
+        "against the kept jobs' instead of this host's probe",
+    )
     args = parser.parse_args(argv)
+    if args.jobs:
+        if args.part in virtual_paper.TASK_PARTS:
+            parser.error("--jobs checks a translation part (paper, scale): the task parts' clock writes its speed")
+        return check_jobs(args.part, args.jobs)
     if args.part in virtual_paper.TASK_PARTS:
         job = virtual_paper.task_jobs(args.part, [4], [0], ["dssra"])[0]
         return check_task_part(args.part, this_host_flops(job.overrides.split()))

@@ -198,17 +198,22 @@ def other_host_rows(records_dir: Path = OTHER_HOST) -> list[dict]:
         records = read_jsonl_gz(path)
         overrides = read_json(path.with_name(f"{run}.status.json"))["overrides"]
         metric, target = quality_target(part)
-        read, host = host_speed.records_at_reference(records, overrides, str(path.relative_to(RESULTS)))
+        try:
+            read, host = host_speed.records_at_reference(records, overrides, str(path.relative_to(RESULTS)))
+        except ValueError:  # VanillaFL's devices, or devices that disagree, read no host speed back: not re-read
+            read, host = None, None
         recorded, reached, _ = time_to_target(records, target, metric)
-        at_speeds, _, _ = time_to_target(read, target, metric)
         rows.append(
             {
                 "job": f"{part} {setting} s{seed.lstrip('s')} {run}",
-                "host_gflops": host / 1e9,
+                "host_gflops": None if host is None else host / 1e9,
                 "recorded": recorded,
-                "at_speeds": at_speeds,
+                "at_speeds": None if read is None else time_to_target(read, target, metric)[0],
                 "round": reached,
-                "decoder": (round_parts(records)["virtual_decoder_s"], round_parts(read)["virtual_decoder_s"]),
+                "decoder": (
+                    round_parts(records)["virtual_decoder_s"],
+                    None if read is None else round_parts(read)["virtual_decoder_s"],
+                ),
             }
         )
     return rows
@@ -230,8 +235,10 @@ def _other_host_lines(rows: list[dict]) -> list[str]:
     ]
     for r in rows:
         mark = "" if r["round"] is not None else ">= "
-        cells = (f"{r['host_gflops']:.1f}", f"{mark}{r['recorded']:.1f}", f"{mark}{r['at_speeds']:.1f}")
-        decoder = tuple(f"{x:.2f}" for x in r["decoder"])
+        host = "-" if r["host_gflops"] is None else f"{r['host_gflops']:.1f}"
+        at_speeds = "-" if r["at_speeds"] is None else f"{mark}{r['at_speeds']:.1f}"
+        cells = (host, f"{mark}{r['recorded']:.1f}", at_speeds)
+        decoder = tuple("-" if x is None else f"{x:.2f}" for x in r["decoder"])
         out.append(md.row((r["job"], *cells, r["round"] or "-", *decoder)))
     return out
 
