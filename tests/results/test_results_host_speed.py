@@ -169,3 +169,40 @@ def test_the_host_check_says_a_part_with_no_seed_begun_may_start_here(tmp_path, 
     _keep_task(tmp_path, "s1", list(check.virtual_paper.RUNS), 8e10)  # a finished seed only
     assert check.check_task_part("classification", 2.6e10, tmp_path) == 0
     assert "no seed begun and unfinished" in capsys.readouterr().out
+
+
+def _rounds_with_decoder(decoder_terms):
+    """A job's rounds whose slowest cluster's decoder term is each of ``decoder_terms`` in turn."""
+    return [
+        {"round": t, "virtual": {"clusters": {"0": _cluster(10.0, 0.1, 0.0, d)}, "server_s": 0.1, "slowest": 0}}
+        for t, d in enumerate(decoder_terms, start=1)
+    ]
+
+
+def test_the_host_check_refuses_jobs_whose_decoder_term_is_another_hosts(tmp_path, capsys):
+    import gzip
+    import json
+
+    check = load("host_check")
+    records = tmp_path / "records"
+    for seed, titanic, dssra in (("s0", 2.0, 2.4), ("s1", 2.2, 2.6), ("s2", 2.1, 3.4)):  # kept: medians 2.1 and 2.6
+        folder = records / "paper" / "j4" / seed
+        folder.mkdir(parents=True)
+        for run, term in (("titanic", titanic), ("dssra", dssra)):
+            lines = "".join(json.dumps(r) + "\n" for r in _rounds_with_decoder([term - 0.1, term, term + 0.5]))
+            (folder / f"{run}.rounds.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+
+    def job(run, terms):
+        folder = tmp_path / "root" / "paper" / "j2" / "s3" / run
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rounds_with_decoder(terms)))
+        return folder
+
+    # 1.65x and 1.5x the kept medians (the medians of each job's rounds: 3.465 and 3.9): another kind of host
+    slow = [job("titanic", [3.0, 3.465, 4.0]), job("dssra", [3.8, 3.9, 4.0])]
+    assert check.check_jobs("paper", slow, records) == 1
+    assert "another kind of host" in capsys.readouterr().err
+    # 1.1x and 0.9x: the part's own spread
+    same = [job("titanic", [2.31, 2.31, 2.31]), job("dssra", [2.34, 2.34, 2.34])]
+    assert check.check_jobs("paper", same, records) == 0
+    assert check.check_jobs("paper", [job("vanilla_fl", [0.0])], records) == 2  # nothing to compare with
