@@ -187,8 +187,10 @@ def table() -> str:
         "has the paper's sign, else -. *Pending (n of 3 seeds)*: fewer than 3 paired seeds, no verdict yet "
         "(two seeds' interval holds almost any figure). *Pending (3 of 5 seeds: the interval holds 0 and P)*:"
         " an interval that holds both 0 and the paper's figure settles neither sign nor size; it is judged at"
-        " 5 seeds (an interval that spans 0 but excludes the figure is judged at 3). The rule: "
-        "`results/reportlib/verdict.py`.",
+        " 5 seeds (an interval that spans 0 but excludes the figure is judged at 3). Virtual-clock rows pair "
+        "only jobs whose clocks were set against one host speed; a job run on another host (kept apart, or "
+        "marked off) still enters the final metric's rows, which its host does not set (`virtual_paper/runs.csv`"
+        ": `claims`). The rule: `results/reportlib/verdict.py`.",
         "",
         *md.head("| claim | task | paper | ours | kind | record | verdict |"),
     ]

@@ -9,6 +9,7 @@
 4. ``testbed_paper_tables``: ``testbed_paper/table.md`` and ``runs.csv`` from the testbed campaign's records;
    ``virtual_clock_tables``: ``virtual_clock/table.md``, the virtual clock against the testbed;
    ``virtual_paper_tables``: ``virtual_paper/table.md`` and ``runs.csv`` from the virtual-clock campaign's records;
+   ``rerun_check``: ``virtual_paper/reruns.md``, kept jobs run again beside their kept records;
 5. ``claims``: ``claims/table.md`` and the claims block of ``README.md`` (it reads the runs.csv files above);
 6. ``readme_tables``: every other marked table of ``README.md``.
 
@@ -31,6 +32,7 @@ import claims  # noqa: E402
 import operating_point  # noqa: E402
 import pretrained_lora  # noqa: E402
 import readme_tables  # noqa: E402
+import rerun_check  # noqa: E402
 import testbed_paper_tables  # noqa: E402
 import trained_learning  # noqa: E402
 import virtual_clock_tables  # noqa: E402
@@ -48,6 +50,7 @@ STEPS: tuple[tuple[str, Callable[[], object]], ...] = (
     ("testbed_paper/table.md and runs.csv", testbed_paper_tables.write),
     ("virtual_clock/table.md", virtual_clock_tables.main),
     ("virtual_paper/table.md and runs.csv", virtual_paper_tables.main),
+    ("virtual_paper/reruns.md", rerun_check.main),
     ("claims/table.md and the claims block of README.md", claims.main),
     ("README.md's marked tables", readme_tables.main),
 )

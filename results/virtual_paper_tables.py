@@ -18,13 +18,16 @@ Per job (one method, seed and J, or N for the scale part):
 * **C10 and the queue** (``reportlib/c10_queue.py``): per job, the plans' Gamma_n and Y_n against C10.
 
 Jobs kept apart in ``records/other_host/`` (run on a host of another speed by a clock that kept the server's and
-the CUs' own work at the host's seconds: ``reportlib/host_speed.py``) are not in the comparison; the table lists
-them with their time to target as recorded and read at the configured server and CU speeds.
+the CUs' own work at the host's seconds: ``reportlib/host_speed.py``) are not in the table's comparison; the table
+lists them with their time to target as recorded and read at the configured server and CU speeds. runs.csv holds
+them too (``apart`` "host"), and says per job which claims it enters (``claims``: :func:`claims_use`): a job kept
+apart for its host, or set against another speed than its seed's, enters the final metric's rows only.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import statistics
 import sys
 from pathlib import Path
@@ -113,44 +116,71 @@ def selection(records: list[dict]) -> dict[str, float | int]:
     }
 
 
+def job_row(path: Path, rules: dict[tuple[str, str], float]) -> dict:
+    """One kept job's row of runs.csv from its records (``path``: its ``rounds.jsonl.gz``); ``rules`` caches
+    Gamma^max by the docs' rule per part and setting (composed once)."""
+    part, setting, seed = path.parts[-4], path.parts[-3], path.parts[-2]
+    run = path.name.split(".")[0]
+    records = read_jsonl_gz(path)
+    seconds, reached, final = time_to_target(records, *reversed(quality_target(part)))
+    rounds_s = [float((r.get("virtual") or {}).get("round_s") or 0.0) for r in records if r.get("round", 0) >= 1]
+    summary = read_json(path.with_name(f"{run}.summary.json"))
+    cost_file = path.with_name(f"{run}.cost.json")
+    cost = read_json(cost_file) if cost_file.is_file() else {}
+    overrides = read_json(path.with_name(f"{run}.status.json"))["overrides"]
+    if (part, setting) not in rules:
+        rules[(part, setting)] = c10_queue.rule_gamma_max(overrides)
+    return {
+        "part": part,
+        "setting": setting,
+        "seed": seed.lstrip("s"),
+        "run": run,
+        **_host_speed(records, overrides, str(path.relative_to(RESULTS))),
+        "virtual_s_to_target": round(seconds, 3),
+        "reached_round": "" if reached is None else reached,
+        "final_metric": round(final, 3),
+        "virtual_round_median_s": round(statistics.median(rounds_s), 3) if rounds_s else "",
+        "wall_s": cost.get("wall_s", summary.get("wall_s", "")),
+        "peak_pss_mb": cost.get("peak_pss_mb", ""),
+        "lost_devices": lost_devices(records),
+        **selection(records),
+        **c10_queue.c10_queue(records),
+        "rule_gamma_max": rules[(part, setting)],
+        **{k: round(v, 3) for k, v in round_parts(records).items()},
+    }
+
+
 def job_rows(records_dir: Path = RECORDS) -> list[dict]:
-    rows = []
-    rules: dict[tuple[str, str], float] = {}  # Gamma^max by the docs' rule per part and setting (composed once)
-    for path in sorted(records_dir.glob("*/*/*/*.rounds.jsonl.gz")):
-        if "superseded" in path.parts or "other_host" in path.parts:
-            continue
-        part, setting, seed = path.parts[-4], path.parts[-3], path.parts[-2]
-        run = path.name.split(".")[0]
-        records = read_jsonl_gz(path)
-        seconds, reached, final = time_to_target(records, *reversed(quality_target(part)))
-        rounds_s = [float((r.get("virtual") or {}).get("round_s") or 0.0) for r in records if r.get("round", 0) >= 1]
-        summary = read_json(path.with_name(f"{run}.summary.json"))
-        cost_file = path.with_name(f"{run}.cost.json")
-        cost = read_json(cost_file) if cost_file.is_file() else {}
-        overrides = read_json(path.with_name(f"{run}.status.json"))["overrides"]
-        if (part, setting) not in rules:
-            rules[(part, setting)] = c10_queue.rule_gamma_max(overrides)
-        rows.append(
-            {
-                "part": part,
-                "setting": setting,
-                "seed": seed.lstrip("s"),
-                "run": run,
-                **_host_speed(records, overrides, str(path.relative_to(RESULTS))),
-                "virtual_s_to_target": round(seconds, 3),
-                "reached_round": "" if reached is None else reached,
-                "final_metric": round(final, 3),
-                "virtual_round_median_s": round(statistics.median(rounds_s), 3) if rounds_s else "",
-                "wall_s": cost.get("wall_s", summary.get("wall_s", "")),
-                "peak_pss_mb": cost.get("peak_pss_mb", ""),
-                "lost_devices": lost_devices(records),
-                **selection(records),
-                **c10_queue.c10_queue(records),
-                "rule_gamma_max": rules[(part, setting)],
-                **{k: round(v, 3) for k, v in round_parts(records).items()},
-            }
-        )
-    return mark_host_off(rows)
+    """The compared jobs' rows (every kept job but those superseded or kept apart for their host), each with its
+    ``host_off`` (:func:`mark_host_off`), ``apart`` "" and ``claims`` (:func:`claims_use`)."""
+    rules: dict[tuple[str, str], float] = {}
+    rows = [
+        job_row(path, rules)
+        for path in sorted(records_dir.glob("*/*/*/*.rounds.jsonl.gz"))
+        if "superseded" not in path.parts and "other_host" not in path.parts
+    ]
+    return [{**r, "apart": "", "claims": claims_use(r["host_off"], "")} for r in mark_host_off(rows)]
+
+
+def apart_rows(records_dir: Path = OTHER_HOST) -> list[dict]:
+    """The rows of the jobs kept apart for their host (``records/other_host/``), for runs.csv: ``apart`` "host",
+    ``claims`` "quality" (:func:`claims_use`). The table lists them in their own section (:func:`other_host_rows`)."""
+    rules: dict[tuple[str, str], float] = {}
+    rows = [job_row(path, rules) for path in sorted(records_dir.glob("*/*/*/*.rounds.jsonl.gz"))]
+    return [{**r, "host_off": "", "apart": "host", "claims": claims_use("", "host")} for r in rows]
+
+
+def claims_use(host_off: str, apart: str) -> str:
+    """Which of the claims' rows a job enters (runs.csv's ``claims``; the one rule, stated in results/README.md).
+
+    ``all``: every row. ``quality``: the rows of the validation metric only (the final metric; ``virtual_claims``),
+    for a job whose clock was set against another host speed than its seed's other methods (``host_off`` "yes") or
+    that is kept apart for its host (``apart`` "host"). Its clock figures would pair two hosts' speeds, but its
+    training does not depend on the host: plans come from the configured profiles (``system.profile: config``), and
+    a job's trajectory differs from a rerun's on another host only as much as two runs on one host differ (a kept
+    translation job rerun, results/README.md: round-1 training loss 9.676 as kept, 9.671 and 9.674 in two reruns on a
+    host 1.3x its speed, the same plans)."""
+    return "quality" if host_off == "yes" or apart == "host" else "all"
 
 
 def _host_speed(records: list[dict], overrides: list[str], where: str) -> dict[str, float | str]:
@@ -171,10 +201,11 @@ def mark_host_off(rows: list[dict]) -> list[dict]:
     ``host_speed.SAME_SPEED`` from the median of its part, setting and seed's written speeds, "no" where it is
     within, "" where its clock wrote none. Its devices' compute was then set against another speed than its seed's
     other methods' (another host, which the clock's residual host dependence, about 10% between hosts 4x apart,
-    docs/testbed.md, would enter as a gain; or an outlier of its probe), so the claims
-    (``virtual_claims.py``) leave its pairings out; rerun it. Speeds read back from an old record's devices are wall
-    seconds, lowered where the job shared the machine (61-92e9 FLOP/s among the translation part's jobs), so they do
-    not count here; that part is kept to one kind of host as a whole (``host_check.py``, ``records/other_host/``)."""
+    docs/testbed.md, would enter as a gain; or an outlier of its probe), so the claims' clock rows
+    (``virtual_claims.py``) leave its pairings out until it is rerun; its final metric still counts
+    (:func:`claims_use`). Speeds read back from an old record's devices are wall seconds, lowered where the job
+    shared the machine (61-92e9 FLOP/s among the translation part's jobs), so they do not count here; that part is
+    kept to one kind of host as a whole (``host_check.py``, ``records/other_host/``)."""
     speeds: dict[tuple[str, str, str], list[float]] = {}
     for r in rows:
         if r["host_read"] == "clock":
@@ -249,7 +280,8 @@ def _host_cell(r: dict) -> str:
 
 
 def _host_lines(rows: list[dict]) -> list[str]:
-    """The jobs set against another host speed than their seed's (``mark_host_off``), which the claims leave out."""
+    """The jobs set against another host speed than their seed's (``mark_host_off``), which the claims' clock rows
+    leave out."""
     off = [r for r in rows if r["host_off"] == "yes"]
     rule = (
         "host GFLOP/s: the speed the job's clock was set against (`reportlib/host_speed.py`), as the clock wrote it "
@@ -257,7 +289,8 @@ def _host_lines(rows: list[dict]) -> list[str]:
         "old record's devices (wall seconds: low where the job "
         f"shared the machine; `-`: not readable). A job whose written speed is more than {host_speed.SAME_SPEED:.0%} "
         "from its seed's median was set against another speed than the seed's other methods (another host, or an "
-        "outlier of the probe): its pairings are left out of the claims until it is rerun"
+        "outlier of the probe): its pairings are left out of the claims' clock rows until it is rerun (its final "
+        "metric still counts: runs.csv's `claims`)"
     )
     if not off:
         return ["", f"{rule}; no such job."]
@@ -346,14 +379,21 @@ def table(rows: list[dict], apart: list[dict] | None = None) -> str:
     return "\n".join([*head, *body, *split, *chosen, *c10, *_other_host_lines(apart or [])]) + "\n"
 
 
+def csv_text(rows: list[dict]) -> str:
+    """runs.csv's text: one line per job, the compared jobs' (:func:`job_rows`) then those kept apart
+    (:func:`apart_rows`)."""
+    out = io.StringIO(newline="")
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
 def main() -> None:
     rows = job_rows()
     md.write(OUT, table(rows, other_host_rows()))
     if rows:
-        with CSV.open("w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        CSV.write_text(csv_text([*rows, *apart_rows()]), encoding="utf-8")
     print(f"wrote {OUT} ({len(rows)} jobs)")
 
 

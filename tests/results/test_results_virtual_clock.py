@@ -196,7 +196,11 @@ def test_the_committed_tables_are_regenerated_from_the_kept_records():
     assert clock.table() == (RESULTS / "virtual_clock" / "table.md").read_text(encoding="utf-8")
     paper = load("virtual_paper_tables")
     committed = (RESULTS / "virtual_paper" / "table.md").read_text(encoding="utf-8")
-    assert paper.table(paper.job_rows(), paper.other_host_rows()) == committed
+    rows = paper.job_rows()
+    assert paper.table(rows, paper.other_host_rows()) == committed
+    with (RESULTS / "virtual_paper" / "runs.csv").open(encoding="utf-8", newline="") as f:
+        runs = f.read()
+    assert paper.csv_text([*rows, *paper.apart_rows()]) == runs, "run python results/virtual_paper_tables.py"
 
 
 def test_a_job_set_against_another_speed_than_its_seeds_is_marked_by_written_speeds_only():
@@ -239,3 +243,29 @@ def test_a_jobs_code_version_is_its_checkouts_commit_marked_when_its_tracked_fil
     assert campaign.code_version(tmp_path) == head
     (tmp_path / "clock.py").write_text("SCALE = 2\n")
     assert campaign.code_version(tmp_path) == f"{head}+changes"
+
+
+def _gz_rounds(path, rounds):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rounds)
+
+
+def test_a_rerun_is_set_round_by_round_beside_its_kept_job_and_a_changed_plan_shows(tmp_path):
+    """A kept translation job of two rounds and a rerun whose round-2 plan differs (S = 2, not 1): the table gives
+    both runs' losses and BLEU as written, "yes" for round 1's plan and "no" for round 2's; the committed table is
+    what the kept reruns give."""
+    check = load("rerun_check")
+    plan = {"clusters": [{"cluster": 0, "S": 1, "m": 1}]}
+    kept = [{"round": 0}, *({"round": t, "train_loss": 9.0 - t, "val_bleu": 0.5 * t, "plan": plan} for t in (1, 2))]
+    rerun = [
+        {"round": 1, "train_loss": 7.99991, "val_bleu": 0.5, "plan": plan},
+        {"round": 2, "train_loss": 7.1, "val_bleu": 1.25, "plan": {"clusters": [{"cluster": 0, "S": 2, "m": 1}]}},
+    ]
+    _gz_rounds(tmp_path / "records" / "paper" / "j4" / "s0" / "dssra.rounds.jsonl.gz", kept)
+    _gz_rounds(tmp_path / "reruns" / "paper" / "j4" / "s0" / "dssra.a.rounds.jsonl.gz", rerun)
+    lines = check.table(tmp_path / "reruns", tmp_path / "records").splitlines()
+    assert "## paper j4 s0 dssra" in lines
+    assert "| 1 | 8.0000 | 0.500 | 7.9999 | 0.500 | yes |" in lines
+    assert "| 2 | 7.0000 | 1.000 | 7.1000 | 1.250 | no |" in lines
+    assert check.table() == (RESULTS / "virtual_paper" / "reruns.md").read_text(encoding="utf-8")
