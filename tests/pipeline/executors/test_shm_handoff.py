@@ -200,37 +200,49 @@ def _shmem_mib(pid: int) -> float:
     return 0.0
 
 
-def _weights_round_trips(mode: str, rounds: int = 6) -> tuple[float, bool]:
-    """The largest growth (MiB) of a device actor's RssShmem over ``rounds`` reads and writes of the encoder's
-    weights (as every federated round does), and whether the weights came back unchanged."""
+def _device_shmem(mode: str, rounds: int = 6, moves: int = 8) -> dict[str, float | bool]:
+    """A device actor's ``RssShmem`` (MiB) through one pipeline's life, hand-over ``mode``: ``fresh``, the largest
+    once every device holds its first segment (a block of ~12 MiB of weights, placed when the actor starts);
+    ``weights``, its largest growth over ``rounds`` reads and writes of the encoder's weights (as every federated
+    round does); ``moves``, its largest growth over ``moves`` re-partitions of the two blocks between the two devices
+    ((1, 1) and (2, 0) in turn: blocks and their optimizer state move each time); ``same``, whether the weights
+    came through all of it unchanged. One pipeline per mode: its actors' start is most of the test's time."""
     from collapipe_flwr.models.transformer import TransformerConfig, build_transformer
 
-    sizes = dict(d_model=256, n_heads=4, d_ff=512, enc_layers=2, dec_layers=1, dropout=0.0, max_len=32, pad_id=0)
+    sizes = dict(d_model=512, n_heads=4, d_ff=2048, enc_layers=2, dec_layers=1, dropout=0.0, max_len=32, pad_id=0)
     model = build_transformer(TransformerConfig(src_vocab=50, tgt_vocab=50, **sizes))
-    with ClusterPipeline(
-        model.embedding, model.blocks, (1, 1), SGD_UNIT, runtime=runtime(backend="ray", handoff=mode)
-    ) as pipe:
+    sent = {k: v.clone() for k, v in model.blocks.state_dict().items()}
+    rt = runtime(backend="ray", handoff=mode)
+    with ClusterPipeline(model.embedding, model.blocks, (1, 1), SGD_UNIT, runtime=rt) as pipe:
         assert pipe.stages.handoff == mode
-        first = pipe.encoder_state_dict()
         pids = [process.pid for process in pipe.stages.processes().values()]
+        fresh = max(_shmem_mib(pid) for pid in pids)
         start = [_shmem_mib(pid) for pid in pids]
         for _ in range(rounds):
             pipe.load_encoder_state_dict(pipe.encoder_state_dict())
-        growth = max(_shmem_mib(pid) - s for pid, s in zip(pids, start))
-        last = pipe.encoder_state_dict()
-    return growth, all(torch.equal(first[k], last[k]) for k in first)
+        weights = max(_shmem_mib(pid) - s for pid, s in zip(pids, start))
+        start = [_shmem_mib(pid) for pid in pids]
+        for i in range(moves):
+            pipe.placement.repartition((2, 0) if i % 2 == 0 else (1, 1))
+        moved = max(_shmem_mib(pid) - s for pid, s in zip(pids, start))
+        got = pipe.encoder_state_dict()
+    same = all(torch.equal(sent[k], got[k]) for k in sent)
+    return {"fresh": fresh, "weights": weights, "moves": moved, "same": same}
 
 
 @pytest.mark.e2e
 @pytest.mark.skipif(not shm_handoff.available(), reason="needs a writable /dev/shm")
-def test_weights_through_shared_memory_leave_no_object_store_pages_in_the_device(ray_session):
-    """Through Ray's object store every read of a device's weights leaves the store's pages it wrote mapped into the
-    device (and charged to its memory cgroup): the reference run shows that growth, the shm hand-over must not."""
-    grown_store, same_store = _weights_round_trips("object_store")
-    grown_shm, same_shm = _weights_round_trips("shm")
-    assert same_store and same_shm
-    assert grown_store > 8.0  # a block's weights are about 2 MiB: the effect is there to be removed
-    assert grown_shm < 2.0
+def test_weights_and_blocks_through_shared_memory_leave_no_object_store_pages_in_the_device(ray_session):
+    """Through Ray's object store the pages of what a device receives stay mapped into it (and charged to its memory
+    cgroup): its first segment when it starts, every read of its weights, the blocks a new delta moves to it. The
+    reference run through the object store shows each of those (so the check can fail); the shm hand-over must
+    show none, and a device started for a plan receives its blocks once, by the hand-over the CU chose (not in its
+    actor's constructor through the object store and again by a load)."""
+    store = _device_shmem("object_store")
+    shm = _device_shmem("shm")
+    assert store["same"] and shm["same"]
+    assert store["fresh"] > 8.0 and store["weights"] > 8.0 and store["moves"] > 8.0, store
+    assert shm["fresh"] < 2.0 and shm["weights"] < 2.0 and shm["moves"] < 2.0, shm
 
 
 def test_a_segment_taken_apart_for_shared_memory_is_rebuilt_equal(tmp_path):
@@ -267,67 +279,6 @@ def test_a_segment_taken_apart_for_shared_memory_is_rebuilt_equal(tmp_path):
     tied = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
     tied[1].weight = tied[0].weight
     assert shm_handoff.parked_module(tied, lot) is None
-
-
-def _moves(mode: str, moves: int = 8) -> tuple[float, bool]:
-    """The largest growth (MiB) of a device actor's RssShmem over ``moves`` re-partitions of two blocks between two
-    devices ((1, 1) and (2, 0) in turn: blocks and their optimizer state move each time), and whether the encoder's
-    weights came through unchanged."""
-    from collapipe_flwr.models.transformer import TransformerConfig, build_transformer
-
-    sizes = dict(d_model=256, n_heads=4, d_ff=512, enc_layers=2, dec_layers=1, dropout=0.0, max_len=32, pad_id=0)
-    model = build_transformer(TransformerConfig(src_vocab=50, tgt_vocab=50, **sizes))
-    rt = runtime(backend="ray", handoff=mode)
-    with ClusterPipeline(model.embedding, model.blocks, (1, 1), SGD_UNIT, runtime=rt) as pipe:
-        first = pipe.encoder_state_dict()
-        pids = [process.pid for process in pipe.stages.processes().values()]
-        start = [_shmem_mib(pid) for pid in pids]
-        for i in range(moves):
-            pipe.placement.repartition((2, 0) if i % 2 == 0 else (1, 1))
-        growth = max(_shmem_mib(pid) - s for pid, s in zip(pids, start))
-        last = pipe.encoder_state_dict()
-    return growth, all(torch.equal(first[k], last[k]) for k in first)
-
-
-@pytest.mark.e2e
-@pytest.mark.skipif(not shm_handoff.available(), reason="needs a writable /dev/shm")
-def test_blocks_moved_through_shared_memory_leave_no_object_store_pages_in_the_device(ray_session):
-    """A new delta moves blocks between live devices: through the object store their pages stay mapped into the
-    receiving device (the reference), through the shm hand-over they must not."""
-    grown_store, same_store = _moves("object_store")
-    grown_shm, same_shm = _moves("shm")
-    assert same_store and same_shm
-    assert grown_store > 8.0
-    assert grown_shm < 2.0
-
-
-def _fresh_device_shmem(mode: str) -> tuple[float, bool]:
-    """RssShmem (MiB) of the freshest device actor once it holds its first segment (a block of ~12 MiB of weights,
-    placed when the actor starts), and whether its weights arrived unchanged."""
-    from collapipe_flwr.models.transformer import TransformerConfig, build_transformer
-
-    sizes = dict(d_model=512, n_heads=4, d_ff=2048, enc_layers=2, dec_layers=1, dropout=0.0, max_len=32, pad_id=0)
-    model = build_transformer(TransformerConfig(src_vocab=50, tgt_vocab=50, **sizes))
-    sent = {k: v.clone() for k, v in model.blocks.state_dict().items()}
-    with ClusterPipeline(
-        model.embedding, model.blocks, (1, 1), SGD_UNIT, runtime=runtime(backend="ray", handoff=mode)
-    ) as pipe:
-        shmem = max(_shmem_mib(process.pid) for process in pipe.stages.processes().values())
-        got = pipe.encoder_state_dict()
-    return shmem, all(torch.equal(sent[k], got[k]) for k in sent)
-
-
-@pytest.mark.e2e
-@pytest.mark.skipif(not shm_handoff.available(), reason="needs a writable /dev/shm")
-def test_a_new_device_gets_its_first_segment_once_through_shared_memory(ray_session):
-    """A device started for a plan receives its blocks once, by the hand-over the CU chose: not in its actor's
-    constructor (through Ray's object store) and again by a load. Through the object store (the reference, so the
-    check can fail) the block's pages stay mapped into the device; through shared memory they must not."""
-    store, same_store = _fresh_device_shmem("object_store")
-    shm, same_shm = _fresh_device_shmem("shm")
-    assert same_store and same_shm
-    assert store > 8.0
-    assert shm < 2.0
 
 
 def test_a_llama_segment_takes_the_shared_memory_way_and_computes_the_same(tmp_path):
