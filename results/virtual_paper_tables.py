@@ -163,8 +163,8 @@ def job_rows(records_dir: Path = RECORDS) -> list[dict]:
 
 
 def apart_rows(records_dir: Path = OTHER_HOST) -> list[dict]:
-    """The rows of the jobs kept apart for their host (``records/other_host/``), for runs.csv: ``apart`` "host",
-    ``claims`` "quality" (:func:`claims_use`). The table lists them in their own section (:func:`other_host_rows`)."""
+    """runs.csv's rows of the jobs kept apart for their host (``records/other_host/``: ``apart`` "host"); the
+    table lists them in a section of their own (:func:`other_host_rows`)."""
     rules: dict[tuple[str, str], float] = {}
     rows = [job_row(path, rules) for path in sorted(records_dir.glob("*/*/*/*.rounds.jsonl.gz"))]
     return [{**r, "host_off": "", "apart": "host", "claims": claims_use("", "host")} for r in rows]
@@ -380,8 +380,7 @@ def table(rows: list[dict], apart: list[dict] | None = None) -> str:
 
 
 def csv_text(rows: list[dict]) -> str:
-    """runs.csv's text: one line per job, the compared jobs' (:func:`job_rows`) then those kept apart
-    (:func:`apart_rows`)."""
+    """runs.csv's text: a line per job (the compared jobs' rows, then those kept apart for their host)."""
     out = io.StringIO(newline="")
     writer = csv.DictWriter(out, fieldnames=list(rows[0]))
     writer.writeheader()
