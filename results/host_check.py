@@ -28,7 +28,7 @@ That clock still reads about 10% apart between hosts 4x apart (docs/testbed.md),
 claims pair, run on one host. For a task part (``--part classification`` or ``ner``) the check lists the seeds begun
 but not finished, with their kept jobs' host speed (``virtual.host_flops``, written by the clock), and exits 1 when
 this host is more than ``host_speed.SAME_SPEED`` from one of them: queue other seeds here. The tables leave a job
-set against another speed than its seed's out of the claims whatever ran it (``virtual_paper_tables.mark_host_off``).
+set against another speed than its seed's out of the claims whatever ran it (``virtual_paper_rows.mark_host_off``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import virtual_paper  # noqa: E402
 from reportlib import host_speed  # noqa: E402
 from reportlib.records import read_json, read_jsonl, read_jsonl_gz  # noqa: E402
-from virtual_paper_tables import round_parts  # noqa: E402
+from virtual_paper_rows import round_parts  # noqa: E402
 
 from collapipe_flwr.config import load_run_config  # noqa: E402
 from collapipe_flwr.fl.server.server_state import Probe  # noqa: E402

@@ -7,7 +7,7 @@ A rerun is the kept job's own overrides, at the kept job's code version, on what
 training loss and validation metric, and whether its plan (``plan``: S, m, delta_k, channels, power) is the kept
 job's. The clock is not compared: a rerun on another host reads its own host's seconds.
 
-What it settles (``virtual_paper_tables.claims_use``): whether a job's training, and so its final metric, depends
+What it settles (``virtual_paper_rows.claims_use``): whether a job's training, and so its final metric, depends
 on the host it ran on, or only differs from run to run as two runs on one host do.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reportlib import markdown as md  # noqa: E402
 from reportlib.records import read_jsonl_gz  # noqa: E402
-from virtual_paper_tables import RECORDS, RESULTS, quality_target  # noqa: E402
+from virtual_paper_rows import RECORDS, RESULTS, quality_target  # noqa: E402
 
 RERUNS = RECORDS / "reruns"
 OUT = RESULTS / "virtual_paper" / "reruns.md"

@@ -14,7 +14,7 @@ CollaPipe (the ``dssra`` run) against each baseline, paired by seed and judged b
   validation subset), against the "up to 2.76%" of inference accuracy.
 
 The clock's rows pair only jobs whose clocks were set against one host speed; the final metric's rows pair every kept
-job, those kept apart for their host included (runs.csv's ``claims``; ``virtual_paper_tables.claims_use``).
+job, those kept apart for their host included (runs.csv's ``claims``; ``virtual_paper_rows.claims_use``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ PARTS = {"paper": ("translation", "BLEU"), "classification": ("classification", 
 
 def runs() -> list[dict[str, str]]:
     """The campaign's rows, CollaPipe (the ``dssra`` run) named ``collapipe``, each with the claims it enters
-    (``claims``: ``virtual_paper_tables.claims_use``)."""
+    (``claims``: ``virtual_paper_rows.claims_use``)."""
     return by_method(read_csv(VIRTUAL))
 
 

@@ -1,5 +1,5 @@
 """The virtual-clock results scripts against hand-built records: time to target with censoring
-(results/virtual_paper_tables.py), the clock's error against the testbed (results/virtual_clock_tables.py), and the
+(results/virtual_paper_rows.py), the clock's error against the testbed (results/virtual_clock_tables.py), and the
 campaign's jobs (results/virtual_paper.py)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def _round(t, round_s, bleu=None, clusters=None):
 
 
 def test_time_to_target_sums_the_virtual_rounds_up_to_the_first_that_reaches_it():
-    tables = load("virtual_paper_tables")
+    tables = load("virtual_paper_rows")
     records = [{"round": 0, "val_bleu": 0.0}, _round(1, 10.0, 2.0), _round(2, 12.5, 11.0), _round(3, 9.0, 12.0)]
     assert tables.time_to_target(records, 10.0) == (22.5, 2, 12.0)  # the last round's BLEU beside it
     # never reached: censored, the sum over every round a lower bound
@@ -29,7 +29,7 @@ def test_time_to_target_sums_the_virtual_rounds_up_to_the_first_that_reaches_it(
 
 
 def test_the_round_by_part_is_the_slowest_clusters_median():
-    tables = load("virtual_paper_tables")
+    tables = load("virtual_paper_rows")
     parts = {"compute_s": 1.0, "d2d_s": 0.5, "cu_s": 0.1, "uplink_s": 3.0, "decoder_s": 0.2, "setup_s": 0.0}
     slow = {**parts, "compute_s": 4.0}
     records = [
@@ -44,7 +44,7 @@ def test_the_round_by_part_is_the_slowest_clusters_median():
 
 def test_selection_counts_the_plans_selected_cus_by_hand():
     """N = 4, three trained rounds selecting {0, 1}, {0, 2}, {0}: 5/3 a round, 3 of 4 CUs ever, CU 0 in every one."""
-    tables = load("virtual_paper_tables")
+    tables = load("virtual_paper_rows")
 
     def plan(t, chosen):
         clusters = [{"cluster": n, "selected": n in chosen} for n in range(4)]
@@ -178,7 +178,7 @@ def test_a_task_part_keeps_the_setting_and_swaps_only_the_task_model_and_evaluat
 
 
 def test_a_task_part_is_timed_on_its_own_metric_and_only_once_its_target_is_fixed(monkeypatch):
-    tables = load("virtual_paper_tables")
+    tables = load("virtual_paper_rows")
     records = [{"round": 1, "virtual": {"round_s": 4.0}, "val_accuracy": 0.5, "val_bleu": 30.0}]
     records.append({"round": 2, "virtual": {"round_s": 5.0}, "val_accuracy": 0.7})
     assert tables.time_to_target(records, 0.6, "val_accuracy") == (9.0, 2, 0.7)
@@ -196,18 +196,39 @@ def test_the_committed_tables_are_regenerated_from_the_kept_records():
     assert clock.table() == (RESULTS / "virtual_clock" / "table.md").read_text(encoding="utf-8")
     paper = load("virtual_paper_tables")
     committed = (RESULTS / "virtual_paper" / "table.md").read_text(encoding="utf-8")
-    rows = paper.job_rows()
-    assert paper.table(rows, paper.other_host_rows()) == committed
+    rows, apart = paper.job_rows(), paper.read_jobs(paper.OTHER_HOST)
+    assert paper.table(rows, paper.other_host_rows(apart)) == committed
     with (RESULTS / "virtual_paper" / "runs.csv").open(encoding="utf-8", newline="") as f:
         runs = f.read()
-    assert paper.csv_text([*rows, *paper.apart_rows()]) == runs, "run python results/virtual_paper_tables.py"
+    assert paper.csv_text([*rows, *paper.apart_rows(apart)]) == runs, "run python results/virtual_paper_tables.py"
+
+
+def test_the_kept_jobs_are_read_with_their_overrides_leaving_superseded_and_kept_apart_ones_out(tmp_path):
+    """A compared job, a superseded one at the same depth and one kept apart below ``other_host/``: the compared
+    read sees the first only; reading ``other_host/`` itself sees the kept-apart one."""
+    rows = load("virtual_paper_rows")
+
+    def keep(folder, run, overrides):
+        folder.mkdir(parents=True)
+        with gzip.open(folder / f"{run}.rounds.jsonl.gz", "wt", encoding="utf-8") as f:
+            f.write(json.dumps({"round": 1, "virtual": {"round_s": 2.0}}) + "\n")
+        (folder / f"{run}.status.json").write_text(json.dumps({"overrides": overrides}), encoding="utf-8")
+
+    keep(tmp_path / "paper" / "j4" / "s0", "dssra", ["seed=0"])
+    keep(tmp_path / "superseded" / "paper" / "j4", "dssra", ["seed=9"])
+    keep(tmp_path / "other_host" / "paper" / "j2" / "s3", "titanic", ["seed=3"])
+    (job,) = rows.read_jobs(tmp_path)
+    assert (job.part, job.setting, job.seed, job.run, job.overrides) == ("paper", "j4", "0", "dssra", ["seed=0"])
+    assert job.records == [{"round": 1, "virtual": {"round_s": 2.0}}]
+    (apart,) = rows.read_jobs(tmp_path / "other_host")
+    assert (apart.setting, apart.seed, apart.run) == ("j2", "3", "titanic")
 
 
 def test_a_job_set_against_another_speed_than_its_seeds_is_marked_by_written_speeds_only():
     """Seed 0's clock-written speeds 26.2, 21.1 and 25.9 GFLOP/s: median 25.9, and 21.1 is 18.5% below it, the only
     one more than 10% off. Seed 1's 20 and 21.5 are within 10% of their median (20.75); its old record read back
     at 80 from its devices (wall seconds) is not judged and does not move the median."""
-    tables = load("virtual_paper_tables")
+    tables = load("virtual_paper_rows")
 
     def row(seed, run, speed, read="clock"):
         return {
