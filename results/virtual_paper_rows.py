@@ -159,11 +159,11 @@ def read_jobs(records_dir: Path) -> list[KeptJob]:
     return jobs
 
 
-def job_rows(records_dir: Path = RECORDS) -> list[dict]:
-    """The compared jobs' rows (every kept job but those superseded or kept apart for their host), each with its
-    ``host_off`` (:func:`mark_host_off`), ``apart`` "" and ``claims`` (:func:`claims_use`)."""
+def job_rows(jobs: list[KeptJob]) -> list[dict]:
+    """The compared jobs' rows (``read_jobs(RECORDS)``: every kept job but those superseded or kept apart for their
+    host), each with its ``host_off`` (:func:`mark_host_off`), ``apart`` "" and ``claims`` (:func:`claims_use`)."""
     rules: dict[tuple[str, str], float] = {}
-    rows = [job_row(job, rules) for job in read_jobs(records_dir)]
+    rows = [job_row(job, rules) for job in jobs]
     return [{**r, "apart": "", "claims": claims_use(r["host_off"], "")} for r in mark_host_off(rows)]
 
 
@@ -173,6 +173,21 @@ def apart_rows(jobs: list[KeptJob]) -> list[dict]:
     rules: dict[tuple[str, str], float] = {}
     rows = [job_row(job, rules) for job in jobs]
     return [{**r, "host_off": "", "apart": "host", "claims": claims_use("", "host")} for r in rows]
+
+
+def decoder_by_m(jobs: list[KeptJob]) -> dict[tuple[str, str, int], list[float]]:
+    """The server's decoder term of every selected CU-round (the virtual clock's per-cluster ``decoder_s``: the
+    server's measured work on that CU's micro-batches, each micro-batch a decoder call of its own), by part,
+    setting and the round's planned m. Eq. (26) has no server term, so DSSRA chooses m without this cost."""
+    out: dict[tuple[str, str, int], list[float]] = {}
+    for job in jobs:
+        for record in job.records:
+            clusters = (record.get("virtual") or {}).get("clusters") or {}
+            for plan in (record.get("plan") or {}).get("clusters", []):
+                cu = clusters.get(str(plan["cluster"]))
+                if record.get("round", 0) >= 1 and plan.get("selected") and cu is not None:
+                    out.setdefault((job.part, job.setting, int(plan["m"])), []).append(float(cu["decoder_s"]))
+    return out
 
 
 def claims_use(host_off: str, apart: str) -> str:

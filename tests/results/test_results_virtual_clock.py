@@ -55,6 +55,22 @@ def test_selection_counts_the_plans_selected_cus_by_hand():
     assert got == {"num_clusters": 4, "selected_per_round": 1.667, "cus_ever_selected": 3, "top_cu_share": 1.0}
 
 
+def test_the_decoder_term_is_grouped_by_each_selected_cu_rounds_planned_m():
+    """Round 1: CU 0 at m = 1 (0.5 s), CU 1 at m = 16 (2.0 s), CU 2 not selected (its 9.0 s left out); round 2:
+    CU 0 at m = 16 (3.0 s); round 0 (set-up) left out: m = 1 -> [0.5], m = 16 -> [2.0, 3.0]."""
+    rows = load("virtual_paper_rows")
+
+    def record(t, plans, decoder):
+        clusters = [{"cluster": n, "selected": sel, "m": m} for n, (sel, m) in enumerate(plans)]
+        virtual = {"clusters": {str(n): {"decoder_s": d} for n, d in enumerate(decoder)}}
+        return {"round": t, "plan": {"clusters": clusters}, "virtual": virtual}
+
+    records = [record(0, [(True, 1)], [7.0]), record(1, [(True, 1), (True, 16), (False, 4)], [0.5, 2.0, 9.0])]
+    records.append(record(2, [(True, 16), (False, 1)], [3.0, 8.0]))
+    job = rows.KeptJob(RESULTS / "x.rounds.jsonl.gz", "ner", "j4", "0", "dssra", records, [])
+    assert rows.decoder_by_m([job]) == {("ner", "j4", 1): [0.5], ("ner", "j4", 16): [2.0, 3.0]}
+
+
 def test_c10_reads_the_queue_each_selected_plan_was_made_with_by_hand():
     """Two trained rounds of N = 2 (round 0 and an unselected CU left out): CU-rounds (S, m, Gamma_n, Y_n) = (1, 1,
     2.0, 0.5), (4, 8, 6.0, 0.0), (1, 2, 2.0, 1.5) taking 20, 30 and 30 virtual s; mean Gamma 10/3, Y_n > 0 in 2 of 3,
@@ -196,11 +212,11 @@ def test_the_committed_tables_are_regenerated_from_the_kept_records():
     assert clock.table() == (RESULTS / "virtual_clock" / "table.md").read_text(encoding="utf-8")
     paper = load("virtual_paper_tables")
     committed = (RESULTS / "virtual_paper" / "table.md").read_text(encoding="utf-8")
-    rows, apart = paper.job_rows(), paper.read_jobs(paper.OTHER_HOST)
-    assert paper.table(rows, paper.other_host_rows(apart)) == committed
+    text, csv_text = paper.outputs()
+    assert text == committed
     with (RESULTS / "virtual_paper" / "runs.csv").open(encoding="utf-8", newline="") as f:
         runs = f.read()
-    assert paper.csv_text([*rows, *paper.apart_rows(apart)]) == runs, "run python results/virtual_paper_tables.py"
+    assert csv_text == runs, "run python results/virtual_paper_tables.py"
 
 
 def test_the_kept_jobs_are_read_with_their_overrides_leaving_superseded_and_kept_apart_ones_out(tmp_path):
