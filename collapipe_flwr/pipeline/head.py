@@ -7,6 +7,12 @@ numbers.
 Loss scaling is explicit (docs/contracts.md): the head returns, per micro-batch i, the SUM of its
 per-target losses l_i and its target count c_i. The step loss is sum_i l_i / sum_i c_i, exactly the
 plain model's mean over the whole batch, and micro-batch i back-propagates l_i / C with C = sum_i c_i.
+
+GPipe hands the head all m micro-batches of a step at once, so :func:`head_step` runs the head once over
+each run of micro-batches it can stack (the same keys and shapes but the batch dimension: the m slices of
+one padded batch), not once per micro-batch: a head's per-call cost (the CRF's loop over the positions,
+the decoder's kernel launches) is then paid once a step, not m times, and the sums and gradients are the
+per-micro-batch ones up to float rounding (every head's loss is a sum over rows).
 """
 
 from __future__ import annotations
@@ -44,19 +50,54 @@ class MicroHead(Protocol):
     def end_step(self) -> float: ...
 
 
+def stack_runs(
+    z_enc: Sequence[torch.Tensor], micro_batches: Sequence[dict[str, torch.Tensor]], breaks: Sequence[int] = ()
+) -> list[range]:
+    """The runs of consecutive micro-batches the head can take in one call: the same batch keys, every value a
+    tensor of the same trailing shape and dtype (only the batch dimension may differ), and the encoder outputs
+    alike. A run never crosses an index in ``breaks`` (a new run starts there: a joint step's clusters)."""
+
+    def layout(i: int) -> tuple | None:
+        mb, z = micro_batches[i], z_enc[i]
+        if z.dim() == 0 or not all(isinstance(v, torch.Tensor) and v.dim() > 0 for v in mb.values()):
+            return None
+        return (z.shape[1:], z.dtype, tuple((k, v.shape[1:], v.dtype) for k, v in sorted(mb.items())))
+
+    runs: list[range] = []
+    start, cut = 0, set(breaks)
+    for i in range(1, len(z_enc) + 1):
+        key = layout(start)
+        if i == len(z_enc) or i in cut or key is None or layout(i) != key:
+            runs.append(range(start, i))
+            start = i
+    return runs
+
+
+def _stacked(values: list, run: range) -> list:
+    """One call's inputs for ``run``: the run's tensors, or dicts of tensors, concatenated on the batch dimension."""
+    if len(run) == 1:
+        return [values[run.start]]
+    first = values[run.start]
+    if isinstance(first, dict):
+        return [{k: torch.cat([values[i][k] for i in run]) for k in first}]
+    return [torch.cat([values[i] for i in run])]
+
+
 def head_step(
     head: TaskHead,
     optimizer: torch.optim.Optimizer | None,
     z_enc: Sequence[torch.Tensor],
     micro_batches: Sequence[dict[str, torch.Tensor]],
-    terms: list[tuple[float, float]] | None = None,
+    terms: list[tuple[float, float, int]] | None = None,
+    breaks: Sequence[int] = (),
 ) -> tuple[float, list[torch.Tensor]]:
-    """One step of the head over m micro-batches.
+    """One step of the head over m micro-batches, in one head call per run of stackable micro-batches
+    (:func:`stack_runs`; a run never crosses an index in ``breaks``).
 
     ``z_enc[i]`` is the encoder output of micro-batch i (leaf tensors; not modified). Returns the step
     loss (plain mean over all targets) and dL/dz_enc[i] for every i. When ``optimizer`` is given, the
-    head's gradients are zeroed first and one optimizer step is taken after all m backwards (GPipe's
-    synchronous update). ``terms`` (optional) receives (loss sum l_i, target count c_i) per micro-batch.
+    head's gradients are zeroed first and one optimizer step is taken after the backward (GPipe's
+    synchronous update). ``terms`` (optional) receives (loss sum, target count, micro-batches) per run.
 
     The step is refused (ValueError, the head's weights and optimizer state untouched) unless the loss and
     every gradient are finite: one bad batch must not poison a decoder that every CU shares.
@@ -71,8 +112,10 @@ def head_step(
     device = module_device(head)
     leaves = [z.detach().to(device).requires_grad_(True) for z in z_enc]
     micro_batches = [batch_to(mb, device) for mb in micro_batches]
+    runs = stack_runs(leaves, micro_batches, breaks)
     sums, counts = [], []
-    for z, mb in zip(leaves, micro_batches):
+    for run in runs:
+        (z,), (mb,) = _stacked(leaves, run), _stacked(micro_batches, run)
         loss_sum, count = head.loss_terms(z, mb["attention_mask"], mb)
         sums.append(loss_sum)
         counts.append(count)
@@ -97,7 +140,7 @@ def head_step(
     if optimizer is not None:
         optimizer.step()
     if terms is not None:
-        terms.extend((float(s.detach()), float(c)) for s, c in zip(sums, counts))
+        terms.extend((float(s.detach()), float(c), len(r)) for s, c, r in zip(sums, counts, runs))
     return loss, grads
 
 

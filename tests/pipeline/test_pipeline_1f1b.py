@@ -314,14 +314,23 @@ def run_through_data_plane(data_dir, schedule: str, m: int = 4, steps: int = 2):
 def test_1f1b_through_the_data_plane_updates_the_decoder_as_gpipe(data_dir, monkeypatch):
     """One step of m = 4 micro-batches: the same z_enc reach the decoder in 4 exchanges instead of 1, the decoder
     sums their gradients and steps once, so its parameters after the step equal GPipe's (float32, the same sums in
-    the same order); the loss and the CU's gradients too."""
+    the same order: GPipe's step here takes its micro-batches one head call each, as 1F1B must, where it would
+    stack them into one call, whose sums round otherwise, tests/pipeline/test_head_runs.py); the loss and the CU's
+    gradients too."""
+    from collapipe_flwr.fl.server.decoder import frame_service
     from collapipe_flwr.fl.server.decoder.frame_service import FrameService
+    from collapipe_flwr.pipeline.head import head_step
 
     parts = []
     run_part = FrameService._run_part
     monkeypatch.setattr(
         FrameService, "_run_part", lambda self, req, step: parts.append(req.part) or run_part(self, req, step)
     )
+
+    def one_call_each(head, optimizer, z_enc, micro_batches, terms=None, breaks=()):
+        return head_step(head, optimizer, z_enc, micro_batches, terms, range(1, len(z_enc)))
+
+    monkeypatch.setattr(frame_service, "head_step", one_call_each)
     (initial, gp_decoder), gp_weights, gp_metrics, gp_served = run_through_data_plane(data_dir, "gpipe", steps=1)
     assert parts == []
     (_, decoder), weights, metrics, served = run_through_data_plane(data_dir, "1f1b", steps=1)

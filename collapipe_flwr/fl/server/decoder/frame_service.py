@@ -312,18 +312,20 @@ class FrameService:
                     self._restart(req)
             step = self.journal.step_of(reqs[0].round, reqs[0].cluster, reqs[0].seq)
             self._seed_head(reqs[0].round, -1, step, 0)  # one joint step of every cluster: cluster -1
-            terms: list[tuple[float, float]] = []
-            _, grads = self._run_head(_joined(reqs), step, terms)
+            terms: list[tuple[float, float, int]] = []  # per run of stacked micro-batches, never across clusters
+            _, grads = self._run_head(_joined(reqs), step, terms, _cluster_starts(reqs))
             self.journal.record(JOINT, reqs, step)
-            total = sum(c for _, c in terms)
-            out, i = {}, 0
+            total = sum(c for _, c, _ in terms)
+            out, i, runs = {}, 0, iter(terms)
             for req in reqs:
-                m = len(req.z_enc)
-                own = terms[i : i + m]
-                count = sum(c for _, c in own)
+                m, taken, own = len(req.z_enc), 0, []
+                while taken < m:
+                    own.append(next(runs))
+                    taken += own[-1][2]
+                count = sum(c for _, c, _ in own)
                 scale = total / count if count else 0.0
                 out[int(req.cluster)] = (
-                    sum(l for l, _ in own) / max(count, 1e-12),
+                    sum(l for l, _, _ in own) / max(count, 1e-12),
                     [g * scale for g in grads[i : i + m]],
                 )
                 i += m
@@ -366,18 +368,29 @@ class FrameService:
             self._parts.pop(key, None)
             raise DataPlaneError(f"the decoder could not run this part: {err.__class__.__name__}: {err}") from None
 
-    def _run_head(self, req: StepRequest, step: int, terms: list | None = None) -> tuple[float, list[torch.Tensor]]:
-        """head_step under the lock at step ``step``'s lr; a head failure leaves weights and optimizer state
-        untouched."""
+    def _run_head(
+        self, req: StepRequest, step: int, terms: list | None = None, breaks: list[int] | None = None
+    ) -> tuple[float, list[torch.Tensor]]:
+        """head_step under the lock at step ``step``'s lr (``terms``, ``breaks``: a joint step's, per cluster); a
+        head failure leaves weights and optimizer state untouched."""
         self.head.train()
         self._scale_lr(req.round, step)
         try:
             with autocast(self.precision, module_device(self.head).type):
-                return head_step(self.head, self.optimizer, req.z_enc, req.micro_batches, terms)
+                return head_step(self.head, self.optimizer, req.z_enc, req.micro_batches, terms, breaks or ())
         except DataPlaneError:
             raise
         except Exception as err:  # e.g. a label out of range, no targets; raised before optimizer.step()
             raise DataPlaneError(f"the decoder could not run this step: {err.__class__.__name__}: {err}") from None
+
+
+def _cluster_starts(reqs: list[StepRequest]) -> list[int]:
+    """The index in a joint step's micro-batches (:func:`_joined`) where each cluster's but the first begin."""
+    starts, at = [], 0
+    for req in reqs[:-1]:
+        at += len(req.z_enc)
+        starts.append(at)
+    return starts
 
 
 def _joined(reqs: list[StepRequest]) -> StepRequest:
