@@ -190,6 +190,47 @@ def decoder_by_m(jobs: list[KeptJob]) -> dict[tuple[str, str, int], list[float]]
     return out
 
 
+def plan_compute(job: KeptJob) -> dict[tuple, list[float]]:
+    """The virtual compute (``compute_s``) of the job's selected CU-rounds by the plan that made them: (cluster,
+    S, m, delta_k), each cluster's devices the same in every job of a setting."""
+    out: dict[tuple, list[float]] = {}
+    for record in job.records:
+        clusters = (record.get("virtual") or {}).get("clusters") or {}
+        for plan in (record.get("plan") or {}).get("clusters", []):
+            cu = clusters.get(str(plan["cluster"]))
+            if record.get("round", 0) >= 1 and plan.get("selected") and cu is not None:
+                key = (int(plan["cluster"]), int(plan["S"]), int(plan["m"]), tuple(plan.get("delta", ())))
+                out.setdefault(key, []).append(float(cu["compute_s"]))
+    return out
+
+
+def same_plan_ratios(jobs: list[KeptJob], least: int = 3) -> list[dict]:
+    """The clock's consistency between two jobs of one part, setting and seed: for every plan both ran in at least
+    ``least`` CU-rounds (:func:`plan_compute`), the ratio of the first job's median virtual compute to the
+    second's. The same plan on the same device profile should read the same in any job; a ratio away from 1 is
+    what the clock adds (the host's drift between the jobs, what else ran in the job beside that cluster)."""
+    by_seed: dict[tuple[str, str, str], list[KeptJob]] = {}
+    for job in jobs:
+        by_seed.setdefault((job.part, job.setting, job.seed), []).append(job)
+    rows = []
+    for (part, setting, seed), group in sorted(by_seed.items()):
+        cells = {job.run: plan_compute(job) for job in group}
+        runs = sorted(cells)
+        for i, first in enumerate(runs):
+            for second in runs[i + 1 :]:
+                common = [
+                    k for k in cells[first] if len(cells[first][k]) >= least and len(cells[second].get(k, ())) >= least
+                ]
+                ratios = sorted(
+                    statistics.median(cells[first][k]) / statistics.median(cells[second][k]) for k in common
+                )
+                if ratios:
+                    rows.append(
+                        {"part": part, "setting": setting, "seed": seed, "pair": (first, second), "ratios": ratios}
+                    )
+    return rows
+
+
 def claims_use(host_off: str, apart: str) -> str:
     """Which of the claims' rows a job enters (runs.csv's ``claims``; the one rule, stated in results/README.md).
 

@@ -71,6 +71,28 @@ def test_the_decoder_term_is_grouped_by_each_selected_cu_rounds_planned_m():
     assert rows.decoder_by_m([job]) == {("ner", "j4", 1): [0.5], ("ner", "j4", 16): [2.0, 3.0]}
 
 
+def test_the_same_plan_in_two_jobs_is_compared_by_its_median_compute_by_hand():
+    """Seed 0: plan A (cluster 0, S = 1, m = 1) reads 10, 12, 11 s in dssra and 10, 10, 10 in titanic (1.1); plan B
+    (cluster 1, S = 2, m = 4) only twice in titanic: left out (fewer than 3). Seed 1's lone job pairs with none."""
+    rows = load("virtual_paper_rows")
+
+    def record(t, cells):
+        plans = [{"cluster": n, "selected": True, "S": S, "m": m, "delta": [6 // S] * S} for n, S, m, _ in cells]
+        virtual = {"clusters": {str(n): {"compute_s": c} for n, _, _, c in cells}}
+        return {"round": t, "plan": {"clusters": plans}, "virtual": virtual}
+
+    dssra = [record(t, [(0, 1, 1, c), (1, 2, 4, 5.0)]) for t, c in ((1, 10.0), (2, 12.0), (3, 11.0))]
+    titanic = [record(t, [(0, 1, 1, 10.0)] + ([(1, 2, 4, 4.0)] if t < 3 else [])) for t in (1, 2, 3)]
+    jobs = [
+        rows.KeptJob(RESULTS / "x", "ner", "j4", "0", run, recs, [])
+        for run, recs in (("dssra", dssra), ("titanic", titanic))
+    ]
+    jobs.append(rows.KeptJob(RESULTS / "x", "ner", "j4", "1", "dssra", dssra, []))
+    (got,) = rows.same_plan_ratios(jobs)
+    assert (got["seed"], got["pair"]) == ("0", ("dssra", "titanic"))
+    assert got["ratios"] == [pytest.approx(1.1)]
+
+
 def test_c10_reads_the_queue_each_selected_plan_was_made_with_by_hand():
     """Two trained rounds of N = 2 (round 0 and an unselected CU left out): CU-rounds (S, m, Gamma_n, Y_n) = (1, 1,
     2.0, 0.5), (4, 8, 6.0, 0.0), (1, 2, 2.0, 1.5) taking 20, 30 and 30 virtual s; mean Gamma 10/3, Y_n > 0 in 2 of 3,
