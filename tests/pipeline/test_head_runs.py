@@ -67,7 +67,7 @@ def test_a_stacked_step_equals_the_per_micro_batch_sum_in_fewer_head_calls():
     terms: list = []
     loss, grads = head_step(head, None, zs, mbs, terms)
     assert head.calls == 2  # the two 8-token micro-batches in one call, the two 6-token ones in another
-    assert abs(loss - float(expected)) < 1e-12
+    assert abs(loss - expected.item()) < 1e-12
     for got, leaf in zip(grads, leaves):
         torch.testing.assert_close(got, leaf.grad, rtol=1e-10, atol=1e-12)
     want = [(float(pairs[0][0] + pairs[1][0]), float(pairs[0][1] + pairs[1][1]), 2)]
