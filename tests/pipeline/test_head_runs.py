@@ -70,8 +70,11 @@ def test_a_stacked_step_equals_the_per_micro_batch_sum_in_fewer_head_calls():
     assert abs(loss - expected.item()) < 1e-12
     for got, leaf in zip(grads, leaves):
         torch.testing.assert_close(got, leaf.grad, rtol=1e-10, atol=1e-12)
-    want = [(float(pairs[0][0] + pairs[1][0]), float(pairs[0][1] + pairs[1][1]), 2)]
-    want.append((float(pairs[2][0] + pairs[3][0]), float(pairs[2][1] + pairs[3][1]), 2))
+    sums = [(float(l.detach()), float(c)) for l, c in pairs]
+    want = [
+        (sums[0][0] + sums[1][0], sums[0][1] + sums[1][1], 2),
+        (sums[2][0] + sums[3][0], sums[2][1] + sums[3][1], 2),
+    ]
     assert [t[2] for t in terms] == [2, 2]
     for (l, c, _), (wl, wc, _) in zip(terms, want):
         assert abs(l - wl) < 1e-9 and c == wc
