@@ -175,18 +175,25 @@ def apart_rows(jobs: list[KeptJob]) -> list[dict]:
     return [{**r, "host_off": "", "apart": "host", "claims": claims_use("", "host")} for r in rows]
 
 
+def selected_cu_rounds(job: KeptJob):
+    """(plan, virtual figures) of each selected CU-round of the job's trained rounds: the plan's cluster entry and
+    the clock's per-cluster section for it."""
+    for record in job.records:
+        clusters = (record.get("virtual") or {}).get("clusters") or {}
+        for plan in (record.get("plan") or {}).get("clusters", []):
+            cu = clusters.get(str(plan["cluster"]))
+            if record.get("round", 0) >= 1 and plan.get("selected") and cu is not None:
+                yield plan, cu
+
+
 def decoder_by_m(jobs: list[KeptJob]) -> dict[tuple[str, str, int], list[float]]:
     """The server's decoder term of every selected CU-round (the virtual clock's per-cluster ``decoder_s``: the
     server's measured work on that CU's micro-batches, each micro-batch a decoder call of its own), by part,
     setting and the round's planned m. Eq. (26) has no server term, so DSSRA chooses m without this cost."""
     out: dict[tuple[str, str, int], list[float]] = {}
     for job in jobs:
-        for record in job.records:
-            clusters = (record.get("virtual") or {}).get("clusters") or {}
-            for plan in (record.get("plan") or {}).get("clusters", []):
-                cu = clusters.get(str(plan["cluster"]))
-                if record.get("round", 0) >= 1 and plan.get("selected") and cu is not None:
-                    out.setdefault((job.part, job.setting, int(plan["m"])), []).append(float(cu["decoder_s"]))
+        for plan, cu in selected_cu_rounds(job):
+            out.setdefault((job.part, job.setting, int(plan["m"])), []).append(float(cu["decoder_s"]))
     return out
 
 
@@ -194,13 +201,9 @@ def plan_compute(job: KeptJob) -> dict[tuple, list[float]]:
     """The virtual compute (``compute_s``) of the job's selected CU-rounds by the plan that made them: (cluster,
     S, m, delta_k), each cluster's devices the same in every job of a setting."""
     out: dict[tuple, list[float]] = {}
-    for record in job.records:
-        clusters = (record.get("virtual") or {}).get("clusters") or {}
-        for plan in (record.get("plan") or {}).get("clusters", []):
-            cu = clusters.get(str(plan["cluster"]))
-            if record.get("round", 0) >= 1 and plan.get("selected") and cu is not None:
-                key = (int(plan["cluster"]), int(plan["S"]), int(plan["m"]), tuple(plan.get("delta", ())))
-                out.setdefault(key, []).append(float(cu["compute_s"]))
+    for plan, cu in selected_cu_rounds(job):
+        key = (int(plan["cluster"]), int(plan["S"]), int(plan["m"]), tuple(plan.get("delta", ())))
+        out.setdefault(key, []).append(float(cu["compute_s"]))
     return out
 
 

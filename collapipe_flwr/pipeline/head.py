@@ -63,11 +63,11 @@ def stack_runs(
             return None
         return (z.shape[1:], z.dtype, tuple((k, v.shape[1:], v.dtype) for k, v in sorted(mb.items())))
 
+    layouts = [layout(i) for i in range(len(z_enc))]
     runs: list[range] = []
     start, cut = 0, set(breaks)
     for i in range(1, len(z_enc) + 1):
-        key = layout(start)
-        if i == len(z_enc) or i in cut or key is None or layout(i) != key:
+        if i == len(z_enc) or i in cut or layouts[start] is None or layouts[i] != layouts[start]:
             runs.append(range(start, i))
             start = i
     return runs
