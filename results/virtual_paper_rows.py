@@ -10,10 +10,13 @@ enters (:func:`claims_use`).
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import virtual_paper  # noqa: E402
@@ -186,12 +189,24 @@ def selected_cu_rounds(job: KeptJob):
                 yield plan, cu
 
 
+def head_on_server(job: KeptJob) -> bool:
+    """Whether the job's method trains against the server's head (``method.head_on_server`` of its
+    ``conf/method/<name>.yaml``, the name its records carry); VanillaFL's head trains on the device instead."""
+    names = {str(r["method"]) for r in job.records if r.get("method")}
+    if len(names) != 1:
+        raise ValueError(f"{job.where}: its rounds name {sorted(names) or 'no'} method; one is needed")
+    conf = yaml.safe_load((virtual_paper.REPO / "conf" / "method" / f"{names.pop()}.yaml").read_text())
+    return bool(conf.get("head_on_server", True))
+
+
 def decoder_by_m(jobs: list[KeptJob]) -> dict[tuple[str, str, int], list[float]]:
     """The server's decoder term of every selected CU-round (the virtual clock's per-cluster ``decoder_s``: the
-    server's measured work on that CU's micro-batches, each micro-batch a decoder call of its own), by part,
-    setting and the round's planned m. Eq. (26) has no server term, so DSSRA chooses m without this cost."""
+    server's measured work on that CU's micro-batches; up to ``ea71830`` each micro-batch a decoder call of its
+    own), by part, setting and the round's planned m, of the jobs whose head is the server's (:func:`head_on_server`:
+    VanillaFL's CU-rounds, whose server does no decoder work, would read 0). Eq. (26) has no server term, so DSSRA
+    chooses m without this cost."""
     out: dict[tuple[str, str, int], list[float]] = {}
-    for job in jobs:
+    for job in (j for j in jobs if head_on_server(j)):
         for plan, cu in selected_cu_rounds(job):
             out.setdefault((job.part, job.setting, int(plan["m"])), []).append(float(cu["decoder_s"]))
     return out
@@ -231,6 +246,46 @@ def same_plan_ratios(jobs: list[KeptJob], least: int = 3) -> list[dict]:
                     rows.append(
                         {"part": part, "setting": setting, "seed": seed, "pair": (first, second), "ratios": ratios}
                     )
+    return rows
+
+
+def probe_fit(jobs: list[KeptJob], least: int = 5) -> list[dict]:
+    """How much of the run-to-run spread of a plan's CPU seconds the round's host probe explains, per part: over
+    every (job, plan) with at least ``least`` CU-rounds whose round read the host (``virtual.host_reading``,
+    ``clock.probe_every_round``), x = log(reading) and y = log(compute_s / host_flops) (the devices' CPU seconds
+    up to the plan's constant device scale), each centred on its (job, plan) mean. ``slope``: the pooled
+    least-squares slope of y on x (-1: the CPU seconds follow the reading, a faster host reading as fewer; 0: the
+    reading tells nothing of them); ``sd``: the standard deviation of y; ``sd_read``: of y + x, the CPU seconds
+    set against each round's own reading instead of the clock's running median."""
+    pooled: dict[str, list[tuple[float, float]]] = {}
+    for job in jobs:
+        cells: dict[tuple, list[tuple[float, float]]] = {}
+        for record in job.records:
+            virtual = record.get("virtual") or {}
+            reading, speed = virtual.get("host_reading"), virtual.get("host_flops")
+            if not reading or not speed:
+                continue
+            for plan in (record.get("plan") or {}).get("clusters", []):
+                cu = (virtual.get("clusters") or {}).get(str(plan["cluster"]))
+                if record.get("round", 0) >= 1 and plan.get("selected") and cu is not None and cu["compute_s"] > 0:
+                    key = (int(plan["cluster"]), int(plan["S"]), int(plan["m"]), tuple(plan.get("delta", ())))
+                    cells.setdefault(key, []).append((math.log(reading), math.log(cu["compute_s"] / speed)))
+        for points in cells.values():
+            if len(points) >= least:
+                mx, my = statistics.fmean(x for x, _ in points), statistics.fmean(y for _, y in points)
+                pooled.setdefault(job.part, []).extend((x - mx, y - my) for x, y in points)
+    rows = []
+    for part, points in sorted(pooled.items()):
+        xx = sum(x * x for x, _ in points)
+        rows.append(
+            {
+                "part": part,
+                "cu_rounds": len(points),
+                "slope": sum(x * y for x, y in points) / xx if xx > 0 else float("nan"),
+                "sd": statistics.pstdev(y for _, y in points),
+                "sd_read": statistics.pstdev(x + y for x, y in points),
+            }
+        )
     return rows
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import math
 
 import pytest
 
@@ -57,18 +58,24 @@ def test_selection_counts_the_plans_selected_cus_by_hand():
 
 def test_the_decoder_term_is_grouped_by_each_selected_cu_rounds_planned_m():
     """Round 1: CU 0 at m = 1 (0.5 s), CU 1 at m = 16 (2.0 s), CU 2 not selected (its 9.0 s left out); round 2:
-    CU 0 at m = 16 (3.0 s); round 0 (set-up) left out: m = 1 -> [0.5], m = 16 -> [2.0, 3.0]."""
+    CU 0 at m = 16 (3.0 s); round 0 (set-up) left out: m = 1 -> [0.5], m = 16 -> [2.0, 3.0]. A VanillaFL job
+    (conf/method/vanilla_fl.yaml: head_on_server false; its server does no decoder work, 0 s) adds nothing."""
     rows = load("virtual_paper_rows")
 
-    def record(t, plans, decoder):
+    def record(t, plans, decoder, method="collapipe"):
         clusters = [{"cluster": n, "selected": sel, "m": m} for n, (sel, m) in enumerate(plans)]
         virtual = {"clusters": {str(n): {"decoder_s": d} for n, d in enumerate(decoder)}}
-        return {"round": t, "plan": {"clusters": clusters}, "virtual": virtual}
+        return {"round": t, "method": method, "plan": {"clusters": clusters}, "virtual": virtual}
 
     records = [record(0, [(True, 1)], [7.0]), record(1, [(True, 1), (True, 16), (False, 4)], [0.5, 2.0, 9.0])]
     records.append(record(2, [(True, 16), (False, 1)], [3.0, 8.0]))
     job = rows.KeptJob(RESULTS / "x.rounds.jsonl.gz", "ner", "j4", "0", "dssra", records, [])
-    assert rows.decoder_by_m([job]) == {("ner", "j4", 1): [0.5], ("ner", "j4", 16): [2.0, 3.0]}
+    vanilla = [record(t, [(True, 1), (True, 1)], [0.0, 0.0], method="vanilla_fl") for t in (1, 2)]
+    other = rows.KeptJob(RESULTS / "y.rounds.jsonl.gz", "ner", "j4", "0", "vanilla_fl", vanilla, [])
+    assert rows.decoder_by_m([job, other]) == {("ner", "j4", 1): [0.5], ("ner", "j4", 16): [2.0, 3.0]}
+    nameless = rows.KeptJob(RESULTS / "z.rounds.jsonl.gz", "ner", "j4", "0", "x", [{"round": 1}], [])
+    with pytest.raises(ValueError, match="z.rounds.jsonl.gz: its rounds name no method"):
+        rows.decoder_by_m([nameless])
 
 
 def test_the_same_plan_in_two_jobs_is_compared_by_its_median_compute_by_hand():
@@ -91,6 +98,46 @@ def test_the_same_plan_in_two_jobs_is_compared_by_its_median_compute_by_hand():
     (got,) = rows.same_plan_ratios(jobs)
     assert (got["seed"], got["pair"]) == ("0", ("dssra", "titanic"))
     assert got["ratios"] == [pytest.approx(1.1)]
+
+
+def test_the_probe_fit_recovers_how_cpu_seconds_follow_the_reading_by_hand():
+    """Two jobs of one part, one plan each over six rounds, readings 50-150e9 FLOP/s. In the first the devices'
+    CPU seconds are 1000e9 / reading exactly (a host twice as fast halves them): slope -1, and set against each
+    round's reading they do not move (spread 0). In the second they do not follow the reading at all (the same
+    seconds whatever it reads): slope 0, spread 0, and set against the reading they take its spread. A job
+    without readings (a probe at start-up only) and a plan of four rounds are left out."""
+    rows = load("virtual_paper_rows")
+    readings = [50e9, 70e9, 90e9, 110e9, 130e9, 150e9]
+
+    def record(t, reading, cpu_s, plan=(0, 1, 1)):
+        cluster, S, m = plan
+        virtual = {
+            "host_reading": reading,
+            "host_flops": 100e9,
+            "clusters": {str(cluster): {"compute_s": cpu_s * 100e9}},
+        }
+        return {
+            "round": t,
+            "plan": {"clusters": [{"cluster": cluster, "S": S, "m": m, "selected": True}]},
+            "virtual": virtual,
+        }
+
+    follows = [record(t + 1, r, 1000e9 / r) for t, r in enumerate(readings)]
+    steady = [record(t + 1, r, 4.0) for t, r in enumerate(readings)]
+    steady += [record(t + 7, r, 9.0, plan=(1, 2, 4)) for t, r in enumerate(readings[:4])]  # four rounds: left out
+    unread = [{**r, "virtual": {**r["virtual"], "host_reading": None}} for r in follows]
+    jobs = [
+        rows.KeptJob(RESULTS / "x", "ner", "j4", "0", run, recs, [])
+        for run, recs in (("dssra", follows), ("titanic", steady), ("random", unread))
+    ]
+    (got,) = rows.probe_fit(jobs[:1])
+    assert (got["part"], got["cu_rounds"]) == ("ner", 6)
+    assert got["slope"] == pytest.approx(-1.0) and got["sd_read"] == pytest.approx(0.0, abs=1e-12)
+    (got,) = rows.probe_fit(jobs[1:])
+    assert got["cu_rounds"] == 6 and got["slope"] == pytest.approx(0.0, abs=1e-12) and got["sd"] == pytest.approx(0.0)
+    logs = [math.log(r) for r in readings]
+    mean = sum(logs) / len(logs)
+    assert got["sd_read"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs)))
 
 
 def test_c10_reads_the_queue_each_selected_plan_was_made_with_by_hand():
@@ -302,29 +349,3 @@ def test_a_jobs_code_version_is_its_checkouts_commit_marked_when_its_tracked_fil
     assert campaign.code_version(tmp_path) == head
     (tmp_path / "clock.py").write_text("SCALE = 2\n")
     assert campaign.code_version(tmp_path) == f"{head}+changes"
-
-
-def _gz_rounds(path, rounds):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rounds)
-
-
-def test_a_rerun_is_set_round_by_round_beside_its_kept_job_and_a_changed_plan_shows(tmp_path):
-    """A kept translation job of two rounds and a rerun whose round-2 plan differs (S = 2, not 1): the table gives
-    both runs' losses and BLEU as written, "yes" for round 1's plan and "no" for round 2's; the committed table is
-    what the kept reruns give."""
-    check = load("rerun_check")
-    plan = {"clusters": [{"cluster": 0, "S": 1, "m": 1}]}
-    kept = [{"round": 0}, *({"round": t, "train_loss": 9.0 - t, "val_bleu": 0.5 * t, "plan": plan} for t in (1, 2))]
-    rerun = [
-        {"round": 1, "train_loss": 7.99991, "val_bleu": 0.5, "plan": plan},
-        {"round": 2, "train_loss": 7.1, "val_bleu": 1.25, "plan": {"clusters": [{"cluster": 0, "S": 2, "m": 1}]}},
-    ]
-    _gz_rounds(tmp_path / "records" / "paper" / "j4" / "s0" / "dssra.rounds.jsonl.gz", kept)
-    _gz_rounds(tmp_path / "reruns" / "paper" / "j4" / "s0" / "dssra.a.rounds.jsonl.gz", rerun)
-    lines = check.table(tmp_path / "reruns", tmp_path / "records").splitlines()
-    assert "## paper j4 s0 dssra" in lines
-    assert "| 1 | 8.0000 | 0.500 | 7.9999 | 0.500 | yes |" in lines
-    assert "| 2 | 7.0000 | 1.000 | 7.1000 | 1.250 | no |" in lines
-    assert check.table() == (RESULTS / "virtual_paper" / "reruns.md").read_text(encoding="utf-8")
