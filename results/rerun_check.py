@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reportlib import host_speed  # noqa: E402
 from reportlib import markdown as md  # noqa: E402
 from reportlib.records import read_json, read_jsonl_gz  # noqa: E402
-from virtual_paper_rows import RECORDS, RESULTS, KeptJob, plan_compute, quality_target  # noqa: E402
+from virtual_paper_rows import RECORDS, RESULTS, KeptJob, median_ratios, plan_compute, quality_target  # noqa: E402
 
 RERUNS = RECORDS / "reruns"
 OUT = RESULTS / "virtual_paper" / "reruns.md"
@@ -83,12 +83,7 @@ def clock_lines(kept: list[dict], reruns: dict[str, list[dict]], overrides: list
     kept_cells = plan_compute(_job(kept))
     lines = ["", "The devices' virtual compute of the same plan:", "", *md.head(md.row(head))]
     for label, records in sorted(reruns.items()):
-        cells = plan_compute(_job(records))
-        ratios = sorted(
-            statistics.median(cells[k]) / statistics.median(kept_cells[k])
-            for k in cells
-            if len(cells[k]) >= LEAST and len(kept_cells.get(k, ())) >= LEAST
-        )
+        ratios = median_ratios(plan_compute(_job(records)), kept_cells, LEAST)
         speeds = [_gflops(r, overrides, where) for r in (kept, records)]
         if not ratios:
             lines.append(md.row([label, 0, "-", "-", "-", *speeds]))

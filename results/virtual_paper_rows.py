@@ -45,8 +45,8 @@ class KeptJob:
 
     @property
     def where(self) -> str:
-        """The records' path as results/ names it, for error messages."""
-        return str(self.path.relative_to(RESULTS))
+        """The records' path as results/ names it (in full where it lies elsewhere), for error messages."""
+        return str(self.path.relative_to(RESULTS) if self.path.is_relative_to(RESULTS) else self.path)
 
 
 def quality_target(part: str) -> tuple[str, float]:
@@ -179,14 +179,20 @@ def apart_rows(jobs: list[KeptJob]) -> list[dict]:
 
 
 def selected_cu_rounds(job: KeptJob):
-    """(plan, virtual figures) of each selected CU-round of the job's trained rounds: the plan's cluster entry and
-    the clock's per-cluster section for it."""
+    """(round's virtual section, plan, virtual figures) of each selected CU-round of the job's trained rounds: the
+    plan's cluster entry and the clock's per-cluster section for it."""
     for record in job.records:
-        clusters = (record.get("virtual") or {}).get("clusters") or {}
+        virtual = record.get("virtual") or {}
         for plan in (record.get("plan") or {}).get("clusters", []):
-            cu = clusters.get(str(plan["cluster"]))
+            cu = (virtual.get("clusters") or {}).get(str(plan["cluster"]))
             if record.get("round", 0) >= 1 and plan.get("selected") and cu is not None:
-                yield plan, cu
+                yield virtual, plan, cu
+
+
+def plan_key(plan: dict) -> tuple:
+    """A CU-round's plan as compared between jobs: (cluster, S, m, delta_k), each cluster's devices the same in
+    every job of a setting."""
+    return int(plan["cluster"]), int(plan["S"]), int(plan["m"]), tuple(plan.get("delta", ()))
 
 
 def head_on_server(job: KeptJob) -> bool:
@@ -207,19 +213,63 @@ def decoder_by_m(jobs: list[KeptJob]) -> dict[tuple[str, str, int], list[float]]
     chooses m without this cost."""
     out: dict[tuple[str, str, int], list[float]] = {}
     for job in (j for j in jobs if head_on_server(j)):
-        for plan, cu in selected_cu_rounds(job):
+        for _, plan, cu in selected_cu_rounds(job):
             out.setdefault((job.part, job.setting, int(plan["m"])), []).append(float(cu["decoder_s"]))
     return out
 
 
-def plan_compute(job: KeptJob) -> dict[tuple, list[float]]:
-    """The virtual compute (``compute_s``) of the job's selected CU-rounds by the plan that made them: (cluster,
-    S, m, delta_k), each cluster's devices the same in every job of a setting."""
+def plan_compute(job: KeptJob, per_host: bool = False) -> dict[tuple, list[float]]:
+    """The virtual compute (``compute_s``) of the job's selected CU-rounds by the plan that made them
+    (:func:`plan_key`); ``per_host``: over the host speed the round's clock set it against (``virtual.host_flops``;
+    rounds without it left out), the devices' CPU seconds up to the plan's constant device scale."""
     out: dict[tuple, list[float]] = {}
-    for plan, cu in selected_cu_rounds(job):
-        key = (int(plan["cluster"]), int(plan["S"]), int(plan["m"]), tuple(plan.get("delta", ())))
-        out.setdefault(key, []).append(float(cu["compute_s"]))
+    for virtual, plan, cu in selected_cu_rounds(job):
+        if per_host and not virtual.get("host_flops"):
+            continue
+        value = float(cu["compute_s"]) / (float(virtual["host_flops"]) if per_host else 1.0)
+        out.setdefault(plan_key(plan), []).append(value)
     return out
+
+
+def median_ratios(first: dict[tuple, list[float]], second: dict[tuple, list[float]], least: int = 3) -> list[float]:
+    """Per plan both ran in at least ``least`` CU-rounds, the first's median over the second's, sorted."""
+    common = [k for k in first if len(first[k]) >= least and len(second.get(k, ())) >= least]
+    return sorted(statistics.median(first[k]) / statistics.median(second[k]) for k in common)
+
+
+def run_twice(records_dir: Path, least: int = 3) -> list[dict]:
+    """Jobs run twice at one code version: each job kept in ``superseded/host_off/`` (left out for its host reading,
+    then run again) beside the kept job that replaced it. Per pair: the trained rounds whose plans (every
+    cluster's) are the same in both; over the plans both ran in at least ``least`` CU-rounds, the median ratio
+    (the second run over the first) of the devices' virtual compute and of their CPU seconds
+    (:func:`plan_compute` ``per_host``); and the ratio of the host speeds their clocks were set against. Where
+    the clock's host scale does its work, the compute ratio is nearer 1 than the CPU seconds' ratio."""
+    kept = {(j.part, j.setting, j.seed, j.run): j for j in read_jobs(records_dir)}
+    rows = []
+    for first in read_jobs(records_dir / "superseded" / "host_off"):
+        again = kept.get((first.part, first.setting, first.seed, first.run))
+        if again is None:
+            continue
+        plans = [{int(r["round"]): (r.get("plan") or {}).get("clusters") for r in j.records} for j in (first, again)]
+        trained = [t for t in plans[0] if t >= 1 and t in plans[1]]
+        compute = median_ratios(plan_compute(again), plan_compute(first), least)
+        cpu = median_ratios(plan_compute(again, per_host=True), plan_compute(first, per_host=True), least)
+        speeds = [host_speed.job_host_flops(j.records, j.overrides, j.where) for j in (first, again)]
+        rows.append(
+            {
+                "part": first.part,
+                "setting": first.setting,
+                "seed": first.seed,
+                "run": first.run,
+                "same_plans": sum(plans[0][t] == plans[1][t] for t in trained),
+                "rounds": len(trained),
+                "plans": len(compute),
+                "compute": statistics.median(compute) if compute else float("nan"),
+                "cpu": statistics.median(cpu) if cpu else float("nan"),
+                "host": speeds[1] / speeds[0],
+            }
+        )
+    return rows
 
 
 def same_plan_ratios(jobs: list[KeptJob], least: int = 3) -> list[dict]:
@@ -236,12 +286,7 @@ def same_plan_ratios(jobs: list[KeptJob], least: int = 3) -> list[dict]:
         runs = sorted(cells)
         for i, first in enumerate(runs):
             for second in runs[i + 1 :]:
-                common = [
-                    k for k in cells[first] if len(cells[first][k]) >= least and len(cells[second].get(k, ())) >= least
-                ]
-                ratios = sorted(
-                    statistics.median(cells[first][k]) / statistics.median(cells[second][k]) for k in common
-                )
+                ratios = median_ratios(cells[first], cells[second], least)
                 if ratios:
                     rows.append(
                         {"part": part, "setting": setting, "seed": seed, "pair": (first, second), "ratios": ratios}
@@ -260,16 +305,10 @@ def probe_fit(jobs: list[KeptJob], least: int = 5) -> list[dict]:
     pooled: dict[str, list[tuple[float, float]]] = {}
     for job in jobs:
         cells: dict[tuple, list[tuple[float, float]]] = {}
-        for record in job.records:
-            virtual = record.get("virtual") or {}
+        for virtual, plan, cu in selected_cu_rounds(job):
             reading, speed = virtual.get("host_reading"), virtual.get("host_flops")
-            if not reading or not speed:
-                continue
-            for plan in (record.get("plan") or {}).get("clusters", []):
-                cu = (virtual.get("clusters") or {}).get(str(plan["cluster"]))
-                if record.get("round", 0) >= 1 and plan.get("selected") and cu is not None and cu["compute_s"] > 0:
-                    key = (int(plan["cluster"]), int(plan["S"]), int(plan["m"]), tuple(plan.get("delta", ())))
-                    cells.setdefault(key, []).append((math.log(reading), math.log(cu["compute_s"] / speed)))
+            if reading and speed and cu["compute_s"] > 0:
+                cells.setdefault(plan_key(plan), []).append((math.log(reading), math.log(cu["compute_s"] / speed)))
         for points in cells.values():
             if len(points) >= least:
                 mx, my = statistics.fmean(x for x, _ in points), statistics.fmean(y for _, y in points)

@@ -1,10 +1,13 @@
-"""The reruns of kept campaign jobs (``results/rerun_check.py``): their training set round by round beside the kept
-job's, and their devices' virtual compute plan by plan."""
+"""Kept campaign jobs run again: partial reruns (``results/rerun_check.py``), their training set round by round
+beside the kept job's and their devices' virtual compute plan by plan; and jobs run twice, the first superseded
+(``virtual_paper_rows.run_twice``)."""
 
 from __future__ import annotations
 
 import gzip
 import json
+
+import pytest
 
 from tests.results_scripts import RESULTS, load
 
@@ -64,3 +67,33 @@ def test_a_reruns_clock_is_set_beside_its_kept_jobs_plan_by_plan(tmp_path):
     _gz_rounds(tmp_path / "reruns" / "ner" / "j4" / "s1" / "titanic.again.rounds.jsonl.gz", rerun)
     lines = check.table(tmp_path / "reruns", tmp_path / "records").splitlines()
     assert "| again | 2 | 1.075 | 0.950 | 1.200 | 90.0 | 80.0 |" in lines
+
+
+def test_a_job_run_twice_is_read_plan_by_plan_against_its_superseded_first_run(tmp_path):
+    """A NER job first run on a host its clock read at 100e9 (plan (cluster 0, S 1, m 1): 10 virtual s), kept in
+    superseded/host_off/, and run again at 90e9 (8.1 s): by hand the compute ratio 0.81, the CPU seconds' (8.1 / 90e9
+    over 10 / 100e9) 0.9 and the host's 0.9. Its round 4 planned m = 2: one round of another plan, so 3 of 4 rounds
+    share their plan and one plan is compared. A superseded job with no kept replacement pairs with none."""
+    rows = load("virtual_paper_rows")
+    first = [_timed_round(t, {0: 10.0}, 100e9, [(0, 1, 1)]) for t in (1, 2, 3, 4)]
+    again = [_timed_round(t, {0: 8.1}, 90e9, [(0, 1, 1)]) for t in (1, 2, 3)]
+    again.append(_timed_round(4, {0: 5.0}, 90e9, [(0, 1, 2)]))
+    for folder, run, rounds in (
+        ("superseded/host_off/ner/j4/s1", "random", first),
+        ("ner/j4/s1", "random", again),
+        ("superseded/host_off/ner/j4/s2", "titanic", first),
+    ):
+        _gz_rounds(tmp_path / folder / f"{run}.rounds.jsonl.gz", rounds)
+        (tmp_path / folder / f"{run}.status.json").write_text(json.dumps({"overrides": []}))
+    (got,) = rows.run_twice(tmp_path)
+    assert (got["part"], got["seed"], got["run"], got["same_plans"], got["rounds"], got["plans"]) == (
+        "ner",
+        "1",
+        "random",
+        3,
+        4,
+        1,
+    )
+    assert (
+        got["compute"] == pytest.approx(0.81) and got["cpu"] == pytest.approx(0.9) and got["host"] == pytest.approx(0.9)
+    )
