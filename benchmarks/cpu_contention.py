@@ -15,8 +15,10 @@ per-call CPU seconds at P = 2, 4, 8 are divided by the same at P = 1, timed in t
 * ``contention_wall_ratio_P<n>``: the same for wall seconds (about n / cores once n > cores: what the wall clock
   charges a device on a crowded host, and what the virtual clock does not).
 
-Usage: ``python benchmarks/cpu_contention.py [--calls 40] [--depths 2 4 8] [--repeats 2]``; nothing else should run
-beside it (the 1-minute load average is printed before and after).
+``--precision``: ``fp32`` (the default, as first measured) or ``auto`` / ``bf16``: the call under the devices'
+autocast as a run resolves it (``auto`` is bf16 on a CPU with AVX512-BF16/AMX, as the campaign's devices ran on the
+Xeon). Usage: ``python benchmarks/cpu_contention.py [--calls 40] [--depths 2 4 8] [--repeats 2] [--precision fp32]``;
+nothing else should run beside it (the 1-minute load average is printed before and after).
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ import statistics
 import time
 
 
-def _worker(calls: int, barrier, out) -> None:
+def _worker(calls: int, precision: str, barrier, out) -> None:
     import torch
 
     from collapipe_flwr.models.transformer import EncoderBlock
+    from collapipe_flwr.precision import autocast
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -42,7 +45,9 @@ def _worker(calls: int, barrier, out) -> None:
     def one() -> tuple[float, float]:
         leaf = x.detach().requires_grad_(True)
         wall, cpu = time.perf_counter(), time.thread_time()
-        block(leaf, mask).sum().backward()
+        with autocast(precision):
+            loss = block(leaf, mask).float().sum()
+        loss.backward()
         block.zero_grad(set_to_none=True)
         return time.thread_time() - cpu, time.perf_counter() - wall
 
@@ -52,11 +57,11 @@ def _worker(calls: int, barrier, out) -> None:
     out.put([one() for _ in range(calls)])
 
 
-def at_depth(depth: int, calls: int) -> tuple[float, float]:
-    """Median per-call (CPU, wall) seconds over ``depth`` processes running at once."""
+def at_depth(depth: int, calls: int, precision: str = "fp32") -> tuple[float, float]:
+    """Median per-call (CPU, wall) seconds over ``depth`` processes running at once (``precision`` resolved)."""
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(depth), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(calls, barrier, out)) for _ in range(depth)]
+    procs = [ctx.Process(target=_worker, args=(calls, precision, barrier, out)) for _ in range(depth)]
     for p in procs:
         p.start()
     samples = [s for _ in procs for s in out.get(timeout=600)]
@@ -70,14 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--depths", nargs="+", type=int, default=[2, 4, 8])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--precision", default="fp32", help="fp32 | bf16 | auto (the devices' autocast)")
     args = parser.parse_args(argv)
-    print(f"cores: {os.cpu_count()}; load before: {os.getloadavg()[0]:.2f}", flush=True)
+    from collapipe_flwr.precision import resolve_precision
+
+    precision = str(resolve_precision(args.precision))
+    print(f"cores: {os.cpu_count()}; precision: {precision}; load before: {os.getloadavg()[0]:.2f}", flush=True)
     cpu_ratio: dict[int, list[float]] = {d: [] for d in args.depths}
     wall_ratio: dict[int, list[float]] = {d: [] for d in args.depths}
     for _ in range(args.repeats):
         for depth in args.depths:
-            alone_cpu, alone_wall = at_depth(1, args.calls)
-            cpu, wall = at_depth(depth, args.calls)
+            alone_cpu, alone_wall = at_depth(1, args.calls, precision)
+            cpu, wall = at_depth(depth, args.calls, precision)
             cpu_ratio[depth].append(cpu / alone_cpu)
             wall_ratio[depth].append(wall / alone_wall)
             print(

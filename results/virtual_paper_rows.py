@@ -275,22 +275,24 @@ def run_twice(records_dir: Path, least: int = 3) -> list[dict]:
 def same_plan_ratios(jobs: list[KeptJob], least: int = 3) -> list[dict]:
     """The clock's consistency between two jobs of one part, setting and seed: for every plan both ran in at least
     ``least`` CU-rounds (:func:`plan_compute`), the ratio of the first job's median virtual compute to the
-    second's. The same plan on the same device profile should read the same in any job; a ratio away from 1 is
-    what the clock adds (the host's drift between the jobs, what else ran in the job beside that cluster)."""
+    second's (``ratios``), and of their CPU seconds (``cpu_ratios``: ``per_host``, before the clock's host scale).
+    The same plan on the same device profile should read the same in any job; a ratio away from 1 is what the
+    clock adds (the host scale, the host's drift between the jobs, what else ran in the job beside that cluster)."""
     by_seed: dict[tuple[str, str, str], list[KeptJob]] = {}
     for job in jobs:
         by_seed.setdefault((job.part, job.setting, job.seed), []).append(job)
     rows = []
     for (part, setting, seed), group in sorted(by_seed.items()):
         cells = {job.run: plan_compute(job) for job in group}
+        cpu = {job.run: plan_compute(job, per_host=True) for job in group}
         runs = sorted(cells)
         for i, first in enumerate(runs):
             for second in runs[i + 1 :]:
                 ratios = median_ratios(cells[first], cells[second], least)
                 if ratios:
-                    rows.append(
-                        {"part": part, "setting": setting, "seed": seed, "pair": (first, second), "ratios": ratios}
-                    )
+                    cpu_ratios = median_ratios(cpu[first], cpu[second], least)
+                    pair = {"part": part, "setting": setting, "seed": seed, "pair": (first, second)}
+                    rows.append({**pair, "ratios": ratios, "cpu_ratios": cpu_ratios})
     return rows
 
 

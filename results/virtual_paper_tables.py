@@ -195,15 +195,18 @@ def _same_plan_lines(pairs: list[dict]) -> list[str]:
     """The clock's consistency between jobs (``virtual_paper_rows.same_plan_ratios``)."""
     out = [
         "",
-        "The same plan in two jobs of a seed (cluster, S, m and delta_k alike, at least 3 CU-rounds in each; the jobs "
-        "that enter the clock rows): the first job's median virtual compute over the second's, per plan. The same "
-        "plan on the same devices should read the same in any job; what is away from 1 the clock adds:",
+        "The same plan in two jobs of a seed (cluster, S, m and delta_k alike, at least 3 CU-rounds in each; every "
+        "compared job, those marked off their seed's host speed too): the first job's median virtual compute over "
+        "the second's, per plan, and the same for their CPU seconds (the compute over the host speed the round's "
+        "clock set it against; `-`: a record without it). The same plan on the same devices should read the same "
+        "in any job; what is away from 1 the clock adds:",
         "",
-        *md.head("| part | setting | seed | jobs | plans | median ratio | range |"),
+        *md.head("| part | setting | seed | jobs | plans | median ratio | range | CPU s: median ratio |"),
     ]
     for r in pairs:
-        ratios = r["ratios"]
+        ratios, cpu = r["ratios"], r["cpu_ratios"]
         cells = (f"{statistics.median(ratios):.3f}", f"{ratios[0]:.3f}-{ratios[-1]:.3f}")
+        cells += (f"{statistics.median(cpu):.3f}" if cpu else "-",)
         out.append(md.row((r["part"], r["setting"], r["seed"], " / ".join(r["pair"]), len(ratios), *cells)))
     return out
 
@@ -312,7 +315,7 @@ def outputs(records: Path = RECORDS) -> tuple[str, str]:
     rows = job_rows(jobs)
     on_clock = {(r["part"], r["setting"], r["seed"], r["run"]) for r in rows if r["claims"] == "all"}
     clocked = [j for j in jobs if (j.part, j.setting, j.seed, j.run) in on_clock]
-    clock = (decoder_by_m(clocked), same_plan_ratios(clocked), probe_fit(clocked), run_twice(records))
+    clock = (decoder_by_m(clocked), same_plan_ratios(jobs), probe_fit(clocked), run_twice(records))
     text = table(rows, other_host_rows(apart), *clock)
     return text, csv_text([*rows, *apart_rows(apart)]) if rows else ""
 

@@ -216,3 +216,27 @@ def test_a_job_set_against_another_host_speed_leaves_the_clock_rows_only(tmp_pat
     half = T_975_2DF * sd / math.sqrt(3)
     accuracy = next(line for line in lines if line.startswith("| final validation accuracy above random"))
     assert f"| {mean:+.2f}% [{mean - half:+.2f}, {mean + half:+.2f}] |" in accuracy
+
+
+def test_a_baseline_on_the_clock_only_where_collapipe_is_off_gets_unpaired_rows_not_a_crash(tmp_path, monkeypatch):
+    """Seed 1's CollaPipe is off its seed's host speed (``claims`` quality) and w/o SS ran at seed 1 only: no seed
+    has both on the clock, so its three clock rows say so and stay pending, while its final metric pairs seed 1
+    ((0.30 - 0.29) / 0.29, one seed). TITANIC, on the clock with CollaPipe at seed 0, is paired as before."""
+    virtual = _virtual()
+    rows = [
+        "ner,j4,0,dssra,100,10,10,2,0.27,all",
+        "ner,j4,0,titanic,80,8,8,2,0.27,all",
+        "ner,j4,1,dssra,100,10,10,2,0.30,quality",
+        "ner,j4,1,collapipe_no_ss,200,20,20,4,0.29,all",
+    ]
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + "".join(f"{r}\n" for r in rows))
+    monkeypatch.setattr(virtual, "VIRTUAL", path)
+    lines = virtual.rows()
+    for claim in ("time to target F1", "median virtual round", "virtual computation per round"):
+        line = next(x for x in lines if x.startswith(f"| {claim} below collapipe_no_ss"))
+        assert "no seed has both on the clock" in line and line.endswith("| pending |")
+    quality = next(x for x in lines if x.startswith("| final validation F1 above collapipe_no_ss"))
+    assert f"| {100 * (0.30 - 0.29) / 0.29:+.2f}% (one seed, no interval) |" in quality
+    titanic = next(x for x in lines if x.startswith("| median virtual round below titanic"))
+    assert "| -25.00% (one seed, no interval) |" in titanic

@@ -80,16 +80,17 @@ def test_the_decoder_term_is_grouped_by_each_selected_cu_rounds_planned_m():
 
 def test_the_same_plan_in_two_jobs_is_compared_by_its_median_compute_by_hand():
     """Seed 0: plan A (cluster 0, S = 1, m = 1) reads 10, 12, 11 s in dssra and 10, 10, 10 in titanic (1.1); plan B
-    (cluster 1, S = 2, m = 4) only twice in titanic: left out (fewer than 3). Seed 1's lone job pairs with none."""
+    (cluster 1, S = 2, m = 4) only twice in titanic: left out (fewer than 3). Their clocks were set against 100e9
+    and 110e9 FLOP/s, so the CPU seconds' ratio is 1.1 x 110 / 100 = 1.21. Seed 1's lone job pairs with none."""
     rows = load("virtual_paper_rows")
 
-    def record(t, cells):
+    def record(t, cells, host_flops):
         plans = [{"cluster": n, "selected": True, "S": S, "m": m, "delta": [6 // S] * S} for n, S, m, _ in cells]
-        virtual = {"clusters": {str(n): {"compute_s": c} for n, _, _, c in cells}}
+        virtual = {"clusters": {str(n): {"compute_s": c} for n, _, _, c in cells}, "host_flops": host_flops}
         return {"round": t, "plan": {"clusters": plans}, "virtual": virtual}
 
-    dssra = [record(t, [(0, 1, 1, c), (1, 2, 4, 5.0)]) for t, c in ((1, 10.0), (2, 12.0), (3, 11.0))]
-    titanic = [record(t, [(0, 1, 1, 10.0)] + ([(1, 2, 4, 4.0)] if t < 3 else [])) for t in (1, 2, 3)]
+    dssra = [record(t, [(0, 1, 1, c), (1, 2, 4, 5.0)], 100e9) for t, c in ((1, 10.0), (2, 12.0), (3, 11.0))]
+    titanic = [record(t, [(0, 1, 1, 10.0)] + ([(1, 2, 4, 4.0)] if t < 3 else []), 110e9) for t in (1, 2, 3)]
     jobs = [
         rows.KeptJob(RESULTS / "x", "ner", "j4", "0", run, recs, [])
         for run, recs in (("dssra", dssra), ("titanic", titanic))
@@ -97,7 +98,7 @@ def test_the_same_plan_in_two_jobs_is_compared_by_its_median_compute_by_hand():
     jobs.append(rows.KeptJob(RESULTS / "x", "ner", "j4", "1", "dssra", dssra, []))
     (got,) = rows.same_plan_ratios(jobs)
     assert (got["seed"], got["pair"]) == ("0", ("dssra", "titanic"))
-    assert got["ratios"] == [pytest.approx(1.1)]
+    assert got["ratios"] == [pytest.approx(1.1)] and got["cpu_ratios"] == [pytest.approx(1.21)]
 
 
 def test_the_probe_fit_recovers_how_cpu_seconds_follow_the_reading_by_hand():
