@@ -30,6 +30,7 @@ import csv
 import io
 import statistics
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -172,79 +173,79 @@ def _selection_lines(rows: list[dict]) -> list[str]:
     return chosen
 
 
+def _section(intro: str, header: str, rows: Iterable[Iterable[object]]) -> list[str]:
+    """A table section of the clock's own readings: a blank line, its ``intro``, its header and its rows."""
+    return ["", intro, "", *md.head(header), *(md.row(cells) for cells in rows)]
+
+
 def _decoder_lines(by_m: dict[tuple[str, str, int], list[float]]) -> list[str]:
     """The server's decoder term by the planned m (``virtual_paper_rows.decoder_by_m``), against m = 1's."""
-    out = [
-        "",
+
+    def cells(part: str, setting: str, m: int, values: list[float]) -> tuple:
+        ones = by_m.get((part, setting, 1))
+        ratio = f"{statistics.median(values) / statistics.median(ones):.2f}" if ones else "-"
+        p90 = statistics.quantiles(values, n=10)[-1] if len(values) > 1 else values[0]
+        return part, setting, m, len(values), f"{statistics.median(values):.2f}", f"{p90:.2f}", ratio
+
+    return _section(
         "The server's decoder term of a CU-round by the plan's m (the clock's per-cluster `decoder_s`, each "
         "micro-batch a decoder call of its own at these code versions; every selected CU-round of the jobs that "
         "enter the clock rows and train against the server's head, VanillaFL's left out; eq. (26) has no server "
         "term):",
-        "",
-        *md.head("| part | setting | m | CU-rounds | median decoder s | p90 | median / m = 1's |"),
-    ]
-    for (part, setting, m), values in sorted(by_m.items()):
-        ones = by_m.get((part, setting, 1))
-        ratio = f"{statistics.median(values) / statistics.median(ones):.2f}" if ones else "-"
-        p90 = statistics.quantiles(values, n=10)[-1] if len(values) > 1 else values[0]
-        out.append(md.row((part, setting, m, len(values), f"{statistics.median(values):.2f}", f"{p90:.2f}", ratio)))
-    return out
+        "| part | setting | m | CU-rounds | median decoder s | p90 | median / m = 1's |",
+        (cells(*key, values) for key, values in sorted(by_m.items())),
+    )
 
 
 def _same_plan_lines(pairs: list[dict]) -> list[str]:
     """The clock's consistency between jobs (``virtual_paper_rows.same_plan_ratios``)."""
-    out = [
-        "",
+
+    def cells(r: dict) -> tuple:
+        ratios, cpu = r["ratios"], r["cpu_ratios"]
+        spread = (f"{statistics.median(ratios):.3f}", f"{ratios[0]:.3f}-{ratios[-1]:.3f}")
+        return (r["part"], r["setting"], r["seed"], " / ".join(r["pair"]), len(ratios), *spread,
+                f"{statistics.median(cpu):.3f}" if cpu else "-")  # fmt: skip
+
+    return _section(
         "The same plan in two jobs of a seed (cluster, S, m and delta_k alike, at least 3 CU-rounds in each; every "
         "compared job, those marked off their seed's host speed too): the first job's median virtual compute over "
         "the second's, per plan, and the same for their CPU seconds (the compute over the host speed the round's "
         "clock set it against; `-`: a record without it). The same plan on the same devices should read the same "
         "in any job; what is away from 1 the clock adds:",
-        "",
-        *md.head("| part | setting | seed | jobs | plans | median ratio | range | CPU s: median ratio |"),
-    ]
-    for r in pairs:
-        ratios, cpu = r["ratios"], r["cpu_ratios"]
-        cells = (f"{statistics.median(ratios):.3f}", f"{ratios[0]:.3f}-{ratios[-1]:.3f}")
-        cells += (f"{statistics.median(cpu):.3f}" if cpu else "-",)
-        out.append(md.row((r["part"], r["setting"], r["seed"], " / ".join(r["pair"]), len(ratios), *cells)))
-    return out
+        "| part | setting | seed | jobs | plans | median ratio | range | CPU s: median ratio |",
+        map(cells, pairs),
+    )
 
 
 def _probe_lines(fits: list[dict]) -> list[str]:
     """What the round's host probe explains of a plan's CPU seconds (``virtual_paper_rows.probe_fit``)."""
-    out = [
-        "",
+    return _section(
         "What the round's host probe explains of a plan's CPU seconds (the jobs whose server read the host every "
         "round and that enter the clock rows; per job and plan of at least 5 CU-rounds, log CPU seconds and log "
         "reading centred; slope -1: the CPU seconds follow the reading, 0: the reading tells nothing of them; "
         "spread: the standard deviation of log CPU seconds as the clock sets them, and set against each round's "
         "own reading instead):",
-        "",
-        *md.head("| part | CU-rounds | slope | spread | spread against the round's reading |"),
-    ]
-    for f in fits:
-        out.append(md.row((f["part"], f["cu_rounds"], f"{f['slope']:.2f}", f"{f['sd']:.3f}", f"{f['sd_read']:.3f}")))
-    return out
+        "| part | CU-rounds | slope | spread | spread against the round's reading |",
+        ((f["part"], f["cu_rounds"], f"{f['slope']:.2f}", f"{f['sd']:.3f}", f"{f['sd_read']:.3f}") for f in fits),
+    )
 
 
 def _twice_lines(pairs: list[dict]) -> list[str]:
     """Jobs run twice at one code version (``virtual_paper_rows.run_twice``)."""
-    out = [
-        "",
+
+    def cells(r: dict) -> tuple:
+        ratios = (f"{r[k]:.3f}" for k in ("compute", "cpu", "host"))
+        return r["part"], r["setting"], r["seed"], r["run"], f"{r['same_plans']} of {r['rounds']}", r["plans"], *ratios
+
+    return _section(
         "A job run twice (the first kept in `records/superseded/host_off/`, the second replacing it; the second over "
         "the first, per plan both ran in at least 3 CU-rounds, the median): the devices' virtual compute, their CPU "
         "seconds (the compute over the host speed the round's clock set it against), and the host speed. The same "
         "plan should read the same virtual compute; the clock's host scale helps where the compute ratio is nearer 1 "
         "than the CPU seconds' ratio:",
-        "",
-        *md.head("| part | setting | seed | run | rounds with the same plan | plans | compute | CPU s | host speed |"),
-    ]
-    for r in pairs:
-        ratios = (f"{r[k]:.3f}" for k in ("compute", "cpu", "host"))
-        same = f"{r['same_plans']} of {r['rounds']}"
-        out.append(md.row((r["part"], r["setting"], r["seed"], r["run"], same, r["plans"], *ratios)))
-    return out
+        "| part | setting | seed | run | rounds with the same plan | plans | compute | CPU s | host speed |",
+        map(cells, pairs),
+    )
 
 
 def table(
