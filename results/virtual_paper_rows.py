@@ -296,6 +296,42 @@ def same_plan_ratios(jobs: list[KeptJob], least: int = 3) -> list[dict]:
     return rows
 
 
+def host_scale_spread(jobs: list[KeptJob], least: int = 3) -> list[dict]:
+    """The host-scale decision's statistic, fixed in results/README.md ("The host-scale decision") before it was
+    computed: over every pair of jobs of one part, setting and seed whose server read the host every round
+    (``virtual.host_reading``) and whose head is the server's (:func:`head_on_server`), per plan both ran in at least
+    ``least`` CU-rounds (:func:`same_plan_ratios`), log(first's median / second's) of (P) the devices' virtual
+    compute, the clock's per-round probe, and of (C) their CPU seconds, which any one host speed per seed gives
+    alike (a constant cancels in a ratio of two jobs of a seed); per pair the median over its plans. Per part and
+    over every pair ("both"): the pairs and the root mean square of those medians under each scale (0: every pair
+    reads alike); ``smaller``: the scale whose spread is smaller, "probe" or "constant"."""
+    probed = [
+        job
+        for job in jobs
+        if any((r.get("virtual") or {}).get("host_reading") for r in job.records) and head_on_server(job)
+    ]
+    logs: dict[str, list[tuple[float, float]]] = {}
+    for pair in same_plan_ratios(probed, least):
+        if not pair["cpu_ratios"]:
+            continue
+        point = tuple(statistics.median(math.log(r) for r in pair[k]) for k in ("ratios", "cpu_ratios"))
+        for key in (pair["part"], "both"):
+            logs.setdefault(key, []).append(point)  # type: ignore[arg-type]
+    rows = []
+    for part, points in sorted(logs.items(), key=lambda kv: (kv[0] == "both", kv[0])):
+        probe, constant = (math.sqrt(statistics.fmean(p[i] ** 2 for p in points)) for i in (0, 1))
+        rows.append(
+            {
+                "part": part,
+                "pairs": len(points),
+                "rms_probe": probe,
+                "rms_constant": constant,
+                "smaller": "probe" if probe < constant else "constant",
+            }
+        )
+    return rows
+
+
 def probe_fit(jobs: list[KeptJob], least: int = 5) -> list[dict]:
     """How much of the run-to-run spread of a plan's CPU seconds the round's host probe explains, per part: over
     every (job, plan) with at least ``least`` CU-rounds whose round read the host (``virtual.host_reading``,

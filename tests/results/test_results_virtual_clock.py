@@ -350,3 +350,39 @@ def test_a_jobs_code_version_is_its_checkouts_commit_marked_when_its_tracked_fil
     assert campaign.code_version(tmp_path) == head
     (tmp_path / "clock.py").write_text("SCALE = 2\n")
     assert campaign.code_version(tmp_path) == f"{head}+changes"
+
+
+def test_the_host_scale_spread_pools_each_pairs_median_log_ratio_by_hand():
+    """NER seed 0: dssra and titanic share plan A (three CU-rounds each). dssra reads 11 s of virtual compute at a
+    host speed of 100e9, titanic 10 s at 110e9: the probe's log ratio ln(1.1), the CPU seconds' ln(1.1 x 110 / 100)
+    = ln(1.21). Classification seed 0: the same plan read 10 s at 100e9 and 10 s at 50e9: ln 1 and ln 0.5. Per part
+    one pair, so its RMS is the |log|; over both, sqrt((a^2 + b^2) / 2). A VanillaFL job (its devices train the whole
+    model) and a job without per-round readings are left out, so they add no pair."""
+    rows = load("virtual_paper_rows")
+
+    def job(part, run, compute_s, host_flops, method="collapipe", reading=True):
+        plan = [{"cluster": 0, "selected": True, "S": 1, "m": 1, "delta": [6]}]
+        virtual = {"clusters": {"0": {"compute_s": compute_s}}, "host_flops": host_flops}
+        if reading:
+            virtual["host_reading"] = host_flops
+        recs = [{"round": t, "method": method, "plan": {"clusters": plan}, "virtual": virtual} for t in (1, 2, 3)]
+        return rows.KeptJob(RESULTS / "x", part, "j4", "0", run, recs, [])
+
+    jobs = [
+        job("ner", "dssra", 11.0, 100e9),
+        job("ner", "titanic", 10.0, 110e9),
+        job("ner", "vanilla_fl", 30.0, 100e9, method="vanilla_fl"),
+        job("ner", "random", 20.0, 100e9, reading=False),
+        job("classification", "dssra", 10.0, 100e9),
+        job("classification", "random", 10.0, 50e9),
+    ]
+    got = {r["part"]: r for r in rows.host_scale_spread(jobs)}
+    assert [r["part"] for r in rows.host_scale_spread(jobs)] == ["classification", "ner", "both"]
+    assert got["ner"]["pairs"] == 1 and got["both"]["pairs"] == 2
+    assert got["ner"]["rms_probe"] == pytest.approx(math.log(1.1))
+    assert got["ner"]["rms_constant"] == pytest.approx(math.log(1.21))
+    assert got["classification"]["rms_probe"] == pytest.approx(0.0, abs=1e-12)
+    assert got["classification"]["rms_constant"] == pytest.approx(math.log(2.0))
+    both = math.sqrt((math.log(1.1) ** 2 + 0.0) / 2), math.sqrt((math.log(1.21) ** 2 + math.log(2.0) ** 2) / 2)
+    assert (got["both"]["rms_probe"], got["both"]["rms_constant"]) == (pytest.approx(both[0]), pytest.approx(both[1]))
+    assert got["both"]["smaller"] == "probe"
