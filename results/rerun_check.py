@@ -22,10 +22,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from clock_consistency import median_ratios, plan_compute  # noqa: E402
 from reportlib import host_speed  # noqa: E402
 from reportlib import markdown as md  # noqa: E402
 from reportlib.records import read_json, read_jsonl_gz  # noqa: E402
-from virtual_paper_rows import RECORDS, RESULTS, KeptJob, median_ratios, plan_compute, quality_target  # noqa: E402
+from virtual_paper_rows import RECORDS, RESULTS, KeptJob, quality_target  # noqa: E402
 
 RERUNS = RECORDS / "reruns"
 OUT = RESULTS / "virtual_paper" / "reruns.md"
@@ -76,7 +77,7 @@ def runs_records(reruns: list[Path]) -> dict[str, list[dict]]:
 
 def clock_lines(kept: list[dict], reruns: dict[str, list[dict]], overrides: list[str], where: str) -> list[str]:
     """The devices' virtual compute of one plan in the rerun over the kept job's, per rerun: over the plans both ran
-    in at least ``LEAST`` CU-rounds (``virtual_paper_rows.plan_compute``: cluster, S, m, delta_k), the median and
+    in at least ``LEAST`` CU-rounds (``clock_consistency.plan_compute``: cluster, S, m, delta_k), the median and
     range of the ratio of their medians; and the host speed each run's clock was set against
     (``host_speed.job_host_flops``, GFLOP/s)."""
     head = ["rerun", "plans", "rerun / kept compute: median", "min", "max", "host GFLOP/s: kept", "rerun"]

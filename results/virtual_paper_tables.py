@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import virtual_paper  # noqa: E402
+from clock_consistency import decoder_by_m, host_scale_spread, probe_fit, run_twice, same_plan_ratios  # noqa: E402
 from reportlib import c10_queue, host_speed  # noqa: E402
 from reportlib import markdown as md  # noqa: E402
 from virtual_paper_rows import (  # noqa: E402
@@ -44,15 +45,10 @@ from virtual_paper_rows import (  # noqa: E402
     VIRTUAL_PARTS,
     KeptJob,
     apart_rows,
-    decoder_by_m,
-    host_scale_spread,
     job_rows,
-    probe_fit,
     quality_target,
     read_jobs,
     round_parts,
-    run_twice,
-    same_plan_ratios,
     time_to_target,
 )
 
@@ -180,7 +176,7 @@ def _section(intro: str, header: str, rows: Iterable[Iterable[object]]) -> list[
 
 
 def _decoder_lines(by_m: dict[tuple[str, str, int], list[float]]) -> list[str]:
-    """The server's decoder term by the planned m (``virtual_paper_rows.decoder_by_m``), against m = 1's."""
+    """The server's decoder term by the planned m (``clock_consistency.decoder_by_m``), against m = 1's."""
 
     def cells(part: str, setting: str, m: int, values: list[float]) -> tuple:
         ones = by_m.get((part, setting, 1))
@@ -199,7 +195,7 @@ def _decoder_lines(by_m: dict[tuple[str, str, int], list[float]]) -> list[str]:
 
 
 def _same_plan_lines(pairs: list[dict]) -> list[str]:
-    """The clock's consistency between jobs (``virtual_paper_rows.same_plan_ratios``)."""
+    """The clock's consistency between jobs (``clock_consistency.same_plan_ratios``)."""
 
     def cells(r: dict) -> tuple:
         ratios, cpu = r["ratios"], r["cpu_ratios"]
@@ -219,7 +215,7 @@ def _same_plan_lines(pairs: list[dict]) -> list[str]:
 
 
 def _probe_lines(fits: list[dict]) -> list[str]:
-    """What the round's host probe explains of a plan's CPU seconds (``virtual_paper_rows.probe_fit``)."""
+    """What the round's host probe explains of a plan's CPU seconds (``clock_consistency.probe_fit``)."""
     return _section(
         "What the round's host probe explains of a plan's CPU seconds (the jobs whose server read the host every "
         "round and that enter the clock rows; per job and plan of at least 5 CU-rounds, log CPU seconds and log "
@@ -232,7 +228,7 @@ def _probe_lines(fits: list[dict]) -> list[str]:
 
 
 def _scale_lines(spread: list[dict]) -> list[str]:
-    """The host-scale decision's statistic (``virtual_paper_rows.host_scale_spread``; fixed in results/README.md)."""
+    """The host-scale decision's statistic (``clock_consistency.host_scale_spread``; fixed in results/README.md)."""
     return _section(
         "The host-scale decision (its statistic and rule fixed in results/README.md before it was computed): over "
         "every pair of jobs of a seed whose server read the host every round, VanillaFL's aside, per pair the median "
@@ -245,7 +241,7 @@ def _scale_lines(spread: list[dict]) -> list[str]:
 
 
 def _twice_lines(pairs: list[dict]) -> list[str]:
-    """Jobs run twice at one code version (``virtual_paper_rows.run_twice``)."""
+    """Jobs run twice at one code version (``clock_consistency.run_twice``)."""
 
     def cells(r: dict) -> tuple:
         ratios = (f"{r[k]:.3f}" for k in ("compute", "cpu", "host"))

@@ -1,6 +1,6 @@
 """Kept campaign jobs run again: partial reruns (``results/rerun_check.py``), their training set round by round
 beside the kept job's and their devices' virtual compute plan by plan; and jobs run twice, the first superseded
-(``virtual_paper_rows.run_twice``)."""
+(``clock_consistency.run_twice``)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_a_job_run_twice_is_read_plan_by_plan_against_its_superseded_first_run(t
     superseded/host_off/, and run again at 90e9 (8.1 s): by hand the compute ratio 0.81, the CPU seconds' (8.1 / 90e9
     over 10 / 100e9) 0.9 and the host's 0.9. Its round 4 planned m = 2: one round of another plan, so 3 of 4 rounds
     share their plan and one plan is compared. A superseded job with no kept replacement pairs with none."""
-    rows = load("virtual_paper_rows")
+    clock = load("clock_consistency")
     first = [_timed_round(t, {0: 10.0}, 100e9, [(0, 1, 1)]) for t in (1, 2, 3, 4)]
     again = [_timed_round(t, {0: 8.1}, 90e9, [(0, 1, 1)]) for t in (1, 2, 3)]
     again.append(_timed_round(4, {0: 5.0}, 90e9, [(0, 1, 2)]))
@@ -85,7 +85,7 @@ def test_a_job_run_twice_is_read_plan_by_plan_against_its_superseded_first_run(t
     ):
         _gz_rounds(tmp_path / folder / f"{run}.rounds.jsonl.gz", rounds)
         (tmp_path / folder / f"{run}.status.json").write_text(json.dumps({"overrides": []}))
-    (got,) = rows.run_twice(tmp_path)
+    (got,) = clock.run_twice(tmp_path)
     assert (got["part"], got["seed"], got["run"], got["same_plans"], got["rounds"], got["plans"]) == (
         "ner",
         "1",

@@ -1,6 +1,6 @@
 """The virtual-clock results scripts against hand-built records: time to target with censoring
-(results/virtual_paper_rows.py), the clock's error against the testbed (results/virtual_clock_tables.py), and the
-campaign's jobs (results/virtual_paper.py)."""
+(results/virtual_paper_rows.py), the clock's consistency between jobs (results/clock_consistency.py), the clock's
+error against the testbed (results/virtual_clock_tables.py), and the campaign's jobs (results/virtual_paper.py)."""
 
 from __future__ import annotations
 
@@ -72,10 +72,11 @@ def test_the_decoder_term_is_grouped_by_each_selected_cu_rounds_planned_m():
     job = rows.KeptJob(RESULTS / "x.rounds.jsonl.gz", "ner", "j4", "0", "dssra", records, [])
     vanilla = [record(t, [(True, 1), (True, 1)], [0.0, 0.0], method="vanilla_fl") for t in (1, 2)]
     other = rows.KeptJob(RESULTS / "y.rounds.jsonl.gz", "ner", "j4", "0", "vanilla_fl", vanilla, [])
-    assert rows.decoder_by_m([job, other]) == {("ner", "j4", 1): [0.5], ("ner", "j4", 16): [2.0, 3.0]}
+    by_m = load("clock_consistency").decoder_by_m([job, other])
+    assert by_m == {("ner", "j4", 1): [0.5], ("ner", "j4", 16): [2.0, 3.0]}
     nameless = rows.KeptJob(RESULTS / "z.rounds.jsonl.gz", "ner", "j4", "0", "x", [{"round": 1}], [])
     with pytest.raises(ValueError, match="z.rounds.jsonl.gz: its rounds name no method"):
-        rows.decoder_by_m([nameless])
+        load("clock_consistency").decoder_by_m([nameless])
 
 
 def test_the_same_plan_in_two_jobs_is_compared_by_its_median_compute_by_hand():
@@ -96,7 +97,7 @@ def test_the_same_plan_in_two_jobs_is_compared_by_its_median_compute_by_hand():
         for run, recs in (("dssra", dssra), ("titanic", titanic))
     ]
     jobs.append(rows.KeptJob(RESULTS / "x", "ner", "j4", "1", "dssra", dssra, []))
-    (got,) = rows.same_plan_ratios(jobs)
+    (got,) = load("clock_consistency").same_plan_ratios(jobs)
     assert (got["seed"], got["pair"]) == ("0", ("dssra", "titanic"))
     assert got["ratios"] == [pytest.approx(1.1)] and got["cpu_ratios"] == [pytest.approx(1.21)]
 
@@ -131,10 +132,10 @@ def test_the_probe_fit_recovers_how_cpu_seconds_follow_the_reading_by_hand():
         rows.KeptJob(RESULTS / "x", "ner", "j4", "0", run, recs, [])
         for run, recs in (("dssra", follows), ("titanic", steady), ("random", unread))
     ]
-    (got,) = rows.probe_fit(jobs[:1])
+    (got,) = load("clock_consistency").probe_fit(jobs[:1])
     assert (got["part"], got["cu_rounds"]) == ("ner", 6)
     assert got["slope"] == pytest.approx(-1.0) and got["sd_read"] == pytest.approx(0.0, abs=1e-12)
-    (got,) = rows.probe_fit(jobs[1:])
+    (got,) = load("clock_consistency").probe_fit(jobs[1:])
     assert got["cu_rounds"] == 6 and got["slope"] == pytest.approx(0.0, abs=1e-12) and got["sd"] == pytest.approx(0.0)
     logs = [math.log(r) for r in readings]
     mean = sum(logs) / len(logs)
@@ -376,8 +377,8 @@ def test_the_host_scale_spread_pools_each_pairs_median_log_ratio_by_hand():
         job("classification", "dssra", 10.0, 100e9),
         job("classification", "random", 10.0, 50e9),
     ]
-    got = {r["part"]: r for r in rows.host_scale_spread(jobs)}
-    assert [r["part"] for r in rows.host_scale_spread(jobs)] == ["classification", "ner", "both"]
+    got = {r["part"]: r for r in load("clock_consistency").host_scale_spread(jobs)}
+    assert [r["part"] for r in load("clock_consistency").host_scale_spread(jobs)] == ["classification", "ner", "both"]
     assert got["ner"]["pairs"] == 1 and got["both"]["pairs"] == 2
     assert got["ner"]["rms_probe"] == pytest.approx(math.log(1.1))
     assert got["ner"]["rms_constant"] == pytest.approx(math.log(1.21))
