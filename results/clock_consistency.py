@@ -18,7 +18,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import virtual_paper  # noqa: E402
 from reportlib import host_speed  # noqa: E402
-from virtual_paper_rows import KeptJob, read_jobs  # noqa: E402
+from virtual_paper_rows import KeptJob, quality_target, read_jobs, time_to_target  # noqa: E402
 
 
 def selected_cu_rounds(job: KeptJob):
@@ -85,8 +85,10 @@ def run_twice(records_dir: Path, least: int = 3) -> list[dict]:
     then run again) beside the kept job that replaced it. Per pair: the trained rounds whose plans (every
     cluster's) are the same in both; over the plans both ran in at least ``least`` CU-rounds, the median ratio
     (the second run over the first) of the devices' virtual compute and of their CPU seconds
-    (:func:`plan_compute` ``per_host``); and the ratio of the host speeds their clocks were set against. Where
-    the clock's host scale does its work, the compute ratio is nearer 1 than the CPU seconds' ratio."""
+    (:func:`plan_compute` ``per_host``); the ratio of the host speeds their clocks were set against; and the ratio
+    of their virtual seconds to the part's quality target (``time_to_target``; NaN unless both reached it), what the
+    clock's spread does to the figure the claims judge. Where the clock's host scale does its work, the compute
+    ratio is nearer 1 than the CPU seconds' ratio."""
     kept = {(j.part, j.setting, j.seed, j.run): j for j in read_jobs(records_dir)}
     rows = []
     for first in read_jobs(records_dir / "superseded" / "host_off"):
@@ -98,6 +100,8 @@ def run_twice(records_dir: Path, least: int = 3) -> list[dict]:
         compute = median_ratios(plan_compute(again), plan_compute(first), least)
         cpu = median_ratios(plan_compute(again, per_host=True), plan_compute(first, per_host=True), least)
         speeds = [host_speed.job_host_flops(j.records, j.overrides, j.where) for j in (first, again)]
+        metric, target = quality_target(first.part)
+        (t1, r1, _), (t2, r2, _) = (time_to_target(j.records, target, metric) for j in (first, again))
         rows.append(
             {
                 "part": first.part,
@@ -110,6 +114,7 @@ def run_twice(records_dir: Path, least: int = 3) -> list[dict]:
                 "compute": statistics.median(compute) if compute else float("nan"),
                 "cpu": statistics.median(cpu) if cpu else float("nan"),
                 "host": speeds[1] / speeds[0],
+                "to_target": t2 / t1 if r1 is not None and r2 is not None else float("nan"),
             }
         )
     return rows

@@ -244,16 +244,17 @@ def _twice_lines(pairs: list[dict]) -> list[str]:
     """Jobs run twice at one code version (``clock_consistency.run_twice``)."""
 
     def cells(r: dict) -> tuple:
-        ratios = (f"{r[k]:.3f}" for k in ("compute", "cpu", "host"))
+        ratios = (f"{r[k]:.3f}" if r[k] == r[k] else "-" for k in ("compute", "cpu", "host", "to_target"))
         return r["part"], r["setting"], r["seed"], r["run"], f"{r['same_plans']} of {r['rounds']}", r["plans"], *ratios
 
     return _section(
         "A job run twice (the first kept in `records/superseded/host_off/`, the second replacing it; the second over "
         "the first, per plan both ran in at least 3 CU-rounds, the median): the devices' virtual compute, their CPU "
-        "seconds (the compute over the host speed the round's clock set it against), and the host speed. The same "
-        "plan should read the same virtual compute; the clock's host scale helps where the compute ratio is nearer 1 "
-        "than the CPU seconds' ratio:",
-        "| part | setting | seed | run | rounds with the same plan | plans | compute | CPU s | host speed |",
+        "seconds (the compute over the host speed the round's clock set it against), the host speed, and the virtual "
+        "seconds to the part's target (`-`: one run did not reach it). The same plan should read the same virtual "
+        "compute; the clock's host scale helps where the compute ratio is nearer 1 than the CPU seconds' ratio:",
+        "| part | setting | seed | run | rounds with the same plan | plans | compute | CPU s | host speed | "
+        "time to target |",
         map(cells, pairs),
     )
 

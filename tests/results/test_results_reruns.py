@@ -97,3 +97,19 @@ def test_a_job_run_twice_is_read_plan_by_plan_against_its_superseded_first_run(t
     assert (
         got["compute"] == pytest.approx(0.81) and got["cpu"] == pytest.approx(0.9) and got["host"] == pytest.approx(0.9)
     )
+    assert got["to_target"] != got["to_target"]  # F1 0.1 throughout: neither run reached 0.16, no ratio
+
+
+def test_a_job_run_twice_sets_its_time_to_target_against_the_first_runs(tmp_path):
+    """The first run's rounds last 100 virtual s and its F1 reaches the NER target 0.16 in round 2 (200 s); the
+    second's last 110 and 130 s and reach it in round 2 too (240 s): by hand 240 / 200 = 1.2."""
+    clock = load("clock_consistency")
+    runs = {"superseded/host_off/ner/j4/s0": (100.0, 100.0), "ner/j4/s0": (110.0, 130.0)}
+    for folder, seconds in runs.items():
+        rounds = [_timed_round(t, {0: 10.0}, 90e9, [(0, 1, 1)]) for t in (1, 2, 3)]
+        for record, f1, round_s in zip(rounds, (0.1, 0.2, 0.3), (*seconds, 50.0)):
+            record["val_f1"], record["virtual"]["round_s"] = f1, round_s
+        _gz_rounds(tmp_path / folder / "dssra.rounds.jsonl.gz", rounds)
+        (tmp_path / folder / "dssra.status.json").write_text(json.dumps({"overrides": []}))
+    (got,) = clock.run_twice(tmp_path)
+    assert got["to_target"] == pytest.approx(1.2)
