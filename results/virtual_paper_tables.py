@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import statistics
 import sys
 from collections.abc import Iterable
@@ -244,7 +245,7 @@ def _twice_lines(pairs: list[dict]) -> list[str]:
     """Jobs run twice at one code version (``clock_consistency.run_twice``)."""
 
     def cells(r: dict) -> tuple:
-        ratios = (f"{r[k]:.3f}" if r[k] == r[k] else "-" for k in ("compute", "cpu", "host", "to_target"))
+        ratios = ("-" if math.isnan(r[k]) else f"{r[k]:.3f}" for k in ("compute", "cpu", "host", "to_target"))
         return r["part"], r["setting"], r["seed"], r["run"], f"{r['same_plans']} of {r['rounds']}", r["plans"], *ratios
 
     return _section(
