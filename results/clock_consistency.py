@@ -33,9 +33,14 @@ def selected_cu_rounds(job: KeptJob):
 
 
 def plan_key(plan: dict) -> tuple:
-    """A CU-round's plan as compared between jobs: (cluster, S, m, delta_k), each cluster's devices the same in
-    every job of a setting."""
-    return int(plan["cluster"]), int(plan["S"]), int(plan["m"]), tuple(plan.get("delta", ()))
+    """A CU-round's plan as compared between jobs: (cluster, S, m, delta_k, the data users' devices), each
+    cluster's devices the same in every job of a setting. The users' devices (``user_devices``, VanillaFL read the
+    paper's way: D users, each training the whole model on its 1/D share of the batch on its own device,
+    ``fl/cu/data_parallel.py``) set apart work that delta_k alone does not: a VanillaFL plan whose delta_k puts
+    the six blocks on one device, as a pipeline plan at S = 1 does, runs D smaller batches on D devices, not the
+    whole batch on that one. A plan without them (every pipeline method's) keys as before."""
+    users = tuple(int(d) for d in plan.get("user_devices") or ())
+    return int(plan["cluster"]), int(plan["S"]), int(plan["m"]), tuple(plan.get("delta", ())), users
 
 
 def head_on_server(job: KeptJob) -> bool:

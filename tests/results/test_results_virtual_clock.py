@@ -82,7 +82,8 @@ def test_the_decoder_term_is_grouped_by_each_selected_cu_rounds_planned_m():
 def test_the_same_plan_in_two_jobs_is_compared_by_its_median_compute_by_hand():
     """Seed 0: plan A (cluster 0, S = 1, m = 1) reads 10, 12, 11 s in dssra and 10, 10, 10 in titanic (1.1); plan B
     (cluster 1, S = 2, m = 4) only twice in titanic: left out (fewer than 3). Their clocks were set against 100e9
-    and 110e9 FLOP/s, so the CPU seconds' ratio is 1.1 x 110 / 100 = 1.21. Seed 1's lone job pairs with none."""
+    and 110e9 FLOP/s, so the CPU seconds' ratio is 1.1 x 110 / 100 = 1.21. Seed 1's lone job pairs with none, and
+    a VanillaFL job whose plans have plan A's delta_k but data users on two devices (other work) with neither."""
     rows = load("virtual_paper_rows")
 
     def record(t, cells, host_flops):
@@ -97,6 +98,9 @@ def test_the_same_plan_in_two_jobs_is_compared_by_its_median_compute_by_hand():
         for run, recs in (("dssra", dssra), ("titanic", titanic))
     ]
     jobs.append(rows.KeptJob(RESULTS / "x", "ner", "j4", "1", "dssra", dssra, []))
+    # VanillaFL's plan with plan A's delta_k but two data users on devices 0 and 3 (each half the batch): not plan A
+    vanilla = [{**r, "plan": {"clusters": [{**r["plan"]["clusters"][0], "user_devices": [0, 3]}]}} for r in dssra]
+    jobs.append(rows.KeptJob(RESULTS / "x", "ner", "j4", "0", "vanilla_fl", vanilla, []))
     (got,) = load("clock_consistency").same_plan_ratios(jobs)
     assert (got["seed"], got["pair"]) == ("0", ("dssra", "titanic"))
     assert got["ratios"] == [pytest.approx(1.1)] and got["cpu_ratios"] == [pytest.approx(1.21)]
