@@ -153,9 +153,10 @@ def test_a_segment_left_by_a_killed_process_group_is_removed_when_the_next_host_
     """SIGKILL to the CU's whole process group (its resource tracker included, as a container stop) leaves the
     segment in /dev/shm; the next decoder host on this machine unlinks it at its start.
 
-    Whether the tracker dies before it can unlink is a race (a CI run saw the dying CU's closed pipe reach the
-    tracker while the kernel was still sending the group its SIGKILLs, as when a vCPU is preempted mid-loop), so
-    the CU takes its segment off its tracker first: the state a tracker that died first leaves, every time."""
+    Whether the tracker dies before it can unlink is a race: one CI run found the segment gone 0.5 s after the
+    kill (most likely the dying CU's closed pipe reached the tracker before the kernel, sending the group its
+    SIGKILLs one process after another, reached it). So the CU takes its segment off its tracker first: the state
+    a tracker that died first leaves, every time."""
     code = textwrap.dedent(
         """
         import sys
